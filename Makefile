@@ -1,0 +1,30 @@
+# Two commands a newcomer needs: `make run` and `make test`. Both build .venv on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install typecheck demo clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/agent-supervisor demo
+
+demo: run
+
+typecheck: $(STAMP)
+	$(PY) -m mypy supervisor protocols
+
+test: $(STAMP)
+	$(PY) -m mypy supervisor protocols
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

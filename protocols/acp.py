@@ -1,0 +1,391 @@
+"""ACP (Agent Client Protocol) v1, client side, as a sans-IO machine.
+
+Facts this follows (``shared/protocols.md`` section 1): ``initialize`` negotiates protocol
+version 1; ``session/new`` or, when the agent advertises ``loadSession``, ``session/load``
+(the agent replays history as ``session/update`` before it answers); a turn is one
+``session/prompt`` request and ends only with its response; ``session/cancel`` is a
+notification that gets no reply; every pending ``session/request_permission`` must be answered
+``cancelled`` on cancel; the agent may withdraw a request it sent us with ``$/cancel_request``.
+We advertise neither ``fs`` nor ``terminal``, and answer those methods "method not found".
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from attrs import define, field
+
+from protocols import events as ev
+from protocols.jsonrpc import (
+    METHOD_NOT_FOUND,
+    REQUEST_CANCELLED,
+    IncomingNotification,
+    IncomingRequest,
+    IncomingResponse,
+    InvalidMessage,
+    JsonRpcPeer,
+    RequestId,
+    UnknownResponse,
+)
+from protocols.machine import (
+    AgentProtocol,
+    SessionEstablished,
+    StartFailed,
+    Step,
+    TurnFinished,
+    UnknownPermission,
+)
+
+__all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
+
+ACP_PROTOCOL_VERSION = 1
+CLIENT_INFO = {"name": "agent-supervisor", "version": "0.1.0"}
+
+#: ``session/update`` kinds that describe the session rather than the turn's content.
+_INFO_UPDATES = frozenset(
+    {
+        "available_commands_update",
+        "current_mode_update",
+        "config_option_update",
+        "session_info_update",
+        "usage_update",
+        "notice",
+        "compaction_update",
+        "compaction_summary_chunk",
+    }
+)
+
+
+@define
+class _HeldPermission:
+    """A ``session/request_permission`` the agent is waiting on."""
+
+    rpc_id: RequestId
+    turn_id: str | None
+    option_ids: frozenset[str]
+
+
+@define
+class AcpClient(AgentProtocol):
+    """Our side of one ACP connection."""
+
+    name: ClassVar[str] = "acp"
+
+    _rpc: JsonRpcPeer[str | None] = field(factory=lambda: JsonRpcPeer(with_version=True))
+    _phase: str = "idle"  # idle, initializing, opening, ready, failed
+    _cwd: str = "."
+    _resume: str | None = None
+    _session_id: str | None = None
+    _can_load: bool = False
+    _turn_id: str | None = None
+    _prompt_rpc_id: RequestId | None = None
+    _cancel_sent: bool = False
+    _held: dict[str, _HeldPermission] = field(factory=dict)
+    agent_info: dict[str, Any] = field(factory=dict)
+    agent_capabilities: dict[str, Any] = field(factory=dict)
+
+    # -- calls from the actor -------------------------------------------------------------
+
+    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+        if self._phase != "idle":
+            raise RuntimeError("start() called twice")
+        self._phase = "initializing"
+        self._cwd = cwd
+        self._resume = resume
+        _, message = self._rpc.request(
+            "initialize",
+            {
+                "protocolVersion": ACP_PROTOCOL_VERSION,
+                # Omitted capabilities mean "unsupported": no fs, no terminal (yet).
+                "clientCapabilities": {
+                    "fs": {"readTextFile": False, "writeTextFile": False},
+                    "terminal": False,
+                },
+                "clientInfo": CLIENT_INFO,
+            },
+            None,
+        )
+        return Step(send=[message])
+
+    def prompt(self, turn_id: str, text: str) -> Step:
+        if self._phase != "ready" or self._turn_id is not None:
+            raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
+        self._turn_id = turn_id
+        self._cancel_sent = False
+        request_id, message = self._rpc.request(
+            "session/prompt",
+            {"sessionId": self._session_id, "prompt": [{"type": "text", "text": text}]},
+            turn_id,
+        )
+        self._prompt_rpc_id = request_id
+        return Step(send=[message])
+
+    def cancel(self) -> Step:
+        if self._turn_id is None or self._cancel_sent:
+            return Step()
+        self._cancel_sent = True
+        return Step(send=[self._rpc.notify("session/cancel", {"sessionId": self._session_id})])
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        held = self._held.get(request_id)
+        if held is None:
+            raise UnknownPermission(f"no pending permission request {request_id!r}")
+        if option_id is not None and option_id not in held.option_ids:
+            raise UnknownPermission(
+                f"option {option_id!r} was not offered for {request_id!r}"
+                f" (offered: {', '.join(sorted(held.option_ids))})"
+            )
+        return self._answer_permission(request_id, option_id, by="client")
+
+    def cancel_permissions(self) -> Step:
+        step = Step()
+        for request_id in list(self._held):
+            step.extend(self._answer_permission(request_id, None, by="supervisor"))
+        return step
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return list(self._held)
+
+    @property
+    def agent_session_id(self) -> str | None:
+        return self._session_id
+
+    # -- messages from the agent ----------------------------------------------------------
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        incoming = self._rpc.receive(message)
+        if isinstance(incoming, IncomingResponse):
+            return self._on_response(incoming)
+        if isinstance(incoming, IncomingNotification):
+            return self._on_notification(incoming, message)
+        if isinstance(incoming, IncomingRequest):
+            return self._on_request(incoming)
+        if isinstance(incoming, UnknownResponse):
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="protocol_error",
+                        message=f"response to unknown request id {incoming.id!r}",
+                    )
+                ]
+            )
+        assert isinstance(incoming, InvalidMessage)
+        return Step(events=[ev.AgentUnparsed(raw=message)])
+
+    def _on_response(self, response: IncomingResponse[str | None]) -> Step:
+        if response.method == "initialize":
+            return self._on_initialized(response)
+        if response.method in ("session/new", "session/load"):
+            return self._on_session_opened(response)
+        if response.method == "session/prompt":
+            return self._on_prompt_answered(response)
+        return Step()
+
+    def _on_initialized(self, response: IncomingResponse[str | None]) -> Step:
+        if response.error is not None:
+            return self._fail(f"initialize failed: {response.error.describe()}")
+        result = response.result if isinstance(response.result, dict) else {}
+        version = result.get("protocolVersion")
+        if version != ACP_PROTOCOL_VERSION:
+            return self._fail(
+                f"agent speaks ACP protocol version {version!r}; we speak {ACP_PROTOCOL_VERSION}"
+            )
+        capabilities = result.get("agentCapabilities")
+        self.agent_capabilities = capabilities if isinstance(capabilities, dict) else {}
+        info = result.get("agentInfo")
+        self.agent_info = info if isinstance(info, dict) else {}
+        self._can_load = self.agent_capabilities.get("loadSession") is True
+        self._phase = "opening"
+        if self._resume is not None and self._can_load:
+            return self._open("session/load", {"sessionId": self._resume})
+        return self._open("session/new", {})
+
+    def _open(self, method: str, extra: dict[str, Any]) -> Step:
+        params = {**extra, "cwd": self._cwd, "mcpServers": []}
+        _, message = self._rpc.request(method, params, None)
+        return Step(send=[message])
+
+    def _on_session_opened(self, response: IncomingResponse[str | None]) -> Step:
+        if response.method == "session/load":
+            if response.error is not None:
+                # The agent lost the session: a fresh one, and the receipt will say so.
+                return self._open("session/new", {})
+            self._session_id = self._resume
+            return self._established(resumed=True)
+        if response.error is not None:
+            return self._fail(f"session/new failed: {response.error.describe()}")
+        result = response.result if isinstance(response.result, dict) else {}
+        session_id = result.get("sessionId")
+        if not isinstance(session_id, str):
+            return self._fail("session/new answered without a sessionId")
+        self._session_id = session_id
+        if self._resume is None:
+            return self._established(resumed=None)
+        detail = None if self._can_load else "agent does not advertise loadSession"
+        return self._established(resumed=False, detail=detail)
+
+    def _established(self, *, resumed: bool | None, detail: str | None = None) -> Step:
+        self._phase = "ready"
+        assert self._session_id is not None
+        return Step(events=[SessionEstablished(self._session_id, resumed, detail)])
+
+    def _fail(self, message: str) -> Step:
+        self._phase = "failed"
+        return Step(events=[StartFailed(message)])
+
+    def _on_prompt_answered(self, response: IncomingResponse[str | None]) -> Step:
+        turn_id = response.context
+        if turn_id is None or turn_id != self._turn_id:
+            return Step()
+        self._turn_id = None
+        self._prompt_rpc_id = None
+        if response.error is not None:
+            if response.error.code == REQUEST_CANCELLED:
+                return Step(events=[TurnFinished(turn_id, "cancelled", interrupted=True)])
+            return Step(
+                events=[TurnFinished(turn_id, None, error=response.error.describe())]
+            )
+        result = response.result if isinstance(response.result, dict) else {}
+        stop_reason = result.get("stopReason")
+        if not isinstance(stop_reason, str):
+            stop_reason = None
+        # ``end_turn`` after a cancel is ambiguous (opencode answers a cancelled turn that
+        # way), so only ``cancelled`` is taken as the agent's word.
+        interrupted = True if stop_reason == "cancelled" else None
+        return Step(events=[TurnFinished(turn_id, stop_reason, interrupted=interrupted)])
+
+    def _on_notification(self, note: IncomingNotification, raw: dict[str, Any]) -> Step:
+        params = note.params if isinstance(note.params, dict) else {}
+        if note.method == "session/update":
+            return self._on_update(params, raw)
+        if note.method == "$/cancel_request":
+            return self._on_cancel_request(params)
+        return Step(events=[ev.AgentUnparsed(raw=raw)])
+
+    def _on_cancel_request(self, params: dict[str, Any]) -> Step:
+        wanted = params.get("requestId")
+        for request_id, held in list(self._held.items()):
+            if held.rpc_id == wanted and type(held.rpc_id) is type(wanted):
+                del self._held[request_id]
+                reply = self._rpc.respond_error(held.rpc_id, REQUEST_CANCELLED, "Request cancelled")
+                resolved = ev.PermissionResolved(
+                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
+                )
+                return Step(send=[reply], events=[resolved])
+        return Step()
+
+    def _on_update(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
+        if self._phase == "opening":
+            # History replayed by session/load: the subscribers already saw it live.
+            return Step()
+        update = params.get("update")
+        if not isinstance(update, dict) or params.get("sessionId") != self._session_id:
+            return Step(events=[ev.AgentUnparsed(raw=raw)])
+        kind = update.get("sessionUpdate")
+        turn = self._turn_id
+        event: ev.Event
+        if kind == "agent_message_chunk":
+            event = ev.MessageDelta(turn_id=turn, text=_content_text(update.get("content")))
+        elif kind == "user_message_chunk":
+            event = ev.MessageDelta(
+                turn_id=turn, text=_content_text(update.get("content")), role="user"
+            )
+        elif kind == "agent_thought_chunk":
+            event = ev.ThoughtDelta(turn_id=turn, text=_content_text(update.get("content")))
+        elif kind == "tool_call":
+            event = ev.ToolCall(
+                turn_id=turn,
+                tool_call_id=str(update.get("toolCallId", "")),
+                title=str(update.get("title", "")),
+                tool_kind=_opt_str(update.get("kind")),
+                status=_opt_str(update.get("status")),
+                raw=update,
+            )
+        elif kind == "tool_call_update":
+            event = ev.ToolUpdate(
+                turn_id=turn,
+                tool_call_id=str(update.get("toolCallId", "")),
+                status=_opt_str(update.get("status")),
+                raw=update,
+            )
+        elif kind == "plan":
+            entries = update.get("entries")
+            event = ev.Plan(
+                turn_id=turn,
+                entries=[e for e in entries if isinstance(e, dict)]
+                if isinstance(entries, list)
+                else [],
+            )
+        elif isinstance(kind, str) and kind in _INFO_UPDATES:
+            event = ev.SessionInfo(info_kind=kind, data=update)
+        else:
+            event = ev.AgentUnparsed(raw=raw)
+        return Step(events=[event])
+
+    def _on_request(self, request: IncomingRequest) -> Step:
+        if request.method == "session/request_permission":
+            params = request.params if isinstance(request.params, dict) else {}
+            options = _permission_options(params.get("options"))
+            request_id = str(request.id)
+            self._held[request_id] = _HeldPermission(
+                request.id, self._turn_id, frozenset(o.option_id for o in options)
+            )
+            tool_call = params.get("toolCall")
+            return Step(
+                events=[
+                    ev.PermissionRequested(
+                        turn_id=self._turn_id,
+                        request_id=request_id,
+                        tool_call=tool_call if isinstance(tool_call, dict) else {},
+                        options=options,
+                    )
+                ]
+            )
+        reply = self._rpc.respond_error(
+            request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"
+        )
+        return Step(send=[reply])
+
+    def _answer_permission(self, request_id: str, option_id: str | None, *, by: str) -> Step:
+        held = self._held.pop(request_id)
+        if option_id is None:
+            outcome: dict[str, Any] = {"outcome": "cancelled"}
+        else:
+            outcome = {"outcome": "selected", "optionId": option_id}
+        reply = self._rpc.respond(held.rpc_id, {"outcome": outcome})
+        resolved = ev.PermissionResolved(
+            turn_id=held.turn_id,
+            request_id=request_id,
+            outcome=outcome["outcome"],
+            option_id=option_id,
+            by=by,
+        )
+        return Step(send=[reply], events=[resolved])
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _content_text(content: Any) -> str:
+    """The text of a ContentBlock; other blocks become a short placeholder like ``[image]``."""
+    if isinstance(content, dict):
+        if content.get("type") == "text" and isinstance(content.get("text"), str):
+            return str(content["text"])
+        return f"[{content.get('type', 'content')}]"
+    return ""
+
+
+def _permission_options(raw: Any) -> list[ev.PermissionOption]:
+    options = []
+    for item in raw if isinstance(raw, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("optionId"), str):
+            options.append(
+                ev.PermissionOption(
+                    option_id=item["optionId"],
+                    name=str(item.get("name", item["optionId"])),
+                    option_kind=str(item.get("kind", "")),
+                )
+            )
+    return options

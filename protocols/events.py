@@ -1,0 +1,214 @@
+"""Universal events: what every agent protocol is translated into.
+
+Protocol machines create these with the stamp fields left at their defaults; the session actor
+stamps ``session_id``, a contiguous per-session ``seq`` and a timestamp with ``attrs.evolve``
+before anyone sees them. One small frozen class per kind, like wsproto's ``events``; the wire
+name of each is its ``kind``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from attrs import field, frozen
+
+__all__ = [
+    "AgentExited",
+    "AgentStderr",
+    "AgentUnparsed",
+    "ErrorEvent",
+    "Event",
+    "MessageDelta",
+    "PermissionOption",
+    "PermissionRequested",
+    "PermissionResolved",
+    "Plan",
+    "SessionInfo",
+    "SessionState",
+    "ThoughtDelta",
+    "ToolCall",
+    "ToolUpdate",
+    "TurnEnded",
+    "TurnStarted",
+    "EVENT_TYPES",
+]
+
+
+@frozen(kw_only=True)
+class Event:
+    """Base of every universal event: the stamp the session actor fills in."""
+
+    kind: ClassVar[str] = "event"
+    session_id: str = ""
+    seq: int = 0
+    timestamp: float = 0.0
+
+
+@frozen(kw_only=True)
+class SessionState(Event):
+    """The session moved to ``state`` (starting, ready, running, cancelling, stopped, failed)."""
+
+    kind: ClassVar[str] = "session.state"
+    state: str
+    detail: str | None = None
+
+
+@frozen(kw_only=True)
+class TurnStarted(Event):
+    kind: ClassVar[str] = "turn.started"
+    turn_id: str
+    text: str
+
+
+@frozen(kw_only=True)
+class MessageDelta(Event):
+    """A chunk of a message; ``role`` is ``user`` when an agent echoes the prompt back."""
+
+    kind: ClassVar[str] = "message.delta"
+    turn_id: str | None
+    text: str
+    role: str = "assistant"
+
+
+@frozen(kw_only=True)
+class ThoughtDelta(Event):
+    kind: ClassVar[str] = "thought.delta"
+    turn_id: str | None
+    text: str
+
+
+@frozen(kw_only=True)
+class ToolCall(Event):
+    kind: ClassVar[str] = "tool.call"
+    turn_id: str | None
+    tool_call_id: str
+    title: str = ""
+    tool_kind: str | None = None
+    status: str | None = None
+    raw: dict[str, Any] = field(factory=dict)
+
+
+@frozen(kw_only=True)
+class ToolUpdate(Event):
+    kind: ClassVar[str] = "tool.update"
+    turn_id: str | None
+    tool_call_id: str
+    status: str | None = None
+    raw: dict[str, Any] = field(factory=dict)
+
+
+@frozen(kw_only=True)
+class Plan(Event):
+    kind: ClassVar[str] = "plan"
+    turn_id: str | None
+    entries: list[dict[str, Any]] = field(factory=list)
+
+
+@frozen
+class PermissionOption:
+    option_id: str
+    name: str
+    option_kind: str
+
+
+@frozen(kw_only=True)
+class PermissionRequested(Event):
+    """The agent waits for a person's decision; answer with ``respond_permission``."""
+
+    kind: ClassVar[str] = "permission.requested"
+    turn_id: str | None
+    request_id: str
+    tool_call: dict[str, Any] = field(factory=dict)
+    options: list[PermissionOption] = field(factory=list)
+
+
+@frozen(kw_only=True)
+class PermissionResolved(Event):
+    """A permission request is no longer pending.
+
+    ``outcome`` is ``selected`` or ``cancelled``; ``by`` says who ended it: ``client`` (a person
+    answered), ``supervisor`` (a cancel answered it) or ``agent`` (the agent withdrew it).
+    """
+
+    kind: ClassVar[str] = "permission.resolved"
+    turn_id: str | None
+    request_id: str
+    outcome: str
+    option_id: str | None = None
+    by: str = "client"
+
+
+@frozen(kw_only=True)
+class TurnEnded(Event):
+    """Exactly one per turn. ``outcome``: completed, cancelled, killed or failed."""
+
+    kind: ClassVar[str] = "turn.ended"
+    turn_id: str
+    outcome: str
+    stop_reason: str | None = None
+    error: str | None = None
+    receipt: dict[str, Any] | None = None
+
+
+@frozen(kw_only=True)
+class SessionInfo(Event):
+    """Session metadata an agent reports (modes, commands, usage, ...), passed through as is."""
+
+    kind: ClassVar[str] = "session.info"
+    info_kind: str
+    data: dict[str, Any] = field(factory=dict)
+
+
+@frozen(kw_only=True)
+class AgentStderr(Event):
+    kind: ClassVar[str] = "agent.stderr"
+    line: str
+
+
+@frozen(kw_only=True)
+class AgentExited(Event):
+    """The agent process is gone; ``expected`` is false when nobody asked it to go."""
+
+    kind: ClassVar[str] = "agent.exited"
+    exit_code: int | None
+    signal: int | None = None
+    expected: bool = False
+
+
+@frozen(kw_only=True)
+class ErrorEvent(Event):
+    """Something went wrong that did not end the session (a bad line, a stray response)."""
+
+    kind: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+@frozen(kw_only=True)
+class AgentUnparsed(Event):
+    """An agent message we do not understand: passed on, never a crash."""
+
+    kind: ClassVar[str] = "agent.unparsed"
+    raw: Any = None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        SessionState,
+        TurnStarted,
+        MessageDelta,
+        ThoughtDelta,
+        ToolCall,
+        ToolUpdate,
+        Plan,
+        PermissionRequested,
+        PermissionResolved,
+        TurnEnded,
+        SessionInfo,
+        AgentStderr,
+        AgentExited,
+        ErrorEvent,
+        AgentUnparsed,
+    )
+}

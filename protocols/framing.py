@@ -1,0 +1,288 @@
+"""Newline-delimited JSON framing for agent stdio, without I/O.
+
+Every agent we drive speaks one JSON object per line on stdout: ACP is JSON-RPC 2.0
+per line, and the Codex app-server and Claude Code's ``stream-json`` do the same.
+This module turns bytes into frames and frames into bytes; reading the pipe is
+somebody else's job, so tests feed bytes and compare frames.
+
+A misbehaving agent (a stray ``print``, a crash dump, a runaway line) must not take
+the supervisor down with it: bad lines become `FramingError` frames, the decoder
+keeps going with the next line, and its memory stays bounded however long the
+line is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypeAlias
+
+from attrs import field, frozen, validators
+
+__all__ = [
+    "EXCERPT_CHARS",
+    "MAX_LINE_BYTES",
+    "Frame",
+    "FramingError",
+    "FramingErrorKind",
+    "LineDecoder",
+    "Message",
+    "encode_message",
+]
+
+# The longest line we accept, excluding its b"\n" (or b"\r\n") terminator.
+#
+# Real lines get big: an ACP `session/prompt` or `fs/read_text_file` reply carries
+# whole file contents inline, and a tool result with a large diff or file embedded
+# is a few MB. Precedents disagree wildly:
+#   - the Claude Agent SDK for Python defaults `max_buffer_size` to 1 MiB and fails
+#     the session on a longer line, which users hit with large tool results;
+#   - Node's `readline` (used by most TypeScript agents and ACP clients) has no limit
+#     at all and will buffer a line until the process runs out of memory.
+# We sit in between: 16 MiB is generous enough that no legitimate message we have
+# seen comes near it, and it still bounds the memory one misbehaving agent can make
+# us hold (one line, plus one incoming chunk).
+MAX_LINE_BYTES: Final[int] = 16 * 1024 * 1024
+
+# How much of a bad line a FramingError quotes: enough to recognise a stack trace or
+# a stray log line, small enough to log and to keep while discarding an oversize line.
+EXCERPT_CHARS: Final[int] = 200
+# A UTF-8 character (or a U+FFFD standing in for an invalid sequence) takes at most
+# 4 bytes, so the first EXCERPT_CHARS characters always lie within these bytes.
+_EXCERPT_BYTES: Final[int] = 4 * EXCERPT_CHARS
+
+_CR: Final[int] = 0x0D
+
+FramingErrorKind: TypeAlias = Literal["oversize", "invalid_utf8", "invalid_json", "not_an_object"]
+_KINDS: Final = frozenset({"oversize", "invalid_utf8", "invalid_json", "not_an_object"})
+
+
+@frozen
+class Message:
+    """One line that decoded to a JSON object; the payload is what `json.loads` returned."""
+
+    payload: dict[str, Any]
+
+
+@frozen
+class FramingError:
+    """One line that could not become a `Message`.
+
+    It is a frame, not an exception: the agent wrote garbage, but the stream goes on
+    and the caller decides whether garbage is fatal.
+    """
+
+    kind: FramingErrorKind = field(validator=validators.in_(_KINDS))
+    # Human readable, for logs.
+    detail: str
+    # At most the first EXCERPT_CHARS characters of the line, decoded with U+FFFD for
+    # invalid UTF-8, so the log shows what the agent actually wrote.
+    excerpt: str
+    # Byte length of the line without its terminator; for "oversize" it counts the
+    # bytes that were discarded unseen.
+    size: int = field(validator=validators.ge(0))
+
+
+Frame: TypeAlias = Message | FramingError
+
+
+class LineDecoder:
+    """Split a byte stream into lines and decode each line as one JSON object.
+
+    Feed it whatever the pipe returned, in any chunking; the frames come out the same.
+    Lines end with b"\\n", a trailing b"\\r" is dropped, and blank lines (only ASCII
+    whitespace) are skipped, since agents and shells sometimes emit them.
+
+    Memory: ``buffered_bytes`` never exceeds ``max_line_bytes + 1`` while a line is
+    being collected, and ``4 * EXCERPT_CHARS`` while an oversize line is being skipped.
+    Never raises on bad input.
+    """
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        if max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be positive, got {max_line_bytes}")
+        self._max = max_line_bytes
+        # The start of the current line. Never contains b"\n": we search only the
+        # incoming chunk, so nothing is ever scanned twice.
+        self._partial = bytearray()
+        # While skipping an oversize line, _partial is empty and these describe what
+        # went by: its length so far, its first bytes (for the excerpt), and whether
+        # its last byte so far was b"\r" (which does not count if b"\n" follows).
+        self._skipping = False
+        self._skipped = 0
+        self._skipped_head = bytearray()
+        self._skipped_ends_cr = False
+        self._ended = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held for the line in progress, so tests can check the memory bound."""
+        return len(self._partial) + len(self._skipped_head)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Take the next chunk of the stream and return the frames it completed, in order."""
+        if self._ended:
+            if data:
+                raise RuntimeError("LineDecoder.feed() called with data after end_of_input()")
+            return []
+        frames: list[Frame] = []
+        start = 0
+        newline = data.find(b"\n")
+        while newline != -1:
+            frame = self._finish_line(data, start, newline)
+            if frame is not None:
+                frames.append(frame)
+            start = newline + 1
+            newline = data.find(b"\n", start)
+        self._hold(data, start)
+        return frames
+
+    def end_of_input(self) -> list[Frame]:
+        """The stream ended: decode the final line even without its newline.
+
+        Agents sometimes omit the last newline before exiting, and that last line is
+        often the one that explains why they exited.
+        """
+        if self._ended:
+            return []
+        self._ended = True
+        if self._skipping:
+            return [self._stop_skipping()]
+        if not self._partial:
+            return []
+        line = bytes(self._partial)
+        self._partial = bytearray()
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        frame = self._decode(line)
+        return [] if frame is None else [frame]
+
+    def _finish_line(self, data: bytes, start: int, end: int) -> Frame | None:
+        """The line in progress ends at data[end] == b"\\n"."""
+        if not self._skipping and len(self._partial) + (end - start) <= self._max + 1:
+            if self._partial:
+                self._partial += data[start:end]
+                if self._partial.endswith(b"\r"):
+                    del self._partial[-1]
+                line = bytes(self._partial)
+                self._partial.clear()
+            else:
+                if end > start and data[end - 1] == _CR:
+                    end -= 1
+                line = data[start:end]
+            return self._decode(line)
+        self._skip(data, start, end)
+        return self._stop_skipping()
+
+    def _hold(self, data: bytes, start: int) -> None:
+        """Keep data[start:], which has no newline, for the line in progress."""
+        if start == len(data):
+            return
+        if not self._skipping and len(self._partial) + (len(data) - start) <= self._max + 1:
+            self._partial += data[start:]
+            return
+        self._skip(data, start, len(data))
+
+    def _skip(self, data: bytes, start: int, end: int) -> None:
+        """Count data[start:end] as part of an oversize line instead of storing it."""
+        if not self._skipping:
+            # The line just became too long: let go of what we held for it.
+            self._skipping = True
+            self._skipped = len(self._partial)
+            self._skipped_head = self._partial[:_EXCERPT_BYTES]
+            self._skipped_ends_cr = self._partial.endswith(b"\r")
+            self._partial = bytearray()
+        self._skipped += end - start
+        room = _EXCERPT_BYTES - len(self._skipped_head)
+        if room > 0:
+            self._skipped_head += data[start : min(end, start + room)]
+        if end > start:
+            self._skipped_ends_cr = data[end - 1] == _CR
+
+    def _stop_skipping(self) -> FramingError:
+        """The oversize line ended: report it once."""
+        size = self._skipped - (1 if self._skipped_ends_cr else 0)
+        head = bytes(self._skipped_head[:size])
+        self._skipping = False
+        self._skipped = 0
+        self._skipped_head = bytearray()
+        self._skipped_ends_cr = False
+        return self._oversize(head, size)
+
+    def _oversize(self, head: bytes, size: int) -> FramingError:
+        return FramingError(
+            kind="oversize",
+            detail=f"line of {size} bytes exceeds the limit of {self._max} bytes",
+            excerpt=_excerpt(head),
+            size=size,
+        )
+
+    def _decode(self, line: bytes) -> Frame | None:
+        """Turn one complete line (terminator removed) into a frame; None for a blank line."""
+        if len(line) > self._max:
+            return self._oversize(line, len(line))
+        if not line or line.isspace():
+            return None
+        try:
+            # Decode explicitly: json.loads(bytes) would guess UTF-16/32 from NUL bytes.
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return FramingError(
+                kind="invalid_utf8",
+                detail=f"invalid UTF-8 at byte {exc.start}: {exc.reason}",
+                excerpt=_excerpt(line),
+                size=len(line),
+            )
+        try:
+            payload = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers JSONDecodeError and integers too long to convert;
+            # RecursionError is what deeply nested arrays or objects raise.
+            return FramingError(
+                kind="invalid_json",
+                detail=f"invalid JSON: {exc}",
+                excerpt=_excerpt(line),
+                size=len(line),
+            )
+        if not isinstance(payload, dict):
+            return FramingError(
+                kind="not_an_object",
+                detail=f"expected a JSON object, got {_json_type_name(payload)}",
+                excerpt=_excerpt(line),
+                size=len(line),
+            )
+        return Message(payload)
+
+
+def encode_message(message: Mapping[str, Any]) -> bytes:
+    """Serialise one message as a single line: compact UTF-8 JSON plus b"\\n".
+
+    JSON escapes control characters inside strings and no UTF-8 multi-byte sequence
+    contains the byte 0x0A, so the only b"\\n" is the terminator. NaN and infinities
+    raise ValueError: they are not JSON, and the agent's parser would reject the line.
+    """
+    text = json.dumps(
+        message if isinstance(message, dict) else dict(message),
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    return text.encode("utf-8") + b"\n"
+
+
+def _excerpt(line: bytes) -> str:
+    return line[:_EXCERPT_BYTES].decode("utf-8", errors="replace")[:EXCERPT_CHARS]
+
+
+def _json_type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__

@@ -1,0 +1,140 @@
+"""The seam between the session actor and every agent protocol.
+
+A protocol machine is a plain object: the actor feeds it decoded messages and calls (``start``,
+``prompt``, ``cancel``, ``respond_permission``) and gets back a :class:`Step`: the messages to
+write to the agent and the events that happened. Universal events (``protocols.events``) go to
+subscribers; *control* events (below) tell the actor where the conversation stands. Nothing here
+knows about time, processes or trio, so each protocol is tested with lists of dicts.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from attrs import define, field, frozen
+
+from protocols.events import Event
+
+__all__ = [
+    "AgentProtocol",
+    "Control",
+    "Output",
+    "ProtocolError",
+    "SessionEstablished",
+    "StartFailed",
+    "Step",
+    "TurnFinished",
+    "UnknownPermission",
+]
+
+
+class ProtocolError(Exception):
+    """The agent broke its protocol in a way that ends the connection."""
+
+
+class UnknownPermission(LookupError):
+    """``respond_permission`` named a request that is not pending (or an option not offered)."""
+
+
+@frozen
+class Control:
+    """Base of the control events: for the actor, never shown to subscribers as is."""
+
+
+@frozen
+class SessionEstablished(Control):
+    """The handshake is done and prompts may be sent.
+
+    ``resumed`` is ``None`` when no resume was asked for, ``True`` when the agent restored the
+    session we named, ``False`` when it could not and this is a fresh session.
+    """
+
+    agent_session_id: str
+    resumed: bool | None = None
+    detail: str | None = None
+
+
+@frozen
+class StartFailed(Control):
+    message: str
+
+
+@frozen
+class TurnFinished(Control):
+    """The agent says the turn is over: the only thing that ends a turn short of a kill.
+
+    ``interrupted`` is the agent's own word on why: ``True`` (it stopped because we asked),
+    ``False`` (it finished by itself: Codex ``completed``, Claude ``terminal_reason=completed``)
+    or ``None`` when the protocol cannot tell (ACP agents answer a cancelled turn ``end_turn``).
+    """
+
+    turn_id: str
+    stop_reason: str | None
+    interrupted: bool | None = None
+    error: str | None = None
+
+
+Output = Event | Control
+
+
+@define
+class Step:
+    """What one call into a machine produced, in order."""
+
+    send: list[dict[str, Any]] = field(factory=list)
+    events: list[Output] = field(factory=list)
+
+    def extend(self, other: Step) -> Step:
+        self.send.extend(other.send)
+        self.events.extend(other.events)
+        return self
+
+
+class AgentProtocol(ABC):
+    """One conversation with one agent process. A fresh instance per process."""
+
+    #: the ``protocol`` value in agent configuration
+    name: ClassVar[str]
+
+    @abstractmethod
+    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+        """Begin the handshake; ``resume`` is the agent session id to restore, if any."""
+
+    @abstractmethod
+    def receive(self, message: dict[str, Any]) -> Step:
+        """Feed one decoded message from the agent."""
+
+    @abstractmethod
+    def prompt(self, turn_id: str, text: str) -> Step:
+        """Start a turn. Only called when established and no turn is running."""
+
+    @abstractmethod
+    def cancel(self) -> Step:
+        """Interrupt the running turn, now or as soon as the agent has identified it.
+
+        Must not wait for any reply: the actor races its grace timer against
+        :class:`TurnFinished`.
+        """
+
+    @abstractmethod
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        """Answer a pending permission request; ``option_id=None`` answers it cancelled.
+
+        Raises :class:`UnknownPermission` for a request that is not pending or an option that
+        was not offered.
+        """
+
+    @abstractmethod
+    def cancel_permissions(self) -> Step:
+        """Answer every pending permission request as cancelled (part of every cancel)."""
+
+    @property
+    @abstractmethod
+    def pending_permissions(self) -> list[str]:
+        """Request ids of the permission requests waiting for an answer."""
+
+    @property
+    @abstractmethod
+    def agent_session_id(self) -> str | None:
+        """What to pass as ``resume`` to the next process's machine after a kill."""

@@ -1,0 +1,169 @@
+"""A real agent process as a link: pumps between its pipes and the session actor's inbox.
+
+Three tasks per process, all in the session's nursery: the *writer* drains an unbounded queue of
+outgoing messages into stdin (so the actor never blocks on a wedged agent), the *reader* frames
+stdout and posts each frame (blocking when the actor's inbox is full: backpressure on a flooding
+agent), and the *stderr* pump keeps a bounded tail and posts lines. When stdout is drained and
+the process has exited, the reader posts exactly one :class:`AgentGone`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import deque
+from typing import Any
+
+import trio
+
+from protocols.framing import LineDecoder, encode_message
+from supervisor.config import AgentSpec
+from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine
+from supervisor.process import AgentProcess, ExitStatus
+
+__all__ = ["ProcessLink", "launch_process"]
+
+log = logging.getLogger(__name__)
+
+#: Lines of stderr kept for error messages, and the longest line kept whole.
+STDERR_TAIL_LINES = 50
+STDERR_LINE_CHARS = 2000
+_READ_SIZE = 65536
+
+
+class ProcessLink(AgentLink):
+    def __init__(
+        self, process: AgentProcess, spec: AgentSpec, generation: int, inbox: trio.MemorySendChannel[Any]
+    ) -> None:
+        self.process = process
+        self.generation = generation
+        self._spec = spec
+        self._inbox = inbox
+        self._outgoing_send, self._outgoing = trio.open_memory_channel[bytes](math.inf)
+        self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._stderr_done = trio.Event()
+
+    # -- AgentLink -----------------------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        try:
+            self._outgoing_send.send_nowait(encode_message(message))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # stdin is closed: the agent is going away and AgentGone will say so
+
+    def signal(self, signum: int) -> None:
+        # The shim forwards SIGINT, SIGTERM and SIGHUP to every process of the tree.
+        try:
+            os.kill(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    async def kill(self) -> list[str]:
+        # No stdin EOF first: that is close()'s polite request; a kill is the ladder alone.
+        return await self.process.kill_tree(self._spec.kill_timeout_s)
+
+    async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
+        self._outgoing_send.close()  # the writer flushes what is queued, then closes stdin
+        with trio.move_on_after(timeout):
+            status = await self.process.wait()
+            await self.process.aclose()  # the shim has already reaped the rest; make sure
+            return status, []
+        steps = await self.process.kill_tree(self._spec.kill_timeout_s)
+        return self.process.returncode, steps
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        return list(self._tail)
+
+    # -- pumps -----------------------------------------------------------------------------------
+
+    async def write_stdin(self) -> None:
+        try:
+            async with self._outgoing:
+                async for data in self._outgoing:
+                    await self.process.stdin.send_all(data)
+            await self.process.close_stdin()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the agent closed its stdin or died; the reader reports the exit
+
+    async def read_stdout(self) -> None:
+        decoder = LineDecoder()
+        try:
+            while True:
+                try:
+                    data = await self.process.stdout.receive_some(_READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                frames = decoder.feed(bytes(data)) if data else decoder.end_of_input()
+                for frame in frames:
+                    await self._inbox.send(AgentFrame(self.generation, frame))
+                if not data:
+                    break
+            with trio.move_on_after(1.0):
+                await self._stderr_done.wait()  # so the tail holds the last words
+            status = await self.process.wait()
+            await self._inbox.send(AgentGone(self.generation, status))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the session is gone
+
+    async def read_stderr(self) -> None:
+        pending = b""
+        try:
+            while True:
+                try:
+                    data = await self.process.stderr.receive_some(_READ_SIZE)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    if pending:
+                        await self._stderr_line(pending)
+                    return
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                if len(pending) > STDERR_LINE_CHARS * 4:
+                    lines.append(pending)
+                    pending = b""
+                for line in lines:
+                    await self._stderr_line(line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._stderr_done.set()
+
+    async def _stderr_line(self, raw: bytes) -> None:
+        line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+        if len(line) > STDERR_LINE_CHARS:
+            line = line[:STDERR_LINE_CHARS] + "…"
+        if not line.strip():
+            return
+        self._tail.append(line)
+        await self._inbox.send(AgentStderrLine(self.generation, line))
+
+
+async def launch_process(
+    spec: AgentSpec,
+    *,
+    cwd: str,
+    generation: int,
+    inbox: trio.MemorySendChannel[Any],
+    nursery: trio.Nursery,
+) -> AgentLink:
+    """The default :class:`supervisor.link.Launcher`: the agent under the containment shim."""
+    process = await AgentProcess.spawn(spec.command, env=spec.process_env(), cwd=cwd)
+    link = ProcessLink(process, spec, generation, inbox)
+    nursery.start_soon(_run_link, link)
+    return link
+
+
+async def _run_link(link: ProcessLink) -> None:
+    """The link's pumps; whatever happens, the process tree is gone when this returns."""
+    try:
+        async with trio.open_nursery() as pumps:
+            pumps.start_soon(link.write_stdin)
+            pumps.start_soon(link.read_stderr)
+            await link.read_stdout()
+            pumps.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await link.process.aclose()

@@ -1,0 +1,213 @@
+"""Agent configuration: ``[agents.NAME]`` tables in TOML, plus the built-in demo agent.
+
+```toml
+[agents.codex]
+protocol = "codex"
+command = ["codex", "app-server"]
+grace_s = 3.0
+env = { CODEX_HOME = "~/.codex" }
+```
+``command`` is an argument list, never a shell string. Errors name the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+from protocols import PROTOCOLS
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "DEFAULT_KILL_TIMEOUT_S",
+    "DEFAULT_START_TIMEOUT_S",
+    "KNOWN_PROTOCOLS",
+    "AgentSpec",
+    "ConfigError",
+    "builtin_agents",
+    "load_agents",
+]
+
+#: How long an agent may take to end a turn after the interrupt before its tree is killed.
+#: The real agents measured here stop in 5-130 ms (``shared/real-agents.md``: Codex 8-30 ms,
+#: Claude ~8 ms ack, OpenCode acp 70-110 ms, Gemini 25-115 ms); 3 s is 20x the slowest, and
+#: short enough that a person waiting on a Stop button does not give up.
+DEFAULT_GRACE_S = 3.0
+#: Between SIGTERM and SIGKILL of the tree. Well-behaved CLIs exit on SIGTERM in well under
+#: 100 ms; the SDKs wait 5 s, but by then a person has already waited a whole grace window.
+DEFAULT_KILL_TIMEOUT_S = 1.0
+#: From spawn to a session that takes prompts. OpenCode's ACP ``initialize`` takes ~2 s here,
+#: the Claude SDK allows 60 s for its own; a slower start is a broken install.
+DEFAULT_START_TIMEOUT_S = 60.0
+
+KNOWN_PROTOCOLS = frozenset(PROTOCOLS)
+
+
+class ConfigError(ValueError):
+    """A configuration file or entry that cannot be used; the message says where and why."""
+
+
+def _to_args(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _freeze_env(value: Mapping[str, str]) -> dict[str, str]:
+    return dict(value)
+
+
+@frozen(kw_only=True)
+class AgentSpec:
+    """How to start one kind of agent."""
+
+    name: str
+    protocol: str
+    command: tuple[str, ...] = field(converter=_to_args)
+    description: str = ""
+    grace_s: float = DEFAULT_GRACE_S
+    kill_timeout_s: float = DEFAULT_KILL_TIMEOUT_S
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    env: dict[str, str] = field(factory=dict, converter=_freeze_env)
+    cwd: str | None = None
+
+    @classmethod
+    def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
+        """The agent ``name`` from ``path`` (or the built-ins when no file is given)."""
+        agents = load_agents(path) if path is not None else builtin_agents()
+        try:
+            return agents[name]
+        except KeyError:
+            known = ", ".join(sorted(agents)) or "none"
+            where = f" in {path}" if path is not None else ""
+            raise ConfigError(f"no agent named {name!r}{where} (known: {known})") from None
+
+    def with_args(self, *args: str) -> AgentSpec:
+        """The same agent with extra command-line arguments (the demo's fault switches)."""
+        return attrs.evolve(self, command=(*self.command, *args))
+
+    def with_options(self, **changes: Any) -> AgentSpec:
+        """The same agent with other settings, e.g. ``grace_s=0.5``."""
+        return attrs.evolve(self, **changes)
+
+    def process_env(self) -> dict[str, str]:
+        """The environment to start the agent with: ours, plus the spec's (``~`` expanded)."""
+        env = dict(os.environ)
+        env.update({k: os.path.expanduser(v) for k, v in self.env.items()})
+        return env
+
+
+def builtin_agents() -> dict[str, AgentSpec]:
+    """Agents that work with no configuration file, no keys and no network."""
+    return {
+        "demo": AgentSpec(
+            name="demo",
+            protocol="acp",
+            command=(sys.executable, "-m", "supervisor.demo_agent"),
+            description="Built-in demo agent (ACP): streams a reply word by word; no keys needed",
+        )
+    }
+
+
+def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
+    """The built-in agents overlaid with every ``[agents.NAME]`` table of a TOML file."""
+    source = Path(path)
+    try:
+        with source.open("rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return {**builtin_agents(), **parse_agents(document, str(source))}
+
+
+def parse_agents(document: Mapping[str, Any], where: str = "<config>") -> dict[str, AgentSpec]:
+    tables = document.get("agents", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{where}: 'agents' must be a table of [agents.NAME] tables")
+    return {name: _parse_agent(name, table, where) for name, table in tables.items()}
+
+
+_FIELDS = {
+    "protocol",
+    "command",
+    "description",
+    "grace_s",
+    "kill_timeout_s",
+    "start_timeout_s",
+    "env",
+    "cwd",
+}
+
+
+def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
+    at = f"{where}: [agents.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at} must be a table")
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise ConfigError(
+            f"{at}: unknown key(s) {', '.join(sorted(unknown))}"
+            f" (allowed: {', '.join(sorted(_FIELDS))})"
+        )
+    protocol = table.get("protocol")
+    if not isinstance(protocol, str):
+        raise ConfigError(f"{at}: 'protocol' is required (one of {_known()})")
+    if protocol not in KNOWN_PROTOCOLS:
+        raise ConfigError(f"{at}: unknown protocol {protocol!r} (one of {_known()})")
+    command = table.get("command")
+    if isinstance(command, str):
+        raise ConfigError(
+            f"{at}: 'command' must be a list of arguments, not a shell string"
+            f" (e.g. {command.split()!r})"
+        )
+    if (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(part, str) and part for part in command)
+    ):
+        raise ConfigError(f"{at}: 'command' must be a non-empty list of strings")
+    env = table.get("env", {})
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ConfigError(f"{at}: 'env' must be a table of string values")
+    numbers = {}
+    for key, default in (
+        ("grace_s", DEFAULT_GRACE_S),
+        ("kill_timeout_s", DEFAULT_KILL_TIMEOUT_S),
+        ("start_timeout_s", DEFAULT_START_TIMEOUT_S),
+    ):
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ConfigError(f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}")
+        numbers[key] = float(value)
+    description = table.get("description", "")
+    cwd = table.get("cwd")
+    if not isinstance(description, str):
+        raise ConfigError(f"{at}: 'description' must be a string")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ConfigError(f"{at}: 'cwd' must be a string")
+    return AgentSpec(
+        name=name,
+        protocol=protocol,
+        command=command,
+        description=description,
+        grace_s=numbers["grace_s"],
+        kill_timeout_s=numbers["kill_timeout_s"],
+        start_timeout_s=numbers["start_timeout_s"],
+        env=env,
+        cwd=cwd,
+    )
+
+
+def _known() -> str:
+    return ", ".join(sorted(KNOWN_PROTOCOLS))

@@ -1,0 +1,996 @@
+"""Built-in demo agent: a real ACP v1 agent that needs no keys and no network.
+
+Run it as ``python -m supervisor.demo_agent [options]``. It speaks
+newline-delimited JSON-RPC 2.0 on stdin/stdout and logs only to stderr.
+
+The reply to each prompt is a friendly sentence streamed word by word. Words in
+the prompt text ("directives") make a single turn misbehave, so a test can
+break one turn and check that the next one works:
+
+``permission``
+    Ask ``session/request_permission`` before a pretend tool call.
+``crash``
+    Exit with code 3 after three words.
+``grandchildren``
+    Leak background processes (a plain child, a grandchild in its own
+    session, a child that ignores SIGTERM) and report their pids.
+``garbage``
+    Write non-JSON-RPC lines to stdout before the reply.
+``huge``
+    Write one 50 MiB line to stdout before the reply.
+``flood``
+    Stream the words with no delay.
+``fail``
+    Answer the prompt with a JSON-RPC error after the reply.
+``slow`` / ``fast``
+    Use a delay of 0.3 s / 0.005 s per word.
+``ignore-cancel``
+    Ignore ``session/cancel`` for this turn.
+``words=N``, ``delay=S``, ``stop-delay=S``
+    Per-turn overrides of the matching command-line options.
+
+The command-line switches (see ``--help``) apply to every turn.
+
+This module is standalone on purpose: it imports only the standard library
+and trio, never other modules of the ``supervisor`` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import trio
+
+PROTOCOL_VERSION = 1
+AGENT_NAME = "demo-agent"
+AGENT_VERSION = "0.1"
+
+# JSON-RPC 2.0 error codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+REQUEST_CANCELLED = -32800
+
+DEMO_SENTENCE = (
+    "Hello! I am the demo agent of agent-supervisor. I need no keys and no "
+    "network: I stream this friendly sentence word by word so that you can "
+    "watch a turn run and stop it at any moment. Press Ctrl-C or send "
+    "session/cancel and the supervisor ends the turn at once, cleanly and "
+    "honestly."
+)
+DEMO_WORDS: tuple[str, ...] = tuple(DEMO_SENTENCE.split())
+
+HUGE_LINE_BYTES = 50 * 1024 * 1024
+HUGE_CHUNK_BYTES = 1024 * 1024
+CRASH_AFTER_WORDS = 3
+SLOW_DELAY = 0.3
+FAST_DELAY = 0.005
+
+PERMISSION_OPTIONS: list[dict[str, str]] = [
+    {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+    {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+]
+ALLOW_OPTION_IDS = frozenset({"allow-once", "allow-always", "allow_once", "allow_always"})
+
+GARBAGE_LINES: tuple[bytes, ...] = (
+    b"demo-agent: this line is plain text, not JSON\n",
+    b"\xff\xfe\xfd this line is not even UTF-8 \xc3\x28\n",
+    b'[1, 2, "a JSON array is not a JSON-RPC message"]\n',
+    b'{"hello": "a JSON object that is not JSON-RPC"}\n',
+)
+
+_SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_STRIP_PUNCT = "\"'`.,;:!?()[]{}<>"
+
+# Code of the leaked processes that the ``grandchildren`` directive spawns.
+# Each one prints its pid once it is set up, then points stdout at /dev/null
+# so that it holds no pipe of ours, then sleeps until it is killed.
+_READY_AND_SLEEP = (
+    "sys.stdout.write(str(os.getpid()) + '\\n')\n"
+    "sys.stdout.flush()\n"
+    "os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+    "while True:\n"
+    "    time.sleep(1)\n"
+)
+_CHILD_PLAIN_CODE = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n" + _READY_AND_SLEEP
+)
+_CHILD_IGNORES_SIGTERM_CODE = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n" + _READY_AND_SLEEP
+)
+_GRANDCHILD_SETSID_CODE = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "os.setsid()\n" + _READY_AND_SLEEP
+)
+# The intermediate child starts the setsid grandchild with our pipe as its
+# stdout (the grandchild reports its own pid), lets go of the pipe, reaps the
+# grandchild if it dies, and then sleeps.
+_INTERMEDIATE_CODE = (
+    "import os, signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "p = subprocess.Popen([sys.executable, '-c', sys.argv[1]],"
+    " stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "os.dup2(os.open(os.devnull, os.O_WRONLY), 1)\n"
+    "p.wait()\n"
+    "while True:\n"
+    "    time.sleep(1)\n"
+)
+
+
+def log(message: str) -> None:
+    """Write one diagnostic line to stderr (never to stdout)."""
+    try:
+        sys.stderr.write(f"demo-agent: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class RpcError(Exception):
+    """A JSON-RPC error to send back as the answer to a request."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Options:
+    """Settings from the command line; they apply to every turn."""
+
+    words: int = 40
+    delay: float = 0.05
+    stop_delay: float = 0.0
+    ignore_cancel: bool = False
+    ignore_sigterm: bool = False
+    permission_watches_cancel: bool = False
+    state_dir: str = field(
+        default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
+    )
+
+
+@dataclass
+class TurnPlan:
+    """Per-turn behaviour chosen by the directives in the prompt text."""
+
+    words: int
+    delay: float
+    stop_delay: float
+    ignore_cancel: bool
+    permission: bool = False
+    crash: bool = False
+    grandchildren: bool = False
+    garbage: bool = False
+    huge: bool = False
+    flood: bool = False
+    fail: bool = False
+
+
+def _non_negative_float(text: str) -> float | None:
+    """Parse a finite float >= 0, or return None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return value
+
+
+def parse_directives(text: str, options: Options) -> TurnPlan:
+    """Read the directives in a prompt's text and build the turn's plan."""
+    plan = TurnPlan(
+        words=options.words,
+        delay=options.delay,
+        stop_delay=options.stop_delay,
+        ignore_cancel=options.ignore_cancel,
+    )
+    for raw in text.split():
+        token = raw.strip(_STRIP_PUNCT).lower()
+        key, sep, value = token.partition("=")
+        key = key.replace("_", "-")
+        if sep:
+            if key == "words" and value.isdigit():
+                plan.words = int(value)
+            elif key in ("delay", "stop-delay"):
+                number = _non_negative_float(value)
+                if number is not None:
+                    if key == "delay":
+                        plan.delay = number
+                    else:
+                        plan.stop_delay = number
+            continue
+        if key == "permission":
+            plan.permission = True
+        elif key == "crash":
+            plan.crash = True
+        elif key == "grandchildren":
+            plan.grandchildren = True
+        elif key == "garbage":
+            plan.garbage = True
+        elif key == "huge":
+            plan.huge = True
+        elif key == "flood":
+            plan.flood = True
+        elif key == "fail":
+            plan.fail = True
+        elif key == "slow":
+            plan.delay = SLOW_DELAY
+        elif key == "fast":
+            plan.delay = FAST_DELAY
+        elif key == "ignore-cancel":
+            plan.ignore_cancel = True
+    return plan
+
+
+@dataclass
+class HistoryEntry:
+    """One message of a session's history."""
+
+    role: str  # "user" or "agent"
+    text: str
+
+
+class Turn:
+    """A running prompt turn: its request id, cancel scope and state."""
+
+    def __init__(self, request_id: Any, session: Session, plan: TurnPlan, text: str) -> None:
+        self.request_id = request_id
+        self.session = session
+        self.plan = plan
+        self.text = text
+        self.scope = trio.CancelScope()
+        self.cancel_requested = False
+        self.outcome_cancelled = False
+        self.open_tool_calls: list[str] = []
+        self.pending_requests: list[int] = []
+        self.reply_parts: list[str] = []
+        self.done = trio.Event()
+
+
+@dataclass
+class Session:
+    """A session: its id, cwd and history of prompts and replies."""
+
+    session_id: str
+    cwd: str
+    history: list[HistoryEntry] = field(default_factory=list)
+    turn: Turn | None = None
+
+
+@dataclass
+class _Pending:
+    """An agent→client request waiting for its answer."""
+
+    event: trio.Event = field(default_factory=trio.Event)
+    message: dict[str, Any] | None = None
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    """Serialise a message as one ASCII JSON line."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def _text_of(prompt: Any) -> str:
+    """Concatenate the text blocks of a prompt's ContentBlock list."""
+    if not isinstance(prompt, list):
+        raise RpcError(INVALID_PARAMS, "Invalid params: prompt must be a list of content blocks")
+    parts: list[str] = []
+    for block in prompt:
+        if not isinstance(block, dict):
+            raise RpcError(INVALID_PARAMS, "Invalid params: each content block must be an object")
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+    return "".join(parts)
+
+
+class DemoAgent:
+    """The ACP agent: reads requests, runs turns and writes replies."""
+
+    def __init__(self, options: Options, stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream) -> None:
+        self.options = options
+        self.stdin = stdin
+        self.stdout = stdout
+        self.write_lock = trio.Lock()
+        self.sessions: dict[str, Session] = {}
+        self.pending: dict[int, _Pending] = {}
+        self.next_request_id = 0
+        self.next_tool_call = 1
+        self.turns: set[Turn] = set()
+        self.stdout_broken = False
+        self._nursery: trio.Nursery | None = None
+
+    # ----------------------------------------------------------- output
+
+    async def write_chunks(self, chunks: Sequence[bytes]) -> None:
+        """Write whole lines to stdout, one writer at a time, never cut short."""
+        async with self.write_lock:
+            if self.stdout_broken:
+                return
+            with trio.CancelScope(shield=True):
+                try:
+                    for chunk in chunks:
+                        await self.stdout.send_all(chunk)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    self.stdout_broken = True
+                    log(f"stdout is gone ({exc!r}); shutting down")
+                    self._shutdown()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Write one JSON-RPC message (adds the "jsonrpc" field)."""
+        await self.write_chunks([_encode({"jsonrpc": "2.0", **message})])
+
+    async def respond(self, request_id: Any, result: Any) -> None:
+        """Answer a request with a result."""
+        await self.send({"id": request_id, "result": result})
+
+    async def respond_error(self, request_id: Any, code: int, message: str) -> None:
+        """Answer a request with an error."""
+        await self.send({"id": request_id, "error": {"code": code, "message": message}})
+
+    async def update(self, session_id: str, update: dict[str, Any]) -> None:
+        """Send a session/update notification."""
+        await self.send(
+            {"method": "session/update", "params": {"sessionId": session_id, "update": update}}
+        )
+
+    async def request(self, turn: Turn, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Send an agent→client request and wait for the client's answer."""
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        pending = _Pending()
+        self.pending[request_id] = pending
+        turn.pending_requests.append(request_id)
+        try:
+            await self.send({"id": request_id, "method": method, "params": params})
+            if self.stdout_broken:
+                self._abandon_pending()
+            await pending.event.wait()
+        finally:
+            if pending.event.is_set():
+                turn.pending_requests.remove(request_id)
+                self.pending.pop(request_id, None)
+        assert pending.message is not None
+        return pending.message
+
+    # ----------------------------------------------------------- state
+
+    def _state_path(self, session_id: str) -> str:
+        return os.path.join(self.options.state_dir, f"{session_id}.json")
+
+    def save(self, session: Session) -> None:
+        """Persist a session's history as JSON (atomic replace)."""
+        try:
+            os.makedirs(self.options.state_dir, exist_ok=True)
+            path = self._state_path(session.session_id)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            data = {
+                "sessionId": session.session_id,
+                "cwd": session.cwd,
+                "history": [{"role": e.role, "text": e.text} for e in session.history],
+            }
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(data, fh)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log(f"could not save session {session.session_id}: {exc}")
+
+    def load(self, session_id: str, cwd: str) -> Session | None:
+        """Read a persisted session, or return None if there is none."""
+        try:
+            with open(self._state_path(session_id), encoding="utf-8") as fh:
+                data = json.load(fh)
+            history = [
+                HistoryEntry(role=str(e["role"]), text=str(e["text"])) for e in data["history"]
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log(f"no usable saved state for session {session_id}: {exc!r}")
+            return None
+        return Session(session_id=session_id, cwd=cwd, history=history)
+
+    # ----------------------------------------------------------- input
+
+    async def run(self) -> None:
+        """Serve until stdin closes or stdout breaks."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._read_loop()
+            await self._finish_turns()
+            nursery.cancel_scope.cancel()
+
+    def _shutdown(self) -> None:
+        """Stop everything now (stdout broke)."""
+        self._abandon_pending()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _abandon_pending(self) -> None:
+        """Answer our own pending requests as cancelled, so no turn waits on them."""
+        for request_id, pending in list(self.pending.items()):
+            if not pending.event.is_set():
+                pending.message = {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": REQUEST_CANCELLED, "message": "agent shutting down"},
+                }
+                pending.event.set()
+
+    async def _finish_turns(self) -> None:
+        """On stdin EOF: cancel every running turn and let it answer."""
+        for turn in list(self.turns):
+            turn.cancel_requested = True
+            turn.scope.cancel()
+        self._abandon_pending()
+        with trio.move_on_after(2):
+            for turn in list(self.turns):
+                await turn.done.wait()
+        if self.turns:
+            # A write to a client that no longer reads can block for ever.
+            log("turns did not finish after stdin closed; exiting anyway")
+            _restore_blocking()
+            os._exit(0)
+
+    async def _read_loop(self) -> None:
+        buffer = bytearray()
+        while True:
+            try:
+                data = await self.stdin.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log(f"stdin read failed: {exc!r}")
+                data = b""
+            if not data:
+                if buffer.strip():
+                    await self._handle_line(bytes(buffer))
+                log("stdin closed; exiting")
+                return
+            start = len(buffer)
+            buffer += data
+            search_from = start
+            while True:
+                newline = buffer.find(b"\n", search_from)
+                if newline < 0:
+                    break
+                line = bytes(buffer[:newline])
+                del buffer[: newline + 1]
+                search_from = 0
+                await self._handle_line(line)
+
+    async def _handle_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            log(f"parse error: {exc}")
+            await self.respond_error(None, PARSE_ERROR, f"Parse error: {exc}")
+            return
+        if not isinstance(message, dict):
+            await self.respond_error(None, INVALID_REQUEST, "Invalid Request: expected a JSON object")
+            return
+        has_id = "id" in message
+        request_id = message.get("id")
+        if message.get("jsonrpc") != "2.0":
+            if has_id:
+                await self.respond_error(
+                    request_id, INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"'
+                )
+            else:
+                log(f"dropping message without jsonrpc 2.0: {line[:200]!r}")
+            return
+        method = message.get("method")
+        if method is None:
+            if has_id and ("result" in message or "error" in message):
+                self._handle_response(message)
+            else:
+                await self.respond_error(
+                    request_id if has_id else None, INVALID_REQUEST, "Invalid Request"
+                )
+            return
+        if not isinstance(method, str):
+            if has_id:
+                await self.respond_error(request_id, INVALID_REQUEST, "Invalid Request: bad method")
+            return
+        params = message.get("params")
+        if params is None:
+            params = {}
+        if has_id:
+            await self._handle_request(request_id, method, params)
+        else:
+            await self._handle_notification(method, params)
+
+    def _handle_response(self, message: dict[str, Any]) -> None:
+        request_id = message.get("id")
+        pending = self.pending.get(request_id) if isinstance(request_id, int) else None
+        if pending is None or pending.event.is_set():
+            log(f"ignoring response to unknown request id {request_id!r}")
+            return
+        pending.message = message
+        pending.event.set()
+
+    async def _handle_notification(self, method: str, params: Any) -> None:
+        if method == "session/cancel":
+            self._cancel(params)
+        else:
+            log(f"ignoring notification {method}")
+
+    async def _handle_request(self, request_id: Any, method: str, params: Any) -> None:
+        try:
+            if not isinstance(params, dict):
+                raise RpcError(INVALID_PARAMS, "Invalid params: params must be an object")
+            if method == "initialize":
+                await self.respond(request_id, self._initialize(params))
+            elif method == "session/new":
+                await self.respond(request_id, self._session_new(params))
+            elif method == "session/load":
+                await self._session_load(request_id, params)
+            elif method == "session/prompt":
+                self._session_prompt(request_id, params)
+            else:
+                raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        except RpcError as exc:
+            await self.respond_error(request_id, exc.code, exc.message)
+
+    # ----------------------------------------------------------- methods
+
+    def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        asked = params.get("protocolVersion")
+        if asked != PROTOCOL_VERSION:
+            log(f"client asked for protocol version {asked!r}; answering {PROTOCOL_VERSION}")
+        return {
+            "protocolVersion": PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+            },
+            "agentInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
+            "authMethods": [],
+        }
+
+    @staticmethod
+    def _cwd(params: dict[str, Any]) -> str:
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str):
+            raise RpcError(INVALID_PARAMS, "Invalid params: cwd must be a string")
+        servers = params.get("mcpServers", [])
+        if not isinstance(servers, list):
+            raise RpcError(INVALID_PARAMS, "Invalid params: mcpServers must be a list")
+        return cwd
+
+    def _session_id(self, params: dict[str, Any]) -> str:
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str) or not _SESSION_ID_RE.match(session_id):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: bad sessionId {session_id!r}")
+        return session_id
+
+    def _session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+        cwd = self._cwd(params)
+        session = Session(session_id=f"demo-{secrets.token_hex(8)}", cwd=cwd)
+        self.sessions[session.session_id] = session
+        self.save(session)
+        log(f"new session {session.session_id}")
+        return {"sessionId": session.session_id}
+
+    async def _session_load(self, request_id: Any, params: dict[str, Any]) -> None:
+        cwd = self._cwd(params)
+        session_id = self._session_id(params)
+        session = self.sessions.get(session_id) or self.load(session_id, cwd)
+        if session is None:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: unknown session {session_id}")
+        session.cwd = cwd
+        self.sessions[session_id] = session
+        log(f"loading session {session_id}: replaying {len(session.history)} messages")
+        for entry in list(session.history):
+            kind = "user_message_chunk" if entry.role == "user" else "agent_message_chunk"
+            await self.update(
+                session_id,
+                {"sessionUpdate": kind, "content": {"type": "text", "text": entry.text}},
+            )
+        await self.respond(request_id, {})
+
+    def _session_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
+        session_id = params.get("sessionId")
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: unknown session {session_id!r}")
+        text = _text_of(params.get("prompt"))
+        if session.turn is not None:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"Invalid params: a prompt is already running in session {session.session_id}",
+            )
+        # Register the turn now, before reading the next line, so that a
+        # session/cancel sent right after the prompt finds it.
+        turn = Turn(request_id, session, parse_directives(text, self.options), text)
+        session.turn = turn
+        self.turns.add(turn)
+        session.history.append(HistoryEntry("user", text))
+        self.save(session)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_turn, turn)
+
+    def _cancel(self, params: Any) -> None:
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        session = self.sessions.get(session_id) if isinstance(session_id, str) else None
+        turn = session.turn if session is not None else None
+        if turn is None:
+            log(f"session/cancel for {session_id!r} while idle: ignored")
+            return
+        if turn.plan.ignore_cancel:
+            log(f"session/cancel for {session_id} ignored as asked (--ignore-cancel)")
+            return
+        if turn.cancel_requested:
+            return
+        turn.cancel_requested = True
+        if turn.plan.stop_delay > 0:
+            log(f"session/cancel for {session_id}: stopping in {turn.plan.stop_delay} s")
+            assert self._nursery is not None
+            self._nursery.start_soon(self._cancel_later, turn)
+        else:
+            log(f"session/cancel for {session_id}: stopping now")
+            turn.scope.cancel()
+
+    async def _cancel_later(self, turn: Turn) -> None:
+        await trio.sleep(turn.plan.stop_delay)
+        turn.scope.cancel()
+
+    # ----------------------------------------------------------- turns
+
+    async def _run_turn(self, turn: Turn) -> None:
+        session_id = turn.session.session_id
+        log(f"turn started in {session_id} (request id {turn.request_id!r})")
+        try:
+            with turn.scope:
+                await self._turn_body(turn)
+            cancelled = turn.cancel_requested or turn.outcome_cancelled or turn.scope.cancelled_caught
+            # Pending updates go out before the prompt's answer.
+            for call_id in turn.open_tool_calls:
+                await self.update(
+                    session_id,
+                    {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"},
+                )
+            for request_id in list(turn.pending_requests):
+                pending = self.pending.pop(request_id, None)
+                if pending is not None and not pending.event.is_set():
+                    await self.send({"method": "$/cancel_request", "params": {"requestId": request_id}})
+            if turn.reply_parts:
+                turn.session.history.append(HistoryEntry("agent", "".join(turn.reply_parts)))
+            self.save(turn.session)
+            turn.session.turn = None
+            if turn.plan.fail and not cancelled:
+                await self.respond_error(turn.request_id, INTERNAL_ERROR, "demo failure as asked")
+                stop = "error"
+            else:
+                stop = "cancelled" if cancelled else "end_turn"
+                await self.respond(turn.request_id, {"stopReason": stop})
+            log(f"turn ended in {session_id}: {stop}")
+        finally:
+            if turn.session.turn is turn:
+                turn.session.turn = None
+            self.turns.discard(turn)
+            turn.done.set()
+
+    async def _turn_body(self, turn: Turn) -> None:
+        plan = turn.plan
+        sid = turn.session.session_id
+        shown = turn.text if len(turn.text) <= 200 else turn.text[:200] + "..."
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "agent_thought_chunk",
+                "content": {"type": "text", "text": f"Thinking about: {shown}"},
+            },
+        )
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "plan",
+                "entries": [
+                    {"content": "Read the prompt", "priority": "high", "status": "completed"},
+                    {
+                        "content": "Stream a friendly reply word by word",
+                        "priority": "medium",
+                        "status": "in_progress",
+                    },
+                ],
+            },
+        )
+        if plan.garbage:
+            await self.write_chunks(list(GARBAGE_LINES))
+        if plan.huge:
+            await self._write_huge()
+        if plan.grandchildren:
+            await self._spawn_grandchildren(turn)
+        if plan.permission:
+            if not await self._ask_permission(turn):
+                return
+        await self._stream(turn)
+
+    async def _stream(self, turn: Turn) -> None:
+        plan = turn.plan
+        for index in range(plan.words):
+            if plan.flood:
+                await trio.sleep(0)
+            else:
+                await trio.sleep(plan.delay)
+            word = DEMO_WORDS[index % len(DEMO_WORDS)] + " "
+            await self.update(
+                turn.session.session_id,
+                {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": word}},
+            )
+            turn.reply_parts.append(word)
+            if plan.crash and index + 1 >= CRASH_AFTER_WORDS:
+                break
+        if plan.crash:
+            _crash()
+
+    async def _write_huge(self) -> None:
+        """Write one JSON line of about 50 MiB, in 1 MiB chunks."""
+        head = b'{"jsonrpc":"2.0","method":"_demo/huge","params":{"data":"'
+        chunk = b"x" * HUGE_CHUNK_BYTES
+        count = HUGE_LINE_BYTES // HUGE_CHUNK_BYTES
+        await self.write_chunks([head, *([chunk] * count), b'"}}\n'])
+
+    async def _ask_permission(self, turn: Turn) -> bool:
+        """Run the pretend tool behind a permission request; False ends the turn."""
+        sid = turn.session.session_id
+        call_id = f"call_{self.next_tool_call}"
+        self.next_tool_call += 1
+        tool_call = {
+            "toolCallId": call_id,
+            "title": "Run `echo hello`",
+            "kind": "execute",
+            "status": "pending",
+            "rawInput": {"command": "echo hello"},
+        }
+        await self.update(sid, {"sessionUpdate": "tool_call", **tool_call})
+        turn.open_tool_calls.append(call_id)
+        params = {"sessionId": sid, "toolCall": tool_call, "options": PERMISSION_OPTIONS}
+        if self.options.permission_watches_cancel:
+            answer = await self.request(turn, "session/request_permission", params)
+        else:
+            # Like Gemini: wait for the answer without watching the cancel.
+            with trio.CancelScope(shield=True):
+                answer = await self.request(turn, "session/request_permission", params)
+        outcome = _permission_outcome(answer)
+        log(f"permission answer for {call_id}: {outcome}")
+        if outcome == "cancelled":
+            turn.outcome_cancelled = True
+            return False
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if outcome == "allow":
+            update = {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": "completed",
+                "content": [{"type": "content", "content": {"type": "text", "text": "hello"}}],
+                "rawOutput": {"stdout": "hello\n", "exitCode": 0},
+            }
+        else:
+            update = {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": "failed",
+                "content": [
+                    {
+                        "type": "content",
+                        "content": {"type": "text", "text": "The user rejected the tool call."},
+                    }
+                ],
+            }
+        turn.open_tool_calls.remove(call_id)
+        await self.update(sid, update)
+        return True
+
+    async def _spawn_grandchildren(self, turn: Turn) -> None:
+        """Leak background processes on purpose and report their pids."""
+        sid = turn.session.session_id
+        call_id = f"call_{self.next_tool_call}"
+        self.next_tool_call += 1
+        with trio.CancelScope(shield=True):
+            with trio.fail_after(20):
+                child = await self._spawn_reporting([sys.executable, "-c", _CHILD_PLAIN_CODE])
+                middle = await self._spawn_reporting(
+                    [sys.executable, "-c", _INTERMEDIATE_CODE, _GRANDCHILD_SETSID_CODE]
+                )
+                stubborn = await self._spawn_reporting(
+                    [sys.executable, "-c", _CHILD_IGNORES_SIGTERM_CODE]
+                )
+        child_pid, middle_pid, stubborn_pid = child[1], middle[0].pid, stubborn[1]
+        grandchild_pid = middle[1]
+        pids = [child_pid, middle_pid, grandchild_pid, stubborn_pid]
+        log(f"leaked background processes {pids}")
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": "Start background processes",
+                "kind": "execute",
+                "status": "completed",
+                "rawInput": {"command": "spawn leaked background processes"},
+                "rawOutput": {
+                    "pids": pids,
+                    "child": child_pid,
+                    "intermediate": middle_pid,
+                    "setsidGrandchild": grandchild_pid,
+                    "ignoresSigterm": stubborn_pid,
+                },
+                "content": [
+                    {
+                        "type": "content",
+                        "content": {
+                            "type": "text",
+                            "text": "Started background processes (left running on purpose): "
+                            + ", ".join(str(p) for p in pids),
+                        },
+                    }
+                ],
+            },
+        )
+
+    async def _spawn_reporting(self, argv: list[str]) -> tuple[trio.Process, int]:
+        """Start a process that prints a pid line once it is ready; reap it later."""
+        proc = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None
+        data = b""
+        while b"\n" not in data:
+            more = await proc.stdout.receive_some(256)
+            if not more:
+                break
+            data += more
+        await proc.stdout.aclose()
+        try:
+            reported = int(data.split(b"\n", 1)[0])
+        except ValueError:
+            reported = proc.pid
+        assert self._nursery is not None
+        self._nursery.start_soon(proc.wait)  # reap it when it dies
+        return proc, reported
+
+
+def _permission_outcome(answer: dict[str, Any]) -> str:
+    """Map the client's answer to "allow", "reject" or "cancelled"."""
+    error = answer.get("error")
+    if error is not None:
+        code = error.get("code") if isinstance(error, dict) else None
+        return "cancelled" if code == REQUEST_CANCELLED else "reject"
+    result = answer.get("result")
+    outcome = result.get("outcome") if isinstance(result, dict) else None
+    if not isinstance(outcome, dict):
+        return "reject"
+    if outcome.get("outcome") == "cancelled":
+        return "cancelled"
+    if outcome.get("outcome") == "selected" and outcome.get("optionId") in ALLOW_OPTION_IDS:
+        return "allow"
+    return "reject"
+
+
+def _restore_blocking() -> None:
+    """Undo O_NONBLOCK that FdStream set on the shared stdin/stdout descriptions."""
+    for fd in (0, 1):
+        try:
+            os.set_blocking(fd, True)
+        except OSError:
+            pass
+
+
+def _crash() -> NoReturn:
+    log("crashing as asked")
+    os._exit(3)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    os.write(2, b"demo-agent: SIGTERM received; exiting\n")
+    os._exit(143)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """Parse the command line into Options."""
+    defaults = Options()
+    parser = argparse.ArgumentParser(
+        prog="python -m supervisor.demo_agent",
+        description="Demo ACP v1 agent on stdio (no keys, no network). "
+        "Prompt directives: permission crash grandchildren garbage huge flood fail "
+        "slow fast ignore-cancel words=N delay=S stop-delay=S.",
+    )
+    parser.add_argument("--words", type=int, default=defaults.words, help="words per reply (default 40)")
+    parser.add_argument(
+        "--delay", type=float, default=defaults.delay, help="seconds between words (default 0.05)"
+    )
+    parser.add_argument(
+        "--stop-delay",
+        type=float,
+        default=defaults.stop_delay,
+        help="seconds to keep streaming after session/cancel (default 0)",
+    )
+    parser.add_argument(
+        "--ignore-cancel", action="store_true", help="ignore session/cancel; turns end with end_turn"
+    )
+    parser.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM from the start")
+    parser.add_argument(
+        "--permission-watches-cancel",
+        action="store_true",
+        help="let session/cancel end a turn that waits for a permission answer",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=defaults.state_dir,
+        help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
+    )
+    ns = parser.parse_args(argv)
+    if ns.words < 0 or ns.delay < 0 or ns.stop_delay < 0:
+        parser.error("--words, --delay and --stop-delay must not be negative")
+    return Options(
+        words=ns.words,
+        delay=ns.delay,
+        stop_delay=ns.stop_delay,
+        ignore_cancel=ns.ignore_cancel,
+        ignore_sigterm=ns.ignore_sigterm,
+        permission_watches_cancel=ns.permission_watches_cancel,
+        state_dir=ns.state_dir,
+    )
+
+
+async def amain(options: Options) -> None:
+    """Serve ACP on this process's stdin and stdout."""
+    stdin = trio.lowlevel.FdStream(os.dup(0))
+    stdout = trio.lowlevel.FdStream(os.dup(1))
+    try:
+        await DemoAgent(options, stdin, stdout).run()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stdin.aclose()
+            await stdout.aclose()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    options = parse_args(argv)
+    if options.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    log(f"started (pid {os.getpid()}, state dir {options.state_dir})")
+    try:
+        trio.run(amain, options)
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        _restore_blocking()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

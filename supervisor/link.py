@@ -1,0 +1,96 @@
+"""What the session actor sees of a running agent, and how one is started.
+
+The actor never awaits agent I/O. A *link* queues outgoing messages for a writer task and its
+pump tasks post everything that happens (frames, stderr lines, the exit) into the actor's inbox,
+tagged with the link's *generation* so that anything from a killed predecessor is recognised
+and dropped. Real agents are :class:`supervisor.agent_link.ProcessLink`; tests plug in-memory
+fakes in through the same :class:`Launcher` signature.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+import trio
+from attrs import frozen
+
+from protocols.framing import Frame
+from supervisor.config import AgentSpec
+from supervisor.process import ExitStatus
+
+__all__ = [
+    "AgentFrame",
+    "AgentGone",
+    "AgentLink",
+    "AgentStderrLine",
+    "Launcher",
+    "LinkItem",
+]
+
+
+@frozen
+class AgentFrame:
+    generation: int
+    frame: Frame
+
+
+@frozen
+class AgentStderrLine:
+    generation: int
+    line: str
+
+
+@frozen
+class AgentGone:
+    """Posted once, after the last frame of stdout, when the agent's process has exited."""
+
+    generation: int
+    status: ExitStatus
+
+
+LinkItem = AgentFrame | AgentStderrLine | AgentGone
+
+
+class AgentLink(ABC):
+    """One running agent process, as the actor drives it."""
+
+    generation: int
+
+    @abstractmethod
+    def send(self, message: dict[str, Any]) -> None:
+        """Queue one message for the agent. Never blocks: a wedged agent cannot stall us."""
+
+    @abstractmethod
+    def signal(self, signum: int) -> None:
+        """Deliver a signal to the agent (protocols without an in-band interrupt)."""
+
+    @abstractmethod
+    async def kill(self) -> list[str]:
+        """Run the kill ladder; on return no process of the tree is alive.
+
+        Returns the steps taken, in order, from ``sigterm`` and ``sigkill``.
+        """
+
+    @abstractmethod
+    async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
+        """Ask the agent to exit (stdin EOF), wait up to ``timeout``, then :meth:`kill`."""
+
+    @property
+    @abstractmethod
+    def stderr_tail(self) -> list[str]:
+        """The last lines the agent wrote to stderr, for error messages."""
+
+
+class Launcher(Protocol):
+    """Starts an agent and its pump tasks in ``nursery``; raises ``SpawnError`` if it can't."""
+
+    async def __call__(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
+        nursery: trio.Nursery,
+    ) -> AgentLink: ...

@@ -1,0 +1,62 @@
+"""The cancel receipt: what a stop really did, given only once the turn has ended."""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+__all__ = ["ESCALATION_STEPS", "OUTCOMES", "CancelReceipt", "DroppedPrompt"]
+
+#: Receipt outcomes. ``completed`` is honest: the agent finished before the stop took hold.
+OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn")
+
+#: The escalation vocabulary, in the order the steps can happen.
+ESCALATION_STEPS = (
+    "interrupt",
+    "permissions_cancelled",
+    "grace_expired",
+    "sigterm",
+    "sigkill",
+    "respawned",
+    "resumed",
+)
+
+
+@frozen
+class DroppedPrompt:
+    """A queued prompt the cancel threw away (it gets its own ``turn.ended`` too)."""
+
+    turn_id: str
+    text: str
+
+
+@frozen(kw_only=True)
+class CancelReceipt:
+    session_id: str
+    turn_id: str | None
+    outcome: str
+    escalation: list[str] = field(factory=list)
+    stop_reason: str | None = None
+    dropped_prompts: list[DroppedPrompt] = field(factory=list)
+    resumed: bool | None = None
+    elapsed_ms: float = 0.0
+    grace_s: float | None = None
+    reason: str | None = None
+
+    def summary(self) -> str:
+        """One line a person reads: "Killed after 3.0 s grace, session resumed"."""
+        if self.outcome == "no_active_turn":
+            text = "Nothing to stop"
+        elif self.outcome == "completed":
+            text = "Turn had already completed"
+        elif self.outcome == "cancelled":
+            text = f"Cancelled in {self.elapsed_ms:.0f} ms"
+        else:
+            grace = f" after {self.grace_s:.1f} s grace" if self.grace_s is not None else ""
+            text = f"Killed{grace}"
+            if self.resumed is True:
+                text += ", session resumed"
+            elif self.resumed is False:
+                text += ", session could not be resumed (fresh session)"
+        if self.dropped_prompts:
+            text += f"; {len(self.dropped_prompts)} queued prompt(s) dropped"
+        return text

@@ -1,0 +1,956 @@
+"""The session actor: one task owns one agent session and everything about it.
+
+Callers talk to it only through its mailbox; each call carries its own reply slot, answered
+exactly once. The actor never awaits the agent: messages to the agent are queued on the link,
+everything from the agent arrives in the inbox, slow work (spawning, killing, closing) runs in
+child tasks that post their result back. So a cancel is always served at once, and agent output
+keeps flowing while it is in progress. The grace timer is the deadline of the inbox receive.
+
+States: ``starting -> ready -> running -> cancelling -> ready``, plus ``stopped`` and ``failed``.
+See ``design/actor.md`` for the cancel procedure step by step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Generic, TypeVar
+
+import attrs
+import outcome
+import trio
+from attrs import define, field, frozen
+
+from protocols import events as ev
+from protocols import new_machine
+from protocols.framing import FramingError, Message
+from protocols.machine import (
+    AgentProtocol,
+    Control,
+    SessionEstablished,
+    StartFailed,
+    Step,
+    TurnFinished,
+    UnknownPermission,
+)
+from supervisor.config import AgentSpec
+from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
+from supervisor.process import ExitStatus
+from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.wire import receipt_to_wire
+
+__all__ = ["Session", "SessionSummary", "Subscription", "TurnHandle"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Events kept for ``since_seq`` replay. At ~100 bytes each this bounds a session to ~1 MB.
+DEFAULT_HISTORY = 10_000
+#: Prompts that may wait behind the running turn; more is a client bug, not a workload.
+DEFAULT_MAX_QUEUED = 32
+#: Events a subscriber may fall behind before it is cut off (it resubscribes with since_seq).
+DEFAULT_SUBSCRIBER_BUFFER = 4096
+#: Agent items buffered between the pumps and the actor: backpressure on a flooding agent.
+_INBOX_SIZE = 256
+#: Turns remembered so a late cancel naming one gets an honest answer.
+_ENDED_TURNS_KEPT = 64
+
+
+@frozen
+class TurnHandle:
+    """A prompt accepted by the session: ``queued`` when it waits behind another turn."""
+
+    id: str
+    queued: bool
+
+
+@frozen
+class SessionSummary:
+    session_id: str
+    agent: str
+    state: str
+    turn_id: str | None
+
+
+class _Reply(Generic[T]):
+    """A one-shot answer slot: the actor fills it once, the caller awaits it."""
+
+    def __init__(self) -> None:
+        self._send, self._receive = trio.open_memory_channel[outcome.Outcome[T]](1)
+        self.done = False
+
+    def resolve(self, value: T) -> None:
+        self._put(outcome.Value(value))
+
+    def fail(self, error: BaseException) -> None:
+        self._put(outcome.Error(error))
+
+    def _put(self, result: outcome.Outcome[T]) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            self._send.send_nowait(result)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the caller went away; the work was done anyway
+
+    async def wait(self) -> T:
+        result = await self._receive.receive()
+        return result.unwrap()
+
+
+# -- mailbox calls ---------------------------------------------------------------------------
+
+
+@frozen
+class _Prompt:
+    text: str
+    reply: _Reply[TurnHandle]
+
+
+@frozen
+class _Cancel:
+    turn_id: str | None
+    reason: str | None
+    reply: _Reply[CancelReceipt]
+
+
+@frozen
+class _RespondPermission:
+    request_id: str
+    option_id: str | None
+    reply: _Reply[None]
+
+
+@frozen
+class _Subscribe:
+    since_seq: int | None
+    max_buffer: int
+    reply: _Reply[Subscription]
+
+
+@frozen
+class _WaitReady:
+    reply: _Reply[None]
+
+
+@frozen
+class _Stop:
+    reply: _Reply[ExitStatus | None]
+
+
+_Call = _Prompt | _Cancel | _RespondPermission | _Subscribe | _WaitReady | _Stop
+
+
+# -- inbox items from the session's own child tasks ------------------------------------------
+
+
+@frozen
+class _Wake:
+    """Posted after a mailbox call so an idle actor looks at its mailbox."""
+
+
+_WAKE = _Wake()
+
+
+@frozen
+class _Spawned:
+    generation: int
+    link: AgentLink
+
+
+@frozen
+class _SpawnFailed:
+    generation: int
+    message: str
+
+
+@frozen
+class _KillDone:
+    generation: int
+    steps: list[str]
+
+
+@frozen
+class _Closed:
+    status: ExitStatus | None
+
+
+# -- state owned by the actor ----------------------------------------------------------------
+
+
+@define
+class _CancelJob:
+    """One cancel of one turn; every concurrent cancel of that turn waits on it."""
+
+    turn_id: str
+    started_at: float
+    reason: str | None
+    grace_s: float
+    escalation: list[str] = field(factory=list)
+    dropped: list[DroppedPrompt] = field(factory=list)
+    waiters: list[_Reply[CancelReceipt]] = field(factory=list)
+    deadline: float | None = None
+    outcome: str | None = None  # set once the turn is over
+    stop_reason: str | None = None
+    resumed: bool | None = None
+
+
+@define
+class _Turn:
+    id: str
+    text: str
+    started_at: float
+    cancel: _CancelJob | None = None
+
+
+@define
+class _Subscriber:
+    send: trio.MemorySendChannel[ev.Event]
+    subscription: Subscription
+
+
+class Subscription:
+    """Events of one session, in order, from one subscribe call.
+
+    If the subscriber falls more than its buffer behind, the session cuts it off: iteration
+    ends and :attr:`lagged` is true; subscribe again with ``since_seq=last_seq`` to catch up.
+    :attr:`gap` is true when history no longer reached back to the ``since_seq`` asked for.
+    """
+
+    def __init__(self, receive: trio.MemoryReceiveChannel[ev.Event], *, last_seq: int, gap: bool):
+        self._receive = receive
+        self.last_seq = last_seq
+        self.gap = gap
+        self.lagged = False
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> ev.Event:
+        try:
+            event = await self._receive.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+        self.last_seq = event.seq
+        return event
+
+    async def receive(self) -> ev.Event:
+        """The next event; raises ``trio.EndOfChannel`` when the session is done or cut us off."""
+        event = await self._receive.receive()
+        self.last_seq = event.seq
+        return event
+
+    def close(self) -> None:
+        self._receive.close()
+
+
+class Session:
+    """One agent session. Create it through :class:`supervisor.Supervisor`."""
+
+    def __init__(
+        self,
+        session_id: str,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        launcher: Launcher,
+        history_size: int = DEFAULT_HISTORY,
+        max_queued: int = DEFAULT_MAX_QUEUED,
+    ) -> None:
+        self.id = session_id
+        self.spec = spec
+        self.cwd = cwd
+        self._launcher = launcher
+        self._max_queued = max_queued
+        self._mailbox_send, self._mailbox = trio.open_memory_channel[_Call](math.inf)
+        self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
+        # Everything below is owned by the actor task.
+        self._state = "starting"
+        self._nursery: trio.Nursery | None = None
+        self._machine: AgentProtocol | None = None
+        self._link: AgentLink | None = None
+        self._generation = 0
+        self._live_generation: int | None = None  # frames from any other one are dropped
+        self._resume_from: str | None = None
+        self._turn: _Turn | None = None
+        self._queue: deque[tuple[str, str]] = deque()
+        self._turn_counter = 0
+        self._ended: dict[str, CancelReceipt] = {}
+        self._seq = 0
+        self._history: deque[ev.Event] = deque(maxlen=history_size)
+        self._subscribers: list[_Subscriber] = []
+        self._ready_waiters: list[_Reply[None]] = []
+        self._stop_waiters: list[_Reply[ExitStatus | None]] = []
+        self._stopping = False
+        self._start_deadline: float | None = None
+        self._done = False
+        self.exit_status: ExitStatus | None = None
+
+    # -- public API (any task) ---------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def last_seq(self) -> int:
+        """The ``seq`` of the newest event (0 before the first)."""
+        return self._seq
+
+    @property
+    def turn_id(self) -> str | None:
+        return self._turn.id if self._turn is not None else None
+
+    def summary(self) -> SessionSummary:
+        return SessionSummary(self.id, self.spec.name, self._state, self.turn_id)
+
+    async def prompt(self, text: str) -> TurnHandle:
+        """Queue a prompt; returns once the session accepted it (not when the turn ends)."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("prompt text must be a non-empty string")
+        return await self._call(lambda reply: _Prompt(text, reply))
+
+    async def cancel(self, *, turn_id: str | None = None, reason: str | None = None) -> CancelReceipt:
+        """Stop the current turn (or ``turn_id``); returns only once that turn has ended."""
+        return await self._call(lambda reply: _Cancel(turn_id, reason, reply))
+
+    async def respond_permission(
+        self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
+    ) -> None:
+        if (option_id is None) == (not cancelled):
+            raise BadRequest("give exactly one of option_id or cancelled=True")
+        await self._call(lambda reply: _RespondPermission(request_id, option_id, reply))
+
+    @asynccontextmanager
+    async def subscribe(
+        self, *, since_seq: int | None = None, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
+    ) -> AsyncIterator[Subscription]:
+        """Events from now on (or replayed after ``since_seq``), in order, until you leave."""
+        subscription: Subscription = await self._call(
+            lambda reply: _Subscribe(since_seq, max_buffer, reply)
+        )
+        try:
+            yield subscription
+        finally:
+            subscription.close()
+
+    async def wait_ready(self) -> None:
+        """Return once the agent is up and the session takes prompts; raise if it failed."""
+        await self._call(_WaitReady)
+
+    async def stop(self) -> ExitStatus | None:
+        """End the session: the turn is stopped, the agent exits (or is killed)."""
+        if self._done:
+            return self.exit_status
+        return await self._call(_Stop)
+
+    async def _call(self, make: Callable[[_Reply[T]], _Call]) -> T:
+        reply: _Reply[T] = _Reply()
+        try:
+            self._mailbox_send.send_nowait(make(reply))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise AgentNotRunning(f"session {self.id} is {self._state}") from None
+        try:
+            self._inbox_send.send_nowait(_WAKE)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # a full inbox means the actor is awake and checks its mailbox next
+        return await reply.wait()
+
+    # -- the actor -------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The actor task: runs until the session is stopped (or the caller is cancelled)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._spawn()
+                task_status.started()
+                try:
+                    await self._loop()
+                finally:
+                    self._close_mailbox()
+                    with trio.CancelScope(shield=True):
+                        await self._kill_link_on_exit()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._done = True
+            if self._state not in ("stopped", "failed"):
+                self._state = "stopped"
+            for subscriber in self._subscribers:
+                subscriber.send.close()
+            self._subscribers.clear()
+
+    async def _loop(self) -> None:
+        while not self._done:
+            self._serve_mailbox()
+            if self._done:
+                return
+            deadline = self._next_deadline()
+            with trio.move_on_at(deadline) as scope:
+                item = await self._inbox.receive()
+            if scope.cancelled_caught:
+                self._on_deadline()
+            else:
+                self._on_inbox(item)
+
+    def _serve_mailbox(self) -> None:
+        while True:
+            try:
+                call = self._mailbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+            try:
+                self._on_call(call)
+            except Exception as exc:  # a bug must answer the caller, not kill the session
+                log.exception("session %s: error handling %r", self.id, call)
+                call.reply.fail(exc)
+
+    def _close_mailbox(self) -> None:
+        while True:
+            try:
+                call = self._mailbox.receive_nowait()
+            except (trio.WouldBlock, trio.ClosedResourceError):
+                break
+            call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+        self._mailbox.close()
+        exc = AgentNotRunning(f"session {self.id} is {self._state}")
+        for waiter in self._ready_waiters:
+            waiter.fail(exc)
+        self._ready_waiters.clear()
+        if self._turn is not None and self._turn.cancel is not None:
+            for cancel_waiter in self._turn.cancel.waiters:
+                cancel_waiter.fail(exc)
+
+    def _next_deadline(self) -> float:
+        deadline = math.inf
+        if self._turn is not None and self._turn.cancel is not None:
+            if self._turn.cancel.deadline is not None:
+                deadline = self._turn.cancel.deadline
+        if self._start_deadline is not None:
+            deadline = min(deadline, self._start_deadline)
+        return deadline
+
+    def _on_deadline(self) -> None:
+        now = trio.current_time()
+        if self._start_deadline is not None and now >= self._start_deadline:
+            self._start_deadline = None
+            self._start_failed(f"agent did not finish its handshake in {self.spec.start_timeout_s} s")
+        turn = self._turn
+        if turn is not None and turn.cancel is not None and turn.cancel.deadline is not None:
+            if now >= turn.cancel.deadline:
+                self._grace_expired(turn, turn.cancel)
+
+    # -- mailbox calls ------------------------------------------------------------------------
+
+    def _on_call(self, call: _Call) -> None:
+        if isinstance(call, _Subscribe):
+            call.reply.resolve(self._subscribe(call.since_seq, call.max_buffer))
+        elif isinstance(call, _WaitReady):
+            if self._state in ("stopped", "failed"):
+                call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+            elif self._state == "starting" or (self._stopping and self._state != "stopped"):
+                self._ready_waiters.append(call.reply)
+            else:
+                call.reply.resolve(None)
+        elif self._state in ("stopped", "failed") or self._stopping:
+            call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+        elif isinstance(call, _Prompt):
+            call.reply.resolve(self._accept_prompt(call.text))
+        elif isinstance(call, _Cancel):
+            self._cancel(call)
+        elif isinstance(call, _RespondPermission):
+            self._respond_permission(call)
+        elif isinstance(call, _Stop):
+            self._stop(call.reply)
+
+    def _accept_prompt(self, text: str) -> TurnHandle:
+        if len(self._queue) >= self._max_queued:
+            raise BadRequest(f"too many queued prompts (at most {self._max_queued})")
+        self._turn_counter += 1
+        turn_id = f"t{self._turn_counter}"
+        if self._state == "ready" and self._turn is None:
+            self._start_turn(turn_id, text)
+            return TurnHandle(turn_id, queued=False)
+        self._queue.append((turn_id, text))
+        return TurnHandle(turn_id, queued=True)
+
+    def _start_turn(self, turn_id: str, text: str) -> None:
+        assert self._machine is not None
+        self._turn = _Turn(turn_id, text, trio.current_time())
+        self._set_state("running")
+        self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
+        self._apply(self._machine.prompt(turn_id, text))
+
+    def _start_next(self) -> None:
+        if self._state == "ready" and self._turn is None and self._queue:
+            turn_id, text = self._queue.popleft()
+            self._start_turn(turn_id, text)
+
+    def _cancel(self, call: _Cancel) -> None:
+        turn = self._turn
+        now = trio.current_time()
+        if call.turn_id is not None and (turn is None or turn.id != call.turn_id):
+            call.reply.resolve(self._cancel_other_turn(call, now))
+            return
+        if turn is None:
+            dropped = self._drop_queue()
+            call.reply.resolve(
+                CancelReceipt(
+                    session_id=self.id,
+                    turn_id=None,
+                    outcome="no_active_turn",
+                    dropped_prompts=dropped,
+                    reason=call.reason,
+                )
+            )
+            return
+        if turn.cancel is not None:
+            turn.cancel.waiters.append(call.reply)  # concurrent cancels share one receipt
+            return
+        assert self._machine is not None
+        job = _CancelJob(turn.id, now, call.reason, self.spec.grace_s, waiters=[call.reply])
+        turn.cancel = job
+        # At once and without awaiting any reply: interrupt, answer permissions, drop queue.
+        job.escalation.append("interrupt")
+        step = self._machine.cancel()
+        if self._machine.pending_permissions:
+            step.extend(self._machine.cancel_permissions())
+            job.escalation.append("permissions_cancelled")
+        job.dropped = self._drop_queue()
+        job.deadline = now + job.grace_s
+        self._set_state("cancelling")
+        self._apply(step)
+
+    def _cancel_other_turn(self, call: _Cancel, now: float) -> CancelReceipt:
+        """A cancel naming a turn that is not running: queued, ended, or unknown."""
+        assert call.turn_id is not None
+        for index, (turn_id, text) in enumerate(self._queue):
+            if turn_id == call.turn_id:
+                del self._queue[index]
+                dropped = DroppedPrompt(turn_id, text)
+                self._emit(
+                    ev.TurnEnded(turn_id=turn_id, outcome="cancelled", stop_reason="dropped")
+                )
+                return CancelReceipt(
+                    session_id=self.id,
+                    turn_id=turn_id,
+                    outcome="cancelled",
+                    stop_reason="dropped",
+                    dropped_prompts=[dropped],
+                    reason=call.reason,
+                )
+        ended = self._ended.get(call.turn_id)
+        if ended is None:
+            raise BadRequest(f"unknown turn {call.turn_id!r} in session {self.id}")
+        return ended
+
+    def _drop_queue(self) -> list[DroppedPrompt]:
+        dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
+        self._queue.clear()
+        for prompt in dropped:
+            self._emit(
+                ev.TurnEnded(turn_id=prompt.turn_id, outcome="cancelled", stop_reason="dropped")
+            )
+        return dropped
+
+    def _respond_permission(self, call: _RespondPermission) -> None:
+        if self._machine is None:
+            raise BadRequest(f"no pending permission request {call.request_id!r}")
+        try:
+            step = self._machine.respond_permission(call.request_id, call.option_id)
+        except UnknownPermission as exc:
+            raise BadRequest(str(exc)) from None
+        self._apply(step)
+        call.reply.resolve(None)
+
+    def _subscribe(self, since_seq: int | None, max_buffer: int) -> Subscription:
+        replay: list[ev.Event] = []
+        gap = False
+        if since_seq is not None:
+            replay = [event for event in self._history if event.seq > since_seq]
+            oldest = self._history[0].seq if self._history else self._seq + 1
+            gap = since_seq + 1 < oldest
+        send, receive = trio.open_memory_channel[ev.Event](max(1, max_buffer) + len(replay))
+        for event in replay:
+            send.send_nowait(event)
+        subscription = Subscription(receive, last_seq=since_seq or self._seq, gap=gap)
+        if self._done:
+            send.close()
+        else:
+            self._subscribers.append(_Subscriber(send, subscription))
+        return subscription
+
+    def _stop(self, reply: _Reply[ExitStatus | None]) -> None:
+        self._stop_waiters.append(reply)
+        if self._stopping:
+            return
+        self._stopping = True
+        self._start_deadline = None
+        self._drop_queue()
+        turn = self._turn
+        if turn is not None:
+            if self._machine is not None and self._live_generation is not None:
+                self._apply(self._machine.cancel())
+            self._end_turn(turn, "cancelled", stop_reason="session_stopped")
+        link = self._link
+        self._live_generation = None
+        self._link = None
+        self._machine = None
+        assert self._nursery is not None
+        self._nursery.start_soon(self._close_task, link)
+
+    # -- inbox ---------------------------------------------------------------------------------
+
+    def _on_inbox(self, item: Any) -> None:
+        if isinstance(item, _Wake):
+            return
+        if isinstance(item, AgentFrame):
+            if item.generation == self._live_generation:
+                self._on_frame(item)
+        elif isinstance(item, AgentStderrLine):
+            if item.generation == self._live_generation:
+                self._emit(ev.AgentStderr(line=item.line))
+        elif isinstance(item, AgentGone):
+            if item.generation == self._live_generation:
+                self._agent_gone(item.status)
+        elif isinstance(item, _Spawned):
+            self._spawned(item)
+        elif isinstance(item, _SpawnFailed):
+            if item.generation == self._generation and not self._stopping:
+                self._start_failed(item.message)
+        elif isinstance(item, _KillDone):
+            self._kill_done(item)
+        elif isinstance(item, _Closed):
+            self._closed(item.status)
+
+    def _on_frame(self, item: AgentFrame) -> None:
+        frame = item.frame
+        if isinstance(frame, FramingError):
+            self._emit(
+                ev.ErrorEvent(
+                    code=f"agent_{frame.kind}",
+                    message=f"agent wrote a bad line ({frame.detail}, {frame.size} bytes):"
+                    f" {frame.excerpt!r}",
+                )
+            )
+            return
+        assert isinstance(frame, Message) and self._machine is not None
+        try:
+            step = self._machine.receive(frame.payload)
+        except Exception:
+            log.exception("session %s: protocol machine failed on %r", self.id, frame.payload)
+            self._emit(ev.AgentUnparsed(raw=frame.payload))
+            return
+        self._apply(step)
+
+    def _apply(self, step: Step) -> None:
+        """Send what the machine wants sent, then act on what it says happened."""
+        if self._link is not None and self._live_generation is not None:
+            for message in step.send:
+                self._link.send(message)
+        for output in step.events:
+            if isinstance(output, Control):
+                self._on_control(output)
+            else:
+                self._emit(output)
+
+    def _on_control(self, control: Control) -> None:
+        if isinstance(control, SessionEstablished):
+            self._established(control)
+        elif isinstance(control, StartFailed):
+            self._start_failed(control.message)
+        elif isinstance(control, TurnFinished):
+            self._turn_finished(control)
+
+    # -- turn endings --------------------------------------------------------------------------
+
+    def _turn_finished(self, finished: TurnFinished) -> None:
+        turn = self._turn
+        if turn is None or turn.id != finished.turn_id:
+            return
+        job = turn.cancel
+        if job is None:
+            outcome_ = "failed" if finished.error is not None else "completed"
+            self._end_turn(turn, outcome_, finished.stop_reason, error=finished.error)
+            self._set_state("ready")
+            self._start_next()
+            return
+        # We asked it to stop. Agents answer a cancelled turn with end_turn (opencode), so
+        # only the agent's own positive "I finished by myself" makes it "completed".
+        job.outcome = "completed" if finished.interrupted is False else "cancelled"
+        job.stop_reason = finished.stop_reason
+        if finished.error is not None and job.stop_reason is None:
+            job.stop_reason = "error"
+        job.deadline = None
+        self._end_turn(turn, job.outcome, job.stop_reason, error=finished.error)
+        self._set_state("ready")
+        self._start_next()
+
+    def _end_turn(
+        self,
+        turn: _Turn,
+        outcome_: str,
+        stop_reason: str | None,
+        *,
+        error: str | None = None,
+    ) -> None:
+        """The one place a running turn ends: one ``turn.ended``, waiters answered."""
+        receipt: CancelReceipt | None = None
+        job = turn.cancel
+        if job is not None:
+            job.outcome = outcome_
+            receipt = self._receipt(job)
+        else:
+            # A turn nobody cancelled: a later cancel naming it learns it completed.
+            self._remember(
+                turn.id,
+                CancelReceipt(
+                    session_id=self.id, turn_id=turn.id, outcome="completed", stop_reason=stop_reason
+                ),
+            )
+        self._turn = None
+        self._emit(
+            ev.TurnEnded(
+                turn_id=turn.id,
+                outcome=outcome_,
+                stop_reason=stop_reason,
+                error=error,
+                receipt=receipt_to_wire(receipt) if receipt is not None else None,
+            )
+        )
+        if job is not None and receipt is not None:
+            self._remember(turn.id, receipt)
+            for waiter in job.waiters:
+                waiter.resolve(receipt)
+
+    def _receipt(self, job: _CancelJob) -> CancelReceipt:
+        return CancelReceipt(
+            session_id=self.id,
+            turn_id=job.turn_id,
+            outcome=job.outcome or "cancelled",
+            escalation=list(job.escalation),
+            stop_reason=job.stop_reason,
+            dropped_prompts=list(job.dropped),
+            resumed=job.resumed,
+            elapsed_ms=round((trio.current_time() - job.started_at) * 1000, 3),
+            grace_s=job.grace_s,
+            reason=job.reason,
+        )
+
+    def _remember(self, turn_id: str, receipt: CancelReceipt) -> None:
+        self._ended[turn_id] = receipt
+        while len(self._ended) > _ENDED_TURNS_KEPT:
+            del self._ended[next(iter(self._ended))]
+
+    def _grace_expired(self, turn: _Turn, job: _CancelJob) -> None:
+        """The agent did not end the turn in time: kill its tree, then respawn and resume."""
+        job.deadline = None
+        job.escalation.append("grace_expired")
+        job.outcome = "killed"
+        job.stop_reason = "killed"
+        self._set_state("cancelling", f"no turn end after {job.grace_s:g} s grace: killing")
+        self._kill_live_link()
+
+    def _kill_live_link(self) -> None:
+        link = self._link
+        self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
+        self._live_generation = None
+        self._link = None
+        self._machine = None
+        assert self._nursery is not None
+        if link is None:
+            self._nursery.start_soon(self._post, _KillDone(self._generation, []))
+        else:
+            self._nursery.start_soon(self._kill_task, link)
+
+    def _kill_done(self, done: _KillDone) -> None:
+        if self._stopping or self._state == "failed":
+            return
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            turn.cancel.escalation.extend(done.steps)
+        self._emit(ev.AgentExited(exit_code=None, expected=True))
+        self._respawn()
+
+    def _agent_gone(self, status: ExitStatus) -> None:
+        """The agent exited without being asked to."""
+        link = self._link
+        tail = link.stderr_tail[-5:] if link is not None else []
+        self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
+        self._live_generation = None
+        self._link = None
+        self._machine = None
+        self._emit(ev.AgentExited(exit_code=status.code, signal=status.signal, expected=False))
+        detail = f"agent exited unexpectedly ({status.description})"
+        if tail:
+            detail += ": " + " | ".join(tail)
+        if self._state == "starting":
+            self._start_failed(detail)
+            return
+        turn = self._turn
+        if turn is not None:
+            job = turn.cancel
+            if job is None:
+                self._end_turn(turn, "failed", None, error=detail)
+            else:
+                # It died while stopping: the turn has ended; the receipt waits for the
+                # respawn so the session is ready when the caller hears back.
+                job.deadline = None
+                job.outcome = "cancelled"
+                job.stop_reason = "agent_exited"
+                self._set_state("cancelling", detail)
+                self._respawn()
+                return
+        self._respawn()
+
+    # -- the agent process ---------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        self._generation += 1
+        self._start_deadline = trio.current_time() + self.spec.start_timeout_s
+        assert self._nursery is not None
+        self._nursery.start_soon(self._spawn_task, self._generation)
+
+    def _respawn(self) -> None:
+        turn = self._turn
+        if turn is None or turn.cancel is None:
+            self._set_state("starting", "respawning the agent")
+        else:
+            self._set_state("cancelling", "respawning the agent")
+        self._spawn()
+
+    def _spawned(self, spawned: _Spawned) -> None:
+        if spawned.generation != self._generation or self._stopping:
+            self._nursery_kill(spawned.link)
+            return
+        self._link = spawned.link
+        self._live_generation = spawned.generation
+        self._machine = new_machine(self.spec.protocol)
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            turn.cancel.escalation.append("respawned")
+        self._apply(self._machine.start(cwd=self.cwd, resume=self._resume_from))
+
+    def _established(self, established: SessionEstablished) -> None:
+        self._start_deadline = None
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            job = turn.cancel
+            job.resumed = established.resumed
+            if established.resumed:
+                job.escalation.append("resumed")
+            self._end_turn(turn, job.outcome or "killed", job.stop_reason)
+        self._set_state("ready", established.detail)
+        for waiter in self._ready_waiters:
+            waiter.resolve(None)
+        self._ready_waiters.clear()
+        self._start_next()
+
+    def _start_failed(self, message: str) -> None:
+        self._start_deadline = None
+        turn = self._turn
+        if turn is not None:
+            if turn.cancel is not None:
+                turn.cancel.resumed = False
+                self._end_turn(turn, turn.cancel.outcome or "killed", turn.cancel.stop_reason)
+            else:
+                self._end_turn(turn, "failed", None, error=message)
+        self._drop_queue()
+        self._emit(ev.ErrorEvent(code="agent_start_failed", message=message))
+        self._set_state("failed", message)
+        error = AgentNotRunning(f"session {self.id} failed: {message}")
+        for waiter in self._ready_waiters:
+            waiter.fail(error)
+        self._ready_waiters.clear()
+        if self._link is not None:
+            self._kill_live_link()
+
+    def _closed(self, status: ExitStatus | None) -> None:
+        self.exit_status = status
+        self._emit(
+            ev.AgentExited(
+                exit_code=status.code if status else None,
+                signal=status.signal if status else None,
+                expected=True,
+            )
+        )
+        self._set_state("stopped")
+        for waiter in self._stop_waiters:
+            waiter.resolve(status)
+        for ready in self._ready_waiters:
+            ready.fail(AgentNotRunning(f"session {self.id} is stopped"))
+        self._ready_waiters.clear()
+        self._done = True
+
+    def _nursery_kill(self, link: AgentLink) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(link.kill)
+
+    async def _post(self, item: Any) -> None:
+        try:
+            await self._inbox_send.send(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _spawn_task(self, generation: int) -> None:
+        assert self._nursery is not None
+        try:
+            link = await self._launcher(
+                self.spec,
+                cwd=self.cwd,
+                generation=generation,
+                inbox=self._inbox_send,
+                nursery=self._nursery,
+            )
+        except Exception as exc:
+            await self._post(_SpawnFailed(generation, str(exc)))
+        else:
+            await self._post(_Spawned(generation, link))
+
+    async def _kill_task(self, link: AgentLink) -> None:
+        generation = link.generation
+        steps = await link.kill()
+        await self._post(_KillDone(generation, steps))
+
+    async def _close_task(self, link: AgentLink | None) -> None:
+        status = None
+        if link is not None:
+            status, _ = await link.close(self.spec.kill_timeout_s)
+        await self._post(_Closed(status))
+
+    async def _kill_link_on_exit(self) -> None:
+        if self._link is not None:
+            link, self._link = self._link, None
+            await link.kill()
+
+    # -- events ----------------------------------------------------------------------------------
+
+    def _set_state(self, state: str, detail: str | None = None) -> None:
+        if state == self._state and detail is None:
+            return
+        self._state = state
+        self._emit(ev.SessionState(state=state, detail=detail))
+
+    def _emit(self, event: ev.Event) -> None:
+        self._seq += 1
+        stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=time.time())
+        self._history.append(stamped)
+        keep = []
+        for subscriber in self._subscribers:
+            try:
+                subscriber.send.send_nowait(stamped)
+            except trio.WouldBlock:
+                subscriber.subscription.lagged = True
+                subscriber.send.close()
+                continue
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                continue
+            keep.append(subscriber)
+        self._subscribers = keep

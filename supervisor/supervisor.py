@@ -1,0 +1,152 @@
+"""The supervisor: owns every session, and leaves no agent process behind.
+
+``open_supervisor()`` is an async context manager around a nursery. Leaving it, normally, on
+an exception or on outer cancellation, stops every session concurrently, each bounded by its
+kill ladder, under a shield, so an embedding application that leaves its nursery leaves no
+process of any agent tree alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from itertools import count
+
+import trio
+
+from supervisor.agent_link import launch_process
+from supervisor.config import AgentSpec, ConfigError, builtin_agents
+from supervisor.errors import BadRequest, SessionNotFound
+from supervisor.link import Launcher
+from supervisor.process import ExitStatus
+from supervisor.session import Session, SessionSummary
+
+__all__ = ["Supervisor", "open_supervisor"]
+
+log = logging.getLogger(__name__)
+
+#: Upper bound on stopping one session on the way out: stdin EOF wait plus the kill ladder.
+_STOP_BOUND_S = 10.0
+
+
+class Supervisor:
+    """Starts, finds, lists and stops sessions. Use :func:`open_supervisor` to get one."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        agents: Mapping[str, AgentSpec] | None = None,
+        launcher: Launcher = launch_process,
+    ) -> None:
+        self._nursery = nursery
+        self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
+        self._launcher = launcher
+        self._sessions: dict[str, Session] = {}
+        self._ids = count(1)
+        self._closing = False
+
+    async def start_session(
+        self,
+        agent: AgentSpec | str,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        wait_ready: bool = True,
+    ) -> Session:
+        """Start an agent and its session; by default return once it takes prompts.
+
+        Raises :class:`supervisor.errors.AgentNotRunning` (with the agent's own words) when the
+        agent cannot start, and :class:`BadRequest` for an unknown agent name.
+        """
+        if self._closing:
+            raise BadRequest("the supervisor is shutting down")
+        spec = self._resolve(agent)
+        where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
+        if not os.path.isdir(where):
+            raise BadRequest(f"cwd {where!r} is not a directory")
+        session = Session(f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher)
+        self._sessions[session.id] = session
+        await self._nursery.start(self._run_session, session)
+        if wait_ready:
+            await session.wait_ready()
+        return session
+
+    def _resolve(self, agent: AgentSpec | str) -> AgentSpec:
+        if isinstance(agent, AgentSpec):
+            return agent
+        try:
+            return self.agents[agent]
+        except KeyError:
+            known = ", ".join(sorted(self.agents)) or "none"
+            raise BadRequest(f"unknown agent {agent!r} (known: {known})") from None
+
+    async def _run_session(
+        self, session: Session, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            await session.run(task_status=task_status)
+        except Exception:
+            # One broken session must not take the others down with it.
+            log.exception("session %s crashed", session.id)
+
+    def get(self, session_id: str) -> Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"no session {session_id!r}") from None
+
+    def list(self) -> list[SessionSummary]:
+        return [session.summary() for session in self._sessions.values()]
+
+    async def stop_session(self, session_id: str) -> ExitStatus | None:
+        session = self.get(session_id)
+        status = await session.stop()
+        self._sessions.pop(session_id, None)
+        return status
+
+    async def aclose(self) -> None:
+        """Stop every session at once; bounded, and safe to call while being cancelled."""
+        self._closing = True
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_STOP_BOUND_S):
+                async with trio.open_nursery() as nursery:
+                    for session in list(self._sessions.values()):
+                        nursery.start_soon(self._stop_quietly, session)
+        self._nursery.cancel_scope.cancel()
+
+    async def _stop_quietly(self, session: Session) -> None:
+        try:
+            await session.stop()
+        except Exception:  # already stopped or failed: its actor still kills the tree on exit
+            pass
+
+
+@asynccontextmanager
+async def open_supervisor(
+    *,
+    agents: Mapping[str, AgentSpec] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    launcher: Launcher = launch_process,
+) -> AsyncIterator[Supervisor]:
+    """A supervisor whose sessions all end, with their process trees, when the block ends."""
+    if config is not None:
+        from supervisor.config import load_agents
+
+        if agents is not None:
+            raise ConfigError("give agents or config, not both")
+        agents = load_agents(config)
+    try:
+        async with trio.open_nursery() as nursery:
+            supervisor = Supervisor(nursery, agents=agents, launcher=launcher)
+            try:
+                yield supervisor
+            finally:
+                await supervisor.aclose()
+    except BaseExceptionGroup as group:
+        # Sessions never raise into this nursery, so a lone exception is the caller's own:
+        # give it back as raised, not wrapped in a group it did not ask for.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

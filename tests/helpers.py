@@ -1,0 +1,64 @@
+"""Test helpers: record a session's events and check the invariants every test relies on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from protocols import events as ev
+from supervisor import Session
+
+
+class Recorder:
+    """Every event of a session, from seq 1, gathered by a background task."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.events: list[ev.Event] = []
+        self._changed = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with self.session.subscribe(since_seq=0) as subscription:
+            task_status.started()
+            async for event in subscription:
+                self.events.append(event)
+                self._changed.set()
+                self._changed = trio.Event()
+
+    async def wait_for(
+        self, predicate: Callable[[ev.Event], bool], *, count: int = 1
+    ) -> ev.Event:
+        """The ``count``-th event matching ``predicate`` (waits for it)."""
+        while True:
+            matches = [event for event in self.events if predicate(event)]
+            if len(matches) >= count:
+                return matches[count - 1]
+            await self._changed.wait()
+
+    async def wait_kind(self, kind: str, *, count: int = 1, **fields: object) -> ev.Event:
+        return await self.wait_for(
+            lambda e: e.kind == kind and all(getattr(e, k) == v for k, v in fields.items()),
+            count=count,
+        )
+
+    async def catch_up(self) -> None:
+        """Wait until every event the session has emitted so far has been recorded."""
+        target = self.session.last_seq
+        await self.wait_for(lambda e: e.seq >= target)
+
+    def of_kind(self, kind: str) -> list[ev.Event]:
+        return [event for event in self.events if event.kind == kind]
+
+    def check_invariants(self) -> None:
+        """Contiguous seq from 1; exactly one turn.ended for every turn that was announced."""
+        seqs = [event.seq for event in self.events]
+        assert seqs == list(range(1, len(seqs) + 1)), f"seq not contiguous: {seqs}"
+        ended: dict[str, int] = {}
+        for event in self.events:
+            if isinstance(event, ev.TurnEnded):
+                ended[event.turn_id] = ended.get(event.turn_id, 0) + 1
+        assert all(n == 1 for n in ended.values()), f"turn.ended counts: {ended}"
+        for event in self.events:
+            if isinstance(event, ev.TurnStarted):
+                assert ended.get(event.turn_id) == 1, f"turn {event.turn_id} never ended"

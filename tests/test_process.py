@@ -1,0 +1,382 @@
+"""AgentProcess and the containment shim, with real processes on the real clock.
+
+Every test that grows a tree checks afterwards, with psutil, that none of its processes is
+alive. Waits are on events (the ready line the fake agent prints once its tree is set up, EOF,
+process exit), bounded by ``trio.fail_after``; nothing sleeps to wait for a state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from supervisor import process as process_module
+from supervisor.process import SHIM_PATH, AgentProcess, ExitStatus, SpawnError
+
+pytestmark = pytest.mark.real_process
+
+REPO = Path(__file__).resolve().parent.parent
+TREE_AGENT = Path(__file__).resolve().parent / "fakes" / "tree_agent.py"
+LIMIT_S = 10  # generous: real processes on a loaded CI box
+
+
+class Lines:
+    """Newline-framed reads over a trio stream (the caller does framing, as the API says)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def next(self) -> bytes:
+        while b"\n" not in self._buffer:
+            chunk = await self._stream.receive_some(65536)
+            if not chunk:
+                raise EOFError(bytes(self._buffer))
+            self._buffer += chunk
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer[:] = rest
+        return line + b"\n"
+
+    async def rest(self) -> bytes:
+        """Everything up to EOF."""
+        while chunk := await self._stream.receive_some(65536):
+            self._buffer += chunk
+        data, self._buffer = bytes(self._buffer), bytearray()
+        return data
+
+
+class Tree:
+    """A spawned tree_agent: the AgentProcess, its stdout lines, and every process it reported."""
+
+    def __init__(self, agent: AgentProcess, lines: Lines, ready: dict[str, object]) -> None:
+        self.agent = agent
+        self.lines = lines
+        self.agent_pid = int(str(ready["pid"]))
+        pids = ready["pids"]
+        assert isinstance(pids, list)
+        self.descendant_pids = [int(pid) for pid in pids]
+        # psutil.Process pins each pid's start time: is_running() is False after reuse.
+        self.procs = [psutil.Process(pid) for pid in self.all_pids]
+
+    @property
+    def all_pids(self) -> list[int]:
+        return [self.agent.pid, self.agent_pid, *self.descendant_pids]
+
+    async def send(self, line: str) -> None:
+        await self.agent.stdin.send_all(line.encode() + b"\n")
+
+    def assert_all_gone(self) -> None:
+        alive = [proc for proc in self.procs if proc.is_running()]  # zombies count as running
+        assert not alive, f"still alive: {alive}"
+
+
+@asynccontextmanager
+async def tree_agent(*args: str) -> AsyncIterator[Tree]:
+    """Spawn tree_agent.py with ``args``, wait for its ready line; aclose on the way out."""
+    async with await AgentProcess.spawn([sys.executable, str(TREE_AGENT), *args]) as agent:
+        lines = Lines(agent.stdout)
+        ready = json.loads(await lines.next())
+        assert ready["ready"] is True
+        yield Tree(agent, lines, ready)
+
+
+HARD_TREE = (
+    "--spawn", "child-ignore-term",
+    "--spawn", "setsid-ignore-term",
+    "--spawn", "double-fork-ignore-term",
+)  # fmt: skip
+COOPERATIVE_TREE = ("--spawn", "child", "--spawn", "setsid", "--spawn", "double-fork")
+
+
+# --- ExitStatus ------------------------------------------------------------------------------
+
+
+def test_exit_status_from_returncode() -> None:
+    assert ExitStatus.from_returncode(0) == ExitStatus(code=0, signal=None)
+    assert ExitStatus.from_returncode(3).description == "exit 3"
+    assert ExitStatus.from_returncode(-9) == ExitStatus(code=None, signal=9)
+    assert ExitStatus.from_returncode(-9).description == "killed by SIGKILL"
+    assert ExitStatus(code=None, signal=99).description == "killed by signal 99"
+
+
+# --- stdio and exit status -------------------------------------------------------------------
+
+
+async def test_stdio_round_trip() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent() as tree:
+            await tree.send("hello agent")
+            assert await tree.lines.next() == b"hello agent\n"
+            await tree.send("and again")
+            assert await tree.lines.next() == b"and again\n"
+        tree.assert_all_gone()
+
+
+async def test_env_cwd_and_stdout_eof_on_exit(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "AGENT_TEST_VAR": "forty-two"}
+    with trio.fail_after(LIMIT_S):
+        async with await AgentProcess.spawn(
+            ["sh", "-c", 'pwd; echo "$AGENT_TEST_VAR"; echo oops >&2'], env=env, cwd=tmp_path
+        ) as agent:
+            out = await Lines(agent.stdout).rest()  # EOF comes: the shim holds no stdout copy
+            err = await Lines(agent.stderr).rest()
+            assert await agent.wait() == ExitStatus(code=0, signal=None)
+    assert out.decode().splitlines() == [str(tmp_path), "forty-two"]
+    assert err == b"oops\n"
+
+
+async def test_exit_code_propagates() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent() as tree:
+            await tree.send("exit 3")
+            status = await tree.agent.wait()
+        assert status == ExitStatus(code=3, signal=None)
+        assert tree.agent.returncode == status
+        tree.assert_all_gone()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1, signal.SIGTERM])
+async def test_death_by_signal_propagates(signum: signal.Signals) -> None:
+    # SIGUSR1 is one the shim catches for itself; it must still die of it like the agent did.
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent() as tree:
+            await tree.send(f"kill {int(signum)}")
+            status = await tree.agent.wait()
+        assert status == ExitStatus(code=None, signal=int(signum))
+        assert status.description == f"killed by {signum.name}"
+        tree.assert_all_gone()
+
+
+async def test_lifeline_is_private_to_the_shim() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(*COOPERATIVE_TREE) as tree:
+            shim = psutil.Process(tree.agent.pid)
+            cmdline = shim.cmdline()
+            fd = cmdline[cmdline.index("--lifeline-fd") + 1]
+            lifeline = os.readlink(f"/proc/{tree.agent.pid}/fd/{fd}")
+            assert lifeline.startswith("pipe:")
+            for pid in tree.all_pids[1:]:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                assert lifeline not in {os.readlink(f"/proc/{pid}/fd/{n}") for n in fds}
+            assert {proc.pid for proc in tree.agent.tree()} >= set(tree.all_pids)
+        tree.assert_all_gone()
+
+
+# --- the kill ladder -------------------------------------------------------------------------
+
+
+async def test_cooperative_tree_goes_on_sigterm() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(*COOPERATIVE_TREE) as tree:
+            started = time.monotonic()
+            steps = await tree.agent.kill_tree(term_timeout=5.0)
+            elapsed = time.monotonic() - started
+            assert steps == ["sigterm"]
+            tree.assert_all_gone()
+            assert elapsed < 1.0  # no waiting out any timeout; ~10 ms when measured
+            assert tree.agent.returncode == ExitStatus(code=None, signal=signal.SIGTERM)
+
+
+async def test_agent_ignoring_sigterm_is_killed() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent("--ignore-sigterm") as tree:
+            assert await tree.agent.kill_tree(term_timeout=0.2) == ["sigterm", "sigkill"]
+            tree.assert_all_gone()
+            assert tree.agent.returncode == ExitStatus(code=None, signal=signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("agent_args", "expected"),
+    [
+        # The agent goes on SIGTERM; the shim SIGKILLs its leftovers after its own grace.
+        ((), ["sigterm"]),
+        # Nothing goes on SIGTERM: the supervisor freezes and kills the lot.
+        (("--ignore-sigterm",), ["sigterm", "sigkill"]),
+    ],
+)
+async def test_setsid_double_fork_and_term_ignoring_descendants_all_go(
+    agent_args: tuple[str, ...], expected: list[str]
+) -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(*agent_args, *HARD_TREE) as tree:
+            # The double-forked daemon was re-parented to the shim, not to init.
+            assert psutil.Process(tree.descendant_pids[-1]).ppid() == tree.agent.pid
+            assert await tree.agent.kill_tree(term_timeout=1.5) == expected
+            tree.assert_all_gone()
+
+
+async def test_agent_exiting_by_itself_leaves_nothing_behind() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(*COOPERATIVE_TREE, *HARD_TREE) as tree:
+            await tree.send("exit 0")
+            assert await tree.agent.wait() == ExitStatus(code=0, signal=None)
+            tree.assert_all_gone()  # before aclose: the shim cleaned up on its own
+            assert await tree.lines.rest() == b""  # and stdout reached EOF
+            assert await tree.agent.kill_tree() == []
+
+
+async def test_kill_tree_is_idempotent() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(*COOPERATIVE_TREE) as tree:
+            assert await tree.agent.kill_tree() == ["sigterm"]
+            started = time.monotonic()
+            assert await tree.agent.kill_tree() == []
+            assert await tree.agent.kill_tree() == []
+            assert time.monotonic() - started < 0.1
+            assert tree.agent.tree() == []
+        tree.assert_all_gone()
+
+
+async def test_concurrent_kill_tree_calls_agree() -> None:
+    results: list[list[str]] = []
+
+    async def kill(agent: AgentProcess) -> None:
+        results.append(await agent.kill_tree(term_timeout=0.2))
+
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent("--ignore-sigterm", *HARD_TREE) as tree:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(kill, tree.agent)
+                nursery.start_soon(kill, tree.agent)
+            tree.assert_all_gone()
+    assert sorted(results) == [[], ["sigterm", "sigkill"]]
+
+
+async def test_aclose_finishes_the_ladder_under_cancellation() -> None:
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent("--ignore-sigterm", *HARD_TREE) as tree:
+            started = time.monotonic()
+            with trio.move_on_after(0.05) as scope:  # fires while aclose waits out SIGTERM
+                await tree.agent.aclose()
+            assert scope.cancel_called
+            assert time.monotonic() - started >= 0.9  # the 1 s SIGTERM wait was not cut short
+            tree.assert_all_gone()
+            assert tree.agent.returncode == ExitStatus(code=None, signal=signal.SIGKILL)
+
+            with trio.CancelScope() as already_cancelled:
+                already_cancelled.cancel()
+                await tree.agent.aclose()  # again, under a cancelled scope: still fine
+
+
+# --- supervisor death ------------------------------------------------------------------------
+
+# A stand-in supervisor: spawns the tree, reports every pid, then idles until SIGKILLed.
+FAKE_SUPERVISOR = """
+import json, sys, trio
+from supervisor.process import AgentProcess
+
+async def main():
+    agent = await AgentProcess.spawn(sys.argv[1:])
+    line = b""
+    while not line.endswith(b"\\n"):
+        line += await agent.stdout.receive_some(65536)
+    ready = json.loads(line)
+    ready["shim"] = agent.pid
+    print(json.dumps(ready), flush=True)
+    await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+async def test_supervisor_death_kills_the_tree() -> None:
+    argv = [sys.executable, str(TREE_AGENT), "--ignore-sigterm", *HARD_TREE]
+    with trio.fail_after(LIMIT_S):
+        supervisor = await trio.lowlevel.open_process(
+            [sys.executable, "-c", FAKE_SUPERVISOR, *argv],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+        )
+        try:
+            assert supervisor.stdout is not None
+            ready = json.loads(await Lines(supervisor.stdout).next())
+            shim = psutil.Process(ready["shim"])
+            tree = [psutil.Process(pid) for pid in [ready["pid"], *ready["pids"]]]
+            supervisor.kill()
+            await supervisor.wait()
+            # Waiting on other processes' deaths, not on our own state: a bounded poll.
+            _, alive = await trio.to_thread.run_sync(
+                lambda: psutil.wait_procs([shim, *tree], timeout=LIMIT_S / 2)
+            )
+        finally:
+            supervisor.kill()
+            await supervisor.wait()
+    # The shim reaps the whole tree before it exits. The shim itself is reaped by init,
+    # which in some containers does so only every few seconds: a zombie shim is dead enough.
+    assert not [proc for proc in tree if proc.is_running()]
+    assert not [proc for proc in alive if proc is not shim] and _dead(shim)
+
+
+def _dead(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+# --- commands that cannot run ----------------------------------------------------------------
+
+
+async def test_spawn_of_a_missing_command_raises() -> None:
+    with pytest.raises(SpawnError, match="cannot execute 'no-such-agent-xyz': not found on PATH"):
+        await AgentProcess.spawn(["no-such-agent-xyz", "--help"])
+    with pytest.raises(SpawnError, match="empty command"):
+        await AgentProcess.spawn([])
+
+
+async def test_spawn_checks_paths_relative_to_cwd(tmp_path: Path) -> None:
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    with pytest.raises(SpawnError, match="'./agent.sh': Permission denied"):
+        await AgentProcess.spawn(["./agent.sh"], cwd=tmp_path)
+    with pytest.raises(SpawnError, match="'./missing': No such file or directory"):
+        await AgentProcess.spawn(["./missing"], cwd=tmp_path)
+    script.chmod(0o755)
+    with trio.fail_after(LIMIT_S):
+        async with await AgentProcess.spawn(["./agent.sh"], cwd=tmp_path) as agent:
+            assert await Lines(agent.stdout).rest() == b"ran\n"
+            assert await agent.wait() == ExitStatus(code=0, signal=None)
+
+
+@pytest.mark.parametrize(
+    ("make_argv", "code", "reason"),
+    [
+        (lambda tmp: ["no-such-agent-xyz"], 127, "No such file or directory"),
+        (lambda tmp: [str(tmp / "not-executable")], 126, "Permission denied"),
+    ],
+)
+async def test_shim_reports_a_command_that_vanished_after_the_check(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_argv: object,
+    code: int,
+    reason: str,
+) -> None:
+    # The race spawn's own check cannot close: the shim answers like a shell would.
+    (tmp_path / "not-executable").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(process_module, "_check_executable", lambda *args: None)
+    assert callable(make_argv)
+    argv: Sequence[str] = make_argv(tmp_path)
+    with trio.fail_after(LIMIT_S):
+        async with await AgentProcess.spawn(argv) as agent:
+            err = await Lines(agent.stderr).rest()
+            assert await agent.wait() == ExitStatus(code=code, signal=None)
+    assert err.decode() == f"agent-supervisor shim: cannot execute {argv[0]!r}: {reason}\n"
+
+
+def test_shim_is_a_plain_script_path() -> None:
+    # The shim is run by path with -S -E: it must not import the supervisor package.
+    assert SHIM_PATH.is_file()
+    source = SHIM_PATH.read_text()
+    assert "import supervisor" not in source and "from supervisor" not in source

@@ -1,0 +1,226 @@
+"""Tier 3: the whole supervisor against the real demo agent, as subprocesses, on the real clock.
+
+Each mode of the demo agent is cancelled mid-turn; afterwards no process of the killed tree is
+alive and the session takes a new prompt that completes. Bounds are generous (these machines
+are shared and slow); exact timing is the virtual-time tests' job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentSpec, Session, open_supervisor
+
+pytestmark = pytest.mark.real_process
+
+GRACE = 1.0
+BOUND = 30.0  # generous: a stuck test fails instead of hanging the suite
+
+
+def demo(*args: str, **changes: object) -> AgentSpec:
+    spec = AgentSpec.from_config("demo").with_args("--delay", "0.02", *args)
+    return spec.with_options(grace_s=GRACE, kill_timeout_s=0.5, **changes)
+
+
+def tree_of_this_test() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == [], f"still alive: {alive}"
+
+
+@asynccontextmanager
+async def demo_session(
+    *args: str, state_dir: str, **changes: object
+) -> AsyncIterator[tuple[Session, Recorder]]:
+    spec = demo("--state-dir", state_dir, *args, **changes)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}) as sup:
+            session = await sup.start_session("demo", cwd="/")
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+async def second_prompt_completes(session: Session, rec: Recorder) -> None:
+    turn = await session.prompt("again words=3")
+    ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+    assert isinstance(ended, ev.TurnEnded)
+    assert ended.outcome == "completed", ended
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+async def test_cooperative(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        before = tree_of_this_test()
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "cancelled"
+        assert receipt.elapsed_ms < GRACE * 1000
+        assert all(p.is_running() for p in before)  # nothing was killed
+        await second_prompt_completes(session, rec)
+
+
+async def test_slow_to_stop_within_grace(tmp_path: object) -> None:
+    async with demo_session("--stop-delay", "0.3", state_dir=str(tmp_path)) as (session, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert 250 <= receipt.elapsed_ms < GRACE * 1000
+        await second_prompt_completes(session, rec)
+
+
+async def test_ignores_interrupt_is_killed_and_resumed(tmp_path: object) -> None:
+    async with demo_session("--ignore-cancel", state_dir=str(tmp_path)) as (session, rec):
+        await session.prompt("hello words=10000")
+        await rec.wait_for(is_delta)
+        before = tree_of_this_test()
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True
+        assert receipt.elapsed_ms >= GRACE * 1000
+        assert_all_gone(before)
+        await second_prompt_completes(session, rec)
+
+
+async def test_ignores_sigterm_gets_sigkill(tmp_path: object) -> None:
+    args = ("--ignore-cancel", "--ignore-sigterm")
+    async with demo_session(*args, state_dir=str(tmp_path)) as (session, rec):
+        await session.prompt("hello words=10000")
+        await rec.wait_for(is_delta)
+        before = tree_of_this_test()
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.escalation[:4] == ["interrupt", "grace_expired", "sigterm", "sigkill"]
+        assert receipt.escalation[4:] == ["respawned", "resumed"]
+        assert_all_gone(before)
+        await second_prompt_completes(session, rec)
+
+
+async def test_crash_mid_turn_fails_turn_and_recovers(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        turn = await session.prompt("please crash")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        assert ended.error is not None and "exit 3" in ended.error
+        assert "crashing as asked" in ended.error  # the agent's last words, from stderr
+        await session.wait_ready()
+        await second_prompt_completes(session, rec)
+
+
+async def test_grandchildren_all_killed(tmp_path: object) -> None:
+    async with demo_session("--ignore-cancel", state_dir=str(tmp_path)) as (session, rec):
+        await session.prompt("grandchildren words=10000")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        pids = tool.raw["rawOutput"]["pids"]
+        leaked = [psutil.Process(pid) for pid in pids]
+        setsid = psutil.Process(tool.raw["rawOutput"]["setsidGrandchild"])
+        assert setsid.pid in pids
+        assert setsid.as_dict(["pid"]) and _sid(setsid.pid) == setsid.pid  # its own session
+        before = tree_of_this_test()
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert_all_gone(leaked + before)
+        await second_prompt_completes(session, rec)
+
+
+def _sid(pid: int) -> int:
+    import os
+
+    return os.getsid(pid)
+
+
+async def test_garbage_lines_become_errors(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        turn = await session.prompt("garbage words=3")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        codes = sorted(e.code for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent))
+        assert codes == ["agent_invalid_json", "agent_invalid_utf8", "agent_not_an_object"]
+        assert rec.of_kind("agent.unparsed")  # the JSON object that is not JSON-RPC
+        await second_prompt_completes(session, rec)
+
+
+async def test_huge_line_is_bounded_and_reported(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        rss_before = psutil.Process().memory_info().rss
+        turn = await session.prompt("huge words=3")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        [error] = [e for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent)]
+        assert error.code == "agent_oversize"
+        grown = psutil.Process().memory_info().rss - rss_before
+        assert grown < 45 * 1024 * 1024, f"supervisor grew by {grown} bytes for a 50 MB line"
+        await second_prompt_completes(session, rec)
+
+
+async def test_cancel_with_pending_permission_never_runs_the_tool(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        await session.prompt("permission")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert all(u.status != "completed" for u in updates)
+        await second_prompt_completes(session, rec)
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["normally", "exception", "outer_cancel"])
+async def test_leaving_open_supervisor_leaves_no_process(how: str, tmp_path: object) -> None:
+    spec = demo("--state-dir", str(tmp_path), "--ignore-cancel", "--ignore-sigterm")
+    tree: list[psutil.Process] = []
+    with trio.move_on_after(BOUND) as outer:
+        try:
+            async with open_supervisor(agents={"demo": spec}) as sup:
+                for _ in range(2):
+                    session = await sup.start_session("demo", cwd="/")
+                    async with session.subscribe() as events:
+                        await session.prompt("grandchildren words=10000")
+                        async for event in events:
+                            if event.kind == "message.delta":
+                                break
+                tree = tree_of_this_test()
+                assert len(tree) >= 2 * 6  # 2 x (shim, agent, 4 leaked helpers)
+                if how == "exception":
+                    raise Boom
+                if how == "outer_cancel":
+                    outer.cancel()
+                    await trio.sleep_forever()
+        except Boom:
+            pass
+    assert not outer.cancelled_caught or how == "outer_cancel"
+    assert_all_gone(tree)
+    assert tree_of_this_test() == []

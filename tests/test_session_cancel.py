@@ -1,0 +1,410 @@
+"""Tier 2: the session actor's cancel procedure, on virtual time with in-memory agents.
+
+Every branch of design brief section 4, with exact virtual times: a cooperative agent's receipt
+arrives exactly when it stops; a wedged agent's exactly at cancel time + grace (its kill and
+respawn take no virtual time here unless the test says so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from fakes.memory_agent import Behaviour, MemoryLauncher
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
+
+GRACE = 2.0
+
+
+def fake_spec(**changes: object) -> AgentSpec:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
+    return spec.with_options(**changes) if changes else spec
+
+
+@asynccontextmanager
+async def running(
+    behaviour: Behaviour | None = None, **spec_changes: object
+) -> AsyncIterator[tuple[Session, MemoryLauncher, Recorder]]:
+    launcher = MemoryLauncher(behaviour)
+    spec = fake_spec(**spec_changes)
+    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(Behaviour(words=5, word_interval=0.1)) as (session, _, rec):
+        turn = await session.prompt("hello")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason, ended.receipt) == ("completed", "end_turn", None)
+        assert [e.text for e in rec.of_kind("message.delta")] == [f"w{i} " for i in range(5)]
+        assert session.state == "ready"
+
+
+async def test_cooperative_cancel_receipt_at_agent_stop_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        t0 = trio.current_time()
+        receipt = await session.cancel(reason="user")
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert receipt.outcome == "cancelled"
+        assert receipt.turn_id == turn.id
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "cancelled"
+        assert receipt.elapsed_ms == pytest.approx(50.0)
+        assert receipt.reason == "user" and receipt.resumed is None
+        assert session.state == "ready"  # terminate-then-respond
+        ended = rec.of_kind("turn.ended")
+        assert len(ended) == 1 and isinstance(ended[0], ev.TurnEnded)
+        assert ended[0].outcome == "cancelled" and ended[0].receipt is not None
+        assert ended[0].receipt["elapsed_ms"] == pytest.approx(50.0)
+        assert launcher.sent_methods().count("session/cancel") == 1
+        assert len(launcher.links) == 1  # nothing was killed
+
+
+async def test_wedged_agent_receipt_exactly_at_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=2)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True
+        assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
+        assert session.state == "ready"
+        # The new process was asked to load the same agent session.
+        assert len(launcher.links) == 2
+        loads = [m for m in launcher.links[1].sent if m.get("method") == "session/load"]
+        assert loads and loads[0]["params"]["sessionId"] == launcher.agents[0].session_id
+        ended = rec.of_kind("turn.ended")
+        assert [(e.turn_id, e.outcome) for e in ended if isinstance(e, ev.TurnEnded)] == [
+            (turn.id, "killed")
+        ]
+        # The resumed session takes the next prompt; the replayed history is not re-emitted.
+        deltas_before = len(rec.of_kind("message.delta"))
+        second = await session.prompt("again words=2 interval=0.01")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        assert len(rec.of_kind("message.delta")) == deltas_before + 2
+
+
+async def test_agent_ignoring_sigterm_adds_kill_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=1000, stop_delay=None, ignores_sigterm=True)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        kill_timeout = launcher.spec_kill_timeout
+        assert trio.current_time() - t0 == pytest.approx(GRACE + kill_timeout)
+        assert receipt.escalation[:4] == ["interrupt", "grace_expired", "sigterm", "sigkill"]
+        assert receipt.outcome == "killed" and session.state == "ready"
+
+
+async def test_cancel_with_no_turn_is_immediate(autojump_clock: trio.testing.MockClock) -> None:
+    async with running() as (session, launcher, rec):
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() == t0
+        assert receipt.outcome == "no_active_turn"
+        assert receipt.turn_id is None and receipt.escalation == []
+        assert "session/cancel" not in launcher.sent_methods()
+
+
+async def test_concurrent_cancels_share_one_receipt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(cancel)
+        assert len(receipts) == 3
+        assert receipts[0] == receipts[1] == receipts[2]
+        assert receipts[0].outcome == "cancelled"
+        assert launcher.sent_methods().count("session/cancel") == 1
+        assert len(rec.of_kind("turn.ended")) == 1
+
+
+async def test_cancel_racing_natural_completion_reports_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_kind("turn.ended", turn_id=turn.id)
+        # The user pressed Stop on the turn they saw, just as it finished.
+        receipt = await session.cancel(turn_id=turn.id)
+        await rec.catch_up()
+        assert receipt.outcome == "completed"
+        assert receipt.turn_id == turn.id and receipt.stop_reason == "end_turn"
+        assert "session/cancel" not in launcher.sent_methods()
+
+
+async def test_cancel_never_cancels_a_newer_turn(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(Behaviour(words=5)) as (session, launcher, rec):
+        first = await session.prompt("one words=1")
+        await rec.wait_kind("turn.ended", turn_id=first.id)
+        second = await session.prompt("two")
+        await rec.wait_kind("turn.started", turn_id=second.id)
+        receipt = await session.cancel(turn_id=first.id)
+        await rec.catch_up()
+        assert receipt.outcome == "completed" and receipt.turn_id == first.id
+        ended = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert "session/cancel" not in launcher.sent_methods()
+
+
+async def test_cancel_unknown_turn_is_bad_request(autojump_clock: trio.testing.MockClock) -> None:
+    async with running() as (session, _, _rec):
+        with pytest.raises(BadRequest):
+            await session.cancel(turn_id="t99")
+
+
+async def test_pending_permission_answered_cancelled_before_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=100, stop_delay=0.0, permission=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
+        assert [o.option_id for o in requested.options] == ["allow", "reject"]
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The fake (like Gemini) waits on the permission answer and ignores the cancel until
+        # then; answered at once, the turn ends at once instead of at t0 + grace.
+        assert trio.current_time() == t0
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        answers = [m for m in launcher.links[0].sent if m.get("id") == 1000]
+        assert answers == [
+            {"jsonrpc": "2.0", "id": 1000, "result": {"outcome": {"outcome": "cancelled"}}}
+        ]
+        resolved = rec.of_kind("permission.resolved")
+        assert len(resolved) == 1 and isinstance(resolved[0], ev.PermissionResolved)
+        assert (resolved[0].outcome, resolved[0].by) == ("cancelled", "supervisor")
+        assert resolved[0].seq < rec.of_kind("turn.ended")[0].seq
+
+
+async def test_permission_answered_by_client(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = Behaviour(words=3, permission=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        with pytest.raises(BadRequest):
+            await session.respond_permission(requested.request_id, "maybe")
+        await session.respond_permission(requested.request_id, "allow")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        resolved = rec.of_kind("permission.resolved")[0]
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.option_id, resolved.by) == ("allow", "client")
+        with pytest.raises(BadRequest):
+            await session.respond_permission(requested.request_id, "allow")
+
+
+async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(Behaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
+        first = await session.prompt("one")
+        second = await session.prompt("two")
+        third = await session.prompt("three")
+        assert (first.queued, second.queued, third.queued) == (False, True, True)
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert [(d.turn_id, d.text) for d in receipt.dropped_prompts] == [
+            (second.id, "two"),
+            (third.id, "three"),
+        ]
+        ended = {e.turn_id: e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)}
+        assert ended[second.id].stop_reason == "dropped"
+        assert ended[third.id].stop_reason == "dropped"
+        assert ended[first.id].outcome == "cancelled"
+        assert session.state == "ready" and session.turn_id is None
+        assert launcher.agents[0].turns == ["one"]
+
+
+async def test_prompt_during_cancel_runs_after_it(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(Behaviour(words=100, stop_delay=None)) as (session, launcher, rec):
+        await session.prompt("one")
+        await rec.wait_for(is_delta)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            later = await session.prompt("two words=2 stop-delay=0")
+            assert later.queued
+        ended = await rec.wait_kind("turn.ended", turn_id=later.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert launcher.agents[1].turns == ["two words=2 stop-delay=0"]
+
+
+async def test_cancel_served_while_agent_floods(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = Behaviour(words=1_000_000, flood=True, stop_delay=0.0)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("flood")
+        await rec.wait_for(is_delta, count=1000)
+        before = len(rec.of_kind("message.delta"))
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "cancelled"
+        assert trio.current_time() == t0
+        after = len(rec.of_kind("message.delta"))
+        # The cancel waited behind at most what was already buffered, not the whole flood.
+        assert after - before < 2000
+
+
+async def test_cancel_before_turn_identified(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fakes.deferred_protocol import DeferredAcp
+    from protocols import PROTOCOLS
+
+    monkeypatch.setitem(PROTOCOLS, "deferred", DeferredAcp)
+    behaviour = Behaviour(words=100, stop_delay=0.05, deferred_id=0.5)
+    async with running(behaviour, protocol="deferred") as (session, launcher, rec):
+        await session.prompt("hello")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The interrupt could only go out once the agent named the turn, at t0 + 0.5.
+        assert trio.current_time() - t0 == pytest.approx(0.55)
+        assert receipt.outcome == "cancelled"
+        assert launcher.sent_methods().count("session/cancel") == 1
+        order = [m.get("method") for _, _, m in launcher.log]
+        assert order.index("x/turnIdentified") < order.index("session/cancel")
+
+
+async def test_crash_mid_turn_fails_turn_and_recovers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=10)) as (session, launcher, rec):
+        turn = await session.prompt("crash=2")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert ended.outcome == "failed" and ended.error is not None
+        assert "exit 3" in ended.error
+        exited = rec.of_kind("agent.exited")[0]
+        assert isinstance(exited, ev.AgentExited) and not exited.expected
+        await session.wait_ready()
+        second = await session.prompt("words=2")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        assert len(launcher.links) == 2
+        assert any(m.get("method") == "session/load" for m in launcher.links[1].sent)
+
+
+async def test_kill_without_load_session_gives_fresh_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=1000, stop_delay=None, load_session=False)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "killed"
+        assert receipt.resumed is False
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert "fresh session" in receipt.summary()
+        assert session.state == "ready"
+
+
+async def test_start_failure_raises_with_reason(autojump_clock: trio.testing.MockClock) -> None:
+    launcher = MemoryLauncher(Behaviour(fail_start=True))
+    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
+        with pytest.raises(AgentNotRunning, match="cannot start"):
+            await sup.start_session("fake", cwd="/")
+        [summary] = sup.list()
+        assert summary.state == "failed"
+        with pytest.raises(AgentNotRunning):
+            await sup.get(summary.session_id).prompt("hello")
+
+
+async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(Behaviour(words=100)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        status = await session.stop()
+        assert status is not None and status.code == 0
+        assert session.state == "stopped"
+        ended = rec.of_kind("turn.ended")
+        assert len(ended) == 1 and isinstance(ended[0], ev.TurnEnded)
+        assert (ended[0].turn_id, ended[0].stop_reason) == (turn.id, "session_stopped")
+        with pytest.raises(AgentNotRunning):
+            await session.prompt("again")
+        with pytest.raises(AgentNotRunning):
+            await session.cancel()
+
+
+async def test_slow_subscriber_is_cut_off_and_catches_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=50, word_interval=0.01)) as (session, launcher, rec):
+        async with session.subscribe(max_buffer=5) as slow:
+            turn = await session.prompt("hello")
+            await rec.wait_kind("turn.ended", turn_id=turn.id)
+            seen = [event async for event in slow]
+            assert slow.lagged and len(seen) == 5
+        async with session.subscribe(since_seq=slow.last_seq) as again:
+            assert not again.gap
+            rest = []
+            while len(seen) + len(rest) < len(rec.events) - seen[0].seq + 1:
+                rest.append(await again.receive())
+        seqs = [e.seq for e in seen + rest]
+        assert seqs == list(range(seen[0].seq, seen[0].seq + len(seqs)))
+
+
+async def test_leaving_supervisor_stops_every_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    launcher = MemoryLauncher(Behaviour(words=1000))
+    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
+        sessions = [await sup.start_session("fake", cwd="/") for _ in range(3)]
+        for session in sessions:
+            await session.prompt("hello")
+    assert all(not link.alive for link in launcher.links)
+    assert all(session.state == "stopped" for session in sessions)
