@@ -80,6 +80,7 @@ class AcpClient(AgentProtocol):
     _turn_id: str | None = None
     _prompt_rpc_id: RequestId | None = None
     _cancel_sent: bool = False
+    _load_error: str | None = None
     _held: dict[str, _HeldPermission] = field(factory=dict)
     agent_info: dict[str, Any] = field(factory=dict)
     agent_capabilities: dict[str, Any] = field(factory=dict)
@@ -187,7 +188,7 @@ class AcpClient(AgentProtocol):
             return self._fail(f"initialize failed: {response.error.describe()}")
         result = response.result if isinstance(response.result, dict) else {}
         version = result.get("protocolVersion")
-        if version != ACP_PROTOCOL_VERSION:
+        if type(version) is not int or version != ACP_PROTOCOL_VERSION:
             return self._fail(
                 f"agent speaks ACP protocol version {version!r}; we speak {ACP_PROTOCOL_VERSION}"
             )
@@ -210,6 +211,7 @@ class AcpClient(AgentProtocol):
         if response.method == "session/load":
             if response.error is not None:
                 # The agent lost the session: a fresh one, and the receipt will say so.
+                self._load_error = f"session/load failed: {response.error.describe()}"
                 return self._open("session/new", {})
             self._session_id = self._resume
             return self._established(resumed=True)
@@ -222,7 +224,7 @@ class AcpClient(AgentProtocol):
         self._session_id = session_id
         if self._resume is None:
             return self._established(resumed=None)
-        detail = None if self._can_load else "agent does not advertise loadSession"
+        detail = self._load_error or "agent does not advertise loadSession"
         return self._established(resumed=False, detail=detail)
 
     def _established(self, *, resumed: bool | None, detail: str | None = None) -> Step:
@@ -280,7 +282,12 @@ class AcpClient(AgentProtocol):
             # History replayed by session/load: the subscribers already saw it live.
             return Step()
         update = params.get("update")
-        if not isinstance(update, dict) or params.get("sessionId") != self._session_id:
+        session_id = params.get("sessionId")
+        if (
+            not isinstance(update, dict)
+            or not isinstance(session_id, str)
+            or session_id != self._session_id
+        ):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         kind = update.get("sessionUpdate")
         turn = self._turn_id
@@ -328,6 +335,8 @@ class AcpClient(AgentProtocol):
             params = request.params if isinstance(request.params, dict) else {}
             options = _permission_options(params.get("options"))
             request_id = str(request.id)
+            if request_id in self._held:  # ids 1 and "1" are distinct in JSON-RPC
+                request_id = f"{request_id}#{len(self._held)}"
             self._held[request_id] = _HeldPermission(
                 request.id, self._turn_id, frozenset(o.option_id for o in options)
             )

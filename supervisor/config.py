@@ -12,6 +12,7 @@ env = { CODEX_HOME = "~/.codex" }
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tomllib
@@ -126,6 +127,8 @@ def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     return {**builtin_agents(), **parse_agents(document, str(source))}
 
 
@@ -187,8 +190,15 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         ("start_timeout_s", DEFAULT_START_TIMEOUT_S),
     ):
         value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConfigError(f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigError(
+                f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}"
+            )
         numbers[key] = float(value)
     description = table.get("description", "")
     cwd = table.get("cwd")

@@ -290,6 +290,7 @@ class Session:
         self._stop_waiters: list[_Reply[ExitStatus | None]] = []
         self._stopping = False
         self._start_deadline: float | None = None
+        self._establishing = False  # between spawn and SessionEstablished
         self._done = False
         self.exit_status: ExitStatus | None = None
 
@@ -791,7 +792,8 @@ class Session:
         detail = f"agent exited unexpectedly ({status.description})"
         if tail:
             detail += ": " + " | ".join(tail)
-        if self._state == "starting":
+        if self._establishing:
+            # It died before the handshake finished: respawning would only loop.
             self._start_failed(detail)
             return
         turn = self._turn
@@ -813,6 +815,7 @@ class Session:
     # -- the agent process ---------------------------------------------------------------------
 
     def _spawn(self) -> None:
+        self._establishing = True
         self._generation += 1
         self._start_deadline = trio.current_time() + self.spec.start_timeout_s
         assert self._nursery is not None
@@ -839,6 +842,7 @@ class Session:
         self._apply(self._machine.start(cwd=self.cwd, resume=self._resume_from))
 
     def _established(self, established: SessionEstablished) -> None:
+        self._establishing = False
         self._start_deadline = None
         turn = self._turn
         if turn is not None and turn.cancel is not None:
@@ -854,6 +858,7 @@ class Session:
         self._start_next()
 
     def _start_failed(self, message: str) -> None:
+        self._establishing = False
         self._start_deadline = None
         turn = self._turn
         if turn is not None:

@@ -26,25 +26,24 @@ Startup cost matters (one shim per agent), so this imports the C ``_signal`` mod
 and ctypes. Stdlib only: it must not import the ``supervisor`` package.
 """
 
+import os  # frozen into the interpreter, like sys: no sys.path lookup
 import sys
+
+# Without -P the script's own directory (supervisor/) leads sys.path and a sibling module could
+# shadow a stdlib one; drop it before importing anything found on sys.path.
+_here = os.path.dirname(os.path.abspath(__file__))
+if not sys.flags.safe_path and sys.path and sys.path[0] == _here:
+    del sys.path[0]
+
+import select  # noqa: E402
+import time  # noqa: E402
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
+    from typing import NoReturn
 else:
     import _signal as signal
-
-import os
-import select
-import time
-
-if TYPE_CHECKING:
-    from typing import NoReturn
-
-# Without -P the script's own directory (supervisor/) leads sys.path and a sibling module could
-# shadow a stdlib one; drop it before anything else is imported.
-if not sys.flags.safe_path and sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
-    del sys.path[0]
 
 PROG = "agent-supervisor shim"
 
@@ -56,8 +55,10 @@ PR_SET_CHILD_SUBREAPER = 36
 CLEANUP_GRACE_S = 0.5
 
 # How often the shim rescans /proc while it is SIGKILLing: a process forked just before its
-# parent died is re-parented to us without any notification, so we look again.
-KILL_RESCAN_S = 0.01
+# parent died is re-parented to us without any notification, so we look again. The interval
+# doubles up to the maximum, so a process we may not kill (EPERM: a setuid child) costs little.
+KILL_RESCAN_S = 0.005
+KILL_RESCAN_MAX_S = 0.5
 
 # Forwarded to every descendant: the usual "please stop" signals.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -122,7 +123,8 @@ def _become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
-        os.write(2, f"{PROG}: warning: PR_SET_CHILD_SUBREAPER failed: {os.strerror(err)}\n".encode())
+        message = f"{PROG}: warning: PR_SET_CHILD_SUBREAPER failed: {os.strerror(err)}\n"
+        os.write(2, message.encode())
 
 
 def _descendants(root: int) -> list[int]:
@@ -174,6 +176,7 @@ class _Shim:
         self.agent_status: int | None = None  # raw wait status
         self.cleaning_until: float | None = None  # set when the agent has exited
         self.killing = False  # lifeline lost, or the cleanup grace is over
+        self.rescan_s = KILL_RESCAN_S
         self.termed: set[int] = set()
 
     def reap(self) -> bool:
@@ -207,7 +210,8 @@ class _Shim:
 
     def timeout_ms(self) -> int | None:
         if self.killing:
-            return int(KILL_RESCAN_S * 1000)
+            timeout, self.rescan_s = self.rescan_s, min(self.rescan_s * 2, KILL_RESCAN_MAX_S)
+            return int(timeout * 1000)
         if self.cleaning_until is not None:
             return max(1, int((self.cleaning_until - time.monotonic()) * 1000) + 1)
         return None

@@ -66,6 +66,9 @@ class Tree:
         pids = ready["pids"]
         assert isinstance(pids, list)
         self.descendant_pids = [int(pid) for pid in pids]
+        roles = ready["roles"]
+        assert isinstance(roles, dict)
+        self.roles: dict[str, list[int]] = roles
         # psutil.Process pins each pid's start time: is_running() is False after reuse.
         self.procs = [psutil.Process(pid) for pid in self.all_pids]
 
@@ -188,6 +191,14 @@ async def test_cooperative_tree_goes_on_sigterm() -> None:
             assert tree.agent.returncode == ExitStatus(code=None, signal=signal.SIGTERM)
 
 
+async def test_kill_right_after_spawn() -> None:
+    # SIGTERM may reach the shim before it has started the agent; it forwards it afterwards.
+    with trio.fail_after(LIMIT_S):
+        async with await AgentProcess.spawn([sys.executable, str(TREE_AGENT)]) as agent:
+            assert await agent.kill_tree(term_timeout=5.0) == ["sigterm"]
+            assert agent.returncode == ExitStatus(code=None, signal=signal.SIGTERM)
+
+
 async def test_agent_ignoring_sigterm_is_killed() -> None:
     with trio.fail_after(LIMIT_S):
         async with tree_agent("--ignore-sigterm") as tree:
@@ -211,9 +222,35 @@ async def test_setsid_double_fork_and_term_ignoring_descendants_all_go(
     with trio.fail_after(LIMIT_S):
         async with tree_agent(*agent_args, *HARD_TREE) as tree:
             # The double-forked daemon was re-parented to the shim, not to init.
-            assert psutil.Process(tree.descendant_pids[-1]).ppid() == tree.agent.pid
+            [daemon] = tree.roles["daemon"]
+            assert psutil.Process(daemon).ppid() == tree.agent.pid
+            [setsid] = tree.roles["setsid"]
+            assert os.getsid(setsid) == setsid != os.getsid(tree.agent_pid)
             assert await tree.agent.kill_tree(term_timeout=1.5) == expected
             tree.assert_all_gone()
+
+
+# Stands in for a shim that is wedged: it ignores SIGTERM and never reaps or exits.
+STUCK_SHIM = """
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+argv = sys.argv[sys.argv.index("--") + 1:]
+os.posix_spawn(argv[0], argv, os.environ, setsigdef=(signal.SIGTERM,))
+while True:
+    signal.pause()
+"""
+
+
+async def test_ladder_kills_a_stuck_shim_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(process_module, "_SHIM_PREFIX", (sys.executable, "-c", STUCK_SHIM))
+    with trio.fail_after(LIMIT_S):
+        async with tree_agent(
+            "--ignore-sigterm", "--spawn", "child-ignore-term", "--spawn", "setsid-ignore-term"
+        ) as tree:
+            assert await tree.agent.kill_tree(term_timeout=0.2) == ["sigterm", "sigkill"]
+            assert tree.agent.returncode == ExitStatus(code=None, signal=signal.SIGKILL)
+            # Without a reaping shim the dead become init's zombies; dead all the same.
+            assert all(_dead(proc) for proc in tree.procs)
 
 
 async def test_agent_exiting_by_itself_leaves_nothing_behind() -> None:

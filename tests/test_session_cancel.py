@@ -408,3 +408,33 @@ async def test_leaving_supervisor_stops_every_session(
             await session.prompt("hello")
     assert all(not link.alive for link in launcher.links)
     assert all(session.state == "stopped" for session in sessions)
+
+
+async def test_agent_dying_during_respawn_fails_session_without_looping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None), crash_on_launch=frozenset({2}))
+    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/")
+        await session.prompt("hello")
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.resumed is False
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert session.state == "failed"
+        assert len(launcher.links) == 2
+        with pytest.raises(AgentNotRunning):
+            await session.prompt("again")
+
+
+async def test_start_timeout_fails_session_at_exact_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    launcher = MemoryLauncher(Behaviour(start_delay=1000.0))
+    spec = fake_spec(start_timeout_s=5.0)
+    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+        t0 = trio.current_time()
+        with pytest.raises(AgentNotRunning, match="handshake"):
+            await sup.start_session("fake", cwd="/")
+        assert trio.current_time() - t0 == pytest.approx(5.0)
+    assert launcher.kills == [(1, ["sigterm"])]  # the silent agent was killed, not closed

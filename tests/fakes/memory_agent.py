@@ -121,8 +121,15 @@ class MemoryLink(AgentLink):
 class MemoryLauncher:
     """A ``Launcher`` that starts :class:`FakeAcpAgent` tasks; records what happened."""
 
-    def __init__(self, behaviour: Behaviour | None = None, *, kill_timeout: float = 1.0):
+    def __init__(
+        self,
+        behaviour: Behaviour | None = None,
+        *,
+        kill_timeout: float = 1.0,
+        crash_on_launch: frozenset[int] = frozenset(),
+    ):
         self.behaviour = behaviour or Behaviour()
+        self.crash_on_launch = crash_on_launch  # launch numbers (1-based) that die at once
         self.store = Store()
         self.links: list[MemoryLink] = []
         self.agents: list[FakeAcpAgent] = []
@@ -165,6 +172,9 @@ class FakeAcpAgent:
         self.permission_pending: trio.Event | None = None
 
     async def run(self) -> None:
+        if len(self.link.launcher.links) in self.link.launcher.crash_on_launch:
+            await self.exit(1)
+            return
         with self.link.scope:
             async with trio.open_nursery() as nursery:
                 if self.behaviour.start_delay:

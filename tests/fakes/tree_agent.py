@@ -11,9 +11,11 @@ KIND is one of ``child``, ``setsid``, ``double-fork``, each optionally suffixed 
 - ``double-fork``: a classic daemon: child -> grandchild (setsid) -> great-grandchild; the two
   in between exit, so the daemon is re-parented (to the shim, a subreaper; to init otherwise).
 
-Every spawned process reports its pid once its signal handling is in place, and only then does
-the agent print ``{"ready": true, "pid": <agent>, "pids": [<descendants>]}``: a test that waits
-for that line can signal at once without racing the setup.
+Every spawned process reports its pid once its signal handling is in place (the daemon also
+waits until it has been re-parented), and only then does the agent print one line
+``{"ready": true, "pid": <agent>, "pids": [<descendants>], "roles": {<role>: [<pids>]}}``
+(roles: ``child``, ``setsid-parent``, ``setsid``, ``daemon``; pids in no particular order): a
+test that waits for that line can signal at once without racing the setup.
 
 Then it serves stdin, one command per line:
 ``exit N`` exits with code N (leaving its descendants behind), ``kill SIG`` kills itself with
@@ -37,15 +39,11 @@ def _sleep_forever() -> None:
         time.sleep(3600)
 
 
-def _report(report_w: int) -> None:
-    os.write(report_w, f"{os.getpid()}\n".encode())
-
-
-def _become(report_w: int, *, ignore_term: bool) -> None:
+def _become(report_w: int, role: str, *, ignore_term: bool) -> None:
     """Set up a spawned descendant: signals first, then report, then idle (never returns)."""
     try:
         signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else signal.SIG_DFL)
-        _report(report_w)
+        os.write(report_w, f"{role} {os.getpid()}\n".encode())  # one write < PIPE_BUF: atomic
         os.close(report_w)
         _sleep_forever()
     finally:
@@ -74,14 +72,14 @@ def spawn(kind: str, report_w: int) -> int:
     base = kind.removesuffix("-ignore-term")
     if base == "child":
         if _fork() == 0:
-            _become(report_w, ignore_term=ignore_term)
+            _become(report_w, "child", ignore_term=ignore_term)
         return 1
     if base == "setsid":
         if _fork() == 0:
             if _fork() == 0:
                 os.setsid()
-                _become(report_w, ignore_term=ignore_term)
-            _become(report_w, ignore_term=ignore_term)
+                _become(report_w, "setsid", ignore_term=ignore_term)
+            _become(report_w, "setsid-parent", ignore_term=ignore_term)
         return 2
     if base == "double-fork":
         middle = _fork()
@@ -92,7 +90,7 @@ def spawn(kind: str, report_w: int) -> int:
                     session_leader = os.getpid()
                     if _fork() == 0:
                         _await_exit(session_leader)  # report only once re-parented
-                        _become(report_w, ignore_term=ignore_term)
+                        _become(report_w, "daemon", ignore_term=ignore_term)
             finally:
                 os._exit(0)
         os.waitpid(middle, 0)  # the first fork is ours to reap; the second is the shim's
@@ -118,23 +116,27 @@ def main(argv: list[str]) -> None:
     expected = sum(spawn(kind, report_w) for kind in kinds)
     os.close(report_w)
     pids: list[int] = []
+    roles: dict[str, list[int]] = {}
     with os.fdopen(report_r, "rb") as reports:
         while len(pids) < expected:
             line = reports.readline()
             if not line:
                 raise SystemExit("tree_agent: a descendant died before reporting")
-            pids.append(int(line))
-    print(json.dumps({"ready": True, "pid": os.getpid(), "pids": pids}), flush=True)
+            role, pid = line.split()
+            pids.append(int(pid))
+            roles.setdefault(role.decode(), []).append(int(pid))
+    ready = {"ready": True, "pid": os.getpid(), "pids": pids, "roles": roles}
+    print(json.dumps(ready), flush=True)
 
-    for line in sys.stdin:
-        command = line.split()
+    for request in sys.stdin:
+        command = request.split()
         if len(command) == 2 and command[0] == "exit":
             sys.stdout.flush()
             os._exit(int(command[1]))
         if len(command) == 2 and command[0] == "kill":
             os.kill(os.getpid(), int(command[1]))
             _sleep_forever()  # SIGSTOP and friends: not fatal, but no more commands either
-        sys.stdout.write(line)
+        sys.stdout.write(request)
         sys.stdout.flush()
     _sleep_forever()
 
