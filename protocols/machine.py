@@ -10,6 +10,7 @@ knows about time, processes or trio, so each protocol is tested with lists of di
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from attrs import define, field, frozen
@@ -73,6 +74,8 @@ class TurnFinished(Control):
     stop_reason: str | None
     interrupted: bool | None = None
     error: str | None = None
+    #: protocol facts worth a line in the receipt (e.g. background terminals cleaned)
+    details: dict[str, Any] = field(factory=dict)
 
 
 Output = Event | Control
@@ -96,6 +99,12 @@ class AgentProtocol(ABC):
 
     #: the ``protocol`` value in agent configuration
     name: ClassVar[str]
+
+    @classmethod
+    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+        """The argv to start the agent with; protocols that resume by flag add it here
+        (Claude Code's ``--resume <session_id>``). ``resume`` is None for a first start."""
+        return list(base)
 
     @abstractmethod
     def start(self, *, cwd: str, resume: str | None = None) -> Step:

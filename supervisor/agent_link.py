@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from protocols import PROTOCOLS
 from protocols.framing import LineDecoder, encode_message
 from supervisor.config import AgentSpec
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine
@@ -145,12 +146,14 @@ async def launch_process(
     spec: AgentSpec,
     *,
     cwd: str,
+    resume: str | None,
     generation: int,
     inbox: trio.MemorySendChannel[Any],
     nursery: trio.Nursery,
 ) -> AgentLink:
     """The default :class:`supervisor.link.Launcher`: the agent under the containment shim."""
-    process = await AgentProcess.spawn(spec.command, env=spec.process_env(), cwd=cwd)
+    argv = PROTOCOLS[spec.protocol].command(spec.command, resume)
+    process = await AgentProcess.spawn(argv, env=spec.process_env(), cwd=cwd)
     link = ProcessLink(process, spec, generation, inbox)
     nursery.start_soon(_run_link, link)
     return link

@@ -83,13 +83,18 @@ class AgentLink(ABC):
 
 
 class Launcher(Protocol):
-    """Starts an agent and its pump tasks in ``nursery``; raises ``SpawnError`` if it can't."""
+    """Starts an agent and its pump tasks in ``nursery``; raises ``SpawnError`` if it can't.
+
+    ``resume`` is the agent session id a respawn should restore (None on a first start); the
+    protocol decides whether that changes the command line.
+    """
 
     async def __call__(
         self,
         spec: AgentSpec,
         *,
         cwd: str,
+        resume: str | None,
         generation: int,
         inbox: trio.MemorySendChannel[Any],
         nursery: trio.Nursery,

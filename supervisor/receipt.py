@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from attrs import field, frozen
 
 __all__ = ["ESCALATION_STEPS", "OUTCOMES", "CancelReceipt", "DroppedPrompt"]
@@ -41,6 +43,8 @@ class CancelReceipt:
     elapsed_ms: float = 0.0
     grace_s: float | None = None
     reason: str | None = None
+    #: what the protocol adapter did beyond the ladder (children interrupted, terminals cleaned)
+    details: dict[str, Any] = field(factory=dict)
 
     def summary(self) -> str:
         """One line a person reads: "Killed after 3.0 s grace, session resumed"."""

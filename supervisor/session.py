@@ -200,6 +200,7 @@ class _CancelJob:
     outcome: str | None = None  # set once the turn is over
     stop_reason: str | None = None
     resumed: bool | None = None
+    details: dict[str, Any] = field(factory=dict)
 
 
 @define
@@ -687,6 +688,7 @@ class Session:
         # only the agent's own positive "I finished by myself" makes it "completed".
         job.outcome = "completed" if finished.interrupted is False else "cancelled"
         job.stop_reason = finished.stop_reason
+        job.details.update(finished.details)
         if finished.error is not None and job.stop_reason is None:
             job.stop_reason = "error"
         job.deadline = None
@@ -743,6 +745,7 @@ class Session:
             elapsed_ms=round((trio.current_time() - job.started_at) * 1000, 3),
             grace_s=job.grace_s,
             reason=job.reason,
+            details=dict(job.details),
         )
 
     def _remember(self, turn_id: str, receipt: CancelReceipt) -> None:
@@ -910,6 +913,7 @@ class Session:
             link = await self._launcher(
                 self.spec,
                 cwd=self.cwd,
+                resume=self._resume_from,
                 generation=generation,
                 inbox=self._inbox_send,
                 nursery=self._nursery,

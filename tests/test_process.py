@@ -208,16 +208,16 @@ async def test_agent_ignoring_sigterm_is_killed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("agent_args", "expected"),
+    ("agent_args", "term_timeout", "expected"),
     [
-        # The agent goes on SIGTERM; the shim SIGKILLs its leftovers after its own grace.
-        ((), ["sigterm"]),
+        # The agent goes on SIGTERM; the shim SIGKILLs its leftovers after its own 0.5 s grace.
+        ((), 2.0, ["sigterm"]),
         # Nothing goes on SIGTERM: the supervisor freezes and kills the lot.
-        (("--ignore-sigterm",), ["sigterm", "sigkill"]),
+        (("--ignore-sigterm",), 0.2, ["sigterm", "sigkill"]),
     ],
 )
 async def test_setsid_double_fork_and_term_ignoring_descendants_all_go(
-    agent_args: tuple[str, ...], expected: list[str]
+    agent_args: tuple[str, ...], term_timeout: float, expected: list[str]
 ) -> None:
     with trio.fail_after(LIMIT_S):
         async with tree_agent(*agent_args, *HARD_TREE) as tree:
@@ -226,7 +226,7 @@ async def test_setsid_double_fork_and_term_ignoring_descendants_all_go(
             assert psutil.Process(daemon).ppid() == tree.agent.pid
             [setsid] = tree.roles["setsid"]
             assert os.getsid(setsid) == setsid != os.getsid(tree.agent_pid)
-            assert await tree.agent.kill_tree(term_timeout=1.5) == expected
+            assert await tree.agent.kill_tree(term_timeout=term_timeout) == expected
             tree.assert_all_gone()
 
 

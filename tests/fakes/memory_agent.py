@@ -142,6 +142,7 @@ class MemoryLauncher:
         spec: AgentSpec,
         *,
         cwd: str,
+        resume: str | None,
         generation: int,
         inbox: trio.MemorySendChannel[Any],
         nursery: trio.Nursery,
