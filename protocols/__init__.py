@@ -7,12 +7,14 @@ an agent's configuration to its machine; adding a protocol means adding an entry
 from __future__ import annotations
 
 from protocols.acp import AcpClient
+from protocols.codex import CodexClient
 from protocols.machine import AgentProtocol
 
 __all__ = ["PROTOCOLS", "AgentProtocol", "new_machine"]
 
 PROTOCOLS: dict[str, type[AgentProtocol]] = {
     AcpClient.name: AcpClient,
+    CodexClient.name: CodexClient,
 }
 
 

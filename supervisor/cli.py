@@ -29,6 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             trio.run(run_demo, sys.stdout, args.words_before_stop, args.grace)
+        elif args.command == "serve":
+            trio.run(run_serve, args.config, args.host, args.port, args.token)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
             for spec in agents.values():
@@ -54,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--grace", type=float, default=1.5, help="grace window for the stubborn agent (s)"
     )
+    serve = commands.add_parser(
+        "serve", help="serve the WebSocket gateway, the web UI and the HTTP API on one port"
+    )
+    serve.add_argument("--config", help="agents TOML file (the built-in demo agent is always there)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
+    serve.add_argument("--token", help="access token (default: a new random one)")
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
     return parser
@@ -160,6 +169,25 @@ async def _prompt_and_stop(
     printer.line(f"   receipt: {receipt.summary()}")
     printer.line("   " + json.dumps(receipt_to_wire(receipt)))
     return receipt
+
+
+async def run_serve(config: str | None, host: str, port: int, token: str | None) -> None:
+    """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting."""
+    from supervisor.gateway import Gateway, is_loopback
+
+    agents = load_agents(config) if config else builtin_agents()
+    if not is_loopback(host):
+        print(
+            f"WARNING: binding {host}: the gateway has no TLS, so the token and every prompt"
+            " cross the network in clear text. Prefer 127.0.0.1 and an SSH tunnel or a TLS"
+            " proxy.",
+            file=sys.stderr,
+            flush=True,
+        )
+    async with open_supervisor(agents=agents) as supervisor, trio.open_nursery() as nursery:
+        gateway = Gateway(supervisor, token=token, host=host, port=port)
+        url = await nursery.start(gateway.serve)
+        print(f"ready {url}", flush=True)
 
 
 if __name__ == "__main__":

@@ -225,9 +225,18 @@ class Subscription:
     :attr:`gap` is true when history no longer reached back to the ``since_seq`` asked for.
     """
 
-    def __init__(self, receive: trio.MemoryReceiveChannel[ev.Event], *, last_seq: int, gap: bool):
+    def __init__(
+        self,
+        receive: trio.MemoryReceiveChannel[ev.Event],
+        *,
+        last_seq: int,
+        head_seq: int,
+        gap: bool,
+    ):
         self._receive = receive
         self.last_seq = last_seq
+        #: the session's newest seq when this subscription began
+        self.head_seq = head_seq
         self.gap = gap
         self.lagged = False
 
@@ -335,13 +344,20 @@ class Session:
         self, *, since_seq: int | None = None, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
     ) -> AsyncIterator[Subscription]:
         """Events from now on (or replayed after ``since_seq``), in order, until you leave."""
-        subscription: Subscription = await self._call(
-            lambda reply: _Subscribe(since_seq, max_buffer, reply)
-        )
+        subscription = await self.open_subscription(since_seq=since_seq, max_buffer=max_buffer)
         try:
             yield subscription
         finally:
             subscription.close()
+
+    async def open_subscription(
+        self, *, since_seq: int | None = None, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
+    ) -> Subscription:
+        """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``)."""
+        subscription: Subscription = await self._call(
+            lambda reply: _Subscribe(since_seq, max_buffer, reply)
+        )
+        return subscription
 
     async def wait_ready(self) -> None:
         """Return once the agent is up and the session takes prompts; raise if it failed."""
@@ -582,7 +598,12 @@ class Session:
         send, receive = trio.open_memory_channel[ev.Event](max(1, max_buffer) + len(replay))
         for event in replay:
             send.send_nowait(event)
-        subscription = Subscription(receive, last_seq=since_seq or self._seq, gap=gap)
+        subscription = Subscription(
+            receive,
+            last_seq=since_seq if since_seq is not None else self._seq,
+            head_seq=self._seq,
+            gap=gap,
+        )
         if self._done:
             send.close()
         else:

@@ -36,6 +36,7 @@ class Behaviour:
     deferred_id: float | None = None  # announce the turn id this late (deferred protocol)
     start_delay: float = 0.0
     fail_start: bool = False
+    pad: int = 0  # extra characters per word, to make big events
 
     def for_prompt(self, text: str) -> Behaviour:
         changes: dict[str, Any] = {}
@@ -55,6 +56,8 @@ class Behaviour:
                 changes["crash_after"] = int(value or 1)
             elif key == "flood":
                 changes["flood"] = True
+            elif key == "pad":
+                changes["pad"] = int(value)
             elif key == "deferred-id":
                 changes["deferred_id"] = float(value)
         return attrs.evolve(self, **changes)
@@ -288,7 +291,7 @@ class FakeAcpAgent:
                 await self.update(
                     {
                         "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": f"w{index} "},
+                        "content": {"type": "text", "text": f"w{index} " + "x" * behaviour.pad},
                     }
                 )
                 if behaviour.flood:

@@ -1,0 +1,749 @@
+"""Codex app-server (``codex app-server``, protocol "v2"), client side, as a sans-IO machine.
+
+Facts this follows (``shared/protocols.md`` section 2 and edge cases 8-14, ``shared/real-agents.md``
+for Codex 0.171.0):
+
+- JSON-RPC without the ``"jsonrpc"`` member, one object per line; the server numbers its own
+  requests from 0, so its ids collide with ours (``JsonRpcPeer`` keeps the two spaces apart).
+- ``initialize`` (we opt into ``experimentalApi`` for ``thread/backgroundTerminals/clean``), its
+  reply, the ``initialized`` notification, then ``thread/start`` or ``thread/resume``.
+- A turn is ``turn/start``; its *reply* names the Codex turn (the turn is then identified) and
+  only ``turn/completed`` for that turn ends it. ``turn/started`` comes later, when it runs.
+- ``turn/interrupt`` is a request whose ``{}`` is held back until the turn aborts, and may never
+  come (openai/codex#36926): nothing here waits on it, and we send one per turn. It is rejected
+  at once with -32600 when the id is stale (``expected active turn id X but found Y``: we retry
+  once against ``Y``) or nothing runs yet (``no active turn to interrupt`` before ``turn/started``:
+  we retry once when ``turn/started`` comes; after the turn ended its own ``turn/completed``
+  decides).
+- ``turn/interrupt`` does not stop background terminals: after a turn we interrupted ends
+  ``interrupted`` we send ``thread/backgroundTerminals/clean`` and hold the turn's end until it
+  is answered (the actor's grace timer bounds that wait like any other).
+- Approvals are server→client requests answered ``{"decision": ...}``; the server retracts them
+  at turn transitions with ``serverRequest/resolved``. Requests we do not serve are answered
+  -32601 (an MCP elicitation is declined) so the server never waits on us.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any, ClassVar
+
+import attrs
+from attrs import define, field, frozen
+
+from protocols import events as ev
+from protocols.jsonrpc import (
+    METHOD_NOT_FOUND,
+    IncomingNotification,
+    IncomingRequest,
+    IncomingResponse,
+    InvalidMessage,
+    JsonRpcPeer,
+    RequestId,
+    UnknownResponse,
+)
+from protocols.machine import (
+    AgentProtocol,
+    SessionEstablished,
+    StartFailed,
+    Step,
+    TurnFinished,
+    UnknownPermission,
+)
+
+__all__ = ["CLIENT_INFO", "CodexClient"]
+
+CLIENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version": "0.1.0"}
+
+#: ``turn/interrupt`` against a turn that is not the active one (turn_processor.rs). The
+#: ``turn/steer`` variant wraps both ids in backticks; accept either.
+_STALE_TURN = re.compile(r"expected active turn id `?(?P<sent>[^`\s]+)`? but found `?(?P<found>[^`\s]+)`?")
+_NO_ACTIVE_TURN = "no active turn to interrupt"
+
+#: The decisions an approval can be answered with; they are also the permission option ids.
+_DECISIONS = ("accept", "acceptForSession", "decline", "cancel")
+_OPTIONS = {
+    "accept": ev.PermissionOption(option_id="accept", name="Accept", option_kind="allow_once"),
+    "acceptForSession": ev.PermissionOption(
+        option_id="acceptForSession", name="Accept for this session", option_kind="allow_always"
+    ),
+    "decline": ev.PermissionOption(
+        option_id="decline", name="Decline (the turn goes on)", option_kind="reject_once"
+    ),
+    "cancel": ev.PermissionOption(
+        option_id="cancel", name="Decline and stop the turn", option_kind="reject_once"
+    ),
+}
+#: The legacy v1 methods spell the same decisions as ``ReviewDecision`` (snake_case).
+_LEGACY_DECISIONS = {
+    "accept": "approved",
+    "acceptForSession": "approved_for_session",
+    "decline": "denied",
+    "cancel": "abort",
+}
+#: Approval request methods and how each is answered.
+_APPROVALS = {
+    "item/commandExecution/requestApproval": "decision",
+    "item/fileChange/requestApproval": "decision",
+    "item/permissions/requestApproval": "permissions",
+    "execCommandApproval": "legacy",
+    "applyPatchApproval": "legacy",
+}
+#: What each approval is about, as an ACP tool kind.
+_APPROVAL_KINDS = {
+    "item/commandExecution/requestApproval": "execute",
+    "execCommandApproval": "execute",
+    "item/fileChange/requestApproval": "edit",
+    "applyPatchApproval": "edit",
+    "item/permissions/requestApproval": "other",
+}
+#: ``GrantedPermissionProfile``: the parts of a permission request that can be granted.
+_GRANTABLE = ("fileSystem", "network")
+
+#: Notifications about the thread or the session rather than the turn's content.
+_INFO_NOTIFICATIONS = frozenset(
+    {
+        "thread/started",
+        "thread/status/changed",
+        "thread/tokenUsage/updated",
+        "thread/name/updated",
+        "thread/compacted",
+        "thread/closed",
+        "thread/archived",
+        "thread/unarchived",
+        "turn/started",
+        "turn/diff/updated",
+        "model/rerouted",
+        "account/updated",
+        "account/rateLimits/updated",
+        "mcpServer/startupStatus/updated",
+        "skills/changed",
+        "configWarning",
+        "deprecationNotice",
+    }
+)
+_MESSAGE_DELTAS = frozenset({"item/agentMessage/delta"})
+_THOUGHT_DELTAS = frozenset({"item/reasoning/summaryTextDelta", "item/reasoning/textDelta"})
+_TOOL_PROGRESS = frozenset(
+    {"item/commandExecution/outputDelta", "item/fileChange/outputDelta", "item/mcpToolCall/progress"}
+)
+#: Items whose content reaches subscribers otherwise: as deltas, or as the prompt itself.
+_CONTENT_ITEMS = frozenset({"agentMessage", "reasoning", "userMessage", "hookPrompt", "plan"})
+#: Items that describe the session rather than a tool run.
+_INFO_ITEMS = frozenset({"contextCompaction", "enteredReviewMode", "exitedReviewMode"})
+#: Item types as ACP tool kinds (``read``, ``edit``, ``execute``, ``fetch``, ``other``, ...).
+_TOOL_KINDS = {
+    "commandExecution": "execute",
+    "fileChange": "edit",
+    "webSearch": "fetch",
+    "imageView": "read",
+    "sleep": "think",
+}
+#: Codex item and plan statuses in the universal (ACP) vocabulary. A ``declined`` item did not
+#: run: ``failed`` (its raw item still says ``declined``).
+_STATUSES = {
+    "pending": "pending",
+    "inProgress": "in_progress",
+    "completed": "completed",
+    "failed": "failed",
+    "declined": "failed",
+}
+#: ``turn/completed`` ids of our finished turns kept to tell a late duplicate from a stranger.
+_FINISHED_KEPT = 16
+#: ``turn/completed`` notifications kept while our turn waits for its ``turn/start`` reply.
+_EARLY_ENDS_KEPT = 4
+
+
+@frozen
+class _Sent:
+    """What one of our requests was about; handed back with its response."""
+
+    turn_id: str | None = None
+    codex_turn_id: str | None = None
+
+
+@define
+class _Turn:
+    """Our running turn and what Codex has told us about it."""
+
+    turn_id: str
+    #: from the ``turn/start`` reply; until then the turn is not identified
+    codex_id: str | None = None
+    #: ids a stale-id rejection named as the one really running (edge case 8)
+    aliases: set[str] = field(factory=set)
+    #: ``turn/started`` ids seen while this turn was ours
+    started: set[str] = field(factory=set)
+    cancel_wanted: bool = False
+    stale_retried: bool = False
+    not_active_retried: bool = False
+    #: interrupt this id again when its ``turn/started`` arrives
+    retry_on_started: str | None = None
+    #: ``turn/completed`` seen before the ``turn/start`` reply named our turn
+    early_ends: dict[str, dict[str, Any]] = field(factory=dict)
+    #: the turn is over, held until background terminals are cleaned
+    finishing: TurnFinished | None = None
+
+    def owns(self, codex_id: Any) -> bool:
+        return isinstance(codex_id, str) and (codex_id == self.codex_id or codex_id in self.aliases)
+
+
+@define
+class _HeldApproval:
+    """A server→client approval request the server is waiting on."""
+
+    rpc_id: RequestId
+    turn_id: str | None
+    answer: str  # "decision", "legacy" or "permissions" (see _APPROVALS)
+    option_ids: frozenset[str]
+    requested: dict[str, Any]
+
+
+@define
+class CodexClient(AgentProtocol):
+    """Our side of one ``codex app-server`` connection, driving one thread."""
+
+    name: ClassVar[str] = "codex"
+
+    _rpc: JsonRpcPeer[_Sent] = field(factory=lambda: JsonRpcPeer(with_version=False))
+    _phase: str = "idle"  # idle, initializing, opening, ready, failed
+    _cwd: str = "."
+    _resume: str | None = None
+    _resume_error: str | None = None
+    _thread_id: str | None = None
+    _turn: _Turn | None = None
+    _finished: deque[str] = field(factory=lambda: deque(maxlen=_FINISHED_KEPT))
+    _held: dict[str, _HeldApproval] = field(factory=dict)
+    server_info: dict[str, Any] = field(factory=dict)
+
+    # -- calls from the actor -------------------------------------------------------------
+
+    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+        if self._phase != "idle":
+            raise RuntimeError("start() called twice")
+        self._phase = "initializing"
+        self._cwd = cwd
+        self._resume = resume
+        _, message = self._rpc.request(
+            "initialize",
+            {"clientInfo": CLIENT_INFO, "capabilities": {"experimentalApi": True}},
+            _Sent(),
+        )
+        return Step(send=[message])
+
+    def prompt(self, turn_id: str, text: str) -> Step:
+        if self._phase != "ready" or self._turn is not None:
+            turn = self._turn.turn_id if self._turn else None
+            raise RuntimeError(f"prompt() while {self._phase} with turn {turn}")
+        self._turn = _Turn(turn_id)
+        _, message = self._rpc.request(
+            "turn/start",
+            {"threadId": self._thread_id, "input": [{"type": "text", "text": text}]},
+            _Sent(turn_id),
+        )
+        return Step(send=[message])
+
+    def cancel(self) -> Step:
+        turn = self._turn
+        if turn is None or turn.cancel_wanted or turn.finishing is not None:
+            return Step()
+        turn.cancel_wanted = True
+        if turn.codex_id is None:
+            return Step()  # sent as soon as the turn/start reply names the turn
+        return self._interrupt(turn, turn.codex_id)
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        held = self._held.get(request_id)
+        if held is None:
+            raise UnknownPermission(f"no pending permission request {request_id!r}")
+        if option_id is not None and option_id not in held.option_ids:
+            raise UnknownPermission(
+                f"option {option_id!r} was not offered for {request_id!r}"
+                f" (offered: {', '.join(sorted(held.option_ids))})"
+            )
+        return self._answer_approval(request_id, option_id, by="client")
+
+    def cancel_permissions(self) -> Step:
+        step = Step()
+        for request_id in list(self._held):
+            step.extend(self._answer_approval(request_id, None, by="supervisor"))
+        return step
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return list(self._held)
+
+    @property
+    def agent_session_id(self) -> str | None:
+        if self._thread_id is not None:
+            return self._thread_id
+        # Killed while still resuming: the next process should try the same thread again.
+        return self._resume if self._resume_error is None else None
+
+    # -- messages from the server ---------------------------------------------------------
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        incoming = self._rpc.receive(message)
+        if isinstance(incoming, IncomingResponse):
+            return self._on_response(incoming)
+        if isinstance(incoming, IncomingNotification):
+            return self._on_notification(incoming, message)
+        if isinstance(incoming, IncomingRequest):
+            return self._on_request(incoming)
+        if isinstance(incoming, UnknownResponse):
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="protocol_error",
+                        message=f"response to unknown request id {incoming.id!r}",
+                    )
+                ]
+            )
+        assert isinstance(incoming, InvalidMessage)
+        return Step(events=[ev.AgentUnparsed(raw=message)])
+
+    def _on_response(self, response: IncomingResponse[_Sent]) -> Step:
+        if response.method == "initialize":
+            return self._on_initialized(response)
+        if response.method in ("thread/start", "thread/resume"):
+            return self._on_thread_opened(response)
+        if response.method == "turn/start":
+            return self._on_turn_identified(response)
+        if response.method == "turn/interrupt":
+            return self._on_interrupt_answered(response)
+        if response.method == "thread/backgroundTerminals/clean":
+            return self._on_terminals_cleaned(response)
+        return Step()
+
+    # -- handshake ------------------------------------------------------------------------
+
+    def _on_initialized(self, response: IncomingResponse[_Sent]) -> Step:
+        if response.error is not None:
+            return self._fail(f"initialize failed: {response.error.describe()}")
+        self.server_info = response.result if isinstance(response.result, dict) else {}
+        self._phase = "opening"
+        step = Step(send=[self._rpc.notify("initialized")])
+        if self._resume is not None:
+            return step.extend(self._open("thread/resume", {"threadId": self._resume}))
+        return step.extend(self._open("thread/start", {"cwd": self._cwd}))
+
+    def _open(self, method: str, params: dict[str, Any]) -> Step:
+        _, message = self._rpc.request(method, params, _Sent())
+        return Step(send=[message])
+
+    def _on_thread_opened(self, response: IncomingResponse[_Sent]) -> Step:
+        thread_id = _thread_id_of(response.result)
+        if response.method == "thread/resume":
+            if response.error is not None:
+                # The rollout is gone: a fresh thread, and the receipt will say so.
+                self._resume_error = f"thread/resume failed: {response.error.describe()}"
+                return self._open("thread/start", {"cwd": self._cwd})
+            self._thread_id = thread_id or self._resume
+            return self._established(resumed=True)
+        if response.error is not None:
+            return self._fail(f"thread/start failed: {response.error.describe()}")
+        if thread_id is None:
+            return self._fail("thread/start answered without a thread id")
+        self._thread_id = thread_id
+        if self._resume is None:
+            return self._established(resumed=None)
+        return self._established(resumed=False, detail=self._resume_error)
+
+    def _established(self, *, resumed: bool | None, detail: str | None = None) -> Step:
+        self._phase = "ready"
+        assert self._thread_id is not None
+        return Step(events=[SessionEstablished(self._thread_id, resumed, detail)])
+
+    def _fail(self, message: str) -> Step:
+        self._phase = "failed"
+        return Step(events=[StartFailed(message)])
+
+    # -- turns ----------------------------------------------------------------------------
+
+    def _on_turn_identified(self, response: IncomingResponse[_Sent]) -> Step:
+        turn = self._turn
+        if turn is None or turn.turn_id != response.context.turn_id:
+            return Step()
+        if response.error is not None:
+            return self._end(turn, TurnFinished(turn.turn_id, None, error=response.error.describe()))
+        result = response.result if isinstance(response.result, dict) else {}
+        codex_turn = result.get("turn")
+        codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
+        if not isinstance(codex_id, str):
+            return self._end(
+                turn, TurnFinished(turn.turn_id, None, error="turn/start answered without a turn id")
+            )
+        turn.codex_id = codex_id
+        early = turn.early_ends.pop(codex_id, None)
+        if early is not None:
+            return self._on_our_turn_completed(turn, early)
+        if turn.cancel_wanted:
+            return self._interrupt(turn, codex_id)
+        return Step()
+
+    def _interrupt(self, turn: _Turn, codex_id: str) -> Step:
+        _, message = self._rpc.request(
+            "turn/interrupt",
+            {"threadId": self._thread_id, "turnId": codex_id},
+            _Sent(turn.turn_id, codex_id),
+        )
+        return Step(send=[message])
+
+    def _on_interrupt_answered(self, response: IncomingResponse[_Sent]) -> Step:
+        """``{}`` (possibly long after the turn ended) needs nothing; a rejection may retry."""
+        turn = self._turn
+        sent = response.context
+        if (
+            response.error is None
+            or turn is None
+            or turn.turn_id != sent.turn_id
+            or turn.finishing is not None
+        ):
+            return Step()
+        error = response.error
+        stale = _STALE_TURN.search(error.message)
+        if stale is not None:
+            found = stale.group("found")
+            if turn.stale_retried or turn.owns(found):
+                return Step(events=[_interrupt_failed(error.describe())])
+            turn.stale_retried = True
+            turn.aliases.add(found)
+            return self._interrupt(turn, found)
+        if _NO_ACTIVE_TURN in error.message:
+            # Before turn/started nothing runs yet and the turn would run on (real-agents.md);
+            # after our turn completed its turn/completed has already decided.
+            if turn.not_active_retried or sent.codex_turn_id is None:
+                return Step()
+            turn.not_active_retried = True
+            if sent.codex_turn_id in turn.started:
+                return self._interrupt(turn, sent.codex_turn_id)
+            turn.retry_on_started = sent.codex_turn_id
+            return Step()
+        return Step(events=[_interrupt_failed(error.describe())])
+
+    def _on_turn_started(self, params: dict[str, Any]) -> Step:
+        step = Step(events=[ev.SessionInfo(info_kind="turn/started", data=params)])
+        turn = self._turn
+        codex_turn = params.get("turn")
+        codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
+        if turn is None or not isinstance(codex_id, str):
+            return step
+        turn.started.add(codex_id)
+        if turn.retry_on_started == codex_id and turn.finishing is None:
+            turn.retry_on_started = None
+            step.extend(self._interrupt(turn, codex_id))
+        return step
+
+    def _on_turn_completed(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
+        codex_turn = params.get("turn")
+        if not isinstance(codex_turn, dict) or not isinstance(codex_turn.get("id"), str):
+            return Step(events=[ev.AgentUnparsed(raw=raw)])
+        codex_id: str = codex_turn["id"]
+        turn = self._turn
+        if turn is not None and turn.finishing is None:
+            if turn.codex_id is None:
+                # Our turn/start reply is still on its way; this may be its turn.
+                if len(turn.early_ends) < _EARLY_ENDS_KEPT:
+                    turn.early_ends[codex_id] = codex_turn
+                return Step()
+            if turn.owns(codex_id):
+                return self._on_our_turn_completed(turn, codex_turn)
+        if codex_id in self._finished:
+            return Step()  # a late duplicate, or a stale id we retried against, ending too
+        return Step(
+            events=[
+                ev.ErrorEvent(
+                    code="protocol_error",
+                    message=f"turn/completed for turn {codex_id!r}, which is not the running turn",
+                )
+            ]
+        )
+
+    def _on_our_turn_completed(self, turn: _Turn, codex_turn: dict[str, Any]) -> Step:
+        status = codex_turn.get("status")
+        if not isinstance(status, str):
+            status = None
+        # Only the agent's own words: "completed" after our interrupt means it won the race
+        # (edge case 12), and is reported as such.
+        interrupted = {"interrupted": True, "completed": False}.get(status or "")
+        error = None
+        if status == "failed":
+            error = _describe_error(codex_turn.get("error")) or "turn failed"
+        finished = TurnFinished(turn.turn_id, status, interrupted=interrupted, error=error)
+        if status == "interrupted" and turn.cancel_wanted:
+            # The interrupt leaves background terminals running (edge case 13).
+            turn.finishing = finished
+            _, message = self._rpc.request(
+                "thread/backgroundTerminals/clean", {"threadId": self._thread_id}, _Sent(turn.turn_id)
+            )
+            return Step(send=[message])
+        return self._end(turn, finished)
+
+    def _on_terminals_cleaned(self, response: IncomingResponse[_Sent]) -> Step:
+        turn = self._turn
+        if turn is None or turn.finishing is None or turn.turn_id != response.context.turn_id:
+            return Step()
+        if response.error is None:
+            outcome = "cleaned"
+        else:
+            outcome = f"not cleaned: {response.error.describe()}"
+        details = {**turn.finishing.details, "background_terminals": outcome}
+        return self._end(turn, attrs.evolve(turn.finishing, details=details))
+
+    def _end(self, turn: _Turn, finished: TurnFinished) -> Step:
+        self._turn = None
+        for codex_id in (turn.codex_id, *sorted(turn.aliases)):
+            if codex_id is not None:
+                self._finished.append(codex_id)
+        return Step(events=[finished])
+
+    # -- notifications --------------------------------------------------------------------
+
+    def _on_notification(self, note: IncomingNotification, raw: dict[str, Any]) -> Step:
+        params: Any = {} if note.params is None else note.params
+        if not isinstance(params, dict):
+            return Step(events=[ev.AgentUnparsed(raw=raw)])
+        method = note.method
+        if method == "serverRequest/resolved":
+            # Request ids are per connection: a retraction is ours whatever its thread.
+            return self._on_request_resolved(params)
+        thread_id = params.get("threadId")
+        if self._thread_id is not None and isinstance(thread_id, str) and thread_id != self._thread_id:
+            return Step(events=[ev.AgentUnparsed(raw=raw)])
+        turn_id = self._turn.turn_id if self._turn is not None else None
+        event: ev.Event
+        if method == "turn/completed":
+            return self._on_turn_completed(params, raw)
+        if method == "turn/started":
+            return self._on_turn_started(params)
+        if method in ("item/started", "item/completed"):
+            return self._on_item(method, params, raw, turn_id)
+        if method == "item/reasoning/summaryPartAdded":
+            return Step()  # a section boundary without text
+        if method in _MESSAGE_DELTAS or method in _THOUGHT_DELTAS:
+            delta = params.get("delta")
+            if not isinstance(delta, str):
+                return Step(events=[ev.AgentUnparsed(raw=raw)])
+            if method in _MESSAGE_DELTAS:
+                event = ev.MessageDelta(turn_id=turn_id, text=delta)
+            else:
+                event = ev.ThoughtDelta(turn_id=turn_id, text=delta)
+        elif method in _TOOL_PROGRESS and isinstance(params.get("itemId"), str):
+            event = ev.ToolUpdate(turn_id=turn_id, tool_call_id=params["itemId"], raw=params)
+        elif method == "turn/plan/updated":
+            event = ev.Plan(turn_id=turn_id, entries=_plan_entries(params.get("plan")))
+        elif method == "error":
+            code = "agent_retrying" if params.get("willRetry") is True else "agent_error"
+            message = _describe_error(params.get("error")) or "error"
+            event = ev.ErrorEvent(code=code, message=message)
+        elif method in _INFO_NOTIFICATIONS:
+            event = ev.SessionInfo(info_kind=method, data=params)
+        else:
+            event = ev.AgentUnparsed(raw=raw)
+        return Step(events=[event])
+
+    def _on_item(
+        self, method: str, params: dict[str, Any], raw: dict[str, Any], turn_id: str | None
+    ) -> Step:
+        item = params.get("item")
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("id"), str)
+            or not isinstance(item.get("type"), str)
+        ):
+            return Step(events=[ev.AgentUnparsed(raw=raw)])
+        kind: str = item["type"]
+        if kind in _CONTENT_ITEMS:
+            return Step()
+        if kind in _INFO_ITEMS:
+            return Step(events=[ev.SessionInfo(info_kind=kind, data=params)])
+        started = method == "item/started"
+        status = _status(item.get("status"), "in_progress" if started else "completed")
+        event: ev.Event
+        if started:
+            event = ev.ToolCall(
+                turn_id=turn_id,
+                tool_call_id=item["id"],
+                title=_item_title(item),
+                tool_kind=_TOOL_KINDS.get(kind, "other"),
+                status=status,
+                raw=item,
+            )
+        else:
+            event = ev.ToolUpdate(turn_id=turn_id, tool_call_id=item["id"], status=status, raw=item)
+        return Step(events=[event])
+
+    # -- server requests ------------------------------------------------------------------
+
+    def _on_request(self, request: IncomingRequest) -> Step:
+        answer = _APPROVALS.get(request.method)
+        params = request.params if isinstance(request.params, dict) else {}
+        if answer is not None:
+            return self._hold_approval(request, answer, params)
+        if request.method == "mcpServer/elicitation/request":
+            return Step(send=[self._rpc.respond(request.id, {"action": "decline", "content": None})])
+        reply = self._rpc.respond_error(
+            request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"
+        )
+        return Step(send=[reply])
+
+    def _hold_approval(self, request: IncomingRequest, answer: str, params: dict[str, Any]) -> Step:
+        if answer == "permissions":
+            offered = ["accept", "acceptForSession", "decline"]
+        else:
+            offered = _offered_decisions(params.get("availableDecisions"))
+        request_id = str(request.id)
+        suffix = 1
+        while request_id in self._held:  # ids 1 and "1" are distinct requests
+            request_id = f"{request.id}#{suffix}"
+            suffix += 1
+        turn_id = self._turn.turn_id if self._turn is not None else None
+        requested = params.get("permissions")
+        self._held[request_id] = _HeldApproval(
+            request.id,
+            turn_id,
+            answer,
+            frozenset(offered),
+            requested if isinstance(requested, dict) else {},
+        )
+        tool_call_id = params.get("itemId", params.get("callId"))
+        return Step(
+            events=[
+                ev.PermissionRequested(
+                    turn_id=turn_id,
+                    request_id=request_id,
+                    tool_call={
+                        "toolCallId": tool_call_id if isinstance(tool_call_id, str) else None,
+                        "title": _approval_title(request.method, params),
+                        "kind": _APPROVAL_KINDS[request.method],
+                        "method": request.method,
+                        "params": params,
+                    },
+                    options=[_OPTIONS[decision] for decision in offered],
+                )
+            ]
+        )
+
+    def _answer_approval(self, request_id: str, option_id: str | None, *, by: str) -> Step:
+        held = self._held.pop(request_id)
+        decision = option_id or "cancel"
+        result: dict[str, Any]
+        if held.answer == "legacy":
+            result = {"decision": _LEGACY_DECISIONS[decision]}
+        elif held.answer == "permissions":
+            # Only the granted subset matters; an empty profile denies everything.
+            granted = {}
+            if decision in ("accept", "acceptForSession"):
+                granted = {k: v for k, v in held.requested.items() if k in _GRANTABLE}
+            scope = "session" if decision == "acceptForSession" else "turn"
+            result = {"permissions": granted, "scope": scope}
+        else:
+            result = {"decision": decision}
+        resolved = ev.PermissionResolved(
+            turn_id=held.turn_id,
+            request_id=request_id,
+            outcome="cancelled" if option_id is None else "selected",
+            option_id=option_id,
+            by=by,
+        )
+        return Step(send=[self._rpc.respond(held.rpc_id, result)], events=[resolved])
+
+    def _on_request_resolved(self, params: dict[str, Any]) -> Step:
+        """The server withdrew a request (turn transition) or confirms one we answered."""
+        wanted = params.get("requestId")
+        for request_id, held in list(self._held.items()):
+            if held.rpc_id == wanted and type(held.rpc_id) is type(wanted):
+                del self._held[request_id]
+                resolved = ev.PermissionResolved(
+                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
+                )
+                return Step(events=[resolved])
+        return Step()
+
+
+def _thread_id_of(result: Any) -> str | None:
+    thread = result.get("thread") if isinstance(result, dict) else None
+    thread_id = thread.get("id") if isinstance(thread, dict) else None
+    return thread_id if isinstance(thread_id, str) else None
+
+
+def _interrupt_failed(description: str) -> ev.ErrorEvent:
+    return ev.ErrorEvent(code="interrupt_failed", message=f"turn/interrupt failed: {description}")
+
+
+def _describe_error(error: Any) -> str | None:
+    """``TurnError`` ``{message, codexErrorInfo?, additionalDetails?}`` as one line."""
+    if not isinstance(error, dict):
+        return error if isinstance(error, str) else None
+    message = error.get("message")
+    text = message if isinstance(message, str) else "error"
+    info = error.get("codexErrorInfo")
+    if isinstance(info, dict) and len(info) == 1:
+        info = next(iter(info))  # {"httpConnectionFailed": {"httpStatusCode": 502}}
+    if isinstance(info, str):
+        text += f" ({info})"
+    return text
+
+
+def _status(value: Any, default: str) -> str:
+    if not isinstance(value, str):
+        return default
+    return _STATUSES.get(value, value)
+
+
+def _plan_entries(plan: Any) -> list[dict[str, Any]]:
+    """``[{step, status}]`` as ACP plan entries ``[{content, status}]``."""
+    entries = []
+    for entry in plan if isinstance(plan, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("step"), str):
+            entries.append(
+                {"content": entry["step"], "status": _status(entry.get("status"), "pending")}
+            )
+    return entries
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(part, str) for part in value):
+        return " ".join(value)
+    return None
+
+
+def _item_title(item: dict[str, Any]) -> str:
+    kind = str(item["type"])
+    if kind == "fileChange":
+        changes = item.get("changes")
+        paths = [
+            c["path"]
+            for c in (changes if isinstance(changes, list) else [])
+            if isinstance(c, dict) and isinstance(c.get("path"), str)
+        ]
+        return "Edit " + ", ".join(paths) if paths else kind
+    if kind == "mcpToolCall" and isinstance(item.get("server"), str):
+        return f"{item['server']}/{item.get('tool', '')}"
+    for key in ("command", "tool", "query", "path"):
+        text = _text(item.get(key))
+        if text:
+            return text
+    return kind
+
+
+def _approval_title(method: str, params: dict[str, Any]) -> str:
+    for key in ("command", "reason"):
+        text = _text(params.get(key))
+        if text:
+            return text
+    return method
+
+
+
+
+def _offered_decisions(available: Any) -> list[str]:
+    """``availableDecisions`` when the server lists them (objects are amendments we don't
+    offer), else the four plain decisions."""
+    if isinstance(available, list):
+        offered = [d for d in _DECISIONS if d in available]
+        if offered:
+            return offered
+    return list(_DECISIONS)

@@ -1,0 +1,173 @@
+"""A Python client for the gateway (trio-websocket), used by the CLI, tests and benchmarks.
+
+```python
+async with connect("http://127.0.0.1:8765/?token=T") as client:
+    session_id = (await client.start_session("demo"))["session_id"]
+    async with client.subscribe(session_id) as events:
+        turn = await client.prompt(session_id, "hello")
+        receipt = await client.cancel(session_id)   # after the turn has ended
+        async for event in events: ...               # {"event", "session_id", "seq", "data"}
+```
+Requests may run concurrently on one connection; responses are matched by id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+__all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
+
+
+class GatewayError(Exception):
+    """The gateway answered ``ok: false``; ``code`` is the stable error code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def websocket_url(url: str, token: str | None = None) -> str:
+    """``http://host:port/?token=T`` (what ``serve`` prints) to ``ws://host:port/ws?token=T``."""
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    query = parse_qs(parts.query)
+    if token is None and query.get("token"):
+        token = query["token"][0]
+    path = parts.path if parts.path.endswith("/ws") else "/ws"
+    suffix = f"?{urlencode({'token': token})}" if token else ""
+    return f"{scheme}://{parts.netloc}{path}{suffix}"
+
+
+class GatewayClient:
+    def __init__(self, websocket: WebSocketConnection) -> None:
+        self.websocket = websocket
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self._events: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self.closed = trio.Event()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = json.loads(await self.websocket.get_message())
+                if "event" in message:
+                    channel = self._events.get(message.get("session_id"))
+                    if channel is not None:
+                        channel.send_nowait(message)
+                else:
+                    waiter = self._waiting.pop(str(message.get("id")), None)
+                    if waiter is not None:
+                        waiter.send_nowait(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.closed.set()
+            for channel in [*self._waiting.values(), *self._events.values()]:
+                channel.close()
+
+    async def request(self, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send one request and wait for its response; raises :class:`GatewayError`."""
+        request_id = f"c{next(self._ids)}"
+        send, receive = trio.open_memory_channel[dict[str, Any]](1)
+        self._waiting[request_id] = send
+        message = {"id": request_id, "action": action, "payload": payload or {}}
+        await self.websocket.send_message(json.dumps(message))
+        try:
+            response = await receive.receive()
+        except trio.EndOfChannel:
+            raise GatewayError("connection_closed", "the gateway closed the connection") from None
+        finally:
+            self._waiting.pop(request_id, None)
+        if not response.get("ok"):
+            error = response.get("error") or {}
+            raise GatewayError(str(error.get("code")), str(error.get("message")))
+        result: dict[str, Any] = response["result"]
+        return result
+
+    async def agents(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = (await self.request("agents.list"))["agents"]
+        return result
+
+    async def start_session(self, agent: str, cwd: str | None = None) -> dict[str, Any]:
+        payload = {"agent": agent} | ({"cwd": cwd} if cwd else {})
+        return await self.request("session.start", payload)
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = (await self.request("session.list"))["sessions"]
+        return result
+
+    async def prompt(self, session_id: str, text: str) -> dict[str, Any]:
+        return await self.request("agent.prompt", {"session_id": session_id, "text": text})
+
+    async def cancel(
+        self, session_id: str, *, task_id: str | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"session_id": session_id}
+        if task_id is not None:
+            payload["task_id"] = task_id
+        if reason is not None:
+            payload["reason"] = reason
+        return await self.request("agent.cancel", payload)
+
+    async def respond_permission(
+        self, session_id: str, request_id: str, option_id: str | None = None
+    ) -> None:
+        payload: dict[str, Any] = {"session_id": session_id, "request_id": request_id}
+        if option_id is None:
+            payload["cancelled"] = True
+        else:
+            payload["option_id"] = option_id
+        await self.request("permission.respond", payload)
+
+    async def stop(self, session_id: str) -> dict[str, Any]:
+        return await self.request("session.stop", {"session_id": session_id})
+
+    @asynccontextmanager
+    async def subscribe(
+        self, session_id: str, *, since_seq: int | None = None
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
+        """Events of one session (wire dicts), in order, replayed after ``since_seq``."""
+        send, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
+        self._events[session_id] = send
+        payload: dict[str, Any] = {"session_id": session_id}
+        if since_seq is not None:
+            payload["since_seq"] = since_seq
+        try:
+            await self.request("session.subscribe", payload)
+            yield receive
+        finally:
+            if self._events.get(session_id) is send:
+                del self._events[session_id]
+            send.close()
+            if not self.closed.is_set():
+                with trio.move_on_after(2) as scope:
+                    scope.shield = True
+                    try:
+                        await self.request("session.unsubscribe", {"session_id": session_id})
+                    except (GatewayError, ConnectionClosed):
+                        pass
+
+
+@asynccontextmanager
+async def connect(url: str, *, token: str | None = None) -> AsyncIterator[GatewayClient]:
+    """Connect to a gateway URL (the ``ready`` line's, or a ``ws://.../ws`` one)."""
+    async with open_websocket_url(
+        websocket_url(url, token), max_message_size=64 * 1024 * 1024
+    ) as websocket:
+        client = GatewayClient(websocket)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client._read)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()

@@ -1,0 +1,552 @@
+"""The gateway: WebSocket (``/ws``), the web UI (``/``) and a small HTTP API on one port.
+
+HTTP is parsed by h11; a request to ``/ws`` that asks for an upgrade is handed, with the bytes
+already read, to trio-websocket. Every route needs the token (``Authorization: Bearer T`` or
+``?token=T``, compared in constant time), and a browser ``Origin`` must be this server's own, so a
+page on another site cannot drive local agents. See ``design/gateway.md`` for the fan-out.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.resources
+import json
+import logging
+import secrets
+import socket
+from http import HTTPStatus
+from typing import Any, Final
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import h11
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
+
+from supervisor.errors import SupervisorError
+from supervisor.gateway_protocol import (
+    MAX_FRAME_BYTES,
+    Request,
+    RequestError,
+    decode_request,
+    error_response,
+    ok_response,
+)
+from supervisor.session import Session, Subscription
+from supervisor.supervisor import Supervisor
+from supervisor.wire import event_to_wire, receipt_to_wire
+
+__all__ = ["Gateway", "LIMITS", "GatewayLimits"]
+
+log = logging.getLogger(__name__)
+
+
+class GatewayLimits:
+    """Per-server bounds, each a guard against one runaway client."""
+
+    max_connections: int = 256
+    #: requests a connection may have in flight (a cancel waits for the turn to end)
+    max_pending: int = 64
+    #: messages queued for one client's socket before its event forwarders wait
+    outgoing_buffer: int = 1024
+    #: events a subscription may fall behind before the session cuts it off (then since_seq)
+    subscription_buffer: int = 4096
+    #: the transport's hard frame limit; frames between MAX_FRAME_BYTES and this get too_large
+    hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
+    #: an HTTP request head, and a body for the small API
+    max_head_bytes: int = 64 * 1024
+    max_body_bytes: int = 64 * 1024
+    #: a TCP connection that sends no complete request in this time is closed
+    idle_timeout_s: float = 30.0
+    #: kernel send buffer per connection (None: the OS autotunes, up to several MB); a
+    #: smaller one bounds memory per client and makes a stalled reader felt sooner
+    send_buffer_bytes: int | None = None
+
+
+LIMITS: Final = GatewayLimits()
+
+_HTTP_STATUS = {
+    "bad_request": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "session_not_found": 404,
+    "not_found": 404,
+    "agent_not_running": 409,
+    "too_large": 413,
+    "overloaded": 429,
+    "internal": 500,
+}
+
+
+class Gateway:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        limits: GatewayLimits = LIMITS,
+    ) -> None:
+        self.supervisor = supervisor
+        self.token = token or secrets.token_urlsafe(24)
+        self.host = host
+        self.port = port
+        self.limits = limits
+        self._connections = 0
+        self._allowed_hosts: set[str] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://{_url_host(self.host)}:{self.port}/?token={self.token}"
+
+    async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; ``task_status.started`` gets the URL once accepting."""
+        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        sockname = listeners[0].socket.getsockname()
+        self.port = int(sockname[1])
+        names = {self.host, "127.0.0.1", "localhost", "[::1]", _url_host(self.host)}
+        self._allowed_hosts = {f"{name}:{self.port}" for name in names}
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle_stream, listeners)
+            task_status.started(self.url)
+
+    # -- authorization -------------------------------------------------------------------------
+
+    def _token_ok(self, headers: dict[str, str], query: dict[str, list[str]]) -> bool:
+        provided = None
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            provided = auth[7:].strip()
+        elif "token" in query:
+            provided = query["token"][0]
+        if provided is None:
+            return False
+        return hmac.compare_digest(provided.encode(), self.token.encode())
+
+    def _origin_ok(self, headers: dict[str, str]) -> bool:
+        """Same-origin only for browsers; DNS-rebinding guard on Host for everyone."""
+        host = headers.get("host")
+        if host is not None and host not in self._allowed_hosts:
+            return False
+        origin = headers.get("origin")
+        if origin is None:
+            return True  # not a browser (or a same-origin GET): the token decides
+        return origin in {f"http://{allowed}" for allowed in self._allowed_hosts}
+
+    def _check(self, headers: dict[str, str], query: dict[str, list[str]]) -> str | None:
+        if not self._origin_ok(headers):
+            return "forbidden"
+        if not self._token_ok(headers, query):
+            return "unauthorized"
+        return None
+
+    # -- one TCP connection ---------------------------------------------------------------------
+
+    async def _handle_stream(self, stream: trio.SocketStream) -> None:
+        if self._connections >= self.limits.max_connections:
+            with trio.move_on_after(1):
+                await stream.send_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n"
+                    b"connection: close\r\n\r\n"
+                )
+            await stream.aclose()
+            return
+        self._connections += 1
+        if self.limits.send_buffer_bytes is not None:
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
+        try:
+            await self._serve_http(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
+            pass
+        except Exception:
+            log.exception("gateway connection failed")
+        finally:
+            self._connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_http(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
+        raw = bytearray()  # the first request's bytes, replayed to the WebSocket handshake
+        first = True
+        while True:
+            with trio.move_on_after(self.limits.idle_timeout_s) as idle:
+                event = await self._next_event(conn, stream, raw if first else None)
+            if idle.cancelled_caught or event is None:
+                return
+            if isinstance(event, h11.ConnectionClosed):
+                return
+            if not isinstance(event, h11.Request):
+                return
+            headers = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
+            target = event.target.decode("latin-1")
+            if headers.get("upgrade", "").lower() == "websocket":
+                if first and urlsplit(target).path == "/ws":
+                    await self._websocket(stream, conn, bytes(raw), headers, target)
+                else:
+                    await self._respond(conn, stream, 400, _json_error("bad_request", "upgrade only at /ws, as the first request"))
+                return
+            body = await self._read_body(conn, stream)
+            if body is None:
+                await self._respond(conn, stream, 413, _json_error("too_large", "request body too large"))
+                return
+            status, content_type, payload, extra = await self._route(
+                event.method.decode(), target, headers, body
+            )
+            await self._respond(conn, stream, status, payload, content_type, extra)
+            first = False
+            if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
+                return
+            try:
+                conn.start_next_cycle()
+            except h11.LocalProtocolError:
+                return
+
+    async def _next_event(
+        self, conn: h11.Connection, stream: trio.SocketStream, raw: bytearray | None
+    ) -> h11.Event | None:
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError:
+                await self._respond(conn, stream, 400, _json_error("bad_request", "malformed HTTP"))
+                return None
+            if event is not h11.NEED_DATA:
+                assert not isinstance(event, type)
+                return event
+            data = await stream.receive_some(65536)
+            if raw is not None and len(raw) <= self.limits.max_head_bytes:
+                raw += data
+            conn.receive_data(data)
+
+    async def _read_body(self, conn: h11.Connection, stream: trio.SocketStream) -> bytes | None:
+        body = bytearray()
+        while True:
+            event = await self._next_event(conn, stream, None)
+            if isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > self.limits.max_body_bytes:
+                    return None
+            elif isinstance(event, h11.EndOfMessage):
+                return bytes(body)
+            else:
+                return None
+
+    async def _respond(
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
+        headers = [
+            ("content-type", content_type),
+            ("content-length", str(len(body))),
+            ("cache-control", "no-store"),
+            ("x-content-type-options", "nosniff"),
+            ("referrer-policy", "no-referrer"),
+            *(extra or []),
+        ]
+        try:
+            reason = HTTPStatus(status).phrase.encode() if status in _STATUSES else b""
+            data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
+            data += conn.send(h11.Data(data=body)) or b""
+            data += conn.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError:
+            return
+        if data:
+            await stream.send_all(data)
+
+    # -- HTTP routes -----------------------------------------------------------------------------
+
+    async def _route(
+        self, method: str, target: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        parts = urlsplit(target)
+        query = parse_qs(parts.query)
+        path = parts.path
+        denied = self._check(headers, query)
+        if denied is not None:
+            if path in ("/", "/index.html") and denied == "unauthorized":
+                page = _page("Token needed", "Open the URL that <code>agent-supervisor serve</code> printed (it ends in <code>?token=...</code>).")
+                return 401, "text/html; charset=utf-8", page, []
+            return _HTTP_STATUS[denied], "application/json", _json_error(denied, _DENIED[denied]), []
+        if method == "GET" and path in ("/", "/index.html"):
+            return 200, "text/html; charset=utf-8", _static("index.html"), [("content-security-policy", _CSP)]
+        if method == "GET" and path == "/v1/sessions":
+            return 200, "application/json", _json(self._sessions_result()), []
+        if method == "GET" and path == "/v1/agents":
+            return 200, "application/json", _json(self._agents_result()), []
+        segments = [unquote(s) for s in path.split("/")]
+        if method == "POST" and len(segments) == 5 and segments[1:3] == ["v1", "sessions"] and segments[4] == "abort":
+            return await self._http_abort(segments[3], body)
+        if path in ("/", "/index.html", "/v1/sessions", "/v1/agents") or path.endswith("/abort"):
+            return 405, "application/json", _json_error("bad_request", f"{method} not allowed on {path}"), []
+        return 404, "application/json", _json_error("not_found", f"no route {path}"), []
+
+    async def _http_abort(
+        self, session_id: str, body: bytes
+    ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        reason: str = "http"
+        task_id: str | None = None
+        if body.strip():
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                return 400, "application/json", _json_error("bad_request", "body must be JSON"), []
+            if isinstance(payload, dict):
+                if isinstance(payload.get("reason"), str):
+                    reason = payload["reason"]
+                if isinstance(payload.get("task_id"), str):
+                    task_id = payload["task_id"]
+        try:
+            session = self.supervisor.get(session_id)
+            receipt = await session.cancel(turn_id=task_id, reason=reason)
+        except SupervisorError as exc:
+            return _HTTP_STATUS.get(exc.code, 500), "application/json", _json_error(exc.code, str(exc)), []
+        return 200, "application/json", _json({**receipt_to_wire(receipt), "success": True}), []
+
+    def _sessions_result(self) -> dict[str, Any]:
+        return {
+            "sessions": [
+                {"session_id": s.session_id, "agent": s.agent, "state": s.state, "turn_id": s.turn_id}
+                for s in self.supervisor.list()
+            ]
+        }
+
+    def _agents_result(self) -> dict[str, Any]:
+        return {
+            "agents": [
+                {"name": a.name, "protocol": a.protocol, "description": a.description}
+                for a in self.supervisor.agents.values()
+            ]
+        }
+
+    # -- WebSocket -----------------------------------------------------------------------------
+
+    async def _websocket(
+        self,
+        stream: trio.SocketStream,
+        conn: h11.Connection,
+        raw: bytes,
+        headers: dict[str, str],
+        target: str,
+    ) -> None:
+        denied = self._check(headers, parse_qs(urlsplit(target).query))
+        if denied is not None:
+            await self._respond(conn, stream, _HTTP_STATUS[denied], _json_error(denied, _DENIED[denied]))
+            return
+        async with trio.open_nursery() as nursery:
+            request = await wrap_server_stream(
+                nursery,
+                _ReplayStream(stream, raw),
+                message_queue_size=8,
+                max_message_size=self.limits.hard_frame_bytes,
+            )
+            websocket = await request.accept()
+            await _Client(self, websocket).run()
+            nursery.cancel_scope.cancel()
+
+
+class _Client:
+    """One WebSocket client: requests served concurrently, one ordered outgoing queue."""
+
+    def __init__(self, gateway: Gateway, websocket: WebSocketConnection) -> None:
+        self.gateway = gateway
+        self.supervisor = gateway.supervisor
+        self.websocket = websocket
+        self.limits = gateway.limits
+        self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](self.limits.outgoing_buffer)
+        self._pending = 0
+        self._subscriptions: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._writer)
+            try:
+                while True:
+                    message = await self.websocket.get_message()
+                    self._on_frame(message)
+            except ConnectionClosed:
+                pass
+            finally:
+                # Requests in flight are abandoned, not undone: a cancel goes on in its session.
+                nursery.cancel_scope.cancel()
+
+    def _on_frame(self, frame: str | bytes) -> None:
+        assert self._nursery is not None
+        decoded = decode_request(frame)
+        if isinstance(decoded, RequestError):
+            self._send_nowait_or_spawn(error_response(decoded.id, decoded.code, decoded.message))
+            return
+        if self._pending >= self.limits.max_pending:
+            self._send_nowait_or_spawn(
+                error_response(decoded.id, "overloaded", f"more than {self.limits.max_pending} requests in flight")
+            )
+            return
+        self._pending += 1
+        self._nursery.start_soon(self._serve, decoded)
+
+    def _send_nowait_or_spawn(self, message: dict[str, Any]) -> None:
+        assert self._nursery is not None
+        try:
+            self._out_send.send_nowait(message)
+        except trio.WouldBlock:
+            self._nursery.start_soon(self._out_send.send, message)
+
+    async def _writer(self) -> None:
+        async for message in self._out:
+            await self.websocket.send_message(json.dumps(message, separators=(",", ":")))
+
+    async def _serve(self, request: Request) -> None:
+        try:
+            result = await self._dispatch(request)
+        except SupervisorError as exc:
+            response = error_response(request.id, exc.code, str(exc))
+        except Exception as exc:
+            log.exception("gateway request %r failed", request)
+            response = error_response(request.id, "internal", f"{type(exc).__name__}: {exc}")
+        else:
+            if result is None:
+                return  # already answered (subscribe answers before its events)
+            response = ok_response(request.id, result)
+        finally:
+            self._pending -= 1
+        await self._out_send.send(response)
+
+    async def _dispatch(self, request: Request) -> dict[str, Any] | None:
+        payload = request.payload
+        action = request.action
+        sup = self.supervisor
+        if action == "agents.list":
+            return self.gateway._agents_result()
+        if action == "session.list":
+            return self.gateway._sessions_result()
+        if action == "session.start":
+            session = await sup.start_session(payload["agent"], cwd=payload.get("cwd"))
+            return {"session_id": session.id, "state": session.state}
+        session = sup.get(payload["session_id"])
+        if action == "session.subscribe":
+            await self._subscribe(request, session, payload.get("since_seq"))
+            return None
+        if action == "session.unsubscribe":
+            scope = self._subscriptions.pop(session.id, None)
+            if scope is not None:
+                scope.cancel()
+            return {}
+        if action == "agent.prompt":
+            turn = await session.prompt(payload["text"])
+            return {"turn_id": turn.id, "queued": turn.queued}
+        if action == "agent.cancel":
+            receipt = await session.cancel(turn_id=payload.get("task_id"), reason=payload.get("reason"))
+            return {**receipt_to_wire(receipt), "success": True}
+        if action == "permission.respond":
+            await session.respond_permission(
+                payload["request_id"], payload.get("option_id"), cancelled=bool(payload.get("cancelled"))
+            )
+            return {}
+        if action == "session.stop":
+            status = await sup.stop_session(session.id)
+            return {"exit_code": status.code if status is not None else None}
+        raise AssertionError(f"unhandled action {action}")  # decode_request knows every action
+
+    async def _subscribe(self, request: Request, session: Session, since_seq: int | None) -> None:
+        assert self._nursery is not None
+        previous = self._subscriptions.pop(session.id, None)
+        if previous is not None:
+            previous.cancel()
+        subscription = await session.open_subscription(
+            since_seq=since_seq, max_buffer=self.limits.subscription_buffer
+        )
+        scope = trio.CancelScope()
+        self._subscriptions[session.id] = scope
+        await self._out_send.send(
+            ok_response(request.id, {"last_seq": subscription.head_seq, "gap": subscription.gap})
+        )
+        self._nursery.start_soon(self._forward, session, subscription, scope)
+
+    async def _forward(self, session: Session, subscription: Subscription, scope: trio.CancelScope) -> None:
+        """Session events to this client, in order. Waiting here never slows the session:
+        if this client falls too far behind, the session cuts the subscription off."""
+        with scope:
+            try:
+                async for event in subscription:
+                    await self._out_send.send(event_to_wire(event))
+                notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
+                await self._out_send.send(
+                    {"event": notice, "session_id": session.id, "seq": None, "data": {"last_seq": subscription.last_seq}}
+                )
+            finally:
+                subscription.close()
+                if self._subscriptions.get(session.id) is scope:
+                    del self._subscriptions[session.id]
+
+
+class _ReplayStream(trio.abc.Stream):
+    """A stream that first yields bytes already read (the HTTP upgrade request)."""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._prefix:
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:size], self._prefix[size:]
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+_STATUSES = {status.value for status in HTTPStatus}
+
+_DENIED = {
+    "unauthorized": "a valid token is required (Authorization: Bearer T, or ?token=T)",
+    "forbidden": "requests from another origin (or for another host) are refused",
+}
+
+#: The page is self-contained: its own script and style, and a WebSocket back to us.
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_error(code: str, message: str) -> bytes:
+    return _json({"ok": False, "error": {"code": code, "message": message}})
+
+
+def _page(title: str, text: str) -> bytes:
+    return f"<!doctype html><meta charset=utf-8><title>{title}</title><p>{text}</p>".encode()
+
+
+def _static(name: str) -> bytes:
+    return importlib.resources.files("supervisor").joinpath("static", name).read_bytes()
+
+
+def _url_host(host: str) -> str:
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    return host
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1", "[::1]") or host.startswith("127.")
+

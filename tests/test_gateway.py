@@ -1,0 +1,288 @@
+"""The gateway over real loopback sockets, with in-memory agents, on the real clock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import ConnectionRejected, open_websocket_url
+
+from fakes.memory_agent import Behaviour, MemoryLauncher
+from supervisor import AgentSpec, open_supervisor
+from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
+from supervisor.gateway import Gateway, GatewayLimits
+
+BOUND = 20.0
+
+
+@asynccontextmanager
+async def gateway(
+    behaviour: Behaviour | None = None, limits: GatewayLimits | None = None, grace: float = 0.5
+) -> AsyncIterator[tuple[Gateway, str, MemoryLauncher]]:
+    launcher = MemoryLauncher(behaviour or Behaviour(words=400, word_interval=0.01))
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=grace)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+            async with trio.open_nursery() as nursery:
+                server = Gateway(sup, port=0, token="secret-token", limits=limits or GatewayLimits())
+                url = await nursery.start(server.serve)
+                yield server, url, launcher
+                nursery.cancel_scope.cancel()
+
+
+async def http(url: str, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, dict[str, Any] | str]:
+    """A minimal HTTP/1.1 client over a trio socket (one request, connection: close)."""
+    base = url.split("/?")[0]
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    lines = [f"{method} {path} HTTP/1.1", f"host: {host}:{port}", "connection: close", f"content-length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    await stream.aclose()
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode()
+
+
+async def start_and_subscribe(client: GatewayClient) -> str:
+    session_id: str = (await client.start_session("fake"))["session_id"]
+    return session_id
+
+
+async def next_event(events: trio.MemoryReceiveChannel[dict[str, Any]], kind: str) -> dict[str, Any]:
+    async for event in events:
+        if event["event"] == kind:
+            return event
+    raise AssertionError(f"no {kind} event")
+
+
+async def test_ready_url_and_http_routes() -> None:
+    async with gateway() as (server, url, _):
+        assert url.startswith("http://127.0.0.1:") and url.endswith("?token=secret-token")
+        status, body = await http(url, "GET", "/v1/sessions?token=secret-token")
+        assert (status, body) == (200, {"sessions": []})
+        status, body = await http(url, "GET", "/v1/sessions", {"authorization": "Bearer secret-token"})
+        assert status == 200
+        status, body = await http(url, "GET", "/v1/agents?token=secret-token")
+        assert status == 200 and isinstance(body, dict)
+        assert body["agents"] == [{"name": "fake", "protocol": "acp", "description": ""}]
+        status, body = await http(url, "GET", "/?token=secret-token")
+        assert status == 200 and "<html" in str(body).lower()
+        status, _ = await http(url, "GET", "/nope?token=secret-token")
+        assert status == 404
+
+
+@pytest.mark.parametrize(
+    "path,headers,expected",
+    [
+        ("/v1/sessions", {}, 401),
+        ("/v1/sessions?token=wrong", {}, 401),
+        ("/v1/sessions", {"authorization": "Bearer wrong"}, 401),
+        ("/v1/sessions?token=secret-token", {"origin": "http://evil.example"}, 403),
+        ("/?token=secret-token", {"origin": "http://evil.example"}, 403),
+        ("/", {}, 401),
+    ],
+)
+async def test_http_refuses_without_token_or_from_other_origin(path: str, headers: dict[str, str], expected: int) -> None:
+    async with gateway() as (_, url, _launcher):
+        status, _ = await http(url, "GET", path, headers)
+        assert status == expected
+
+
+async def test_websocket_needs_token_and_same_origin() -> None:
+    async with gateway() as (_, url, _launcher):
+        ws_url = websocket_url(url)
+        with pytest.raises(ConnectionRejected) as rejected:
+            async with open_websocket_url(ws_url.split("?")[0]):
+                pass
+        assert rejected.value.status_code == 401
+        with pytest.raises(ConnectionRejected) as rejected:
+            async with open_websocket_url(ws_url, extra_headers=[(b"origin", b"http://evil.example")]):
+                pass
+        assert rejected.value.status_code == 403
+        port = url.split(":")[2].split("/")[0]
+        same_origin = [(b"origin", f"http://127.0.0.1:{port}".encode())]
+        async with open_websocket_url(ws_url, extra_headers=same_origin) as ws:
+            await ws.send_message(json.dumps({"id": 1, "action": "session.list"}))
+            assert json.loads(await ws.get_message()) == {"id": 1, "ok": True, "result": {"sessions": []}}
+
+
+async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
+    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.05)) as (_, url, _l):
+        async with connect(url) as alice, connect(url) as bob:
+            assert [a["name"] for a in await alice.agents()] == ["fake"]
+            session_id = await start_and_subscribe(alice)
+            async with alice.subscribe(session_id) as alice_events, bob.subscribe(session_id) as bob_events:
+                turn = await alice.prompt(session_id, "hello")
+                assert turn == {"turn_id": "t1", "queued": False}
+                await next_event(alice_events, "message.delta")
+                receipt = await alice.cancel(session_id, reason="user")
+                assert receipt["success"] is True and receipt["outcome"] == "cancelled"
+                assert receipt["escalation"] == ["interrupt"] and receipt["turn_id"] == "t1"
+                # Bob sees the turn end, with the same receipt.
+                ended = await next_event(bob_events, "turn.ended")
+                assert ended["data"]["receipt"] == {k: v for k, v in receipt.items() if k != "success"}
+                [session] = await bob.sessions()
+                assert session == {"session_id": session_id, "agent": "fake", "state": "ready", "turn_id": None}
+
+
+async def test_events_are_in_order_with_contiguous_seq_and_replay() -> None:
+    async with gateway(Behaviour(words=20, word_interval=0.001)) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            seen: list[dict[str, Any]] = []
+            async with client.subscribe(session_id) as events:
+                await client.prompt(session_id, "hello")
+                async for event in events:
+                    seen.append(event)
+                    if event["event"] == "turn.ended":
+                        break
+            seqs = [e["seq"] for e in seen]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+            # Replay from the start: the same events again, from seq 1.
+            async with client.subscribe(session_id, since_seq=0) as replay:
+                replayed = [await replay.receive() for _ in range(seqs[-1])]
+            assert [e["seq"] for e in replayed] == list(range(1, seqs[-1] + 1))
+            assert replayed[-len(seen):] == seen
+
+
+async def test_two_clients_cancelling_at_once_get_the_same_receipt() -> None:
+    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.1)) as (_, url, _l):
+        async with connect(url) as alice, connect(url) as bob:
+            session_id = await start_and_subscribe(alice)
+            await alice.prompt(session_id, "hello")
+            receipts: list[dict[str, Any]] = []
+
+            async def cancel(client: GatewayClient) -> None:
+                receipts.append(await client.cancel(session_id))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel, alice)
+                nursery.start_soon(cancel, bob)
+            assert len(receipts) == 2 and receipts[0] == receipts[1]
+            assert receipts[0]["outcome"] == "cancelled"
+
+
+async def test_disconnecting_mid_cancel_does_not_abort_it() -> None:
+    # A wedged agent: the cancel takes the whole grace window and a kill.
+    async with gateway(Behaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5) as (_, url, launcher):
+        async with connect(url) as watcher:
+            session_id = await start_and_subscribe(watcher)
+            async with watcher.subscribe(session_id) as events:
+                async with connect(url) as leaver:
+                    await leaver.prompt(session_id, "hello")
+                    with trio.move_on_after(0.1):
+                        await leaver.cancel(session_id)  # gives up and disconnects
+                ended = await next_event(events, "turn.ended")
+                assert ended["data"]["outcome"] == "killed"
+                assert ended["data"]["receipt"]["resumed"] is True
+        assert launcher.kills and launcher.kills[0][1] == ["sigterm"]
+
+
+@pytest.mark.parametrize(
+    "frame,code",
+    [
+        ("not json", "bad_request"),
+        ("[1, 2]", "bad_request"),
+        ('{"id": 1}', "bad_request"),
+        ('{"id": 1, "action": "no.such"}', "unknown_action"),
+        ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": "s1"}}', "bad_request"),
+        ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": 5, "text": "x"}}', "bad_request"),
+        ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": "s404", "text": "x"}}', "session_not_found"),
+        ('{"id": 1, "action": "agent.cancel", "payload": {"session_id": "s404"}}', "session_not_found"),
+        ('{"id": 1, "action": "session.start", "payload": {"agent": "nope"}}', "bad_request"),
+        ('{"id": 1, "action": "permission.respond", "payload": {"session_id": "s1", "request_id": "r"}}', "bad_request"),
+        ('{"id": true, "action": "session.list"}', "bad_request"),
+    ],
+)
+async def test_bad_input_gets_an_error_and_the_connection_stays_usable(frame: str, code: str) -> None:
+    async with gateway() as (_, url, _l):
+        async with open_websocket_url(websocket_url(url)) as ws:
+            await ws.send_message(frame)
+            response = json.loads(await ws.get_message())
+            assert response["ok"] is False and response["error"]["code"] == code
+            await ws.send_message(json.dumps({"id": "after", "action": "session.list"}))
+            assert json.loads(await ws.get_message())["ok"] is True
+
+
+async def test_oversize_frame_is_too_large_and_connection_survives() -> None:
+    async with gateway() as (_, url, _l):
+        async with open_websocket_url(websocket_url(url), max_message_size=32 * 1024 * 1024) as ws:
+            await ws.send_message(json.dumps({"id": 1, "action": "session.list", "payload": {"x": "a" * 2_000_000}}))
+            response = json.loads(await ws.get_message())
+            assert response["error"]["code"] == "too_large"
+            await ws.send_message(json.dumps({"id": 2, "action": "session.list"}))
+            assert json.loads(await ws.get_message())["ok"] is True
+
+
+async def test_agent_not_running_after_stop() -> None:
+    async with gateway() as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            assert (await client.stop(session_id)) == {"exit_code": 0}
+            with pytest.raises(GatewayError) as error:
+                await client.prompt(session_id, "again")
+            assert error.value.code in ("agent_not_running", "session_not_found")
+
+
+async def test_http_abort_returns_the_receipt() -> None:
+    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.02)) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            status, body = await http(url, "POST", f"/v1/sessions/{session_id}/abort", {"authorization": "Bearer secret-token"})
+            assert status == 200 and isinstance(body, dict) and body["outcome"] == "no_active_turn"
+            await client.prompt(session_id, "hello")
+            status, body = await http(
+                url, "POST", f"/v1/sessions/{session_id}/abort?token=secret-token", body=b'{"reason": "curl"}'
+            )
+            assert status == 200 and isinstance(body, dict)
+            assert (body["outcome"], body["reason"], body["success"]) == ("cancelled", "curl", True)
+            status, body = await http(url, "POST", "/v1/sessions/s999/abort?token=secret-token")
+            assert status == 404 and isinstance(body, dict) and body["error"]["code"] == "session_not_found"
+
+
+async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> None:
+    limits = GatewayLimits()
+    limits.outgoing_buffer = 4
+    limits.subscription_buffer = 256
+    limits.send_buffer_bytes = 16 * 1024
+    # ~2 MB of events at 500/s; small socket buffers make the stalled reader felt quickly.
+    behaviour = Behaviour(words=1000, word_interval=0.002, pad=2000)
+    async with gateway(behaviour, limits=limits) as (_, url, _l):
+        async with connect(url) as fast:
+            session_id = await start_and_subscribe(fast)
+            # The slow client subscribes and then does not read at all.
+            async with open_websocket_url(websocket_url(url), message_queue_size=1) as slow:
+                await slow.send_message(json.dumps({"id": 1, "action": "session.subscribe", "payload": {"session_id": session_id}}))
+                seqs: list[int] = []
+                async with fast.subscribe(session_id) as events:
+                    turn = await fast.prompt(session_id, "stream")
+                    async for event in events:
+                        seqs.append(event["seq"])
+                        if event["event"] == "turn.ended" and event["data"]["turn_id"] == turn["turn_id"]:
+                            break
+                assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost for the fast one
+                # Now the slow one reads: it was cut off, told so, and can catch up by since_seq.
+                lagged = None
+                while lagged is None:
+                    message = json.loads(await slow.get_message())
+                    if message.get("event") == "subscription.lagged":
+                        lagged = message
+                last = lagged["data"]["last_seq"]
+                await slow.send_message(json.dumps({"id": 2, "action": "session.subscribe", "payload": {"session_id": session_id, "since_seq": last}}))
+                caught_up = []
+                while not caught_up or caught_up[-1] < seqs[-1]:
+                    message = json.loads(await slow.get_message())
+                    if "event" in message and message["event"] != "subscription.lagged":
+                        caught_up.append(message["seq"])
+                assert caught_up[0] == last + 1
