@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install typecheck demo clean
+.PHONY: run test install typecheck demo clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ demo: run
 typecheck: $(STAMP)
 	$(PY) -m mypy supervisor protocols
 
-test: $(STAMP)
+browser:
+	@sh scripts/ensure-chromium.sh
+
+test: $(STAMP) browser
 	$(PY) -m mypy supervisor protocols
 	$(PY) -m pytest -q
 
