@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 STDERR_TAIL_LINES = 50
 STDERR_LINE_CHARS = 2000
 _READ_SIZE = 65536
+#: An agent that closed its stdout gets this long to exit before it is killed (it can no longer
+#: say anything, so a turn could never end). Agents exit within ~50 ms of their stdout closing.
+STDOUT_EOF_GRACE_S = 2.0
 
 
 class ProcessLink(AgentLink):
@@ -103,6 +106,13 @@ class ProcessLink(AgentLink):
                     break
             with trio.move_on_after(1.0):
                 await self._stderr_done.wait()  # so the tail holds the last words
+            with trio.move_on_after(STDOUT_EOF_GRACE_S):
+                status = await self.process.wait()
+                await self._inbox.send(AgentGone(self.generation, status))
+                return
+            # Alive but mute: nothing it does can reach us any more, so it is as good as dead.
+            log.warning("agent %s closed stdout but kept running: killing it", self.process.pid)
+            await self.process.kill_tree(self._spec.kill_timeout_s)
             status = await self.process.wait()
             await self._inbox.send(AgentGone(self.generation, status))
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -20,6 +20,8 @@ break one turn and check that the next one works:
     Write one 50 MiB line to stdout before the reply.
 ``flood``
     Stream the words with no delay.
+``mute``
+    After three words, close stdout but keep running (a hung agent).
 ``fail``
     Answer the prompt with a JSON-RPC error after the reply.
 ``slow`` / ``fast``
@@ -187,6 +189,7 @@ class TurnPlan:
     huge: bool = False
     flood: bool = False
     fail: bool = False
+    mute: bool = False
 
 
 def _non_negative_float(text: str) -> float | None:
@@ -237,6 +240,8 @@ def parse_directives(text: str, options: Options) -> TurnPlan:
             plan.flood = True
         elif key == "fail":
             plan.fail = True
+        elif key == "mute":
+            plan.mute = True
         elif key == "slow":
             plan.delay = SLOW_DELAY
         elif key == "fast":
@@ -741,10 +746,15 @@ class DemoAgent:
                 {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": word}},
             )
             turn.reply_parts.append(word)
-            if plan.crash and index + 1 >= CRASH_AFTER_WORDS:
+            if (plan.crash or plan.mute) and index + 1 >= CRASH_AFTER_WORDS:
                 break
         if plan.crash:
             _crash()
+        if plan.mute:
+            log("closing stdout and hanging, as asked")
+            await self.stdout.aclose()
+            os.close(1)
+            await trio.sleep_forever()
 
     async def _write_huge(self) -> None:
         """Write one JSON line of about 50 MiB, in 1 MiB chunks."""
@@ -918,7 +928,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     parser = argparse.ArgumentParser(
         prog="python -m supervisor.demo_agent",
         description="Demo ACP v1 agent on stdio (no keys, no network). "
-        "Prompt directives: permission crash grandchildren garbage huge flood fail "
+        "Prompt directives: permission crash grandchildren garbage huge flood fail mute "
         "slow fast ignore-cancel words=N delay=S stop-delay=S.",
     )
     parser.add_argument("--words", type=int, default=defaults.words, help="words per reply (default 40)")

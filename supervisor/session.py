@@ -18,10 +18,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import attrs
-import outcome
 import trio
 from attrs import define, field, frozen
 
@@ -42,6 +41,8 @@ from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
 from supervisor.process import ExitStatus
 from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.reply import Reply
+from supervisor.subscription import Subscription
 from supervisor.wire import receipt_to_wire
 
 __all__ = ["Session", "SessionSummary", "Subscription", "TurnHandle"]
@@ -78,71 +79,44 @@ class SessionSummary:
     turn_id: str | None
 
 
-class _Reply(Generic[T]):
-    """A one-shot answer slot: the actor fills it once, the caller awaits it."""
-
-    def __init__(self) -> None:
-        self._send, self._receive = trio.open_memory_channel[outcome.Outcome[T]](1)
-        self.done = False
-
-    def resolve(self, value: T) -> None:
-        self._put(outcome.Value(value))
-
-    def fail(self, error: BaseException) -> None:
-        self._put(outcome.Error(error))
-
-    def _put(self, result: outcome.Outcome[T]) -> None:
-        if self.done:
-            return
-        self.done = True
-        try:
-            self._send.send_nowait(result)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the caller went away; the work was done anyway
-
-    async def wait(self) -> T:
-        result = await self._receive.receive()
-        return result.unwrap()
-
-
 # -- mailbox calls ---------------------------------------------------------------------------
 
 
 @frozen
 class _Prompt:
     text: str
-    reply: _Reply[TurnHandle]
+    reply: Reply[TurnHandle]
 
 
 @frozen
 class _Cancel:
     turn_id: str | None
     reason: str | None
-    reply: _Reply[CancelReceipt]
+    reply: Reply[CancelReceipt]
 
 
 @frozen
 class _RespondPermission:
     request_id: str
     option_id: str | None
-    reply: _Reply[None]
+    reply: Reply[None]
 
 
 @frozen
 class _Subscribe:
     since_seq: int | None
     max_buffer: int
-    reply: _Reply[Subscription]
+    reply: Reply[Subscription]
 
 
 @frozen
 class _WaitReady:
-    reply: _Reply[None]
+    reply: Reply[None]
 
 
 @frozen
 class _Stop:
-    reply: _Reply[ExitStatus | None]
+    reply: Reply[ExitStatus | None]
 
 
 _Call = _Prompt | _Cancel | _RespondPermission | _Subscribe | _WaitReady | _Stop
@@ -195,7 +169,7 @@ class _CancelJob:
     grace_s: float
     escalation: list[str] = field(factory=list)
     dropped: list[DroppedPrompt] = field(factory=list)
-    waiters: list[_Reply[CancelReceipt]] = field(factory=list)
+    waiters: list[Reply[CancelReceipt]] = field(factory=list)
     deadline: float | None = None
     outcome: str | None = None  # set once the turn is over
     stop_reason: str | None = None
@@ -215,50 +189,6 @@ class _Turn:
 class _Subscriber:
     send: trio.MemorySendChannel[ev.Event]
     subscription: Subscription
-
-
-class Subscription:
-    """Events of one session, in order, from one subscribe call.
-
-    If the subscriber falls more than its buffer behind, the session cuts it off: iteration
-    ends and :attr:`lagged` is true; subscribe again with ``since_seq=last_seq`` to catch up.
-    :attr:`gap` is true when history no longer reached back to the ``since_seq`` asked for.
-    """
-
-    def __init__(
-        self,
-        receive: trio.MemoryReceiveChannel[ev.Event],
-        *,
-        last_seq: int,
-        head_seq: int,
-        gap: bool,
-    ):
-        self._receive = receive
-        self.last_seq = last_seq
-        #: the session's newest seq when this subscription began
-        self.head_seq = head_seq
-        self.gap = gap
-        self.lagged = False
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> ev.Event:
-        try:
-            event = await self._receive.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-        self.last_seq = event.seq
-        return event
-
-    async def receive(self) -> ev.Event:
-        """The next event; raises ``trio.EndOfChannel`` when the session is done or cut us off."""
-        event = await self._receive.receive()
-        self.last_seq = event.seq
-        return event
-
-    def close(self) -> None:
-        self._receive.close()
 
 
 class Session:
@@ -296,8 +226,8 @@ class Session:
         self._seq = 0
         self._history: deque[ev.Event] = deque(maxlen=history_size)
         self._subscribers: list[_Subscriber] = []
-        self._ready_waiters: list[_Reply[None]] = []
-        self._stop_waiters: list[_Reply[ExitStatus | None]] = []
+        self._ready_waiters: list[Reply[None]] = []
+        self._stop_waiters: list[Reply[ExitStatus | None]] = []
         self._stopping = False
         self._start_deadline: float | None = None
         self._establishing = False  # between spawn and SessionEstablished
@@ -369,8 +299,8 @@ class Session:
             return self.exit_status
         return await self._call(_Stop)
 
-    async def _call(self, make: Callable[[_Reply[T]], _Call]) -> T:
-        reply: _Reply[T] = _Reply()
+    async def _call(self, make: Callable[[Reply[T]], _Call]) -> T:
+        reply: Reply[T] = Reply()
         try:
             self._mailbox_send.send_nowait(make(reply))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -610,7 +540,7 @@ class Session:
             self._subscribers.append(_Subscriber(send, subscription))
         return subscription
 
-    def _stop(self, reply: _Reply[ExitStatus | None]) -> None:
+    def _stop(self, reply: Reply[ExitStatus | None]) -> None:
         self._stop_waiters.append(reply)
         if self._stopping:
             return

@@ -224,3 +224,14 @@ async def test_leaving_open_supervisor_leaves_no_process(how: str, tmp_path: obj
     assert not outer.cancelled_caught or how == "outer_cancel"
     assert_all_gone(tree)
     assert tree_of_this_test() == []
+
+
+async def test_agent_closing_stdout_but_staying_alive_is_killed(tmp_path: object) -> None:
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        before = tree_of_this_test()
+        turn = await session.prompt("mute")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        assert_all_gone(before)
+        await session.wait_ready()
+        await second_prompt_completes(session, rec)
