@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 from collections import deque
 from typing import Any
 
+import psutil
 import trio
 
 from protocols import PROTOCOLS
@@ -22,8 +24,9 @@ from protocols.framing import LineDecoder, encode_message
 from supervisor.config import AgentSpec
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine
 from supervisor.process import AgentProcess, ExitStatus
+from supervisor.statefile import TREE_MARK_VARIABLE, StateFile
 
-__all__ = ["ProcessLink", "launch_process"]
+__all__ = ["ProcessLauncher", "ProcessLink", "launch_process"]
 
 log = logging.getLogger(__name__)
 
@@ -152,21 +155,54 @@ class ProcessLink(AgentLink):
         await self._inbox.send(AgentStderrLine(self.generation, line))
 
 
-async def launch_process(
-    spec: AgentSpec,
-    *,
-    cwd: str,
-    resume: str | None,
-    generation: int,
-    inbox: trio.MemorySendChannel[Any],
-    nursery: trio.Nursery,
-) -> AgentLink:
-    """The default :class:`supervisor.link.Launcher`: the agent under the containment shim."""
-    argv = PROTOCOLS[spec.protocol].command(spec.command, resume)
-    process = await AgentProcess.spawn(argv, env=spec.process_env(), cwd=cwd)
-    link = ProcessLink(process, spec, generation, inbox)
-    nursery.start_soon(_run_link, link)
-    return link
+class ProcessLauncher:
+    """The default :class:`supervisor.link.Launcher`: the agent under the containment shim.
+
+    With a :class:`StateFile`, every shim is recorded while it runs, so a supervisor that
+    starts after a crash can sweep what this one left behind.
+    """
+
+    def __init__(self, state: StateFile | None = None) -> None:
+        self.state = state
+
+    async def __call__(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        resume: str | None,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
+        nursery: trio.Nursery,
+    ) -> AgentLink:
+        argv = PROTOCOLS[spec.protocol].command(spec.command, resume)
+        env = spec.process_env()
+        mark = secrets.token_hex(8)
+        env[TREE_MARK_VARIABLE] = mark
+        process = await AgentProcess.spawn(argv, env=env, cwd=cwd)
+        if self.state is not None:
+            self.state.record(process.pid, _create_time(process.pid), mark, argv)
+        link = ProcessLink(process, spec, generation, inbox)
+        nursery.start_soon(self._run_link, link)
+        return link
+
+    async def _run_link(self, link: ProcessLink) -> None:
+        try:
+            await _run_link(link)
+        finally:
+            if self.state is not None:
+                self.state.forget(link.process.pid)
+
+
+#: A launcher without a state file, for embedding and tests.
+launch_process = ProcessLauncher()
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 async def _run_link(link: ProcessLink) -> None:

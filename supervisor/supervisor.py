@@ -13,15 +13,17 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from itertools import count
+from pathlib import Path
 
 import trio
 
-from supervisor.agent_link import launch_process
+from supervisor.agent_link import ProcessLauncher, launch_process
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.errors import BadRequest, SessionNotFound
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
 from supervisor.session import Session, SessionSummary
+from supervisor.statefile import StateFile, sweep_orphans
 
 __all__ = ["Supervisor", "open_supervisor"]
 
@@ -128,9 +130,28 @@ async def open_supervisor(
     *,
     agents: Mapping[str, AgentSpec] | None = None,
     config: str | os.PathLike[str] | None = None,
-    launcher: Launcher = launch_process,
+    launcher: Launcher | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
 ) -> AsyncIterator[Supervisor]:
-    """A supervisor whose sessions all end, with their process trees, when the block ends."""
+    """A supervisor whose sessions all end, with their process trees, when the block ends.
+
+    With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
+    left by a supervisor that crashed are killed first, and this one records its own.
+    """
+    state: StateFile | None = None
+    if launcher is None:
+        if state_dir is not None:
+            directory = Path(state_dir)
+            report = sweep_orphans(directory)
+            if report.killed:
+                log.warning(
+                    "swept %d agent process(es) left by %d crashed supervisor(s)",
+                    len(report.killed),
+                    report.files,
+                )
+            state = StateFile(directory)
+            state.open()
+        launcher = ProcessLauncher(state)
     if config is not None:
         from supervisor.config import load_agents
 
@@ -150,3 +171,6 @@ async def open_supervisor(
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise
+    finally:
+        if state is not None:
+            state.close()
