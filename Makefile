@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/agent-supervisor demo
+	$(VENV)/bin/agent-supervisor serve
 
-demo: run
+demo: $(STAMP)
+	$(VENV)/bin/agent-supervisor demo
 
 typecheck: $(STAMP)
 	$(PY) -m mypy supervisor protocols

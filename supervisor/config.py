@@ -105,13 +105,21 @@ class AgentSpec:
 
 def builtin_agents() -> dict[str, AgentSpec]:
     """Agents that work with no configuration file, no keys and no network."""
+    demo = (sys.executable, "-m", "supervisor.demo_agent")
     return {
         "demo": AgentSpec(
             name="demo",
             protocol="acp",
-            command=(sys.executable, "-m", "supervisor.demo_agent"),
+            command=demo,
             description="Built-in demo agent (ACP): streams a reply word by word; no keys needed",
-        )
+        ),
+        "demo-stubborn": AgentSpec(
+            name="demo-stubborn",
+            protocol="acp",
+            command=(*demo, "--ignore-cancel", "--words", "200"),
+            description="The demo agent ignoring the interrupt: Stop shows the grace window,"
+            " the kill, the respawn and the resumed session",
+        ),
     }
 
 

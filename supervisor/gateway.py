@@ -156,10 +156,10 @@ class Gateway:
             stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
         try:
             await self._serve_http(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
-            pass
-        except Exception:
-            log.exception("gateway connection failed")
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
+            pass  # the peer went away: nothing to report
+        except* Exception as group:
+            log.error("gateway connection failed", exc_info=group)
         finally:
             self._connections -= 1
             await trio.aclose_forcefully(stream)
@@ -318,8 +318,8 @@ class Gateway:
     def _agents_result(self) -> dict[str, Any]:
         return {
             "agents": [
-                {"name": a.name, "protocol": a.protocol, "description": a.description}
-                for a in self.supervisor.agents.values()
+                {"name": name, "protocol": a.protocol, "description": a.description}
+                for name, a in self.supervisor.agents.items()
             ]
         }
 
@@ -398,8 +398,11 @@ class _Client:
             self._nursery.start_soon(self._out_send.send, message)
 
     async def _writer(self) -> None:
-        async for message in self._out:
-            await self.websocket.send_message(json.dumps(message, separators=(",", ":")))
+        try:
+            async for message in self._out:
+                await self.websocket.send_message(json.dumps(message, separators=(",", ":")))
+        except ConnectionClosed:
+            pass  # the reader sees it too and ends the connection
 
     async def _serve(self, request: Request) -> None:
         try:

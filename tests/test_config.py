@@ -56,7 +56,7 @@ def config_error(tmp_path: Path, text: str) -> tuple[str, Path]:
 
 def test_valid_file(tmp_path: Path) -> None:
     agents = load_agents(write(tmp_path, VALID))
-    assert set(agents) == {"codex", "minimal", "demo"}
+    assert set(agents) == {"codex", "minimal", *builtin_agents()}
     codex = agents["codex"]
     assert codex == AgentSpec(
         name="codex",
@@ -123,7 +123,7 @@ def test_demo_is_built_in() -> None:
 def test_demo_can_be_overridden(tmp_path: Path) -> None:
     text = '[agents.demo]\nprotocol = "acp"\ncommand = ["my-demo", "--fast"]\ngrace_s = 0.25\n'
     agents = load_agents(write(tmp_path, text))
-    assert set(agents) == {"demo"}
+    assert set(agents) == set(builtin_agents())
     assert agents["demo"].command == ("my-demo", "--fast")
     assert agents["demo"].grace_s == 0.25
     assert builtin_agents()["demo"].command[0] == sys.executable, "the built-in is untouched"
@@ -242,7 +242,7 @@ def test_from_config_builtin() -> None:
 def test_from_config_unknown_lists_known_agents() -> None:
     with pytest.raises(ConfigError) as info:
         AgentSpec.from_config("nope")
-    assert str(info.value) == "no agent named 'nope' (known: demo)"
+    assert str(info.value) == "no agent named 'nope' (known: demo, demo-stubborn)"
 
 
 def test_from_config_with_a_file(tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_from_config_with_a_file(tmp_path: Path) -> None:
     assert AgentSpec.from_config("demo", path) == builtin_agents()["demo"]
     with pytest.raises(ConfigError) as info:
         AgentSpec.from_config("nope", path)
-    assert str(info.value) == f"no agent named 'nope' in {path} (known: codex, demo, minimal)"
+    assert str(info.value) == f"no agent named 'nope' in {path} (known: codex, demo, demo-stubborn, minimal)"
     with pytest.raises(ConfigError, match="no such configuration file"):
         AgentSpec.from_config("demo", tmp_path / "missing.toml")
 

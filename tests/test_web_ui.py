@@ -1,0 +1,346 @@
+"""The web UI end to end: the real gateway and demo agent, driven through headless Chromium.
+
+The gateway runs on trio in a background thread (its own ``trio.run``), Playwright's sync API
+drives the browser from the test thread; both on the real clock. Every wait is on a page
+condition (Playwright's ``expect``), never a sleep.
+
+Needs Debian's chromium (``scripts/ensure-chromium.sh``; another binary with
+``AGENT_SUPERVISOR_CHROMIUM=PATH``); without it the tests skip, unless
+``AGENT_SUPERVISOR_STRICT_SKIPS=1`` (CI), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+from supervisor.config import AgentSpec
+from supervisor.demo_agent import DEMO_WORDS
+from supervisor.gateway import Gateway
+from supervisor.supervisor import open_supervisor
+
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - reported by the browser fixture
+    sync_playwright = None  # type: ignore[assignment]
+
+pytestmark = pytest.mark.real_process
+
+TOKEN = "web-ui-test-token"
+CHROMIUM = os.environ.get("AGENT_SUPERVISOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = "/tmp/web-ui.png"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+#: Generous bound for one page condition; a healthy run meets each in well under a second,
+#: except the stubborn agent's kill (1 s grace, then respawn and resume).
+WAIT_MS = 15_000
+
+
+def words(n: int) -> list[str]:
+    """The first ``n`` words the demo agent streams."""
+    return [DEMO_WORDS[i % len(DEMO_WORDS)] for i in range(n)]
+
+
+# -- the gateway, in a thread of its own ---------------------------------------------------------
+
+
+class GatewayThread:
+    """``open_supervisor`` + ``Gateway`` under ``trio.run`` in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._started: queue.Queue[BaseException | None] = queue.Queue()
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        failure = self._started.get(timeout=30)
+        if failure is not None:
+            raise RuntimeError("the gateway did not start") from failure
+
+    def stop(self) -> None:
+        if self._trio_token is not None and self._stop is not None and self._thread.is_alive():
+            trio.from_thread.run_sync(self._stop.set, trio_token=self._trio_token)
+        self._thread.join(timeout=20)
+        assert not self._thread.is_alive(), "the gateway thread did not stop"
+        if not self._started.empty():
+            raise RuntimeError("the gateway failed while serving") from self._started.get()
+
+    def _run(self) -> None:
+        try:
+            trio.run(self._main)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+            self._started.put(exc)
+
+    async def _main(self) -> None:
+        self._trio_token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        demo = AgentSpec.from_config("demo")
+        agents = {
+            "demo": demo.with_args("--delay", "0.03"),
+            # The spec's own name is what agents.list reports, so it matches the key here.
+            "stubborn": demo.with_args("--delay", "0.03", "--ignore-cancel").with_options(
+                name="stubborn", grace_s=1.0
+            ),
+        }
+        async with open_supervisor(agents=agents) as sup, trio.open_nursery() as nursery:
+            server = Gateway(sup, port=0, token=TOKEN)
+            self.url = await nursery.start(server.serve)
+            self._started.put(None)
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    reason = None
+    if sync_playwright is None:
+        reason = "the playwright package is not installed"
+    elif not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        reason = f"chromium is not installed at {CHROMIUM} (run scripts/ensure-chromium.sh)"
+    if reason is not None:
+        if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
+            pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails instead of skipping")
+        pytest.skip(reason)
+    expect.set_options(timeout=WAIT_MS)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser: Browser) -> Iterator[GatewayThread]:
+    gateway = GatewayThread()
+    gateway.start()
+    yield gateway
+    gateway.stop()
+
+
+def watch_for_problems(page: Page, problems: list[str]) -> None:
+    """Uncaught exceptions and console errors (CSP violations among them) fail the test."""
+    page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    page.on("console", lambda message: problems.append(f"console: {message.text}") if message.type == "error" else None)
+
+
+@pytest.fixture
+def page(browser: Browser, server: GatewayThread) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    problems: list[str] = []
+    watch_for_problems(page, problems)
+    page.problems = problems  # type: ignore[attr-defined]
+    yield page
+    context.close()
+    assert problems == [], problems
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def open_app(page: Page, server: GatewayThread) -> None:
+    response = page.goto(server.url)
+    assert response is not None and response.status == 200
+    assert "connect-src 'self'" in response.headers["content-security-policy"]
+    expect(page.get_by_test_id("connection")).to_have_text("Connected")
+
+
+def start_session(page: Page, agent: str) -> str:
+    page.get_by_test_id("agent-select").select_option(agent)
+    page.get_by_test_id("start-session").click()
+    expect(page.get_by_test_id("status")).to_have_text("ready")
+    expect(page.locator("[data-testid=session-item][aria-current=true]")).to_contain_text(agent)
+    session_id: str = page.evaluate("window.__agentSupervisorTestHooks.info().sessionId")
+    return session_id
+
+
+def send(page: Page, text: str) -> None:
+    prompt = page.get_by_test_id("prompt")
+    expect(prompt).to_be_enabled()
+    prompt.fill(text)
+    prompt.press("Enter")
+    expect(prompt).to_have_value("")
+
+
+def turn(page: Page, index: int) -> Any:
+    return page.get_by_test_id("turn").nth(index)
+
+
+def assistant_words(page: Page, index: int) -> list[str]:
+    texts = turn(page, index).get_by_test_id("assistant-message").all_text_contents()
+    return " ".join(texts).split()
+
+
+def expect_completed(page: Page, index: int, n_words: int) -> None:
+    expect(turn(page, index).get_by_test_id("turn-outcome")).to_contain_text("Completed")
+    assert assistant_words(page, index) == words(n_words)
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+
+def test_stop_mid_stream_then_prompt_again(page: Page, server: GatewayThread) -> None:
+    open_app(page, server)
+    session_id = start_session(page, "demo")
+    stop = page.get_by_test_id("stop")
+    expect(stop).to_be_hidden()
+    # A second tab watches the same session: it sees the turn and the other tab's receipt.
+    observer = page.context.new_page()
+    watch_for_problems(observer, page.problems)  # type: ignore[attr-defined]
+    open_app(observer, server)
+    observer.locator(f"[data-testid=session-item][data-session-id={session_id}]").click()
+    expect(observer.get_by_test_id("status")).to_have_text("ready")
+    send(page, "tell me a long story words=400")
+    expect(stop).to_be_visible()
+    expect(observer.get_by_test_id("stop")).to_be_visible()
+    expect(page.get_by_test_id("status")).to_have_text("running")
+    expect(turn(page, 0).get_by_test_id("user-message")).to_have_text("tell me a long story words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    stop.click()
+    expect(page.get_by_test_id("receipt")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
+    expect(stop).to_be_hidden()
+    expect(page.get_by_test_id("prompt")).to_be_enabled()
+    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
+    streamed = assistant_words(page, 0)
+    assert 4 <= len(streamed) < 400 and streamed == words(len(streamed))
+    expect(page.get_by_test_id("status")).to_have_text("ready")
+    expect(observer.get_by_test_id("receipt")).to_have_text(page.get_by_test_id("receipt").inner_text())
+    expect(observer.get_by_test_id("stop")).to_be_hidden()
+    assert turn(observer, 0).get_by_test_id("assistant-message").text_content() == (
+        turn(page, 0).get_by_test_id("assistant-message").text_content()
+    )
+    observer.close()
+
+    send(page, "and now a short one words=6")
+    expect_completed(page, 1, 6)
+    expect(stop).to_be_hidden()
+    expect(page.get_by_test_id("status")).to_have_text("ready")
+
+
+def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThread) -> None:
+    open_app(page, server)
+    start_session(page, "stubborn")
+    send(page, "ignore my stop words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    stop = page.get_by_test_id("stop")
+    stop.click()
+    # Terminate-then-respond: the cancel is in flight for the whole 1 s grace, then the kill.
+    expect(stop).to_contain_text("Stopping…")
+    expect(stop.locator(".spinner")).to_be_visible()
+    expect(stop).to_be_disabled()
+    expect(page.get_by_test_id("prompt")).to_be_disabled()
+    expect(page.get_by_test_id("receipt")).to_have_text("Killed after 1.0 s grace, session resumed")
+    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text("Killed after 1.0 s grace, session resumed")
+    expect(stop).to_be_hidden()
+    expect(page.get_by_test_id("prompt")).to_be_enabled()
+    expect(page.get_by_test_id("status")).to_have_text("ready")
+
+    send(page, "are you back words=6")
+    expect_completed(page, 1, 6)
+
+
+def test_permission_allow_then_a_cancel_resolves_the_card(page: Page, server: GatewayThread) -> None:
+    open_app(page, server)
+    start_session(page, "demo")
+    send(page, "run it with permission words=40")
+    card = turn(page, 0).get_by_test_id("permission")
+    expect(card).to_contain_text("Run `echo hello`")
+    tool = turn(page, 0).get_by_test_id("tool-call")
+    expect(tool.locator(".status")).to_have_text("pending")
+    allow = card.locator("[data-testid=permission-option][data-option-kind=allow_once]")
+    expect(allow).to_have_text("Allow once")
+    expect(card.locator("[data-testid=permission-option][data-option-kind=reject_once]")).to_have_text("Reject")
+    allow.click()
+    expect(card.get_by_test_id("permission-outcome")).to_have_text("✓ Allow once")
+    for button in card.get_by_test_id("permission-option").all():
+        expect(button).to_be_disabled()
+    expect(tool.locator(".status")).to_have_text("completed")
+    expect(tool).to_contain_text("hello")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I need no keys")
+    expect(page.get_by_test_id("stop")).to_be_visible()
+    page.screenshot(path=SCREENSHOT)  # mid-turn: thought, plan, tool, answered card, streaming
+    expect_completed(page, 0, 40)
+
+    # A stop while a permission is pending: the supervisor answers it, the card says so.
+    send(page, "permission again")
+    card = turn(page, 1).get_by_test_id("permission")
+    expect(card.get_by_test_id("permission-option").first).to_be_enabled()
+    page.get_by_test_id("stop").click()
+    expect(card.get_by_test_id("permission-outcome")).to_have_text(re.compile("Cancelled by the supervisor"))
+    for button in card.get_by_test_id("permission-option").all():
+        expect(button).to_be_disabled()
+    expect(page.get_by_test_id("receipt")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
+    expect(page.get_by_test_id("prompt")).to_be_enabled()
+
+
+def test_reconnect_replays_missed_events_without_duplicates(page: Page, server: GatewayThread) -> None:
+    sent: list[list[dict[str, Any]]] = []  # the frames the page sent, per WebSocket
+
+    def on_websocket(ws: Any) -> None:
+        frames: list[dict[str, Any]] = []
+        sent.append(frames)
+        ws.on("framesent", lambda payload: frames.append(json.loads(payload)))
+
+    page.on("websocket", on_websocket)
+    open_app(page, server)
+    session_id = start_session(page, "demo")
+    send(page, "stream while I drop words=60")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo")
+    page.evaluate("window.__agentSupervisorTestHooks.dropConnection()")
+    # The turn goes on while the page is away; it reconnects and asks for what it missed.
+    connection = page.get_by_test_id("connection")
+    expect(connection).to_have_attribute("data-connects", "2")
+    expect(connection).to_have_text("Connected")
+    # A replay of everything from seq 0 must not show anything twice either.
+    page.evaluate("window.__agentSupervisorTestHooks.resubscribe(0)")
+    expect_completed(page, 0, 60)
+    one_turn = turn(page, 0)
+    expect(one_turn.get_by_test_id("assistant-message")).to_have_count(1)
+    expect(one_turn.get_by_test_id("user-message")).to_have_count(1)
+    expect(one_turn.get_by_test_id("thought")).to_have_count(1)
+    expect(one_turn.get_by_test_id("plan")).to_have_count(1)
+    expect(page.get_by_test_id("turn")).to_have_count(1)
+    expect(page.get_by_test_id("stop")).to_be_hidden()
+    info = page.evaluate("window.__agentSupervisorTestHooks.info()")
+    assert info["connected"] and info["runningTurn"] is None and info["state"] == "ready"
+    # The new socket resumed from the last seq the page had seen, not from scratch.
+    assert len(sent) == 2
+    resumed = next(f["payload"] for f in sent[1] if f["action"] == "session.subscribe")
+    assert resumed["session_id"] == session_id and 0 < resumed["since_seq"] < info["lastSeq"]
+
+    # Cut off for lagging: the page resubscribes from its last seq.
+    lagged = {"event": "subscription.lagged", "session_id": session_id, "seq": None, "data": {"last_seq": info["lastSeq"]}}
+    page.evaluate("message => window.__agentSupervisorTestHooks.inject(message)", lagged)
+    send(page, "after the drop words=5")
+    expect_completed(page, 1, 5)
+    subscribes = [f["payload"] for f in sent[1] if f["action"] == "session.subscribe"]
+    assert {"session_id": session_id, "since_seq": info["lastSeq"]} in subscribes
+    expect(page.get_by_test_id("assistant-message")).to_have_count(2)
+
+
+def test_without_a_token_the_page_asks_for_one(page: Page, server: GatewayThread) -> None:
+    base = server.url.split("?")[0]
+    for url in (base, base + "?token=wrong"):
+        response = page.goto(url)
+        assert response is not None and response.status == 401
+        expect(page).to_have_title("Token needed")
+        expect(page.locator("body")).to_contain_text("?token=")
+    page.problems.clear()  # type: ignore[attr-defined]  # the 401s are logged as console errors
