@@ -58,7 +58,9 @@ CLIENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version
 
 #: ``turn/interrupt`` against a turn that is not the active one (turn_processor.rs). The
 #: ``turn/steer`` variant wraps both ids in backticks; accept either.
-_STALE_TURN = re.compile(r"expected active turn id `?(?P<sent>[^`\s]+)`? but found `?(?P<found>[^`\s]+)`?")
+_STALE_TURN = re.compile(
+    r"expected active turn id `?(?P<sent>[^`\s]+)`? but found `?(?P<found>[^`\s]+)`?"
+)
 _NO_ACTIVE_TURN = "no active turn to interrupt"
 
 #: The decisions an approval can be answered with; they are also the permission option ids.
@@ -126,7 +128,11 @@ _INFO_NOTIFICATIONS = frozenset(
 _MESSAGE_DELTAS = frozenset({"item/agentMessage/delta"})
 _THOUGHT_DELTAS = frozenset({"item/reasoning/summaryTextDelta", "item/reasoning/textDelta"})
 _TOOL_PROGRESS = frozenset(
-    {"item/commandExecution/outputDelta", "item/fileChange/outputDelta", "item/mcpToolCall/progress"}
+    {
+        "item/commandExecution/outputDelta",
+        "item/fileChange/outputDelta",
+        "item/mcpToolCall/progress",
+    }
 )
 #: Items whose content reaches subscribers otherwise: as deltas, or as the prompt itself.
 _CONTENT_ITEMS = frozenset({"agentMessage", "reasoning", "userMessage", "hookPrompt", "plan"})
@@ -365,13 +371,16 @@ class CodexClient(AgentProtocol):
         if turn is None or turn.turn_id != response.context.turn_id:
             return Step()
         if response.error is not None:
-            return self._end(turn, TurnFinished(turn.turn_id, None, error=response.error.describe()))
+            return self._end(
+                turn, TurnFinished(turn.turn_id, None, error=response.error.describe())
+            )
         result = response.result if isinstance(response.result, dict) else {}
         codex_turn = result.get("turn")
         codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
         if not isinstance(codex_id, str):
             return self._end(
-                turn, TurnFinished(turn.turn_id, None, error="turn/start answered without a turn id")
+                turn,
+                TurnFinished(turn.turn_id, None, error="turn/start answered without a turn id"),
             )
         turn.codex_id = codex_id
         early = turn.early_ends.pop(codex_id, None)
@@ -440,6 +449,8 @@ class CodexClient(AgentProtocol):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         codex_id: str = codex_turn["id"]
         turn = self._turn
+        if turn is not None and turn.finishing is not None and turn.owns(codex_id):
+            return Step()  # a duplicate while the terminals are being cleaned
         if turn is not None and turn.finishing is None:
             if turn.codex_id is None:
                 # Our turn/start reply is still on its way; this may be its turn.
@@ -474,7 +485,9 @@ class CodexClient(AgentProtocol):
             # The interrupt leaves background terminals running (edge case 13).
             turn.finishing = finished
             _, message = self._rpc.request(
-                "thread/backgroundTerminals/clean", {"threadId": self._thread_id}, _Sent(turn.turn_id)
+                "thread/backgroundTerminals/clean",
+                {"threadId": self._thread_id},
+                _Sent(turn.turn_id),
             )
             return Step(send=[message])
         return self._end(turn, finished)
@@ -508,7 +521,11 @@ class CodexClient(AgentProtocol):
             # Request ids are per connection: a retraction is ours whatever its thread.
             return self._on_request_resolved(params)
         thread_id = params.get("threadId")
-        if self._thread_id is not None and isinstance(thread_id, str) and thread_id != self._thread_id:
+        if (
+            self._thread_id is not None
+            and isinstance(thread_id, str)
+            and thread_id != self._thread_id
+        ):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         turn_id = self._turn.turn_id if self._turn is not None else None
         event: ev.Event
@@ -581,7 +598,9 @@ class CodexClient(AgentProtocol):
         if answer is not None:
             return self._hold_approval(request, answer, params)
         if request.method == "mcpServer/elicitation/request":
-            return Step(send=[self._rpc.respond(request.id, {"action": "decline", "content": None})])
+            return Step(
+                send=[self._rpc.respond(request.id, {"action": "decline", "content": None})]
+            )
         reply = self._rpc.respond_error(
             request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"
         )
@@ -735,8 +754,6 @@ def _approval_title(method: str, params: dict[str, Any]) -> str:
         if text:
             return text
     return method
-
-
 
 
 def _offered_decisions(available: Any) -> list[str]:

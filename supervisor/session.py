@@ -630,7 +630,14 @@ class Session:
             return
         job = turn.cancel
         if job is None:
-            outcome_ = "failed" if finished.error is not None else "completed"
+            # Nobody here asked it to stop; but a person may have stopped it inside the agent
+            # (Codex's "decline and stop the turn"), and then the agent says so.
+            if finished.error is not None:
+                outcome_ = "failed"
+            elif finished.interrupted is True:
+                outcome_ = "cancelled"
+            else:
+                outcome_ = "completed"
             self._end_turn(turn, outcome_, finished.stop_reason, error=finished.error)
             self._set_state("ready")
             self._start_next()

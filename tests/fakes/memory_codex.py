@@ -1,0 +1,318 @@
+"""An in-memory ``codex app-server`` for actor tests on virtual time.
+
+The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
+``MemoryLauncher``/``MemoryLink`` machinery (a kill is a cancel scope, every delay is virtual),
+but speaks the Codex app-server protocol as ``shared/protocols.md`` section 2 describes it:
+no ``"jsonrpc"`` member, server request ids from 0 (colliding with the client's), the
+``turn/start`` reply naming the turn before ``turn/started``, ``turn/interrupt`` answered ``{}``
+only when the turn aborts and rejected at once for a stale id or before the turn runs,
+approvals retracted with ``serverRequest/resolved`` at the turn's end.
+
+Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (ignore
+``turn/interrupt``: never answered, never stops), ``stop-delay=S``, ``words=N``, ``interval=S``,
+``reply-delay=S`` (the turn/start reply this late), ``started-delay=S`` (turn/started this long
+after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import trio
+from attrs import define, field
+
+from fakes.memory_agent import MemoryLauncher, MemoryLink, Store
+from supervisor.config import AgentSpec
+from supervisor.link import AgentLink
+
+
+@define
+class CodexBehaviour:
+    words: int = 10
+    word_interval: float = 0.1
+    stop_delay: float | None = 0.0  # None: wedged, turn/interrupt is neither answered nor obeyed
+    reply_delay: float = 0.0
+    started_delay: float = 0.0
+    stale: bool = False
+    approval: bool = False
+    lost_threads: bool = False  # thread/resume fails: the rollout is gone
+    clean_delay: float = 0.0
+    start_delay: float = 0.0
+    # read by MemoryLink.kill
+    ignores_sigterm: bool = False
+    kill_time: float = 0.0
+
+    def for_prompt(self, text: str) -> CodexBehaviour:
+        changes: dict[str, Any] = {}
+        for token in text.split():
+            key, _, value = token.partition("=")
+            if key == "wedged":
+                changes["stop_delay"] = None
+            elif key == "stop-delay":
+                changes["stop_delay"] = float(value)
+            elif key == "words":
+                changes["words"] = int(value)
+            elif key == "interval":
+                changes["word_interval"] = float(value)
+            elif key == "reply-delay":
+                changes["reply_delay"] = float(value)
+            elif key == "started-delay":
+                changes["started_delay"] = float(value)
+            elif key in ("stale", "approval"):
+                changes[key] = True
+        return attrs.evolve(self, **changes)
+
+
+@define
+class _RunningTurn:
+    real_id: str
+    behaviour: CodexBehaviour
+    scope: trio.CancelScope = field(factory=trio.CancelScope)
+    interrupts: list[Any] = field(factory=list)  # turn/interrupt ids answered {} at the end
+    requests: list[int] = field(factory=list)  # server requests retracted at the end
+    decided_cancel: bool = False
+
+
+class MemoryCodexLauncher(MemoryLauncher):
+    """A ``Launcher`` that starts :class:`FakeCodexServer` tasks; records what happened."""
+
+    def __init__(self, behaviour: CodexBehaviour | None = None, *, kill_timeout: float = 1.0):
+        super().__init__(None, kill_timeout=kill_timeout)
+        self.behaviour = behaviour or CodexBehaviour()  # type: ignore[assignment]
+        self.servers: list[FakeCodexServer] = []
+        #: protocol rules the client broke (a "jsonrpc" member, requests before initialized)
+        self.violations: list[str] = []
+
+    async def __call__(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        resume: str | None,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
+        nursery: trio.Nursery,
+    ) -> AgentLink:
+        link = MemoryLink(self, generation, inbox)
+        server = FakeCodexServer(link, self.behaviour, self.store, self)  # type: ignore[arg-type]
+        self.links.append(link)
+        self.servers.append(server)
+        nursery.start_soon(server.run)
+        return link
+
+    def sent(self, method: str, generation: int | None = None) -> list[dict[str, Any]]:
+        """Our messages with ``method``, to every server or to one generation."""
+        return [
+            m
+            for kind, gen, m in self.log
+            if kind == "to_agent"
+            and m.get("method") == method
+            and (generation is None or gen == generation)
+        ]
+
+
+class FakeCodexServer:
+    def __init__(
+        self,
+        link: MemoryLink,
+        behaviour: CodexBehaviour,
+        store: Store,
+        launcher: MemoryCodexLauncher,
+    ):
+        self.link = link
+        self.behaviour = behaviour
+        self.store = store
+        self.launcher = launcher
+        self.initialized = False
+        self.experimental = False
+        self.thread_id: str | None = None
+        self.active: _RunningTurn | None = None  # the turn Codex considers running
+        self.next_request = 0
+        self.answers: dict[Any, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self.turns: list[str] = []
+        self.cleaned = 0
+
+    async def run(self) -> None:
+        with self.link.scope:
+            async with trio.open_nursery() as nursery:
+                if self.behaviour.start_delay:
+                    await trio.sleep(self.behaviour.start_delay)
+                async for message in self.link.to_agent:
+                    await self.handle(message, nursery)
+
+    async def reply(self, request_id: Any, result: Any) -> None:
+        await self.link.post({"id": request_id, "result": result})
+
+    async def error(self, request_id: Any, code: int, message: str) -> None:
+        await self.link.post({"id": request_id, "error": {"code": code, "message": message}})
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        await self.link.post({"method": method, "params": params})
+
+    async def handle(self, message: dict[str, Any], nursery: trio.Nursery) -> None:
+        if "jsonrpc" in message:
+            self.launcher.violations.append(f"jsonrpc member in {message}")
+        method = message.get("method")
+        params = message.get("params") or {}
+        request_id = message.get("id")
+        if method is None:  # the client answers one of our requests
+            answer = self.answers.pop(request_id, None)
+            if answer is not None:
+                answer.send_nowait(message)
+            return  # after a turn transition a late answer is simply dropped
+        if method == "initialize":
+            self.experimental = bool(params.get("capabilities", {}).get("experimentalApi"))
+            await self.reply(
+                request_id,
+                {
+                    "userAgent": "fake/0",
+                    "codexHome": "/h",
+                    "platformFamily": "unix",
+                    "platformOs": "linux",
+                },
+            )
+        elif method == "initialized":
+            self.initialized = True
+        elif not self.initialized:
+            self.launcher.violations.append(f"{method} before initialized")
+            await self.error(request_id, -32600, "Not initialized")
+        elif method == "thread/start":
+            self.store.counter += 1
+            self.thread_id = f"thr_{self.store.counter}"
+            self.store.sessions[self.thread_id] = []
+            await self.reply(
+                request_id, {"thread": {"id": self.thread_id}, "cwd": params.get("cwd")}
+            )
+            await self.notify("thread/started", {"thread": {"id": self.thread_id}})
+        elif method == "thread/resume":
+            thread_id = params.get("threadId")
+            if self.behaviour.lost_threads or thread_id not in self.store.sessions:
+                await self.error(request_id, -32600, f"no rollout found for thread id {thread_id}")
+                return
+            self.thread_id = thread_id
+            await self.reply(request_id, {"thread": {"id": thread_id}})
+        elif method == "turn/start":
+            text = "".join(part.get("text", "") for part in params.get("input", []))
+            self.turns.append(text)
+            assert self.thread_id is not None and params.get("threadId") == self.thread_id
+            self.store.sessions[self.thread_id].append(text)
+            nursery.start_soon(self.turn, request_id, self.behaviour.for_prompt(text))
+        elif method == "turn/interrupt":
+            await self.interrupt(request_id, params.get("turnId"), nursery)
+        elif method == "thread/backgroundTerminals/clean":
+            if not self.experimental:
+                await self.error(
+                    request_id, -32600, f"{method} requires experimentalApi capability"
+                )
+                return
+            await trio.sleep(self.behaviour.clean_delay)
+            self.cleaned += 1
+            await self.reply(request_id, {})
+        elif request_id is not None:
+            await self.error(request_id, -32601, f"Method not found: {method}")
+
+    async def interrupt(self, request_id: Any, turn_id: Any, nursery: trio.Nursery) -> None:
+        active = self.active
+        if active is None:
+            await self.error(request_id, -32600, "no active turn to interrupt")
+        elif turn_id != active.real_id:
+            await self.error(
+                request_id, -32600, f"expected active turn id {turn_id} but found {active.real_id}"
+            )
+        elif active.behaviour.stop_delay is None:
+            pass  # wedged: queued forever, like openai/codex#36926
+        else:
+            active.interrupts.append(request_id)
+            nursery.start_soon(self._stop_after, active, active.behaviour.stop_delay)
+
+    async def _stop_after(self, turn: _RunningTurn, delay: float) -> None:
+        await trio.sleep(delay)
+        turn.scope.cancel()
+
+    async def turn(self, request_id: Any, behaviour: CodexBehaviour) -> None:
+        self.store.counter += 1
+        real_id = f"turn_{self.store.counter}"
+        named = f"phantom_{self.store.counter}" if behaviour.stale else real_id
+        running = _RunningTurn(real_id, behaviour)
+        await trio.sleep(behaviour.reply_delay)
+        if not behaviour.started_delay:
+            self.active = running  # running before the client can read the reply
+        await self.reply(
+            request_id, {"turn": {"id": named, "status": "inProgress", "items": [], "error": None}}
+        )
+        ids = {"threadId": self.thread_id, "turnId": real_id}
+        status = "completed"
+        with running.scope:
+            if behaviour.started_delay:
+                await trio.sleep(behaviour.started_delay)
+                self.active = running
+            await self.notify(
+                "turn/started",
+                {"threadId": self.thread_id, "turn": {"id": real_id, "status": "inProgress"}},
+            )
+            for index in range(behaviour.words):
+                if behaviour.approval and index == 1:
+                    decision = await self.ask_approval(running, ids)
+                    if decision == "cancel":  # "the turn will also be immediately interrupted"
+                        status = "interrupted"
+                        break
+                await self.notify(
+                    "item/agentMessage/delta", {**ids, "itemId": "msg_1", "delta": f"w{index} "}
+                )
+                await trio.sleep(behaviour.word_interval)
+        if running.scope.cancelled_caught:
+            status = "interrupted"
+        # The abort as turn_processor.rs orders it: retract pending requests, answer every
+        # pending interrupt, then turn/completed.
+        self.active = None
+        for pending in running.requests:
+            if self.answers.pop(pending, None) is not None:
+                await self.notify(
+                    "serverRequest/resolved", {"threadId": self.thread_id, "requestId": pending}
+                )
+        for interrupt_id in running.interrupts:
+            await self.reply(interrupt_id, {})
+        await self.notify(
+            "turn/completed",
+            {
+                "threadId": self.thread_id,
+                "turn": {"id": real_id, "status": status, "items": [], "error": None},
+            },
+        )
+
+    async def ask_approval(self, running: _RunningTurn, ids: dict[str, Any]) -> str:
+        request_id = self.next_request
+        self.next_request += 1
+        send, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
+        self.answers[request_id] = send
+        running.requests.append(request_id)
+        item = {
+            "id": "call_1",
+            "type": "commandExecution",
+            "command": "rm -rf build",
+            "status": "inProgress",
+        }
+        await self.notify("item/started", {**ids, "item": item})
+        await self.link.post(
+            {
+                "id": request_id,
+                "method": "item/commandExecution/requestApproval",
+                "params": {
+                    **ids,
+                    "itemId": "call_1",
+                    "command": "rm -rf build",
+                    "cwd": "/",
+                    "reason": "cleanup",
+                },
+            }
+        )
+        answer = await receive.receive()
+        decision = str(answer.get("result", {}).get("decision"))
+        await self.notify(
+            "serverRequest/resolved", {"threadId": self.thread_id, "requestId": request_id}
+        )
+        done = "completed" if decision.startswith("accept") else "declined"
+        await self.notify("item/completed", {**ids, "item": {**item, "status": done}})
+        return decision

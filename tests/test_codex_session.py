@@ -1,0 +1,339 @@
+"""Tier 2: the unchanged session actor driving the Codex machine, on virtual time.
+
+The scenario table of ``test_session_cancel.py`` against an in-memory ``codex app-server``
+(``fakes/memory_codex.py``), with exact virtual times: a cooperative server's receipt arrives
+exactly when it stops (the background-terminal clean included), a wedged one's exactly at cancel
+time + grace, after which the new process resumes the thread with ``thread/resume``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentSpec, Session, open_supervisor
+
+GRACE = 2.0
+CLEANED = {"background_terminals": "cleaned"}
+
+
+def codex_spec() -> AgentSpec:
+    return AgentSpec(name="codex", protocol="codex", command=["codex", "app-server"], grace_s=GRACE)
+
+
+@asynccontextmanager
+async def running(
+    behaviour: CodexBehaviour | None = None,
+) -> AsyncIterator[tuple[Session, MemoryCodexLauncher, Recorder]]:
+    launcher = MemoryCodexLauncher(behaviour)
+    async with open_supervisor(agents={"codex": codex_spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("codex", cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+    assert launcher.violations == []
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def interrupted_ids(launcher: MemoryCodexLauncher) -> list[str]:
+    return [m["params"]["turnId"] for m in launcher.sent("turn/interrupt")]
+
+
+async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(CodexBehaviour(words=5, word_interval=0.1)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason, ended.receipt) == ("completed", "completed", None)
+        deltas = [e for e in rec.of_kind("message.delta") if isinstance(e, ev.MessageDelta)]
+        assert [e.text for e in deltas] == [f"w{i} " for i in range(5)]
+        assert all(e.turn_id == turn.id for e in deltas)
+        assert launcher.sent_methods() == [
+            "initialize",
+            "initialized",
+            "thread/start",
+            "turn/start",
+        ]
+        assert session.state == "ready"
+
+
+async def test_cooperative_cancel_receipt_at_server_stop_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(CodexBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        t0 = trio.current_time()
+        receipt = await session.cancel(reason="user")
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "interrupted"
+        assert receipt.details == CLEANED
+        assert receipt.elapsed_ms == pytest.approx(50.0)
+        assert session.state == "ready"  # terminate-then-respond
+        [ended] = rec.of_kind("turn.ended")
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "cancelled"
+        assert ended.receipt is not None and ended.receipt["details"] == CLEANED
+        assert interrupted_ids(launcher) == ["turn_2"]  # thr_1 took counter 1
+        assert launcher.servers[0].cleaned == 1
+        assert len(launcher.links) == 1  # nothing was killed
+
+
+async def test_turn_end_waits_for_background_terminal_clean(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=100, stop_delay=0.05, clean_delay=0.3)
+    async with running(behaviour) as (session, _, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() - t0 == pytest.approx(0.35)
+        await rec.catch_up()
+        assert receipt.outcome == "cancelled" and receipt.details == CLEANED
+
+
+async def test_wedged_server_killed_exactly_at_grace_and_thread_resumed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(CodexBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=2)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True and session.state == "ready"
+        # One interrupt, never repeated while it hung (edge case 9); the new process resumed
+        # the same thread.
+        assert len(launcher.sent("turn/interrupt")) == 1
+        thread = launcher.servers[0].thread_id
+        [resume] = launcher.sent("thread/resume", generation=2)
+        assert resume["params"] == {"threadId": thread}
+        assert launcher.sent("thread/start", generation=2) == []
+        ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
+        second = await session.prompt("again words=2 interval=0.01")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        assert launcher.sent("turn/start", generation=2)[0]["params"]["threadId"] == thread
+
+
+async def test_kill_with_lost_rollout_gives_fresh_thread(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=1000, stop_delay=None, lost_threads=True)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "killed" and receipt.resumed is False
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert "fresh session" in receipt.summary()
+        to_second = [
+            m.get("method") for kind, gen, m in launcher.log if kind == "to_agent" and gen == 2
+        ]
+        assert to_second == ["initialize", "initialized", "thread/resume", "thread/start"]
+        states = [e for e in rec.of_kind("session.state") if isinstance(e, ev.SessionState)]
+        assert any(s.detail and "no rollout found" in s.detail for s in states)
+        assert session.state == "ready"
+
+
+async def test_cancel_before_turn_identified(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = CodexBehaviour(words=100, stop_delay=0.05, reply_delay=0.5)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The interrupt could only go out once the turn/start reply named the turn.
+        assert trio.current_time() - t0 == pytest.approx(0.55)
+        assert receipt.outcome == "cancelled" and receipt.stop_reason == "interrupted"
+        assert len(launcher.sent("turn/interrupt")) == 1
+        order = [
+            ("reply" if "result" in m and "turn" in m["result"] else m.get("method"))
+            for _, _, m in launcher.log
+        ]
+        assert order.index("reply") < order.index("turn/interrupt")
+
+
+async def test_interrupt_before_turn_started_is_retried_at_turn_started(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=100, stop_delay=0.05, started_delay=0.3)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.35)
+        assert receipt.outcome == "cancelled" and receipt.escalation == ["interrupt"]
+        # Rejected "no active turn to interrupt", then sent again when turn/started came.
+        assert interrupted_ids(launcher) == ["turn_2", "turn_2"]
+        assert len(rec.of_kind("message.delta")) <= 1  # what ran between turn/started and the stop
+
+
+async def test_stale_turn_id_retried_once_against_the_running_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(CodexBehaviour(words=100, stop_delay=0.05, stale=True)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=2)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert interrupted_ids(launcher) == ["phantom_2", "turn_2"]
+        assert receipt.details == CLEANED
+        assert rec.of_kind("error") == []
+
+
+async def test_pending_approval_answered_cancel_ends_wedged_turn_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=100, stop_delay=None, approval=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
+        # The server numbers its requests from 0, like our initialize: separate spaces.
+        assert requested.request_id == "0"
+        assert [o.option_id for o in requested.options] == [
+            "accept",
+            "acceptForSession",
+            "decline",
+            "cancel",
+        ]
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The server ignores turn/interrupt here, but "cancel" interrupts the turn itself.
+        assert trio.current_time() == t0
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        assert receipt.details == CLEANED
+        answers = [m for m in launcher.links[0].sent if m.get("id") == 0 and "result" in m]
+        assert answers == [{"id": 0, "result": {"decision": "cancel"}}]
+        [resolved] = rec.of_kind("permission.resolved")
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
+        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
+
+
+async def test_cancel_retracts_approval_when_server_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=100, stop_delay=0.0, approval=True)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("permission.requested")
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled" and session.state == "ready"
+        assert launcher.servers[0].answers == {}
+        second = await session.prompt("again words=1")
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+
+
+async def test_approval_accepted_by_client(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(CodexBehaviour(words=3, approval=True)) as (session, _, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        await session.respond_permission(requested.request_id, "accept")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert [(u.tool_call_id, u.status) for u in updates] == [("call_1", "completed")]
+        [resolved] = rec.of_kind("permission.resolved")
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.option_id, resolved.by) == ("accept", "client")
+
+
+async def test_concurrent_cancels_share_one_receipt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(CodexBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(cancel)
+        await rec.catch_up()
+        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
+        assert receipts[0].outcome == "cancelled"
+        assert len(launcher.sent("turn/interrupt")) == 1
+        assert len(launcher.sent("thread/backgroundTerminals/clean")) == 1
+        assert len(rec.of_kind("turn.ended")) == 1
+
+
+async def test_interrupt_overtaken_by_natural_completion_reports_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=3, word_interval=0.1, stop_delay=1.0)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The server finished by itself first: the receipt says so, and nothing is cleaned.
+        assert receipt.outcome == "completed" and receipt.stop_reason == "completed"
+        assert receipt.details == {}
+        assert launcher.sent("thread/backgroundTerminals/clean") == []
+
+
+async def test_cancel_with_no_turn_sends_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    async with running() as (session, launcher, rec):
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "no_active_turn"
+        assert launcher.sent("turn/interrupt") == []
+
+
+async def test_queued_prompt_runs_after_cancel(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(CodexBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
+        first = await session.prompt("one")
+        await rec.wait_for(is_delta)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            later = await session.prompt("two words=2")
+            assert later.queued
+        ended = await rec.wait_kind("turn.ended", turn_id=later.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert launcher.servers[0].turns == ["one", "two words=2"]
+        first_end = await rec.wait_kind("turn.ended", turn_id=first.id)
+        assert isinstance(first_end, ev.TurnEnded) and first_end.outcome == "cancelled"
