@@ -83,14 +83,20 @@ Output = Event | Control
 
 @define
 class Step:
-    """What one call into a machine produced, in order."""
+    """What one call into a machine produced, in order.
+
+    ``signals`` are delivered to the agent process after ``send`` is queued: the interrupt of
+    protocols that have no in-band one (Amp is stopped with SIGINT).
+    """
 
     send: list[dict[str, Any]] = field(factory=list)
     events: list[Output] = field(factory=list)
+    signals: list[int] = field(factory=list)
 
     def extend(self, other: Step) -> Step:
         self.send.extend(other.send)
         self.events.extend(other.events)
+        self.signals.extend(other.signals)
         return self
 
 

@@ -608,6 +608,8 @@ class Session:
         if self._link is not None and self._live_generation is not None:
             for message in step.send:
                 self._link.send(message)
+            for signum in step.signals:
+                self._link.signal(signum)
         for output in step.events:
             if isinstance(output, Control):
                 self._on_control(output)
