@@ -105,6 +105,9 @@ class AgentProtocol(ABC):
 
     #: the ``protocol`` value in agent configuration
     name: ClassVar[str]
+    #: how messages reach the agent: ``stdio`` (a JSON object per line on stdin/stdout), or
+    #: ``http`` (the agent is a local HTTP server; messages are request/response envelopes)
+    transport: ClassVar[str] = "stdio"
 
     @classmethod
     def command(cls, base: Sequence[str], resume: str | None) -> list[str]:

@@ -85,6 +85,21 @@ class ProcessLink(AgentLink):
 
     # -- pumps -----------------------------------------------------------------------------------
 
+    async def run(self) -> None:
+        """The link's pumps; whatever happens, the process tree is gone when this returns.
+
+        Subclasses for other transports (HTTP, per-turn processes) override this and ``send``.
+        """
+        try:
+            async with trio.open_nursery() as pumps:
+                pumps.start_soon(self.write_stdin)
+                pumps.start_soon(self.read_stderr)
+                await self.read_stdout()
+                pumps.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.process.aclose()
+
     async def write_stdin(self) -> None:
         try:
             async with self._outgoing:
@@ -175,24 +190,28 @@ class ProcessLauncher:
         inbox: trio.MemorySendChannel[Any],
         nursery: trio.Nursery,
     ) -> AgentLink:
-        argv = PROTOCOLS[spec.protocol].command(spec.command, resume)
+        protocol = PROTOCOLS[spec.protocol]
+        argv = protocol.command(spec.command, resume)
         env = spec.process_env()
         mark = secrets.token_hex(8)
         env[TREE_MARK_VARIABLE] = mark
         process = await AgentProcess.spawn(argv, env=env, cwd=cwd)
         if self.state is not None:
             self.state.record(process.pid, _create_time(process.pid), mark, argv)
-        link = ProcessLink(process, spec, generation, inbox)
+        link = LINK_TYPES[protocol.transport](process, spec, generation, inbox)
         nursery.start_soon(self._run_link, link)
         return link
 
     async def _run_link(self, link: ProcessLink) -> None:
         try:
-            await _run_link(link)
+            await link.run()
         finally:
             if self.state is not None:
                 self.state.forget(link.process.pid)
 
+
+#: How each transport (``AgentProtocol.transport``) talks to its process.
+LINK_TYPES: dict[str, type[ProcessLink]] = {"stdio": ProcessLink}
 
 #: A launcher without a state file, for embedding and tests.
 launch_process = ProcessLauncher()
@@ -203,16 +222,3 @@ def _create_time(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-async def _run_link(link: ProcessLink) -> None:
-    """The link's pumps; whatever happens, the process tree is gone when this returns."""
-    try:
-        async with trio.open_nursery() as pumps:
-            pumps.start_soon(link.write_stdin)
-            pumps.start_soon(link.read_stderr)
-            await link.read_stdout()
-            pumps.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await link.process.aclose()

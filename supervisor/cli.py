@@ -31,6 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(run_demo, sys.stdout, args.words_before_stop, args.grace)
         elif args.command == "serve":
             trio.run(run_serve, args.config, args.host, args.port, args.token)
+        elif args.command == "chat":
+            if args.url and args.config:
+                parser.error("--config is for the embedded supervisor; a gateway has its own")
+            from supervisor.chat import run_chat
+
+            return trio.run(run_chat, args.agent, args.url, args.config)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
             for spec in agents.values():
@@ -63,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
     serve.add_argument("--token", help="access token (default: a new random one)")
+    chat = commands.add_parser(
+        "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
+    )
+    chat.add_argument("--agent", default="demo", help="agent to start (default: demo)")
+    chat.add_argument(
+        "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
+    )
+    chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
     return parser
@@ -174,6 +188,7 @@ async def _prompt_and_stop(
 async def run_serve(config: str | None, host: str, port: int, token: str | None) -> None:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting."""
     from supervisor.gateway import Gateway, is_loopback
+    from supervisor.statefile import default_state_dir
 
     agents = load_agents(config) if config else builtin_agents()
     if not is_loopback(host):
@@ -184,7 +199,10 @@ async def run_serve(config: str | None, host: str, port: int, token: str | None)
             file=sys.stderr,
             flush=True,
         )
-    async with open_supervisor(agents=agents) as supervisor, trio.open_nursery() as nursery:
+    async with (
+        open_supervisor(agents=agents, state_dir=default_state_dir()) as supervisor,
+        trio.open_nursery() as nursery,
+    ):
         gateway = Gateway(supervisor, token=token, host=host, port=port)
         url = await nursery.start(gateway.serve)
         print(f"ready {url}", flush=True)
