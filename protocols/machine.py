@@ -51,14 +51,18 @@ class SessionEstablished(Control):
     session we named, ``False`` when it could not and this is a fresh session.
     """
 
-    agent_session_id: str
+    agent_session_id: str | None
     resumed: bool | None = None
     detail: str | None = None
 
 
 @frozen
 class StartFailed(Control):
+    """The handshake failed. ``resume_failed``: only the resume was refused (the session is
+    gone on the agent's side); the actor then starts a fresh process without ``resume``."""
+
     message: str
+    resume_failed: bool = False
 
 
 @frozen

@@ -14,6 +14,7 @@ from protocols import events as ev
 from supervisor.config import AgentSpec, ConfigError, builtin_agents, load_agents
 from supervisor.receipt import CancelReceipt
 from supervisor.session import Session, Subscription
+from supervisor.statefile import default_state_dir
 from supervisor.supervisor import open_supervisor
 from supervisor.wire import receipt_to_wire
 
@@ -134,7 +135,7 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
     demo = AgentSpec.from_config("demo")
     printer.line("agent-supervisor demo: stopping a coding agent's turn, for real")
     printer.line("=" * 66)
-    async with open_supervisor() as supervisor:
+    async with open_supervisor(state_dir=default_state_dir()) as supervisor:
         printer.line()
         printer.line("1. A cooperative agent: it honours the ACP session/cancel notification.")
         session = await supervisor.start_session(demo.with_args("--delay", "0.05"))
@@ -188,7 +189,6 @@ async def _prompt_and_stop(
 async def run_serve(config: str | None, host: str, port: int, token: str | None) -> None:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting."""
     from supervisor.gateway import Gateway, is_loopback
-    from supervisor.statefile import default_state_dir
 
     agents = load_agents(config) if config else builtin_agents()
     if not is_loopback(host):

@@ -231,6 +231,8 @@ class Session:
         self._stopping = False
         self._start_deadline: float | None = None
         self._establishing = False  # between spawn and SessionEstablished
+        self._respawn_after_kill = False  # the kill in flight is for a fresh start
+        self._resume_refused: str | None = None  # why the last resume was refused
         self._done = False
         self.exit_status: ExitStatus | None = None
 
@@ -620,7 +622,10 @@ class Session:
         if isinstance(control, SessionEstablished):
             self._established(control)
         elif isinstance(control, StartFailed):
-            self._start_failed(control.message)
+            if control.resume_failed and self._resume_from is not None:
+                self._start_fresh(control.message)
+            else:
+                self._start_failed(control.message)
         elif isinstance(control, TurnFinished):
             self._turn_finished(control)
 
@@ -722,9 +727,12 @@ class Session:
         self._set_state("cancelling", f"no turn end after {job.grace_s:g} s grace: killing")
         self._kill_live_link()
 
-    def _kill_live_link(self) -> None:
+    def _kill_live_link(self, *, respawn: bool = False) -> None:
+        """Detach the live agent and kill its tree in a child task; then maybe respawn."""
         link = self._link
-        self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
+        if self._machine is not None and self._machine.agent_session_id is not None:
+            self._resume_from = self._machine.agent_session_id
+        self._respawn_after_kill = respawn
         self._live_generation = None
         self._link = None
         self._machine = None
@@ -738,10 +746,14 @@ class Session:
         if self._stopping or self._state == "failed":
             return
         turn = self._turn
-        if turn is not None and turn.cancel is not None:
+        if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
             turn.cancel.escalation.extend(done.steps)
         self._emit(ev.AgentExited(exit_code=None, expected=True))
-        self._respawn()
+        if self._respawn_after_kill:
+            self._respawn_after_kill = False
+            self._spawn()  # a fresh start after a refused resume: the state stays as it is
+        else:
+            self._respawn()
 
     def _agent_gone(self, status: ExitStatus) -> None:
         """The agent exited without being asked to."""
@@ -801,24 +813,34 @@ class Session:
         self._machine = new_machine(self.spec.protocol)
         turn = self._turn
         if turn is not None and turn.cancel is not None:
-            turn.cancel.escalation.append("respawned")
+            if "respawned" not in turn.cancel.escalation:  # a fresh retry is the same step
+                turn.cancel.escalation.append("respawned")
         self._apply(self._machine.start(cwd=self.cwd, resume=self._resume_from))
 
     def _established(self, established: SessionEstablished) -> None:
         self._establishing = False
         self._start_deadline = None
+        refused, self._resume_refused = self._resume_refused, None
+        resumed = False if refused is not None else established.resumed
         turn = self._turn
         if turn is not None and turn.cancel is not None:
             job = turn.cancel
-            job.resumed = established.resumed
-            if established.resumed:
+            job.resumed = resumed
+            if resumed:
                 job.escalation.append("resumed")
             self._end_turn(turn, job.outcome or "killed", job.stop_reason)
-        self._set_state("ready", established.detail)
+        self._set_state("ready", established.detail or refused)
         for waiter in self._ready_waiters:
             waiter.resolve(None)
         self._ready_waiters.clear()
         self._start_next()
+
+    def _start_fresh(self, reason: str) -> None:
+        """The agent could not resume its session: start it again without resuming."""
+        self._resume_refused = reason
+        self._emit(ev.ErrorEvent(code="resume_failed", message=reason))
+        self._kill_live_link(respawn=True)
+        self._resume_from = None  # after the kill, which would remember the refused id
 
     def _start_failed(self, message: str) -> None:
         self._establishing = False

@@ -1,0 +1,644 @@
+"""Claude Code's headless stream-json protocol, client side, as a sans-IO machine.
+
+``claude -p --input-format stream-json --output-format stream-json ...`` reads and writes one JSON
+object per line, without JSON-RPC (``shared/protocols.md`` section 3). What this machine relies
+on, each checked against Claude Code 2.1.332 on a fake model server:
+
+- We write ``{"type":"user",...}`` messages and ``control_request`` envelopes; the CLI writes
+  ``system``, ``stream_event``, ``assistant``, ``user``, ``result`` and its own
+  ``control_request`` / ``control_cancel_request``, and answers ours with ``control_response``.
+- ``initialize`` is answered within ~0.4 s of the start, before any user message; ``system/init``
+  (the session id) only comes once a user message is read, and again for every user message.
+- A turn ends with exactly one ``result``. The ``control_response`` to ``interrupt`` is only an
+  acknowledgement, written before the interrupted turn's ``result`` (``error_during_execution``,
+  ``is_error: true``, ``terminal_reason: aborted_streaming`` or ``aborted_tools``).
+- An interrupt while idle is acknowledged and produces no ``result``; it does not carry over into
+  the next turn. An interrupt written before the turn's ``system/init`` stops the turn on 2.1.332;
+  older CLIs dropped it (claude-agent-sdk-typescript#429).
+- On an interrupt the CLI withdraws a pending ``can_use_tool`` with ``control_cancel_request``
+  and expects no answer.
+- ``--resume <id>`` keeps the session id. An unknown id makes the CLI write a ``result``
+  (``error_during_execution``, ``errors: ["No conversation found with session ID: ..."]``)
+  *instead of* answering ``initialize``, and exit 1.
+
+Decisions:
+
+- **Established on the ``initialize`` answer**, not at once and not at ``system/init``. Waiting
+  for ``system/init`` would deadlock (it needs a prompt first); establishing at once would let a
+  CLI that exits at start-up (a bad flag, a lost ``--resume`` session) look like a mid-session
+  crash, which the actor answers with a respawn, forever. The ``initialize`` answer proves the CLI
+  is up and speaks the control protocol, and costs nothing: the CLI would not read a prompt
+  sooner. An error answer still establishes (the CLI works without ``initialize``), with a detail.
+- **``resumed=True`` means the CLI accepted ``--resume <id>``**: it loaded the conversation and
+  answered ``initialize``. It refuses an unknown id before that, which is
+  ``StartFailed(resume_failed=True)``: the actor starts the CLI again without the flag, and the
+  receipt says the session could not be resumed. The next
+  ``system/init`` confirms the id; a different one is reported as an ``error`` event
+  (``resume_mismatch``) and adopted, since the CLI now writes its transcript there.
+- ``agent_session_id`` is the id of the latest ``system/init``, or the id we resumed until one
+  arrives (so a process killed before its first ``system/init`` still resumes the right
+  conversation), or None for a fresh CLI that has not said yet.
+- A turn's end is its first ``result``. A ``result`` while no turn runs (a background task's
+  extra turn) becomes ``session.info`` (``info_kind="result"``) and ends nothing, as does
+  ``system/session_state_changed``.
+- ``interrupted`` is True for ``terminal_reason`` ``aborted_streaming``/``aborted_tools`` (even
+  with ``is_error``); False for ``completed``, or a ``success`` without error when no
+  ``terminal_reason`` is given; None otherwise. ``error`` is set for any other ``is_error`` or
+  non-``success`` result, except an ``error_during_execution`` without ``terminal_reason`` after
+  our interrupt: older CLIs report an interrupt that way (edge case 15), so it is left to the
+  actor, which knows it asked.
+- One ``interrupt`` per turn, never while idle, never awaited, and never a signal (SIGINT is
+  unreliable in stream-json mode, edge case 20). If it went out before this turn's
+  ``system/init``, it is sent once more when that arrives and the turn still runs (for CLIs that
+  drop early interrupts; harmless otherwise: a late one is acknowledged and ignored), and the
+  ``TurnFinished`` says so in ``details``.
+- Permissions: ``can_use_tool`` offers ``allow`` and ``deny``. ``allow`` echoes the original
+  input as ``updatedInput``; ``deny`` says "Denied by user"; a person's *cancelled* answer denies
+  without ending the turn; :meth:`cancel_permissions` (part of every cancel) denies with
+  ``interrupt: true``. A ``control_cancel_request`` withdraws one: ``permission.resolved`` by
+  ``agent``, and it is never answered afterwards.
+  Permissions still pending at a ``result`` stay pending (a background subagent may still
+  be asking); the CLI withdraws them or a person answers them.
+- We register no hooks or SDK MCP servers, so any other CLI request is answered with an error.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Final
+
+from attrs import define, field
+
+from protocols import events as ev
+from protocols.machine import (
+    AgentProtocol,
+    SessionEstablished,
+    StartFailed,
+    Step,
+    TurnFinished,
+    UnknownPermission,
+)
+
+__all__ = ["CLAUDE_COMMAND", "INTERRUPTED_REASONS", "PERMISSION_OPTIONS", "ClaudeClient"]
+
+#: The command line the Python SDK builds (``subprocess_cli.py``), plus partial messages for
+#: live deltas and ``stdio`` so permission prompts come to us as ``can_use_tool``.
+CLAUDE_COMMAND: Final = (
+    "claude",
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "stream-json",
+    "--verbose",
+    "--include-partial-messages",
+    "--permission-prompt-tool",
+    "stdio",
+)
+
+#: ``terminal_reason`` values that mean "stopped because asked" (SDK ``ResultMessage`` docs).
+INTERRUPTED_REASONS: Final = frozenset({"aborted_streaming", "aborted_tools"})
+
+ALLOW: Final = "allow"
+DENY: Final = "deny"
+PERMISSION_OPTIONS: Final = (
+    ev.PermissionOption(option_id=ALLOW, name="Allow", option_kind="allow_once"),
+    ev.PermissionOption(option_id=DENY, name="Deny", option_kind="reject_once"),
+)
+DENY_MESSAGE: Final = "Denied by user"
+CANCELLED_MESSAGE: Final = "The user dismissed the permission request"
+INTERRUPT_MESSAGE: Final = "The user stopped the turn"
+
+#: Anthropic stream events that carry nothing a subscriber needs (the content deltas do).
+_QUIET_STREAM_EVENTS: Final = frozenset(
+    {
+        "message_start",
+        "content_block_start",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+        "ping",
+    }
+)
+#: Content deltas that are not text: tool input arrives whole in the ``assistant`` message.
+_QUIET_DELTAS: Final = frozenset({"input_json_delta", "signature_delta", "citations_delta"})
+#: Top-level message types that describe the session, passed on as ``session.info``.
+_INFO_TYPES: Final = frozenset({"auth_status", "rate_limit_event", "tool_use_summary"})
+#: Content blocks of an ``assistant`` message that start a tool call.
+_TOOL_BLOCKS: Final = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
+#: Claude Code's built-in tools as ACP tool kinds, for UIs that draw them differently.
+_TOOL_KINDS: Final = {
+    "Bash": "execute",
+    "BashOutput": "execute",
+    "KillShell": "execute",
+    "Read": "read",
+    "NotebookRead": "read",
+    "Edit": "edit",
+    "MultiEdit": "edit",
+    "Write": "edit",
+    "NotebookEdit": "edit",
+    "Glob": "search",
+    "Grep": "search",
+    "LS": "search",
+    "WebFetch": "fetch",
+    "WebSearch": "fetch",
+    "Task": "think",
+    "TodoWrite": "think",
+    "ExitPlanMode": "switch_mode",
+}
+#: Longest error text taken from a ``result`` (its ``errors`` can hold diagnostics).
+_ERROR_CHARS: Final = 500
+
+
+def _random_hex() -> str:
+    return secrets.token_hex(4)
+
+
+@define
+class _HeldPermission:
+    """A ``can_use_tool`` request the CLI is waiting on."""
+
+    turn_id: str | None
+    tool_input: Any  # echoed back as ``updatedInput`` when allowed
+
+
+@define
+class ClaudeClient(AgentProtocol):
+    """Our side of one ``claude -p --input-format stream-json`` process."""
+
+    name: ClassVar[str] = "claude"
+
+    #: the random part of our request ids (``req_<n>_<hex>``, as the SDKs write them);
+    #: tests pass a constant
+    _new_hex: Callable[[], str] = field(default=_random_hex, kw_only=True)
+    _phase: str = "idle"  # idle, initializing, ready, failed
+    _resume: str | None = None
+    _init_session_id: str | None = None
+    _request_count: int = 0
+    _requests: dict[str, str] = field(factory=dict)  # our control requests: id -> subtype
+    _turn_id: str | None = None
+    _interrupt_sent: bool = False
+    _init_in_turn: bool = False  # a system/init arrived since this turn's user message
+    _resend_on_init: bool = False
+    _interrupt_resent: bool = False
+    _held: dict[str, _HeldPermission] = field(factory=dict)
+    # Text that arrived as partial deltas is not emitted again from the whole message.
+    _streaming: dict[str | None, str] = field(factory=dict)  # parent_tool_use_id -> message id
+    _streamed: set[str] = field(factory=set)
+    initialize_response: dict[str, Any] = field(factory=dict)
+
+    @classmethod
+    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+        argv = list(base)
+        if resume is not None:
+            argv += ["--resume", resume]
+        return argv
+
+    # -- calls from the actor -------------------------------------------------------------
+
+    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+        # cwd: the launcher starts the CLI there; the protocol has no field for it.
+        if self._phase != "idle":
+            raise RuntimeError("start() called twice")
+        self._phase = "initializing"
+        self._resume = resume
+        return Step(send=[self._request({"subtype": "initialize", "hooks": None})])
+
+    def prompt(self, turn_id: str, text: str) -> Step:
+        if self._phase != "ready" or self._turn_id is not None:
+            raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
+        self._turn_id = turn_id
+        self._interrupt_sent = False
+        self._init_in_turn = False
+        self._resend_on_init = False
+        self._interrupt_resent = False
+        return Step(
+            send=[
+                {
+                    "type": "user",
+                    "message": {"role": "user", "content": text},
+                    "parent_tool_use_id": None,
+                    "session_id": self.agent_session_id or "default",
+                }
+            ]
+        )
+
+    def cancel(self) -> Step:
+        # No turn, no interrupt: an idle interrupt gets no result, so nothing would end.
+        if self._turn_id is None or self._interrupt_sent:
+            return Step()
+        self._interrupt_sent = True
+        self._resend_on_init = not self._init_in_turn
+        return Step(send=[self._request({"subtype": "interrupt"})])
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        if request_id not in self._held:
+            raise UnknownPermission(f"no pending permission request {request_id!r}")
+        if option_id is not None and option_id not in (ALLOW, DENY):
+            raise UnknownPermission(
+                f"option {option_id!r} was not offered for {request_id!r} (offered: allow, deny)"
+            )
+        return self._answer_permission(request_id, option_id, by="client")
+
+    def cancel_permissions(self) -> Step:
+        step = Step()
+        for request_id in list(self._held):
+            step.extend(self._answer_permission(request_id, None, by="supervisor"))
+        return step
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return list(self._held)
+
+    @property
+    def agent_session_id(self) -> str | None:
+        return self._init_session_id or self._resume
+
+    # -- messages from the CLI ------------------------------------------------------------
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        kind = message.get("type")
+        if kind == "stream_event":
+            return self._on_stream_event(message)
+        if kind == "assistant":
+            return self._on_assistant(message)
+        if kind == "user":
+            return self._on_user(message)
+        if kind == "result":
+            return self._on_result(message)
+        if kind == "system":
+            return self._on_system(message)
+        if kind == "control_request":
+            return self._on_control_request(message)
+        if kind == "control_cancel_request":
+            return self._on_control_cancel(message)
+        if kind == "control_response":
+            return self._on_control_response(message)
+        if kind == "tool_progress":
+            return self._on_tool_progress(message)
+        if isinstance(kind, str) and kind in _INFO_TYPES:
+            return Step(events=[ev.SessionInfo(info_kind=kind, data=message)])
+        return _unparsed(message)
+
+    # -- control envelopes ----------------------------------------------------------------
+
+    def _request(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._request_count += 1
+        request_id = f"req_{self._request_count}_{self._new_hex()}"
+        self._requests[request_id] = str(request["subtype"])
+        return {"type": "control_request", "request_id": request_id, "request": request}
+
+    def _on_control_response(self, message: dict[str, Any]) -> Step:
+        response = message.get("response")
+        if not isinstance(response, dict) or not isinstance(response.get("request_id"), str):
+            return _unparsed(message)
+        request_id = response["request_id"]
+        subtype = self._requests.pop(request_id, None)
+        if subtype is None:
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="protocol_error",
+                        message=f"control_response to unknown request id {request_id!r}",
+                    )
+                ]
+            )
+        failed = response.get("subtype") == "error"
+        if subtype == "initialize":
+            return self._on_initialized(response, failed)
+        if failed:
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="control_error",
+                        message=f"{subtype} request failed: {response.get('error')}",
+                    )
+                ]
+            )
+        # An acknowledgement (for interrupt: a receipt); the turn ends only with its result.
+        return Step()
+
+    def _on_initialized(self, response: dict[str, Any], failed: bool) -> Step:
+        if self._phase != "initializing":
+            return Step()
+        detail = None
+        if failed:
+            detail = (
+                f"initialize failed ({response.get('error')}); continuing, since the CLI"
+                " takes messages without it"
+            )
+        else:
+            body = response.get("response")
+            self.initialize_response = body if isinstance(body, dict) else {}
+        self._phase = "ready"
+        resumed = None if self._resume is None else True
+        # A fresh CLI names its session only in system/init, after the first prompt.
+        return Step(events=[SessionEstablished(self._resume or "", resumed, detail)])
+
+    def _on_control_request(self, message: dict[str, Any]) -> Step:
+        request_id = message.get("request_id")
+        request = message.get("request")
+        if not isinstance(request_id, str) or not isinstance(request, dict):
+            return _unparsed(message)
+        subtype = request.get("subtype")
+        if subtype == "can_use_tool":
+            return self._on_can_use_tool(request_id, request)
+        reply = {
+            "type": "control_response",
+            "response": {
+                "subtype": "error",
+                "request_id": request_id,
+                "error": f"Unsupported control request: {subtype}",
+            },
+        }
+        return Step(send=[reply])
+
+    def _on_can_use_tool(self, request_id: str, request: dict[str, Any]) -> Step:
+        if request_id in self._held:
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="protocol_error",
+                        message=f"can_use_tool request id {request_id!r} is already pending",
+                    )
+                ]
+            )
+        tool_input = request.get("input", {})
+        self._held[request_id] = _HeldPermission(self._turn_id, tool_input)
+        tool_name = request.get("tool_name")
+        tool_call = {
+            "toolCallId": _opt_str(request.get("tool_use_id")) or "",
+            "title": _opt_str(request.get("display_name")) or _opt_str(tool_name) or "",
+            "kind": _TOOL_KINDS.get(tool_name) if isinstance(tool_name, str) else None,
+            "rawInput": tool_input,
+            "claude": request,
+        }
+        return Step(
+            events=[
+                ev.PermissionRequested(
+                    turn_id=self._turn_id,
+                    request_id=request_id,
+                    tool_call=tool_call,
+                    options=list(PERMISSION_OPTIONS),
+                )
+            ]
+        )
+
+    def _answer_permission(self, request_id: str, option_id: str | None, *, by: str) -> Step:
+        held = self._held.pop(request_id)
+        answer: dict[str, Any]
+        if option_id == ALLOW:
+            answer = {"behavior": "allow", "updatedInput": held.tool_input}
+        elif option_id == DENY:
+            answer = {"behavior": "deny", "message": DENY_MESSAGE}
+        elif by == "supervisor":
+            # Part of a cancel: the deny also ends the turn, should the interrupt be lost.
+            answer = {"behavior": "deny", "message": INTERRUPT_MESSAGE, "interrupt": True}
+        else:
+            answer = {"behavior": "deny", "message": CANCELLED_MESSAGE}
+        reply = {
+            "type": "control_response",
+            "response": {"subtype": "success", "request_id": request_id, "response": answer},
+        }
+        resolved = ev.PermissionResolved(
+            turn_id=held.turn_id,
+            request_id=request_id,
+            outcome="cancelled" if option_id is None else "selected",
+            option_id=option_id,
+            by=by,
+        )
+        return Step(send=[reply], events=[resolved])
+
+    def _on_control_cancel(self, message: dict[str, Any]) -> Step:
+        request_id = message.get("request_id")
+        if not isinstance(request_id, str):
+            return _unparsed(message)
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return Step()  # one we already answered (a cancel races the CLI's withdrawal)
+        return Step(
+            events=[
+                ev.PermissionResolved(
+                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
+                )
+            ]
+        )
+
+    # -- session and turn -----------------------------------------------------------------
+
+    def _on_system(self, message: dict[str, Any]) -> Step:
+        subtype = message.get("subtype")
+        if not isinstance(subtype, str):
+            return _unparsed(message)
+        if subtype == "init":
+            return self._on_init(message)
+        return Step(events=[ev.SessionInfo(info_kind=subtype, data=message)])
+
+    def _on_init(self, message: dict[str, Any]) -> Step:
+        session_id = message.get("session_id")
+        if not isinstance(session_id, str) or not session_id:
+            return _unparsed(message)
+        step = Step(events=[ev.SessionInfo(info_kind="init", data=message)])
+        expected = self._init_session_id or self._resume
+        if expected is not None and session_id != expected:
+            if self._init_session_id is None:
+                code = "resume_mismatch"
+                text = f"asked the CLI to resume session {expected!r} but it runs {session_id!r}"
+            else:
+                code = "agent_session_changed"
+                text = f"the CLI switched from session {expected!r} to {session_id!r}"
+            step.events.append(ev.ErrorEvent(code=code, message=text))
+        self._init_session_id = session_id
+        if self._turn_id is not None:
+            self._init_in_turn = True
+            if self._resend_on_init and not self._interrupt_resent:
+                # The interrupt went out before the CLI had started the turn, where older
+                # CLIs drop it (claude-agent-sdk-typescript#429): say it once more.
+                self._interrupt_resent = True
+                step.send.append(self._request({"subtype": "interrupt"}))
+        return step
+
+    def _on_result(self, message: dict[str, Any]) -> Step:
+        if self._phase == "initializing":
+            # The CLI gave up before the session existed (e.g. --resume of an unknown id).
+            self._phase = "failed"
+            return Step(
+                events=[
+                    StartFailed(
+                        f"the CLI stopped at start: {_describe(message)}",
+                        resume_failed=self._resume is not None,
+                    )
+                ]
+            )
+        turn_id = self._turn_id
+        if turn_id is None:
+            # A later result for the same prompt (a background task's turn): not a turn end.
+            return Step(events=[ev.SessionInfo(info_kind="result", data=message)])
+        self._turn_id = None
+        self._streaming.clear()
+        self._streamed.clear()
+        subtype = _opt_str(message.get("subtype"))
+        reason = _opt_str(message.get("terminal_reason"))
+        is_error = message.get("is_error") is True
+        interrupted: bool | None = None
+        if reason in INTERRUPTED_REASONS:
+            interrupted = True
+        elif reason == "completed" or (reason is None and subtype == "success" and not is_error):
+            interrupted = False
+        error = None
+        if interrupted is not True and (is_error or subtype not in ("success", None)):
+            reported_interrupt = (
+                self._interrupt_sent and reason is None and subtype == "error_during_execution"
+            )
+            if not reported_interrupt:
+                error = _describe(message)
+        details: dict[str, Any] = {"interrupt_resent": True} if self._interrupt_resent else {}
+        return Step(
+            events=[TurnFinished(turn_id, reason or subtype, interrupted, error, details)]
+        )
+
+    # -- content --------------------------------------------------------------------------
+
+    def _on_stream_event(self, message: dict[str, Any]) -> Step:
+        event = message.get("event")
+        if not isinstance(event, dict):
+            return _unparsed(message)
+        parent = message.get("parent_tool_use_id")
+        parent = parent if isinstance(parent, str) else None
+        kind = event.get("type")
+        if kind == "message_start":
+            body = event.get("message")
+            message_id = body.get("id") if isinstance(body, dict) else None
+            if isinstance(message_id, str):
+                self._streaming[parent] = message_id
+            else:
+                self._streaming.pop(parent, None)
+            return Step()
+        if kind == "content_block_delta":
+            delta = event.get("delta")
+            delta_kind = delta.get("type") if isinstance(delta, dict) else None
+            out: ev.Event
+            if delta_kind == "text_delta" and isinstance(delta, dict):
+                text = delta.get("text")
+                if not isinstance(text, str):
+                    return _unparsed(message)
+                out = ev.MessageDelta(turn_id=self._turn_id, text=text)
+            elif delta_kind == "thinking_delta" and isinstance(delta, dict):
+                thinking = delta.get("thinking")
+                if not isinstance(thinking, str):
+                    return _unparsed(message)
+                out = ev.ThoughtDelta(turn_id=self._turn_id, text=thinking)
+            elif delta_kind in _QUIET_DELTAS:
+                return Step()
+            else:
+                return _unparsed(message)
+            if parent in self._streaming:
+                self._streamed.add(self._streaming[parent])
+            return Step(events=[out])
+        if kind in _QUIET_STREAM_EVENTS:
+            return Step()
+        return _unparsed(message)
+
+    def _on_assistant(self, message: dict[str, Any]) -> Step:
+        body = message.get("message")
+        if not isinstance(body, dict):
+            return _unparsed(message)
+        content = _blocks(body.get("content"))
+        if content is None:
+            return _unparsed(message)
+        message_id = body.get("id")
+        streamed = isinstance(message_id, str) and message_id in self._streamed
+        turn = self._turn_id
+        step = Step()
+        for block in content:
+            kind = block.get("type")
+            if kind == "text" and isinstance(block.get("text"), str):
+                if not streamed:
+                    step.events.append(ev.MessageDelta(turn_id=turn, text=block["text"]))
+            elif kind == "thinking" and isinstance(block.get("thinking"), str):
+                if not streamed:
+                    step.events.append(ev.ThoughtDelta(turn_id=turn, text=block["thinking"]))
+            elif kind in _TOOL_BLOCKS:
+                name = block.get("name")
+                step.events.append(
+                    ev.ToolCall(
+                        turn_id=turn,
+                        tool_call_id=str(block.get("id", "")),
+                        title=name if isinstance(name, str) else "",
+                        tool_kind=_TOOL_KINDS.get(name) if isinstance(name, str) else None,
+                        status="pending",
+                        raw=block,
+                    )
+                )
+        return step
+
+    def _on_user(self, message: dict[str, Any]) -> Step:
+        """Tool results, and what the CLI adds on the user's side ("[Request interrupted]")."""
+        body = message.get("message")
+        if not isinstance(body, dict):
+            return _unparsed(message)
+        content = _blocks(body.get("content"))
+        if content is None:
+            return _unparsed(message)
+        turn = self._turn_id
+        step = Step()
+        for block in content:
+            kind = block.get("type")
+            if kind == "tool_result":
+                step.events.append(
+                    ev.ToolUpdate(
+                        turn_id=turn,
+                        tool_call_id=str(block.get("tool_use_id", "")),
+                        status="failed" if block.get("is_error") is True else "completed",
+                        raw=block,
+                    )
+                )
+            elif kind == "text" and isinstance(block.get("text"), str):
+                step.events.append(
+                    ev.MessageDelta(turn_id=turn, text=block["text"], role="user")
+                )
+        return step
+
+    def _on_tool_progress(self, message: dict[str, Any]) -> Step:
+        tool_use_id = message.get("tool_use_id")
+        if not isinstance(tool_use_id, str):
+            return _unparsed(message)
+        return Step(
+            events=[
+                ev.ToolUpdate(
+                    turn_id=self._turn_id,
+                    tool_call_id=tool_use_id,
+                    status="in_progress",
+                    raw=message,
+                )
+            ]
+        )
+
+
+def _unparsed(message: dict[str, Any]) -> Step:
+    return Step(events=[ev.AgentUnparsed(raw=message)])
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _blocks(content: Any) -> list[dict[str, Any]] | None:
+    """A message's content blocks (a plain string is one text block); None if malformed."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return [block for block in content if isinstance(block, dict)]
+    return None
+
+
+def _describe(result: dict[str, Any]) -> str:
+    """What went wrong in a ``result``, for a person: its cause, then the CLI's words."""
+    cause = _opt_str(result.get("terminal_reason")) or _opt_str(result.get("subtype")) or "error"
+    errors = result.get("errors")
+    words = [e for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
+    if not words and isinstance(result.get("result"), str):
+        words = [result["result"]]
+    text = f"{cause}: {'; '.join(words)}" if words else cause
+    return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 1] + "…"

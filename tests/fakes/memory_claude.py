@@ -1,0 +1,357 @@
+"""An in-memory Claude Code CLI (stream-json) for actor tests on virtual time.
+
+The same trick as ``memory_agent.py`` (whose :class:`MemoryLink` and kill model it reuses): the
+"process" is a trio task, messages are dicts, a kill is a cancel scope, every delay is virtual.
+It speaks what ``protocols/claude.py`` expects of Claude Code 2.1.332: ``initialize`` answered
+at start; ``system/init`` after each user message; partial ``stream_event`` deltas; the
+``interrupt`` acknowledged at once and the turn ended by a ``result`` (``aborted_streaming``, or
+``aborted_tools`` while a permission is pending, which it withdraws with
+``control_cancel_request``); ``--resume`` of an unknown session refused with a ``result`` and
+exit 1; an interrupt while idle acknowledged and otherwise ignored.
+
+Behaviour is set per launcher and overridden per prompt with tokens in the prompt text: those of
+``memory_agent.Behaviour`` (``words=3``, ``interval=0.1``, ``stop-delay=0.5``,
+``ignore-cancel``, ``permission``, ``crash``) plus ``lost-result`` (acknowledges the interrupt,
+stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
+``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before ``system/init`` is lost,
+like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request), and
+``background`` (a second ``result`` after the turn's, like a background task).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import trio
+from attrs import define, field
+
+from fakes.memory_agent import Behaviour, MemoryLauncher, MemoryLink
+from protocols.claude import ClaudeClient
+from supervisor.config import AgentSpec
+from supervisor.link import AgentGone, AgentLink
+from supervisor.process import ExitStatus
+
+
+@define
+class ClaudeBehaviour(Behaviour):
+    lost_result: bool = False
+    deaf: bool = False
+    drop_early_interrupt: bool = False
+    init_delay: float = 0.0
+    withdraw_after: float | None = None
+    background: bool = False
+    persist: bool = True  # False: conversations are not saved, so --resume fails
+
+    def for_prompt(self, text: str) -> ClaudeBehaviour:
+        base = super().for_prompt(text)
+        assert isinstance(base, ClaudeBehaviour)
+        changes: dict[str, Any] = {}
+        for token in text.split():
+            key, _, value = token.partition("=")
+            if key == "lost-result":
+                changes["lost_result"] = True
+            elif key == "deaf":
+                changes["deaf"] = True
+            elif key == "drop-early-interrupt":
+                changes["drop_early_interrupt"] = True
+            elif key == "init-delay":
+                changes["init_delay"] = float(value)
+            elif key == "withdraw":
+                changes["withdraw_after"] = float(value)
+            elif key == "background":
+                changes["background"] = True
+        return attrs.evolve(base, **changes)
+
+
+class ClaudeMemoryLauncher(MemoryLauncher):
+    """A ``Launcher`` starting :class:`FakeClaudeCli` tasks from the argv the protocol builds."""
+
+    def __init__(self, behaviour: ClaudeBehaviour | None = None, **kwargs: Any) -> None:
+        super().__init__(behaviour or ClaudeBehaviour(), **kwargs)
+        self.resumes: list[str | None] = []
+        self.argvs: list[list[str]] = []
+        self.clis: list[FakeClaudeCli] = []
+
+    async def __call__(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        resume: str | None,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
+        nursery: trio.Nursery,
+    ) -> AgentLink:
+        argv = ClaudeClient.command(spec.command, resume)
+        self.resumes.append(resume)
+        self.argvs.append(argv)
+        link = MemoryLink(self, generation, inbox)
+        behaviour = self.behaviour
+        assert isinstance(behaviour, ClaudeBehaviour)
+        cli = FakeClaudeCli(link, behaviour, self.store, argv)
+        self.links.append(link)
+        self.clis.append(cli)
+        nursery.start_soon(cli.run)
+        return link
+
+    def sent_subtypes(self) -> list[str]:
+        """Our control requests and user messages, in order: "initialize", "user", ..."""
+        out = []
+        for kind, _, message in self.log:
+            if kind != "to_agent":
+                continue
+            if message.get("type") == "control_request":
+                out.append(str(message["request"].get("subtype")))
+            else:
+                out.append(str(message.get("type")))
+        return out
+
+
+@define
+class _Turn:
+    text: str
+    behaviour: ClaudeBehaviour
+    interrupted: trio.Event = field(factory=trio.Event)
+    init_sent: bool = False
+    pending_permission: str | None = None
+    permission_answer: trio.MemorySendChannel[dict[str, Any]] | None = None
+    aborted: str = "aborted_streaming"
+
+
+class FakeClaudeCli:
+    def __init__(self, link: MemoryLink, behaviour: ClaudeBehaviour, store: Any, argv: list[str]):
+        self.link = link
+        self.behaviour = behaviour
+        self.store = store
+        self.argv = argv
+        self.session_id: str | None = None
+        self.turn: _Turn | None = None
+        self.turns: list[str] = []
+        self.idle_interrupts = 0
+        self.dropped_interrupts = 0
+        self.late_answers: list[dict[str, Any]] = []
+        self.next_request = 0
+        self.message_count = 0
+
+    # -- process ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        with self.link.scope:
+            if "--resume" in self.argv:
+                wanted = self.argv[self.argv.index("--resume") + 1]
+                if wanted not in self.store.sessions:
+                    await self.post(
+                        {"type": "result", "subtype": "error_during_execution", "is_error": True,
+                         "num_turns": 0, "session_id": wanted,
+                         "errors": [f"No conversation found with session ID: {wanted}"]}
+                    )
+                    await self.exit(1)
+                    return
+                self.session_id = wanted
+            if len(self.link.launcher.links) in self.link.launcher.crash_on_launch:
+                await self.exit(1)
+                return
+            async with trio.open_nursery() as nursery:
+                async for message in self.link.to_agent:
+                    await self.handle(message, nursery)
+
+    async def exit(self, code: int) -> None:
+        self.link.alive = False
+        status = ExitStatus(code=code, signal=None)
+        await self.link.inbox.send(AgentGone(self.link.generation, status))
+        self.link.scope.cancel()
+
+    async def post(self, message: dict[str, Any]) -> None:
+        await self.link.post(message)
+
+    async def handle(self, message: dict[str, Any], nursery: trio.Nursery) -> None:
+        kind = message.get("type")
+        if kind == "control_request":
+            request = message["request"]
+            if request["subtype"] == "initialize":
+                if self.behaviour.start_delay:
+                    await trio.sleep(self.behaviour.start_delay)
+                await self.ack(message["request_id"], {"commands": [], "models": []})
+            elif request["subtype"] == "interrupt":
+                await self.on_interrupt(message["request_id"])
+        elif kind == "control_response":
+            await self.on_permission_answer(message["response"])
+        elif kind == "user":
+            assert self.turn is None, "a user message while a turn runs"
+            text = message["message"]["content"]
+            self.turns.append(text)
+            turn = _Turn(text, self.behaviour.for_prompt(text))
+            self.turn = turn
+            nursery.start_soon(self.run_turn, turn)
+
+    async def ack(self, request_id: str, response: dict[str, Any]) -> None:
+        await self.post(
+            {"type": "control_response",
+             "response": {"subtype": "success", "request_id": request_id, "response": response}}
+        )
+
+    async def on_interrupt(self, request_id: str) -> None:
+        turn = self.turn
+        if turn is not None and turn.behaviour.deaf:
+            return
+        await self.ack(request_id, {"still_queued": []})
+        if turn is None:
+            self.idle_interrupts += 1
+        elif turn.behaviour.drop_early_interrupt and not turn.init_sent:
+            self.dropped_interrupts += 1  # a normal-looking receipt, and nothing happens
+        else:
+            await self.interrupt(turn)
+
+    async def interrupt(self, turn: _Turn) -> None:
+        if turn.pending_permission is not None:
+            # Withdraw the prompt; any late answer to it is ignored.
+            withdrawn, turn.pending_permission = turn.pending_permission, None
+            await self.post({"type": "control_cancel_request", "request_id": withdrawn})
+            turn.aborted = "aborted_tools"
+            if turn.permission_answer is not None:
+                turn.permission_answer.send_nowait({"behavior": "withdrawn"})
+        turn.interrupted.set()
+
+    async def on_permission_answer(self, response: dict[str, Any]) -> None:
+        turn = self.turn
+        if (
+            turn is None
+            or turn.pending_permission != response.get("request_id")
+            or turn.permission_answer is None
+        ):
+            self.late_answers.append(response)
+            return
+        turn.pending_permission = None
+        turn.permission_answer.send_nowait(response.get("response", {}))
+
+    # -- a turn ---------------------------------------------------------------------------
+
+    async def run_turn(self, turn: _Turn) -> None:
+        behaviour = turn.behaviour
+        if behaviour.init_delay:
+            await trio.sleep(behaviour.init_delay)
+        if self.session_id is None:
+            self.store.counter += 1
+            self.session_id = f"sess-{self.store.counter}"
+        if behaviour.persist:
+            self.store.sessions.setdefault(self.session_id, []).append(turn.text)
+        await self.post({"type": "system", "subtype": "init", "session_id": self.session_id,
+                         "argv": self.argv})
+        turn.init_sent = True
+        self.message_count += 1
+        message_id = f"msg_{self.link.generation}_{self.message_count}"
+        await self.stream({"type": "message_start", "message": {"id": message_id}})
+        words: list[str] = []
+        finished = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch_interrupt() -> None:
+                await turn.interrupted.wait()
+                if behaviour.stop_delay is None:
+                    return  # wedged: acknowledged, and it goes on as if nothing happened
+                await trio.sleep(behaviour.stop_delay)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_interrupt)
+            for index in range(behaviour.words):
+                if behaviour.crash_after is not None and index == behaviour.crash_after:
+                    await self.exit(3)
+                    return
+                if behaviour.permission and index == 1:
+                    if not await self.ask_permission(turn, nursery):
+                        break
+                words.append(f"w{index} ")
+                await self.stream(
+                    {"type": "content_block_delta", "index": 0,
+                     "delta": {"type": "text_delta", "text": words[-1]}}
+                )
+                await trio.sleep(behaviour.word_interval)
+            else:
+                finished = True
+            nursery.cancel_scope.cancel()
+        if not finished and behaviour.lost_result:
+            return  # stopped, but the result never comes (edge case 22)
+        await self.post(
+            {"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
+             "message": {"id": message_id, "role": "assistant",
+                         "content": [{"type": "text", "text": "".join(words)}]}}
+        )
+        self.turn = None
+        if finished:
+            await self.post(self.result(subtype="success", is_error=False,
+                                        terminal_reason="completed", result="".join(words)))
+        else:
+            await self.post({"type": "user", "session_id": self.session_id,
+                             "parent_tool_use_id": None,
+                             "message": {"role": "user", "content": [
+                                 {"type": "text", "text": "[Request interrupted by user]"}]}})
+            await self.post(self.result(subtype="error_during_execution", is_error=True,
+                                        terminal_reason=turn.aborted,
+                                        errors=["[ede_diagnostic] result_type=user"]))
+        if behaviour.background:
+            await trio.sleep(0.5)
+            await self.post(self.result(subtype="success", is_error=False,
+                                        terminal_reason="completed", result="background done"))
+
+    def result(self, **fields: Any) -> dict[str, Any]:
+        return {"type": "result", "num_turns": 1, "session_id": self.session_id, **fields}
+
+    async def stream(self, event: dict[str, Any]) -> None:
+        await self.post({"type": "stream_event", "event": event, "session_id": self.session_id,
+                         "parent_tool_use_id": None})
+
+    async def ask_permission(self, turn: _Turn, nursery: trio.Nursery) -> bool:
+        """Ask for the Bash tool; False when the turn must end here."""
+        self.next_request += 1
+        request_id = f"perm-{self.link.generation}-{self.next_request}"
+        send, receive = trio.open_memory_channel[dict[str, Any]](1)
+        turn.pending_permission = request_id
+        turn.permission_answer = send
+        tool_input = {"command": "rm -rf build"}
+        await self.post(
+            {"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
+             "message": {"id": f"msg_tool_{request_id}", "role": "assistant", "content": [
+                 {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": tool_input}]}}
+        )
+        await self.post(
+            {"type": "control_request", "request_id": request_id,
+             "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": tool_input,
+                         "tool_use_id": "toolu_1"}}
+        )
+        if turn.behaviour.withdraw_after is not None:
+
+            async def withdraw() -> None:
+                await trio.sleep(turn.behaviour.withdraw_after or 0)
+                if turn.pending_permission == request_id:
+                    turn.pending_permission = None
+                    await self.post({"type": "control_cancel_request", "request_id": request_id})
+                    send.send_nowait({"behavior": "withdrawn"})
+
+            nursery.start_soon(withdraw)
+        with trio.CancelScope(shield=True):  # the CLI waits on the answer, not the interrupt
+            answer = await receive.receive()
+        turn.permission_answer = None
+        behaviour = answer.get("behavior")
+        if behaviour == "allow":
+            assert answer.get("updatedInput") == tool_input
+            await self.post(self.tool_result("done", is_error=False))
+            return True
+        if behaviour == "deny" and answer.get("interrupt") is True:
+            # What the SDK's deny+interrupt does: the turn stops as if interrupted.
+            await self.post(self.tool_result("denied", is_error=True))
+            turn.aborted = "aborted_tools"
+            turn.interrupted.set()
+            return False
+        if behaviour == "deny":
+            await self.post(self.tool_result(str(answer.get("message")), is_error=True))
+            return True
+        # withdrawn: by the CLI itself, or because of an interrupt
+        await self.post(self.tool_result("withdrawn", is_error=True))
+        return not turn.interrupted.is_set()
+
+    def tool_result(self, text: str, *, is_error: bool) -> dict[str, Any]:
+        return {"type": "user", "session_id": self.session_id, "parent_tool_use_id": None,
+                "message": {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": text,
+                     "is_error": is_error}]}}

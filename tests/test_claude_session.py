@@ -1,0 +1,369 @@
+"""Tier 2: the unchanged session actor driving Claude Code's stream-json protocol, on virtual time.
+
+The scenario table of ``test_session_cancel.py`` against an in-memory Claude CLI
+(``fakes/memory_claude.py``): a cooperative cancel's receipt arrives exactly when the CLI writes
+its ``result``; a CLI that goes on after the interrupt, or acknowledges it and never writes the
+``result`` ("lost result"), is killed at exactly cancel time + grace and respawned with
+``--resume <the session id from system/init>``. Kills and respawns take no virtual time here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
+from helpers import Recorder
+from protocols import events as ev
+from protocols.claude import CLAUDE_COMMAND
+from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
+
+GRACE = 2.0
+
+
+def claude_spec(**changes: object) -> AgentSpec:
+    spec = AgentSpec(name="claude", protocol="claude", command=CLAUDE_COMMAND, grace_s=GRACE)
+    return spec.with_options(**changes) if changes else spec
+
+
+@asynccontextmanager
+async def running(
+    behaviour: ClaudeBehaviour | None = None, **spec_changes: object
+) -> AsyncIterator[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
+    launcher = ClaudeMemoryLauncher(behaviour)
+    async with open_supervisor(
+        agents={"claude": claude_spec(**spec_changes)}, launcher=launcher
+    ) as sup:
+        session = await sup.start_session("claude", cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            await recorder.catch_up()
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def interrupts(launcher: ClaudeMemoryLauncher) -> int:
+    return launcher.sent_subtypes().count("interrupt")
+
+
+async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(ClaudeBehaviour(words=5, word_interval=0.1)) as (session, launcher, rec):
+        assert launcher.sent_subtypes() == ["initialize"]
+        turn = await session.prompt("hello")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason, ended.receipt) == ("completed", "completed", None)
+        # Streamed deltas only: the whole assistant message is not repeated.
+        assert [e.text for e in rec.of_kind("message.delta")] == [f"w{i} " for i in range(5)]
+        assert session.state == "ready"
+        assert launcher.argvs == [list(CLAUDE_COMMAND)]
+
+
+async def test_cooperative_cancel_receipt_at_result_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(ClaudeBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        t0 = trio.current_time()
+        receipt = await session.cancel(reason="user")
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "aborted_streaming"
+        assert receipt.elapsed_ms == pytest.approx(50.0)
+        assert receipt.resumed is None and receipt.details == {}
+        assert session.state == "ready"  # terminate-then-respond
+        [ended] = rec.of_kind("turn.ended")
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "cancelled"
+        assert ended.error is None  # is_error true on an interrupted result is not an error
+        assert interrupts(launcher) == 1 and len(launcher.links) == 1
+
+
+@pytest.mark.parametrize("mode", ["ignore-cancel", "lost-result"])
+async def test_wedged_cli_killed_at_grace_and_resumed(
+    mode: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(ClaudeBehaviour(words=1000)) as (session, launcher, rec):
+        turn = await session.prompt(f"hello {mode}")
+        await rec.wait_for(is_delta, count=2)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt", "grace_expired", "sigterm", "respawned", "resumed"
+        ]
+        assert receipt.resumed is True
+        assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
+        assert session.state == "ready"
+        # The interrupt was acknowledged, which proves nothing: only the result ends a turn.
+        acks = [m for kind, gen, m in launcher.log
+                if kind == "from_agent" and gen == 1 and m.get("type") == "control_response"
+                and m["response"].get("response") == {"still_queued": []}]
+        assert len(acks) == 1
+        # The new CLI was started with --resume and the id the first one gave in system/init.
+        first_id = launcher.clis[0].session_id
+        assert first_id is not None
+        assert launcher.resumes == [None, first_id]
+        assert launcher.argvs[1] == [*CLAUDE_COMMAND, "--resume", first_id]
+        ended = [(e.turn_id, e.outcome) for e in rec.of_kind("turn.ended")
+                 if isinstance(e, ev.TurnEnded)]
+        assert ended == [(turn.id, "killed")]
+        # The resumed CLI continues the same conversation and takes the next prompt.
+        second = await session.prompt("again words=2 interval=0.01")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        assert launcher.clis[1].session_id == first_id
+        assert launcher.store.sessions[first_id] == [f"hello {mode}", "again words=2 interval=0.01"]
+        assert not [e for e in rec.of_kind("error")
+                    if isinstance(e, ev.ErrorEvent) and e.code == "resume_mismatch"]
+
+
+async def test_kill_before_the_cli_named_its_session_starts_fresh(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No system/init yet, so nothing to resume: a fresh CLI, and the receipt says so (None)."""
+    behaviour = ClaudeBehaviour(words=1000, init_delay=1000.0)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.resumed is None
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert launcher.resumes == [None, None]
+        assert session.state == "ready"
+
+
+async def test_resume_refused_starts_a_fresh_session(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The CLI lost the conversation: it refuses --resume before answering initialize.
+
+    The machine reports StartFailed(resume_failed=True); the actor starts the CLI once more
+    without --resume, and the receipt says the session could not be resumed (brief 4.5).
+    """
+    behaviour = ClaudeBehaviour(words=1000, stop_delay=None, persist=False)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "killed"
+        assert receipt.resumed is False
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert "fresh session" in receipt.summary()
+        assert session.state == "ready"
+        [refused] = [e for e in rec.of_kind("error")
+                     if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"]
+        assert "No conversation found with session ID: sess-1" in refused.message
+        assert len(launcher.links) == 3  # the killed CLI, the refused resume, the fresh one
+        turn = await session.prompt("again words=2")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+
+
+async def test_idle_cancel_sends_no_interrupt(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(ClaudeBehaviour(words=2)) as (session, launcher, rec):
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.escalation) == ("no_active_turn", [])
+        assert trio.current_time() == t0
+        turn = await session.prompt("hello")
+        await rec.wait_kind("turn.ended", turn_id=turn.id)
+        late = await session.cancel()
+        assert late.outcome == "no_active_turn"
+        # Stop on the turn that just finished: an honest "completed", still no interrupt.
+        named = await session.cancel(turn_id=turn.id)
+        assert named.outcome == "completed" and named.stop_reason == "completed"
+        await rec.catch_up()
+        assert interrupts(launcher) == 0
+        assert launcher.clis[0].idle_interrupts == 0
+
+
+async def test_concurrent_cancels_share_one_receipt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(ClaudeBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(cancel)
+        await rec.catch_up()
+        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
+        assert receipts[0].outcome == "cancelled"
+        assert interrupts(launcher) == 1
+        assert len(rec.of_kind("turn.ended")) == 1
+
+
+async def test_pending_permission_answered_before_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.0, permission=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
+        assert [o.option_id for o in requested.options] == ["allow", "deny"]
+        assert requested.tool_call["title"] == "Bash"
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() == t0
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        assert receipt.stop_reason == "aborted_tools"
+        # Interrupt first, then the deny; the CLI had withdrawn the request by then.
+        sent = [m for m in launcher.links[0].sent if m["type"] != "user"]
+        assert [m["type"] for m in sent] == [
+            "control_request", "control_request", "control_response"
+        ]
+        assert sent[1]["request"] == {"subtype": "interrupt"}
+        assert sent[2]["response"]["response"] == {
+            "behavior": "deny", "message": "The user stopped the turn", "interrupt": True
+        }
+        assert len(launcher.clis[0].late_answers) == 1
+        [resolved] = rec.of_kind("permission.resolved")
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
+        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
+        assert session.state == "ready"
+
+
+async def test_deny_with_interrupt_stops_a_cli_that_ignores_interrupts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The deny part of a cancel ends the turn by itself when the interrupt is not heard."""
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.0, permission=True, deaf=True)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("permission.requested")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() == t0
+        assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "aborted_tools")
+        assert launcher.clis[0].late_answers == []
+
+
+async def test_permission_answered_by_client(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = ClaudeBehaviour(words=3, permission=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        with pytest.raises(BadRequest):
+            await session.respond_permission(requested.request_id, "maybe")
+        await session.respond_permission(requested.request_id, "allow")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert [u.status for u in updates] == ["completed"]
+        with pytest.raises(BadRequest):
+            await session.respond_permission(requested.request_id, "allow")
+
+
+async def test_permission_withdrawn_by_the_cli(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = ClaudeBehaviour(words=3, permission=True, withdraw_after=0.5)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        resolved = await rec.wait_kind("permission.resolved")
+        assert isinstance(requested, ev.PermissionRequested)
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.request_id, resolved.outcome, resolved.by) == (
+            requested.request_id, "cancelled", "agent"
+        )
+        with pytest.raises(BadRequest):  # a dead prompt cannot be answered (edge case 18)
+            await session.respond_permission(requested.request_id, "allow")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert launcher.clis[0].late_answers == []
+
+
+async def test_interrupt_lost_before_init_is_sent_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Edge case 16: a CLI that drops an interrupt arriving before system/init still stops."""
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05, drop_early_interrupt=True,
+                                init_delay=0.3)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() - t0 == pytest.approx(0.35)
+        assert receipt.outcome == "cancelled"
+        assert receipt.details == {"interrupt_resent": True}
+        assert interrupts(launcher) == 2
+        assert launcher.clis[0].dropped_interrupts == 1
+
+
+async def test_exactly_one_turn_end_with_background_results(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(ClaudeBehaviour(words=2, word_interval=0.01)) as (session, launcher, rec):
+        first = await session.prompt("hello background")
+        await rec.wait_kind("turn.ended", turn_id=first.id)
+        extra = await rec.wait_kind("session.info", info_kind="result")
+        assert isinstance(extra, ev.SessionInfo) and extra.data["result"] == "background done"
+        second = await session.prompt("again")
+        ended = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert len(rec.of_kind("turn.ended")) == 2
+
+
+async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(ClaudeBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
+        first = await session.prompt("one")
+        second = await session.prompt("two")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert [d.turn_id for d in receipt.dropped_prompts] == [second.id]
+        assert launcher.clis[0].turns == ["one"]
+        ended = {e.turn_id: e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)}
+        assert ended[first.id].outcome == "cancelled"
+        assert ended[second.id].stop_reason == "dropped"
+
+
+async def test_crash_mid_turn_fails_turn_and_resumes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(ClaudeBehaviour(words=10)) as (session, launcher, rec):
+        turn = await session.prompt("crash=2")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        await session.wait_ready()
+        assert launcher.resumes == [None, launcher.clis[0].session_id]
+        second = await session.prompt("words=2")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+
+
+async def test_start_timeout_when_initialize_is_never_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    launcher = ClaudeMemoryLauncher(ClaudeBehaviour(start_delay=1000.0))
+    spec = claude_spec(start_timeout_s=5.0)
+    async with open_supervisor(agents={"claude": spec}, launcher=launcher) as sup:
+        t0 = trio.current_time()
+        with pytest.raises(AgentNotRunning, match="handshake"):
+            await sup.start_session("claude", cwd="/")
+        assert trio.current_time() - t0 == pytest.approx(5.0)
