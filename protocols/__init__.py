@@ -7,6 +7,7 @@ an agent's configuration to its machine; adding a protocol means adding an entry
 from __future__ import annotations
 
 from protocols.acp import AcpClient
+from protocols.amp import AmpClient
 from protocols.claude import ClaudeClient
 from protocols.codex import CodexClient
 from protocols.machine import AgentProtocol
@@ -15,6 +16,7 @@ __all__ = ["PROTOCOLS", "AgentProtocol", "new_machine"]
 
 PROTOCOLS: dict[str, type[AgentProtocol]] = {
     AcpClient.name: AcpClient,
+    AmpClient.name: AmpClient,
     ClaudeClient.name: ClaudeClient,
     CodexClient.name: CodexClient,
 }

@@ -59,6 +59,9 @@ DEFAULT_MAX_QUEUED = 32
 DEFAULT_SUBSCRIBER_BUFFER = 4096
 #: Agent items buffered between the pumps and the actor: backpressure on a flooding agent.
 _INBOX_SIZE = 256
+#: An agent that exits unexpectedly this many times without finishing a turn in between is
+#: not respawned again: the session fails with its last words instead of looping.
+MAX_EXITS_WITHOUT_TURN = 5
 #: Turns remembered so a late cancel naming one gets an honest answer.
 _ENDED_TURNS_KEPT = 64
 
@@ -233,6 +236,9 @@ class Session:
         self._establishing = False  # between spawn and SessionEstablished
         self._respawn_after_kill = False  # the kill in flight is for a fresh start
         self._resume_refused: str | None = None  # why the last resume was refused
+        self._exits_without_turn = 0  # unexpected exits since a turn last finished
+        self._spawned_resume: str | None = None  # the resume the live process was started with
+        self._heard_from_live = False  # the live process has written at least one frame
         self._done = False
         self.exit_status: ExitStatus | None = None
 
@@ -586,6 +592,7 @@ class Session:
             self._closed(item.status)
 
     def _on_frame(self, item: AgentFrame) -> None:
+        self._heard_from_live = True
         frame = item.frame
         if isinstance(frame, FramingError):
             self._emit(
@@ -635,6 +642,7 @@ class Session:
         turn = self._turn
         if turn is None or turn.id != finished.turn_id:
             return
+        self._exits_without_turn = 0
         job = turn.cancel
         if job is None:
             # Nobody here asked it to stop; but a person may have stopped it inside the agent
@@ -771,6 +779,11 @@ class Session:
             # It died before the handshake finished: respawning would only loop.
             self._start_failed(detail)
             return
+        self._exits_without_turn += 1
+        if self._exits_without_turn >= MAX_EXITS_WITHOUT_TURN:
+            self._start_failed(f"the agent exited {self._exits_without_turn} times in a row: {detail}")
+            return
+        resumed_process_was_mute = self._spawned_resume is not None and not self._heard_from_live
         turn = self._turn
         if turn is not None:
             job = turn.cancel
@@ -783,14 +796,20 @@ class Session:
                 job.outcome = "cancelled"
                 job.stop_reason = "agent_exited"
                 self._set_state("cancelling", detail)
-                self._respawn()
-                return
+        if resumed_process_was_mute:
+            # Protocols without a handshake (Amp) cannot refuse a resume; a resumed process
+            # that dies before saying anything is how they say it. Go on fresh.
+            self._resume_refused = detail
+            self._resume_from = None
+            self._emit(ev.ErrorEvent(code="resume_failed", message=detail))
         self._respawn()
 
     # -- the agent process ---------------------------------------------------------------------
 
     def _spawn(self) -> None:
         self._establishing = True
+        self._spawned_resume = self._resume_from
+        self._heard_from_live = False
         self._generation += 1
         self._start_deadline = trio.current_time() + self.spec.start_timeout_s
         assert self._nursery is not None
