@@ -50,7 +50,9 @@ class RawAgent:
             data = await self.process.stdout.receive_some(65536)
             if not data:
                 raise EOFError("agent exited")
-            self.pending.extend(f.payload for f in self.decoder.feed(data) if isinstance(f, Message))
+            self.pending.extend(
+                f.payload for f in self.decoder.feed(data) if isinstance(f, Message)
+            )
         return self.pending.pop(0)
 
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -75,10 +77,15 @@ class RawAgent:
         )
         while True:  # the turn is running once the first word arrives
             message = await self.receive()
-            if message.get("params", {}).get("update", {}).get("sessionUpdate") == "agent_message_chunk":
+            if (
+                message.get("params", {}).get("update", {}).get("sessionUpdate")
+                == "agent_message_chunk"
+            ):
                 break
         start = time.perf_counter()
-        await self.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}})
+        await self.send(
+            {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session_id}}
+        )
         while True:
             message = await self.receive()
             if message.get("id") == request_id and "method" not in message:
@@ -113,7 +120,9 @@ async def main(rounds: int) -> dict[str, Any]:
     try:
         raw = RawAgent(process)
         await raw.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
-        session_id = (await raw.call("session/new", {"cwd": "/", "mcpServers": []}))["result"]["sessionId"]
+        session_id = (await raw.call("session/new", {"cwd": "/", "mcpServers": []}))["result"][
+            "sessionId"
+        ]
         async with open_supervisor(agents={"bench": spec}) as sup:
             session = await sup.start_session("bench", cwd="/")
             for _ in range(5):  # warm-up, both sides
@@ -144,10 +153,18 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
     figures = trio.run(main, args.rounds)
-    print(f"cancel overhead over {figures['rounds']} cooperative cancels (agent stops 1 ms after the cancel)")
-    print(f"  baseline   (hand-written session/cancel): p50 {figures['baseline_p50_ms']:.2f} ms  p99 {figures['baseline_p99_ms']:.2f} ms")
-    print(f"  supervisor (session.cancel -> receipt):   p50 {figures['supervisor_p50_ms']:.2f} ms  p99 {figures['supervisor_p99_ms']:.2f} ms")
-    print(f"  overhead: p50 {figures['overhead_p50_ms']:.2f} ms, p99 {figures['overhead_p99_ms']:.2f} ms (targets: <= 1 ms, <= 5 ms)")
+    print(
+        f"cancel overhead over {figures['rounds']} cooperative cancels (agent stops 1 ms after the cancel)"
+    )
+    print(
+        f"  baseline   (hand-written session/cancel): p50 {figures['baseline_p50_ms']:.2f} ms  p99 {figures['baseline_p99_ms']:.2f} ms"
+    )
+    print(
+        f"  supervisor (session.cancel -> receipt):   p50 {figures['supervisor_p50_ms']:.2f} ms  p99 {figures['supervisor_p99_ms']:.2f} ms"
+    )
+    print(
+        f"  overhead: p50 {figures['overhead_p50_ms']:.2f} ms, p99 {figures['overhead_p99_ms']:.2f} ms (targets: <= 1 ms, <= 5 ms)"
+    )
     if args.json:
         print(json.dumps(figures))
     print(f"ratio supervisor/baseline p50: {figures['ratio_p50']:.2f}")

@@ -245,9 +245,7 @@ class AcpClient(AgentProtocol):
         if response.error is not None:
             if response.error.code == REQUEST_CANCELLED:
                 return Step(events=[TurnFinished(turn_id, "cancelled", interrupted=True)])
-            return Step(
-                events=[TurnFinished(turn_id, None, error=response.error.describe())]
-            )
+            return Step(events=[TurnFinished(turn_id, None, error=response.error.describe())])
         result = response.result if isinstance(response.result, dict) else {}
         stop_reason = result.get("stopReason")
         if not isinstance(stop_reason, str):

@@ -61,7 +61,10 @@ class AmpClient(ClaudeClient):
         step = super().prompt(turn_id, text)
         # Amp's input format wants content blocks, and no Claude session fields.
         step.send = [
-            {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]}}
+            {
+                "type": "user",
+                "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+            }
         ]
         return step
 

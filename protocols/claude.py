@@ -494,9 +494,7 @@ class ClaudeClient(AgentProtocol):
             if not reported_interrupt:
                 error = _describe(message)
         details: dict[str, Any] = {"interrupt_resent": True} if self._interrupt_resent else {}
-        return Step(
-            events=[TurnFinished(turn_id, reason or subtype, interrupted, error, details)]
-        )
+        return Step(events=[TurnFinished(turn_id, reason or subtype, interrupted, error, details)])
 
     # -- content --------------------------------------------------------------------------
 
@@ -595,9 +593,7 @@ class ClaudeClient(AgentProtocol):
                     )
                 )
             elif kind == "text" and isinstance(block.get("text"), str):
-                step.events.append(
-                    ev.MessageDelta(turn_id=turn, text=block["text"], role="user")
-                )
+                step.events.append(ev.MessageDelta(turn_id=turn, text=block["text"], role="user"))
         return step
 
     def _on_tool_progress(self, message: dict[str, Any]) -> Step:

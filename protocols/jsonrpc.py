@@ -97,7 +97,11 @@ class InvalidMessage:
 
 
 Incoming = (
-    IncomingRequest | IncomingNotification | IncomingResponse[Any] | UnknownResponse | InvalidMessage
+    IncomingRequest
+    | IncomingNotification
+    | IncomingResponse[Any]
+    | UnknownResponse
+    | InvalidMessage
 )
 
 

@@ -44,7 +44,23 @@ _EXPORTS = {
     "open_supervisor": "supervisor.supervisor",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AgentNotRunning",
+    "AgentSpec",
+    "BadRequest",
+    "CancelReceipt",
+    "ConfigError",
+    "DroppedPrompt",
+    "Session",
+    "SessionNotFound",
+    "SessionSummary",
+    "Subscription",
+    "Supervisor",
+    "SupervisorError",
+    "TurnHandle",
+    "load_agents",
+    "open_supervisor",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -41,7 +41,11 @@ STDOUT_EOF_GRACE_S = 2.0
 
 class ProcessLink(AgentLink):
     def __init__(
-        self, process: AgentProcess, spec: AgentSpec, generation: int, inbox: trio.MemorySendChannel[Any]
+        self,
+        process: AgentProcess,
+        spec: AgentSpec,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
     ) -> None:
         self.process = process
         self.generation = generation

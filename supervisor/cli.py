@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="serve the WebSocket gateway, the web UI and the HTTP API on one port"
     )
-    serve.add_argument("--config", help="agents TOML file (the built-in demo agent is always there)")
+    serve.add_argument(
+        "--config", help="agents TOML file (the built-in demo agent is always there)"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
     serve.add_argument("--token", help="access token (default: a new random one)")
@@ -146,13 +148,9 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
         printer.line(
             f"2. A stubborn agent (--ignore-cancel): it ignores the interrupt. After {grace:g} s"
         )
-        printer.line(
-            "   of grace the supervisor kills its whole process tree, starts it again and"
-        )
+        printer.line("   of grace the supervisor kills its whole process tree, starts it again and")
         printer.line("   resumes the session (ACP session/load), then answers.")
-        stubborn = demo.with_args("--delay", "0.05", "--ignore-cancel").with_options(
-            grace_s=grace
-        )
+        stubborn = demo.with_args("--delay", "0.05", "--ignore-cancel").with_options(grace_s=grace)
         session = await supervisor.start_session(stubborn)
         printer.line(f"   started session {session.id}")
         await _prompt_and_stop(session, printer, "Refactor the whole parser", words_before_stop)

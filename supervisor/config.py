@@ -204,9 +204,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
             or not math.isfinite(value)
             or value < 0
         ):
-            raise ConfigError(
-                f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}"
-            )
+            raise ConfigError(f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}")
         numbers[key] = float(value)
     description = table.get("description", "")
     cwd = table.get("cwd")

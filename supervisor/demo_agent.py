@@ -315,7 +315,9 @@ def _text_of(prompt: Any) -> str:
 class DemoAgent:
     """The ACP agent: reads requests, runs turns and writes replies."""
 
-    def __init__(self, options: Options, stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream) -> None:
+    def __init__(
+        self, options: Options, stdin: trio.abc.ReceiveStream, stdout: trio.abc.SendStream
+    ) -> None:
         self.options = options
         self.stdin = stdin
         self.stdout = stdout
@@ -493,7 +495,9 @@ class DemoAgent:
             await self.respond_error(None, PARSE_ERROR, f"Parse error: {exc}")
             return
         if not isinstance(message, dict):
-            await self.respond_error(None, INVALID_REQUEST, "Invalid Request: expected a JSON object")
+            await self.respond_error(
+                None, INVALID_REQUEST, "Invalid Request: expected a JSON object"
+            )
             return
         has_id = "id" in message
         request_id = message.get("id")
@@ -669,17 +673,25 @@ class DemoAgent:
         try:
             with turn.scope:
                 await self._turn_body(turn)
-            cancelled = turn.cancel_requested or turn.outcome_cancelled or turn.scope.cancelled_caught
+            cancelled = (
+                turn.cancel_requested or turn.outcome_cancelled or turn.scope.cancelled_caught
+            )
             # Pending updates go out before the prompt's answer.
             for call_id in turn.open_tool_calls:
                 await self.update(
                     session_id,
-                    {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"},
+                    {
+                        "sessionUpdate": "tool_call_update",
+                        "toolCallId": call_id,
+                        "status": "failed",
+                    },
                 )
             for request_id in list(turn.pending_requests):
                 pending = self.pending.pop(request_id, None)
                 if pending is not None and not pending.event.is_set():
-                    await self.send({"method": "$/cancel_request", "params": {"requestId": request_id}})
+                    await self.send(
+                        {"method": "$/cancel_request", "params": {"requestId": request_id}}
+                    )
             if turn.reply_parts:
                 turn.session.history.append(HistoryEntry("agent", "".join(turn.reply_parts)))
             self.save(turn.session)
@@ -931,7 +943,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "Prompt directives: permission crash grandchildren garbage huge flood fail mute "
         "slow fast ignore-cancel words=N delay=S stop-delay=S.",
     )
-    parser.add_argument("--words", type=int, default=defaults.words, help="words per reply (default 40)")
+    parser.add_argument(
+        "--words", type=int, default=defaults.words, help="words per reply (default 40)"
+    )
     parser.add_argument(
         "--delay", type=float, default=defaults.delay, help="seconds between words (default 0.05)"
     )
@@ -942,9 +956,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="seconds to keep streaming after session/cancel (default 0)",
     )
     parser.add_argument(
-        "--ignore-cancel", action="store_true", help="ignore session/cancel; turns end with end_turn"
+        "--ignore-cancel",
+        action="store_true",
+        help="ignore session/cancel; turns end with end_turn",
     )
-    parser.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM from the start")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="ignore SIGTERM from the start"
+    )
     parser.add_argument(
         "--permission-watches-cancel",
         action="store_true",

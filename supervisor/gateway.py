@@ -183,11 +183,18 @@ class Gateway:
                 if first and urlsplit(target).path == "/ws":
                     await self._websocket(stream, conn, bytes(raw), headers, target)
                 else:
-                    await self._respond(conn, stream, 400, _json_error("bad_request", "upgrade only at /ws, as the first request"))
+                    await self._respond(
+                        conn,
+                        stream,
+                        400,
+                        _json_error("bad_request", "upgrade only at /ws, as the first request"),
+                    )
                 return
             body = await self._read_body(conn, stream)
             if body is None:
-                await self._respond(conn, stream, 413, _json_error("too_large", "request body too large"))
+                await self._respond(
+                    conn, stream, 413, _json_error("too_large", "request body too large")
+                )
                 return
             status, content_type, payload, extra = await self._route(
                 event.method.decode(), target, headers, body
@@ -269,20 +276,44 @@ class Gateway:
         denied = self._check(headers, query)
         if denied is not None:
             if path in ("/", "/index.html") and denied == "unauthorized":
-                page = _page("Token needed", "Open the URL that <code>agent-supervisor serve</code> printed (it ends in <code>?token=...</code>).")
+                page = _page(
+                    "Token needed",
+                    "Open the URL that <code>agent-supervisor serve</code> printed"
+                    " (it ends in <code>?token=...</code>).",
+                )
                 return 401, "text/html; charset=utf-8", page, []
-            return _HTTP_STATUS[denied], "application/json", _json_error(denied, _DENIED[denied]), []
+            return (
+                _HTTP_STATUS[denied],
+                "application/json",
+                _json_error(denied, _DENIED[denied]),
+                [],
+            )
         if method == "GET" and path in ("/", "/index.html"):
-            return 200, "text/html; charset=utf-8", _static("index.html"), [("content-security-policy", _CSP)]
+            return (
+                200,
+                "text/html; charset=utf-8",
+                _static("index.html"),
+                [("content-security-policy", _CSP)],
+            )
         if method == "GET" and path == "/v1/sessions":
             return 200, "application/json", _json(self._sessions_result()), []
         if method == "GET" and path == "/v1/agents":
             return 200, "application/json", _json(self._agents_result()), []
         segments = [unquote(s) for s in path.split("/")]
-        if method == "POST" and len(segments) == 5 and segments[1:3] == ["v1", "sessions"] and segments[4] == "abort":
+        if (
+            method == "POST"
+            and len(segments) == 5
+            and segments[1:3] == ["v1", "sessions"]
+            and segments[4] == "abort"
+        ):
             return await self._http_abort(segments[3], body)
         if path in ("/", "/index.html", "/v1/sessions", "/v1/agents") or path.endswith("/abort"):
-            return 405, "application/json", _json_error("bad_request", f"{method} not allowed on {path}"), []
+            return (
+                405,
+                "application/json",
+                _json_error("bad_request", f"{method} not allowed on {path}"),
+                [],
+            )
         return 404, "application/json", _json_error("not_found", f"no route {path}"), []
 
     async def _http_abort(
@@ -304,13 +335,23 @@ class Gateway:
             session = self.supervisor.get(session_id)
             receipt = await session.cancel(turn_id=task_id, reason=reason)
         except SupervisorError as exc:
-            return _HTTP_STATUS.get(exc.code, 500), "application/json", _json_error(exc.code, str(exc)), []
+            return (
+                _HTTP_STATUS.get(exc.code, 500),
+                "application/json",
+                _json_error(exc.code, str(exc)),
+                [],
+            )
         return 200, "application/json", _json({**receipt_to_wire(receipt), "success": True}), []
 
     def _sessions_result(self) -> dict[str, Any]:
         return {
             "sessions": [
-                {"session_id": s.session_id, "agent": s.agent, "state": s.state, "turn_id": s.turn_id}
+                {
+                    "session_id": s.session_id,
+                    "agent": s.agent,
+                    "state": s.state,
+                    "turn_id": s.turn_id,
+                }
                 for s in self.supervisor.list()
             ]
         }
@@ -335,7 +376,9 @@ class Gateway:
     ) -> None:
         denied = self._check(headers, parse_qs(urlsplit(target).query))
         if denied is not None:
-            await self._respond(conn, stream, _HTTP_STATUS[denied], _json_error(denied, _DENIED[denied]))
+            await self._respond(
+                conn, stream, _HTTP_STATUS[denied], _json_error(denied, _DENIED[denied])
+            )
             return
         async with trio.open_nursery() as nursery:
             request = await wrap_server_stream(
@@ -357,7 +400,9 @@ class _Client:
         self.supervisor = gateway.supervisor
         self.websocket = websocket
         self.limits = gateway.limits
-        self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](self.limits.outgoing_buffer)
+        self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](
+            self.limits.outgoing_buffer
+        )
         self._pending = 0
         self._subscriptions: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
@@ -384,7 +429,11 @@ class _Client:
             return
         if self._pending >= self.limits.max_pending:
             self._send_nowait_or_spawn(
-                error_response(decoded.id, "overloaded", f"more than {self.limits.max_pending} requests in flight")
+                error_response(
+                    decoded.id,
+                    "overloaded",
+                    f"more than {self.limits.max_pending} requests in flight",
+                )
             )
             return
         self._pending += 1
@@ -444,11 +493,15 @@ class _Client:
             turn = await session.prompt(payload["text"])
             return {"turn_id": turn.id, "queued": turn.queued}
         if action == "agent.cancel":
-            receipt = await session.cancel(turn_id=payload.get("task_id"), reason=payload.get("reason"))
+            receipt = await session.cancel(
+                turn_id=payload.get("task_id"), reason=payload.get("reason")
+            )
             return {**receipt_to_wire(receipt), "success": True}
         if action == "permission.respond":
             await session.respond_permission(
-                payload["request_id"], payload.get("option_id"), cancelled=bool(payload.get("cancelled"))
+                payload["request_id"],
+                payload.get("option_id"),
+                cancelled=bool(payload.get("cancelled")),
             )
             return {}
         if action == "session.stop":
@@ -471,7 +524,9 @@ class _Client:
         )
         self._nursery.start_soon(self._forward, session, subscription, scope)
 
-    async def _forward(self, session: Session, subscription: Subscription, scope: trio.CancelScope) -> None:
+    async def _forward(
+        self, session: Session, subscription: Subscription, scope: trio.CancelScope
+    ) -> None:
         """Session events to this client, in order. Waiting here never slows the session:
         if this client falls too far behind, the session cuts the subscription off."""
         with scope:
@@ -480,7 +535,12 @@ class _Client:
                     await self._out_send.send(event_to_wire(event))
                 notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
                 await self._out_send.send(
-                    {"event": notice, "session_id": session.id, "seq": None, "data": {"last_seq": subscription.last_seq}}
+                    {
+                        "event": notice,
+                        "session_id": session.id,
+                        "seq": None,
+                        "data": {"last_seq": subscription.last_seq},
+                    }
                 )
             finally:
                 subscription.close()
@@ -523,7 +583,11 @@ _DENIED = {
 }
 
 #: The page is self-contained: its own script and style, and a WebSocket back to us.
-_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline';"
+    " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
+    " frame-ancestors 'none'"
+)
 
 
 def _json(value: Any) -> bytes:
@@ -552,4 +616,3 @@ def _url_host(host: str) -> str:
 
 def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1", "[::1]") or host.startswith("127.")
-

@@ -31,6 +31,7 @@ a tree that ignores SIGTERM ~15 ms after ``term_timeout`` runs out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -333,7 +334,7 @@ class AgentProcess:
                 for proc in alive:
                     _quietly_signal(proc, signal.SIGKILL)
                 await trio.to_thread.run_sync(
-                    lambda: psutil.wait_procs(alive, timeout=VERIFY_SLICE_S),
+                    functools.partial(psutil.wait_procs, alive, timeout=VERIFY_SLICE_S),
                     limiter=self._thread_limiter,
                 )
                 alive = [proc for proc in alive if _is_alive(proc)]

@@ -266,7 +266,9 @@ class Session:
             raise BadRequest("prompt text must be a non-empty string")
         return await self._call(lambda reply: _Prompt(text, reply))
 
-    async def cancel(self, *, turn_id: str | None = None, reason: str | None = None) -> CancelReceipt:
+    async def cancel(
+        self, *, turn_id: str | None = None, reason: str | None = None
+    ) -> CancelReceipt:
         """Stop the current turn (or ``turn_id``); returns only once that turn has ended."""
         return await self._call(lambda reply: _Cancel(turn_id, reason, reply))
 
@@ -397,7 +399,9 @@ class Session:
         now = trio.current_time()
         if self._start_deadline is not None and now >= self._start_deadline:
             self._start_deadline = None
-            self._start_failed(f"agent did not finish its handshake in {self.spec.start_timeout_s} s")
+            self._start_failed(
+                f"agent did not finish its handshake in {self.spec.start_timeout_s} s"
+            )
         turn = self._turn
         if turn is not None and turn.cancel is not None and turn.cancel.deadline is not None:
             if now >= turn.cancel.deadline:
@@ -688,7 +692,10 @@ class Session:
             self._remember(
                 turn.id,
                 CancelReceipt(
-                    session_id=self.id, turn_id=turn.id, outcome="completed", stop_reason=stop_reason
+                    session_id=self.id,
+                    turn_id=turn.id,
+                    outcome="completed",
+                    stop_reason=stop_reason,
                 ),
             )
         self._turn = None
@@ -781,7 +788,9 @@ class Session:
             return
         self._exits_without_turn += 1
         if self._exits_without_turn >= MAX_EXITS_WITHOUT_TURN:
-            self._start_failed(f"the agent exited {self._exits_without_turn} times in a row: {detail}")
+            self._start_failed(
+                f"the agent exited {self._exits_without_turn} times in a row: {detail}"
+            )
             return
         resumed_process_was_mute = self._spawned_resume is not None and not self._heard_from_live
         turn = self._turn

@@ -306,5 +306,6 @@ def main() -> "NoReturn":
     shim.run(wake_r)
     _exit_like(shim.agent_status)
 
+
 if __name__ == "__main__":
     main()

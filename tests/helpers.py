@@ -26,9 +26,7 @@ class Recorder:
                 self._changed.set()
                 self._changed = trio.Event()
 
-    async def wait_for(
-        self, predicate: Callable[[ev.Event], bool], *, count: int = 1
-    ) -> ev.Event:
+    async def wait_for(self, predicate: Callable[[ev.Event], bool], *, count: int = 1) -> ev.Event:
         """The ``count``-th event matching ``predicate`` (waits for it)."""
         while True:
             matches = [event for event in self.events if predicate(event)]

@@ -168,15 +168,21 @@ def test_load_session_capability_must_be_true_not_truthy() -> None:
     client = AcpClient()
     client.start(cwd="/w", resume="sess-old")
     step = client.receive(
-        {"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1,
-                                               "agentCapabilities": {"loadSession": "yes"}}}
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "result": {"protocolVersion": 1, "agentCapabilities": {"loadSession": "yes"}},
+        }
     )
     assert [m["method"] for m in step.send] == ["session/new"]
 
 
 def test_capabilities_and_info_are_kept() -> None:
     client = established(capabilities={"loadSession": False, "promptCapabilities": {"image": True}})
-    assert client.agent_capabilities == {"loadSession": False, "promptCapabilities": {"image": True}}
+    assert client.agent_capabilities == {
+        "loadSession": False,
+        "promptCapabilities": {"image": True},
+    }
     assert client.agent_info == {}
 
 
@@ -198,19 +204,37 @@ def test_every_session_update_kind_in_the_goldens() -> None:
         if "agent" in step and step["agent"].get("method") == "session/update"
     }
     assert kinds >= {
-        "agent_message_chunk", "user_message_chunk", "agent_thought_chunk", "tool_call",
-        "tool_call_update", "plan", "available_commands_update", "current_mode_update",
-        "config_option_update", "session_info_update", "usage_update", "notice",
-        "compaction_update", "compaction_summary_chunk",
+        "agent_message_chunk",
+        "user_message_chunk",
+        "agent_thought_chunk",
+        "tool_call",
+        "tool_call_update",
+        "plan",
+        "available_commands_update",
+        "current_mode_update",
+        "config_option_update",
+        "session_info_update",
+        "usage_update",
+        "notice",
+        "compaction_update",
+        "compaction_summary_chunk",
     }
 
 
 # --- Robustness: no message from the agent crashes the machine ----------------------------
 
-json_scalars = st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=False) | st.text(max_size=5)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=5)
+)
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 methods = st.sampled_from(
@@ -220,12 +244,29 @@ update_params = st.fixed_dictionaries(
     {"sessionId": st.sampled_from(["sess-1", "other"]) | json_scalars},
     optional={
         "update": st.fixed_dictionaries(
-            {"sessionUpdate": st.sampled_from(
-                ["agent_message_chunk", "tool_call", "tool_call_update", "plan", "usage_update", "?"]
-            ) | json_scalars},
-            optional={"content": json_values, "toolCallId": json_values, "status": json_values,
-                      "entries": json_values, "kind": json_values, "title": json_values},
-        ) | json_values
+            {
+                "sessionUpdate": st.sampled_from(
+                    [
+                        "agent_message_chunk",
+                        "tool_call",
+                        "tool_call_update",
+                        "plan",
+                        "usage_update",
+                        "?",
+                    ]
+                )
+                | json_scalars
+            },
+            optional={
+                "content": json_values,
+                "toolCallId": json_values,
+                "status": json_values,
+                "entries": json_values,
+                "kind": json_values,
+                "title": json_values,
+            },
+        )
+        | json_values
     },
 )
 agent_messages = st.fixed_dictionaries(
@@ -234,7 +275,9 @@ agent_messages = st.fixed_dictionaries(
         "jsonrpc": st.just("2.0") | json_scalars,
         "id": st.integers(0, 4) | st.text(max_size=2) | json_values,
         "method": methods | json_values,
-        "params": update_params | st.fixed_dictionaries({"requestId": st.integers(0, 4)}) | json_values,
+        "params": update_params
+        | st.fixed_dictionaries({"requestId": st.integers(0, 4)})
+        | json_values,
         "result": json_values,
         "error": json_values,
     },
@@ -302,8 +345,12 @@ def test_update_without_session_id_before_the_session_exists_is_unparsed() -> No
     message = {
         "jsonrpc": "2.0",
         "method": "session/update",
-        "params": {"update": {"sessionUpdate": "agent_message_chunk",
-                              "content": {"type": "text", "text": "who am I?"}}},
+        "params": {
+            "update": {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "who am I?"},
+            }
+        },
     }
     step = client.receive(copy.deepcopy(message))
     assert [event_to_dict(e) for e in step.events] == [{"kind": "agent.unparsed", "raw": message}]

@@ -28,25 +28,43 @@ def test_command_continues_the_thread_on_resume() -> None:
     assert AmpClient.command(BASE, None) == BASE
     assert AmpClient.command(BASE, "T-1") == ["amp", "threads", "continue", "T-1", *BASE[1:]]
     wrapped = ["node", "amp.js", "--execute"]
-    assert AmpClient.command(wrapped, "T-1") == ["node", "amp.js", "threads", "continue", "T-1", "--execute"]
+    assert AmpClient.command(wrapped, "T-1") == [
+        "node",
+        "amp.js",
+        "threads",
+        "continue",
+        "T-1",
+        "--execute",
+    ]
 
 
 def test_established_at_once_and_resumed_when_asked() -> None:
     assert AmpClient().start(cwd="/").events == [SessionEstablished(None, resumed=None)]
-    assert AmpClient().start(cwd="/", resume="T-1").events == [SessionEstablished("T-1", resumed=True)]
+    assert AmpClient().start(cwd="/", resume="T-1").events == [
+        SessionEstablished("T-1", resumed=True)
+    ]
 
 
 def test_turn_streams_and_ends_at_result() -> None:
     amp = AmpClient()
     amp.start(cwd="/")
     step = amp.prompt("t1", "hello")
-    assert step.send == [{"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": "hello"}]}}]
+    assert step.send == [
+        {
+            "type": "user",
+            "message": {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        }
+    ]
     [init] = amp.receive({"type": "system", "subtype": "init", "session_id": "T-9"}).events
     assert isinstance(init, ev.SessionInfo) and init.info_kind == "init"
     assert amp.agent_session_id == "T-9"
-    delta = amp.receive({"type": "assistant", "message": {"id": "m1", "content": [{"type": "text", "text": "hi "}]}})
+    delta = amp.receive(
+        {"type": "assistant", "message": {"id": "m1", "content": [{"type": "text", "text": "hi "}]}}
+    )
     assert delta.events == [ev.MessageDelta(turn_id="t1", text="hi ")]
-    end = amp.receive({"type": "result", "subtype": "success", "is_error": False, "session_id": "T-9"})
+    end = amp.receive(
+        {"type": "result", "subtype": "success", "is_error": False, "session_id": "T-9"}
+    )
     assert end.events == [TurnFinished("t1", "success", interrupted=False)]
 
 
@@ -66,8 +84,16 @@ def test_cancel_is_one_sigint_and_nothing_in_band() -> None:
 
 
 def amp_spec(tmp_path: Path, *extra: str) -> AgentSpec:
-    command = [sys.executable, str(FAKE_AMP), "--execute", "--stream-json", "--stream-json-input",
-               "--state-dir", str(tmp_path), *extra]
+    command = [
+        sys.executable,
+        str(FAKE_AMP),
+        "--execute",
+        "--stream-json",
+        "--stream-json-input",
+        "--state-dir",
+        str(tmp_path),
+        *extra,
+    ]
     return AgentSpec(name="amp", protocol="amp", command=command, grace_s=1.0, kill_timeout_s=0.5)
 
 
@@ -92,7 +118,13 @@ async def test_cancel_through_the_supervisor(tmp_path: Path, ignores_sigint: boo
                 receipt = await session.cancel()
                 if ignores_sigint:
                     assert receipt.outcome == "killed"
-                    assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
+                    assert receipt.escalation == [
+                        "interrupt",
+                        "grace_expired",
+                        "sigterm",
+                        "respawned",
+                        "resumed",
+                    ]
                 else:
                     assert receipt.outcome == "cancelled" and receipt.stop_reason == "agent_exited"
                     assert receipt.escalation == ["interrupt", "respawned", "resumed"]
@@ -104,7 +136,11 @@ async def test_cancel_through_the_supervisor(tmp_path: Path, ignores_sigint: boo
                 ended = await rec.wait_kind("turn.ended", turn_id=second.id)
                 assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
                 # The respawned CLI continued the same thread.
-                inits = [e for e in rec.of_kind("agent.stderr") if isinstance(e, ev.AgentStderr) and "continuing" in e.line]
+                inits = [
+                    e
+                    for e in rec.of_kind("agent.stderr")
+                    if isinstance(e, ev.AgentStderr) and "continuing" in e.line
+                ]
                 assert inits and thread is not None and thread in inits[-1].line
                 rec.check_invariants()
                 nursery.cancel_scope.cancel()
@@ -137,7 +173,11 @@ async def test_lost_thread_goes_on_fresh(tmp_path: Path) -> None:
                         break
                     assert ended.error is not None and "not found" in ended.error
                 assert outcomes[-1] == "completed"
-                assert [e for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"]
+                assert [
+                    e
+                    for e in rec.of_kind("error")
+                    if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"
+                ]
                 nursery.cancel_scope.cancel()
 
 
@@ -145,8 +185,8 @@ async def test_lost_thread_goes_on_fresh(tmp_path: Path) -> None:
 
 
 async def test_sigint_stop_on_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
-    from fakes.memory_amp import AmpMemoryLauncher
     from fakes.memory_agent import Behaviour
+    from fakes.memory_amp import AmpMemoryLauncher
 
     launcher = AmpMemoryLauncher(Behaviour(words=1000, stop_delay=0.05))
     spec = AgentSpec(name="amp", protocol="amp", command=BASE, grace_s=2.0)
@@ -172,9 +212,11 @@ async def test_sigint_stop_on_virtual_time(autojump_clock: trio.testing.MockCloc
             nursery.cancel_scope.cancel()
 
 
-async def test_amp_ignoring_sigint_is_killed_at_grace(autojump_clock: trio.testing.MockClock) -> None:
-    from fakes.memory_amp import AmpMemoryLauncher
+async def test_amp_ignoring_sigint_is_killed_at_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     from fakes.memory_agent import Behaviour
+    from fakes.memory_amp import AmpMemoryLauncher
 
     launcher = AmpMemoryLauncher(Behaviour(words=1000, stop_delay=None))
     spec = AgentSpec(name="amp", protocol="amp", command=BASE, grace_s=2.0)

@@ -185,7 +185,7 @@ class Terminal:
         except trio.TooSlowError:
             raise AssertionError(
                 f"no {pattern!r} within {timeout} s; after the last match it showed:\n"
-                f"{self.text[self._pos:]!r}"
+                f"{self.text[self._pos :]!r}"
             ) from None
 
     async def wait_exit(self, timeout: float = EXIT_S) -> int:

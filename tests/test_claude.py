@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_acp import event_to_dict, step_to_dict
 
 from protocols import PROTOCOLS, new_machine
 from protocols.claude import CLAUDE_COMMAND, ClaudeClient
 from protocols.machine import SessionEstablished, Step, TurnFinished, UnknownPermission
-from test_acp import event_to_dict, step_to_dict
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "claude"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
@@ -157,8 +157,14 @@ def test_default_request_ids_look_like_the_sdks() -> None:
     client = ClaudeClient()
     [initialize] = client.start(cwd="/w").send
     client.receive(
-        {"type": "control_response",
-         "response": {"subtype": "success", "request_id": initialize["request_id"], "response": {}}}
+        {
+            "type": "control_response",
+            "response": {
+                "subtype": "success",
+                "request_id": initialize["request_id"],
+                "response": {},
+            },
+        }
     )
     client.prompt("t1", "go")
     [interrupt] = client.cancel().send
@@ -171,8 +177,10 @@ def established(resume: str | None = None) -> ClaudeClient:
     client = machine()
     client.start(cwd="/w", resume=resume)
     step = client.receive(
-        {"type": "control_response",
-         "response": {"subtype": "success", "request_id": f"req_1_{NONCE}", "response": {}}}
+        {
+            "type": "control_response",
+            "response": {"subtype": "success", "request_id": f"req_1_{NONCE}", "response": {}},
+        }
     )
     assert [type(e) for e in step.events] == [SessionEstablished]
     return client
@@ -197,8 +205,12 @@ def test_long_errors_are_cut() -> None:
     client = established()
     client.prompt("t1", "go")
     step = client.receive(
-        {"type": "result", "subtype": "error_during_execution", "is_error": True,
-         "errors": ["x" * 5000]}
+        {
+            "type": "result",
+            "subtype": "error_during_execution",
+            "is_error": True,
+            "errors": ["x" * 5000],
+        }
     )
     [finished] = step.events
     assert isinstance(finished, TurnFinished) and finished.error is not None
@@ -220,8 +232,11 @@ def test_respond_after_withdrawal_sends_nothing_at_all() -> None:
     client = established()
     client.prompt("t1", "go")
     client.receive(
-        {"type": "control_request", "request_id": "p1",
-         "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {}}}
+        {
+            "type": "control_request",
+            "request_id": "p1",
+            "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {}},
+        }
     )
     client.receive({"type": "control_cancel_request", "request_id": "p1"})
     assert client.pending_permissions == []
@@ -231,25 +246,50 @@ def test_respond_after_withdrawal_sends_nothing_at_all() -> None:
 # --- Robustness: no message from the CLI crashes the machine ------------------------------
 
 json_scalars = (
-    st.none() | st.booleans() | st.integers(-3, 10) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10)
+    | st.floats(allow_nan=False)
     | st.text(max_size=5)
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=8,
 )
-types = st.sampled_from(
-    ["system", "assistant", "user", "stream_event", "result", "control_request",
-     "control_cancel_request", "control_response", "tool_progress", "auth_status"]
-) | json_scalars
+types = (
+    st.sampled_from(
+        [
+            "system",
+            "assistant",
+            "user",
+            "stream_event",
+            "result",
+            "control_request",
+            "control_cancel_request",
+            "control_response",
+            "tool_progress",
+            "auth_status",
+        ]
+    )
+    | json_scalars
+)
 blocks = st.lists(
     st.fixed_dictionaries(
-        {"type": st.sampled_from(["text", "thinking", "tool_use", "tool_result", "x"])
-         | json_scalars},
-        optional={"text": json_values, "thinking": json_values, "id": json_values,
-                  "name": json_values, "tool_use_id": json_values, "is_error": json_values},
+        {
+            "type": st.sampled_from(["text", "thinking", "tool_use", "tool_result", "x"])
+            | json_scalars
+        },
+        optional={
+            "text": json_values,
+            "thinking": json_values,
+            "id": json_values,
+            "name": json_values,
+            "tool_use_id": json_values,
+            "is_error": json_values,
+        },
     )
     | json_values,
     max_size=3,
@@ -263,21 +303,25 @@ cli_messages = st.fixed_dictionaries(
         "request_id": st.sampled_from([f"req_1_{NONCE}", f"req_2_{NONCE}", "p1"]) | json_values,
         "request": st.fixed_dictionaries(
             {"subtype": st.sampled_from(["can_use_tool", "hook_callback"]) | json_scalars},
-            optional={"input": json_values, "tool_name": json_values,
-                      "tool_use_id": json_values},
+            optional={"input": json_values, "tool_name": json_values, "tool_use_id": json_values},
         )
         | json_values,
         "response": st.fixed_dictionaries(
             {"request_id": st.sampled_from([f"req_1_{NONCE}", f"req_2_{NONCE}"]) | json_values},
-            optional={"subtype": st.sampled_from(["success", "error"]) | json_scalars,
-                      "response": json_values, "error": json_values},
+            optional={
+                "subtype": st.sampled_from(["success", "error"]) | json_scalars,
+                "response": json_values,
+                "error": json_values,
+            },
         )
         | json_values,
         "message": st.fixed_dictionaries({}, optional={"id": json_values, "content": blocks})
         | json_values,
         "event": st.fixed_dictionaries(
-            {"type": st.sampled_from(["message_start", "content_block_delta", "ping"])
-             | json_scalars},
+            {
+                "type": st.sampled_from(["message_start", "content_block_delta", "ping"])
+                | json_scalars
+            },
             optional={"delta": json_values, "message": json_values},
         )
         | json_values,
@@ -299,14 +343,19 @@ def test_receive_never_raises(messages: list[dict[str, Any]], resume: str | None
         client.start(cwd="/w", resume=resume)
         if phase >= 1:
             client.receive(
-                {"type": "control_response",
-                 "response": {"subtype": "success", "request_id": f"req_1_{NONCE}"}}
+                {
+                    "type": "control_response",
+                    "response": {"subtype": "success", "request_id": f"req_1_{NONCE}"},
+                }
             )
             client.prompt("t1", "go")
         if phase >= 2:
             client.receive(
-                {"type": "control_request", "request_id": "p1",
-                 "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {}}}
+                {
+                    "type": "control_request",
+                    "request_id": "p1",
+                    "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": {}},
+                }
             )
         for message in messages:
             step = client.receive(copy.deepcopy(message))

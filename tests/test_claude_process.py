@@ -30,16 +30,21 @@ BOUND = 30.0  # a stuck test fails instead of hanging the suite
 
 
 def fake_claude(state_dir: Path, *args: str) -> AgentSpec:
-    command = [sys.executable, str(FAKE_CLAUDE), *CLAUDE_COMMAND[1:],
-               "--state-dir", str(state_dir), *args]
-    return AgentSpec(name="claude", protocol="claude", command=command, grace_s=GRACE,
-                     kill_timeout_s=0.5)
+    command = [
+        sys.executable,
+        str(FAKE_CLAUDE),
+        *CLAUDE_COMMAND[1:],
+        "--state-dir",
+        str(state_dir),
+        *args,
+    ]
+    return AgentSpec(
+        name="claude", protocol="claude", command=command, grace_s=GRACE, kill_timeout_s=0.5
+    )
 
 
 @asynccontextmanager
-async def claude_session(
-    state_dir: Path, *args: str
-) -> AsyncIterator[tuple[Session, Recorder]]:
+async def claude_session(state_dir: Path, *args: str) -> AsyncIterator[tuple[Session, Recorder]]:
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"claude": fake_claude(state_dir, *args)}) as sup:
             session = await sup.start_session("claude", cwd=str(state_dir))
@@ -66,14 +71,20 @@ def is_delta(event: ev.Event) -> bool:
 
 
 def inits(rec: Recorder) -> list[dict[str, object]]:
-    return [e.data for e in rec.of_kind("session.info")
-            if isinstance(e, ev.SessionInfo) and e.info_kind == "init"]
+    return [
+        e.data
+        for e in rec.of_kind("session.info")
+        if isinstance(e, ev.SessionInfo) and e.info_kind == "init"
+    ]
 
 
 def got(rec: Recorder, subtype: str) -> int:
     """How many ``subtype`` control requests the fake CLI says it received."""
-    return sum(1 for e in rec.of_kind("agent.stderr")
-               if isinstance(e, ev.AgentStderr) and e.line == f"fake_claude: got {subtype}")
+    return sum(
+        1
+        for e in rec.of_kind("agent.stderr")
+        if isinstance(e, ev.AgentStderr) and e.line == f"fake_claude: got {subtype}"
+    )
 
 
 async def second_prompt_completes(session: Session, rec: Recorder) -> None:
@@ -112,8 +123,13 @@ async def test_lost_result_killed_and_resumed(mode: str, tmp_path: Path) -> None
         before = tree_of_this_test()
         receipt = await session.cancel()
         assert receipt.outcome == "killed"
-        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned",
-                                      "resumed"]
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
         assert receipt.resumed is True
         assert receipt.elapsed_ms >= GRACE * 1000
         assert_all_gone([*before, helper])

@@ -104,23 +104,33 @@ async def test_wedged_cli_killed_at_grace_and_resumed(
         assert trio.current_time() - t0 == pytest.approx(GRACE)
         assert receipt.outcome == "killed"
         assert receipt.escalation == [
-            "interrupt", "grace_expired", "sigterm", "respawned", "resumed"
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
         ]
         assert receipt.resumed is True
         assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
         assert session.state == "ready"
         # The interrupt was acknowledged, which proves nothing: only the result ends a turn.
-        acks = [m for kind, gen, m in launcher.log
-                if kind == "from_agent" and gen == 1 and m.get("type") == "control_response"
-                and m["response"].get("response") == {"still_queued": []}]
+        acks = [
+            m
+            for kind, gen, m in launcher.log
+            if kind == "from_agent"
+            and gen == 1
+            and m.get("type") == "control_response"
+            and m["response"].get("response") == {"still_queued": []}
+        ]
         assert len(acks) == 1
         # The new CLI was started with --resume and the id the first one gave in system/init.
         first_id = launcher.clis[0].session_id
         assert first_id is not None
         assert launcher.resumes == [None, first_id]
         assert launcher.argvs[1] == [*CLAUDE_COMMAND, "--resume", first_id]
-        ended = [(e.turn_id, e.outcome) for e in rec.of_kind("turn.ended")
-                 if isinstance(e, ev.TurnEnded)]
+        ended = [
+            (e.turn_id, e.outcome) for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)
+        ]
         assert ended == [(turn.id, "killed")]
         # The resumed CLI continues the same conversation and takes the next prompt.
         second = await session.prompt("again words=2 interval=0.01")
@@ -128,8 +138,11 @@ async def test_wedged_cli_killed_at_grace_and_resumed(
         assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
         assert launcher.clis[1].session_id == first_id
         assert launcher.store.sessions[first_id] == [f"hello {mode}", "again words=2 interval=0.01"]
-        assert not [e for e in rec.of_kind("error")
-                    if isinstance(e, ev.ErrorEvent) and e.code == "resume_mismatch"]
+        assert not [
+            e
+            for e in rec.of_kind("error")
+            if isinstance(e, ev.ErrorEvent) and e.code == "resume_mismatch"
+        ]
 
 
 async def test_kill_before_the_cli_named_its_session_starts_fresh(
@@ -166,8 +179,11 @@ async def test_resume_refused_starts_a_fresh_session(
         assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
         assert "fresh session" in receipt.summary()
         assert session.state == "ready"
-        [refused] = [e for e in rec.of_kind("error")
-                     if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"]
+        [refused] = [
+            e
+            for e in rec.of_kind("error")
+            if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"
+        ]
         assert "No conversation found with session ID: sess-1" in refused.message
         assert len(launcher.links) == 3  # the killed CLI, the refused resume, the fresh one
         turn = await session.prompt("again words=2")
@@ -234,11 +250,15 @@ async def test_pending_permission_answered_before_grace(
         # Interrupt first, then the deny; the CLI had withdrawn the request by then.
         sent = [m for m in launcher.links[0].sent if m["type"] != "user"]
         assert [m["type"] for m in sent] == [
-            "control_request", "control_request", "control_response"
+            "control_request",
+            "control_request",
+            "control_response",
         ]
         assert sent[1]["request"] == {"subtype": "interrupt"}
         assert sent[2]["response"]["response"] == {
-            "behavior": "deny", "message": "The user stopped the turn", "interrupt": True
+            "behavior": "deny",
+            "message": "The user stopped the turn",
+            "interrupt": True,
         }
         assert len(launcher.clis[0].late_answers) == 1
         [resolved] = rec.of_kind("permission.resolved")
@@ -289,7 +309,9 @@ async def test_permission_withdrawn_by_the_cli(autojump_clock: trio.testing.Mock
         assert isinstance(requested, ev.PermissionRequested)
         assert isinstance(resolved, ev.PermissionResolved)
         assert (resolved.request_id, resolved.outcome, resolved.by) == (
-            requested.request_id, "cancelled", "agent"
+            requested.request_id,
+            "cancelled",
+            "agent",
         )
         with pytest.raises(BadRequest):  # a dead prompt cannot be answered (edge case 18)
             await session.respond_permission(requested.request_id, "allow")
@@ -302,8 +324,9 @@ async def test_interrupt_lost_before_init_is_sent_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Edge case 16: a CLI that drops an interrupt arriving before system/init still stops."""
-    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05, drop_early_interrupt=True,
-                                init_delay=0.3)
+    behaviour = ClaudeBehaviour(
+        words=100, stop_delay=0.05, drop_early_interrupt=True, init_delay=0.3
+    )
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         t0 = trio.current_time()

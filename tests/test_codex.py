@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_acp import event_to_dict, step_to_dict
 
 from protocols.codex import CodexClient
 from protocols.machine import Step, UnknownPermission
-from test_acp import event_to_dict, step_to_dict
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "codex"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))

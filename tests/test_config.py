@@ -178,31 +178,91 @@ def test_command_as_a_shell_string(tmp_path: Path) -> None:
 
 
 TABLE_ERRORS = [
-    pytest.param('protocol = "acp"\ncommand = []', "'command' must be a non-empty list", id="empty-command"),
+    pytest.param(
+        'protocol = "acp"\ncommand = []', "'command' must be a non-empty list", id="empty-command"
+    ),
     pytest.param('protocol = "acp"', "'command' must be a non-empty list", id="no-command"),
-    pytest.param('protocol = "acp"\ncommand = [""]', "'command' must be a non-empty list", id="empty-arg"),
-    pytest.param('protocol = "acp"\ncommand = ["a", 1]', "'command' must be a non-empty list", id="int-arg"),
-    pytest.param('protocol = "carrier-pigeon"\ncommand = ["a"]', "unknown protocol 'carrier-pigeon' (one of ", id="unknown-protocol"),
+    pytest.param(
+        'protocol = "acp"\ncommand = [""]', "'command' must be a non-empty list", id="empty-arg"
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a", 1]', "'command' must be a non-empty list", id="int-arg"
+    ),
+    pytest.param(
+        'protocol = "carrier-pigeon"\ncommand = ["a"]',
+        "unknown protocol 'carrier-pigeon' (one of ",
+        id="unknown-protocol",
+    ),
     pytest.param('command = ["a"]', "'protocol' is required (one of ", id="missing-protocol"),
-    pytest.param('protocol = 1\ncommand = ["a"]', "'protocol' is required", id="protocol-not-string"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ngrace_s = -1', "'grace_s' must be a number of seconds >= 0, not -1", id="negative-grace"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ngrace_s = -0.5', "'grace_s' must be a number of seconds >= 0, not -0.5", id="negative-float-grace"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ngrace_s = true', "'grace_s' must be a number of seconds >= 0, not True", id="bool-grace"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ngrace_s = "3"', "'grace_s' must be a number of seconds >= 0, not '3'", id="string-grace"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\nkill_timeout_s = -2', "'kill_timeout_s' must be a number", id="negative-kill"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\nstart_timeout_s = false', "'start_timeout_s' must be a number", id="bool-start"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ncommmand = ["a"]', "unknown key(s) commmand (allowed: ", id="unknown-key"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\nenv = { A = 1 }', "'env' must be a table of string values", id="env-int-value"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\nenv = { A = { B = "c" } }', "'env' must be a table of string values", id="env-nested"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\nenv = ["A=1"]', "'env' must be a table of string values", id="env-list"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ndescription = 3', "'description' must be a string", id="description"),
-    pytest.param('protocol = "acp"\ncommand = ["a"]\ncwd = ["/w"]', "'cwd' must be a string", id="cwd"),
+    pytest.param(
+        'protocol = 1\ncommand = ["a"]', "'protocol' is required", id="protocol-not-string"
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ngrace_s = -1',
+        "'grace_s' must be a number of seconds >= 0, not -1",
+        id="negative-grace",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ngrace_s = -0.5',
+        "'grace_s' must be a number of seconds >= 0, not -0.5",
+        id="negative-float-grace",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ngrace_s = true',
+        "'grace_s' must be a number of seconds >= 0, not True",
+        id="bool-grace",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ngrace_s = "3"',
+        "'grace_s' must be a number of seconds >= 0, not '3'",
+        id="string-grace",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nkill_timeout_s = -2',
+        "'kill_timeout_s' must be a number",
+        id="negative-kill",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nstart_timeout_s = false',
+        "'start_timeout_s' must be a number",
+        id="bool-start",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ncommmand = ["a"]',
+        "unknown key(s) commmand (allowed: ",
+        id="unknown-key",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nenv = { A = 1 }',
+        "'env' must be a table of string values",
+        id="env-int-value",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nenv = { A = { B = "c" } }',
+        "'env' must be a table of string values",
+        id="env-nested",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nenv = ["A=1"]',
+        "'env' must be a table of string values",
+        id="env-list",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ndescription = 3',
+        "'description' must be a string",
+        id="description",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ncwd = ["/w"]', "'cwd' must be a string", id="cwd"
+    ),
 ]
 
 
 @pytest.mark.parametrize(("body", "expected"), TABLE_ERRORS)
 def test_table_errors_name_file_and_table(tmp_path: Path, body: str, expected: str) -> None:
-    message, path = config_error(tmp_path, f'[agents.ok]\nprotocol = "acp"\ncommand = ["ok"]\n\n[agents.bad]\n{body}\n')
+    message, path = config_error(
+        tmp_path, f'[agents.ok]\nprotocol = "acp"\ncommand = ["ok"]\n\n[agents.bad]\n{body}\n'
+    )
     assert message.startswith(f"{path}: [agents.bad]: "), message
     assert expected in message
 
@@ -213,9 +273,20 @@ def test_unknown_protocol_lists_the_known_ones(tmp_path: Path) -> None:
 
 
 def test_unknown_key_lists_the_allowed_ones(tmp_path: Path) -> None:
-    message, _ = config_error(tmp_path, '[agents.x]\nprotocol = "acp"\ncommand = ["a"]\ngrace = 1\nzzz = 2\n')
+    message, _ = config_error(
+        tmp_path, '[agents.x]\nprotocol = "acp"\ncommand = ["a"]\ngrace = 1\nzzz = 2\n'
+    )
     assert "unknown key(s) grace, zzz" in message
-    for key in ("command", "cwd", "description", "env", "grace_s", "kill_timeout_s", "protocol", "start_timeout_s"):
+    for key in (
+        "command",
+        "cwd",
+        "description",
+        "env",
+        "grace_s",
+        "kill_timeout_s",
+        "protocol",
+        "start_timeout_s",
+    ):
         assert key in message
 
 
@@ -251,7 +322,10 @@ def test_from_config_with_a_file(tmp_path: Path) -> None:
     assert AgentSpec.from_config("demo", path) == builtin_agents()["demo"]
     with pytest.raises(ConfigError) as info:
         AgentSpec.from_config("nope", path)
-    assert str(info.value) == f"no agent named 'nope' in {path} (known: codex, demo, demo-stubborn, minimal)"
+    assert (
+        str(info.value)
+        == f"no agent named 'nope' in {path} (known: codex, demo, demo-stubborn, minimal)"
+    )
     with pytest.raises(ConfigError, match="no such configuration file"):
         AgentSpec.from_config("demo", tmp_path / "missing.toml")
 
@@ -284,5 +358,7 @@ def test_nan_seconds_are_rejected(tmp_path: Path, key: str) -> None:
     actor a NaN grace deadline reaches ``trio.move_on_at`` ("deadline must not be NaN") at the
     first cancel, and ``min(math.inf, nan)`` is ``inf``, which silently disables the start
     timeout."""
-    message, path = config_error(tmp_path, f'[agents.a]\nprotocol = "acp"\ncommand = ["a"]\n{key} = nan\n')
+    message, path = config_error(
+        tmp_path, f'[agents.a]\nprotocol = "acp"\ncommand = ["a"]\n{key} = nan\n'
+    )
     assert message.startswith(f"{path}: [agents.a]: '{key}' must be a number of seconds >= 0")

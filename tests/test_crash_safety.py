@@ -25,7 +25,9 @@ def test_state_file_records_and_removes(tmp_path: Path) -> None:
     state.record(12345, 1.0, "mark", ["agent", "--x"])
     data = json.loads(state.path.read_text())
     assert data["supervisor"]["pid"] == os.getpid()
-    assert data["shims"] == [{"pid": 12345, "create_time": 1.0, "mark": "mark", "argv": ["agent", "--x"]}]
+    assert data["shims"] == [
+        {"pid": 12345, "create_time": 1.0, "mark": "mark", "argv": ["agent", "--x"]}
+    ]
     state.forget(12345)
     assert json.loads(state.path.read_text())["shims"] == []
     state.close()
@@ -50,8 +52,20 @@ def test_unreadable_state_files_are_ignored(tmp_path: Path) -> None:
 async def test_orphans_of_a_crashed_supervisor_are_swept(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    argv = [sys.executable, str(CRASHING), str(state_dir), "--", sys.executable, str(TREE_AGENT),
-            "--spawn", "child", "--spawn", "setsid", "--spawn", "double-fork-ignore-term"]
+    argv = [
+        sys.executable,
+        str(CRASHING),
+        str(state_dir),
+        "--",
+        sys.executable,
+        str(TREE_AGENT),
+        "--spawn",
+        "child",
+        "--spawn",
+        "setsid",
+        "--spawn",
+        "double-fork-ignore-term",
+    ]
     process = await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, env=env)
     try:
         assert process.stdout is not None

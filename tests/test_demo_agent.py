@@ -400,7 +400,11 @@ async def test_permission_watches_cancel(spawn: Spawn) -> None:
         await agent.notify("session/cancel", {"sessionId": sid})
         others, answer = await agent.until_response(rid)
         assert answer["result"] == {"stopReason": "cancelled"}
-        assert {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 0}} in others
+        assert {
+            "jsonrpc": "2.0",
+            "method": "$/cancel_request",
+            "params": {"requestId": 0},
+        } in others
         # A late answer to the abandoned request is ignored.
         await agent.send({"id": request["id"], "result": {"outcome": {"outcome": "cancelled"}}})
         rid = await agent.prompt(sid, "words=1")
@@ -426,7 +430,10 @@ async def test_session_load_after_restart(spawn: Spawn) -> None:
         )
         assert answer["result"] == {}
         assert [m["params"]["update"] for m in replay] == [
-            {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": "first question"}},
+            {
+                "sessionUpdate": "user_message_chunk",
+                "content": {"type": "text", "text": "first question"},
+            },
             {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": reply}},
         ]
         rid = await second.prompt(sid, "second words=2")
@@ -585,7 +592,10 @@ async def test_grandchildren_are_leaked_and_reported(spawn: Spawn) -> None:
             pids = list(raw["pids"])
             assert tool_call["status"] == "completed"
             assert pids == [
-                raw["child"], raw["intermediate"], raw["setsidGrandchild"], raw["ignoresSigterm"]
+                raw["child"],
+                raw["intermediate"],
+                raw["setsidGrandchild"],
+                raw["ignoresSigterm"],
             ]
             _, answer = await agent.until_response(rid)
             assert answer["result"] == {"stopReason": "end_turn"}

@@ -317,9 +317,17 @@ def test_many_small_lines_in_one_chunk() -> None:
 
 
 def test_encode_is_compact_utf8_with_one_newline() -> None:
-    message = {"jsonrpc": "2.0", "params": {"text": "line one\nline two\r\n", "emoji": "🙂", "ü": [1, 2.5]}}
+    message = {
+        "jsonrpc": "2.0",
+        "params": {"text": "line one\nline two\r\n", "emoji": "🙂", "ü": [1, 2.5]},
+    }
     data = encode_message(message)
-    assert data == ('{"jsonrpc":"2.0","params":{"text":"line one\\nline two\\r\\n","emoji":"🙂","ü":[1,2.5]}}\n').encode()
+    assert (
+        data
+        == (
+            '{"jsonrpc":"2.0","params":{"text":"line one\\nline two\\r\\n","emoji":"🙂","ü":[1,2.5]}}\n'
+        ).encode()
+    )
     assert data.count(b"\n") == 1 and data.endswith(b"\n")
     assert decode(data) == [Message(message)]
 
@@ -353,7 +361,9 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4)
+    ),
     max_leaves=12,
 )
 json_objects = st.dictionaries(st.text(), json_values, max_size=5)
@@ -363,12 +373,14 @@ json_objects = st.dictionaries(st.text(), json_values, max_size=5)
 def chunkings(draw: st.DrawFn, data: bytes) -> list[bytes]:
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=12)))
     bounds = [0, *cuts, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 @settings(max_examples=100, deadline=None)
 @given(payloads=st.lists(json_objects, max_size=6), data=st.data())
-def test_any_chunking_of_encoded_messages_round_trips(payloads: list[dict[str, Any]], data: st.DataObject) -> None:
+def test_any_chunking_of_encoded_messages_round_trips(
+    payloads: list[dict[str, Any]], data: st.DataObject
+) -> None:
     stream = b"".join(encode_message(p) for p in payloads)
     chunks = data.draw(chunkings(stream))
     decoder = LineDecoder()
@@ -378,7 +390,9 @@ def test_any_chunking_of_encoded_messages_round_trips(payloads: list[dict[str, A
     assert decoder.buffered_bytes == 0
     assert decoder.end_of_input() == []
     assert frames == [Message(p) for p in payloads]
-    assert [json.dumps(f.payload) for f in frames if isinstance(f, Message)] == [json.dumps(p) for p in payloads]
+    assert [json.dumps(f.payload) for f in frames if isinstance(f, Message)] == [
+        json.dumps(p) for p in payloads
+    ]
 
 
 def reference_frames(stream: bytes, max_line_bytes: int) -> list[tuple[str, int | None]]:
@@ -399,7 +413,9 @@ def reference_frames(stream: bytes, max_line_bytes: int) -> list[tuple[str, int 
         except (ValueError, RecursionError):
             out.append(("invalid_json", len(line)))
         else:
-            out.append(("message", None) if isinstance(value, dict) else ("not_an_object", len(line)))
+            out.append(
+                ("message", None) if isinstance(value, dict) else ("not_an_object", len(line))
+            )
     return out
 
 
@@ -408,14 +424,29 @@ def _size(frame: Frame) -> int | None:
 
 
 fragments = st.sampled_from(
-    [b"\n", b"\r", b"\r\n", b" ", b"{}", b'{"a":[1,"\xc3\xa9"]}', b"[1]", b"null", b"{", b"\xff", b"\xc3", b"x" * 30]
+    [
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b" ",
+        b"{}",
+        b'{"a":[1,"\xc3\xa9"]}',
+        b"[1]",
+        b"null",
+        b"{",
+        b"\xff",
+        b"\xc3",
+        b"x" * 30,
+    ]
 )
 streams = st.lists(fragments | st.binary(max_size=24), max_size=24).map(b"".join)
 
 
 @settings(max_examples=300, deadline=None)
 @given(stream=streams, max_line_bytes=st.integers(1, 40), data=st.data())
-def test_arbitrary_bytes_in_any_chunking(stream: bytes, max_line_bytes: int, data: st.DataObject) -> None:
+def test_arbitrary_bytes_in_any_chunking(
+    stream: bytes, max_line_bytes: int, data: st.DataObject
+) -> None:
     whole = decode(stream, max_line_bytes)
 
     chunks = data.draw(chunkings(stream))

@@ -28,18 +28,27 @@ async def gateway(
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
             async with trio.open_nursery() as nursery:
-                server = Gateway(sup, port=0, token="secret-token", limits=limits or GatewayLimits())
+                server = Gateway(
+                    sup, port=0, token="secret-token", limits=limits or GatewayLimits()
+                )
                 url = await nursery.start(server.serve)
                 yield server, url, launcher
                 nursery.cancel_scope.cancel()
 
 
-async def http(url: str, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, dict[str, Any] | str]:
+async def http(
+    url: str, method: str, path: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> tuple[int, dict[str, Any] | str]:
     """A minimal HTTP/1.1 client over a trio socket (one request, connection: close)."""
     base = url.split("/?")[0]
     host, port = base.removeprefix("http://").rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
-    lines = [f"{method} {path} HTTP/1.1", f"host: {host}:{port}", "connection: close", f"content-length: {len(body)}"]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"host: {host}:{port}",
+        "connection: close",
+        f"content-length: {len(body)}",
+    ]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
     data = b""
@@ -59,7 +68,9 @@ async def start_and_subscribe(client: GatewayClient) -> str:
     return session_id
 
 
-async def next_event(events: trio.MemoryReceiveChannel[dict[str, Any]], kind: str) -> dict[str, Any]:
+async def next_event(
+    events: trio.MemoryReceiveChannel[dict[str, Any]], kind: str
+) -> dict[str, Any]:
     async for event in events:
         if event["event"] == kind:
             return event
@@ -71,7 +82,9 @@ async def test_ready_url_and_http_routes() -> None:
         assert url.startswith("http://127.0.0.1:") and url.endswith("?token=secret-token")
         status, body = await http(url, "GET", "/v1/sessions?token=secret-token")
         assert (status, body) == (200, {"sessions": []})
-        status, body = await http(url, "GET", "/v1/sessions", {"authorization": "Bearer secret-token"})
+        status, body = await http(
+            url, "GET", "/v1/sessions", {"authorization": "Bearer secret-token"}
+        )
         assert status == 200
         status, body = await http(url, "GET", "/v1/agents?token=secret-token")
         assert status == 200 and isinstance(body, dict)
@@ -93,7 +106,9 @@ async def test_ready_url_and_http_routes() -> None:
         ("/", {}, 401),
     ],
 )
-async def test_http_refuses_without_token_or_from_other_origin(path: str, headers: dict[str, str], expected: int) -> None:
+async def test_http_refuses_without_token_or_from_other_origin(
+    path: str, headers: dict[str, str], expected: int
+) -> None:
     async with gateway() as (_, url, _launcher):
         status, _ = await http(url, "GET", path, headers)
         assert status == expected
@@ -107,14 +122,20 @@ async def test_websocket_needs_token_and_same_origin() -> None:
                 pass
         assert rejected.value.status_code == 401
         with pytest.raises(ConnectionRejected) as rejected:
-            async with open_websocket_url(ws_url, extra_headers=[(b"origin", b"http://evil.example")]):
+            async with open_websocket_url(
+                ws_url, extra_headers=[(b"origin", b"http://evil.example")]
+            ):
                 pass
         assert rejected.value.status_code == 403
         port = url.split(":")[2].split("/")[0]
         same_origin = [(b"origin", f"http://127.0.0.1:{port}".encode())]
         async with open_websocket_url(ws_url, extra_headers=same_origin) as ws:
             await ws.send_message(json.dumps({"id": 1, "action": "session.list"}))
-            assert json.loads(await ws.get_message()) == {"id": 1, "ok": True, "result": {"sessions": []}}
+            assert json.loads(await ws.get_message()) == {
+                "id": 1,
+                "ok": True,
+                "result": {"sessions": []},
+            }
 
 
 async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
@@ -122,7 +143,10 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
         async with connect(url) as alice, connect(url) as bob:
             assert [a["name"] for a in await alice.agents()] == ["fake"]
             session_id = await start_and_subscribe(alice)
-            async with alice.subscribe(session_id) as alice_events, bob.subscribe(session_id) as bob_events:
+            async with (
+                alice.subscribe(session_id) as alice_events,
+                bob.subscribe(session_id) as bob_events,
+            ):
                 turn = await alice.prompt(session_id, "hello")
                 assert turn == {"turn_id": "t1", "queued": False}
                 await next_event(alice_events, "message.delta")
@@ -131,9 +155,16 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
                 assert receipt["escalation"] == ["interrupt"] and receipt["turn_id"] == "t1"
                 # Bob sees the turn end, with the same receipt.
                 ended = await next_event(bob_events, "turn.ended")
-                assert ended["data"]["receipt"] == {k: v for k, v in receipt.items() if k != "success"}
+                assert ended["data"]["receipt"] == {
+                    k: v for k, v in receipt.items() if k != "success"
+                }
                 [session] = await bob.sessions()
-                assert session == {"session_id": session_id, "agent": "fake", "state": "ready", "turn_id": None}
+                assert session == {
+                    "session_id": session_id,
+                    "agent": "fake",
+                    "state": "ready",
+                    "turn_id": None,
+                }
 
 
 async def test_events_are_in_order_with_contiguous_seq_and_replay() -> None:
@@ -153,7 +184,7 @@ async def test_events_are_in_order_with_contiguous_seq_and_replay() -> None:
             async with client.subscribe(session_id, since_seq=0) as replay:
                 replayed = [await replay.receive() for _ in range(seqs[-1])]
             assert [e["seq"] for e in replayed] == list(range(1, seqs[-1] + 1))
-            assert replayed[-len(seen):] == seen
+            assert replayed[-len(seen) :] == seen
 
 
 async def test_two_clients_cancelling_at_once_get_the_same_receipt() -> None:
@@ -175,7 +206,11 @@ async def test_two_clients_cancelling_at_once_get_the_same_receipt() -> None:
 
 async def test_disconnecting_mid_cancel_does_not_abort_it() -> None:
     # A wedged agent: the cancel takes the whole grace window and a kill.
-    async with gateway(Behaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5) as (_, url, launcher):
+    async with gateway(Behaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5) as (
+        _,
+        url,
+        launcher,
+    ):
         async with connect(url) as watcher:
             session_id = await start_and_subscribe(watcher)
             async with watcher.subscribe(session_id) as events:
@@ -197,15 +232,29 @@ async def test_disconnecting_mid_cancel_does_not_abort_it() -> None:
         ('{"id": 1}', "bad_request"),
         ('{"id": 1, "action": "no.such"}', "unknown_action"),
         ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": "s1"}}', "bad_request"),
-        ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": 5, "text": "x"}}', "bad_request"),
-        ('{"id": 1, "action": "agent.prompt", "payload": {"session_id": "s404", "text": "x"}}', "session_not_found"),
-        ('{"id": 1, "action": "agent.cancel", "payload": {"session_id": "s404"}}', "session_not_found"),
+        (
+            '{"id": 1, "action": "agent.prompt", "payload": {"session_id": 5, "text": "x"}}',
+            "bad_request",
+        ),
+        (
+            '{"id": 1, "action": "agent.prompt", "payload": {"session_id": "s404", "text": "x"}}',
+            "session_not_found",
+        ),
+        (
+            '{"id": 1, "action": "agent.cancel", "payload": {"session_id": "s404"}}',
+            "session_not_found",
+        ),
         ('{"id": 1, "action": "session.start", "payload": {"agent": "nope"}}', "bad_request"),
-        ('{"id": 1, "action": "permission.respond", "payload": {"session_id": "s1", "request_id": "r"}}', "bad_request"),
+        (
+            '{"id": 1, "action": "permission.respond", "payload": {"session_id": "s1", "request_id": "r"}}',
+            "bad_request",
+        ),
         ('{"id": true, "action": "session.list"}', "bad_request"),
     ],
 )
-async def test_bad_input_gets_an_error_and_the_connection_stays_usable(frame: str, code: str) -> None:
+async def test_bad_input_gets_an_error_and_the_connection_stays_usable(
+    frame: str, code: str
+) -> None:
     async with gateway() as (_, url, _l):
         async with open_websocket_url(websocket_url(url)) as ws:
             await ws.send_message(frame)
@@ -218,7 +267,9 @@ async def test_bad_input_gets_an_error_and_the_connection_stays_usable(frame: st
 async def test_oversize_frame_is_too_large_and_connection_survives() -> None:
     async with gateway() as (_, url, _l):
         async with open_websocket_url(websocket_url(url), max_message_size=32 * 1024 * 1024) as ws:
-            await ws.send_message(json.dumps({"id": 1, "action": "session.list", "payload": {"x": "a" * 2_000_000}}))
+            await ws.send_message(
+                json.dumps({"id": 1, "action": "session.list", "payload": {"x": "a" * 2_000_000}})
+            )
             response = json.loads(await ws.get_message())
             assert response["error"]["code"] == "too_large"
             await ws.send_message(json.dumps({"id": 2, "action": "session.list"}))
@@ -239,16 +290,28 @@ async def test_http_abort_returns_the_receipt() -> None:
     async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.02)) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
-            status, body = await http(url, "POST", f"/v1/sessions/{session_id}/abort", {"authorization": "Bearer secret-token"})
+            status, body = await http(
+                url,
+                "POST",
+                f"/v1/sessions/{session_id}/abort",
+                {"authorization": "Bearer secret-token"},
+            )
             assert status == 200 and isinstance(body, dict) and body["outcome"] == "no_active_turn"
             await client.prompt(session_id, "hello")
             status, body = await http(
-                url, "POST", f"/v1/sessions/{session_id}/abort?token=secret-token", body=b'{"reason": "curl"}'
+                url,
+                "POST",
+                f"/v1/sessions/{session_id}/abort?token=secret-token",
+                body=b'{"reason": "curl"}',
             )
             assert status == 200 and isinstance(body, dict)
             assert (body["outcome"], body["reason"], body["success"]) == ("cancelled", "curl", True)
             status, body = await http(url, "POST", "/v1/sessions/s999/abort?token=secret-token")
-            assert status == 404 and isinstance(body, dict) and body["error"]["code"] == "session_not_found"
+            assert (
+                status == 404
+                and isinstance(body, dict)
+                and body["error"]["code"] == "session_not_found"
+            )
 
 
 async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> None:
@@ -263,15 +326,28 @@ async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> N
             session_id = await start_and_subscribe(fast)
             # The slow client subscribes and then does not read at all.
             async with open_websocket_url(websocket_url(url), message_queue_size=1) as slow:
-                await slow.send_message(json.dumps({"id": 1, "action": "session.subscribe", "payload": {"session_id": session_id}}))
+                await slow.send_message(
+                    json.dumps(
+                        {
+                            "id": 1,
+                            "action": "session.subscribe",
+                            "payload": {"session_id": session_id},
+                        }
+                    )
+                )
                 seqs: list[int] = []
                 async with fast.subscribe(session_id) as events:
                     turn = await fast.prompt(session_id, "stream")
                     async for event in events:
                         seqs.append(event["seq"])
-                        if event["event"] == "turn.ended" and event["data"]["turn_id"] == turn["turn_id"]:
+                        if (
+                            event["event"] == "turn.ended"
+                            and event["data"]["turn_id"] == turn["turn_id"]
+                        ):
                             break
-                assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing lost for the fast one
+                assert seqs == list(
+                    range(seqs[0], seqs[0] + len(seqs))
+                )  # nothing lost for the fast one
                 # Now the slow one reads: it was cut off, told so, and can catch up by since_seq.
                 lagged = None
                 while lagged is None:
@@ -279,7 +355,15 @@ async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> N
                     if message.get("event") == "subscription.lagged":
                         lagged = message
                 last = lagged["data"]["last_seq"]
-                await slow.send_message(json.dumps({"id": 2, "action": "session.subscribe", "payload": {"session_id": session_id, "since_seq": last}}))
+                await slow.send_message(
+                    json.dumps(
+                        {
+                            "id": 2,
+                            "action": "session.subscribe",
+                            "payload": {"session_id": session_id, "since_seq": last},
+                        }
+                    )
+                )
                 caught_up = []
                 while not caught_up or caught_up[-1] < seqs[-1]:
                     message = json.loads(await slow.get_message())

@@ -34,7 +34,11 @@ from protocols.jsonrpc import (
 
 def test_error_codes() -> None:
     assert (PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR) == (
-        -32700, -32600, -32601, -32602, -32603,
+        -32700,
+        -32600,
+        -32601,
+        -32602,
+        -32603,
     )
     assert REQUEST_CANCELLED == -32800
 
@@ -49,9 +53,17 @@ def test_request_ids_increment_from_zero() -> None:
     third = peer.request("session/prompt", {}, "ctx-c")
     assert [first[0], second[0], third[0]] == [0, 1, 2]
     assert first[1] == {
-        "jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1},
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {"protocolVersion": 1},
     }
-    assert second[1] == {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w"}}
+    assert second[1] == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "session/new",
+        "params": {"cwd": "/w"},
+    }
     # empty params are still sent; only None is left out
     assert third[1] == {"jsonrpc": "2.0", "id": 2, "method": "session/prompt", "params": {}}
     assert all(peer.is_pending(i) for i in (0, 1, 2))
@@ -85,18 +97,26 @@ def test_notify_has_no_id() -> None:
 def test_respond_shapes() -> None:
     peer: JsonRpcPeer[None] = JsonRpcPeer()
     assert peer.respond(5, {"outcome": {"outcome": "cancelled"}}) == {
-        "jsonrpc": "2.0", "id": 5, "result": {"outcome": {"outcome": "cancelled"}},
+        "jsonrpc": "2.0",
+        "id": 5,
+        "result": {"outcome": {"outcome": "cancelled"}},
     }
     assert peer.respond("abc", None) == {"jsonrpc": "2.0", "id": "abc", "result": None}
     assert peer.respond_error(7, REQUEST_CANCELLED, "Request cancelled") == {
-        "jsonrpc": "2.0", "id": 7, "error": {"code": -32800, "message": "Request cancelled"},
+        "jsonrpc": "2.0",
+        "id": 7,
+        "error": {"code": -32800, "message": "Request cancelled"},
     }
     assert peer.respond_error("x", METHOD_NOT_FOUND, "nope", data={"method": "m"}) == {
-        "jsonrpc": "2.0", "id": "x", "error": {"code": -32601, "message": "nope", "data": {"method": "m"}},
+        "jsonrpc": "2.0",
+        "id": "x",
+        "error": {"code": -32601, "message": "nope", "data": {"method": "m"}},
     }
     # an error for a request whose id could not be read (JSON-RPC 2.0: id null)
     assert peer.respond_error(None, PARSE_ERROR, "Parse error") == {
-        "jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"},
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32700, "message": "Parse error"},
     }
     # answering does not touch our own pending table
     assert not peer.is_pending(5)
@@ -105,12 +125,14 @@ def test_respond_shapes() -> None:
 def test_without_version_member() -> None:
     peer: JsonRpcPeer[None] = JsonRpcPeer(with_version=False)
     assert peer.request("turn/interrupt", {"threadId": "t"}, None) == (
-        0, {"id": 0, "method": "turn/interrupt", "params": {"threadId": "t"}},
+        0,
+        {"id": 0, "method": "turn/interrupt", "params": {"threadId": "t"}},
     )
     assert peer.notify("initialized") == {"method": "initialized"}
     assert peer.respond(3, {}) == {"id": 3, "result": {}}
     assert peer.respond_error(3, INVALID_REQUEST, "bad") == {
-        "id": 3, "error": {"code": -32600, "message": "bad"},
+        "id": 3,
+        "error": {"code": -32600, "message": "bad"},
     }
     # and it accepts messages without the member (Codex app-server)
     assert peer.receive({"id": 0, "result": {}}) == IncomingResponse(0, "turn/interrupt", None, {})
@@ -131,7 +153,12 @@ def test_messages_are_fresh_dicts() -> None:
 
 def test_receive_request() -> None:
     peer: JsonRpcPeer[None] = JsonRpcPeer()
-    message = {"jsonrpc": "2.0", "id": 5, "method": "session/request_permission", "params": {"a": 1}}
+    message = {
+        "jsonrpc": "2.0",
+        "id": 5,
+        "method": "session/request_permission",
+        "params": {"a": 1},
+    }
     assert peer.receive(message) == IncomingRequest(5, "session/request_permission", {"a": 1})
     assert peer.receive({"jsonrpc": "2.0", "id": "s-1", "method": "m"}) == IncomingRequest(
         "s-1", "m", None
@@ -186,7 +213,11 @@ def test_receive_error_response() -> None:
     peer: JsonRpcPeer[str] = JsonRpcPeer()
     peer.request("session/prompt", {}, "t1")
     response = peer.receive(
-        {"jsonrpc": "2.0", "id": 0, "error": {"code": -32800, "message": "Request cancelled", "data": [1]}}
+        {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "error": {"code": -32800, "message": "Request cancelled", "data": [1]},
+        }
     )
     assert response == IncomingResponse(
         0, "session/prompt", "t1", result=None, error=RpcError(-32800, "Request cancelled", [1])
@@ -314,17 +345,28 @@ def test_forget() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=6,
 )
 # Mostly the keys that matter, so the interesting branches are reached.
-keys = st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error"]) | st.text(max_size=4)
+keys = st.sampled_from(["jsonrpc", "id", "method", "params", "result", "error"]) | st.text(
+    max_size=4
+)
 interesting_values = (
-    st.just("2.0") | st.integers(-1, 3) | st.sampled_from(["m", "0", "session/update"]) | json_values
+    st.just("2.0")
+    | st.integers(-1, 3)
+    | st.sampled_from(["m", "0", "session/update"])
+    | json_values
 )
 messages = st.dictionaries(keys, interesting_values, max_size=6)
 INCOMING_TYPES = (
-    IncomingRequest, IncomingNotification, IncomingResponse, UnknownResponse, InvalidMessage,
+    IncomingRequest,
+    IncomingNotification,
+    IncomingResponse,
+    UnknownResponse,
+    InvalidMessage,
 )
 
 
@@ -358,7 +400,9 @@ def test_each_request_is_answered_at_most_once(result: Any, ids: list[int]) -> N
         if response_id in seen:
             assert isinstance(incoming, UnknownResponse)
         else:
-            assert incoming == IncomingResponse(response_id, "m", f"ctx{response_id}", result=result)
+            assert incoming == IncomingResponse(
+                response_id, "m", f"ctx{response_id}", result=result
+            )
             seen.add(response_id)
 
 

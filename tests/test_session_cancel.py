@@ -413,7 +413,9 @@ async def test_leaving_supervisor_stops_every_session(
 async def test_agent_dying_during_respawn_fails_session_without_looping(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None), crash_on_launch=frozenset({2}))
+    launcher = MemoryLauncher(
+        Behaviour(words=1000, stop_delay=None), crash_on_launch=frozenset({2})
+    )
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
         await session.prompt("hello")

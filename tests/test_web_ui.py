@@ -36,7 +36,9 @@ except ImportError:  # pragma: no cover - reported by the browser fixture
 pytestmark = pytest.mark.real_process
 
 TOKEN = "web-ui-test-token"
-CHROMIUM = os.environ.get("AGENT_SUPERVISOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = (
+    os.environ.get("AGENT_SUPERVISOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+)
 SCREENSHOT = "/tmp/web-ui.png"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -118,11 +120,15 @@ def browser() -> Iterator[Browser]:
         reason = f"chromium is not installed at {CHROMIUM} (run scripts/ensure-chromium.sh)"
     if reason is not None:
         if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
-            pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails instead of skipping")
+            pytest.fail(
+                f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails instead of skipping"
+            )
         pytest.skip(reason)
     expect.set_options(timeout=WAIT_MS)
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
         yield chromium
         chromium.close()
 
@@ -138,7 +144,12 @@ def server(browser: Browser) -> Iterator[GatewayThread]:
 def watch_for_problems(page: Page, problems: list[str]) -> None:
     """Uncaught exceptions and console errors (CSP violations among them) fail the test."""
     page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
-    page.on("console", lambda message: problems.append(f"console: {message.text}") if message.type == "error" else None)
+    page.on(
+        "console",
+        lambda message: (
+            problems.append(f"console: {message.text}") if message.type == "error" else None
+        ),
+    )
 
 
 @pytest.fixture
@@ -212,17 +223,23 @@ def test_stop_mid_stream_then_prompt_again(page: Page, server: GatewayThread) ->
     expect(stop).to_be_visible()
     expect(observer.get_by_test_id("stop")).to_be_visible()
     expect(page.get_by_test_id("status")).to_have_text("running")
-    expect(turn(page, 0).get_by_test_id("user-message")).to_have_text("tell me a long story words=400")
+    expect(turn(page, 0).get_by_test_id("user-message")).to_have_text(
+        "tell me a long story words=400"
+    )
     expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
     stop.click()
     expect(page.get_by_test_id("receipt")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
     expect(stop).to_be_hidden()
     expect(page.get_by_test_id("prompt")).to_be_enabled()
-    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
+    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text(
+        re.compile(r"^Cancelled in \d+ ms$")
+    )
     streamed = assistant_words(page, 0)
     assert 4 <= len(streamed) < 400 and streamed == words(len(streamed))
     expect(page.get_by_test_id("status")).to_have_text("ready")
-    expect(observer.get_by_test_id("receipt")).to_have_text(page.get_by_test_id("receipt").inner_text())
+    expect(observer.get_by_test_id("receipt")).to_have_text(
+        page.get_by_test_id("receipt").inner_text()
+    )
     expect(observer.get_by_test_id("stop")).to_be_hidden()
     assert turn(observer, 0).get_by_test_id("assistant-message").text_content() == (
         turn(page, 0).get_by_test_id("assistant-message").text_content()
@@ -248,7 +265,9 @@ def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThre
     expect(stop).to_be_disabled()
     expect(page.get_by_test_id("prompt")).to_be_disabled()
     expect(page.get_by_test_id("receipt")).to_have_text("Killed after 1.0 s grace, session resumed")
-    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text("Killed after 1.0 s grace, session resumed")
+    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text(
+        "Killed after 1.0 s grace, session resumed"
+    )
     expect(stop).to_be_hidden()
     expect(page.get_by_test_id("prompt")).to_be_enabled()
     expect(page.get_by_test_id("status")).to_have_text("ready")
@@ -257,7 +276,9 @@ def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThre
     expect_completed(page, 1, 6)
 
 
-def test_permission_allow_then_a_cancel_resolves_the_card(page: Page, server: GatewayThread) -> None:
+def test_permission_allow_then_a_cancel_resolves_the_card(
+    page: Page, server: GatewayThread
+) -> None:
     open_app(page, server)
     start_session(page, "demo")
     send(page, "run it with permission words=40")
@@ -267,7 +288,9 @@ def test_permission_allow_then_a_cancel_resolves_the_card(page: Page, server: Ga
     expect(tool.locator(".status")).to_have_text("pending")
     allow = card.locator("[data-testid=permission-option][data-option-kind=allow_once]")
     expect(allow).to_have_text("Allow once")
-    expect(card.locator("[data-testid=permission-option][data-option-kind=reject_once]")).to_have_text("Reject")
+    expect(
+        card.locator("[data-testid=permission-option][data-option-kind=reject_once]")
+    ).to_have_text("Reject")
     allow.click()
     expect(card.get_by_test_id("permission-outcome")).to_have_text("✓ Allow once")
     for button in card.get_by_test_id("permission-option").all():
@@ -284,14 +307,18 @@ def test_permission_allow_then_a_cancel_resolves_the_card(page: Page, server: Ga
     card = turn(page, 1).get_by_test_id("permission")
     expect(card.get_by_test_id("permission-option").first).to_be_enabled()
     page.get_by_test_id("stop").click()
-    expect(card.get_by_test_id("permission-outcome")).to_have_text(re.compile("Cancelled by the supervisor"))
+    expect(card.get_by_test_id("permission-outcome")).to_have_text(
+        re.compile("Cancelled by the supervisor")
+    )
     for button in card.get_by_test_id("permission-option").all():
         expect(button).to_be_disabled()
     expect(page.get_by_test_id("receipt")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
     expect(page.get_by_test_id("prompt")).to_be_enabled()
 
 
-def test_reconnect_replays_missed_events_without_duplicates(page: Page, server: GatewayThread) -> None:
+def test_reconnect_replays_missed_events_without_duplicates(
+    page: Page, server: GatewayThread
+) -> None:
     sent: list[list[dict[str, Any]]] = []  # the frames the page sent, per WebSocket
 
     def on_websocket(ws: Any) -> None:
@@ -327,7 +354,12 @@ def test_reconnect_replays_missed_events_without_duplicates(page: Page, server: 
     assert resumed["session_id"] == session_id and 0 < resumed["since_seq"] < info["lastSeq"]
 
     # Cut off for lagging: the page resubscribes from its last seq.
-    lagged = {"event": "subscription.lagged", "session_id": session_id, "seq": None, "data": {"last_seq": info["lastSeq"]}}
+    lagged = {
+        "event": "subscription.lagged",
+        "session_id": session_id,
+        "seq": None,
+        "data": {"last_seq": info["lastSeq"]},
+    }
     page.evaluate("message => window.__agentSupervisorTestHooks.inject(message)", lagged)
     send(page, "after the drop words=5")
     expect_completed(page, 1, 5)

@@ -33,7 +33,11 @@ async def main(state_dir: str, argv: list[str]) -> None:
         async for item in receive:
             if isinstance(item, AgentFrame) and isinstance(item.frame, Message):
                 if item.frame.payload.get("ready"):
-                    tree = [link.process.pid, item.frame.payload["pid"], *item.frame.payload["pids"]]
+                    tree = [
+                        link.process.pid,
+                        item.frame.payload["pid"],
+                        *item.frame.payload["pids"],
+                    ]
                     print(json.dumps({"shim": link.process.pid, "tree": tree}), flush=True)
                     break
         await trio.sleep_forever()

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -66,14 +65,47 @@ def main(argv: list[str]) -> int:
             helper = subprocess.Popen(
                 [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
             )
-            emit({"type": "assistant", "session_id": thread, "message": {"id": "m0", "role": "assistant",
-                  "content": [{"type": "tool_use", "id": "tu1", "name": "Bash", "input": {"pid": helper.pid}}]}})
+            emit(
+                {
+                    "type": "assistant",
+                    "session_id": thread,
+                    "message": {
+                        "id": "m0",
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "tool_use",
+                                "id": "tu1",
+                                "name": "Bash",
+                                "input": {"pid": helper.pid},
+                            }
+                        ],
+                    },
+                }
+            )
         for index in range(words):
             time.sleep(delay)
-            emit({"type": "assistant", "session_id": thread, "message": {"id": f"m{index + 1}", "role": "assistant",
-                  "content": [{"type": "text", "text": WORDS[index % len(WORDS)] + " "}]}})
-        emit({"type": "result", "subtype": "success", "is_error": False, "session_id": thread,
-              "num_turns": 1, "result": "done"})
+            emit(
+                {
+                    "type": "assistant",
+                    "session_id": thread,
+                    "message": {
+                        "id": f"m{index + 1}",
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": WORDS[index % len(WORDS)] + " "}],
+                    },
+                }
+            )
+        emit(
+            {
+                "type": "result",
+                "subtype": "success",
+                "is_error": False,
+                "session_id": thread,
+                "num_turns": 1,
+                "result": "done",
+            }
+        )
     return 0
 
 

@@ -111,9 +111,16 @@ class FakeClaude:
     def run(self) -> int:
         if self.args.resume is not None and self.load(self.args.resume) is None:
             log(f"No conversation found with session ID: {self.args.resume}")
-            emit({"type": "result", "subtype": "error_during_execution", "is_error": True,
-                  "num_turns": 0, "session_id": self.args.resume,
-                  "errors": [f"No conversation found with session ID: {self.args.resume}"]})
+            emit(
+                {
+                    "type": "result",
+                    "subtype": "error_during_execution",
+                    "is_error": True,
+                    "num_turns": 0,
+                    "session_id": self.args.resume,
+                    "errors": [f"No conversation found with session ID: {self.args.resume}"],
+                }
+            )
             return 1
         for line in sys.stdin:
             if not line.strip():
@@ -127,14 +134,23 @@ class FakeClaude:
             subtype = message["request"]["subtype"]
             log(f"got {subtype}")
             if subtype == "initialize":
-                self.ack(message["request_id"], {"commands": [], "models": [],
-                                                 "claude_code_version": "fake"})
+                self.ack(
+                    message["request_id"],
+                    {"commands": [], "models": [], "claude_code_version": "fake"},
+                )
             elif subtype == "interrupt":
                 self.on_interrupt(message["request_id"])
             else:
-                emit({"type": "control_response", "response": {
-                    "subtype": "error", "request_id": message["request_id"],
-                    "error": f"unsupported: {subtype}"}})
+                emit(
+                    {
+                        "type": "control_response",
+                        "response": {
+                            "subtype": "error",
+                            "request_id": message["request_id"],
+                            "error": f"unsupported: {subtype}",
+                        },
+                    }
+                )
         elif kind == "control_response":
             response = message["response"]
             with self.lock:
@@ -155,8 +171,12 @@ class FakeClaude:
             threading.Thread(target=self.run_turn, args=(turn,), daemon=True).start()
 
     def ack(self, request_id: str, response: dict[str, Any]) -> None:
-        emit({"type": "control_response",
-              "response": {"subtype": "success", "request_id": request_id, "response": response}})
+        emit(
+            {
+                "type": "control_response",
+                "response": {"subtype": "success", "request_id": request_id, "response": response},
+            }
+        )
 
     def on_interrupt(self, request_id: str) -> None:
         self.ack(request_id, {"still_queued": []})
@@ -182,8 +202,16 @@ class FakeClaude:
         if self.session_id is None:
             self.session_id = str(uuid.uuid4())
         self.save(turn.text)
-        emit({"type": "system", "subtype": "init", "session_id": self.session_id,
-              "argv": sys.argv[1:], "pid": os.getpid(), "tools": ["Bash"]})
+        emit(
+            {
+                "type": "system",
+                "subtype": "init",
+                "session_id": self.session_id,
+                "argv": sys.argv[1:],
+                "pid": os.getpid(),
+                "tools": ["Bash"],
+            }
+        )
         turn.init_sent = True
         self.message_count += 1
         message_id = f"msg_{os.getpid()}_{self.message_count}"
@@ -200,8 +228,13 @@ class FakeClaude:
                 finished = False
                 break
             words.append(f"w{index} ")
-            self.stream({"type": "content_block_delta", "index": 0,
-                         "delta": {"type": "text_delta", "text": words[-1]}})
+            self.stream(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": words[-1]},
+                }
+            )
             if turn.mode == "ignore-interrupt":
                 time.sleep(self.args.word_interval)
             else:
@@ -210,21 +243,49 @@ class FakeClaude:
             log("interrupted; the result is lost")
             return  # the turn stays "running" forever: only a kill ends it
         time.sleep(self.args.stop_delay if not finished else 0)
-        emit({"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
-              "message": {"id": message_id, "role": "assistant",
-                          "content": [{"type": "text", "text": "".join(words)}]}})
+        emit(
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": message_id,
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "".join(words)}],
+                },
+            }
+        )
         with self.lock:
             self.turn = None
         if finished:
-            emit(self.result(subtype="success", is_error=False, terminal_reason="completed",
-                             result="".join(words)))
+            emit(
+                self.result(
+                    subtype="success",
+                    is_error=False,
+                    terminal_reason="completed",
+                    result="".join(words),
+                )
+            )
         else:
-            emit({"type": "user", "session_id": self.session_id, "parent_tool_use_id": None,
-                  "message": {"role": "user", "content": [
-                      {"type": "text", "text": "[Request interrupted by user]"}]}})
-            emit(self.result(subtype="error_during_execution", is_error=True,
-                             terminal_reason=turn.aborted,
-                             errors=["[ede_diagnostic] result_type=user"]))
+            emit(
+                {
+                    "type": "user",
+                    "session_id": self.session_id,
+                    "parent_tool_use_id": None,
+                    "message": {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "[Request interrupted by user]"}],
+                    },
+                }
+            )
+            emit(
+                self.result(
+                    subtype="error_during_execution",
+                    is_error=True,
+                    terminal_reason=turn.aborted,
+                    errors=["[ede_diagnostic] result_type=user"],
+                )
+            )
 
     def stopping(self, turn: Turn) -> bool:
         return turn.interrupted.is_set() and turn.mode != "ignore-interrupt"
@@ -233,8 +294,14 @@ class FakeClaude:
         return {"type": "result", "num_turns": 1, "session_id": self.session_id, **fields}
 
     def stream(self, event: dict[str, Any]) -> None:
-        emit({"type": "stream_event", "event": event, "session_id": self.session_id,
-              "parent_tool_use_id": None})
+        emit(
+            {
+                "type": "stream_event",
+                "event": event,
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+            }
+        )
 
     def start_child(self, turn: Turn) -> None:
         """A helper in its own session, as Claude's Bash tool runs commands."""
@@ -245,23 +312,58 @@ class FakeClaude:
             stdout=subprocess.DEVNULL,
         )
         self.children.append(child)
-        emit({"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
-              "message": {"id": f"msg_child_{child.pid}", "role": "assistant", "content": [
-                  {"type": "tool_use", "id": f"toolu_child_{child.pid}", "name": "Bash",
-                   "input": {"command": "sleep 60 &", "pid": child.pid}}]}})
+        emit(
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": f"msg_child_{child.pid}",
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": f"toolu_child_{child.pid}",
+                            "name": "Bash",
+                            "input": {"command": "sleep 60 &", "pid": child.pid},
+                        }
+                    ],
+                },
+            }
+        )
 
     def ask_permission(self, turn: Turn) -> bool:
         """Ask for a Bash command; False when the turn must stop here."""
         request_id = str(uuid.uuid4())
         tool_input = {"command": "touch ran-the-tool"}
-        emit({"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
-              "message": {"id": f"msg_tool_{request_id}", "role": "assistant", "content": [
-                  {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": tool_input}]}})
+        emit(
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": f"msg_tool_{request_id}",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": tool_input}
+                    ],
+                },
+            }
+        )
         with self.lock:
             turn.permission_id = request_id
-        emit({"type": "control_request", "request_id": request_id,
-              "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": tool_input,
-                          "tool_use_id": "toolu_1"}})
+        emit(
+            {
+                "type": "control_request",
+                "request_id": request_id,
+                "request": {
+                    "subtype": "can_use_tool",
+                    "tool_name": "Bash",
+                    "input": tool_input,
+                    "tool_use_id": "toolu_1",
+                },
+            }
+        )
         answer = turn.answers.get()
         behavior = answer.get("behavior")
         if behavior == "allow":
@@ -275,26 +377,48 @@ class FakeClaude:
         return behavior == "deny"
 
     def tool_result(self, text: str, *, is_error: bool) -> None:
-        emit({"type": "user", "session_id": self.session_id, "parent_tool_use_id": None,
-              "message": {"role": "user", "content": [
-                  {"type": "tool_result", "tool_use_id": "toolu_1", "content": text,
-                   "is_error": is_error}]}})
+        emit(
+            {
+                "type": "user",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "content": text,
+                            "is_error": is_error,
+                        }
+                    ],
+                },
+            }
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--resume")
     parser.add_argument("--state-dir")
-    parser.add_argument("--mode", default="cooperative",
-                        choices=["cooperative", "wedged", "ignore-interrupt", "permission"])
+    parser.add_argument(
+        "--mode",
+        default="cooperative",
+        choices=["cooperative", "wedged", "ignore-interrupt", "permission"],
+    )
     parser.add_argument("--words", type=int, default=1000)
     parser.add_argument("--word-interval", type=float, default=0.02)
     parser.add_argument("--stop-delay", type=float, default=0.0)
     parser.add_argument("--init-delay", type=float, default=0.0)
     parser.add_argument("--drop-early-interrupt", action="store_true")
     # The real CLI's flags, accepted and ignored.
-    for flag in ("--input-format", "--output-format", "--permission-prompt-tool", "--model",
-                 "--setting-sources"):
+    for flag in (
+        "--input-format",
+        "--output-format",
+        "--permission-prompt-tool",
+        "--model",
+        "--setting-sources",
+    ):
         parser.add_argument(flag)
     for flag in ("-p", "--print", "--verbose", "--include-partial-messages"):
         parser.add_argument(flag, action="store_true")

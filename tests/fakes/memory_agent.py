@@ -72,7 +72,9 @@ class Store:
 
 
 class MemoryLink(AgentLink):
-    def __init__(self, launcher: MemoryLauncher, generation: int, inbox: trio.MemorySendChannel[Any]):
+    def __init__(
+        self, launcher: MemoryLauncher, generation: int, inbox: trio.MemorySendChannel[Any]
+    ):
         self.generation = generation
         self.launcher = launcher
         self.inbox = inbox
@@ -188,7 +190,9 @@ class FakeAcpAgent:
 
     async def exit(self, code: int) -> None:
         self.link.alive = False
-        await self.link.inbox.send(AgentGone(self.link.generation, ExitStatus(code=code, signal=None)))
+        await self.link.inbox.send(
+            AgentGone(self.link.generation, ExitStatus(code=code, signal=None))
+        )
         self.link.scope.cancel()
 
     async def reply(self, request_id: Any, result: Any) -> None:
@@ -243,7 +247,10 @@ class FakeAcpAgent:
             self.session_id = session_id
             for text in self.store.sessions[session_id]:
                 await self.update(
-                    {"sessionUpdate": "user_message_chunk", "content": {"type": "text", "text": text}}
+                    {
+                        "sessionUpdate": "user_message_chunk",
+                        "content": {"type": "text", "text": text},
+                    }
                 )
             await self.reply(request_id, None)
         elif method == "session/prompt":

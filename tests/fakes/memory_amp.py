@@ -67,14 +67,18 @@ class FakeAmp:
     async def exit_after(self, delay: float) -> None:
         await trio.sleep(delay)
         self.link.alive = False
-        await self.link.inbox.send(AgentGone(self.link.generation, ExitStatus(code=130, signal=None)))
+        await self.link.inbox.send(
+            AgentGone(self.link.generation, ExitStatus(code=130, signal=None))
+        )
         self.link.scope.cancel()
 
     async def run(self) -> None:
         with self.link.scope:
             if self.resume is not None and self.resume not in self.launcher.threads:
                 self.link.alive = False
-                await self.link.inbox.send(AgentGone(self.link.generation, ExitStatus(code=1, signal=None)))
+                await self.link.inbox.send(
+                    AgentGone(self.link.generation, ExitStatus(code=1, signal=None))
+                )
                 return
             thread = self.resume or f"T-{len(self.launcher.threads) + 1}"
             self.launcher.threads.add(thread)
@@ -84,10 +88,25 @@ class FakeAmp:
                     text = "".join(b["text"] for b in message["message"]["content"])
                     behaviour = self.launcher.behaviour.for_prompt(text)
                     self.stop_delay = behaviour.stop_delay
-                    await self.link.post({"type": "system", "subtype": "init", "session_id": thread})
+                    await self.link.post(
+                        {"type": "system", "subtype": "init", "session_id": thread}
+                    )
                     for index in range(behaviour.words):
-                        await self.link.post({"type": "assistant", "message": {"id": f"m{index}",
-                                              "content": [{"type": "text", "text": f"w{index} "}]}})
+                        await self.link.post(
+                            {
+                                "type": "assistant",
+                                "message": {
+                                    "id": f"m{index}",
+                                    "content": [{"type": "text", "text": f"w{index} "}],
+                                },
+                            }
+                        )
                         await trio.sleep(behaviour.word_interval)
-                    await self.link.post({"type": "result", "subtype": "success", "is_error": False,
-                                          "session_id": thread})
+                    await self.link.post(
+                        {
+                            "type": "result",
+                            "subtype": "success",
+                            "is_error": False,
+                            "session_id": thread,
+                        }
+                    )

@@ -142,9 +142,14 @@ class FakeClaudeCli:
                 wanted = self.argv[self.argv.index("--resume") + 1]
                 if wanted not in self.store.sessions:
                     await self.post(
-                        {"type": "result", "subtype": "error_during_execution", "is_error": True,
-                         "num_turns": 0, "session_id": wanted,
-                         "errors": [f"No conversation found with session ID: {wanted}"]}
+                        {
+                            "type": "result",
+                            "subtype": "error_during_execution",
+                            "is_error": True,
+                            "num_turns": 0,
+                            "session_id": wanted,
+                            "errors": [f"No conversation found with session ID: {wanted}"],
+                        }
                     )
                     await self.exit(1)
                     return
@@ -187,8 +192,10 @@ class FakeClaudeCli:
 
     async def ack(self, request_id: str, response: dict[str, Any]) -> None:
         await self.post(
-            {"type": "control_response",
-             "response": {"subtype": "success", "request_id": request_id, "response": response}}
+            {
+                "type": "control_response",
+                "response": {"subtype": "success", "request_id": request_id, "response": response},
+            }
         )
 
     async def on_interrupt(self, request_id: str) -> None:
@@ -236,8 +243,9 @@ class FakeClaudeCli:
             self.session_id = f"sess-{self.store.counter}"
         if behaviour.persist:
             self.store.sessions.setdefault(self.session_id, []).append(turn.text)
-        await self.post({"type": "system", "subtype": "init", "session_id": self.session_id,
-                         "argv": self.argv})
+        await self.post(
+            {"type": "system", "subtype": "init", "session_id": self.session_id, "argv": self.argv}
+        )
         turn.init_sent = True
         self.message_count += 1
         message_id = f"msg_{self.link.generation}_{self.message_count}"
@@ -263,8 +271,11 @@ class FakeClaudeCli:
                         break
                 words.append(f"w{index} ")
                 await self.stream(
-                    {"type": "content_block_delta", "index": 0,
-                     "delta": {"type": "text_delta", "text": words[-1]}}
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": words[-1]},
+                    }
                 )
                 await trio.sleep(behaviour.word_interval)
             else:
@@ -273,33 +284,70 @@ class FakeClaudeCli:
         if not finished and behaviour.lost_result:
             return  # stopped, but the result never comes (edge case 22)
         await self.post(
-            {"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
-             "message": {"id": message_id, "role": "assistant",
-                         "content": [{"type": "text", "text": "".join(words)}]}}
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": message_id,
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "".join(words)}],
+                },
+            }
         )
         self.turn = None
         if finished:
-            await self.post(self.result(subtype="success", is_error=False,
-                                        terminal_reason="completed", result="".join(words)))
+            await self.post(
+                self.result(
+                    subtype="success",
+                    is_error=False,
+                    terminal_reason="completed",
+                    result="".join(words),
+                )
+            )
         else:
-            await self.post({"type": "user", "session_id": self.session_id,
-                             "parent_tool_use_id": None,
-                             "message": {"role": "user", "content": [
-                                 {"type": "text", "text": "[Request interrupted by user]"}]}})
-            await self.post(self.result(subtype="error_during_execution", is_error=True,
-                                        terminal_reason=turn.aborted,
-                                        errors=["[ede_diagnostic] result_type=user"]))
+            await self.post(
+                {
+                    "type": "user",
+                    "session_id": self.session_id,
+                    "parent_tool_use_id": None,
+                    "message": {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "[Request interrupted by user]"}],
+                    },
+                }
+            )
+            await self.post(
+                self.result(
+                    subtype="error_during_execution",
+                    is_error=True,
+                    terminal_reason=turn.aborted,
+                    errors=["[ede_diagnostic] result_type=user"],
+                )
+            )
         if behaviour.background:
             await trio.sleep(0.5)
-            await self.post(self.result(subtype="success", is_error=False,
-                                        terminal_reason="completed", result="background done"))
+            await self.post(
+                self.result(
+                    subtype="success",
+                    is_error=False,
+                    terminal_reason="completed",
+                    result="background done",
+                )
+            )
 
     def result(self, **fields: Any) -> dict[str, Any]:
         return {"type": "result", "num_turns": 1, "session_id": self.session_id, **fields}
 
     async def stream(self, event: dict[str, Any]) -> None:
-        await self.post({"type": "stream_event", "event": event, "session_id": self.session_id,
-                         "parent_tool_use_id": None})
+        await self.post(
+            {
+                "type": "stream_event",
+                "event": event,
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+            }
+        )
 
     async def ask_permission(self, turn: _Turn, nursery: trio.Nursery) -> bool:
         """Ask for the Bash tool; False when the turn must end here."""
@@ -310,14 +358,30 @@ class FakeClaudeCli:
         turn.permission_answer = send
         tool_input = {"command": "rm -rf build"}
         await self.post(
-            {"type": "assistant", "session_id": self.session_id, "parent_tool_use_id": None,
-             "message": {"id": f"msg_tool_{request_id}", "role": "assistant", "content": [
-                 {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": tool_input}]}}
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": f"msg_tool_{request_id}",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": tool_input}
+                    ],
+                },
+            }
         )
         await self.post(
-            {"type": "control_request", "request_id": request_id,
-             "request": {"subtype": "can_use_tool", "tool_name": "Bash", "input": tool_input,
-                         "tool_use_id": "toolu_1"}}
+            {
+                "type": "control_request",
+                "request_id": request_id,
+                "request": {
+                    "subtype": "can_use_tool",
+                    "tool_name": "Bash",
+                    "input": tool_input,
+                    "tool_use_id": "toolu_1",
+                },
+            }
         )
         if turn.behaviour.withdraw_after is not None:
 
@@ -351,7 +415,19 @@ class FakeClaudeCli:
         return not turn.interrupted.is_set()
 
     def tool_result(self, text: str, *, is_error: bool) -> dict[str, Any]:
-        return {"type": "user", "session_id": self.session_id, "parent_tool_use_id": None,
-                "message": {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": text,
-                     "is_error": is_error}]}}
+        return {
+            "type": "user",
+            "session_id": self.session_id,
+            "parent_tool_use_id": None,
+            "message": {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_1",
+                        "content": text,
+                        "is_error": is_error,
+                    }
+                ],
+            },
+        }
