@@ -11,6 +11,7 @@ from protocols.amp import AmpClient
 from protocols.claude import ClaudeClient
 from protocols.codex import CodexClient
 from protocols.machine import AgentProtocol
+from protocols.opencode import OpenCodeClient
 
 __all__ = ["PROTOCOLS", "AgentProtocol", "new_machine"]
 
@@ -19,6 +20,7 @@ PROTOCOLS: dict[str, type[AgentProtocol]] = {
     AmpClient.name: AmpClient,
     ClaudeClient.name: ClaudeClient,
     CodexClient.name: CodexClient,
+    OpenCodeClient.name: OpenCodeClient,
 }
 
 

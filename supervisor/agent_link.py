@@ -74,6 +74,9 @@ class ProcessLink(AgentLink):
         # No stdin EOF first: that is close()'s polite request; a kill is the ladder alone.
         return await self.process.kill_tree(self._spec.kill_timeout_s)
 
+    async def kill_turn_processes(self, since: float) -> list[dict[str, Any]]:
+        return await self.process.kill_descendants_since(since)
+
     async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
         self._outgoing_send.close()  # the writer flushes what is queued, then closes stdin
         with trio.move_on_after(timeout):

@@ -76,6 +76,12 @@ class AgentLink(ABC):
     async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
         """Ask the agent to exit (stdin EOF), wait up to ``timeout``, then :meth:`kill`."""
 
+    async def kill_turn_processes(self, since: float) -> list[dict[str, Any]]:
+        """Kill the tree's processes started at or after ``since`` (``tree_clock``): a cancelled
+        turn's tools that the agent left running. Returns ``{"pid", "command"}`` of each killed;
+        no-op by default."""
+        return []
+
     @property
     @abstractmethod
     def stderr_tail(self) -> list[str]:

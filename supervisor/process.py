@@ -37,10 +37,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psutil
 import trio
@@ -134,6 +135,38 @@ def _quietly_signal(proc: psutil.Process, signum: int) -> None:
     """Signal unless it already died (or its pid was reused: psutil checks the start time)."""
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         proc.send_signal(signum)
+
+
+#: After a cancelled turn ends, the processes it started get this long to exit by themselves
+#: before they are killed: claude-agent-acp's Bash tool exits 5-18 ms after the agent answers
+#: the cancel, and its own short helpers (``claude auth status``) finish within ~100 ms; what is
+#: still running then was left behind (codex-acp's shell command runs on for good).
+TOOL_SETTLE_S = 0.25
+#: psutil start times are in clock ticks (10 ms); compare with that much slack.
+_CLOCK_SLACK_S = 0.02
+
+
+def tree_clock() -> float:
+    """Now, on the clock of psutil's ``create_time``: boot time plus time since boot.
+
+    ``create_time`` is the integer boot time from /proc/stat plus ticks since boot, so it can be
+    up to a second off ``time.time()``; comparing with this clock instead is exact.
+    """
+    return float(psutil.boot_time()) + time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _command(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())[:200] or proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _started_at(proc: psutil.Process) -> float | None:
+    try:
+        return float(proc.create_time())
+    except psutil.Error:
+        return None
 
 
 def _is_alive(proc: psutil.Process) -> bool:
@@ -240,6 +273,43 @@ class AgentProcess:
         if self._proc.returncode is not None:
             return []
         return [self._shim, *self._descendants()]
+
+    async def kill_descendants_since(
+        self, since: float, *, settle: float = TOOL_SETTLE_S, term_timeout: float = 0.5
+    ) -> list[dict[str, Any]]:
+        """Kill the processes of the tree started at or after ``since`` (a :func:`tree_clock`)
+        that are still running after ``settle`` seconds: the tools of one turn, which the agent
+        should have stopped. The agent itself and what it started earlier are left alone.
+
+        SIGTERM, up to ``term_timeout`` for them to go, then SIGKILL. Returns ``{"pid",
+        "command"}`` for each process killed.
+        """
+        with trio.CancelScope(shield=True):
+            started = [
+                proc
+                for proc in self._descendants()
+                if (_started_at(proc) or 0.0) >= since - _CLOCK_SLACK_S
+            ]
+            if not started:
+                return []
+            _, lingering = await trio.to_thread.run_sync(
+                functools.partial(psutil.wait_procs, started, timeout=settle),
+                limiter=self._thread_limiter,
+            )
+            victims = [(proc, _command(proc)) for proc in lingering if _is_alive(proc)]
+            if not victims:
+                return []
+            for proc, _ in victims:
+                _quietly_signal(proc, signal.SIGTERM)
+                _quietly_signal(proc, signal.SIGCONT)
+            _, alive = await trio.to_thread.run_sync(
+                functools.partial(psutil.wait_procs, [p for p, _ in victims], timeout=term_timeout),
+                limiter=self._thread_limiter,
+            )
+            for proc in alive:
+                _quietly_signal(proc, signal.SIGKILL)
+            await self._verify_gone(alive)
+        return [{"pid": proc.pid, "command": command} for proc, command in victims]
 
     def _descendants(self) -> list[psutil.Process]:
         try:

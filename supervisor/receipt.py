@@ -15,6 +15,7 @@ OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn")
 ESCALATION_STEPS = (
     "interrupt",
     "permissions_cancelled",
+    "tools_killed",  # the agent ended the turn but left its tools running: we killed them
     "grace_expired",
     "sigterm",
     "sigkill",

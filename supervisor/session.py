@@ -39,7 +39,7 @@ from protocols.machine import (
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
-from supervisor.process import ExitStatus
+from supervisor.process import ExitStatus, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
 from supervisor.subscription import Subscription
@@ -159,6 +159,14 @@ class _Closed:
     status: ExitStatus | None
 
 
+@frozen
+class _Swept:
+    """The cancelled turn's leftover processes are gone (``killed`` had to be killed)."""
+
+    generation: int
+    killed: list[dict[str, Any]]
+
+
 # -- state owned by the actor ----------------------------------------------------------------
 
 
@@ -176,6 +184,7 @@ class _CancelJob:
     deadline: float | None = None
     outcome: str | None = None  # set once the turn is over
     stop_reason: str | None = None
+    error: str | None = None
     resumed: bool | None = None
     details: dict[str, Any] = field(factory=dict)
 
@@ -185,6 +194,7 @@ class _Turn:
     id: str
     text: str
     started_at: float
+    started_clock: float  # tree_clock(): tells this turn's processes from the agent's own
     cancel: _CancelJob | None = None
 
 
@@ -443,7 +453,7 @@ class Session:
 
     def _start_turn(self, turn_id: str, text: str) -> None:
         assert self._machine is not None
-        self._turn = _Turn(turn_id, text, trio.current_time())
+        self._turn = _Turn(turn_id, text, trio.current_time(), tree_clock())
         self._set_state("running")
         self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
         self._apply(self._machine.prompt(turn_id, text))
@@ -594,6 +604,8 @@ class Session:
             self._kill_done(item)
         elif isinstance(item, _Closed):
             self._closed(item.status)
+        elif isinstance(item, _Swept):
+            self._swept(item)
 
     def _on_frame(self, item: AgentFrame) -> None:
         self._heard_from_live = True
@@ -669,9 +681,28 @@ class Session:
         if finished.error is not None and job.stop_reason is None:
             job.stop_reason = "error"
         job.deadline = None
-        self._end_turn(turn, job.outcome, job.stop_reason, error=finished.error)
+        job.error = finished.error
+        if job.outcome == "cancelled" and self._link is not None:
+            # The agent says it stopped; its tools may not have (codex-acp leaves a running
+            # shell command behind). Nothing the turn started may outlive the receipt.
+            assert self._nursery is not None and self._live_generation is not None
+            self._nursery.start_soon(self._sweep_task, self._link, turn.started_clock)
+            return
+        self._finish_cancelled_turn(turn, job)
+
+    def _finish_cancelled_turn(self, turn: _Turn, job: _CancelJob) -> None:
+        self._end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
         self._set_state("ready")
         self._start_next()
+
+    def _swept(self, swept: _Swept) -> None:
+        turn = self._turn
+        if swept.generation != self._live_generation or turn is None or turn.cancel is None:
+            return  # the agent died meanwhile: the respawn path ends the turn
+        if swept.killed:
+            turn.cancel.escalation.append("tools_killed")
+            turn.cancel.details["tool_processes_killed"] = swept.killed
+        self._finish_cancelled_turn(turn, turn.cancel)
 
     def _end_turn(
         self,
@@ -932,6 +963,10 @@ class Session:
             await self._post(_SpawnFailed(generation, str(exc)))
         else:
             await self._post(_Spawned(generation, link))
+
+    async def _sweep_task(self, link: AgentLink, since: float) -> None:
+        killed = await link.kill_turn_processes(since)
+        await self._post(_Swept(link.generation, killed))
 
     async def _kill_task(self, link: AgentLink) -> None:
         generation = link.generation

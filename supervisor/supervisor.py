@@ -20,6 +20,7 @@ import trio
 from supervisor.agent_link import ProcessLauncher, launch_process
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.errors import BadRequest, SessionNotFound
+from supervisor.http_link import HttpLink  # noqa: F401  (registers the "http" transport)
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
 from supervisor.session import Session, SessionSummary

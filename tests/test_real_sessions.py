@@ -235,3 +235,23 @@ async def test_agent_closing_stdout_but_staying_alive_is_killed(tmp_path: object
         assert_all_gone(before)
         await session.wait_ready()
         await second_prompt_completes(session, rec)
+
+
+async def test_tools_left_running_by_a_cancelled_turn_are_killed(tmp_path: object) -> None:
+    """The agent ends the turn at once but leaves the turn's processes running (codex-acp does
+    that with a shell command): they are killed before the receipt; the agent lives on."""
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        agent_before = tree_of_this_test()
+        await session.prompt("grandchildren words=10000")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        leaked = [psutil.Process(pid) for pid in tool.raw["rawOutput"]["pids"]]
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "tools_killed"]
+        killed = receipt.details["tool_processes_killed"]
+        assert sorted(k["pid"] for k in killed) == sorted(p.pid for p in leaked)
+        assert all(k["command"] for k in killed)
+        assert [p for p in leaked if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+        assert all(p.is_running() for p in agent_before)  # the agent and its shim live on
+        await second_prompt_completes(session, rec)

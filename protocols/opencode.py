@@ -1,0 +1,828 @@
+"""OpenCode server (``opencode serve``), client side, as a sans-IO machine.
+
+The agent is a local HTTP server, so the messages are envelopes the HTTP link turns into real
+requests (``supervisor/http_link.py``):
+
+- we send ``{"http": {"id": N, "method": "POST", "path": "/session", "json": {...}}}``;
+- we receive ``{"http_response": {"id": N, "status": 204, "json": ...}}`` (status 0 and an
+  ``error`` text when the request never got an answer), ``{"sse": {...}}`` for every event of
+  ``GET /event``, and ``{"transport": "ready", "url": ...}`` once the server listens and the
+  event stream is open: nothing is sent before that, so no event can be missed (edge case 24).
+
+Facts this follows (``shared/protocols.md`` section 4 and edge cases 24-29), each checked
+against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
+``tests/golden/opencode``):
+
+- ``POST /session`` creates a session; ``GET /session/{id}`` is 200 for a stored one and 404
+  (``NotFoundError``) otherwise: that is how a respawned server resumes.
+- A turn is ``POST /session/{id}/prompt_async`` (204 at once; never the blocking ``/message``).
+  It ends only on the event stream: ``session.status {type: "idle"}`` and ``session.idle``,
+  which come in pairs and, after an abort, twice (a second pair <1-20 ms later). An abort of an
+  idle session also answers ``true`` and emits an idle pair. So an idle ends the turn only once
+  the turn was seen ``busy``, and not while its assistant message is still open with neither an
+  error nor our abort: the loop completes its message before it goes idle, so such an idle is a
+  leftover that overtook the new turn's ``busy`` (edge cases 24 and 28; a fake server that sends
+  the second pair 50 ms late shows it). Nothing but ``busy`` marks a turn active: part and
+  message updates of an aborted turn keep arriving after its first idle.
+- ``POST /session/{id}/abort`` answers ``200 true`` whatever happened; the answer is never taken
+  as the turn's end. The abort shows on the stream as ``session.error`` with
+  ``MessageAbortedError`` before the idle, or, when the abort lands before the model answered,
+  only as the assistant message's ``error`` (``message.updated``): either marks the turn
+  interrupted. An abort sent before the turn runs is a no-op and the prompt then runs to its
+  end, so a cancel before ``busy`` is held and sent when ``busy`` comes.
+- Streamed content: ``message.part.updated`` announces a part (``text``, ``reasoning``,
+  ``tool``, ``step-start`` ...) and ``message.part.delta`` extends it (``field: "text"``, no part
+  type: we remember it). The user's own prompt comes back as a part of a ``user`` message and is
+  not repeated. A text part's final update repeats the whole text; only what the deltas did not
+  already say is emitted.
+- ``permission.asked`` ``{id, sessionID, permission, patterns, metadata, always, tool}``; the
+  answer is ``POST /permission/{id}/reply {"reply": "once"|"always"|"reject"}`` (404
+  ``PermissionNotFoundError`` when it is gone); ``permission.replied {sessionID, requestID,
+  reply}`` follows. A ``reject`` ends the turn (``finish: "tool-calls"``, no error). A request
+  left pending when the turn dies gets no ``permission.replied`` (edge case 27): we resolve it
+  ourselves.
+- Events carry ``sessionID``; those of other sessions are ignored, except permission requests of
+  the sub-agent sessions our session started (``session.created`` with our ``parentID``), which
+  would otherwise hold our turn forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+from urllib.parse import quote
+
+from attrs import define, field, frozen
+
+from protocols import events as ev
+from protocols.machine import (
+    AgentProtocol,
+    SessionEstablished,
+    StartFailed,
+    Step,
+    TurnFinished,
+    UnknownPermission,
+)
+
+__all__ = ["OpenCodeClient"]
+
+#: The permission answers; they are also the option ids offered to a person.
+_OPTIONS = {
+    "once": ev.PermissionOption(option_id="once", name="Allow once", option_kind="allow_once"),
+    "always": ev.PermissionOption(
+        option_id="always", name="Always allow", option_kind="allow_always"
+    ),
+    "reject": ev.PermissionOption(option_id="reject", name="Reject", option_kind="reject_once"),
+}
+#: What a cancelled permission request is answered (``opencode acp`` does the same).
+_CANCELLED_REPLY = "reject"
+#: ``error.name`` of the error an abort produces.
+_ABORTED = "MessageAbortedError"
+#: A turn whose last assistant message finished with one of these ended by itself. After
+#: ``tool-calls`` the loop would have gone on: it was stopped (a rejected permission).
+_NATURAL_FINISHES = frozenset({"stop", "length", "content-filter", "other"})
+#: Session events passed to subscribers as ``session.info``.
+_INFO_EVENTS = frozenset(
+    {
+        "session.created",
+        "session.updated",
+        "session.deleted",
+        "session.diff",
+        "session.compacted",
+        "command.executed",
+    }
+)
+#: Session events with nothing for subscribers.
+_QUIET_EVENTS = frozenset({"message.removed", "message.part.removed"})
+#: Part types that only structure a message.
+_QUIET_PARTS = frozenset({"step-start", "snapshot"})
+#: Part types passed on as ``session.info`` (``part/<type>``).
+_INFO_PARTS = frozenset({"step-finish", "patch", "file", "agent", "subtask", "retry", "compaction"})
+#: OpenCode tools (and permission kinds) as ACP tool kinds.
+_TOOL_KINDS = {
+    "bash": "execute",
+    "edit": "edit",
+    "write": "edit",
+    "patch": "edit",
+    "multiedit": "edit",
+    "apply_patch": "edit",
+    "read": "read",
+    "list": "search",
+    "glob": "search",
+    "grep": "search",
+    "codesearch": "search",
+    "websearch": "fetch",
+    "webfetch": "fetch",
+    "task": "think",
+    "todowrite": "think",
+    "todoread": "think",
+    "external_directory": "other",
+}
+#: Tool part states in the universal (ACP) vocabulary.
+_STATUSES = {
+    "pending": "pending",
+    "running": "in_progress",
+    "completed": "completed",
+    "error": "failed",
+}
+#: Parts, messages and tool calls remembered, to tell a late update from a new one. Late
+#: updates of an aborted turn come within milliseconds; thousands is plenty and bounded.
+_KEPT = 4096
+
+
+@frozen
+class _Sent:
+    """What one of our requests was about; handed back with its response."""
+
+    purpose: str  # get_session, create_session, prompt, abort, reply
+    turn_id: str | None = None
+    request_id: str | None = None
+
+
+@define
+class _Turn:
+    """Our running turn and what the event stream has told us about it."""
+
+    turn_id: str
+    #: ``session.status busy`` seen since the prompt went out: the next idle ends the turn
+    active: bool = False
+    cancel_wanted: bool = False
+    abort_sent: bool = False
+    #: ``MessageAbortedError`` seen for this turn
+    aborted: bool = False
+    error: str | None = None
+    #: ``finish`` of the turn's latest assistant message
+    finish: str | None = None
+    #: the turn's latest assistant message is still being written
+    open_message: bool = False
+    #: one of its permission requests was answered ``reject``
+    rejected: bool = False
+
+
+@frozen
+class _Message:
+    role: str | None
+    turn_id: str | None
+
+
+@define
+class _Part:
+    kind: str
+    turn_id: str | None
+    emitted: int = 0  # characters of text already passed on
+
+
+@define
+class _HeldPermission:
+    turn_id: str | None
+    option_ids: frozenset[str]
+
+
+def _remember(table: dict[str, Any], key: str, value: Any) -> None:
+    table[key] = value
+    while len(table) > _KEPT:
+        del table[next(iter(table))]
+
+
+@define
+class OpenCodeClient(AgentProtocol):
+    """Our side of one ``opencode serve`` process, driving one session."""
+
+    name: ClassVar[str] = "opencode"
+    transport: ClassVar[str] = "http"
+
+    _next_id: int = 0
+    _requests: dict[int, _Sent] = field(factory=dict)
+    _phase: str = "idle"  # idle, connecting, opening, ready, failed
+    _resume: str | None = None
+    _resume_error: str | None = None
+    _session_id: str | None = None
+    _children: set[str] = field(factory=set)
+    _turn: _Turn | None = None
+    _held: dict[str, _HeldPermission] = field(factory=dict)
+    _messages: dict[str, _Message] = field(factory=dict)
+    _parts: dict[str, _Part] = field(factory=dict)
+    _tools: dict[str, str | None] = field(factory=dict)  # callID -> last status
+    server_info: dict[str, Any] = field(factory=dict)
+
+    @classmethod
+    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+        """``opencode serve`` on a free port of the loopback interface, unless configured."""
+        argv = list(base)
+        if not any(arg == "--port" or arg.startswith("--port=") for arg in argv):
+            argv += ["--port", "0"]
+        if not any(arg == "--hostname" or arg.startswith("--hostname=") for arg in argv):
+            argv += ["--hostname", "127.0.0.1"]
+        return argv
+
+    # -- calls from the actor -------------------------------------------------------------
+
+    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+        if self._phase != "idle":
+            raise RuntimeError("start() called twice")
+        # The server's directory is its working directory, where the process was started.
+        self._phase = "connecting"
+        self._resume = resume
+        return Step()  # nothing until the event stream is open
+
+    def prompt(self, turn_id: str, text: str) -> Step:
+        if self._phase != "ready" or self._turn is not None:
+            turn = self._turn.turn_id if self._turn else None
+            raise RuntimeError(f"prompt() while {self._phase} with turn {turn}")
+        assert self._session_id is not None
+        self._turn = _Turn(turn_id)
+        body = {"parts": [{"type": "text", "text": text}]}
+        sent = _Sent("prompt", turn_id)
+        return Step(send=[self._request("POST", self._path("prompt_async"), sent, body)])
+
+    def cancel(self) -> Step:
+        turn = self._turn
+        if turn is None or turn.cancel_wanted:
+            return Step()
+        turn.cancel_wanted = True
+        if not turn.active:
+            return Step()  # an abort before the loop runs is a no-op: sent at "busy"
+        return self._abort(turn)
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        held = self._held.get(request_id)
+        if held is None:
+            raise UnknownPermission(f"no pending permission request {request_id!r}")
+        if option_id is not None and option_id not in held.option_ids:
+            raise UnknownPermission(
+                f"option {option_id!r} was not offered for {request_id!r}"
+                f" (offered: {', '.join(sorted(held.option_ids))})"
+            )
+        return self._reply(request_id, option_id, by="client")
+
+    def cancel_permissions(self) -> Step:
+        step = Step()
+        for request_id in list(self._held):
+            step.extend(self._reply(request_id, None, by="supervisor"))
+        return step
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return list(self._held)
+
+    @property
+    def agent_session_id(self) -> str | None:
+        if self._session_id is not None:
+            return self._session_id
+        # Killed while still resuming: the next process should try the same session again.
+        return self._resume if self._resume_error is None else None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _request(
+        self, method: str, path: str, sent: _Sent, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        request_id = self._next_id
+        self._next_id += 1
+        self._requests[request_id] = sent
+        request: dict[str, Any] = {"id": request_id, "method": method, "path": path}
+        if body is not None:
+            request["json"] = body
+        return {"http": request}
+
+    def _path(self, *rest: str, session_id: str | None = None) -> str:
+        session = session_id if session_id is not None else self._session_id
+        assert session is not None
+        return "/".join(["/session", quote(session, safe=""), *rest])
+
+    def _abort(self, turn: _Turn) -> Step:
+        turn.abort_sent = True
+        sent = _Sent("abort", turn.turn_id)
+        return Step(send=[self._request("POST", self._path("abort"), sent)])
+
+    def _reply(self, request_id: str, option_id: str | None, *, by: str) -> Step:
+        held = self._held.pop(request_id)
+        reply = option_id or _CANCELLED_REPLY
+        turn = self._turn
+        if reply == "reject" and turn is not None and held.turn_id == turn.turn_id:
+            turn.rejected = True
+        message = self._request(
+            "POST",
+            f"/permission/{quote(request_id, safe='')}/reply",
+            _Sent("reply", held.turn_id, request_id),
+            {"reply": reply},
+        )
+        resolved = ev.PermissionResolved(
+            turn_id=held.turn_id,
+            request_id=request_id,
+            outcome="cancelled" if option_id is None else "selected",
+            option_id=option_id,
+            by=by,
+        )
+        return Step(send=[message], events=[resolved])
+
+    # -- messages from the link -------------------------------------------------------------
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        if isinstance(message.get("sse"), dict):
+            return self._on_event(message["sse"])
+        if isinstance(message.get("http_response"), dict):
+            return self._on_response(message["http_response"])
+        if message.get("transport") == "ready":
+            return self._on_ready(message)
+        return Step(events=[ev.AgentUnparsed(raw=message)])
+
+    def _on_ready(self, message: dict[str, Any]) -> Step:
+        if self._phase != "connecting":
+            return Step()
+        self._phase = "opening"
+        url = message.get("url")
+        if isinstance(url, str):
+            self.server_info["url"] = url
+        if self._resume is not None:
+            sent = _Sent("get_session")
+            return Step(send=[self._request("GET", self._path(session_id=self._resume), sent)])
+        return self._create_session()
+
+    def _create_session(self) -> Step:
+        return Step(send=[self._request("POST", "/session", _Sent("create_session"), {})])
+
+    def _on_response(self, response: dict[str, Any]) -> Step:
+        request_id = response.get("id")
+        sent = self._requests.pop(request_id, None) if isinstance(request_id, int) else None
+        if sent is None:
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="protocol_error",
+                        message=f"response to unknown request id {request_id!r}",
+                    )
+                ]
+            )
+        status = response.get("status")
+        ok = isinstance(status, int) and 200 <= status < 300
+        body = response.get("json")
+        if sent.purpose == "get_session":
+            return self._on_session_found(body if ok else None, response)
+        if sent.purpose == "create_session":
+            return self._on_session_created(body if ok else None, response)
+        if sent.purpose == "prompt":
+            turn = self._turn
+            if ok or turn is None or turn.turn_id != sent.turn_id:
+                return Step()
+            error = f"prompt_async failed: {_describe_response(response)}"
+            if turn.active:  # it runs after all (a lost answer): the stream decides
+                return Step(events=[ev.ErrorEvent(code="agent_error", message=error)])
+            return self._finish(turn, TurnFinished(turn.turn_id, "error", error=error))
+        if sent.purpose == "abort":
+            if ok:
+                return Step()  # "true" proves nothing (edge case 24): the stream decides
+            return Step(
+                events=[
+                    ev.ErrorEvent(
+                        code="interrupt_failed",
+                        message=f"abort failed: {_describe_response(response)}",
+                    )
+                ]
+            )
+        # A permission reply. 404: it was resolved already (the turn died, or someone else
+        # answered); we have resolved it on our side, so only say that the reply was lost.
+        if ok:
+            return Step()
+        code = "permission_not_found" if status == 404 else "permission_reply_failed"
+        return Step(
+            events=[
+                ev.ErrorEvent(
+                    code=code,
+                    message=f"reply to permission request {sent.request_id}"
+                    f" failed: {_describe_response(response)}",
+                )
+            ]
+        )
+
+    # -- handshake ------------------------------------------------------------------------
+
+    def _on_session_found(self, body: Any, response: dict[str, Any]) -> Step:
+        assert self._resume is not None
+        if isinstance(body, dict):
+            session_id = body.get("id")
+            self._session_id = session_id if isinstance(session_id, str) else self._resume
+            return self._established(resumed=True)
+        # The session is gone (404 NotFoundError): a fresh one, and the receipt will say so.
+        self._resume_error = f"session {self._resume} not resumed: {_describe_response(response)}"
+        return self._create_session()
+
+    def _on_session_created(self, body: Any, response: dict[str, Any]) -> Step:
+        session_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(session_id, str):
+            self._phase = "failed"
+            if isinstance(body, dict):
+                reason = "POST /session answered without a session id"
+            else:
+                reason = f"POST /session failed: {_describe_response(response)}"
+            return Step(events=[StartFailed(reason)])
+        self._session_id = session_id
+        if self._resume is None:
+            return self._established(resumed=None)
+        return self._established(resumed=False, detail=self._resume_error)
+
+    def _established(self, *, resumed: bool | None, detail: str | None = None) -> Step:
+        self._phase = "ready"
+        assert self._session_id is not None
+        return Step(events=[SessionEstablished(self._session_id, resumed, detail)])
+
+    # -- the event stream -----------------------------------------------------------------
+
+    def _on_event(self, event: dict[str, Any]) -> Step:
+        kind = event.get("type")
+        props = event.get("properties")
+        if not isinstance(kind, str) or not isinstance(props, dict):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        if self._phase != "ready":
+            return Step()  # before our session exists nothing is about it
+        session = _session_of(props)
+        if kind in ("session.created", "session.updated"):
+            self._note_child(props)
+        if session != self._session_id:
+            if session in self._children and kind == "permission.asked":
+                return self._on_permission_asked(props, event)
+            if session in self._children and kind == "permission.replied":
+                return self._on_permission_replied(props)
+            return Step()  # global events and other sessions
+        if kind == "session.status":
+            return self._on_status(props, event)
+        if kind == "session.idle":
+            return self._on_idle()
+        if kind == "session.error":
+            return self._on_session_error(props)
+        if kind == "message.updated":
+            return self._on_message(props, event)
+        if kind == "message.part.updated":
+            return self._on_part(props, event)
+        if kind == "message.part.delta":
+            return self._on_delta(props, event)
+        if kind == "permission.asked":
+            return self._on_permission_asked(props, event)
+        if kind == "permission.replied":
+            return self._on_permission_replied(props)
+        if kind == "todo.updated":
+            return Step(events=[ev.Plan(turn_id=self._turn_id, entries=_plan(props.get("todos")))])
+        if kind in _INFO_EVENTS:
+            return Step(events=[ev.SessionInfo(info_kind=kind, data=props)])
+        if kind in _QUIET_EVENTS:
+            return Step()
+        return Step(events=[ev.AgentUnparsed(raw=event)])
+
+    @property
+    def _turn_id(self) -> str | None:
+        return self._turn.turn_id if self._turn is not None else None
+
+    def _note_child(self, props: dict[str, Any]) -> None:
+        info = props.get("info")
+        if not isinstance(info, dict):
+            return
+        child, parent = info.get("id"), info.get("parentID")
+        if isinstance(child, str) and (parent == self._session_id or parent in self._children):
+            self._children.add(child)
+
+    def _on_status(self, props: dict[str, Any], event: dict[str, Any]) -> Step:
+        status = props.get("status")
+        kind = status.get("type") if isinstance(status, dict) else None
+        if kind == "idle":
+            return self._on_idle()
+        if kind not in ("busy", "retry"):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        assert isinstance(status, dict)
+        step = Step()
+        turn = self._turn
+        if turn is not None and not turn.active:
+            turn.active = True
+            if turn.cancel_wanted and not turn.abort_sent:
+                step.extend(self._abort(turn))
+        if kind == "retry":
+            message = status.get("message")
+            text = message if isinstance(message, str) else "retrying"
+            attempt = status.get("attempt")
+            if isinstance(attempt, int):
+                text += f" (attempt {attempt})"
+            step.events.append(ev.ErrorEvent(code="agent_retrying", message=text))
+        return step
+
+    def _on_idle(self) -> Step:
+        turn = self._turn
+        if turn is None or not turn.active:
+            return Step()  # the second of a pair, a duplicate, or a leftover (edge case 28)
+        if turn.open_message and not (turn.abort_sent or turn.aborted or turn.error):
+            # The loop completes its message (or reports an error) before it goes idle: this
+            # is a late idle of an earlier abort that overtook this turn's busy.
+            return Step()
+        error: str | None = None
+        interrupted: bool | None
+        if turn.aborted:
+            interrupted, stop_reason = True, "aborted"
+        elif turn.error is not None:
+            interrupted, stop_reason, error = None, "error", turn.error
+        elif turn.rejected and turn.finish not in _NATURAL_FINISHES:
+            interrupted, stop_reason = True, "permission_rejected"
+        else:
+            interrupted = False if turn.finish in _NATURAL_FINISHES else None
+            stop_reason = turn.finish or "idle"
+        return self._finish(turn, TurnFinished(turn.turn_id, stop_reason, interrupted, error))
+
+    def _finish(self, turn: _Turn, finished: TurnFinished) -> Step:
+        step = self._orphans(turn.turn_id)
+        self._turn = None
+        step.events.append(finished)
+        return step
+
+    def _orphans(self, turn_id: str) -> Step:
+        """Requests of a turn that is over get no ``permission.replied`` (edge case 27)."""
+        events: list[ev.Event | Any] = []
+        for request_id, held in list(self._held.items()):
+            if held.turn_id == turn_id:
+                del self._held[request_id]
+                events.append(
+                    ev.PermissionResolved(
+                        turn_id=turn_id, request_id=request_id, outcome="cancelled", by="agent"
+                    )
+                )
+        return Step(events=events)
+
+    def _on_session_error(self, props: dict[str, Any]) -> Step:
+        error = props.get("error")
+        name = error.get("name") if isinstance(error, dict) else None
+        turn = self._turn
+        if turn is not None and turn.active:
+            # The loop publishes its error before it goes idle: the idle ends the turn.
+            if name == _ABORTED:
+                turn.aborted = True
+            elif turn.error is None:
+                turn.error = _describe_error(error)
+            return self._orphans(turn.turn_id)
+        if name == _ABORTED:
+            return Step()  # an abort that landed after the turn's own end
+        description = _describe_error(error)
+        if turn is None:
+            return Step(events=[ev.ErrorEvent(code="agent_error", message=description)])
+        # The prompt failed before its loop ran: no busy, and no idle will come.
+        return self._finish(turn, TurnFinished(turn.turn_id, "error", error=description))
+
+    def _message(self, message_id: str, role: Any) -> _Message:
+        """The message, registered with the running turn the first time it is seen."""
+        known = self._messages.get(message_id)
+        if known is None or (known.role is None and isinstance(role, str)):
+            turn_id = known.turn_id if known is not None else self._turn_id
+            known = _Message(role if isinstance(role, str) else None, turn_id)
+            _remember(self._messages, message_id, known)
+        return known
+
+    def _on_message(self, props: dict[str, Any], event: dict[str, Any]) -> Step:
+        info = props.get("info")
+        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        message = self._message(info["id"], info.get("role"))
+        if message.role != "assistant":
+            return Step()
+        times = info.get("time")
+        completed = isinstance(times, dict) and times.get("completed") is not None
+        turn = self._turn
+        if turn is not None and message.turn_id == turn.turn_id:
+            # Late updates of an earlier turn's messages say nothing about this one.
+            turn.open_message = not completed
+            if isinstance(info.get("finish"), str):
+                turn.finish = info["finish"]
+            error = info.get("error")
+            if isinstance(error, dict):
+                if error.get("name") == _ABORTED:
+                    turn.aborted = True
+                elif turn.error is None:
+                    turn.error = _describe_error(error)
+        if not completed:
+            return Step()
+        return Step(events=[ev.SessionInfo(info_kind="message.updated", data=info)])
+
+    def _on_part(self, props: dict[str, Any], event: dict[str, Any]) -> Step:
+        part = props.get("part")
+        if (
+            not isinstance(part, dict)
+            or not isinstance(part.get("id"), str)
+            or not isinstance(part.get("type"), str)
+            or not isinstance(part.get("messageID"), str)
+        ):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        message = self._message(part["messageID"], None)
+        if message.role == "user":
+            return Step()  # the prompt itself: subscribers have it from turn.started
+        kind: str = part["type"]
+        turn_id = message.turn_id
+        if kind in ("text", "reasoning"):
+            return self._on_text_part(part, kind, turn_id)
+        if kind == "tool":
+            return self._on_tool_part(part, turn_id)
+        if kind in _QUIET_PARTS:
+            return Step()
+        if kind in _INFO_PARTS:
+            return Step(events=[ev.SessionInfo(info_kind=f"part/{kind}", data=part)])
+        return Step(events=[ev.AgentUnparsed(raw=event)])
+
+    def _on_text_part(self, part: dict[str, Any], kind: str, turn_id: str | None) -> Step:
+        known = self._parts.get(part["id"])
+        if known is None:
+            known = _Part(kind, turn_id)
+            _remember(self._parts, part["id"], known)
+        text = part.get("text")
+        if part.get("synthetic") or part.get("ignored") or not isinstance(text, str):
+            return Step()
+        if len(text) <= known.emitted:
+            return Step()  # the final update repeats what the deltas said
+        rest = text[known.emitted :]
+        known.emitted = len(text)
+        return Step(events=[_text_event(kind, known.turn_id, rest)])
+
+    def _on_tool_part(self, part: dict[str, Any], turn_id: str | None) -> Step:
+        call_id = part.get("callID")
+        if not isinstance(call_id, str):
+            call_id = part["id"]
+        state = part.get("state")
+        if not isinstance(state, dict):
+            state = {}
+        status = _status(state.get("status"))
+        if call_id in self._tools:
+            self._tools[call_id] = status
+            update = ev.ToolUpdate(turn_id=turn_id, tool_call_id=call_id, status=status, raw=part)
+            return Step(events=[update])
+        _remember(self._tools, call_id, status)
+        tool = part.get("tool") if isinstance(part.get("tool"), str) else "tool"
+        return Step(
+            events=[
+                ev.ToolCall(
+                    turn_id=turn_id,
+                    tool_call_id=call_id,
+                    title=_tool_title(str(tool), state),
+                    tool_kind=_TOOL_KINDS.get(str(tool), "other"),
+                    status=status,
+                    raw=part,
+                )
+            ]
+        )
+
+    def _on_delta(self, props: dict[str, Any], event: dict[str, Any]) -> Step:
+        part_id, message_id = props.get("partID"), props.get("messageID")
+        delta = props.get("delta")
+        if not (
+            isinstance(part_id, str) and isinstance(message_id, str) and isinstance(delta, str)
+        ):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        message = self._message(message_id, None)
+        if message.role == "user" or props.get("field", "text") != "text":
+            return Step()
+        known = self._parts.get(part_id)
+        if known is None:  # a delta before its part: text is all it can be
+            known = _Part("text", message.turn_id)
+            _remember(self._parts, part_id, known)
+        if known.kind not in ("text", "reasoning"):
+            return Step()
+        known.emitted += len(delta)
+        return Step(events=[_text_event(known.kind, known.turn_id, delta)])
+
+    # -- permissions ----------------------------------------------------------------------
+
+    def _on_permission_asked(self, props: dict[str, Any], event: dict[str, Any]) -> Step:
+        request_id = props.get("id")
+        if not isinstance(request_id, str):
+            return Step(events=[ev.AgentUnparsed(raw=event)])
+        if request_id in self._held:
+            return Step()
+        turn_id = self._turn_id
+        self._held[request_id] = _HeldPermission(turn_id, frozenset(_OPTIONS))
+        tool = props.get("tool")
+        call_id = tool.get("callID") if isinstance(tool, dict) else None
+        permission = props.get("permission")
+        permission = permission if isinstance(permission, str) else "permission"
+        return Step(
+            events=[
+                ev.PermissionRequested(
+                    turn_id=turn_id,
+                    request_id=request_id,
+                    tool_call={
+                        "toolCallId": call_id if isinstance(call_id, str) else None,
+                        "title": _permission_title(permission, props),
+                        "kind": _TOOL_KINDS.get(permission, "other"),
+                        **{
+                            key: props[key]
+                            for key in ("permission", "patterns", "always", "metadata", "sessionID")
+                            if key in props
+                        },
+                    },
+                    options=list(_OPTIONS.values()),
+                )
+            ]
+        )
+
+    def _on_permission_replied(self, props: dict[str, Any]) -> Step:
+        request_id = props.get("requestID", props.get("permissionID"))
+        reply = props.get("reply", props.get("response"))
+        if not isinstance(request_id, str) or request_id not in self._held:
+            return Step()  # our own answer coming back, or one we resolved already
+        held = self._held.pop(request_id)
+        turn = self._turn
+        if reply == "reject" and turn is not None and held.turn_id == turn.turn_id:
+            turn.rejected = True
+        return Step(
+            events=[
+                ev.PermissionResolved(
+                    turn_id=held.turn_id,
+                    request_id=request_id,
+                    outcome="selected" if isinstance(reply, str) else "cancelled",
+                    option_id=reply if isinstance(reply, str) else None,
+                    by="agent",
+                )
+            ]
+        )
+
+
+def _session_of(props: dict[str, Any]) -> str | None:
+    """The session an event is about: ``sessionID``, or inside its ``info`` or ``part``."""
+    session = props.get("sessionID")
+    if isinstance(session, str):
+        return session
+    for key in ("info", "part"):
+        inner = props.get(key)
+        if isinstance(inner, dict) and isinstance(inner.get("sessionID"), str):
+            return str(inner["sessionID"])
+    return None
+
+
+def _status(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return _STATUSES.get(value, value)
+
+
+def _text_event(kind: str, turn_id: str | None, text: str) -> ev.Event:
+    if kind == "reasoning":
+        return ev.ThoughtDelta(turn_id=turn_id, text=text)
+    return ev.MessageDelta(turn_id=turn_id, text=text)
+
+
+def _describe_error(error: Any) -> str:
+    """``{name, data: {message}}`` as one line."""
+    if not isinstance(error, dict):
+        return error if isinstance(error, str) else "error"
+    name = error.get("name") if isinstance(error.get("name"), str) else "error"
+    data = error.get("data")
+    message = data.get("message") if isinstance(data, dict) else None
+    if not isinstance(message, str):
+        message = error.get("message") if isinstance(error.get("message"), str) else None
+    return f"{name}: {message}" if message else str(name)
+
+
+def _describe_response(response: dict[str, Any]) -> str:
+    status = response.get("status")
+    if status == 0 or not isinstance(status, int):
+        error = response.get("error")
+        return error if isinstance(error, str) else "no response"
+    body = response.get("json")
+    detail = None
+    if isinstance(body, dict):
+        detail = body.get("message")
+        if not isinstance(detail, str):
+            detail = _describe_error(body) if "name" in body else None
+    return f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
+
+
+def _tool_title(tool: str, state: dict[str, Any]) -> str:
+    title = state.get("title")
+    if isinstance(title, str) and title:
+        return title
+    tool_input = state.get("input")
+    if isinstance(tool_input, dict):
+        for key in ("command", "description", "filePath", "pattern", "url"):
+            value = tool_input.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return tool
+
+
+def _permission_title(permission: str, props: dict[str, Any]) -> str:
+    metadata = props.get("metadata")
+    if isinstance(metadata, dict):
+        for key in ("command", "filepath", "filePath", "url"):
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                return value
+    patterns = props.get("patterns")
+    if isinstance(patterns, list) and patterns and all(isinstance(p, str) for p in patterns):
+        return ", ".join(patterns)
+    return permission
+
+
+def _plan(todos: Any) -> list[dict[str, Any]]:
+    """``todo.updated`` ``[{content, status, priority, id}]`` as ACP plan entries."""
+    entries = []
+    for todo in todos if isinstance(todos, list) else []:
+        if isinstance(todo, dict) and isinstance(todo.get("content"), str):
+            status = todo.get("status")
+            entry: dict[str, Any] = {
+                "content": todo["content"],
+                "status": status if isinstance(status, str) else "pending",
+            }
+            if isinstance(todo.get("priority"), str):
+                entry["priority"] = todo["priority"]
+            entries.append(entry)
+    return entries

@@ -1,0 +1,386 @@
+"""An in-memory ``opencode serve`` for actor tests on virtual time.
+
+The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
+``MemoryLauncher``/``MemoryLink`` machinery (a kill is a cancel scope, every delay is virtual),
+but speaks what the HTTP link delivers for OpenCode (``supervisor/http_link.py``): it receives
+request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"http_response":
+...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
+(``tests/golden/opencode``): ``prompt_async`` answered 204 at once and ``session.status busy``
+when the turn runs; an abort answered ``200 true`` whatever happens, an idle session's abort
+emitting an idle pair, a running turn's abort emitting ``session.error`` MessageAbortedError, an
+idle pair, the late part and message updates, and a second idle pair; ``GET /session/{id}`` 404
+for a session it does not have; a permission ``reject`` ending the turn (``finish:
+"tool-calls"``); a reply to a request that is gone answered 404.
+
+Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (the
+abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop-delay=S``,
+``words=N``, ``interval=S``, ``busy-delay=S`` (prompt accepted → busy), ``second-idle=S`` (the
+abort's second idle pair this late), ``duplicate-idles`` (a natural end emits two idle pairs),
+``permission`` (a bash permission before the second word).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import trio
+from attrs import define, field
+
+from fakes.memory_agent import MemoryLauncher, MemoryLink, Store
+from supervisor.config import AgentSpec
+from supervisor.link import AgentLink
+
+ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+
+
+@define
+class OpenCodeBehaviour:
+    words: int = 10
+    word_interval: float = 0.1
+    stop_delay: float | None = 0.0  # None: wedged, the abort is acknowledged and ignored
+    busy_delay: float = 0.0
+    second_idle: float = 0.0
+    duplicate_idles: bool = False
+    permission: bool = False
+    lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
+    start_delay: float = 0.0
+    # read by MemoryLink.kill
+    ignores_sigterm: bool = False
+    kill_time: float = 0.0
+
+    def for_prompt(self, text: str) -> OpenCodeBehaviour:
+        changes: dict[str, Any] = {}
+        for token in text.split():
+            key, _, value = token.partition("=")
+            if key == "wedged":
+                changes["stop_delay"] = None
+            elif key == "stop-delay":
+                changes["stop_delay"] = float(value)
+            elif key == "words":
+                changes["words"] = int(value)
+            elif key == "interval":
+                changes["word_interval"] = float(value)
+            elif key == "busy-delay":
+                changes["busy_delay"] = float(value)
+            elif key == "second-idle":
+                changes["second_idle"] = float(value)
+            elif key == "duplicate-idles":
+                changes["duplicate_idles"] = True
+            elif key == "permission":
+                changes["permission"] = True
+        return attrs.evolve(self, **changes)
+
+
+@define
+class _Running:
+    number: int
+    behaviour: OpenCodeBehaviour
+    scope: trio.CancelScope = field(factory=trio.CancelScope)
+    aborted: bool = False
+
+
+@define
+class Request:
+    at: float
+    generation: int
+    method: str
+    path: str
+    json: Any
+
+
+class MemoryOpenCodeLauncher(MemoryLauncher):
+    """A ``Launcher`` that starts :class:`FakeOpenCodeServer` tasks; records what happened."""
+
+    def __init__(self, behaviour: OpenCodeBehaviour | None = None, *, kill_timeout: float = 1.0):
+        super().__init__(None, kill_timeout=kill_timeout)
+        self.behaviour = behaviour or OpenCodeBehaviour()  # type: ignore[assignment]
+        self.servers: list[FakeOpenCodeServer] = []
+        self.requests: list[Request] = []
+        #: rules the client broke (a request before the event stream was open, /message)
+        self.violations: list[str] = []
+
+    async def __call__(
+        self,
+        spec: AgentSpec,
+        *,
+        cwd: str,
+        resume: str | None,
+        generation: int,
+        inbox: trio.MemorySendChannel[Any],
+        nursery: trio.Nursery,
+    ) -> AgentLink:
+        link = MemoryLink(self, generation, inbox)
+        server = FakeOpenCodeServer(link, self.behaviour, self.store, self)  # type: ignore[arg-type]
+        self.links.append(link)
+        self.servers.append(server)
+        nursery.start_soon(server.run)
+        return link
+
+    def sent(self, path_end: str, generation: int | None = None) -> list[Request]:
+        """Our requests whose path ends with ``path_end``, to every server or to one."""
+        return [
+            r
+            for r in self.requests
+            if r.path.endswith(path_end) and (generation is None or r.generation == generation)
+        ]
+
+
+class FakeOpenCodeServer:
+    def __init__(
+        self,
+        link: MemoryLink,
+        behaviour: OpenCodeBehaviour,
+        store: Store,
+        launcher: MemoryOpenCodeLauncher,
+    ):
+        self.link = link
+        self.behaviour = behaviour
+        self.store = store
+        self.launcher = launcher
+        self.ready = False
+        self.active: _Running | None = None
+        self.turns: list[str] = []
+        self.pending: dict[str, trio.MemorySendChannel[str]] = {}
+        self.counter = 0
+
+    async def run(self) -> None:
+        with self.link.scope:
+            async with trio.open_nursery() as nursery:
+                if self.behaviour.start_delay:
+                    await trio.sleep(self.behaviour.start_delay)
+                await self.link.post({"transport": "ready", "url": "http://memory.invalid"})
+                self.ready = True
+                await self.event("server.connected", {})
+                async for message in self.link.to_agent:
+                    await self.handle(message, nursery)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def event(self, kind: str, properties: dict[str, Any]) -> None:
+        self.counter += 1
+        await self.link.post(
+            {"sse": {"id": f"evt_{self.counter}", "type": kind, "properties": properties}}
+        )
+
+    async def status(self, session: str, kind: str) -> None:
+        await self.event("session.status", {"sessionID": session, "status": {"type": kind}})
+
+    async def idle_pair(self, session: str) -> None:
+        await self.status(session, "idle")
+        await self.event("session.idle", {"sessionID": session})
+
+    async def respond(self, request_id: Any, status: int, body: Any = None) -> None:
+        await self.link.post({"http_response": {"id": request_id, "status": status, "json": body}})
+
+    def new_id(self, prefix: str) -> str:
+        self.store.counter += 1
+        return f"{prefix}_{self.store.counter}"
+
+    # -- routes ------------------------------------------------------------------------------
+
+    async def handle(self, envelope: dict[str, Any], nursery: trio.Nursery) -> None:
+        request = envelope.get("http")
+        if not isinstance(request, dict):
+            self.launcher.violations.append(f"not a request envelope: {envelope}")
+            return
+        method, path, body = request.get("method"), str(request.get("path")), request.get("json")
+        request_id = request.get("id")
+        self.launcher.requests.append(
+            Request(trio.current_time(), self.link.generation, str(method), path, body)
+        )
+        parts = path.strip("/").split("/")
+        if path.endswith("/message"):
+            self.launcher.violations.append(f"the blocking route: {path}")
+        if method == "POST" and parts == ["session"]:
+            session = self.new_id("ses")
+            self.store.sessions[session] = []
+            await self.respond(request_id, 200, {"id": session, "title": "New session"})
+            await self.event("session.created", {"sessionID": session, "info": {"id": session}})
+        elif method == "GET" and len(parts) == 2 and parts[0] == "session":
+            if self.behaviour.lost_sessions or parts[1] not in self.store.sessions:
+                message = f"Session not found: {parts[1]}"
+                await self.respond(
+                    request_id, 404, {"name": "NotFoundError", "data": {"message": message}}
+                )
+            else:
+                await self.respond(request_id, 200, {"id": parts[1]})
+        elif method == "POST" and len(parts) == 3 and parts[2] == "prompt_async":
+            text = "".join(p.get("text", "") for p in (body or {}).get("parts", []))
+            self.turns.append(text)
+            self.store.sessions.setdefault(parts[1], []).append(text)
+            await self.respond(request_id, 204)
+            nursery.start_soon(self.turn, parts[1], text, self.behaviour.for_prompt(text))
+        elif method == "POST" and len(parts) == 3 and parts[2] == "abort":
+            nursery.start_soon(self.abort, request_id, parts[1])
+        elif method == "POST" and len(parts) == 3 and parts[0] == "permission":
+            answer = self.pending.pop(parts[1], None)
+            if answer is None:
+                message = f"Permission request not found: {parts[1]}"
+                await self.respond(
+                    request_id, 404, {"_tag": "PermissionNotFoundError", "message": message}
+                )
+                return
+            await self.respond(request_id, 200, True)
+            answer.send_nowait(str((body or {}).get("reply")))
+        else:
+            await self.respond(
+                request_id, 404, {"name": "NotFoundError", "data": {"message": path}}
+            )
+
+    async def abort(self, request_id: Any, session: str) -> None:
+        running = self.active
+        await self.respond(request_id, 200, True)  # whatever happens (edge case 24)
+        if running is None:
+            await self.idle_pair(session)  # an idle session's abort: a leftover pair
+            return
+        if running.behaviour.stop_delay is None:
+            return  # wedged: acknowledged, and the stream never goes idle (edge case 25)
+        await trio.sleep(running.behaviour.stop_delay)
+        running.aborted = True
+        running.scope.cancel()
+
+    # -- a turn ------------------------------------------------------------------------------
+
+    async def turn(self, session: str, text: str, behaviour: OpenCodeBehaviour) -> None:
+        user, assistant, part = self.new_id("msg"), self.new_id("msg"), self.new_id("prt")
+        await self.event(
+            "message.updated",
+            {"sessionID": session, "info": {"id": user, "role": "user", "sessionID": session}},
+        )
+        await self.event(
+            "message.part.updated",
+            {
+                "sessionID": session,
+                "part": {
+                    "id": self.new_id("prt"),
+                    "messageID": user,
+                    "sessionID": session,
+                    "type": "text",
+                    "text": text,
+                },
+            },
+        )
+        await trio.sleep(behaviour.busy_delay)
+        running = _Running(len(self.turns), behaviour)
+        self.active = running
+        await self.status(session, "busy")
+        info = {
+            "id": assistant,
+            "parentID": user,
+            "role": "assistant",
+            "sessionID": session,
+            "time": {"created": 1},
+        }
+        await self.event("message.updated", {"sessionID": session, "info": info})
+        await self.event(
+            "message.part.updated",
+            {
+                "sessionID": session,
+                "part": {
+                    "id": part,
+                    "messageID": assistant,
+                    "sessionID": session,
+                    "type": "text",
+                    "text": "",
+                },
+            },
+        )
+        said = ""
+        rejected = False
+        with running.scope:
+            for index in range(behaviour.words):
+                if behaviour.permission and index == 1:
+                    reply = await self.ask_permission(session, assistant)
+                    if reply == "reject":
+                        rejected = True
+                        break
+                word = f"w{index} "
+                said += word
+                await self.event(
+                    "message.part.delta",
+                    {
+                        "sessionID": session,
+                        "messageID": assistant,
+                        "partID": part,
+                        "field": "text",
+                        "delta": word,
+                    },
+                )
+                await trio.sleep(behaviour.word_interval)
+        self.active = None
+        final = {
+            "id": part,
+            "messageID": assistant,
+            "sessionID": session,
+            "type": "text",
+            "text": said,
+        }
+        if running.aborted:
+            # The order the real server used: error, idle pair, late updates, second pair.
+            await self.event("session.error", {"sessionID": session, "error": ABORTED})
+            await self.idle_pair(session)
+            await self.event("message.part.updated", {"sessionID": session, "part": final})
+            done = {**info, "time": {"created": 1, "completed": 2}, "error": ABORTED}
+            await self.event("message.updated", {"sessionID": session, "info": done})
+            await trio.sleep(behaviour.second_idle)
+            await self.idle_pair(session)
+            return
+        finish = "tool-calls" if rejected else "stop"
+        await self.event("message.part.updated", {"sessionID": session, "part": final})
+        done = {**info, "time": {"created": 1, "completed": 2}, "finish": finish}
+        await self.event("message.updated", {"sessionID": session, "info": done})
+        await self.idle_pair(session)
+        if behaviour.duplicate_idles:
+            await self.idle_pair(session)
+
+    async def ask_permission(self, session: str, message: str) -> str:
+        request, call = self.new_id("per"), self.new_id("call")
+        send, receive = trio.open_memory_channel[str](math.inf)
+        self.pending[request] = send
+        command = "rm -rf build"
+        tool = {
+            "id": self.new_id("prt"),
+            "messageID": message,
+            "sessionID": session,
+            "type": "tool",
+            "tool": "bash",
+            "callID": call,
+        }
+        await self.event(
+            "message.part.updated",
+            {
+                "sessionID": session,
+                "part": {**tool, "state": {"status": "running", "input": {"command": command}}},
+            },
+        )
+        await self.event(
+            "permission.asked",
+            {
+                "id": request,
+                "sessionID": session,
+                "permission": "bash",
+                "patterns": [command],
+                "metadata": {"command": command},
+                "always": ["rm *"],
+                "tool": {"messageID": message, "callID": call},
+            },
+        )
+        try:
+            reply = await receive.receive()
+        finally:
+            # An abort leaves the request orphaned on the server; we drop it here.
+            self.pending.pop(request, None)
+        await self.event(
+            "permission.replied", {"sessionID": session, "requestID": request, "reply": reply}
+        )
+        status = "error" if reply == "reject" else "completed"
+        await self.event(
+            "message.part.updated",
+            {
+                "sessionID": session,
+                "part": {**tool, "state": {"status": status, "input": {"command": command}}},
+            },
+        )
+        return reply

@@ -1,0 +1,235 @@
+"""Per-agent setup: a fresh home, config files and environment pointing at the fake model.
+
+Each :class:`RealAgent` knows its npm package (``install.PACKAGES``), how to start it in ACP
+mode, and what to write into a test's temporary folder so that it
+
+- talks only to the fake model at ``base_url`` (no login, no vendor endpoint, no update check,
+  no telemetry: ``shared/real-agents.md``);
+- asks before :data:`fake_model.PERMISSION_COMMAND` (so the permission test has something to
+  cancel), and runs :data:`fake_model.SHELL_COMMAND` without asking where its configuration
+  allows that: Gemini (a user policy) and OpenCode (a bash rule). Claude Code asks anyway (the
+  command reads ``/dev/null``, outside the project: neither an allow rule nor
+  ``additionalDirectories`` avoided the prompt), and Codex is asked for an escalated command
+  (its sandbox needs bubblewrap, which is not on every machine); the test approves those.
+
+Everything lives under the test's ``root``: ``home/`` (HOME and the XDG folders) and
+``work/`` (the session's cwd, where project config files go).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from attrs import frozen
+
+from realagents.fake_model import PERMISSION_COMMAND, SHELL_COMMAND
+from supervisor import AgentSpec
+
+__all__ = ["AGENTS", "Prepared", "RealAgent"]
+
+#: Where a test can find the raw stdout of an agent when ``AGENT_TIER4_TEE=1`` (see ``tee.py``).
+TEE_VARIABLE = "AGENT_TIER4_TEE"
+_TEE = Path(__file__).with_name("tee.py")
+
+
+@frozen
+class Prepared:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: Path
+    home: Path
+
+
+@frozen
+class RealAgent:
+    key: str  # test id
+    package: str  # key into install.PACKAGES
+    args: tuple[str, ...]  # after the package's entry point
+
+    def prepare(self, entry: tuple[str, ...], root: Path, base_url: str) -> Prepared:
+        home = root / "home"
+        work = root / "work"
+        for folder in (
+            home,
+            work,
+            home / ".config",
+            home / ".local/share",
+            home / ".cache",
+            home / ".local/state",
+        ):
+            folder.mkdir(parents=True, exist_ok=True)
+        env = {
+            "HOME": os.fspath(home),
+            "XDG_CONFIG_HOME": os.fspath(home / ".config"),
+            "XDG_DATA_HOME": os.fspath(home / ".local/share"),
+            "XDG_CACHE_HOME": os.fspath(home / ".cache"),
+            "XDG_STATE_HOME": os.fspath(home / ".local/state"),
+            # Nothing of the host's proxies: everything goes to 127.0.0.1.
+            "NO_PROXY": "*",
+            "no_proxy": "*",
+            "HTTP_PROXY": "",
+            "HTTPS_PROXY": "",
+            "http_proxy": "",
+            "https_proxy": "",
+            "CI": "1",
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+        }
+        env.update(_SETUPS[self.key](home, work, base_url))
+        return Prepared((*entry, *self.args), env, work, home)
+
+    def spec(self, prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None) -> AgentSpec:
+        argv = list(prepared.argv)
+        if tee_dir is not None:
+            argv = [sys.executable, "-S", "-E", os.fspath(_TEE), os.fspath(tee_dir), "--", *argv]
+        return AgentSpec(
+            name=self.key,
+            protocol="acp",
+            command=tuple(argv),
+            env=prepared.env,
+            cwd=os.fspath(prepared.cwd),
+            grace_s=grace_s,
+            kill_timeout_s=1.0,
+            start_timeout_s=90.0,
+        )
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _gemini(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    settings = {
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "ui": {"hideTips": True, "hideBanner": True},
+    }
+    _write(home / ".gemini/settings.json", json.dumps(settings, indent=2))
+    # A user-tier policy: the test's long command runs without asking; anything else asks.
+    prefix = SHELL_COMMAND.rsplit(" ", 1)[0]  # "timeout 29.7 tail -f"
+    _write(
+        home / ".gemini/policies/tier4.toml",
+        f'[[rule]]\ntoolName = "run_shell_command"\ncommandPrefix = {json.dumps(prefix)}\n'
+        'decision = "allow"\npriority = 900\n',
+    )
+    return {
+        "GOOGLE_GEMINI_BASE_URL": base_url,
+        "GEMINI_API_KEY": "fake-key",
+        "GEMINI_CLI_NO_RELAUNCH": "true",
+        "GEMINI_TELEMETRY_ENABLED": "false",
+    }
+
+
+def _codex(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    codex_home = home / ".codex"
+    _write(
+        codex_home / "config.toml",
+        f"""model = "gpt-5.5"
+model_provider = "fake"
+approval_policy = "on-request"
+sandbox_mode = "read-only"
+check_for_update_on_startup = false
+
+[model_providers.fake]
+name = "fake"
+base_url = "{base_url}/v1"
+wire_api = "responses"
+env_key = "FAKE_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+
+[features]
+plugins = false
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[history]
+persistence = "none"
+""",
+    )
+    return {"CODEX_HOME": os.fspath(codex_home), "FAKE_API_KEY": "fake-key", "RUST_LOG": "warn"}
+
+
+def _claude(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    # Project settings in the session's cwd. "default" mode: without it the adapter may pick
+    # "auto" (a classifier decides). The allow rule documents intent; Claude still asks for
+    # SHELL_COMMAND because it reads /dev/null, outside the project (see the module docstring).
+    settings = {
+        "permissions": {
+            "defaultMode": "default",
+            "allow": [f"Bash({SHELL_COMMAND})"],
+        }
+    }
+    _write(work / ".claude/settings.json", json.dumps(settings, indent=2))
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "fake-key",
+        "ANTHROPIC_MODEL": "claude-sonnet-4-5",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        # As root, claude-agent-acp 0.101.0 still passes --allow-dangerously-skip-permissions
+        # and the CLI refuses to start ("cannot be used with root/sudo privileges",
+        # startupFailureReason bypass_root) unless it is told it runs in a sandbox. It does:
+        # a loopback-only network namespace. The permission mode stays "default".
+        "IS_SANDBOX": "1",
+    }
+
+
+def _opencode(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": "fake/fake-model",
+        "small_model": "fake/fake-model",
+        "autoupdate": False,
+        "share": "disabled",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": f"{base_url}/v1", "apiKey": "fake-key"},
+                "models": {"fake-model": {"name": "Fake model", "tool_call": True}},
+            }
+        },
+        # The last matching rule wins: "ask" for everything, then the one exception.
+        "permission": {"bash": {"*": "ask", SHELL_COMMAND: "allow"}},
+    }
+    _write(work / "opencode.json", json.dumps(config, indent=2))
+    return {
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+    }
+
+
+_SETUPS = {
+    "gemini": _gemini,
+    "codex-acp": _codex,
+    "claude-agent-acp": _claude,
+    "opencode": _opencode,
+}
+
+AGENTS: dict[str, RealAgent] = {
+    agent.key: agent
+    for agent in (
+        RealAgent("gemini", "gemini-cli", ("--acp",)),
+        RealAgent("codex-acp", "codex-acp", ()),
+        RealAgent("claude-agent-acp", "claude-agent-acp", ()),
+        RealAgent("opencode", "opencode", ("acp",)),
+    )
+}
+
+assert PERMISSION_COMMAND != SHELL_COMMAND

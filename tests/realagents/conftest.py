@@ -1,0 +1,190 @@
+"""Tier-4 test support: installs, skips, the per-test harness, the latency table.
+
+``tests/test_real_acp_agents.py`` uses these (this folder holds no tests of its own). The
+terminal summary hook below runs when pytest loads this file: during collection of ``tests/``,
+or when that test module registers it (running the module alone skips this folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from realagents import install, netns
+from realagents.agents import AGENTS, TEE_VARIABLE, Prepared, RealAgent
+from realagents.fake_model import FakeModel
+from supervisor import Session, open_supervisor
+
+STRICT_VARIABLE = "AGENT_SUPERVISOR_STRICT_SKIPS"
+RESULTS_FILE = install.REPO_ROOT / ".cache" / "tier4-results.json"
+#: The grace the supervisor gives an agent to end a cancelled turn: the default of every real
+#: agent's configuration (``supervisor.config.DEFAULT_GRACE_S``).
+GRACE_S = 3.0
+
+results: list[dict[str, Any]] = []
+_installs: dict[str, install.Installed | install.Unavailable] = {}
+_namespace_note: list[str] = []
+
+
+def strict() -> bool:
+    return os.environ.get(STRICT_VARIABLE) == "1"
+
+
+def skip_or_fail(reason: str) -> None:
+    """A skip, or with ``AGENT_SUPERVISOR_STRICT_SKIPS=1`` (CI) a failure."""
+    if strict():
+        pytest.fail(f"{reason} ({STRICT_VARIABLE}=1 turns this skip into a failure)")
+    pytest.skip(reason)
+
+
+def installed_agents() -> dict[str, install.Installed | install.Unavailable]:
+    """Every agent package, installed once per run (all in parallel), or why it is not."""
+    if not _installs:
+        _installs.update(install.ensure_all(sorted({agent.package for agent in AGENTS.values()})))
+    return _installs
+
+
+def record(**fields: Any) -> None:
+    """One row of the summary table printed at the end of the run."""
+    results.append(fields)
+
+
+@attrs.define
+class Harness:
+    """One real agent under the supervisor, its fake model, and what the test watches."""
+
+    agent: RealAgent
+    session: Session
+    recorder: Recorder
+    model: FakeModel
+    prepared: Prepared
+    ready_s: float
+    namespace: bool
+
+    @property
+    def work(self) -> Path:
+        return self.prepared.cwd
+
+    def tool_processes(self, needle: str) -> list[psutil.Process]:
+        """Live processes running in this test's work folder whose command line has ``needle``."""
+        found = []
+        for proc in psutil.process_iter(["cmdline", "cwd"]):
+            try:
+                cmdline = " ".join(proc.info["cmdline"] or [])
+                if (
+                    needle in cmdline
+                    and proc.info["cwd"] == os.fspath(self.work)
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+
+@asynccontextmanager
+async def real_agent_session(
+    key: str,
+    root: Path,
+    installed: install.Installed,
+    *,
+    grace_s: float = GRACE_S,
+    keep_bodies: bool = False,
+) -> AsyncIterator[Harness]:
+    agent = AGENTS[key]
+    with netns.open_namespace() as namespace:
+        if not _namespace_note:
+            _namespace_note.append(
+                f"none ({netns.unavailable_reason()})"
+                if namespace is None
+                else f"loopback-only, per test ({'unshare -rn' if namespace.user else 'unshare -n'} + nsenter)"
+            )
+        listener = namespace.listener if namespace is not None else None
+        with FakeModel(listener, keep_bodies=keep_bodies) as model:
+            prepared = agent.prepare(installed.argv, root, model.base_url)
+            tee = root / "wire" if os.environ.get(TEE_VARIABLE) == "1" else None
+            spec = agent.spec(prepared, grace_s=grace_s, tee_dir=tee)
+            if namespace is not None:
+                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+            async with open_supervisor(agents={key: spec}) as sup:
+                started = time.monotonic()
+                session = await sup.start_session(key)
+                ready_s = time.monotonic() - started
+                recorder = Recorder(session)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(recorder.run)
+                    yield Harness(
+                        agent, session, recorder, model, prepared, ready_s, namespace is not None
+                    )
+                    recorder.check_invariants()
+                    nursery.cancel_scope.cancel()
+
+
+def agent_opener(key: str, root: Path) -> Callable[..., AbstractAsyncContextManager[Harness]]:
+    """What ``async with opener(**options) as h:`` starts for agent ``key`` (options:
+    ``grace_s``, ``keep_bodies``), or a skip (a failure under
+    ``AGENT_SUPERVISOR_STRICT_SKIPS=1``) when it is not installed. Call it from a plain
+    (non-async) fixture, so the reason reaches pytest's report intact."""
+    result = installed_agents()[AGENTS[key].package]
+    if isinstance(result, install.Unavailable):
+        skip_or_fail(f"{key} is not available: {result}")
+    assert isinstance(result, install.Installed)
+    return lambda **options: real_agent_session(key, root, result, **options)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not results and not _installs:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("tier 4: real ACP agents")
+    for key, result in sorted(_installs.items()):
+        if isinstance(result, install.Installed):
+            how = "installed now" if result.fresh else "cached"
+            write(
+                f"install {key:18} {how:13} took {result.seconds:5.1f} s  {result.bytes / 1e6:5.0f} MB"
+            )
+        else:
+            write(f"install {key:18} UNAVAILABLE: {result}")
+    if _namespace_note:
+        write(f"network namespace: {_namespace_note[0]}")
+    header = f"{'agent':18} {'scenario':10} {'outcome':10} {'cancel ms':>9} {'ready s':>7} {'model gone ms':>13}  notes"
+    write(header)
+    write("-" * len(header))
+    for row in results:
+        gone = row.get("model_gone_ms")
+        write(
+            f"{row['agent']:18} {row['scenario']:10} {row.get('outcome') or '-':10}"
+            f" {row.get('elapsed_ms', float('nan')):9.1f} {row.get('ready_s', float('nan')):7.1f}"
+            f" {gone if gone is not None else '-':>13}  {row.get('notes', '')}"
+        )
+    RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_FILE.write_text(
+        json.dumps(
+            {
+                "installs": {
+                    key: attrs.asdict(r, filter=lambda a, _: a.name != "package")
+                    | {"package": r.package.npm}
+                    if isinstance(r, install.Installed)
+                    else {"unavailable": str(r)}
+                    for key, r in _installs.items()
+                },
+                "namespace": _namespace_note[0] if _namespace_note else None,
+                "results": results,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    write(f"(written to {RESULTS_FILE.relative_to(install.REPO_ROOT)})")

@@ -1,0 +1,983 @@
+"""A scripted fake model server for the real agent CLIs (stdlib only, runs in a thread).
+
+It speaks the four wire formats the agents call (``shared/real-agents.md``):
+
+- ``POST /v1/responses`` (OpenAI Responses SSE): codex-acp, Codex app-server;
+- ``POST /v1/messages`` (Anthropic Messages SSE): claude-agent-acp, Claude Code;
+- ``POST /v1/chat/completions`` (OpenAI chat completions SSE): OpenCode;
+- ``POST /v1beta/models/M:streamGenerateContent?alt=sse`` and ``:generateContent``: Gemini CLI.
+
+What it answers is decided by the newest user text of the request (the last of the words below
+that appears in it), so a test steers the model by its prompt:
+
+- ``quick``: a short answer at once;
+- ``stream``: a token every 200 ms for 60 s, only when the request carries tools (side requests
+  such as titles or routers stay fast);
+- ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
+- ``permission``: a tool call running :data:`PERMISSION_COMMAND`, which each agent's
+  configuration leaves needing approval (Codex: ``sandbox_permissions: require_escalated``).
+
+When the newest message of the conversation is a tool result, the model logs it
+(:attr:`Exchange.tool_result`) and answers with a short text: so a test can tell whether a tool
+ever ran to completion and was reported back.
+
+Every request is logged as an :class:`Exchange`, and so is the moment a streaming client went
+away: while it waits between tokens, the server polls the socket, so ``disconnected_at`` is
+when the agent really stopped listening, not when the next write failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import attrs
+import trio
+
+__all__ = [
+    "PERMISSION_COMMAND",
+    "SHELL_COMMAND",
+    "Exchange",
+    "FakeModel",
+]
+
+#: Long enough to outlive every bound of a test, short enough to end by itself if anything
+#: leaks; ``timeout`` (not a bare ``sleep``, which Claude Code refuses to run in the
+#: foreground) keeps it bounded.
+SHELL_COMMAND = "timeout 29.7 tail -f /dev/null"
+#: The command of the permission scenario: distinct, so the agents' allow rules for
+#: :data:`SHELL_COMMAND` do not cover it and psutil can tell the two apart.
+PERMISSION_COMMAND = "touch permission-command-ran && timeout 29.3 tail -f /dev/null"
+
+STREAM_INTERVAL_S = 0.2
+STREAM_DURATION_S = 60.0
+QUICK_TEXT = "Quick answer from the fake model."
+AFTER_TOOL_TEXT = "The command finished."
+SCENARIOS = ("quick", "stream", "shell", "permission")
+_SCENARIO_RE = re.compile(r"\b(" + "|".join(SCENARIOS) + r")\b")
+
+
+@attrs.define
+class Exchange:
+    """One request to the fake model, and what became of it."""
+
+    id: int
+    api: str  # responses | messages | chat | gemini | gemini-json | other
+    method: str
+    path: str
+    started_at: float  # time.monotonic()
+    scenario: str | None = None
+    has_tools: bool = False
+    stream: bool = False
+    user_text: str = ""
+    tool_result: dict[str, Any] | None = None  # {"call_id", "output"} when a tool result came in
+    tool_call: dict[str, Any] | None = None  # the call we answered with
+    tokens_sent: int = 0
+    ended_at: float | None = None
+    disconnected_at: float | None = None  # the client went away before we were done
+    error: str | None = None
+    body: Any = None
+
+    @property
+    def streaming_tokens(self) -> bool:
+        """A request we answered with the slow token stream."""
+        return self.scenario == "stream" and self.has_tools and self.stream
+
+
+class FakeModel:
+    """The server. ``with FakeModel() as model:``; ``model.base_url`` is ``http://127.0.0.1:P``.
+
+    ``listener`` is an already listening TCP socket to serve on (one created inside the agents'
+    network namespace, see :mod:`tests.realagents.netns`); without it, one is bound on
+    127.0.0.1 with a free port.
+    """
+
+    def __init__(self, listener: socket.socket | None = None, *, keep_bodies: bool = False) -> None:
+        self.keep_bodies = keep_bodies
+        self.exchanges: list[Exchange] = []
+        self._cond = threading.Condition()
+        self._ids = 0
+        self._closing = threading.Event()
+        self._server = _Server(listener, self)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closing.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    # -- the log -----------------------------------------------------------------------------
+
+    def _new_exchange(self, **fields: Any) -> Exchange:
+        with self._cond:
+            self._ids += 1
+            exchange = Exchange(id=self._ids, started_at=time.monotonic(), **fields)
+            self.exchanges.append(exchange)
+            self._cond.notify_all()
+            return exchange
+
+    def _update(self, exchange: Exchange, **fields: Any) -> None:
+        with self._cond:
+            for key, value in fields.items():
+                setattr(exchange, key, value)
+            self._cond.notify_all()
+
+    def snapshot(self) -> list[Exchange]:
+        with self._cond:
+            return [attrs.evolve(e) for e in self.exchanges]
+
+    def find(self, predicate: Callable[[Exchange], bool]) -> list[Exchange]:
+        with self._cond:
+            return [attrs.evolve(e) for e in self.exchanges if predicate(e)]
+
+    def wait_for_sync(self, predicate: Callable[[Exchange], bool], timeout: float) -> Exchange:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for exchange in self.exchanges:
+                    if predicate(exchange):
+                        return attrs.evolve(exchange)
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closing.is_set():
+                    raise TimeoutError("no matching exchange with the fake model")
+                self._cond.wait(left)
+
+    async def wait_for(
+        self, predicate: Callable[[Exchange], bool], timeout: float = 60.0
+    ) -> Exchange:
+        """The first exchange matching ``predicate`` (waits for it, on a worker thread)."""
+        return await trio.to_thread.run_sync(
+            self.wait_for_sync, predicate, timeout, abandon_on_cancel=True
+        )
+
+    def describe(self) -> str:
+        """The log in a few lines, for assertion messages."""
+        lines = []
+        for e in self.snapshot():
+            end = "open" if e.ended_at is None else f"{e.ended_at - e.started_at:.2f}s"
+            gone = "" if e.disconnected_at is None else " DISCONNECTED"
+            result = " tool_result" if e.tool_result else ""
+            call = f" tool_call={e.tool_call['name']}" if e.tool_call else ""
+            lines.append(
+                f"#{e.id} {e.api} {e.path} scenario={e.scenario} tools={e.has_tools}"
+                f" stream={e.stream} tokens={e.tokens_sent} {end}{gone}{result}{call}"
+                f"{' error=' + e.error if e.error else ''}"
+            )
+        return "\n".join(lines)
+
+    # -- request handling (server threads) ---------------------------------------------------
+
+    def handle(self, handler: _Handler) -> None:
+        url = urlsplit(handler.path)
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            raw = _read_chunked(handler.rfile)
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {}
+        path = url.path
+        if handler.command == "POST" and path.endswith("/responses"):
+            api = "responses"
+        elif handler.command == "POST" and path.endswith("/messages"):
+            api = "messages"
+        elif handler.command == "POST" and path.endswith("/chat/completions"):
+            api = "chat"
+        elif handler.command == "POST" and ":streamGenerateContent" in path:
+            api = "gemini"
+        elif handler.command == "POST" and ":generateContent" in path:
+            api = "gemini-json"
+        else:
+            api = "other"
+        exchange = self._new_exchange(
+            api=api,
+            method=handler.command,
+            path=handler.path,
+            body=body if self.keep_bodies else None,
+        )
+        if api == "other":
+            self._other(handler, exchange, path)
+            return
+        if not isinstance(body, dict):
+            body = {}
+        reader = _READERS[api]
+        has_tools, user_text, tool_result = reader(body)
+        stream = api == "gemini" or bool(body.get("stream"))
+        scenario = _scenario(user_text)
+        after_tool = tool_result is not None and scenario is None
+        self._update(
+            exchange,
+            has_tools=has_tools,
+            stream=stream,
+            user_text=user_text[-500:],
+            tool_result=tool_result,
+            scenario="tool_result" if after_tool else scenario,
+        )
+        writer = _Writer(handler, exchange, self)
+        try:
+            if api == "gemini-json":
+                writer.gemini_json(body)
+            elif after_tool or not has_tools:
+                writer.answer(api, AFTER_TOOL_TEXT if after_tool else QUICK_TEXT, stream)
+            elif scenario == "stream":
+                writer.stream_tokens(api, stream)
+            elif scenario in ("shell", "permission"):
+                writer.tool_call(api, scenario, stream)
+            else:
+                writer.answer(api, QUICK_TEXT, stream)
+        except _ClientGone:
+            pass
+        except OSError as exc:
+            self._update(exchange, error=f"{type(exc).__name__}: {exc}")
+            writer.gone()
+        finally:
+            self._update(exchange, ended_at=time.monotonic())
+
+    def _other(self, handler: _Handler, exchange: Exchange, path: str) -> None:
+        """Endpoints nobody scripted: an empty model list for GETs of models, 404 otherwise."""
+        if handler.command == "GET" and path.rstrip("/").endswith("/models"):
+            payload: dict[str, Any] = {"object": "list", "data": [], "models": []}
+            status = 200
+        else:
+            payload = {"error": {"type": "not_found", "message": f"fake model: no {path}"}}
+            status = 404
+        data = json.dumps(payload).encode()
+        try:
+            handler.send_response(status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            handler.end_headers()
+            handler.wfile.write(data)
+        except OSError:
+            pass
+        self._update(exchange, ended_at=time.monotonic())
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, listener: socket.socket | None, model: FakeModel) -> None:
+        self.model = model
+        if listener is None:
+            super().__init__(("127.0.0.1", 0), _Handler)
+        else:
+            super().__init__(listener.getsockname(), _Handler, bind_and_activate=False)
+            self.socket.close()
+            self.socket = listener
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hung up mid-request: the exchange log already says so
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:
+        self.server.model.handle(self)
+
+    do_GET = do_POST
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _read_chunked(rfile: Any) -> bytes:
+    data = b""
+    while True:
+        size = int(rfile.readline().split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            rfile.readline()
+            return data
+        data += rfile.read(size)
+        rfile.readline()
+
+
+# -- reading requests -------------------------------------------------------------------------
+
+
+def _scenario(text: str) -> str | None:
+    found = _SCENARIO_RE.findall(text.lower())
+    return found[-1] if found else None
+
+
+def _texts(content: Any, *, skip_reminders: bool = True) -> str:
+    """The plain text of a message content: a string or a list of typed parts."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    if skip_reminders and text.lstrip().startswith("<system-reminder>"):
+                        continue
+                    parts.append(text)
+            elif isinstance(part, str):
+                parts.append(part)
+    return "\n".join(parts)
+
+
+def _read_messages(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:
+    """Anthropic Messages: the newest user message; a tool_result block in it is a result."""
+    has_tools = bool(body.get("tools"))
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if not messages or messages[-1].get("role") != "user":
+        return has_tools, "", None
+    content = messages[-1].get("content")
+    result = None
+    if isinstance(content, list):
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                result = {
+                    "call_id": block.get("tool_use_id"),
+                    "output": _texts(block.get("content"), skip_reminders=False),
+                    "is_error": block.get("is_error", False),
+                }
+    # After a cancel, Claude sends the aborted tool's result together with the next prompt.
+    return has_tools, _texts(content), result
+
+
+def _read_chat(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:
+    """OpenAI chat completions: a trailing ``tool`` message is a result."""
+    has_tools = bool(body.get("tools"))
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if not messages:
+        return has_tools, "", None
+    last = messages[-1]
+    if last.get("role") == "tool":
+        return (
+            has_tools,
+            "",
+            {"call_id": last.get("tool_call_id"), "output": _texts(last.get("content"))},
+        )
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return has_tools, _texts(message.get("content")), None
+    return has_tools, "", None
+
+
+def _read_responses(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:
+    """OpenAI Responses: a trailing ``function_call_output`` item is a result."""
+    has_tools = bool(body.get("tools"))
+    items = body.get("input")
+    if isinstance(items, str):
+        return has_tools, items, None
+    items = [i for i in items or [] if isinstance(i, dict)]
+    if not items:
+        return has_tools, "", None
+    last = items[-1]
+    if last.get("type") in ("function_call_output", "custom_tool_call_output"):
+        output = last.get("output")
+        return (
+            has_tools,
+            "",
+            {
+                "call_id": last.get("call_id"),
+                "output": output if isinstance(output, str) else json.dumps(output),
+            },
+        )
+    for item in reversed(items):
+        if item.get("role") == "user":
+            return has_tools, _texts(item.get("content")), None
+    return has_tools, "", None
+
+
+def _read_gemini(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:
+    """Gemini: a ``functionResponse`` part in the trailing user content is a result."""
+    has_tools = bool(body.get("tools"))
+    contents = [c for c in body.get("contents") or [] if isinstance(c, dict)]
+    if not contents or contents[-1].get("role", "user") != "user":
+        return has_tools, "", None
+    parts = [p for p in contents[-1].get("parts") or [] if isinstance(p, dict)]
+    for part in parts:
+        response = part.get("functionResponse")
+        if isinstance(response, dict):
+            return (
+                has_tools,
+                "",
+                {
+                    "call_id": response.get("id") or response.get("name"),
+                    "output": json.dumps(response.get("response")),
+                },
+            )
+    return has_tools, _texts(parts), None
+
+
+_READERS: dict[str, Callable[[dict[str, Any]], tuple[bool, str, dict[str, Any] | None]]] = {
+    "messages": _read_messages,
+    "chat": _read_chat,
+    "responses": _read_responses,
+    "gemini": _read_gemini,
+    "gemini-json": _read_gemini,
+}
+
+
+# -- writing answers ---------------------------------------------------------------------------
+
+
+class _Writer:
+    """Writes one answer in the request's wire format, noticing when the client goes away."""
+
+    def __init__(self, handler: _Handler, exchange: Exchange, model: FakeModel) -> None:
+        self.h = handler
+        self.exchange = exchange
+        self.model = model
+        self.chunked = False
+        self.sock: socket.socket = handler.connection
+
+    # transport
+
+    def gone(self) -> None:
+        if self.exchange.disconnected_at is None:
+            self.model._update(self.exchange, disconnected_at=time.monotonic())
+        self.h.close_connection = True
+        raise _ClientGone
+
+    def start_sse(self) -> None:
+        self.h.send_response(200)
+        self.h.send_header("Content-Type", "text/event-stream")
+        self.h.send_header("Cache-Control", "no-cache")
+        self.h.send_header("Transfer-Encoding", "chunked")
+        self.h.send_header("Connection", "close")
+        self.h.end_headers()
+        self.h.close_connection = True
+        self.chunked = True
+        self.flush()
+
+    def write(self, data: bytes) -> None:
+        if self.client_gone():
+            self.gone()
+        try:
+            if self.chunked:
+                self.h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            else:
+                self.h.wfile.write(data)
+            self.flush()
+        except OSError:
+            self.gone()
+
+    def flush(self) -> None:
+        try:
+            self.h.wfile.flush()
+        except OSError:
+            self.gone()
+
+    def end_sse(self) -> None:
+        if self.chunked:
+            try:
+                self.h.wfile.write(b"0\r\n\r\n")
+                self.flush()
+            except OSError:
+                self.gone()
+
+    def client_gone(self) -> bool:
+        """Readable with nothing to read (EOF) or an error: the client closed its end."""
+        try:
+            readable, _, errored = select.select([self.sock], [], [self.sock], 0)
+            if errored:
+                return True
+            if readable:
+                return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+        return False
+
+    def wait(self, seconds: float) -> None:
+        """Sleep between tokens, but notice at once when the client hangs up."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self.model.closing:
+                self.gone()
+            try:
+                readable, _, _ = select.select([self.sock], [], [], min(left, 0.05))
+            except OSError:
+                self.gone()
+            if readable and self.client_gone():
+                self.gone()
+
+    def event(self, data: Any, name: str | None = None) -> None:
+        payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        head = f"event: {name}\n" if name else ""
+        self.write(f"{head}data: {payload}\n\n".encode())
+
+    def json_response(self, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.h.send_response(200)
+        self.h.send_header("Content-Type", "application/json")
+        self.h.send_header("Content-Length", str(len(data)))
+        self.h.end_headers()
+        self.h.wfile.write(data)
+        self.flush()
+
+    # scenarios
+
+    def answer(self, api: str, text: str, stream: bool) -> None:
+        self.text_turn(api, iter([text]), stream)
+
+    def stream_tokens(self, api: str, stream: bool) -> None:
+        def tokens() -> Iterator[str]:
+            end = time.monotonic() + STREAM_DURATION_S
+            n = 0
+            while time.monotonic() < end:
+                n += 1
+                yield f"token{n} "
+                self.wait(STREAM_INTERVAL_S)
+
+        self.text_turn(api, tokens(), stream)
+
+    def tool_call(self, api: str, scenario: str, stream: bool) -> None:
+        command = SHELL_COMMAND if scenario == "shell" else PERMISSION_COMMAND
+        call_id = f"call_{self.exchange.id}"
+        if api == "responses":
+            name = "exec_command"
+            args: dict[str, Any] = {"cmd": command, "yield_time_ms": 30000}
+            # Codex runs a plain command in its sandbox, which needs bubblewrap (not on every
+            # machine); an escalated one runs outside it, after an approval. So both ask.
+            args["sandbox_permissions"] = "require_escalated"
+            args["justification"] = "The test asks for an approval."
+        elif api == "messages":
+            name = "Bash"
+            args = {"command": command, "description": "Wait on /dev/null", "timeout": 60000}
+        elif api == "chat":
+            name = "bash"
+            args = {"command": command, "description": "Wait on /dev/null", "timeout": 60000}
+        else:
+            name = "run_shell_command"
+            args = {"command": command, "description": "Wait on /dev/null"}
+        self.model._update(
+            self.exchange, tool_call={"name": name, "args": args, "call_id": call_id}
+        )
+        _TOOL_WRITERS[api](self, call_id, name, args, stream)
+
+    def gemini_json(self, body: dict[str, Any]) -> None:
+        """The non-streaming call Gemini uses for routing and other side questions."""
+        config = body.get("generationConfig") or {}
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        if schema:
+            text = json.dumps(_from_schema(schema))
+        else:
+            text = QUICK_TEXT
+        self.json_response(_gemini_chunk([{"text": text}], "STOP"))
+
+    # text turns per API
+
+    def text_turn(self, api: str, tokens: Iterator[str], stream: bool) -> None:
+        if not stream:
+            text = "".join(tokens)
+            self.json_response(_FULL_TEXT[api](text))
+            return
+        self.start_sse()
+        _TEXT_WRITERS[api](self, tokens)
+        self.end_sse()
+
+    def count(self) -> None:
+        self.model._update(self.exchange, tokens_sent=self.exchange.tokens_sent + 1)
+
+
+def _usage_responses() -> dict[str, Any]:
+    return {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 15,
+    }
+
+
+def _responses_text(w: _Writer, tokens: Iterator[str]) -> None:
+    rid, mid = f"resp_{w.exchange.id}", f"msg_{w.exchange.id}"
+    w.event(
+        {"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
+        "response.created",
+    )
+    item = {
+        "type": "message",
+        "id": mid,
+        "role": "assistant",
+        "status": "in_progress",
+        "content": [],
+    }
+    w.event(
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        "response.output_item.added",
+    )
+    part = {"type": "output_text", "text": "", "annotations": []}
+    w.event(
+        {
+            "type": "response.content_part.added",
+            "item_id": mid,
+            "output_index": 0,
+            "content_index": 0,
+            "part": part,
+        },
+        "response.content_part.added",
+    )
+    text = ""
+    for token in tokens:
+        text += token
+        w.event(
+            {
+                "type": "response.output_text.delta",
+                "item_id": mid,
+                "output_index": 0,
+                "content_index": 0,
+                "delta": token,
+            },
+            "response.output_text.delta",
+        )
+        w.count()
+    w.event(
+        {
+            "type": "response.output_text.done",
+            "item_id": mid,
+            "output_index": 0,
+            "content_index": 0,
+            "text": text,
+        },
+        "response.output_text.done",
+    )
+    done = {
+        **item,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    w.event(
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        "response.output_item.done",
+    )
+    w.event(
+        {
+            "type": "response.completed",
+            "response": {"id": rid, "status": "completed", "usage": _usage_responses()},
+        },
+        "response.completed",
+    )
+
+
+def _responses_tool(
+    w: _Writer, call_id: str, name: str, args: dict[str, Any], stream: bool
+) -> None:
+    rid = f"resp_{w.exchange.id}"
+    item = {
+        "type": "function_call",
+        "id": f"fc_{w.exchange.id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": "",
+    }
+    w.start_sse()
+    w.event(
+        {"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
+        "response.created",
+    )
+    w.event(
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        "response.output_item.added",
+    )
+    done = {**item, "arguments": json.dumps(args), "status": "completed"}
+    w.event(
+        {"type": "response.output_item.done", "output_index": 0, "item": done},
+        "response.output_item.done",
+    )
+    w.event(
+        {
+            "type": "response.completed",
+            "response": {"id": rid, "status": "completed", "usage": _usage_responses()},
+        },
+        "response.completed",
+    )
+    w.end_sse()
+
+
+def _messages_start(w: _Writer) -> None:
+    message: dict[str, Any] = {
+        "id": f"msg_{w.exchange.id}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }
+    w.event({"type": "message_start", "message": message}, "message_start")
+
+
+def _messages_end(w: _Writer, stop_reason: str) -> None:
+    w.event(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
+        "message_delta",
+    )
+    w.event({"type": "message_stop"}, "message_stop")
+
+
+def _messages_text(w: _Writer, tokens: Iterator[str]) -> None:
+    _messages_start(w)
+    w.event(
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        "content_block_start",
+    )
+    w.event({"type": "ping"}, "ping")
+    for token in tokens:
+        w.event(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": token},
+            },
+            "content_block_delta",
+        )
+        w.count()
+    w.event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+    _messages_end(w, "end_turn")
+
+
+def _messages_tool(w: _Writer, call_id: str, name: str, args: dict[str, Any], stream: bool) -> None:
+    tool_id = f"toolu_{w.exchange.id:04d}"
+    w.model._update(w.exchange, tool_call={**(w.exchange.tool_call or {}), "call_id": tool_id})
+    if not stream:
+        w.json_response(
+            {
+                "id": f"msg_{w.exchange.id}",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": [{"type": "tool_use", "id": tool_id, "name": name, "input": args}],
+                "stop_reason": "tool_use",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 10, "output_tokens": 5},
+            }
+        )
+        return
+    w.start_sse()
+    _messages_start(w)
+    block = {"type": "tool_use", "id": tool_id, "name": name, "input": {}}
+    w.event(
+        {"type": "content_block_start", "index": 0, "content_block": block}, "content_block_start"
+    )
+    delta = {"type": "input_json_delta", "partial_json": json.dumps(args)}
+    w.event({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")
+    w.event({"type": "content_block_stop", "index": 0}, "content_block_stop")
+    _messages_end(w, "tool_use")
+    w.end_sse()
+
+
+def _chat_chunk(
+    w: _Writer, delta: dict[str, Any], finish: str | None = None, usage: bool = False
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": f"chatcmpl-{w.exchange.id}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": "fake-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage:
+        chunk["usage"] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    return chunk
+
+
+def _chat_text(w: _Writer, tokens: Iterator[str]) -> None:
+    w.event(_chat_chunk(w, {"role": "assistant", "content": ""}))
+    for token in tokens:
+        w.event(_chat_chunk(w, {"content": token}))
+        w.count()
+    w.event(_chat_chunk(w, {}, "stop", usage=True))
+    w.event("[DONE]")
+
+
+def _chat_tool(w: _Writer, call_id: str, name: str, args: dict[str, Any], stream: bool) -> None:
+    call = {
+        "index": 0,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args)},
+    }
+    if not stream:
+        w.json_response(
+            {
+                "id": f"chatcmpl-{w.exchange.id}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": "fake-model",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        )
+        return
+    w.start_sse()
+    w.event(_chat_chunk(w, {"role": "assistant", "content": None, "tool_calls": [call]}))
+    w.event(_chat_chunk(w, {}, "tool_calls", usage=True))
+    w.event("[DONE]")
+    w.end_sse()
+
+
+def _gemini_chunk(parts: list[dict[str, Any]], finish: str | None = None) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+    if finish:
+        candidate["finishReason"] = finish
+    return {
+        "candidates": [candidate],
+        "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+        "modelVersion": "gemini-2.5-flash",
+    }
+
+
+def _gemini_text(w: _Writer, tokens: Iterator[str]) -> None:
+    for token in tokens:
+        w.event(_gemini_chunk([{"text": token}]))
+        w.count()
+    w.event(_gemini_chunk([{"text": ""}], "STOP"))
+
+
+def _gemini_tool(w: _Writer, call_id: str, name: str, args: dict[str, Any], stream: bool) -> None:
+    parts = [{"functionCall": {"name": name, "args": args, "id": call_id}}]
+    if not stream:
+        w.json_response(_gemini_chunk(parts, "STOP"))
+        return
+    w.start_sse()
+    w.event(_gemini_chunk(parts, "STOP"))
+    w.end_sse()
+
+
+_TEXT_WRITERS: dict[str, Callable[[_Writer, Iterator[str]], None]] = {
+    "responses": _responses_text,
+    "messages": _messages_text,
+    "chat": _chat_text,
+    "gemini": _gemini_text,
+}
+_TOOL_WRITERS: dict[str, Callable[[_Writer, str, str, dict[str, Any], bool], None]] = {
+    "responses": _responses_tool,
+    "messages": _messages_tool,
+    "chat": _chat_tool,
+    "gemini": _gemini_tool,
+}
+
+
+def _full_messages(text: str) -> dict[str, Any]:
+    return {
+        "id": "msg_full",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+def _full_chat(text: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-full",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fake-model",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def _full_responses(text: str) -> dict[str, Any]:
+    return {
+        "id": "resp_full",
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "id": "msg_full",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        ],
+        "usage": _usage_responses(),
+    }
+
+
+def _full_gemini(text: str) -> dict[str, Any]:
+    return _gemini_chunk([{"text": text}], "STOP")
+
+
+_FULL_TEXT: dict[str, Callable[[str], dict[str, Any]]] = {
+    "messages": _full_messages,
+    "chat": _full_chat,
+    "responses": _full_responses,
+    "gemini": _full_gemini,
+    "gemini-json": _full_gemini,
+}
+
+
+def _from_schema(schema: Any) -> Any:
+    """A small value valid for a JSON schema (Gemini's router wants numbers >= 1)."""
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = str(schema.get("type", "object")).lower()
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: _from_schema(sub) for name, sub in props.items()}
+    if kind == "array":
+        return [_from_schema(schema.get("items") or {})] if schema.get("minItems") else []
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", 1)
+        return max(1, int(low) if kind == "integer" else low)
+    if kind == "boolean":
+        return False
+    return "fake"

@@ -1,0 +1,307 @@
+"""Tier 2: the unchanged session actor driving the OpenCode machine, on virtual time.
+
+The scenario table of ``test_session_cancel.py`` against an in-memory ``opencode serve``
+(``fakes/memory_opencode.py``, shapes from the real server), with exact virtual times: a
+cooperative server's receipt arrives exactly when its stream goes idle, a wedged one's (abort
+acknowledged ``true``, no idle ever: edge case 25) exactly at cancel time + grace, after which
+the new process resumes the session with ``GET /session/{id}``. Plus what is OpenCode's own:
+the abort's answer is never the end, an abort is held until the turn runs, duplicate and
+leftover idles end nothing (edge cases 24 and 28), and a pending permission is answered
+``reject``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+import trio.testing
+
+from fakes.memory_opencode import MemoryOpenCodeLauncher, OpenCodeBehaviour
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentSpec, Session, open_supervisor
+
+GRACE = 2.0
+
+
+def opencode_spec() -> AgentSpec:
+    return AgentSpec(
+        name="opencode", protocol="opencode", command=["opencode", "serve"], grace_s=GRACE
+    )
+
+
+@asynccontextmanager
+async def running(
+    behaviour: OpenCodeBehaviour | None = None,
+) -> AsyncIterator[tuple[Session, MemoryOpenCodeLauncher, Recorder]]:
+    launcher = MemoryOpenCodeLauncher(behaviour)
+    async with open_supervisor(agents={"opencode": opencode_spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("opencode", cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+    assert launcher.violations == []
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def deltas(rec: Recorder, turn_id: str) -> list[str]:
+    return [
+        e.text
+        for e in rec.of_kind("message.delta")
+        if isinstance(e, ev.MessageDelta) and e.turn_id == turn_id
+    ]
+
+
+def ended(rec: Recorder) -> list[tuple[str, str, str | None]]:
+    return [
+        (e.turn_id, e.outcome, e.stop_reason)
+        for e in rec.of_kind("turn.ended")
+        if isinstance(e, ev.TurnEnded)
+    ]
+
+
+async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(OpenCodeBehaviour(words=5, word_interval=0.1)) as (session, launcher, rec):
+        t0 = trio.current_time()
+        turn = await session.prompt("hello")
+        end = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(end, ev.TurnEnded)
+        assert (end.outcome, end.stop_reason, end.receipt) == ("completed", "stop", None)
+        assert trio.current_time() - t0 == pytest.approx(0.5)
+        assert deltas(rec, turn.id) == [f"w{i} " for i in range(5)]
+        assert [(r.method, r.path) for r in launcher.requests] == [
+            ("POST", "/session"),
+            ("POST", "/session/ses_1/prompt_async"),
+        ]
+        assert session.state == "ready"
+
+
+async def test_cooperative_abort_receipt_at_the_stream_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(OpenCodeBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        t0 = trio.current_time()
+        receipt = await session.cancel(reason="user")
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert (receipt.outcome, receipt.turn_id, receipt.stop_reason) == (
+            "cancelled",
+            turn.id,
+            "aborted",
+        )
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.elapsed_ms == pytest.approx(50.0)
+        assert session.state == "ready"  # terminate-then-respond
+        assert ended(rec) == [(turn.id, "cancelled", "aborted")]
+        [abort] = launcher.sent("/abort")
+        assert (abort.at, abort.path) == (t0, "/session/ses_1/abort")
+        assert len(launcher.links) == 1  # nothing was killed
+
+
+async def test_wedged_server_killed_exactly_at_grace_and_session_resumed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Edge case 25: the abort is acknowledged ``true`` but the stream never goes idle."""
+    async with running(OpenCodeBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=2)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True and session.state == "ready"
+        assert len(launcher.sent("/abort")) == 1  # acknowledged at once, never repeated
+        assert [(r.method, r.path) for r in launcher.requests if r.generation == 2] == [
+            ("GET", "/session/ses_1"),
+        ]
+        assert ended(rec) == [(turn.id, "killed", "killed")]
+        second = await session.prompt("again words=2 interval=0.01")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        [prompt] = launcher.sent("/prompt_async", generation=2)
+        assert prompt.path == "/session/ses_1/prompt_async"
+
+
+async def test_kill_with_lost_session_gives_a_fresh_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = OpenCodeBehaviour(words=1000, stop_delay=None, lost_sessions=True)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "killed" and receipt.resumed is False
+        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
+        assert [(r.method, r.path) for r in launcher.requests if r.generation == 2] == [
+            ("GET", "/session/ses_1"),
+            ("POST", "/session"),
+        ]
+        states = [e for e in rec.of_kind("session.state") if isinstance(e, ev.SessionState)]
+        assert any(s.detail and "Session not found: ses_1" in s.detail for s in states)
+        assert session.state == "ready"
+
+
+async def test_cancel_before_busy_sends_the_abort_when_the_turn_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = OpenCodeBehaviour(words=100, stop_delay=0.05, busy_delay=0.5)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # An abort before the loop runs would be a no-op and the prompt would run on.
+        [abort] = launcher.sent("/abort")
+        assert abort.at == pytest.approx(t0 + 0.5)
+        assert trio.current_time() - t0 == pytest.approx(0.55)
+        assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "aborted")
+        assert deltas(rec, turn.id) == ["w0 "]  # what ran between busy and the stop
+
+
+async def test_duplicate_idles_end_each_turn_once(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = OpenCodeBehaviour(words=3, word_interval=0.1, duplicate_idles=True)
+    async with running(behaviour) as (session, _, rec):
+        first = await session.prompt("one")
+        second = await session.prompt("two busy-delay=0.2")
+        assert second.queued
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+        await rec.catch_up()
+        assert ended(rec) == [(first.id, "completed", "stop"), (second.id, "completed", "stop")]
+        assert deltas(rec, second.id) == ["w0 ", "w1 ", "w2 "]
+
+
+async def test_leftover_idle_of_an_abort_does_not_end_the_next_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Edge case 28: the abort's second idle pair arrives after the next prompt went out and
+    before that turn runs; ending the new turn there would lose all of it."""
+    behaviour = OpenCodeBehaviour(words=100, stop_delay=0.0, second_idle=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        first = await session.prompt("one")
+        await rec.wait_for(is_delta, count=2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            second = await session.prompt("two words=4 busy-delay=0.1")
+            assert second.queued
+        t1 = trio.current_time()  # the first turn ended and the second prompt went out
+        end = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(end, ev.TurnEnded) and end.outcome == "completed"
+        assert trio.current_time() - t1 == pytest.approx(0.1 + 4 * 0.1)
+        assert deltas(rec, second.id) == ["w0 ", "w1 ", "w2 ", "w3 "]
+        assert ended(rec) == [(first.id, "cancelled", "aborted"), (second.id, "completed", "stop")]
+        [prompt] = launcher.sent("/prompt_async")[1:]
+        assert prompt.at == t1  # the leftover pair (at t1 + 0.05) came after it
+
+
+async def test_pending_permission_answered_reject_ends_a_wedged_turn_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = OpenCodeBehaviour(words=100, stop_delay=None, permission=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
+        assert [o.option_id for o in requested.options] == ["once", "always", "reject"]
+        assert requested.tool_call["title"] == "rm -rf build"
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # The server ignores the abort here, but a rejected permission stops the turn.
+        assert trio.current_time() == t0
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        assert receipt.stop_reason == "permission_rejected"
+        [reply] = launcher.sent("/reply")
+        assert (reply.path, reply.json) == (
+            f"/permission/{requested.request_id}/reply",
+            {"reply": "reject"},
+        )
+        [resolved] = rec.of_kind("permission.resolved")
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
+        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
+        second = await session.prompt("again words=1")
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+
+
+async def test_permission_answered_once_by_a_person(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(OpenCodeBehaviour(words=3, permission=True)) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        await session.respond_permission(requested.request_id, "once")
+        end = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(end, ev.TurnEnded) and end.outcome == "completed"
+        [resolved] = rec.of_kind("permission.resolved")
+        assert isinstance(resolved, ev.PermissionResolved)
+        assert (resolved.option_id, resolved.by) == ("once", "client")
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert [u.status for u in updates] == ["completed"]
+        assert [r.json for r in launcher.sent("/reply")] == [{"reply": "once"}]
+
+
+async def test_concurrent_cancels_share_one_receipt(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(OpenCodeBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(cancel)
+        await rec.catch_up()
+        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
+        assert receipts[0].outcome == "cancelled"
+        assert len(launcher.sent("/abort")) == 1
+        assert len(rec.of_kind("turn.ended")) == 1
+
+
+async def test_natural_end_overtaking_the_abort_reports_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = OpenCodeBehaviour(words=3, word_interval=0.1, stop_delay=1.0)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        # It finished by itself first ("stop"): the receipt says so.
+        assert (receipt.outcome, receipt.stop_reason) == ("completed", "stop")
+        second = await session.prompt("again words=2")
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+        # The abort reached an idle server (its idle pair is a leftover): it ended nothing.
+        assert len(launcher.sent("/abort")) == 1
+        assert deltas(rec, second.id) == ["w0 ", "w1 "]
+        assert ended(rec)[0] == (turn.id, "completed", "stop")
+
+
+async def test_cancel_with_no_turn_sends_nothing(autojump_clock: trio.testing.MockClock) -> None:
+    async with running() as (session, launcher, rec):
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert receipt.outcome == "no_active_turn"
+        assert launcher.sent("/abort") == []
