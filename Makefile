@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install typecheck demo clean browser
+.PHONY: run test install typecheck demo clean browser bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,9 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m mypy supervisor protocols
 	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m bench.run_all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

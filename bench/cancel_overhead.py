@@ -6,10 +6,11 @@ Two runs side by side, interleaved round by round so machine noise hits both ali
 - **baseline**: the physical floor for this transport: the same agent spawned directly, a
   hand-written ``session/cancel`` on its stdin, and a read until the ``session/prompt`` response;
 - **supervisor**: ``await session.cancel()`` until the receipt (interrupt, race, receipt, the
-  session ready again), the agent under the containment shim.
+  session ready again), the agent under the containment shim;
+- **gateway**: the same through the WebSocket gateway (``agent.cancel`` -> its response).
 
 Prints p50/p99 of both, the overhead (supervisor - baseline) and, last, the ratio.
-Usage: ``python bench/cancel_overhead.py [--rounds 200]``.
+Usage: ``python -m bench.cancel_overhead [--rounds 200]``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import trio
 
 from protocols.framing import LineDecoder, Message, encode_message
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.client import GatewayClient, connect
+from supervisor.gateway import Gateway
 
 AGENT_ARGS = ("--delay", "0.005", "--words", "100000", "--stop-delay", "0.001")
 
@@ -92,6 +95,20 @@ class RawAgent:
                 return time.perf_counter() - start
 
 
+async def gateway_cancel(client: GatewayClient, session_id: str) -> float:
+    """The same cancel through the WebSocket gateway: client -> receipt."""
+    async with client.subscribe(session_id) as events:
+        await client.prompt(session_id, "go")
+        async for event in events:
+            if event["event"] == "message.delta":
+                break
+        start = time.perf_counter()
+        receipt = await client.cancel(session_id)
+        elapsed = time.perf_counter() - start
+    assert receipt["outcome"] == "cancelled", receipt
+    return elapsed
+
+
 async def supervisor_cancel(session: Session) -> float:
     async with session.subscribe() as events:
         await session.prompt("go")
@@ -116,6 +133,7 @@ async def main(rounds: int) -> dict[str, Any]:
     spec = AgentSpec(name="bench", protocol="acp", command=argv)
     raw_times: list[float] = []
     sup_times: list[float] = []
+    gw_times: list[float] = []
     process = await trio.lowlevel.open_process(argv, stdin=-1, stdout=-1, stderr=subprocess.DEVNULL)
     try:
         raw = RawAgent(process)
@@ -123,14 +141,20 @@ async def main(rounds: int) -> dict[str, Any]:
         session_id = (await raw.call("session/new", {"cwd": "/", "mcpServers": []}))["result"][
             "sessionId"
         ]
-        async with open_supervisor(agents={"bench": spec}) as sup:
+        async with open_supervisor(agents={"bench": spec}) as sup, trio.open_nursery() as nursery:
             session = await sup.start_session("bench", cwd="/")
-            for _ in range(5):  # warm-up, both sides
-                await raw.one_cancel(session_id)
-                await supervisor_cancel(session)
-            for _ in range(rounds):
-                raw_times.append(await raw.one_cancel(session_id))
-                sup_times.append(await supervisor_cancel(session))
+            url = await nursery.start(Gateway(sup, port=0).serve)
+            async with connect(url) as client:
+                gw_session = (await client.start_session("bench"))["session_id"]
+                for _ in range(5):  # warm-up, every side
+                    await raw.one_cancel(session_id)
+                    await supervisor_cancel(session)
+                    await gateway_cancel(client, gw_session)
+                for _ in range(rounds):
+                    raw_times.append(await raw.one_cancel(session_id))
+                    sup_times.append(await supervisor_cancel(session))
+                    gw_times.append(await gateway_cancel(client, gw_session))
+            nursery.cancel_scope.cancel()
     finally:
         process.kill()
         await process.wait()
@@ -141,6 +165,8 @@ async def main(rounds: int) -> dict[str, Any]:
         "supervisor_p50_ms": percentile(sup_times, 0.5) * 1000,
         "supervisor_p99_ms": percentile(sup_times, 0.99) * 1000,
         "overhead_p50_ms": (statistics.median(sup_times) - statistics.median(raw_times)) * 1000,
+        "gateway_p50_ms": percentile(gw_times, 0.5) * 1000,
+        "gateway_p99_ms": percentile(gw_times, 0.99) * 1000,
     }
     result["overhead_p99_ms"] = result["supervisor_p99_ms"] - result["baseline_p99_ms"]
     result["ratio_p50"] = result["supervisor_p50_ms"] / result["baseline_p50_ms"]
@@ -161,6 +187,9 @@ if __name__ == "__main__":
     )
     print(
         f"  supervisor (session.cancel -> receipt):   p50 {figures['supervisor_p50_ms']:.2f} ms  p99 {figures['supervisor_p99_ms']:.2f} ms"
+    )
+    print(
+        f"  gateway    (WebSocket client -> receipt): p50 {figures['gateway_p50_ms']:.2f} ms  p99 {figures['gateway_p99_ms']:.2f} ms"
     )
     print(
         f"  overhead: p50 {figures['overhead_p50_ms']:.2f} ms, p99 {figures['overhead_p99_ms']:.2f} ms (targets: <= 1 ms, <= 5 ms)"

@@ -196,6 +196,7 @@ class _Turn:
     started_at: float
     started_clock: float  # tree_clock(): tells this turn's processes from the agent's own
     cancel: _CancelJob | None = None
+    ran_tools: bool = False  # a tool.call was seen: only then can processes be left behind
 
 
 @define
@@ -682,9 +683,10 @@ class Session:
             job.stop_reason = "error"
         job.deadline = None
         job.error = finished.error
-        if job.outcome == "cancelled" and self._link is not None:
+        if job.outcome == "cancelled" and turn.ran_tools and self._link is not None:
             # The agent says it stopped; its tools may not have (codex-acp leaves a running
-            # shell command behind). Nothing the turn started may outlive the receipt.
+            # shell command behind). Nothing the turn started may outlive the receipt. (Only
+            # after a tool call: the sweep scans /proc, ~1-2 ms, too dear for every cancel.)
             assert self._nursery is not None and self._live_generation is not None
             self._nursery.start_soon(self._sweep_task, self._link, turn.started_clock)
             return
@@ -993,6 +995,8 @@ class Session:
         self._emit(ev.SessionState(state=state, detail=detail))
 
     def _emit(self, event: ev.Event) -> None:
+        if isinstance(event, ev.ToolCall) and self._turn is not None:
+            self._turn.ran_tools = True
         self._seq += 1
         stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=time.time())
         self._history.append(stamped)
