@@ -468,7 +468,7 @@ class Session:
         turn = self._turn
         now = trio.current_time()
         if call.turn_id is not None and (turn is None or turn.id != call.turn_id):
-            call.reply.resolve(self._cancel_other_turn(call, now))
+            call.reply.resolve(self._cancel_other_turn(call))
             return
         if turn is None:
             dropped = self._drop_queue()
@@ -499,7 +499,7 @@ class Session:
         self._set_state("cancelling")
         self._apply(step)
 
-    def _cancel_other_turn(self, call: _Cancel, now: float) -> CancelReceipt:
+    def _cancel_other_turn(self, call: _Cancel) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
         assert call.turn_id is not None
         for index, (turn_id, text) in enumerate(self._queue):

@@ -147,7 +147,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not results and not _installs:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("tier 4: real ACP agents")
+    terminalreporter.section("tier 4: real agents")
     for key, result in sorted(_installs.items()):
         if isinstance(result, install.Installed):
             how = "installed now" if result.fresh else "cached"
