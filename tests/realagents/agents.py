@@ -233,3 +233,73 @@ AGENTS: dict[str, RealAgent] = {
 }
 
 assert PERMISSION_COMMAND != SHELL_COMMAND
+
+
+# -- Claude Code in stream-json mode (protocol "claude"; tests/test_real_claude.py) ------------
+# Not an ACP agent, so not in AGENTS (test_real_acp_agents.py runs every entry of that table).
+
+#: After the native binary: the adapter's command line (protocols.claude.CLAUDE_COMMAND), a
+#: known model slug, and no settings files at all (``--setting-sources ""``: nothing of the
+#: host's ~/.claude or the project's .claude leaks in; every Bash command asks first).
+CLAUDE_STREAM_JSON_ARGS: tuple[str, ...] = (
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "stream-json",
+    "--verbose",
+    "--include-partial-messages",
+    "--permission-prompt-tool",
+    "stdio",
+    "--model",
+    "claude-sonnet-4-5",
+    "--setting-sources",
+    "",
+)
+
+
+def _claude_stream_json(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    # shared/real-agents.md "Claude Code (stream-json)": no settings file is needed (none is
+    # read anyway), no login, and no IS_SANDBOX (only --dangerously-skip-permissions wants it).
+    return {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "fake-key",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+    }
+
+
+_SETUPS["claude-stream-json"] = _claude_stream_json
+#: ``claude -p`` in stream-json mode, the native binary of @anthropic-ai/claude-code
+#: (``install.PACKAGES["claude-code"]``). Prepare it like the others; take its spec from
+#: :func:`claude_stream_json_spec` (protocol ``claude``, not ``acp``).
+CLAUDE_STREAM_JSON = RealAgent("claude-stream-json", "claude-code", CLAUDE_STREAM_JSON_ARGS)
+
+
+def claude_stream_json_spec(
+    prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None
+) -> AgentSpec:
+    """The supervisor's spec for :data:`CLAUDE_STREAM_JSON`: the supervisor adds
+    ``--resume <session_id>`` itself when it respawns the CLI."""
+    spec = CLAUDE_STREAM_JSON.spec(prepared, grace_s=grace_s, tee_dir=tee_dir)
+    return spec.with_options(protocol="claude")
+
+
+# -- Codex app-server (protocol "codex"; tests/test_real_codex.py) ------------------------------
+# Not an ACP agent, so not in AGENTS. The same CODEX_HOME config.toml as codex-acp (_codex).
+# ``--strict-config``: without it a bad config.toml silently falls back to the real provider.
+
+_SETUPS["codex-app-server"] = _codex
+#: ``codex app-server``, the native binary of @openai/codex (``install.PACKAGES["codex"]``).
+#: Prepare it like the others; take its spec from :func:`codex_app_server_spec`.
+CODEX_APP_SERVER = RealAgent("codex-app-server", "codex", ("app-server", "--strict-config"))
+
+
+def codex_app_server_spec(
+    prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None
+) -> AgentSpec:
+    """The supervisor's spec for :data:`CODEX_APP_SERVER` (protocol ``codex``, not ``acp``)."""
+    spec = CODEX_APP_SERVER.spec(prepared, grace_s=grace_s, tee_dir=tee_dir)
+    return spec.with_options(protocol="codex")

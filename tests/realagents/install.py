@@ -98,6 +98,31 @@ PACKAGES: dict[str, Package] = {
             "node_modules/opencode-linux-x64/bin/opencode",
             scripts=("opencode-ai",),
         ),
+        Package(
+            "claude-code",
+            "@anthropic-ai/claude-code",
+            "2.1.332",
+            # the native binary, which the package's postinstall puts in place of a stub; run
+            # in stream-json mode by tests/test_real_claude.py (not an ACP agent)
+            "node_modules/@anthropic-ai/claude-code/bin/claude.exe",
+            scripts=("@anthropic-ai/claude-code",),
+        ),
+        Package(
+            "codex",
+            "@openai/codex",
+            "0.171.0",
+            # Codex app-server (tests/test_real_codex.py, tests/test_schemas.py): the native
+            # binary, not the npm .js shim, which runs it as a child and does not forward signals
+            "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
+        ),
+        Package(
+            "acp-sdk",
+            "@agentclientprotocol/sdk",
+            "2.4.0",
+            # only its schema/v1/*.json are used (tests/test_schemas.py); the entry (the
+            # package's main module) proves the install is whole
+            "node_modules/@agentclientprotocol/sdk/dist/v1/stable/acp.js",
+        ),
     )
 }
 
