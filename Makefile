@@ -31,6 +31,7 @@ test: $(STAMP) browser
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m bench.run_all
 
 clean:
