@@ -60,6 +60,28 @@ Decisions:
   Permissions still pending at a ``result`` stay pending (a background subagent may still
   be asking); the CLI withdraws them or a person answers them.
 - We register no hooks or SDK MCP servers, so any other CLI request is answered with an error.
+
+Background tasks (sub-agents, background shells, monitors), shapes from the Agent SDK's
+``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``, ``SDKTaskNotificationMessage``,
+``SDKControlStopTaskRequest``) and the 2.1.332 CLI's ``stop_task`` handler:
+
+- ``system/task_started`` (``task_id``) starts a task; ``system/task_notification``
+  (``status``: ``completed``/``failed``/``stopped``) or a ``system/task_updated`` whose
+  ``patch.status`` is ``completed``/``failed``/``killed`` ends it. The messages themselves stay
+  ``session.info`` events, as before. A task belongs to the turn it started in; the ones started
+  while no turn runs (a background task's own extra turn) are not stopped by a later cancel.
+- A cancel sends the ``interrupt`` first, then ``{"subtype": "stop_task", "task_id": ...}`` for
+  every task of this turn still running, all in the same step; a task that starts while the cancel
+  is in progress is stopped at its ``task_started``. One ``stop_task`` per task, never repeated.
+  (We do not declare ``perTaskStopAffordance`` in ``initialize``, so the CLI's interrupt already
+  kills background tasks, fail-closed; its ``stop_task`` answers success for a task that is gone
+  or no longer running. The requests make the stop explicit and give a per-task answer, also on
+  CLIs whose interrupt spares them.)
+- The turn's ``TurnFinished`` is held after its ``result`` until every ``stop_task`` is answered
+  (success: ``confirmed: true``; error: ``confirmed: false`` with the CLI's words); ``details``
+  then carries ``tasks``: ``[{task_id, confirmed, status?, error?}]`` (``status`` from the task's
+  ``task_notification`` when one came). While it is held, output still carries the turn's id and
+  a further ``result`` is ``session.info``. The actor's grace timer bounds the wait.
 """
 
 from __future__ import annotations
@@ -68,6 +90,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
+import attrs
 from attrs import define, field
 
 from protocols import events as ev
@@ -163,6 +186,28 @@ class _HeldPermission:
     tool_input: Any  # echoed back as ``updatedInput`` when allowed
 
 
+#: ``task_notification`` / ``task_updated`` statuses after which a task no longer runs.
+_TASK_ENDED: Final = frozenset({"completed", "failed", "stopped", "killed"})
+
+
+@define
+class _TaskStop:
+    """One ``stop_task`` our cancel sent, and what came of it."""
+
+    task_id: str
+    confirmed: bool | None = None  # None: not answered yet
+    status: str | None = None
+    error: str | None = None
+
+    def detail(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "confirmed": self.confirmed is True}
+        if self.status is not None:
+            out["status"] = self.status
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
 @define
 class ClaudeClient(AgentProtocol):
     """Our side of one ``claude -p --input-format stream-json`` process."""
@@ -183,6 +228,14 @@ class ClaudeClient(AgentProtocol):
     _resend_on_init: bool = False
     _interrupt_resent: bool = False
     _held: dict[str, _HeldPermission] = field(factory=dict)
+    #: running tasks (``task_started`` not yet ended) -> the turn they started in
+    _tasks: dict[str, str | None] = field(factory=dict)
+    #: this turn's ``stop_task`` requests, by task id, in the order sent
+    _stops: dict[str, _TaskStop] = field(factory=dict)
+    _stop_requests: dict[str, str] = field(factory=dict)  # our request id -> task id
+    _stopping_tasks: bool = False  # this turn's cancel stops its tasks (not Amp's signal)
+    #: the turn's result came; held until every stop_task is answered
+    _finishing: TurnFinished | None = None
     # Text that arrived as partial deltas is not emitted again from the whole message.
     _streaming: dict[str | None, str] = field(factory=dict)  # parent_tool_use_id -> message id
     _streamed: set[str] = field(factory=set)
@@ -213,6 +266,8 @@ class ClaudeClient(AgentProtocol):
         self._init_in_turn = False
         self._resend_on_init = False
         self._interrupt_resent = False
+        self._stops = {}
+        self._stopping_tasks = False
         return Step(
             send=[
                 {
@@ -226,11 +281,17 @@ class ClaudeClient(AgentProtocol):
 
     def cancel(self) -> Step:
         # No turn, no interrupt: an idle interrupt gets no result, so nothing would end.
-        if self._turn_id is None or self._interrupt_sent:
+        if self._turn_id is None or self._interrupt_sent or self._finishing is not None:
             return Step()
         self._interrupt_sent = True
         self._resend_on_init = not self._init_in_turn
-        return Step(send=[self._request({"subtype": "interrupt"})])
+        self._stopping_tasks = True
+        step = Step(send=[self._request({"subtype": "interrupt"})])
+        # The turn first, so it starts no more tasks; then every task it started, at once.
+        for task_id, turn_id in list(self._tasks.items()):
+            if turn_id == self._turn_id:
+                step.extend(self._stop_task(task_id))
+        return step
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         if request_id not in self._held:
@@ -250,6 +311,11 @@ class ClaudeClient(AgentProtocol):
     @property
     def pending_permissions(self) -> list[str]:
         return list(self._held)
+
+    @property
+    def running_tasks(self) -> dict[str, str | None]:
+        """Tasks started and not ended, with the turn each started in."""
+        return dict(self._tasks)
 
     @property
     def agent_session_id(self) -> str | None:
@@ -307,6 +373,8 @@ class ClaudeClient(AgentProtocol):
         failed = response.get("subtype") == "error"
         if subtype == "initialize":
             return self._on_initialized(response, failed)
+        if subtype == "stop_task":
+            return self._on_task_stopped(request_id, response, failed)
         if failed:
             return Step(
                 events=[
@@ -433,7 +501,62 @@ class ClaudeClient(AgentProtocol):
             return _unparsed(message)
         if subtype == "init":
             return self._on_init(message)
-        return Step(events=[ev.SessionInfo(info_kind=subtype, data=message)])
+        step = Step(events=[ev.SessionInfo(info_kind=subtype, data=message)])
+        task_id = message.get("task_id")
+        if not isinstance(task_id, str):
+            return step
+        if subtype == "task_started":
+            return step.extend(self._on_task_started(task_id))
+        status: Any = None
+        if subtype == "task_notification":
+            status = message.get("status")
+        elif subtype == "task_updated":
+            patch = message.get("patch")
+            status = patch.get("status") if isinstance(patch, dict) else None
+        if isinstance(status, str) and status in _TASK_ENDED:
+            self._tasks.pop(task_id, None)
+            stop = self._stops.get(task_id)
+            if stop is not None:
+                stop.status = status
+        return step
+
+    # -- background tasks -----------------------------------------------------------------
+
+    def _on_task_started(self, task_id: str) -> Step:
+        self._tasks[task_id] = self._turn_id
+        if self._turn_id is not None and self._stopping_tasks:
+            return self._stop_task(task_id)  # started while we stop the turn
+        return Step()
+
+    def _stop_task(self, task_id: str) -> Step:
+        if task_id in self._stops:
+            return Step()
+        self._stops[task_id] = _TaskStop(task_id)
+        message = self._request({"subtype": "stop_task", "task_id": task_id})
+        self._stop_requests[message["request_id"]] = task_id
+        return Step(send=[message])
+
+    def _on_task_stopped(self, request_id: str, response: dict[str, Any], failed: bool) -> Step:
+        task_id = self._stop_requests.pop(request_id, None)
+        stop = self._stops.get(task_id) if task_id is not None else None
+        if stop is None or stop.confirmed is not None:
+            return Step()  # a late answer for an earlier turn's stop
+        stop.confirmed = not failed
+        if failed:
+            stop.error = str(response.get("error"))
+        return self._release()
+
+    def _release(self) -> Step:
+        """End the turn once its result came and every stop_task is answered."""
+        finished = self._finishing
+        if finished is None or any(stop.confirmed is None for stop in self._stops.values()):
+            return Step()
+        self._finishing = None
+        self._turn_id = None
+        if self._stops:
+            details = {**finished.details, "tasks": [s.detail() for s in self._stops.values()]}
+            finished = attrs.evolve(finished, details=details)
+        return Step(events=[finished])
 
     def _on_init(self, message: dict[str, Any]) -> Step:
         session_id = message.get("session_id")
@@ -450,7 +573,7 @@ class ClaudeClient(AgentProtocol):
                 text = f"the CLI switched from session {expected!r} to {session_id!r}"
             step.events.append(ev.ErrorEvent(code=code, message=text))
         self._init_session_id = session_id
-        if self._turn_id is not None:
+        if self._turn_id is not None and self._finishing is None:
             self._init_in_turn = True
             if self._resend_on_init and not self._interrupt_resent:
                 # The interrupt went out before the CLI had started the turn, where older
@@ -472,10 +595,9 @@ class ClaudeClient(AgentProtocol):
                 ]
             )
         turn_id = self._turn_id
-        if turn_id is None:
+        if turn_id is None or self._finishing is not None:
             # A later result for the same prompt (a background task's turn): not a turn end.
             return Step(events=[ev.SessionInfo(info_kind="result", data=message)])
-        self._turn_id = None
         self._streaming.clear()
         self._streamed.clear()
         subtype = _opt_str(message.get("subtype"))
@@ -494,7 +616,8 @@ class ClaudeClient(AgentProtocol):
             if not reported_interrupt:
                 error = _describe(message)
         details: dict[str, Any] = {"interrupt_resent": True} if self._interrupt_resent else {}
-        return Step(events=[TurnFinished(turn_id, reason or subtype, interrupted, error, details)])
+        self._finishing = TurnFinished(turn_id, reason or subtype, interrupted, error, details)
+        return self._release()
 
     # -- content --------------------------------------------------------------------------
 

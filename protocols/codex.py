@@ -21,6 +21,36 @@ for Codex 0.171.0):
 - Approvals are server→client requests answered ``{"decision": ...}``; the server retracts them
   at turn transitions with ``serverRequest/resolved``. Requests we do not serve are answered
   -32601 (an MCP elicitation is declined) so the server never waits on us.
+
+Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
+(``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``):
+
+- A thread is one of **ours** (a descendant of our thread) when its ``thread/started`` names a
+  known thread as ``thread.parentThreadId`` (or ``thread.source.subAgent.thread_spawn.
+  parent_thread_id``), when a ``collabAgentToolCall`` item whose ``senderThreadId`` is ours
+  lists it in ``receiverThreadIds``, or when a ``subAgentActivity`` item on one of our threads
+  names it as ``agentThreadId``. Its running turn is tracked from its own ``turn/started`` and
+  ``turn/completed`` (``{threadId, turn: {id, status}}``). Known children are kept for the whole
+  connection, so a child spawned in an earlier turn that is still running is stopped too.
+- Child thread notifications are surfaced like the root's, with **our** turn id (as Claude's
+  subagent messages are): deltas, tool calls, plans; a child's ``turn/started``,
+  ``turn/completed`` and ``thread/started`` become ``session.info`` (their ``data`` names the
+  thread). Other threads' notifications stay ``agent.unparsed``.
+- A cancel sends, in this order and in one step: ``thread/goal/set {threadId, status:
+  "paused", origin: "user"}`` when our thread's goal is ``active`` (else Codex starts the next
+  goal turn by itself as soon as this one ends, and the stop looks ignored); the root
+  ``turn/interrupt`` (the rules above); then one ``turn/interrupt`` per running child turn, at
+  once. A child turn that starts while the cancel is in progress is interrupted when its
+  ``turn/started`` arrives; no child turn is interrupted twice.
+- The root ``TurnFinished`` is held until every interrupted child turn has confirmed (its
+  ``turn/completed``) or refused (an error reply), the goal pause is answered, and background
+  terminals are cleaned; ``details`` then carries ``children`` (``[{thread_id, turn_id,
+  confirmed, status?, error?}]``) and ``goal`` (``"paused"`` or ``"not paused: ..."``) when
+  those steps were taken. The actor's grace timer bounds the wait: a child that never answers
+  means a kill of the whole app-server tree.
+- Our thread's goal status comes from ``thread/goal/updated`` / ``thread/goal/cleared``, and,
+  after a ``thread/resume``, from one ``thread/goal/get``. A goal we paused is **left paused**:
+  the person stopped the work; resuming it is theirs to ask for (``thread/goal/set`` ``active``).
 """
 
 from __future__ import annotations
@@ -116,6 +146,8 @@ _INFO_NOTIFICATIONS = frozenset(
         "thread/unarchived",
         "turn/started",
         "turn/diff/updated",
+        "thread/goal/updated",
+        "thread/goal/cleared",
         "model/rerouted",
         "account/updated",
         "account/rateLimits/updated",
@@ -123,6 +155,51 @@ _INFO_NOTIFICATIONS = frozenset(
         "skills/changed",
         "configWarning",
         "deprecationNotice",
+        # The rest of 0.171.0's ServerNotification.json: known, passed on as they are.
+        "thread/readState/changed",
+        "thread/deleted",
+        "thread/reverted",
+        "thread/section/changed",
+        "thread/attachment/updated",
+        "thread/prediction/updated",
+        "thread/queue/changed",
+        "project/changed",
+        "thread/project/updated",
+        "thread/environment/connected",
+        "thread/environment/disconnected",
+        "thread/settings/updated",
+        "hook/started",
+        "hook/completed",
+        "item/autoApprovalReview/started",
+        "item/autoApprovalReview/completed",
+        "autoApprovalReview/strictReviewRequired",
+        "item/plan/delta",
+        "command/exec/outputDelta",
+        "process/outputDelta",
+        "process/exited",
+        "thread/search/partial",
+        "item/commandExecution/terminalInteraction",
+        "item/fileChange/patchUpdated",
+        "mcpServer/oauthLogin/completed",
+        "mcpServer/event/stream/notification",
+        "account/gatewayOAuth/changed",
+        "account/login/completed",
+        "app/list/updated",
+        "remoteControl/status/changed",
+        "externalAgentConfig/import/progress",
+        "externalAgentConfig/import/completed",
+        "fs/changed",
+        "model/verification",
+        "modelProvider/authRecoveryStarted",
+        "modelProvider/authRecoveryCompleted",
+        "turn/moderationMetadata",
+        "model/safetyBuffering/updated",
+        "warning",
+        "guardianWarning",
+        "fuzzyFileSearch/sessionUpdated",
+        "fuzzyFileSearch/sessionCompleted",
+        "windows/worldWritableWarning",
+        "windowsSandbox/setupCompleted",
     }
 )
 _MESSAGE_DELTAS = frozenset({"item/agentMessage/delta"})
@@ -137,7 +214,9 @@ _TOOL_PROGRESS = frozenset(
 #: Items whose content reaches subscribers otherwise: as deltas, or as the prompt itself.
 _CONTENT_ITEMS = frozenset({"agentMessage", "reasoning", "userMessage", "hookPrompt", "plan"})
 #: Items that describe the session rather than a tool run.
-_INFO_ITEMS = frozenset({"contextCompaction", "enteredReviewMode", "exitedReviewMode"})
+_INFO_ITEMS = frozenset(
+    {"contextCompaction", "enteredReviewMode", "exitedReviewMode", "subAgentActivity"}
+)
 #: Item types as ACP tool kinds (``read``, ``edit``, ``execute``, ``fetch``, ``other``, ...).
 _TOOL_KINDS = {
     "commandExecution": "execute",
@@ -167,6 +246,31 @@ class _Sent:
 
     turn_id: str | None = None
     codex_turn_id: str | None = None
+    #: the child thread a ``turn/interrupt`` went to (None: our own thread)
+    child_thread: str | None = None
+
+
+@define
+class _ChildStop:
+    """One child turn our cancel interrupted, and what came of it."""
+
+    thread_id: str
+    turn_id: str
+    confirmed: bool | None = None  # None: no answer yet
+    status: str | None = None
+    error: str | None = None
+
+    def detail(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "thread_id": self.thread_id,
+            "turn_id": self.turn_id,
+            "confirmed": self.confirmed is True,
+        }
+        if self.status is not None:
+            out["status"] = self.status
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 @define
@@ -187,8 +291,14 @@ class _Turn:
     retry_on_started: str | None = None
     #: ``turn/completed`` seen before the ``turn/start`` reply named our turn
     early_ends: dict[str, dict[str, Any]] = field(factory=dict)
-    #: the turn is over, held until background terminals are cleaned
+    #: the root turn is over, held until background terminals are cleaned, the goal pause is
+    #: answered and every interrupted child turn has confirmed or refused
     finishing: TurnFinished | None = None
+    cleaning: bool = False
+    #: child turns interrupted by our cancel, in the order sent
+    child_stops: dict[tuple[str, str], _ChildStop] = field(factory=dict)
+    #: None (no pause sent), "pending", then the outcome for the receipt
+    goal_pause: str | None = None
 
     def owns(self, codex_id: Any) -> bool:
         return isinstance(codex_id, str) and (codex_id == self.codex_id or codex_id in self.aliases)
@@ -220,6 +330,10 @@ class CodexClient(AgentProtocol):
     _turn: _Turn | None = None
     _finished: deque[str] = field(factory=lambda: deque(maxlen=_FINISHED_KEPT))
     _held: dict[str, _HeldApproval] = field(factory=dict)
+    #: descendant threads (sub-agents) -> the turn each is running, or None when idle
+    _children: dict[str, str | None] = field(factory=dict)
+    #: our thread's goal status (``ThreadGoalStatus``), None when it has none or we don't know
+    _goal: str | None = None
     server_info: dict[str, Any] = field(factory=dict)
 
     # -- calls from the actor -------------------------------------------------------------
@@ -254,9 +368,15 @@ class CodexClient(AgentProtocol):
         if turn is None or turn.cancel_wanted or turn.finishing is not None:
             return Step()
         turn.cancel_wanted = True
-        if turn.codex_id is None:
-            return Step()  # sent as soon as the turn/start reply names the turn
-        return self._interrupt(turn, turn.codex_id)
+        # The goal first, or Codex starts its next goal turn as soon as this one ends.
+        step = self._pause_goal(turn)
+        if turn.codex_id is not None:  # else sent as soon as the turn/start reply names it
+            step.extend(self._interrupt(turn, turn.codex_id))
+        # The root first, so it starts no more children; then every running child at once.
+        for thread_id, child_turn in list(self._children.items()):
+            if child_turn is not None:
+                step.extend(self._interrupt_child(turn, thread_id, child_turn))
+        return step
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         held = self._held.get(request_id)
@@ -278,6 +398,16 @@ class CodexClient(AgentProtocol):
     @property
     def pending_permissions(self) -> list[str]:
         return list(self._held)
+
+    @property
+    def children(self) -> dict[str, str | None]:
+        """Known descendant threads and the turn each runs (None: idle)."""
+        return dict(self._children)
+
+    @property
+    def goal(self) -> str | None:
+        """Our thread's goal status as last reported, or None."""
+        return self._goal
 
     @property
     def agent_session_id(self) -> str | None:
@@ -316,9 +446,15 @@ class CodexClient(AgentProtocol):
         if response.method == "turn/start":
             return self._on_turn_identified(response)
         if response.method == "turn/interrupt":
+            if response.context.child_thread is not None:
+                return self._on_child_interrupt_answered(response)
             return self._on_interrupt_answered(response)
         if response.method == "thread/backgroundTerminals/clean":
             return self._on_terminals_cleaned(response)
+        if response.method == "thread/goal/set":
+            return self._on_goal_paused(response)
+        if response.method == "thread/goal/get":
+            return self._on_goal_read(response)
         return Step()
 
     # -- handshake ------------------------------------------------------------------------
@@ -345,7 +481,13 @@ class CodexClient(AgentProtocol):
                 self._resume_error = f"thread/resume failed: {response.error.describe()}"
                 return self._open("thread/start", {"cwd": self._cwd})
             self._thread_id = thread_id or self._resume
-            return self._established(resumed=True)
+            step = self._established(resumed=True)
+            # A resumed thread may have an active goal: a cancel must know to pause it.
+            _, message = self._rpc.request(
+                "thread/goal/get", {"threadId": self._thread_id}, _Sent()
+            )
+            step.send.append(message)
+            return step
         if response.error is not None:
             return self._fail(f"thread/start failed: {response.error.describe()}")
         if thread_id is None:
@@ -371,14 +513,14 @@ class CodexClient(AgentProtocol):
         if turn is None or turn.turn_id != response.context.turn_id:
             return Step()
         if response.error is not None:
-            return self._end(
+            return self._finish(
                 turn, TurnFinished(turn.turn_id, None, error=response.error.describe())
             )
         result = response.result if isinstance(response.result, dict) else {}
         codex_turn = result.get("turn")
         codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
         if not isinstance(codex_id, str):
-            return self._end(
+            return self._finish(
                 turn,
                 TurnFinished(turn.turn_id, None, error="turn/start answered without a turn id"),
             )
@@ -481,27 +623,186 @@ class CodexClient(AgentProtocol):
         if status == "failed":
             error = _describe_error(codex_turn.get("error")) or "turn failed"
         finished = TurnFinished(turn.turn_id, status, interrupted=interrupted, error=error)
+        step = Step()
         if status == "interrupted" and turn.cancel_wanted:
             # The interrupt leaves background terminals running (edge case 13).
-            turn.finishing = finished
+            turn.cleaning = True
             _, message = self._rpc.request(
                 "thread/backgroundTerminals/clean",
                 {"threadId": self._thread_id},
                 _Sent(turn.turn_id),
             )
-            return Step(send=[message])
-        return self._end(turn, finished)
+            step.send.append(message)
+        return step.extend(self._finish(turn, finished))
 
     def _on_terminals_cleaned(self, response: IncomingResponse[_Sent]) -> Step:
         turn = self._turn
-        if turn is None or turn.finishing is None or turn.turn_id != response.context.turn_id:
+        if (
+            turn is None
+            or turn.finishing is None
+            or not turn.cleaning
+            or turn.turn_id != response.context.turn_id
+        ):
             return Step()
         if response.error is None:
             outcome = "cleaned"
         else:
             outcome = f"not cleaned: {response.error.describe()}"
+        turn.cleaning = False
         details = {**turn.finishing.details, "background_terminals": outcome}
-        return self._end(turn, attrs.evolve(turn.finishing, details=details))
+        turn.finishing = attrs.evolve(turn.finishing, details=details)
+        return self._release(turn)
+
+    def _finish(self, turn: _Turn, finished: TurnFinished) -> Step:
+        """Our turn is over: end it now, or once what the cancel started has answered."""
+        turn.finishing = finished
+        return self._release(turn)
+
+    def _release(self, turn: _Turn) -> Step:
+        finished = turn.finishing
+        if finished is None or turn.cleaning or turn.goal_pause == "pending":
+            return Step()
+        if any(stop.confirmed is None for stop in turn.child_stops.values()):
+            return Step()
+        details = dict(finished.details)
+        if turn.child_stops:
+            details["children"] = [stop.detail() for stop in turn.child_stops.values()]
+        if turn.goal_pause is not None:
+            details["goal"] = turn.goal_pause
+        return self._end(turn, attrs.evolve(finished, details=details))
+
+    # -- goals ----------------------------------------------------------------------------
+
+    def _pause_goal(self, turn: _Turn) -> Step:
+        """``thread/goal/set paused`` once per turn, when our thread's goal is active."""
+        if self._goal != "active" or turn.goal_pause is not None or self._thread_id is None:
+            return Step()
+        turn.goal_pause = "pending"
+        _, message = self._rpc.request(
+            "thread/goal/set",
+            {"threadId": self._thread_id, "status": "paused", "origin": "user"},
+            _Sent(turn.turn_id),
+        )
+        return Step(send=[message])
+
+    def _on_goal_paused(self, response: IncomingResponse[_Sent]) -> Step:
+        if response.error is None:
+            status = _goal_status(response.result)
+            self._goal = status or "paused"
+            outcome = self._goal
+        else:
+            outcome = f"not paused: {response.error.describe()}"
+        turn = self._turn
+        if turn is None or turn.turn_id != response.context.turn_id or turn.goal_pause != "pending":
+            return Step()
+        turn.goal_pause = outcome
+        return self._release(turn)
+
+    def _on_goal_read(self, response: IncomingResponse[_Sent]) -> Step:
+        # An error (goals disabled, no such thread) leaves it unknown: nothing to pause.
+        if response.error is None and isinstance(response.result, dict):
+            self._goal = _goal_status(response.result)
+        return Step()
+
+    def _on_goal_notification(self, method: str, params: dict[str, Any]) -> Step:
+        step = Step(events=[ev.SessionInfo(info_kind=method, data=params)])
+        if method == "thread/goal/cleared":
+            self._goal = None
+            return step
+        status = _goal_status(params)
+        if status is None:
+            return step
+        self._goal = status
+        turn = self._turn
+        if turn is not None and turn.cancel_wanted:
+            # A goal that became active while we stop the turn is paused too.
+            step.extend(self._pause_goal(turn))
+        return step
+
+    # -- child threads (sub-agents) -------------------------------------------------------
+
+    def _ours(self, thread_id: Any) -> bool:
+        return isinstance(thread_id, str) and (
+            thread_id == self._thread_id or thread_id in self._children
+        )
+
+    def _adopt(self, thread_id: Any) -> None:
+        if isinstance(thread_id, str) and thread_id != self._thread_id:
+            self._children.setdefault(thread_id, None)
+
+    def _on_thread_started(self, params: dict[str, Any]) -> Step:
+        thread = params.get("thread")
+        if isinstance(thread, dict) and self._thread_id is not None:
+            if self._ours(_parent_thread_of(thread)):
+                self._adopt(thread.get("id"))
+        return Step(events=[ev.SessionInfo(info_kind="thread/started", data=params)])
+
+    def _adopt_from_item(self, item: dict[str, Any], thread_id: Any) -> None:
+        """Children named by a multi-agent item on one of our threads."""
+        if item["type"] == "collabAgentToolCall":
+            receivers = item.get("receiverThreadIds")
+            if self._ours(item.get("senderThreadId")) and isinstance(receivers, list):
+                for receiver in receivers:
+                    self._adopt(receiver)
+        elif item["type"] == "subAgentActivity" and self._ours(thread_id):
+            self._adopt(item.get("agentThreadId"))
+
+    def _on_child_turn(self, method: str, thread_id: str, params: dict[str, Any]) -> Step:
+        step = Step(events=[ev.SessionInfo(info_kind=method, data=params)])
+        codex_turn = params.get("turn")
+        codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
+        if not isinstance(codex_turn, dict) or not isinstance(codex_id, str):
+            return step
+        turn = self._turn
+        if method == "turn/started":
+            self._children[thread_id] = codex_id
+            if turn is not None and turn.cancel_wanted:
+                step.extend(self._interrupt_child(turn, thread_id, codex_id))
+            return step
+        if self._children.get(thread_id) == codex_id:
+            self._children[thread_id] = None
+        stop = turn.child_stops.get((thread_id, codex_id)) if turn is not None else None
+        if turn is None or stop is None or stop.confirmed is True:
+            return step
+        status = codex_turn.get("status")
+        stop.confirmed = True
+        stop.status = status if isinstance(status, str) else None
+        stop.error = None
+        return step.extend(self._release(turn))
+
+    def _interrupt_child(self, turn: _Turn, thread_id: str, codex_id: str) -> Step:
+        """One ``turn/interrupt`` per child turn, never repeated."""
+        if (thread_id, codex_id) in turn.child_stops:
+            return Step()
+        turn.child_stops[(thread_id, codex_id)] = _ChildStop(thread_id, codex_id)
+        _, message = self._rpc.request(
+            "turn/interrupt",
+            {"threadId": thread_id, "turnId": codex_id},
+            _Sent(turn.turn_id, codex_id, thread_id),
+        )
+        return Step(send=[message])
+
+    def _on_child_interrupt_answered(self, response: IncomingResponse[_Sent]) -> Step:
+        """``{}`` comes with the child's abort, whose ``turn/completed`` confirms; an error is
+        a refusal (the turn had ended, or the child cannot be interrupted)."""
+        turn = self._turn
+        sent = response.context
+        if response.error is None or turn is None or turn.turn_id != sent.turn_id:
+            return Step()
+        assert sent.child_thread is not None and sent.codex_turn_id is not None
+        stop = turn.child_stops.get((sent.child_thread, sent.codex_turn_id))
+        if stop is None or stop.confirmed is not None:
+            return Step()
+        stop.confirmed = False
+        stop.error = response.error.describe()
+        step = Step()
+        stale = _STALE_TURN.search(response.error.message)
+        if stale is not None and sent.child_thread in self._children:
+            # The child runs another turn now: that one is stopped too (once, like any).
+            found = stale.group("found")
+            self._children[sent.child_thread] = found
+            step.extend(self._interrupt_child(turn, sent.child_thread, found))
+        return step.extend(self._release(turn))
 
     def _end(self, turn: _Turn, finished: TurnFinished) -> Step:
         self._turn = None
@@ -520,15 +821,26 @@ class CodexClient(AgentProtocol):
         if method == "serverRequest/resolved":
             # Request ids are per connection: a retraction is ours whatever its thread.
             return self._on_request_resolved(params)
+        if method == "thread/started":
+            return self._on_thread_started(params)
         thread_id = params.get("threadId")
+        child = isinstance(thread_id, str) and thread_id in self._children
         if (
             self._thread_id is not None
             and isinstance(thread_id, str)
             and thread_id != self._thread_id
+            and not child
         ):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         turn_id = self._turn.turn_id if self._turn is not None else None
         event: ev.Event
+        if child and method in ("turn/started", "turn/completed"):
+            assert isinstance(thread_id, str)
+            return self._on_child_turn(method, thread_id, params)
+        if method in ("thread/goal/updated", "thread/goal/cleared"):
+            if child:  # a sub-agent's own goal is not ours to pause
+                return Step(events=[ev.SessionInfo(info_kind=method, data=params)])
+            return self._on_goal_notification(method, params)
         if method == "turn/completed":
             return self._on_turn_completed(params, raw)
         if method == "turn/started":
@@ -570,6 +882,7 @@ class CodexClient(AgentProtocol):
         ):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         kind: str = item["type"]
+        self._adopt_from_item(item, params.get("threadId"))
         if kind in _CONTENT_ITEMS:
             return Step()
         if kind in _INFO_ITEMS:
@@ -684,6 +997,24 @@ def _thread_id_of(result: Any) -> str | None:
     thread = result.get("thread") if isinstance(result, dict) else None
     thread_id = thread.get("id") if isinstance(thread, dict) else None
     return thread_id if isinstance(thread_id, str) else None
+
+
+def _parent_thread_of(thread: dict[str, Any]) -> Any:
+    """``Thread.parentThreadId``, else ``source.subAgent.thread_spawn.parent_thread_id``."""
+    parent = thread.get("parentThreadId")
+    if isinstance(parent, str):
+        return parent
+    source = thread.get("source")
+    sub_agent = source.get("subAgent") if isinstance(source, dict) else None
+    spawn = sub_agent.get("thread_spawn") if isinstance(sub_agent, dict) else None
+    return spawn.get("parent_thread_id") if isinstance(spawn, dict) else None
+
+
+def _goal_status(holder: Any) -> str | None:
+    """The ``status`` of ``holder["goal"]`` (``ThreadGoal``), or None (no goal)."""
+    goal = holder.get("goal") if isinstance(holder, dict) else None
+    status = goal.get("status") if isinstance(goal, dict) else None
+    return status if isinstance(status, str) else None
 
 
 def _interrupt_failed(description: str) -> ev.ErrorEvent:

@@ -16,6 +16,14 @@ stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
 ``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before ``system/init`` is lost,
 like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request), and
 ``background`` (a second ``result`` after the turn's, like a background task).
+
+Background tasks: ``tasks=N`` starts N background shells (``system/task_started``, ids like the
+CLI's: ``b`` and eight of ``[0-9a-z]``) when the turn starts; they run until stopped.
+``stop_task`` ends a running task (``task_notification`` ``stopped``) and is answered success,
+also for a task that is gone (as 2.1.332 answers ``not_found``/``not_running``), after
+``task-stop-delay=S``; ``task-deaf`` never answers it, ``task-refuse`` answers an error.
+``interrupt-kills-tasks`` makes the interrupt stop the tasks itself (the CLI's default when the
+host does not declare ``perTaskStopAffordance``).
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ class ClaudeBehaviour(Behaviour):
     withdraw_after: float | None = None
     background: bool = False
     persist: bool = True  # False: conversations are not saved, so --resume fails
+    tasks: int = 0
+    task_stop_delay: float | None = 0.0  # None: stop_task is never answered
+    task_refuse: bool = False
+    interrupt_kills_tasks: bool = False
 
     def for_prompt(self, text: str) -> ClaudeBehaviour:
         base = super().for_prompt(text)
@@ -61,6 +73,16 @@ class ClaudeBehaviour(Behaviour):
                 changes["withdraw_after"] = float(value)
             elif key == "background":
                 changes["background"] = True
+            elif key == "tasks":
+                changes["tasks"] = int(value)
+            elif key == "task-stop-delay":
+                changes["task_stop_delay"] = float(value)
+            elif key == "task-deaf":
+                changes["task_stop_delay"] = None
+            elif key == "task-refuse":
+                changes["task_refuse"] = True
+            elif key == "interrupt-kills-tasks":
+                changes["interrupt_kills_tasks"] = True
         return attrs.evolve(base, **changes)
 
 
@@ -133,6 +155,13 @@ class FakeClaudeCli:
         self.late_answers: list[dict[str, Any]] = []
         self.next_request = 0
         self.message_count = 0
+        #: every task started, in order, with the behaviour of the turn that started it
+        self.tasks: dict[str, ClaudeBehaviour] = {}
+        self.live: set[str] = set()
+        self.stop_requests: list[str] = []
+
+    def running_tasks(self) -> list[str]:
+        return [task_id for task_id in self.tasks if task_id in self.live]
 
     # -- process ------------------------------------------------------------------------
 
@@ -180,6 +209,8 @@ class FakeClaudeCli:
                 await self.ack(message["request_id"], {"commands": [], "models": []})
             elif request["subtype"] == "interrupt":
                 await self.on_interrupt(message["request_id"])
+            elif request["subtype"] == "stop_task":
+                await self.on_stop_task(message["request_id"], request["task_id"], nursery)
         elif kind == "control_response":
             await self.on_permission_answer(message["response"])
         elif kind == "user":
@@ -198,10 +229,54 @@ class FakeClaudeCli:
             }
         )
 
+    async def on_stop_task(self, request_id: str, task_id: str, nursery: trio.Nursery) -> None:
+        self.stop_requests.append(task_id)
+        behaviour = self.tasks.get(task_id, self.behaviour)
+        if behaviour.task_refuse:
+            await self.post(
+                {
+                    "type": "control_response",
+                    "response": {
+                        "subtype": "error",
+                        "request_id": request_id,
+                        "error": "stop_task is not supported in this context"
+                        " (callback not registered)",
+                    },
+                }
+            )
+        elif behaviour.task_stop_delay is not None:
+            nursery.start_soon(
+                self._stop_task_after, request_id, task_id, behaviour.task_stop_delay
+            )
+
+    async def _stop_task_after(self, request_id: str, task_id: str, delay: float) -> None:
+        await trio.sleep(delay)
+        await self.end_task(task_id, "stopped")
+        await self.ack(request_id, {})
+
+    async def end_task(self, task_id: str, status: str) -> None:
+        if task_id not in self.live:
+            return
+        self.live.discard(task_id)
+        await self.post(
+            {
+                "type": "system",
+                "subtype": "task_notification",
+                "task_id": task_id,
+                "status": status,
+                "output_file": f"/tmp/tasks/{task_id}.output",
+                "summary": "sleep 1000",
+                "session_id": self.session_id,
+            }
+        )
+
     async def on_interrupt(self, request_id: str) -> None:
         turn = self.turn
         if turn is not None and turn.behaviour.deaf:
             return
+        if turn is not None and turn.behaviour.interrupt_kills_tasks:
+            for task_id in self.running_tasks():
+                await self.end_task(task_id, "stopped")
         await self.ack(request_id, {"still_queued": []})
         if turn is None:
             self.idle_interrupts += 1
@@ -250,6 +325,22 @@ class FakeClaudeCli:
         self.message_count += 1
         message_id = f"msg_{self.link.generation}_{self.message_count}"
         await self.stream({"type": "message_start", "message": {"id": message_id}})
+        for _ in range(behaviour.tasks):
+            self.store.counter += 1
+            task_id = f"b{self.store.counter:08d}"
+            self.tasks[task_id] = behaviour
+            self.live.add(task_id)
+            await self.post(
+                {
+                    "type": "system",
+                    "subtype": "task_started",
+                    "task_id": task_id,
+                    "description": "sleep 1000",
+                    "task_type": "local_bash",
+                    "is_backgrounded": True,
+                    "session_id": self.session_id,
+                }
+            )
         words: list[str] = []
         finished = False
         async with trio.open_nursery() as nursery:

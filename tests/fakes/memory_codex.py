@@ -12,6 +12,16 @@ Behaviour is set per launcher and per prompt with tokens in the prompt text: ``w
 ``turn/interrupt``: never answered, never stops), ``stop-delay=S``, ``words=N``, ``interval=S``,
 ``reply-delay=S`` (the turn/start reply this late), ``started-delay=S`` (turn/started this long
 after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``.
+
+Sub-agents and goals (shapes from the 0.171.0 schema): ``children=N`` makes the turn spawn N
+child threads as the multi-agent tool does (a ``collabAgentToolCall`` ``spawnAgent`` item on our
+thread, the child's ``thread/started`` naming ``parentThreadId``), each running its own turn
+(``turn/started``/deltas/``turn/completed`` on the child thread) for as many words as the root.
+A child's ``turn/interrupt`` works like the root's, after ``child-stop-delay=S``;
+``child-wedged`` children never answer it, ``child-refuse`` children reject it with an error.
+``goal`` gives the thread an active goal when the turn starts (``thread/goal/updated``); when a
+turn ends while the goal is still active, the server starts the next goal turn by itself (as
+Codex does), which ``goal_turns`` counts. ``thread/goal/set|get|clear`` work on that goal.
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ class CodexBehaviour:
     lost_threads: bool = False  # thread/resume fails: the rollout is gone
     clean_delay: float = 0.0
     start_delay: float = 0.0
+    children: int = 0
+    child_stop_delay: float | None = 0.0  # None: a child ignores turn/interrupt
+    child_refuse: bool = False
+    goal: bool = False
     # read by MemoryLink.kill
     ignores_sigterm: bool = False
     kill_time: float = 0.0
@@ -60,8 +74,16 @@ class CodexBehaviour:
                 changes["reply_delay"] = float(value)
             elif key == "started-delay":
                 changes["started_delay"] = float(value)
-            elif key in ("stale", "approval"):
+            elif key in ("stale", "approval", "goal"):
                 changes[key] = True
+            elif key == "children":
+                changes["children"] = int(value)
+            elif key == "child-stop-delay":
+                changes["child_stop_delay"] = float(value)
+            elif key == "child-wedged":
+                changes["child_stop_delay"] = None
+            elif key == "child-refuse":
+                changes["child_refuse"] = True
         return attrs.evolve(self, **changes)
 
 
@@ -133,10 +155,16 @@ class FakeCodexServer:
         self.answers: dict[Any, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.turns: list[str] = []
         self.cleaned = 0
+        self.children: list[str] = []  # child thread ids, in spawn order
+        self.child_active: dict[str, _RunningTurn] = {}
+        self.goal: dict[str, Any] | None = None
+        self.goal_turns = 0  # turns the server started by itself for an active goal
+        self.nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
         with self.link.scope:
             async with trio.open_nursery() as nursery:
+                self.nursery = nursery
                 if self.behaviour.start_delay:
                     await trio.sleep(self.behaviour.start_delay)
                 async for message in self.link.to_agent:
@@ -200,7 +228,28 @@ class FakeCodexServer:
             self.store.sessions[self.thread_id].append(text)
             nursery.start_soon(self.turn, request_id, self.behaviour.for_prompt(text))
         elif method == "turn/interrupt":
-            await self.interrupt(request_id, params.get("turnId"), nursery)
+            thread_id = params.get("threadId")
+            if thread_id in self.children:
+                await self.interrupt_child(request_id, thread_id, params.get("turnId"), nursery)
+            else:
+                await self.interrupt(request_id, params.get("turnId"), nursery)
+        elif method == "thread/goal/set":
+            if self.goal is None:
+                await self.error(request_id, -32600, "cannot update goal: no goal")
+                return
+            for key in ("status", "objective"):
+                if params.get(key) is not None:
+                    self.goal[key] = params[key]
+            await self.reply(request_id, {"goal": dict(self.goal)})
+            await self.notify(
+                "thread/goal/updated",
+                {"threadId": self.thread_id, "turnId": None, "goal": dict(self.goal)},
+            )
+        elif method == "thread/goal/get":
+            await self.reply(request_id, {"goal": None if self.goal is None else dict(self.goal)})
+        elif method == "thread/goal/clear":
+            cleared, self.goal = self.goal is not None, None
+            await self.reply(request_id, {"cleared": cleared})
         elif method == "thread/backgroundTerminals/clean":
             if not self.experimental:
                 await self.error(
@@ -227,6 +276,105 @@ class FakeCodexServer:
             active.interrupts.append(request_id)
             nursery.start_soon(self._stop_after, active, active.behaviour.stop_delay)
 
+    async def interrupt_child(
+        self, request_id: Any, thread_id: str, turn_id: Any, nursery: trio.Nursery
+    ) -> None:
+        active = self.child_active.get(thread_id)
+        if active is None:
+            await self.error(request_id, -32600, "no active turn to interrupt")
+        elif turn_id != active.real_id:
+            await self.error(
+                request_id, -32600, f"expected active turn id {turn_id} but found {active.real_id}"
+            )
+        elif active.behaviour.child_refuse:
+            await self.error(request_id, -32600, "thread runtime is no longer accepting interrupts")
+        elif active.behaviour.child_stop_delay is None:
+            pass  # wedged: queued forever
+        else:
+            active.interrupts.append(request_id)
+            nursery.start_soon(self._stop_after, active, active.behaviour.child_stop_delay)
+
+    async def spawn_child(self, ids: dict[str, Any], behaviour: CodexBehaviour) -> None:
+        """What the multi-agent ``spawn_agent`` tool shows: its item, the child's thread."""
+        self.store.counter += 1
+        child = f"thr_{self.store.counter}"
+        item = {
+            "type": "collabAgentToolCall",
+            "id": f"call_spawn_{child}",
+            "tool": "spawnAgent",
+            "status": "inProgress",
+            "senderThreadId": self.thread_id,
+            "receiverThreadIds": [],
+            "prompt": "help",
+            "model": None,
+            "reasoningEffort": None,
+            "agentsStates": {},
+        }
+        await self.notify("item/started", {**ids, "startedAtMs": 0, "item": item})
+        self.children.append(child)
+        self.store.sessions[child] = []
+        await self.notify(
+            "thread/started",
+            {
+                "thread": {
+                    "id": child,
+                    "parentThreadId": self.thread_id,
+                    "source": {
+                        "subAgent": {
+                            "thread_spawn": {"parent_thread_id": self.thread_id, "depth": 1}
+                        }
+                    },
+                    "status": {"type": "idle"},
+                    "turns": [],
+                }
+            },
+        )
+        done = {
+            **item,
+            "status": "completed",
+            "receiverThreadIds": [child],
+            "agentsStates": {child: {"status": "pendingInit", "message": None}},
+        }
+        await self.notify("item/completed", {**ids, "completedAtMs": 0, "item": done})
+        assert self.nursery is not None
+        self.nursery.start_soon(self.child_turn, child, behaviour)
+
+    async def child_turn(self, child: str, behaviour: CodexBehaviour) -> None:
+        self.store.counter += 1
+        real_id = f"turn_{self.store.counter}"
+        running = _RunningTurn(real_id, behaviour)
+        self.child_active[child] = running
+        turn = {"id": real_id, "status": "inProgress", "items": [], "error": None}
+        await self.notify("turn/started", {"threadId": child, "turn": turn})
+        with running.scope:
+            for index in range(behaviour.words):
+                await self.notify(
+                    "item/agentMessage/delta",
+                    {"threadId": child, "turnId": real_id, "itemId": "m", "delta": f"c{index} "},
+                )
+                await trio.sleep(behaviour.word_interval)
+        status = "interrupted" if running.scope.cancelled_caught else "completed"
+        del self.child_active[child]
+        for interrupt_id in running.interrupts:
+            await self.reply(interrupt_id, {})
+        await self.notify("turn/completed", {"threadId": child, "turn": {**turn, "status": status}})
+
+    async def goal_turn(self) -> None:
+        """The next goal turn, started by the server itself while the goal is active."""
+        self.goal_turns += 1
+        self.store.counter += 1
+        turn = {
+            "id": f"turn_{self.store.counter}",
+            "status": "inProgress",
+            "items": [],
+            "error": None,
+        }
+        await self.notify("turn/started", {"threadId": self.thread_id, "turn": turn})
+        await trio.sleep(0.1)
+        await self.notify(
+            "turn/completed", {"threadId": self.thread_id, "turn": {**turn, "status": "completed"}}
+        )
+
     async def _stop_after(self, turn: _RunningTurn, delay: float) -> None:
         await trio.sleep(delay)
         turn.scope.cancel()
@@ -252,6 +400,23 @@ class FakeCodexServer:
                 "turn/started",
                 {"threadId": self.thread_id, "turn": {"id": real_id, "status": "inProgress"}},
             )
+            if behaviour.goal and self.goal is None:
+                self.goal = {
+                    "threadId": self.thread_id,
+                    "objective": "finish",
+                    "status": "active",
+                    "tokenBudget": None,
+                    "tokensUsed": 0,
+                    "timeUsedSeconds": 0,
+                    "createdAt": 0,
+                    "updatedAt": 0,
+                }
+                await self.notify(
+                    "thread/goal/updated",
+                    {"threadId": self.thread_id, "turnId": real_id, "goal": dict(self.goal)},
+                )
+            for _ in range(behaviour.children):
+                await self.spawn_child(ids, behaviour)
             for index in range(behaviour.words):
                 if behaviour.approval and index == 1:
                     decision = await self.ask_approval(running, ids)
@@ -281,6 +446,9 @@ class FakeCodexServer:
                 "turn": {"id": real_id, "status": status, "items": [], "error": None},
             },
         )
+        if self.goal is not None and self.goal["status"] == "active":
+            assert self.nursery is not None
+            self.nursery.start_soon(self.goal_turn)
 
     async def ask_approval(self, running: _RunningTurn, ids: dict[str, Any]) -> str:
         request_id = self.next_request

@@ -1,0 +1,405 @@
+"""Claude Code background tasks and cancel: tier 1 (goldens, properties) and tier 2 (actor).
+
+Tier 1 replays ``tests/golden/claude/tasks/*.json`` the way ``test_claude.py`` replays its own
+goldens (same step format, same machine with the constant nonce), with one difference in the
+wire check: a cancel may now also send ``stop_task`` control requests. Those transcripts use the
+message shapes of the Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``,
+``SDKTaskUpdatedMessage``, ``SDKTaskNotificationMessage``, ``SDKControlStopTaskRequest``) and
+task ids as Claude Code 2.1.332 makes them (a type letter, ``b`` shell or ``a`` agent, then
+eight of ``[0-9a-z]``).
+
+Tier 2 runs the unchanged session actor against ``fakes/memory_claude.py`` on virtual time, with
+prompts that start background tasks (``tasks=N``): a cooperative CLI's receipt lists every task
+confirmed at exactly the time the last answer (result or stop_task) came; a CLI that never
+answers a ``stop_task`` is killed at exactly cancel time + grace.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_acp import step_to_dict
+from test_claude import EXCEPTIONS, NONCE, OUR_REQUEST_ID, machine, run_step, validate_step
+
+from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
+from helpers import Recorder
+from protocols import events as ev
+from protocols.amp import AmpClient
+from protocols.claude import CLAUDE_COMMAND, ClaudeClient
+from protocols.machine import Step, TurnFinished
+from supervisor import AgentSpec, Session, open_supervisor
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "claude" / "tasks"
+GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
+GRACE = 2.0
+
+
+def check_wire(message: dict[str, Any], where: str) -> None:
+    """Stream-json as ``test_claude.check_wire`` has it, plus ``stop_task`` requests."""
+    assert json.loads(json.dumps(message)) == message, where
+    kind = message.get("type")
+    if kind == "control_request":
+        assert set(message) == {"type", "request_id", "request"}, where
+        assert OUR_REQUEST_ID.match(message["request_id"]), where
+        request = message["request"]
+        assert request["subtype"] in ("initialize", "interrupt", "stop_task"), where
+        if request["subtype"] == "stop_task":
+            # SDKControlStopTaskRequest: exactly {subtype, task_id}.
+            assert set(request) == {"subtype", "task_id"}, where
+            assert isinstance(request["task_id"], str), where
+    elif kind == "user":
+        assert set(message) == {"type", "message", "parent_tool_use_id", "session_id"}, where
+    elif kind == "control_response":
+        assert set(message) == {"type", "response"}, where
+    else:
+        raise AssertionError(f"{where}: we sent a {kind!r} message")
+
+
+def replay(path: Path) -> None:
+    transcript = json.loads(path.read_text())
+    assert set(transcript) <= {"description", "steps"}
+    assert transcript.get("description")
+    client = machine()
+    for index, step in enumerate(transcript["steps"]):
+        where = f"{path.name} step {index}"
+        validate_step(step, where)
+        if "check" in step:
+            for name, expected in step["check"].items():
+                assert getattr(client, name) == expected, f"{where}: {name}"
+            continue
+        if "raises" in step:
+            with pytest.raises(EXCEPTIONS[step["raises"]]) as info:
+                run_step(client, step)
+            assert step.get("match", "") in str(info.value), where
+            continue
+        result = run_step(client, step)
+        got = step_to_dict(result)
+        expected = {"send": step["send"], "events": step["events"]}
+        assert got == expected, f"{where}: {json.dumps(step.get('agent') or step.get('call'))}"
+        assert result.signals == [], where
+        for message in got["send"]:
+            check_wire(message, where)
+
+
+def test_golden_files_exist() -> None:
+    assert len(GOLDEN_FILES) >= 2
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.stem)
+def test_golden_transcript(path: Path) -> None:
+    replay(path)
+
+
+# --- machine-level checks ---------------------------------------------------------------
+
+
+def ack(n: int, *, error: str | None = None) -> dict[str, Any]:
+    if error is not None:
+        response = {"subtype": "error", "request_id": f"req_{n}_{NONCE}", "error": error}
+    else:
+        response = {"subtype": "success", "request_id": f"req_{n}_{NONCE}", "response": {}}
+    return {"type": "control_response", "response": response}
+
+
+def started(task_id: str) -> dict[str, Any]:
+    return {
+        "type": "system",
+        "subtype": "task_started",
+        "task_id": task_id,
+        "description": task_id,
+        "task_type": "local_bash",
+        "session_id": "s",
+    }
+
+
+def running_turn(client: ClaudeClient, turn: str = "t1") -> None:
+    client.prompt(turn, "go")
+    client.receive({"type": "system", "subtype": "init", "session_id": "s"})
+
+
+def established() -> ClaudeClient:
+    client = machine()
+    client.start(cwd="/w")
+    client.receive(ack(1))
+    return client
+
+
+def test_tasks_end_by_notification_or_update() -> None:
+    client = established()
+    running_turn(client)
+    for task_id in ("b1", "b2", "b3", "b4"):
+        client.receive(started(task_id))
+    client.receive(
+        {"type": "system", "subtype": "task_notification", "task_id": "b1", "status": "failed"}
+    )
+    client.receive(
+        {
+            "type": "system",
+            "subtype": "task_updated",
+            "task_id": "b2",
+            "patch": {"status": "killed"},
+        }
+    )
+    client.receive(
+        {
+            "type": "system",
+            "subtype": "task_updated",
+            "task_id": "b3",
+            "patch": {"status": "running"},
+        }
+    )
+    assert client.running_tasks == {"b3": "t1", "b4": "t1"}
+    stops = [m["request"] for m in client.cancel().send[1:]]
+    assert stops == [
+        {"subtype": "stop_task", "task_id": "b3"},
+        {"subtype": "stop_task", "task_id": "b4"},
+    ]
+
+
+def test_no_tasks_no_details_and_no_stop() -> None:
+    client = established()
+    running_turn(client)
+    assert [m["request"]["subtype"] for m in client.cancel().send] == ["interrupt"]
+    [finished] = client.receive(
+        {
+            "type": "result",
+            "subtype": "error_during_execution",
+            "is_error": True,
+            "terminal_reason": "aborted_streaming",
+        }
+    ).events
+    assert isinstance(finished, TurnFinished) and finished.details == {}
+
+
+def test_amp_cancel_is_a_signal_and_never_stops_tasks() -> None:
+    """Amp shares the Claude machine but has no control protocol: no stop_task, ever."""
+    client = AmpClient()
+    client.start(cwd="/w")
+    client.prompt("t1", "go")
+    client.receive(started("b1"))
+    step = client.cancel()
+    assert step.send == [] and step.signals
+    assert client.receive(started("b2")).send == []
+
+
+# Every order of: the result, the interrupt's answer, task starts and ends, stop_task answers.
+actions = st.lists(
+    st.sampled_from(
+        ["start", "end", "cancel", "result", "answer_ok", "answer_error", "init", "late_result"]
+    ),
+    max_size=16,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(script=actions, data=st.data())
+def test_one_stop_per_task_interrupt_first_one_turn_end(
+    script: list[str], data: st.DataObject
+) -> None:
+    """Any order of task starts and ends, cancels, results and answers: each task is stopped
+    at most once, never before the interrupt nor after the turn's end; the turn ends once, not
+    while a stop_task is unanswered, and does end once the result came and all are answered."""
+    client = established()
+    running_turn(client)
+    sent: list[dict[str, Any]] = []
+    finished: list[TurnFinished] = []
+    pending: list[str] = []  # our stop_task request ids not answered yet
+    counter = 0
+    result_seen = False
+
+    def feed(step: Step) -> None:
+        for message in step.send:
+            check_wire(message, "property")
+            sent.append(message)
+            if message["request"]["subtype"] == "stop_task":
+                assert not finished, "stop_task after the turn ended"
+                pending.append(message["request_id"])
+        for event in step.events:
+            if isinstance(event, TurnFinished):
+                assert pending == [], "the turn ended with a stop_task unanswered"
+                finished.append(event)
+
+    for action in script:
+        if action == "start":
+            counter += 1
+            feed(client.receive(started(f"b{counter}")))
+        elif action == "end" and counter:
+            task = f"b{data.draw(st.integers(1, counter))}"
+            feed(
+                client.receive(
+                    {
+                        "type": "system",
+                        "subtype": "task_notification",
+                        "task_id": task,
+                        "status": "stopped",
+                    }
+                )
+            )
+        elif action == "cancel":
+            feed(client.cancel())
+        elif action in ("result", "late_result"):
+            result_seen = True
+            feed(
+                client.receive(
+                    {
+                        "type": "result",
+                        "subtype": "success",
+                        "is_error": False,
+                        "terminal_reason": "completed",
+                    }
+                )
+            )
+        elif action.startswith("answer") and pending:
+            request_id = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+            error = "no" if action == "answer_error" else None
+            feed(client.receive(ack(int(request_id.split("_")[1]), error=error)))
+        elif action == "init":
+            feed(client.receive({"type": "system", "subtype": "init", "session_id": "s"}))
+    requests = [m["request"] for m in sent]
+    stopped = [r["task_id"] for r in requests if r["subtype"] == "stop_task"]
+    assert len(stopped) == len(set(stopped)), "a task was stopped twice"
+    if stopped:
+        assert requests[0]["subtype"] == "interrupt", "a stop_task before the interrupt"
+    assert len(finished) <= 1
+    if finished and stopped:
+        assert [t["task_id"] for t in finished[0].details["tasks"]] == stopped
+    if result_seen and not pending:
+        assert len(finished) == 1, "the result came and every stop was answered"
+
+
+# --- tier 2: the actor, on virtual time -----------------------------------------------------
+
+
+def claude_spec() -> AgentSpec:
+    return AgentSpec(name="claude", protocol="claude", command=CLAUDE_COMMAND, grace_s=GRACE)
+
+
+@asynccontextmanager
+async def running(
+    behaviour: ClaudeBehaviour | None = None,
+) -> AsyncIterator[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
+    launcher = ClaudeMemoryLauncher(behaviour)
+    async with open_supervisor(agents={"claude": claude_spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("claude", cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            await recorder.catch_up()
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def sent_requests(launcher: ClaudeMemoryLauncher) -> list[dict[str, Any]]:
+    return [
+        m["request"]
+        for kind, _, m in launcher.log
+        if kind == "to_agent" and m.get("type") == "control_request"
+    ]
+
+
+async def test_cancel_stops_every_task_and_lists_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Interrupt first, then one stop_task per task at once; the receipt waits for the last
+    stop_task answer (0.3 s) after the result (0.05 s) and lists both tasks confirmed."""
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello tasks=2 task-stop-delay=0.3")
+        await rec.wait_kind("session.info", info_kind="task_started", count=2)
+        await rec.wait_for(is_delta, count=2)
+        cli = launcher.clis[0]
+        ids = list(cli.tasks)
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(0.3)
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.details == {
+            "tasks": [{"task_id": i, "confirmed": True, "status": "stopped"} for i in ids]
+        }
+        subtypes = [r["subtype"] for r in sent_requests(launcher)]
+        assert subtypes == ["initialize", "interrupt", "stop_task", "stop_task"]
+        assert [r.get("task_id") for r in sent_requests(launcher)[2:]] == ids
+        assert cli.running_tasks() == []
+        assert len(launcher.links) == 1 and session.state == "ready"
+
+
+async def test_tasks_killed_by_the_interrupt_still_confirmed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The CLI's default (no perTaskStopAffordance): the interrupt kills the tasks itself, and
+    stop_task answers success for a task that is gone."""
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello tasks=1 interrupt-kills-tasks")
+        await rec.wait_kind("session.info", info_kind="task_started")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        [task] = receipt.details["tasks"]
+        assert task["confirmed"] is True and task["status"] == "stopped"
+        assert launcher.clis[0].running_tasks() == []
+
+
+async def test_refused_stop_listed_unconfirmed(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello tasks=1 task-refuse")
+        await rec.wait_kind("session.info", info_kind="task_started")
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        [task] = receipt.details["tasks"]
+        assert task["confirmed"] is False and "not supported" in task["error"]
+
+
+async def test_unanswered_stop_task_means_kill_at_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello tasks=1 task-deaf")
+        await rec.wait_kind("session.info", info_kind="task_started")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert receipt.outcome == "killed"
+        assert receipt.escalation[:2] == ["interrupt", "grace_expired"]
+        ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
+        assert session.state == "ready"
+
+
+async def test_turn_without_tasks_is_unchanged(autojump_clock: trio.testing.MockClock) -> None:
+    behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        assert receipt.details == {}
+        assert [r["subtype"] for r in sent_requests(launcher)] == ["initialize", "interrupt"]
+
+
+def test_copy_is_not_mutated() -> None:
+    message = started("b1")
+    before = copy.deepcopy(message)
+    client = established()
+    running_turn(client)
+    client.receive(message)
+    assert message == before
