@@ -9,7 +9,8 @@ from attrs import field, frozen
 __all__ = ["ESCALATION_STEPS", "OUTCOMES", "CancelReceipt", "DroppedPrompt"]
 
 #: Receipt outcomes. ``completed`` is honest: the agent finished before the stop took hold.
-OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn")
+#: ``failed`` only answers a cancel naming a turn that had already failed (the agent crashed).
+OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn", "failed")
 
 #: The escalation vocabulary, in the order the steps can happen.
 ESCALATION_STEPS = (
@@ -53,6 +54,8 @@ class CancelReceipt:
             text = "Nothing to stop"
         elif self.outcome == "completed":
             text = "Turn had already completed"
+        elif self.outcome == "failed":
+            text = "Turn had already failed"
         elif self.outcome == "cancelled":
             text = f"Cancelled in {self.elapsed_ms:.0f} ms"
         else:

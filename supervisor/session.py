@@ -37,7 +37,7 @@ from protocols.machine import (
     UnknownPermission,
 )
 from supervisor.config import AgentSpec
-from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
 from supervisor.process import ExitStatus, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
@@ -157,6 +157,7 @@ class _KillDone:
 @frozen
 class _Closed:
     status: ExitStatus | None
+    steps: list[str]
 
 
 @frozen
@@ -377,6 +378,8 @@ class Session:
                 return
             try:
                 self._on_call(call)
+            except SupervisorError as exc:  # the caller's mistake: answered, not logged
+                call.reply.fail(exc)
             except Exception as exc:  # a bug must answer the caller, not kill the session
                 log.exception("session %s: error handling %r", self.id, call)
                 call.reply.fail(exc)
@@ -471,7 +474,7 @@ class Session:
             call.reply.resolve(self._cancel_other_turn(call))
             return
         if turn is None:
-            dropped = self._drop_queue()
+            dropped = self._drop_queue(call.reason)
             call.reply.resolve(
                 CancelReceipt(
                     session_id=self.id,
@@ -494,7 +497,7 @@ class Session:
         if self._machine.pending_permissions:
             step.extend(self._machine.cancel_permissions())
             job.escalation.append("permissions_cancelled")
-        job.dropped = self._drop_queue()
+        job.dropped = self._drop_queue(call.reason)
         job.deadline = now + job.grace_s
         self._set_state("cancelling")
         self._apply(step)
@@ -505,31 +508,39 @@ class Session:
         for index, (turn_id, text) in enumerate(self._queue):
             if turn_id == call.turn_id:
                 del self._queue[index]
-                dropped = DroppedPrompt(turn_id, text)
-                self._emit(
-                    ev.TurnEnded(turn_id=turn_id, outcome="cancelled", stop_reason="dropped")
-                )
-                return CancelReceipt(
-                    session_id=self.id,
-                    turn_id=turn_id,
-                    outcome="cancelled",
-                    stop_reason="dropped",
-                    dropped_prompts=[dropped],
-                    reason=call.reason,
-                )
+                return self._drop(DroppedPrompt(turn_id, text), call.reason)
         ended = self._ended.get(call.turn_id)
         if ended is None:
             raise BadRequest(f"unknown turn {call.turn_id!r} in session {self.id}")
         return ended
 
-    def _drop_queue(self) -> list[DroppedPrompt]:
+    def _drop_queue(self, reason: str | None) -> list[DroppedPrompt]:
         dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
         self._queue.clear()
         for prompt in dropped:
-            self._emit(
-                ev.TurnEnded(turn_id=prompt.turn_id, outcome="cancelled", stop_reason="dropped")
-            )
+            self._drop(prompt, reason)
         return dropped
+
+    def _drop(self, prompt: DroppedPrompt, reason: str | None) -> CancelReceipt:
+        """A queued prompt that will never run: its own receipt, its one ``turn.ended``."""
+        receipt = CancelReceipt(
+            session_id=self.id,
+            turn_id=prompt.turn_id,
+            outcome="cancelled",
+            stop_reason="dropped",
+            dropped_prompts=[prompt],
+            reason=reason,
+        )
+        self._remember(prompt.turn_id, receipt)
+        self._emit(
+            ev.TurnEnded(
+                turn_id=prompt.turn_id,
+                outcome="cancelled",
+                stop_reason="dropped",
+                receipt=receipt_to_wire(receipt),
+            )
+        )
+        return receipt
 
     def _respond_permission(self, call: _RespondPermission) -> None:
         if self._machine is None:
@@ -569,12 +580,14 @@ class Session:
             return
         self._stopping = True
         self._start_deadline = None
-        self._drop_queue()
+        self._drop_queue("session_stopped")
         turn = self._turn
         if turn is not None:
+            # The turn ends with the agent: when the close (and maybe the ladder) is done.
             if self._machine is not None and self._live_generation is not None:
                 self._apply(self._machine.cancel())
-            self._end_turn(turn, "cancelled", stop_reason="session_stopped")
+            if turn.cancel is not None:
+                turn.cancel.deadline = None
         link = self._link
         self._live_generation = None
         self._link = None
@@ -604,7 +617,7 @@ class Session:
         elif isinstance(item, _KillDone):
             self._kill_done(item)
         elif isinstance(item, _Closed):
-            self._closed(item.status)
+            self._closed(item)
         elif isinstance(item, _Swept):
             self._swept(item)
 
@@ -721,13 +734,13 @@ class Session:
             job.outcome = outcome_
             receipt = self._receipt(job)
         else:
-            # A turn nobody cancelled: a later cancel naming it learns it completed.
+            # A turn nobody cancelled: a later cancel naming it learns how it really ended.
             self._remember(
                 turn.id,
                 CancelReceipt(
                     session_id=self.id,
                     turn_id=turn.id,
-                    outcome="completed",
+                    outcome="failed" if outcome_ == "failed" else "completed",
                     stop_reason=stop_reason,
                 ),
             )
@@ -883,6 +896,9 @@ class Session:
         self._start_deadline = None
         refused, self._resume_refused = self._resume_refused, None
         resumed = False if refused is not None else established.resumed
+        job = self._turn.cancel if self._turn is not None else None
+        if resumed is None and job is not None and "respawned" in job.escalation:
+            resumed = False  # respawned with nothing to resume: the session is a fresh one
         turn = self._turn
         if turn is not None and turn.cancel is not None:
             job = turn.cancel
@@ -913,7 +929,7 @@ class Session:
                 self._end_turn(turn, turn.cancel.outcome or "killed", turn.cancel.stop_reason)
             else:
                 self._end_turn(turn, "failed", None, error=message)
-        self._drop_queue()
+        self._drop_queue("agent_start_failed")
         self._emit(ev.ErrorEvent(code="agent_start_failed", message=message))
         self._set_state("failed", message)
         error = AgentNotRunning(f"session {self.id} failed: {message}")
@@ -923,7 +939,15 @@ class Session:
         if self._link is not None:
             self._kill_live_link()
 
-    def _closed(self, status: ExitStatus | None) -> None:
+    def _closed(self, closed: _Closed) -> None:
+        status = closed.status
+        turn = self._turn
+        if turn is not None:
+            if turn.cancel is not None:
+                turn.cancel.escalation.extend(closed.steps)
+                turn.cancel.stop_reason = "session_stopped"
+            outcome_ = "killed" if closed.steps else "cancelled"
+            self._end_turn(turn, outcome_, "session_stopped")
         self.exit_status = status
         self._emit(
             ev.AgentExited(
@@ -976,10 +1000,11 @@ class Session:
         await self._post(_KillDone(generation, steps))
 
     async def _close_task(self, link: AgentLink | None) -> None:
-        status = None
+        status: ExitStatus | None = None
+        steps: list[str] = []
         if link is not None:
-            status, _ = await link.close(self.spec.kill_timeout_s)
-        await self._post(_Closed(status))
+            status, steps = await link.close(self.spec.kill_timeout_s)
+        await self._post(_Closed(status, steps))
 
     async def _kill_link_on_exit(self) -> None:
         if self._link is not None:

@@ -154,7 +154,7 @@ async def test_kill_before_the_cli_named_its_session_starts_fresh(
         await session.prompt("hello")
         receipt = await session.cancel()
         assert receipt.outcome == "killed"
-        assert receipt.resumed is None
+        assert receipt.resumed is False  # nothing to resume: a fresh session, said so
         assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
         assert launcher.resumes == [None, None]
         assert session.state == "ready"

@@ -369,6 +369,7 @@ async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta)
         status = await session.stop()
+        await rec.catch_up()
         assert status is not None and status.code == 0
         assert session.state == "stopped"
         ended = rec.of_kind("turn.ended")

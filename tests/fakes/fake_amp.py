@@ -8,6 +8,10 @@ Reads user messages on stdin (Amp's stream-json input), answers each with ``syst
 as it does for Amp; ``--ignore-sigint`` makes it ignore SIGINT. ``threads continue`` with a
 thread it does not know fails at start (exit 1). Prompt words: ``words=N``; ``shell`` starts a
 helper in its own session first (as Amp's shell tool would) and reports its pid in a tool_use.
+
+Fault modes (for ``tests/faults``): ``--ignore-sigterm`` ignores SIGTERM from the start; prompt
+words ``flood`` (no pause between words), ``crash`` (exit 3 after the third word) and ``mute``
+(ignore SIGINT for the turn, and after the third word close stdout and hang, alive).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 import time
 import uuid
 
+CRASH_AFTER_WORDS = 3
 WORDS = "Amp here: streaming a reply one word at a time until told to stop".split()
 
 
@@ -38,6 +43,8 @@ def main(argv: list[str]) -> int:
         args = args[3:]
     if "--ignore-sigint" in args:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if "--ignore-sigterm" in args:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "--state-dir" in args:
         state_dir = args[args.index("--state-dir") + 1]
     if "--delay" in args:
@@ -60,6 +67,9 @@ def main(argv: list[str]) -> int:
         for token in text.split():
             if token.startswith("words="):
                 words = int(token[6:])
+        tokens = text.split()
+        if "mute" in tokens:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         emit({"type": "system", "subtype": "init", "session_id": thread, "tools": []})
         if "shell" in text.split():
             helper = subprocess.Popen(
@@ -84,7 +94,19 @@ def main(argv: list[str]) -> int:
                 }
             )
         for index in range(words):
-            time.sleep(delay)
+            if index == CRASH_AFTER_WORDS and "crash" in tokens:
+                sys.stderr.write("fake-amp: crashing as asked\n")
+                sys.stderr.flush()
+                os._exit(3)
+            if index == CRASH_AFTER_WORDS and "mute" in tokens:
+                sys.stdout.flush()
+                os.close(1)
+                sys.stderr.write("fake-amp: stdout closed; staying alive\n")
+                sys.stderr.flush()
+                while True:
+                    time.sleep(3600)
+            if "flood" not in tokens:
+                time.sleep(delay)
             emit(
                 {
                     "type": "assistant",

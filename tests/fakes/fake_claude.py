@@ -23,6 +23,12 @@ Modes (``--mode`` sets the default, tokens in a prompt override it for that turn
 reports its pid in a ``tool_use``). ``--drop-early-interrupt`` loses an interrupt that arrives
 before the turn's ``system/init`` (older CLIs, edge case 16); ``--init-delay S`` delays it.
 Every control request received is logged to stderr as ``fake_claude: got <subtype>``.
+
+Fault modes (prompt tokens, for ``tests/faults``): ``flood`` (no pause between words),
+``crash`` (exit 3 after the third word), ``crash-on-interrupt`` (exit 3 when the interrupt
+arrives), ``mute`` (after the third word close stdout and hang, alive, ignoring interrupts),
+``init-delay=S`` (this turn's ``system/init`` S seconds late). ``--ignore-sigterm`` ignores
+SIGTERM from the start.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import argparse
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -40,13 +47,26 @@ from pathlib import Path
 from typing import Any
 
 _write_lock = threading.Lock()
+_muted = threading.Event()
+CRASH_AFTER_WORDS = 3
 
 
 def emit(message: dict[str, Any]) -> None:
     line = json.dumps(message, separators=(",", ":")) + "\n"
     with _write_lock:
+        if _muted.is_set():
+            return
         sys.stdout.write(line)
         sys.stdout.flush()
+
+
+def go_mute() -> None:
+    """Close stdout (every descriptor of the pipe) and stay alive."""
+    with _write_lock:
+        sys.stdout.flush()
+        _muted.set()
+        os.close(1)
+    log("stdout closed; staying alive")
 
 
 def log(text: str) -> None:
@@ -61,6 +81,11 @@ class Turn:
         self.mode = mode
         self.words = words
         self.child = False
+        self.flood = False
+        self.crash = False
+        self.crash_on_interrupt = False
+        self.mute = False
+        self.init_delay: float | None = None
         for token in text.split():
             key, _, value = token.partition("=")
             if key in ("cooperative", "wedged", "ignore-interrupt", "permission"):
@@ -69,6 +94,16 @@ class Turn:
                 self.words = int(value)
             elif key == "child":
                 self.child = True
+            elif key == "flood":
+                self.flood = True
+            elif key == "crash":
+                self.crash = True
+            elif key == "crash-on-interrupt":
+                self.crash_on_interrupt = True
+            elif key == "mute":
+                self.mute = True
+            elif key == "init-delay":
+                self.init_delay = float(value)
         self.interrupted = threading.Event()
         self.init_sent = False
         self.permission_id: str | None = None
@@ -185,6 +220,9 @@ class FakeClaude:
             if turn is None:
                 log("interrupt while idle")
                 return
+            if turn.crash_on_interrupt:
+                log("interrupted: crashing as asked")
+                os._exit(3)
             if self.args.drop_early_interrupt and not turn.init_sent:
                 log("interrupt before init: dropped")
                 return
@@ -198,7 +236,7 @@ class FakeClaude:
     # -- a turn ---------------------------------------------------------------------------
 
     def run_turn(self, turn: Turn) -> None:
-        time.sleep(self.args.init_delay)
+        time.sleep(self.args.init_delay if turn.init_delay is None else turn.init_delay)
         if self.session_id is None:
             self.session_id = str(uuid.uuid4())
         self.save(turn.text)
@@ -235,6 +273,14 @@ class FakeClaude:
                     "delta": {"type": "text_delta", "text": words[-1]},
                 }
             )
+            if index + 1 == CRASH_AFTER_WORDS and turn.crash:
+                log("crashing as asked")
+                os._exit(3)
+            if index + 1 == CRASH_AFTER_WORDS and turn.mute:
+                go_mute()
+                threading.Event().wait()  # alive and silent until killed
+            if turn.flood:
+                continue
             if turn.mode == "ignore-interrupt":
                 time.sleep(self.args.word_interval)
             else:
@@ -411,6 +457,7 @@ def main() -> int:
     parser.add_argument("--stop-delay", type=float, default=0.0)
     parser.add_argument("--init-delay", type=float, default=0.0)
     parser.add_argument("--drop-early-interrupt", action="store_true")
+    parser.add_argument("--ignore-sigterm", action="store_true")
     # The real CLI's flags, accepted and ignored.
     for flag in (
         "--input-format",
@@ -423,6 +470,8 @@ def main() -> int:
     for flag in ("-p", "--print", "--verbose", "--include-partial-messages"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         return FakeClaude(args).run()
     except BrokenPipeError:

@@ -16,6 +16,16 @@ Words in the prompt script one turn:
                   survives ``turn/interrupt`` and dies on ``thread/backgroundTerminals/clean``
 ``words=N``       stream N words (default 20)
 
+Fault modes (for ``tests/faults``):
+
+``flood``               stream with no delay between words (bounded by the stdout pipe)
+``crash``               exit with status 3 after the third word
+``crash-on-interrupt``  exit with status 3 when ``turn/interrupt`` arrives
+``mute``                after the third word close stdout and hang, alive, ignoring interrupts
+``reply-delay=S``       the ``turn/start`` reply S seconds late (the turn id is not yet known)
+
+``--ignore-sigterm`` ignores SIGTERM from the start (only SIGKILL ends it).
+
 What it decides is logged to stderr (the supervisor turns that into ``agent.stderr`` events).
 Standard library and trio only.
 """
@@ -35,6 +45,9 @@ import trio
 
 LATE_STARTED_S = 0.3
 DEFAULT_WORDS = 20
+CRASH_AFTER_WORDS = 3
+#: A flood waits while this many messages are queued for stdout (bounded memory).
+FLOOD_BACKLOG = 256
 
 
 def log(text: str) -> None:
@@ -42,9 +55,10 @@ def log(text: str) -> None:
 
 
 class Running:
-    def __init__(self, real_id: str, wedged: bool) -> None:
+    def __init__(self, real_id: str, wedged: bool, crash_on_interrupt: bool = False) -> None:
         self.real_id = real_id
         self.wedged = wedged
+        self.crash_on_interrupt = crash_on_interrupt
         self.scope = trio.CancelScope()
         self.interrupts: list[Any] = []
         self.requests: list[int] = []
@@ -73,7 +87,10 @@ class FakeCodex:
     # -- plumbing ----------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        self.out_send.send_nowait(message)
+        try:
+            self.out_send.send_nowait(message)
+        except trio.ClosedResourceError:
+            pass  # muted: stdout is closed
 
     def reply(self, request_id: Any, result: Any) -> None:
         self.send({"id": request_id, "result": result})
@@ -87,6 +104,16 @@ class FakeCodex:
     async def write_stdout(self) -> None:
         async for message in self.out_receive:
             await self.stdout.send_all(json.dumps(message).encode() + b"\n")
+        # Muted (the channel was closed): close every descriptor of the stdout pipe.
+        await self.stdout.aclose()
+        os.close(1)
+        log("stdout closed; staying alive")
+
+    async def go_mute(self, running: Running) -> None:
+        running.wedged = True
+        log("going mute: closing stdout, ignoring interrupts")
+        self.out_send.close()
+        await trio.sleep_forever()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -193,6 +220,9 @@ class FakeCodex:
         elif turn_id != active.real_id:
             log(f"interrupt {turn_id} rejected: stale, {active.real_id} is running")
             self.error(request_id, f"expected active turn id {turn_id} but found {active.real_id}")
+        elif active.crash_on_interrupt:
+            log(f"interrupt {turn_id}: crashing as asked")
+            os._exit(3)
         elif active.wedged:
             log(f"interrupt {turn_id} ignored (wedged)")
         else:
@@ -210,13 +240,21 @@ class FakeCodex:
     async def turn(self, request_id: Any, text: str) -> None:
         words = text.split()
         count = DEFAULT_WORDS
+        reply_delay = 0.0
         for word in words:
             if word.startswith("words="):
                 count = int(word.partition("=")[2])
+            elif word.startswith("reply-delay="):
+                reply_delay = float(word.partition("=")[2])
+        flood = "flood" in words
         number = self.next_number()
         real_id = f"turn_{number}"
         named = f"phantom_{number}" if "stale" in words else real_id
-        running = Running(real_id, wedged="wedged" in words)
+        running = Running(
+            real_id, wedged="wedged" in words, crash_on_interrupt="crash-on-interrupt" in words
+        )
+        if reply_delay:
+            await trio.sleep(reply_delay)
         late = "late-started" in words
         if not late:
             self.active = running
@@ -243,7 +281,17 @@ class FakeCodex:
                 self.notify(
                     "item/agentMessage/delta", {**ids, "itemId": "msg_1", "delta": f"w{index} "}
                 )
-                await trio.sleep(self.options.delay)
+                if index + 1 == CRASH_AFTER_WORDS and "crash" in words:
+                    log("crashing as asked")
+                    os._exit(3)
+                if index + 1 == CRASH_AFTER_WORDS and "mute" in words:
+                    await self.go_mute(running)
+                if flood:
+                    await trio.sleep(0)
+                    while self.out_receive.statistics().current_buffer_used > FLOOD_BACKLOG:
+                        await trio.sleep(0.001)
+                else:
+                    await trio.sleep(self.options.delay)
         if running.scope.cancelled_caught:
             status = "interrupted"
         self.active = None
@@ -330,9 +378,10 @@ def main() -> None:
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--delay", type=float, default=0.02)
     parser.add_argument("--stop-delay", type=float, default=0.0)
+    parser.add_argument("--ignore-sigterm", action="store_true")
     options = parser.parse_args()
     os.makedirs(options.state_dir, exist_ok=True)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if options.ignore_sigterm else signal.SIG_DFL)
     log(f"started (pid {os.getpid()})")
     trio.run(amain, options)
 

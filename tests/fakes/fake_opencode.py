@@ -26,6 +26,12 @@ Words in the prompt script one turn:
 
 ``--drop-stream-once S`` ends the first event stream after S seconds while the server goes on.
 
+Fault modes (for ``tests/faults``): ``--ignore-sigterm`` ignores SIGTERM from the start; prompt
+words ``flood`` (no pause between words, bounded by the slowest subscriber), ``mute`` (ignore
+the abort, and after the third word close stdout and go silent on the event stream, heartbeats
+too: a hung server), ``crash-on-abort`` (exit 3 when the abort arrives), ``busy-delay=S`` (the
+turn goes busy S seconds after ``prompt_async``).
+
 What it decides is logged to stderr (the supervisor turns that into ``agent.stderr`` events).
 Standard library only.
 """
@@ -38,6 +44,7 @@ import math
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +57,9 @@ HEARTBEAT_S = 10.0
 DEFAULT_WORDS = 20
 DEFAULT_INTERVAL = 0.05
 LEFTOVER_S = 0.05
+CRASH_AFTER_WORDS = 3
+#: A flood waits while a subscriber has this many events queued (bounded memory).
+FLOOD_BACKLOG = 256
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 
 
@@ -64,6 +74,11 @@ class Bus:
         self._lock = threading.Lock()
         self._subscribers: list[queue.Queue[bytes]] = []
         self._counter = 0
+        self.muted = threading.Event()
+
+    def backlog(self) -> int:
+        with self._lock:
+            return max((q.qsize() for q in self._subscribers), default=0)
 
     def subscribe(self) -> queue.Queue[bytes]:
         q: queue.Queue[bytes] = queue.Queue()
@@ -77,6 +92,8 @@ class Bus:
                 self._subscribers.remove(q)
 
     def publish(self, kind: str, properties: dict[str, Any]) -> None:
+        if self.muted.is_set():
+            return
         with self._lock:
             self._counter += 1
             event = {"id": f"evt_{self._counter:06d}", "type": kind, "properties": properties}
@@ -96,12 +113,17 @@ class Turn:
         self.text = text
         self.words = DEFAULT_WORDS
         self.interval = DEFAULT_INTERVAL
+        self.busy_delay = 0.0
         for token in text.split():
             key, _, value = token.partition("=")
             if key == "words":
                 self.words = int(value)
             elif key == "interval":
                 self.interval = float(value)
+            elif key == "busy-delay":
+                self.busy_delay = float(value)
+            elif key == "flood":
+                self.interval = 0.0
         self.flags = set(text.split())
         self.stop = threading.Event()
         self.aborted = False
@@ -166,7 +188,10 @@ class FakeServer:
         if turn is None:
             log(f"abort {session}: idle")
             self.idle_pair(session)
-        elif "wedged" in turn.flags:
+        elif "crash-on-abort" in turn.flags:
+            log(f"abort {session}: crashing as asked")
+            os._exit(3)
+        elif "wedged" in turn.flags or "mute" in turn.flags:
             log(f"abort {session}: ignored (wedged)")
         else:
             log(f"abort {session}: stopping")
@@ -204,6 +229,8 @@ class FakeServer:
         )
         with self.lock:
             self.active[session] = turn
+        if turn.busy_delay:
+            time.sleep(turn.busy_delay)
         self.status(session, "busy")
         info = {
             "id": assistant,
@@ -248,6 +275,9 @@ class FakeServer:
             if "crash" in turn.flags and index == 2:
                 log("crashing")
                 os._exit(3)
+            if "flood" in turn.flags:
+                while self.bus.backlog() > FLOOD_BACKLOG and not turn.stop.is_set():
+                    time.sleep(0.001)
             word = f"w{index} "
             said += word
             publish(
@@ -260,6 +290,12 @@ class FakeServer:
                     "delta": word,
                 },
             )
+            if "mute" in turn.flags and index + 1 == CRASH_AFTER_WORDS:
+                self.bus.muted.set()
+                sys.stdout.flush()
+                os.close(1)
+                log("stdout closed and event stream silent; staying alive")
+                threading.Event().wait()
             turn.stop.wait(turn.interval)
         with self.lock:
             self.active.pop(session, None)
@@ -405,7 +441,7 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     data = events.get(timeout=wait)
                 except queue.Empty:
-                    if time.monotonic() >= deadline:
+                    if time.monotonic() >= deadline or bus.muted.is_set():
                         continue
                     data = b'data: {"type":"server.heartbeat","properties":{}}\n\n'
                 self.chunk(data)
@@ -444,7 +480,10 @@ def main() -> None:
         metavar="S",
         help="end the first event stream after S seconds and go on serving",
     )
+    parser.add_argument("--ignore-sigterm", action="store_true")
     options = parser.parse_args()
+    if options.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     options.state_dir.mkdir(parents=True, exist_ok=True)
     fake = FakeServer(options.state_dir, options.drop_stream_once)
     server = Server((options.hostname, options.port), fake)
