@@ -13,12 +13,17 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
 BENCHMARKS = [
     ("cancel_overhead", ["--rounds", "200"]),
     ("wedged_agent", ["--rounds", "20"]),
+    ("peer_claude", ["--rounds", "100", "--wedged-rounds", "3"]),
+    ("peer_acp", ["--rounds", "100", "--wedged-rounds", "3"]),
+    ("throughput", ["--words", "20000", "--repeats", "3"]),
+    ("scale", []),
 ]
 
 
@@ -33,24 +38,40 @@ def run(name: str, args: list[str]) -> tuple[dict[str, object], str]:
     return figures, text
 
 
+def free_cpu(seconds: float = 0.5) -> float:
+    """The share of one core a busy loop gets right now: near 1.0 on a quiet machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall < seconds:
+        pass
+    return (time.process_time() - cpu) / (time.perf_counter() - wall)
+
+
 def main() -> None:
     sections = []
     for name, args in BENCHMARKS:
         print(f"running bench/{name}.py ...", flush=True)
+        before, free = os.getloadavg()[0], free_cpu()
         figures, text = run(name, args)
+        load = (
+            f"Machine just before: load average (1 min) {before:.2f}, a busy loop got"
+            f" {free:.0%} of a core."
+        )
         print(text, flush=True)
-        sections.append((name, figures, text))
+        sections.append((name, figures, text, load))
     header = [
         "# Benchmark results",
         "",
         f"Written by `make bench` on {datetime.date.today()}: {os.cpu_count()} cores,"
         f" Python {platform.python_version()}, {platform.system()} {platform.release()}.",
         "Ratios are measured side by side in the same run; absolute times are this machine's.",
+        "Each section says how busy the machine was just before it: anything else running shows",
+        "there (both sides of a ratio share the same conditions; absolute figures do not).",
         "",
     ]
     body = []
-    for name, figures, text in sections:
-        body += [f"## {name}", "", "```", text, "```", "", "| figure | value |", "|---|---|"]
+    for name, figures, text, load in sections:
+        body += [f"## {name}", "", "```", text, "```", "", load, ""]
+        body += ["| figure | value |", "|---|---|"]
         for key, value in figures.items():
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
             body.append(f"| {key} | {shown} |")
