@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import socket
+from collections import OrderedDict
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -22,6 +23,7 @@ import h11
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
+from protocols import events as ev
 from supervisor.errors import SupervisorError
 from supervisor.gateway_protocol import (
     MAX_FRAME_BYTES,
@@ -63,6 +65,9 @@ class GatewayLimits:
 
 
 LIMITS: Final = GatewayLimits()
+#: Serialized event frames kept for sharing between subscribers (about one subscription buffer
+#: of recent events; a frame a lagging client needs again is simply serialized again).
+_FRAME_CACHE: Final = 4096
 
 _HTTP_STATUS = {
     "bad_request": 400,
@@ -94,6 +99,19 @@ class Gateway:
         self.limits = limits
         self._connections = 0
         self._allowed_hosts: set[str] = set()
+        # Each event is serialized once however many clients get it: (session, seq) -> frame.
+        self._frames: OrderedDict[tuple[str, int], str] = OrderedDict()
+
+    def event_frame(self, event: ev.Event) -> str:
+        """The JSON text frame of an event, shared by every subscriber of its session."""
+        key = (event.session_id, event.seq)
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = json.dumps(event_to_wire(event), separators=(",", ":"))
+            self._frames[key] = frame
+            if len(self._frames) > _FRAME_CACHE:
+                self._frames.popitem(last=False)
+        return frame
 
     @property
     def url(self) -> str:
@@ -400,7 +418,7 @@ class _Client:
         self.supervisor = gateway.supervisor
         self.websocket = websocket
         self.limits = gateway.limits
-        self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](
+        self._out_send, self._out = trio.open_memory_channel[dict[str, Any] | str](
             self.limits.outgoing_buffer
         )
         self._pending = 0
@@ -449,7 +467,9 @@ class _Client:
     async def _writer(self) -> None:
         try:
             async for message in self._out:
-                await self.websocket.send_message(json.dumps(message, separators=(",", ":")))
+                if not isinstance(message, str):
+                    message = json.dumps(message, separators=(",", ":"))
+                await self.websocket.send_message(message)
         except ConnectionClosed:
             pass  # the reader sees it too and ends the connection
 
@@ -532,7 +552,7 @@ class _Client:
         with scope:
             try:
                 async for event in subscription:
-                    await self._out_send.send(event_to_wire(event))
+                    await self._out_send.send(self.gateway.event_frame(event))
                 notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
                 await self._out_send.send(
                     {

@@ -363,6 +363,9 @@ class Session:
             if self._done:
                 return
             deadline = self._next_deadline()
+            if deadline == math.inf:  # no timer running: skip the cancel scope (hot path)
+                self._on_inbox(await self._inbox.receive())
+                continue
             with trio.move_on_at(deadline) as scope:
                 item = await self._inbox.receive()
             if scope.cancelled_caught:
