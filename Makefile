@@ -28,6 +28,8 @@ browser:
 
 test: $(STAMP) browser
 	$(PY) -m mypy supervisor protocols
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
