@@ -29,102 +29,27 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocols import events as ev
+import golden
+from golden import event_to_dict
 from protocols.acp import AcpClient
-from protocols.machine import Control, Step, UnknownPermission
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "acp"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 
-CALLS = {"start", "prompt", "cancel", "respond_permission", "cancel_permissions"}
 CHECKS = {"pending_permissions", "agent_session_id", "agent_info", "agent_capabilities"}
-EXCEPTIONS: dict[str, type[Exception]] = {
-    "UnknownPermission": UnknownPermission,
-    "RuntimeError": RuntimeError,
-}
-STAMP_DEFAULTS = {"session_id": "", "seq": 0, "timestamp": 0.0}
 
 
-# --- Conversion ----------------------------------------------------------------------
-
-
-def event_to_dict(event: Any) -> dict[str, Any]:
-    """A machine output as written in the golden files."""
-    if isinstance(event, Control):
-        return {"control": type(event).__name__, **attrs.asdict(event)}
-    assert isinstance(event, ev.Event), f"not an event: {event!r}"
-    fields = attrs.asdict(event)
-    stamp = {key: fields.pop(key) for key in STAMP_DEFAULTS}
-    assert stamp == STAMP_DEFAULTS, f"a machine stamped {event!r}"
-    assert ev.EVENT_TYPES.get(event.kind) is type(event), f"{event.kind} is not registered"
-    return {"kind": event.kind, **fields}
-
-
-def step_to_dict(step: Step) -> dict[str, Any]:
-    assert isinstance(step, Step)
-    return {"send": step.send, "events": [event_to_dict(e) for e in step.events]}
-
-
-# --- Replay ----------------------------------------------------------------------------
-
-
-def validate_step(step: dict[str, Any], where: str) -> None:
-    """Typos in a golden file must fail loudly rather than check nothing."""
-    actions = [key for key in ("call", "agent", "check") if key in step]
-    assert len(actions) == 1, f"{where}: exactly one of call/agent/check: {step}"
-    allowed = {"note"}
-    if "check" in step:
-        allowed |= {"check"}
-        assert set(step["check"]) <= CHECKS, f"{where}: unknown check {step['check']}"
-    elif "raises" in step:
-        allowed |= {"call", "args", "raises", "match"}
-        assert "call" in step, f"{where}: only calls can raise"
-        assert step["raises"] in EXCEPTIONS, f"{where}: unknown exception {step['raises']}"
-    else:
-        allowed |= {"call", "args", "agent", "send", "events"}
-        assert "send" in step and "events" in step, f"{where}: send and events are required"
-    if "call" in step:
-        assert step["call"] in CALLS, f"{where}: unknown call {step['call']}"
-    assert set(step) <= allowed, f"{where}: unexpected keys {set(step) - allowed}"
-
-
-def run_step(client: AcpClient, step: dict[str, Any]) -> Step:
-    if "agent" in step:
-        return client.receive(copy.deepcopy(step["agent"]))
-    method = getattr(client, step["call"])
-    result: Step = method(**step.get("args", {}))
-    return result
+def check_jsonrpc(message: dict[str, Any], where: str) -> None:
+    """What we send must be JSON-RPC 2.0."""
+    assert message.get("jsonrpc") == "2.0", where
 
 
 def replay(path: Path) -> None:
-    transcript = json.loads(path.read_text())
-    assert set(transcript) <= {"description", "steps"}
-    assert transcript.get("description")
-    client = AcpClient()
-    for index, step in enumerate(transcript["steps"]):
-        where = f"{path.name} step {index}"
-        validate_step(step, where)
-        if "check" in step:
-            for name, expected in step["check"].items():
-                assert getattr(client, name) == expected, f"{where}: {name}"
-            continue
-        if "raises" in step:
-            with pytest.raises(EXCEPTIONS[step["raises"]]) as info:
-                run_step(client, step)
-            assert step.get("match", "") in str(info.value), where
-            continue
-        got = step_to_dict(run_step(client, step))
-        expected = {"send": step["send"], "events": step["events"]}
-        assert got == expected, f"{where}: {json.dumps(step.get('agent') or step.get('call'))}"
-        # What we send must be valid JSON-RPC 2.0 and survive a trip through JSON.
-        for message in got["send"]:
-            assert message.get("jsonrpc") == "2.0", where
-            assert json.loads(json.dumps(message)) == message, where
+    golden.replay(path, AcpClient(), checks=CHECKS, check_sent=check_jsonrpc)
 
 
 def test_golden_files_exist() -> None:

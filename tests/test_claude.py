@@ -22,47 +22,23 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_acp import event_to_dict, step_to_dict
 
+import golden
+from golden import event_to_dict
 from protocols import PROTOCOLS, new_machine
 from protocols.claude import CLAUDE_COMMAND, ClaudeClient
-from protocols.machine import SessionEstablished, Step, TurnFinished, UnknownPermission
+from protocols.machine import SessionEstablished, TurnFinished
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "claude"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 NONCE = "0a0b0c0d"
 
-CALLS = {"start", "prompt", "cancel", "respond_permission", "cancel_permissions"}
 CHECKS = {"pending_permissions", "agent_session_id", "initialize_response"}
-EXCEPTIONS: dict[str, type[Exception]] = {
-    "UnknownPermission": UnknownPermission,
-    "RuntimeError": RuntimeError,
-}
 OUR_REQUEST_ID = re.compile(r"^req_[1-9][0-9]*_[0-9a-f]{8}$")
 
 
 def machine() -> ClaudeClient:
     return ClaudeClient(new_hex=lambda: NONCE)
-
-
-def validate_step(step: dict[str, Any], where: str) -> None:
-    """Typos in a golden file must fail loudly rather than check nothing."""
-    actions = [key for key in ("call", "agent", "check") if key in step]
-    assert len(actions) == 1, f"{where}: exactly one of call/agent/check: {step}"
-    allowed = {"note"}
-    if "check" in step:
-        allowed |= {"check"}
-        assert set(step["check"]) <= CHECKS, f"{where}: unknown check {step['check']}"
-    elif "raises" in step:
-        allowed |= {"call", "args", "raises", "match"}
-        assert "call" in step, f"{where}: only calls can raise"
-        assert step["raises"] in EXCEPTIONS, f"{where}: unknown exception {step['raises']}"
-    else:
-        allowed |= {"call", "args", "agent", "send", "events"}
-        assert "send" in step and "events" in step, f"{where}: send and events are required"
-    if "call" in step:
-        assert step["call"] in CALLS, f"{where}: unknown call {step['call']}"
-    assert set(step) <= allowed, f"{where}: unexpected keys {set(step) - allowed}"
 
 
 def check_wire(message: dict[str, Any], where: str) -> None:
@@ -88,39 +64,9 @@ def check_wire(message: dict[str, Any], where: str) -> None:
         raise AssertionError(f"{where}: we sent a {kind!r} message")
 
 
-def run_step(client: ClaudeClient, step: dict[str, Any]) -> Step:
-    if "agent" in step:
-        return client.receive(copy.deepcopy(step["agent"]))
-    method = getattr(client, step["call"])
-    result: Step = method(**step.get("args", {}))
-    return result
-
-
 def replay(path: Path) -> None:
-    transcript = json.loads(path.read_text())
-    assert set(transcript) <= {"description", "steps"}
-    assert transcript.get("description")
-    client = machine()
-    for index, step in enumerate(transcript["steps"]):
-        where = f"{path.name} step {index}"
-        validate_step(step, where)
-        if "check" in step:
-            for name, expected in step["check"].items():
-                assert getattr(client, name) == expected, f"{where}: {name}"
-            continue
-        if "raises" in step:
-            with pytest.raises(EXCEPTIONS[step["raises"]]) as info:
-                run_step(client, step)
-            assert step.get("match", "") in str(info.value), where
-            continue
-        result = run_step(client, step)
-        got = step_to_dict(result)
-        expected = {"send": step["send"], "events": step["events"]}
-        assert got == expected, f"{where}: {json.dumps(step.get('agent') or step.get('call'))}"
-        # The interrupt is in-band; SIGINT is unreliable in stream-json mode (edge case 20).
-        assert result.signals == [], where
-        for message in got["send"]:
-            check_wire(message, where)
+    # The interrupt is in-band; SIGINT is unreliable in stream-json mode (edge case 20).
+    golden.replay(path, machine(), checks=CHECKS, check_sent=check_wire)
 
 
 def test_golden_files_exist() -> None:

@@ -28,9 +28,9 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_acp import step_to_dict
-from test_claude import EXCEPTIONS, NONCE, OUR_REQUEST_ID, machine, run_step, validate_step
+from test_claude import CHECKS, NONCE, OUR_REQUEST_ID, machine
 
+import golden
 from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
@@ -66,29 +66,7 @@ def check_wire(message: dict[str, Any], where: str) -> None:
 
 
 def replay(path: Path) -> None:
-    transcript = json.loads(path.read_text())
-    assert set(transcript) <= {"description", "steps"}
-    assert transcript.get("description")
-    client = machine()
-    for index, step in enumerate(transcript["steps"]):
-        where = f"{path.name} step {index}"
-        validate_step(step, where)
-        if "check" in step:
-            for name, expected in step["check"].items():
-                assert getattr(client, name) == expected, f"{where}: {name}"
-            continue
-        if "raises" in step:
-            with pytest.raises(EXCEPTIONS[step["raises"]]) as info:
-                run_step(client, step)
-            assert step.get("match", "") in str(info.value), where
-            continue
-        result = run_step(client, step)
-        got = step_to_dict(result)
-        expected = {"send": step["send"], "events": step["events"]}
-        assert got == expected, f"{where}: {json.dumps(step.get('agent') or step.get('call'))}"
-        assert result.signals == [], where
-        for message in got["send"]:
-            check_wire(message, where)
+    golden.replay(path, machine(), checks=CHECKS, check_sent=check_wire)
 
 
 def test_golden_files_exist() -> None:

@@ -20,74 +20,25 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_acp import event_to_dict, step_to_dict
 
+import golden
+from golden import event_to_dict
 from protocols.codex import CodexClient
-from protocols.machine import Step, UnknownPermission
+from protocols.machine import Step
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "codex"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 
-CALLS = {"start", "prompt", "cancel", "respond_permission", "cancel_permissions"}
 CHECKS = {"pending_permissions", "agent_session_id", "server_info"}
-EXCEPTIONS: dict[str, type[Exception]] = {
-    "UnknownPermission": UnknownPermission,
-    "RuntimeError": RuntimeError,
-}
 
 
-def validate_step(step: dict[str, Any], where: str) -> None:
-    """Typos in a golden file must fail loudly rather than check nothing."""
-    actions = [key for key in ("call", "agent", "check") if key in step]
-    assert len(actions) == 1, f"{where}: exactly one of call/agent/check: {step}"
-    allowed = {"note"}
-    if "check" in step:
-        allowed |= {"check"}
-        assert set(step["check"]) <= CHECKS, f"{where}: unknown check {step['check']}"
-    elif "raises" in step:
-        allowed |= {"call", "args", "raises", "match"}
-        assert "call" in step, f"{where}: only calls can raise"
-        assert step["raises"] in EXCEPTIONS, f"{where}: unknown exception {step['raises']}"
-    else:
-        allowed |= {"call", "args", "agent", "send", "events"}
-        assert "send" in step and "events" in step, f"{where}: send and events are required"
-    if "call" in step:
-        assert step["call"] in CALLS, f"{where}: unknown call {step['call']}"
-    assert set(step) <= allowed, f"{where}: unexpected keys {set(step) - allowed}"
-
-
-def run_step(client: CodexClient, step: dict[str, Any]) -> Step:
-    if "agent" in step:
-        return client.receive(copy.deepcopy(step["agent"]))
-    method = getattr(client, step["call"])
-    result: Step = method(**step.get("args", {}))
-    return result
+def check_no_jsonrpc(message: dict[str, Any], where: str) -> None:
+    """Codex neither sends nor expects "jsonrpc" (jsonrpc_lite.rs)."""
+    assert "jsonrpc" not in message, where
 
 
 def replay(path: Path) -> None:
-    transcript = json.loads(path.read_text())
-    assert set(transcript) <= {"description", "steps"}
-    assert transcript.get("description")
-    client = CodexClient()
-    for index, step in enumerate(transcript["steps"]):
-        where = f"{path.name} step {index}"
-        validate_step(step, where)
-        if "check" in step:
-            for name, expected in step["check"].items():
-                assert getattr(client, name) == expected, f"{where}: {name}"
-            continue
-        if "raises" in step:
-            with pytest.raises(EXCEPTIONS[step["raises"]]) as info:
-                run_step(client, step)
-            assert step.get("match", "") in str(info.value), where
-            continue
-        got = step_to_dict(run_step(client, step))
-        expected = {"send": step["send"], "events": step["events"]}
-        assert got == expected, f"{where}: {json.dumps(step.get('agent') or step.get('call'))}"
-        for message in got["send"]:
-            # Codex neither sends nor expects "jsonrpc" (jsonrpc_lite.rs).
-            assert "jsonrpc" not in message, where
-            assert json.loads(json.dumps(message)) == message, where
+    golden.replay(path, CodexClient(), checks=CHECKS, check_sent=check_no_jsonrpc)
 
 
 def test_golden_files_exist() -> None:
