@@ -33,7 +33,7 @@ from protocols.machine import (
     StartFailed,
     Step,
     TurnFinished,
-    UnknownPermission,
+    check_answer,
 )
 
 __all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
@@ -129,13 +129,7 @@ class AcpClient(AgentProtocol):
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         held = self._held.get(request_id)
-        if held is None:
-            raise UnknownPermission(f"no pending permission request {request_id!r}")
-        if option_id is not None and option_id not in held.option_ids:
-            raise UnknownPermission(
-                f"option {option_id!r} was not offered for {request_id!r}"
-                f" (offered: {', '.join(sorted(held.option_ids))})"
-            )
+        check_answer(request_id, held.option_ids if held is not None else None, option_id)
         return self._answer_permission(request_id, option_id, by="client")
 
     def cancel_permissions(self) -> Step:

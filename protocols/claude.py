@@ -100,7 +100,7 @@ from protocols.machine import (
     StartFailed,
     Step,
     TurnFinished,
-    UnknownPermission,
+    check_answer,
 )
 
 __all__ = ["CLAUDE_COMMAND", "INTERRUPTED_REASONS", "PERMISSION_OPTIONS", "ClaudeClient"]
@@ -294,12 +294,7 @@ class ClaudeClient(AgentProtocol):
         return step
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        if request_id not in self._held:
-            raise UnknownPermission(f"no pending permission request {request_id!r}")
-        if option_id is not None and option_id not in (ALLOW, DENY):
-            raise UnknownPermission(
-                f"option {option_id!r} was not offered for {request_id!r} (offered: allow, deny)"
-            )
+        check_answer(request_id, (ALLOW, DENY) if request_id in self._held else None, option_id)
         return self._answer_permission(request_id, option_id, by="client")
 
     def cancel_permissions(self) -> Step:

@@ -10,7 +10,7 @@ knows about time, processes or trio, so each protocol is tested with lists of di
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
 from attrs import define, field, frozen
@@ -27,6 +27,7 @@ __all__ = [
     "Step",
     "TurnFinished",
     "UnknownPermission",
+    "check_answer",
 ]
 
 
@@ -36,6 +37,18 @@ class ProtocolError(Exception):
 
 class UnknownPermission(LookupError):
     """``respond_permission`` named a request that is not pending (or an option not offered)."""
+
+
+def check_answer(request_id: str, offered: Collection[str] | None, option_id: str | None) -> None:
+    """Refuse an answer to a request that is not pending (``offered`` is None) or with an option
+    it did not offer; ``option_id=None`` (cancelled) is always a valid answer."""
+    if offered is None:
+        raise UnknownPermission(f"no pending permission request {request_id!r}")
+    if option_id is not None and option_id not in offered:
+        raise UnknownPermission(
+            f"option {option_id!r} was not offered for {request_id!r}"
+            f" (offered: {', '.join(sorted(offered))})"
+        )
 
 
 @frozen
