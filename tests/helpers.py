@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
 
 import trio
 
+from fakes.memory_base import BaseLauncher
 from protocols import events as ev
-from supervisor import Session
+from supervisor import AgentSpec, Session, open_supervisor
+
+L = TypeVar("L", bound=BaseLauncher[Any, Any])
 
 
 class Recorder:
@@ -60,3 +65,26 @@ class Recorder:
         for event in self.events:
             if isinstance(event, ev.TurnStarted):
                 assert ended.get(event.turn_id) == 1, f"turn {event.turn_id} never ended"
+
+
+@asynccontextmanager
+async def running(
+    launcher: L, spec: AgentSpec, *, catch_up: bool = False
+) -> AsyncIterator[tuple[Session, L, Recorder]]:
+    """A session of ``spec`` on an in-memory ``launcher`` (tier 2), recorded from its start.
+
+    On the way out the recorded events must keep the invariants (all of them, with
+    ``catch_up``; otherwise those recorded so far), and the fake must have seen no violation of
+    its protocol.
+    """
+    async with open_supervisor(agents={spec.name: spec}, launcher=launcher) as sup:
+        session = await sup.start_session(spec.name, cwd="/")
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield session, launcher, recorder
+            if catch_up:
+                await recorder.catch_up()
+            recorder.check_invariants()
+            nursery.cancel_scope.cancel()
+    assert launcher.violations == []

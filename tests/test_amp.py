@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from helpers import Recorder
+from helpers import Recorder, running
 from protocols import events as ev
 from protocols.amp import AmpClient
 from protocols.machine import SessionEstablished, TurnFinished, UnknownPermission
@@ -190,26 +190,19 @@ async def test_sigint_stop_on_virtual_time(autojump_clock: trio.testing.MockCloc
 
     launcher = AmpMemoryLauncher(Behaviour(words=1000, stop_delay=0.05))
     spec = AgentSpec(name="amp", protocol="amp", command=BASE, grace_s=2.0)
-    async with open_supervisor(agents={"amp": spec}, launcher=launcher) as sup:
-        session = await sup.start_session("amp", cwd="/")
-        rec = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(rec.run)
-            await session.prompt("hello")
-            await rec.wait_kind("message.delta")
-            t0 = trio.current_time()
-            receipt = await session.cancel()
-            assert trio.current_time() - t0 == pytest.approx(0.05)
-            assert receipt.outcome == "cancelled"
-            assert receipt.escalation == ["interrupt", "respawned", "resumed"]
-            assert launcher.links[0].signals == [signal.SIGINT]
-            assert launcher.resumes == [None, "T-1"]
-            second = await session.prompt("again words=2")
-            ended = await rec.wait_kind("turn.ended", turn_id=second.id)
-            assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-            await rec.catch_up()
-            rec.check_invariants()
-            nursery.cancel_scope.cancel()
+    async with running(launcher, spec, catch_up=True) as (session, _, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "respawned", "resumed"]
+        assert launcher.links[0].signals == [signal.SIGINT]
+        assert launcher.resumes == [None, "T-1"]
+        second = await session.prompt("again words=2")
+        ended = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
 
 
 async def test_amp_ignoring_sigint_is_killed_at_grace(

@@ -9,13 +9,13 @@ its ``result``; a CLI that goes on after the interrupt, or acknowledges it and n
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
 import trio.testing
 
+import helpers
 from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
@@ -30,22 +30,11 @@ def claude_spec(**changes: object) -> AgentSpec:
     return spec.with_options(**changes) if changes else spec
 
 
-@asynccontextmanager
-async def running(
+def running(
     behaviour: ClaudeBehaviour | None = None, **spec_changes: object
-) -> AsyncIterator[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
+) -> AbstractAsyncContextManager[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
     launcher = ClaudeMemoryLauncher(behaviour)
-    async with open_supervisor(
-        agents={"claude": claude_spec(**spec_changes)}, launcher=launcher
-    ) as sup:
-        session = await sup.start_session("claude", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            await recorder.catch_up()
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
+    return helpers.running(launcher, claude_spec(**spec_changes), catch_up=True)
 
 
 def is_delta(event: ev.Event) -> bool:

@@ -8,17 +8,17 @@ time + grace, after which the new process resumes the thread with ``thread/resum
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
 import trio.testing
 
+import helpers
 from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 
 GRACE = 2.0
 CLEANED = {"background_terminals": "cleaned"}
@@ -28,20 +28,10 @@ def codex_spec() -> AgentSpec:
     return AgentSpec(name="codex", protocol="codex", command=["codex", "app-server"], grace_s=GRACE)
 
 
-@asynccontextmanager
-async def running(
+def running(
     behaviour: CodexBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, MemoryCodexLauncher, Recorder]]:
-    launcher = MemoryCodexLauncher(behaviour)
-    async with open_supervisor(agents={"codex": codex_spec()}, launcher=launcher) as sup:
-        session = await sup.start_session("codex", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
-    assert launcher.violations == []
+) -> AbstractAsyncContextManager[tuple[Session, MemoryCodexLauncher, Recorder]]:
+    return helpers.running(MemoryCodexLauncher(behaviour), codex_spec())
 
 
 def is_delta(event: ev.Event) -> bool:

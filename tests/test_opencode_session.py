@@ -12,17 +12,17 @@ leftover idles end nothing (edge cases 24 and 28), and a pending permission is a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
 import trio.testing
 
+import helpers
 from fakes.memory_opencode import MemoryOpenCodeLauncher, OpenCodeBehaviour
 from helpers import Recorder
 from protocols import events as ev
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 
 GRACE = 2.0
 
@@ -33,20 +33,10 @@ def opencode_spec() -> AgentSpec:
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     behaviour: OpenCodeBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, MemoryOpenCodeLauncher, Recorder]]:
-    launcher = MemoryOpenCodeLauncher(behaviour)
-    async with open_supervisor(agents={"opencode": opencode_spec()}, launcher=launcher) as sup:
-        session = await sup.start_session("opencode", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
-    assert launcher.violations == []
+) -> AbstractAsyncContextManager[tuple[Session, MemoryOpenCodeLauncher, Recorder]]:
+    return helpers.running(MemoryOpenCodeLauncher(behaviour), opencode_spec())
 
 
 def is_delta(event: ev.Event) -> bool:

@@ -7,13 +7,13 @@ respawn take no virtual time here unless the test says so).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 
 import pytest
 import trio
 import trio.testing
 
+import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
@@ -27,20 +27,10 @@ def fake_spec(**changes: object) -> AgentSpec:
     return spec.with_options(**changes) if changes else spec
 
 
-@asynccontextmanager
-async def running(
+def running(
     behaviour: Behaviour | None = None, **spec_changes: object
-) -> AsyncIterator[tuple[Session, MemoryLauncher, Recorder]]:
-    launcher = MemoryLauncher(behaviour)
-    spec = fake_spec(**spec_changes)
-    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
-        session = await sup.start_session("fake", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    return helpers.running(MemoryLauncher(behaviour), fake_spec(**spec_changes))
 
 
 def is_delta(event: ev.Event) -> bool:

@@ -1,173 +1,66 @@
 """An in-memory ACP agent for actor tests on virtual time.
 
-It plugs into the session through the same ``Launcher`` signature as real processes, but its
-"process" is a trio task: messages are dicts, a kill is a cancel scope, and every delay is
-virtual, so tests can assert exact receipt times. Behaviour is set per launcher and can be
-overridden per prompt with tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``,
-``words=3``, ``permission``, ``crash``, ``flood``, ``deferred-id=0.2``).
+Its "process" is a trio task (``memory_base.py``: messages are dicts, a kill is a cancel scope,
+every delay is virtual). Behaviour is set per launcher and can be overridden per prompt with
+tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
+``crash``, ``flood``, ``deferred-id=0.2``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import attrs
 import trio
-from attrs import define, field
+from attrs import define
 
-from protocols.framing import Message
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame, AgentGone, AgentLink
-from supervisor.process import ExitStatus
+
+try:
+    from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
+except ModuleNotFoundError:  # imported as ``memory_agent``, tests/fakes on the path (bench/)
+    from memory_base import (  # type: ignore[import-not-found,no-redef]
+        BaseBehaviour,
+        BaseLauncher,
+        MemoryAgent,
+        MemoryLink,
+        never,
+        on,
+    )
 
 
 @define
-class Behaviour:
-    words: int = 10
-    word_interval: float = 0.1
-    stop_delay: float | None = 0.0  # None: ignores session/cancel
-    ignores_sigterm: bool = False
-    kill_time: float = 0.0  # virtual time a kill takes after SIGTERM
+class Behaviour(BaseBehaviour):
     load_session: bool = True
     permission: bool = False
     crash_after: int | None = None
     flood: bool = False
     deferred_id: float | None = None  # announce the turn id this late (deferred protocol)
-    start_delay: float = 0.0
     fail_start: bool = False
     pad: int = 0  # extra characters per word, to make big events
 
-    def for_prompt(self, text: str) -> Behaviour:
-        changes: dict[str, Any] = {}
-        for token in text.split():
-            key, _, value = token.partition("=")
-            if key == "ignore-cancel":
-                changes["stop_delay"] = None
-            elif key == "stop-delay":
-                changes["stop_delay"] = float(value)
-            elif key == "words":
-                changes["words"] = int(value)
-            elif key == "interval":
-                changes["word_interval"] = float(value)
-            elif key == "permission":
-                changes["permission"] = True
-            elif key == "crash":
-                changes["crash_after"] = int(value or 1)
-            elif key == "flood":
-                changes["flood"] = True
-            elif key == "pad":
-                changes["pad"] = int(value)
-            elif key == "deferred-id":
-                changes["deferred_id"] = float(value)
-        return attrs.evolve(self, **changes)
+    TOKENS = {
+        **BaseBehaviour.TOKENS,
+        "ignore-cancel": ("stop_delay", never),
+        "permission": ("permission", on),
+        "crash": ("crash_after", lambda value: int(value or 1)),
+        "flood": ("flood", on),
+        "pad": ("pad", int),
+        "deferred-id": ("deferred_id", float),
+    }
 
 
-@define
-class Store:
-    """What survives a kill, like the agent's files on disk: session histories."""
-
-    sessions: dict[str, list[str]] = field(factory=dict)
-    counter: int = 0
-
-
-class MemoryLink(AgentLink):
-    def __init__(
-        self, launcher: MemoryLauncher, generation: int, inbox: trio.MemorySendChannel[Any]
-    ):
-        self.generation = generation
-        self.launcher = launcher
-        self.inbox = inbox
-        self.to_agent_send, self.to_agent = trio.open_memory_channel[dict[str, Any]](math.inf)
-        self.sent: list[dict[str, Any]] = []
-        self.scope = trio.CancelScope()
-        self.alive = True
-        self.signals: list[int] = []
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.sent.append(message)
-        self.launcher.log.append(("to_agent", self.generation, message))
-        if self.alive:
-            self.to_agent_send.send_nowait(message)
-
-    def signal(self, signum: int) -> None:
-        self.signals.append(signum)
-
-    async def kill(self) -> list[str]:
-        if not self.alive:
-            return []
-        steps = ["sigterm"]
-        if self.launcher.behaviour.ignores_sigterm:
-            await trio.sleep(self.launcher.spec_kill_timeout)
-            steps.append("sigkill")
-        elif self.launcher.behaviour.kill_time:
-            await trio.sleep(self.launcher.behaviour.kill_time)
-        self._die()
-        self.launcher.kills.append((self.generation, steps))
-        return steps
-
-    async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
-        self._die()
-        return ExitStatus(code=0, signal=None), []
-
-    def _die(self) -> None:
-        self.alive = False
-        self.scope.cancel()
-
-    @property
-    def stderr_tail(self) -> list[str]:
-        return ["fake agent stderr"]
-
-    async def post(self, message: dict[str, Any]) -> None:
-        self.launcher.log.append(("from_agent", self.generation, message))
-        await self.inbox.send(AgentFrame(self.generation, Message(message)))
-
-
-class MemoryLauncher:
+class MemoryLauncher(BaseLauncher[Behaviour, "FakeAcpAgent"]):
     """A ``Launcher`` that starts :class:`FakeAcpAgent` tasks; records what happened."""
 
-    def __init__(
-        self,
-        behaviour: Behaviour | None = None,
-        *,
-        kill_timeout: float = 1.0,
-        crash_on_launch: frozenset[int] = frozenset(),
-    ):
-        self.behaviour = behaviour or Behaviour()
-        self.crash_on_launch = crash_on_launch  # launch numbers (1-based) that die at once
-        self.store = Store()
-        self.links: list[MemoryLink] = []
-        self.agents: list[FakeAcpAgent] = []
-        self.kills: list[tuple[int, list[str]]] = []
-        self.log: list[tuple[str, int, dict[str, Any]]] = []
-        self.spec_kill_timeout = kill_timeout
+    behaviour_type = Behaviour
 
-    async def __call__(
-        self,
-        spec: AgentSpec,
-        *,
-        cwd: str,
-        resume: str | None,
-        generation: int,
-        inbox: trio.MemorySendChannel[Any],
-        nursery: trio.Nursery,
-    ) -> AgentLink:
-        link = MemoryLink(self, generation, inbox)
-        agent = FakeAcpAgent(link, self.behaviour, self.store)
-        self.links.append(link)
-        self.agents.append(agent)
-        nursery.start_soon(agent.run)
-        return link
-
-    def sent_methods(self) -> list[str]:
-        return [m.get("method", "<response>") for kind, _, m in self.log if kind == "to_agent"]
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeAcpAgent:
+        return FakeAcpAgent(link, self)
 
 
-class FakeAcpAgent:
-    def __init__(self, link: MemoryLink, behaviour: Behaviour, store: Store):
-        self.link = link
-        self.behaviour = behaviour
-        self.store = store
+class FakeAcpAgent(MemoryAgent[Behaviour]):
+    def __init__(self, link: MemoryLink, launcher: MemoryLauncher):
+        super().__init__(link, launcher)
         self.session_id: str | None = None
         self.cancelled = trio.Event()
         self.turn_scope: trio.CancelScope | None = None
@@ -176,24 +69,6 @@ class FakeAcpAgent:
         self.updates_after_response = 0
         self.turns: list[str] = []
         self.permission_pending: trio.Event | None = None
-
-    async def run(self) -> None:
-        if len(self.link.launcher.links) in self.link.launcher.crash_on_launch:
-            await self.exit(1)
-            return
-        with self.link.scope:
-            async with trio.open_nursery() as nursery:
-                if self.behaviour.start_delay:
-                    await trio.sleep(self.behaviour.start_delay)
-                async for message in self.link.to_agent:
-                    await self.handle(message, nursery)
-
-    async def exit(self, code: int) -> None:
-        self.link.alive = False
-        await self.link.inbox.send(
-            AgentGone(self.link.generation, ExitStatus(code=code, signal=None))
-        )
-        self.link.scope.cancel()
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"jsonrpc": "2.0", "id": request_id, "result": result})

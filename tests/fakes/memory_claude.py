@@ -1,7 +1,7 @@
 """An in-memory Claude Code CLI (stream-json) for actor tests on virtual time.
 
-The same trick as ``memory_agent.py`` (whose :class:`MemoryLink` and kill model it reuses): the
-"process" is a trio task, messages are dicts, a kill is a cancel scope, every delay is virtual.
+The same trick as ``memory_agent.py`` (the plumbing of ``memory_base.py``): the "process" is a
+trio task, messages are dicts, a kill is a cancel scope, every delay is virtual.
 It speaks what ``protocols/claude.py`` expects of Claude Code 2.1.332: ``initialize`` answered
 at start; ``system/init`` after each user message; partial ``stream_event`` deltas; the
 ``interrupt`` acknowledged at once and the turn ended by a ``result`` (``aborted_streaming``, or
@@ -17,28 +17,28 @@ stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
 like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request), and
 ``background`` (a second ``result`` after the turn's, like a background task).
 
-Background tasks: ``tasks=N`` starts N background shells (``system/task_started``, ids like the
-CLI's: ``b`` and eight of ``[0-9a-z]``) when the turn starts; they run until stopped.
-``stop_task`` ends a running task (``task_notification`` ``stopped``) and is answered success,
-also for a task that is gone (as 2.1.332 answers ``not_found``/``not_running``), after
-``task-stop-delay=S``; ``task-deaf`` never answers it, ``task-refuse`` answers an error.
-``interrupt-kills-tasks`` makes the interrupt stop the tasks itself (the CLI's default when the
-host does not declare ``perTaskStopAffordance``).
+Background tasks, as 2.1.332 runs them (``tests/test_real_claude_tasks.py``): ``tasks=N`` starts
+N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
+``[0-9a-z]``) when the turn starts; like the CLI's, they survive the interrupt and run until
+stopped. ``stop_task`` ends a running task (``task_updated`` ``killed``, ``task_notification``
+``stopped``, ``background_tasks_changed``) and is answered success ``{}``, also for a task that
+is gone, after ``task-stop-delay=S``; ``task-deaf`` never answers it, ``task-refuse`` answers an
+error (what the CLI's bridge contexts say). ``interrupt-kills-tasks`` makes the tasks sub-agents
+(``local_agent``, ids ``a`` and 16 hex digits), which the interrupt ends itself before it is
+acknowledged (the CLI's way when the host does not declare ``perTaskStopAffordance``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import trio
 from attrs import define, field
 
-from fakes.memory_agent import Behaviour, MemoryLauncher, MemoryLink
+from fakes.memory_agent import Behaviour
+from fakes.memory_base import BaseLauncher, MemoryAgent, MemoryLink, never, on
 from protocols.claude import ClaudeClient
 from supervisor.config import AgentSpec
-from supervisor.link import AgentGone, AgentLink
-from supervisor.process import ExitStatus
 
 
 @define
@@ -55,67 +55,39 @@ class ClaudeBehaviour(Behaviour):
     task_refuse: bool = False
     interrupt_kills_tasks: bool = False
 
-    def for_prompt(self, text: str) -> ClaudeBehaviour:
-        base = super().for_prompt(text)
-        assert isinstance(base, ClaudeBehaviour)
-        changes: dict[str, Any] = {}
-        for token in text.split():
-            key, _, value = token.partition("=")
-            if key == "lost-result":
-                changes["lost_result"] = True
-            elif key == "deaf":
-                changes["deaf"] = True
-            elif key == "drop-early-interrupt":
-                changes["drop_early_interrupt"] = True
-            elif key == "init-delay":
-                changes["init_delay"] = float(value)
-            elif key == "withdraw":
-                changes["withdraw_after"] = float(value)
-            elif key == "background":
-                changes["background"] = True
-            elif key == "tasks":
-                changes["tasks"] = int(value)
-            elif key == "task-stop-delay":
-                changes["task_stop_delay"] = float(value)
-            elif key == "task-deaf":
-                changes["task_stop_delay"] = None
-            elif key == "task-refuse":
-                changes["task_refuse"] = True
-            elif key == "interrupt-kills-tasks":
-                changes["interrupt_kills_tasks"] = True
-        return attrs.evolve(base, **changes)
+    TOKENS = {
+        **Behaviour.TOKENS,
+        "lost-result": ("lost_result", on),
+        "deaf": ("deaf", on),
+        "drop-early-interrupt": ("drop_early_interrupt", on),
+        "init-delay": ("init_delay", float),
+        "withdraw": ("withdraw_after", float),
+        "background": ("background", on),
+        "tasks": ("tasks", int),
+        "task-stop-delay": ("task_stop_delay", float),
+        "task-deaf": ("task_stop_delay", never),
+        "task-refuse": ("task_refuse", on),
+        "interrupt-kills-tasks": ("interrupt_kills_tasks", on),
+    }
 
 
-class ClaudeMemoryLauncher(MemoryLauncher):
+class ClaudeMemoryLauncher(BaseLauncher[ClaudeBehaviour, "FakeClaudeCli"]):
     """A ``Launcher`` starting :class:`FakeClaudeCli` tasks from the argv the protocol builds."""
 
-    def __init__(self, behaviour: ClaudeBehaviour | None = None, **kwargs: Any) -> None:
-        super().__init__(behaviour or ClaudeBehaviour(), **kwargs)
-        self.resumes: list[str | None] = []
-        self.argvs: list[list[str]] = []
-        self.clis: list[FakeClaudeCli] = []
+    behaviour_type = ClaudeBehaviour
 
-    async def __call__(
-        self,
-        spec: AgentSpec,
-        *,
-        cwd: str,
-        resume: str | None,
-        generation: int,
-        inbox: trio.MemorySendChannel[Any],
-        nursery: trio.Nursery,
-    ) -> AgentLink:
+    def __init__(self, behaviour: ClaudeBehaviour | None = None, **kwargs: Any) -> None:
+        super().__init__(behaviour, **kwargs)
+        self.argvs: list[list[str]] = []
+
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeClaudeCli:
         argv = ClaudeClient.command(spec.command, resume)
-        self.resumes.append(resume)
         self.argvs.append(argv)
-        link = MemoryLink(self, generation, inbox)
-        behaviour = self.behaviour
-        assert isinstance(behaviour, ClaudeBehaviour)
-        cli = FakeClaudeCli(link, behaviour, self.store, argv)
-        self.links.append(link)
-        self.clis.append(cli)
-        nursery.start_soon(cli.run)
-        return link
+        return FakeClaudeCli(link, self, argv)
+
+    @property
+    def clis(self) -> list[FakeClaudeCli]:
+        return self.agents
 
     def sent_subtypes(self) -> list[str]:
         """Our control requests and user messages, in order: "initialize", "user", ..."""
@@ -141,11 +113,9 @@ class _Turn:
     aborted: str = "aborted_streaming"
 
 
-class FakeClaudeCli:
-    def __init__(self, link: MemoryLink, behaviour: ClaudeBehaviour, store: Any, argv: list[str]):
-        self.link = link
-        self.behaviour = behaviour
-        self.store = store
+class FakeClaudeCli(MemoryAgent[ClaudeBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: ClaudeMemoryLauncher, argv: list[str]):
+        super().__init__(link, launcher)
         self.argv = argv
         self.session_id: str | None = None
         self.turn: _Turn | None = None
@@ -165,36 +135,24 @@ class FakeClaudeCli:
 
     # -- process ------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        with self.link.scope:
-            if "--resume" in self.argv:
-                wanted = self.argv[self.argv.index("--resume") + 1]
-                if wanted not in self.store.sessions:
-                    await self.post(
-                        {
-                            "type": "result",
-                            "subtype": "error_during_execution",
-                            "is_error": True,
-                            "num_turns": 0,
-                            "session_id": wanted,
-                            "errors": [f"No conversation found with session ID: {wanted}"],
-                        }
-                    )
-                    await self.exit(1)
-                    return
-                self.session_id = wanted
-            if len(self.link.launcher.links) in self.link.launcher.crash_on_launch:
+    async def boot(self) -> bool:
+        if "--resume" in self.argv:
+            wanted = self.argv[self.argv.index("--resume") + 1]
+            if wanted not in self.store.sessions:
+                await self.post(
+                    {
+                        "type": "result",
+                        "subtype": "error_during_execution",
+                        "is_error": True,
+                        "num_turns": 0,
+                        "session_id": wanted,
+                        "errors": [f"No conversation found with session ID: {wanted}"],
+                    }
+                )
                 await self.exit(1)
-                return
-            async with trio.open_nursery() as nursery:
-                async for message in self.link.to_agent:
-                    await self.handle(message, nursery)
-
-    async def exit(self, code: int) -> None:
-        self.link.alive = False
-        status = ExitStatus(code=code, signal=None)
-        await self.link.inbox.send(AgentGone(self.link.generation, status))
-        self.link.scope.cancel()
+                return False
+            self.session_id = wanted
+        return not await self.crashed_at_launch()  # start_delay: initialize answered late
 
     async def post(self, message: dict[str, Any]) -> None:
         await self.link.post(message)
@@ -258,17 +216,22 @@ class FakeClaudeCli:
         if task_id not in self.live:
             return
         self.live.discard(task_id)
-        await self.post(
+        patch = {"status": "killed" if status == "stopped" else status, "end_time": 0}
+        for message in (
+            {"subtype": "task_updated", "task_id": task_id, "patch": patch},
             {
-                "type": "system",
                 "subtype": "task_notification",
                 "task_id": task_id,
                 "status": status,
                 "output_file": f"/tmp/tasks/{task_id}.output",
                 "summary": "sleep 1000",
-                "session_id": self.session_id,
-            }
-        )
+            },
+            {
+                "subtype": "background_tasks_changed",
+                "tasks": [{"task_id": t, "task_type": _task_type(t)} for t in self.running_tasks()],
+            },
+        ):
+            await self.post({"type": "system", **message, "session_id": self.session_id})
 
     async def on_interrupt(self, request_id: str) -> None:
         turn = self.turn
@@ -327,7 +290,10 @@ class FakeClaudeCli:
         await self.stream({"type": "message_start", "message": {"id": message_id}})
         for _ in range(behaviour.tasks):
             self.store.counter += 1
-            task_id = f"b{self.store.counter:08d}"
+            if behaviour.interrupt_kills_tasks:
+                task_id = f"a{self.store.counter:016x}"
+            else:
+                task_id = f"b{self.store.counter:08d}"
             self.tasks[task_id] = behaviour
             self.live.add(task_id)
             await self.post(
@@ -336,7 +302,7 @@ class FakeClaudeCli:
                     "subtype": "task_started",
                     "task_id": task_id,
                     "description": "sleep 1000",
-                    "task_type": "local_bash",
+                    "task_type": _task_type(task_id),
                     "is_backgrounded": True,
                     "session_id": self.session_id,
                 }
@@ -522,3 +488,7 @@ class FakeClaudeCli:
                 ],
             },
         }
+
+
+def _task_type(task_id: str) -> str:
+    return "local_agent" if task_id.startswith("a") else "local_bash"

@@ -1,7 +1,7 @@
 """An in-memory ``codex app-server`` for actor tests on virtual time.
 
 The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
-``MemoryLauncher``/``MemoryLink`` machinery (a kill is a cancel scope, every delay is virtual),
+``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
 but speaks the Codex app-server protocol as ``shared/protocols.md`` section 2 describes it:
 no ``"jsonrpc"`` member, server request ids from 0 (colliding with the client's), the
 ``turn/start`` reply naming the turn before ``turn/started``, ``turn/interrupt`` answered ``{}``
@@ -29,62 +29,39 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attrs
 import trio
 from attrs import define, field
 
-from fakes.memory_agent import MemoryLauncher, MemoryLink, Store
+from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
 from supervisor.config import AgentSpec
-from supervisor.link import AgentLink
 
 
 @define
-class CodexBehaviour:
-    words: int = 10
-    word_interval: float = 0.1
-    stop_delay: float | None = 0.0  # None: wedged, turn/interrupt is neither answered nor obeyed
+class CodexBehaviour(BaseBehaviour):
     reply_delay: float = 0.0
     started_delay: float = 0.0
     stale: bool = False
     approval: bool = False
     lost_threads: bool = False  # thread/resume fails: the rollout is gone
     clean_delay: float = 0.0
-    start_delay: float = 0.0
     children: int = 0
     child_stop_delay: float | None = 0.0  # None: a child ignores turn/interrupt
     child_refuse: bool = False
     goal: bool = False
-    # read by MemoryLink.kill
-    ignores_sigterm: bool = False
-    kill_time: float = 0.0
 
-    def for_prompt(self, text: str) -> CodexBehaviour:
-        changes: dict[str, Any] = {}
-        for token in text.split():
-            key, _, value = token.partition("=")
-            if key == "wedged":
-                changes["stop_delay"] = None
-            elif key == "stop-delay":
-                changes["stop_delay"] = float(value)
-            elif key == "words":
-                changes["words"] = int(value)
-            elif key == "interval":
-                changes["word_interval"] = float(value)
-            elif key == "reply-delay":
-                changes["reply_delay"] = float(value)
-            elif key == "started-delay":
-                changes["started_delay"] = float(value)
-            elif key in ("stale", "approval", "goal"):
-                changes[key] = True
-            elif key == "children":
-                changes["children"] = int(value)
-            elif key == "child-stop-delay":
-                changes["child_stop_delay"] = float(value)
-            elif key == "child-wedged":
-                changes["child_stop_delay"] = None
-            elif key == "child-refuse":
-                changes["child_refuse"] = True
-        return attrs.evolve(self, **changes)
+    TOKENS = {
+        **BaseBehaviour.TOKENS,
+        "wedged": ("stop_delay", never),  # turn/interrupt neither answered nor obeyed
+        "reply-delay": ("reply_delay", float),
+        "started-delay": ("started_delay", float),
+        "stale": ("stale", on),
+        "approval": ("approval", on),
+        "goal": ("goal", on),
+        "children": ("children", int),
+        "child-stop-delay": ("child_stop_delay", float),
+        "child-wedged": ("child_stop_delay", never),
+        "child-refuse": ("child_refuse", on),
+    }
 
 
 @define
@@ -97,32 +74,17 @@ class _RunningTurn:
     decided_cancel: bool = False
 
 
-class MemoryCodexLauncher(MemoryLauncher):
+class MemoryCodexLauncher(BaseLauncher[CodexBehaviour, "FakeCodexServer"]):
     """A ``Launcher`` that starts :class:`FakeCodexServer` tasks; records what happened."""
 
-    def __init__(self, behaviour: CodexBehaviour | None = None, *, kill_timeout: float = 1.0):
-        super().__init__(None, kill_timeout=kill_timeout)
-        self.behaviour = behaviour or CodexBehaviour()  # type: ignore[assignment]
-        self.servers: list[FakeCodexServer] = []
-        #: protocol rules the client broke (a "jsonrpc" member, requests before initialized)
-        self.violations: list[str] = []
+    behaviour_type = CodexBehaviour
 
-    async def __call__(
-        self,
-        spec: AgentSpec,
-        *,
-        cwd: str,
-        resume: str | None,
-        generation: int,
-        inbox: trio.MemorySendChannel[Any],
-        nursery: trio.Nursery,
-    ) -> AgentLink:
-        link = MemoryLink(self, generation, inbox)
-        server = FakeCodexServer(link, self.behaviour, self.store, self)  # type: ignore[arg-type]
-        self.links.append(link)
-        self.servers.append(server)
-        nursery.start_soon(server.run)
-        return link
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeCodexServer:
+        return FakeCodexServer(link, self)
+
+    @property
+    def servers(self) -> list[FakeCodexServer]:
+        return self.agents
 
     def sent(self, method: str, generation: int | None = None) -> list[dict[str, Any]]:
         """Our messages with ``method``, to every server or to one generation."""
@@ -135,18 +97,9 @@ class MemoryCodexLauncher(MemoryLauncher):
         ]
 
 
-class FakeCodexServer:
-    def __init__(
-        self,
-        link: MemoryLink,
-        behaviour: CodexBehaviour,
-        store: Store,
-        launcher: MemoryCodexLauncher,
-    ):
-        self.link = link
-        self.behaviour = behaviour
-        self.store = store
-        self.launcher = launcher
+class FakeCodexServer(MemoryAgent[CodexBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: MemoryCodexLauncher):
+        super().__init__(link, launcher)
         self.initialized = False
         self.experimental = False
         self.thread_id: str | None = None
@@ -159,16 +112,6 @@ class FakeCodexServer:
         self.child_active: dict[str, _RunningTurn] = {}
         self.goal: dict[str, Any] | None = None
         self.goal_turns = 0  # turns the server started by itself for an active goal
-        self.nursery: trio.Nursery | None = None
-
-    async def run(self) -> None:
-        with self.link.scope:
-            async with trio.open_nursery() as nursery:
-                self.nursery = nursery
-                if self.behaviour.start_delay:
-                    await trio.sleep(self.behaviour.start_delay)
-                async for message in self.link.to_agent:
-                    await self.handle(message, nursery)
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"id": request_id, "result": result})

@@ -1,7 +1,7 @@
 """An in-memory ``opencode serve`` for actor tests on virtual time.
 
 The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
-``MemoryLauncher``/``MemoryLink`` machinery (a kill is a cancel scope, every delay is virtual),
+``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
 but speaks what the HTTP link delivers for OpenCode (``supervisor/http_link.py``): it receives
 request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"http_response":
 ...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
@@ -24,53 +24,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attrs
 import trio
 from attrs import define, field
 
-from fakes.memory_agent import MemoryLauncher, MemoryLink, Store
+from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
 from supervisor.config import AgentSpec
-from supervisor.link import AgentLink
 
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 
 
 @define
-class OpenCodeBehaviour:
-    words: int = 10
-    word_interval: float = 0.1
-    stop_delay: float | None = 0.0  # None: wedged, the abort is acknowledged and ignored
+class OpenCodeBehaviour(BaseBehaviour):
     busy_delay: float = 0.0
     second_idle: float = 0.0
     duplicate_idles: bool = False
     permission: bool = False
     lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
-    start_delay: float = 0.0
-    # read by MemoryLink.kill
-    ignores_sigterm: bool = False
-    kill_time: float = 0.0
 
-    def for_prompt(self, text: str) -> OpenCodeBehaviour:
-        changes: dict[str, Any] = {}
-        for token in text.split():
-            key, _, value = token.partition("=")
-            if key == "wedged":
-                changes["stop_delay"] = None
-            elif key == "stop-delay":
-                changes["stop_delay"] = float(value)
-            elif key == "words":
-                changes["words"] = int(value)
-            elif key == "interval":
-                changes["word_interval"] = float(value)
-            elif key == "busy-delay":
-                changes["busy_delay"] = float(value)
-            elif key == "second-idle":
-                changes["second_idle"] = float(value)
-            elif key == "duplicate-idles":
-                changes["duplicate_idles"] = True
-            elif key == "permission":
-                changes["permission"] = True
-        return attrs.evolve(self, **changes)
+    TOKENS = {
+        **BaseBehaviour.TOKENS,
+        "wedged": ("stop_delay", never),  # the abort is acknowledged and ignored
+        "busy-delay": ("busy_delay", float),
+        "second-idle": ("second_idle", float),
+        "duplicate-idles": ("duplicate_idles", on),
+        "permission": ("permission", on),
+    }
 
 
 @define
@@ -90,33 +68,25 @@ class Request:
     json: Any
 
 
-class MemoryOpenCodeLauncher(MemoryLauncher):
-    """A ``Launcher`` that starts :class:`FakeOpenCodeServer` tasks; records what happened."""
+class MemoryOpenCodeLauncher(BaseLauncher[OpenCodeBehaviour, "FakeOpenCodeServer"]):
+    """A ``Launcher`` that starts :class:`FakeOpenCodeServer` tasks; records what happened.
 
-    def __init__(self, behaviour: OpenCodeBehaviour | None = None, *, kill_timeout: float = 1.0):
-        super().__init__(None, kill_timeout=kill_timeout)
-        self.behaviour = behaviour or OpenCodeBehaviour()  # type: ignore[assignment]
-        self.servers: list[FakeOpenCodeServer] = []
+    Its ``violations``: rules the client broke (a request before the event stream was open,
+    the blocking ``/message`` route).
+    """
+
+    behaviour_type = OpenCodeBehaviour
+
+    def __init__(self, behaviour: OpenCodeBehaviour | None = None, **kwargs: Any) -> None:
+        super().__init__(behaviour, **kwargs)
         self.requests: list[Request] = []
-        #: rules the client broke (a request before the event stream was open, /message)
-        self.violations: list[str] = []
 
-    async def __call__(
-        self,
-        spec: AgentSpec,
-        *,
-        cwd: str,
-        resume: str | None,
-        generation: int,
-        inbox: trio.MemorySendChannel[Any],
-        nursery: trio.Nursery,
-    ) -> AgentLink:
-        link = MemoryLink(self, generation, inbox)
-        server = FakeOpenCodeServer(link, self.behaviour, self.store, self)  # type: ignore[arg-type]
-        self.links.append(link)
-        self.servers.append(server)
-        nursery.start_soon(server.run)
-        return link
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeOpenCodeServer:
+        return FakeOpenCodeServer(link, self)
+
+    @property
+    def servers(self) -> list[FakeOpenCodeServer]:
+        return self.agents
 
     def sent(self, path_end: str, generation: int | None = None) -> list[Request]:
         """Our requests whose path ends with ``path_end``, to every server or to one."""
@@ -127,34 +97,23 @@ class MemoryOpenCodeLauncher(MemoryLauncher):
         ]
 
 
-class FakeOpenCodeServer:
-    def __init__(
-        self,
-        link: MemoryLink,
-        behaviour: OpenCodeBehaviour,
-        store: Store,
-        launcher: MemoryOpenCodeLauncher,
-    ):
-        self.link = link
-        self.behaviour = behaviour
-        self.store = store
-        self.launcher = launcher
+class FakeOpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: MemoryOpenCodeLauncher):
+        super().__init__(link, launcher)
+        self.requests = launcher.requests
         self.ready = False
         self.active: _Running | None = None
         self.turns: list[str] = []
         self.pending: dict[str, trio.MemorySendChannel[str]] = {}
         self.counter = 0
 
-    async def run(self) -> None:
-        with self.link.scope:
-            async with trio.open_nursery() as nursery:
-                if self.behaviour.start_delay:
-                    await trio.sleep(self.behaviour.start_delay)
-                await self.link.post({"transport": "ready", "url": "http://memory.invalid"})
-                self.ready = True
-                await self.event("server.connected", {})
-                async for message in self.link.to_agent:
-                    await self.handle(message, nursery)
+    async def boot(self) -> bool:
+        if not await super().boot():
+            return False
+        await self.link.post({"transport": "ready", "url": "http://memory.invalid"})
+        self.ready = True
+        await self.event("server.connected", {})
+        return True
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -187,7 +146,7 @@ class FakeOpenCodeServer:
             return
         method, path, body = request.get("method"), str(request.get("path")), request.get("json")
         request_id = request.get("id")
-        self.launcher.requests.append(
+        self.requests.append(
             Request(trio.current_time(), self.link.generation, str(method), path, body)
         )
         parts = path.strip("/").split("/")
