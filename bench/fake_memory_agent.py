@@ -5,6 +5,11 @@ It plugs into the session through the same ``Launcher`` signature as real proces
 one trio task per agent, messages as dicts, a kill is a cancel scope. It behaves like
 ``bench/fake_light_agent.py``: a prompt streams its first word at once and then one every
 ``interval`` seconds, until ``session/cancel``, answered at once with ``stopReason: cancelled``.
+
+Like that agent's ``select`` loop it is one task whose word timer is the deadline of its
+receive: no task or cancel scope per turn, and a cancel cancels nothing in trio (a cancelled
+scope raises ``Cancelled``, whose traceback materialises frames: a dozen container objects per
+turn that would be the fake's cost, not the session's).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ class LeanLink(AgentLink):
         self._to_agent, self._agent_inbox = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._scope = trio.CancelScope()
         self._session_id: str | None = None
-        self._turn: tuple[Any, trio.CancelScope] | None = None
+        self._turn: Any = None  # the running prompt's request id
+        self._next_word_at = math.inf
+        self._words = 0
 
     # -- AgentLink ---------------------------------------------------------------------------
 
@@ -60,11 +67,19 @@ class LeanLink(AgentLink):
 
     async def run(self) -> None:
         with self._scope:
-            async with trio.open_nursery() as nursery:
-                async for message in self._agent_inbox:
-                    await self.handle(message, nursery)
+            while True:
+                message: dict[str, Any] | None = None
+                if self._turn is None:
+                    message = await self._agent_inbox.receive()
+                else:
+                    with trio.move_on_at(self._next_word_at):
+                        message = await self._agent_inbox.receive()
+                if message is None:
+                    await self.word()
+                else:
+                    await self.handle(message)
 
-    async def handle(self, message: dict[str, Any], nursery: trio.Nursery) -> None:
+    async def handle(self, message: dict[str, Any]) -> None:
         method = message.get("method")
         request_id = message.get("id")
         params = message.get("params") or {}
@@ -82,14 +97,13 @@ class LeanLink(AgentLink):
             self._session_id = params.get("sessionId")
             result = None
         elif method == "session/prompt":
-            scope = trio.CancelScope()
-            self._turn = (request_id, scope)
-            nursery.start_soon(self.stream, scope)
+            self._turn = request_id
+            self._words = 0
+            await self.word()  # the first at once
             return
         elif method == "session/cancel":
             if self._turn is not None:
-                (turn_id, scope), self._turn = self._turn, None
-                scope.cancel()
+                turn_id, self._turn = self._turn, None
                 await self.post(
                     {"jsonrpc": "2.0", "id": turn_id, "result": {"stopReason": "cancelled"}}
                 )
@@ -98,25 +112,22 @@ class LeanLink(AgentLink):
             return
         await self.post({"jsonrpc": "2.0", "id": request_id, "result": result})
 
-    async def stream(self, scope: trio.CancelScope) -> None:
-        with scope:
-            index = 0
-            while True:
-                await self.post(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "session/update",
-                        "params": {
-                            "sessionId": self._session_id,
-                            "update": {
-                                "sessionUpdate": "agent_message_chunk",
-                                "content": {"type": "text", "text": f"w{index} "},
-                            },
-                        },
-                    }
-                )
-                index += 1
-                await trio.sleep(self._interval)
+    async def word(self) -> None:
+        self._next_word_at = trio.current_time() + self._interval
+        await self.post(
+            {
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {
+                    "sessionId": self._session_id,
+                    "update": {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": f"w{self._words} "},
+                    },
+                },
+            }
+        )
+        self._words += 1
 
 
 class LeanLauncher:

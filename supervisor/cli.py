@@ -137,7 +137,7 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
     demo = AgentSpec.from_config("demo")
     printer.line("agent-supervisor demo: stopping a coding agent's turn, for real")
     printer.line("=" * 66)
-    async with open_supervisor(state_dir=default_state_dir()) as supervisor:
+    async with open_supervisor(state_dir=default_state_dir(), gc_policy=True) as supervisor:
         printer.line()
         printer.line("1. A cooperative agent: it honours the ACP session/cancel notification.")
         session = await supervisor.start_session(demo.with_args("--delay", "0.05"))
@@ -198,7 +198,7 @@ async def run_serve(config: str | None, host: str, port: int, token: str | None)
             flush=True,
         )
     async with (
-        open_supervisor(agents=agents, state_dir=default_state_dir()) as supervisor,
+        open_supervisor(agents=agents, state_dir=default_state_dir(), gc_policy=True) as supervisor,
         trio.open_nursery() as nursery,
     ):
         gateway = Gateway(supervisor, token=token, host=host, port=port)

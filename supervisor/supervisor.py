@@ -4,10 +4,14 @@
 an exception or on outer cancellation, stops every session concurrently, each bounded by its
 kill ladder, under a shield, so an embedding application that leaves its nursery leaves no
 process of any agent tree alive.
+
+It also applies, once per process, the cyclic-GC policy of a supervisor (``apply_gc_policy``;
+why and at what cost: ``design/actor.md``, "Garbage collection").
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -26,12 +30,42 @@ from supervisor.process import ExitStatus
 from supervisor.session import Session, SessionSummary
 from supervisor.statefile import StateFile, sweep_orphans
 
-__all__ = ["Supervisor", "open_supervisor"]
+__all__ = ["Supervisor", "apply_gc_policy", "open_supervisor"]
 
 log = logging.getLogger(__name__)
 
 #: Upper bound on stopping one session on the way out: stdin EOF wait plus the kill ladder.
 _STOP_BOUND_S = 10.0
+
+#: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
+#: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
+#: never reach the older generations, so they never count towards a full collection, which
+#: walks every live object (~165 per session with a turn running: 1.6 M, 1-2 s, at 10,000
+#: sessions). A young collection then walks up to this many objects (a few ms). Measured with
+#: ``bench/scale.py`` (design/actor.md, "Garbage collection").
+GC_GEN0_THRESHOLD = 10_000
+
+_gc_policy_applied = False
+
+
+def apply_gc_policy() -> bool:
+    """Tune the cyclic GC for a long-running supervisor process; once per process.
+
+    Collects, then ``gc.freeze()``: what is alive now (modules, classes, configuration) is
+    never walked again by a collection. Then raises the young-generation threshold to
+    :data:`GC_GEN0_THRESHOLD` (never lowers one the application set). Leaves the GC alone if
+    the application disabled it. Returns whether it changed anything.
+    """
+    global _gc_policy_applied
+    if _gc_policy_applied or not gc.isenabled():
+        return False
+    _gc_policy_applied = True
+    gc.collect()
+    gc.freeze()
+    gen0, gen1, gen2 = gc.get_threshold()
+    if 0 < gen0 < GC_GEN0_THRESHOLD:
+        gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+    return True
 
 
 class Supervisor:
@@ -133,12 +167,17 @@ async def open_supervisor(
     config: str | os.PathLike[str] | None = None,
     launcher: Launcher | None = None,
     state_dir: str | os.PathLike[str] | None = None,
+    gc_policy: bool = False,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
     With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
     left by a supervisor that crashed are killed first, and this one records its own.
+    ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
+    it owns its process; an embedding application owns its garbage collector and opts in.
     """
+    if gc_policy:
+        apply_gc_policy()
     state: StateFile | None = None
     if launcher is None:
         if state_dir is not None:
