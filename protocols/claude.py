@@ -61,27 +61,46 @@ Decisions:
   be asking); the CLI withdraws them or a person answers them.
 - We register no hooks or SDK MCP servers, so any other CLI request is answered with an error.
 
-Background tasks (sub-agents, background shells, monitors), shapes from the Agent SDK's
-``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``, ``SDKTaskNotificationMessage``,
-``SDKControlStopTaskRequest``) and the 2.1.332 CLI's ``stop_task`` handler:
+Background tasks (sub-agents, background shells, monitors). Checked against 2.1.332 in this
+stream-json mode on a fake model (``tests/test_real_claude_tasks.py``); the field lists are the
+Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``,
+``SDKTaskNotificationMessage``, ``SDKControlStopTaskRequest``):
 
-- ``system/task_started`` (``task_id``) starts a task; ``system/task_notification``
-  (``status``: ``completed``/``failed``/``stopped``) or a ``system/task_updated`` whose
-  ``patch.status`` is ``completed``/``failed``/``killed`` ends it. The messages themselves stay
-  ``session.info`` events, as before. A task belongs to the turn it started in; the ones started
-  while no turn runs (a background task's own extra turn) are not stopped by a later cancel.
-- A cancel sends the ``interrupt`` first, then ``{"subtype": "stop_task", "task_id": ...}`` for
-  every task of this turn still running, all in the same step; a task that starts while the cancel
-  is in progress is stopped at its ``task_started``. One ``stop_task`` per task, never repeated.
-  (We do not declare ``perTaskStopAffordance`` in ``initialize``, so the CLI's interrupt already
-  kills background tasks, fail-closed; its ``stop_task`` answers success for a task that is gone
-  or no longer running. The requests make the stop explicit and give a per-task answer, also on
-  CLIs whose interrupt spares them.)
-- The turn's ``TurnFinished`` is held after its ``result`` until every ``stop_task`` is answered
-  (success: ``confirmed: true``; error: ``confirmed: false`` with the CLI's words); ``details``
-  then carries ``tasks``: ``[{task_id, confirmed, status?, error?}]`` (``status`` from the task's
-  ``task_notification`` when one came). While it is held, output still carries the turn's id and
-  a further ``result`` is ``session.info``. The actor's grace timer bounds the wait.
+- A ``Bash`` call with ``run_in_background: true`` or an ``Agent`` call (sub-agent, background by
+  default) starts a task: ``system/task_started`` with ``task_id``, ``run_id``, ``tool_use_id``,
+  ``task_type`` (``local_bash``, id ``b`` + 8 of ``[0-9a-z]``; ``local_agent``, id ``a`` + 16 hex
+  digits, also ``subagent_type``, ``spawn_depth``, ``prompt``) and ``is_backgrounded``; the CLI
+  answers the call at once and the turn goes on. ``system/background_tasks_changed`` lists the
+  running background tasks after each change; sub-agents may also write ``task_progress``. A
+  foreground ``Agent`` (``run_in_background: false``) is a task too (``is_backgrounded: false``).
+- A task ends with ``system/task_updated`` (``patch.status`` ``killed``/``completed``/``failed``,
+  ``patch.end_time``), then ``system/task_notification`` (``status`` ``stopped``/``completed``/
+  ``failed``, ``output_file``, ``summary``). Either ends it here; the messages stay
+  ``session.info`` events. A task belongs to the turn it started in; the ones started while no
+  turn runs (a background task's own extra turn) are not stopped by a later cancel.
+- The ``interrupt`` (we declare no ``perTaskStopAffordance`` in ``initialize``) kills the turn's
+  sub-agents itself, before it even acknowledges; it leaves **background shells running**: their
+  processes (in their own session, out of reach of a kill of the CLI's process group) outlive the
+  turn, and the CLI then does not exit on stdin EOF while they run (waited 15 s; SIGTERM ends
+  both; SIGKILL orphans the shells to PID 1).
+- ``stop_task {task_id}`` kills a running shell, answered in 5-15 ms: ``task_updated`` ``killed``,
+  ``task_notification`` ``stopped``, ``background_tasks_changed``, then success ``{}``. A task
+  that is gone or unknown is answered success ``{}`` as well. (The CLI's bridge contexts answer
+  ``stop_task is not supported in this context (callback not registered)``; not this mode.)
+
+So a cancel sends the ``interrupt`` first, then ``{"subtype": "stop_task", "task_id": ...}`` for
+every task of this turn still running, all in the same step; a task that starts while the cancel
+is in progress is stopped at its ``task_started``. One ``stop_task`` per task, never repeated.
+The ``stop_task`` is what ends a background shell; for a sub-agent it confirms the interrupt's
+kill. The turn's ``TurnFinished`` is held after its ``result`` until every ``stop_task`` is
+answered (success: ``confirmed: true``; error: ``confirmed: false`` with the CLI's words);
+``details`` then carries ``tasks``: ``[{task_id, confirmed, status?, error?}]`` (``status`` from
+the task's ``task_notification`` or ``task_updated``; measured ``stopped`` for both kinds).
+While it is held, output still carries the turn's id and a further ``result`` is
+``session.info``. The actor's grace timer bounds the wait; a CLI killed first still gets its
+``tasks`` into the receipt (``details_at_kill``: the unanswered ones unconfirmed). Measured
+(2 shared cores, 5 runs): cancel to receipt 25-230 ms with a sub-agent, 65-120 ms with a
+background shell (its ``task_notification`` 20-70 ms after the cancel).
 """
 
 from __future__ import annotations
@@ -167,6 +186,7 @@ _TOOL_KINDS: Final = {
     "WebFetch": "fetch",
     "WebSearch": "fetch",
     "Task": "think",
+    "Agent": "think",  # the sub-agent tool's name in 2.1.332 (init lists it as "Task")
     "TodoWrite": "think",
     "ExitPlanMode": "switch_mode",
 }
@@ -315,6 +335,13 @@ class ClaudeClient(AgentProtocol):
     @property
     def agent_session_id(self) -> str | None:
         return self._init_session_id or self._resume
+
+    def details_at_kill(self) -> dict[str, Any]:
+        """The running turn's ``stop_task`` requests, for a receipt whose CLI is killed before
+        the turn ended: those never answered are ``confirmed: false``."""
+        if self._turn_id is None or not self._stops:
+            return {}
+        return {"tasks": [stop.detail() for stop in self._stops.values()]}
 
     # -- messages from the CLI ------------------------------------------------------------
 

@@ -132,6 +132,15 @@ class AgentProtocol(ABC):
         (Claude Code's ``--resume <session_id>``). ``resume`` is None for a first start."""
         return list(base)
 
+    @classmethod
+    def environment(cls, secret: str) -> dict[str, str]:
+        """Variables to add to the agent's environment, over the configured ones.
+
+        ``secret`` is a fresh random token for this one process; its link knows it too and
+        nothing else does (an HTTP server's password: OpenCode's ``OPENCODE_SERVER_PASSWORD``).
+        It must never reach an event, a log line or a receipt. None by default."""
+        return {}
+
     @abstractmethod
     def start(self, *, cwd: str, resume: str | None = None) -> Step:
         """Begin the handshake; ``resume`` is the agent session id to restore, if any."""
@@ -173,3 +182,10 @@ class AgentProtocol(ABC):
     @abstractmethod
     def agent_session_id(self) -> str | None:
         """What to pass as ``resume`` to the next process's machine after a kill."""
+
+    def details_at_kill(self) -> dict[str, Any]:
+        """Receipt details of a cancel the agent never finished, read when the actor kills the
+        process (or it dies) before :class:`TurnFinished`: what the cancel asked of sub-agents
+        or background tasks and never heard back about, marked unconfirmed. The machine is
+        discarded right after; protocols with nothing to report keep this default."""
+        return {}

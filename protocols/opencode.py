@@ -64,7 +64,13 @@ from protocols.machine import (
     check_answer,
 )
 
-__all__ = ["OpenCodeClient"]
+__all__ = ["SERVER_USERNAME", "OpenCodeClient"]
+
+#: ``opencode serve`` 1.18.33 asks every request for HTTP basic auth once
+#: ``OPENCODE_SERVER_PASSWORD`` is set (401 ``WWW-Authenticate: Basic realm="Secure Area"``
+#: otherwise); the user name is ``OPENCODE_SERVER_USERNAME``, ``opencode`` by default. Read from
+#: the binary's ``ServerAuth`` module: the same check guards ``GET /event``.
+SERVER_USERNAME = "opencode"
 
 #: The permission answers; they are also the option ids offered to a person.
 _OPTIONS = {
@@ -214,6 +220,12 @@ class OpenCodeClient(AgentProtocol):
         if not any(arg == "--hostname" or arg.startswith("--hostname=") for arg in argv):
             argv += ["--hostname", "127.0.0.1"]
         return argv
+
+    @classmethod
+    def environment(cls, secret: str) -> dict[str, str]:
+        """A server password of its own for every process: without one the server answers any
+        local process (it warns "server is unsecured"). The link sends it as basic auth."""
+        return {"OPENCODE_SERVER_USERNAME": SERVER_USERNAME, "OPENCODE_SERVER_PASSWORD": secret}
 
     # -- calls from the actor -------------------------------------------------------------
 

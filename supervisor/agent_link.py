@@ -46,11 +46,15 @@ class ProcessLink(AgentLink):
         spec: AgentSpec,
         generation: int,
         inbox: trio.MemorySendChannel[Any],
+        *,
+        secret: str | None = None,
     ) -> None:
         self.process = process
         self.generation = generation
         self._spec = spec
         self._inbox = inbox
+        #: the process's own secret (``AgentProtocol.environment``); never logged
+        self._secret = secret
         self._outgoing_send, self._outgoing = trio.open_memory_channel[bytes](math.inf)
         self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self._stderr_done = trio.Event()
@@ -200,12 +204,15 @@ class ProcessLauncher:
         protocol = PROTOCOLS[spec.protocol]
         argv = protocol.command(spec.command, resume)
         env = spec.process_env()
+        # One secret per process, for the protocol's environment and the link alone.
+        secret = secrets.token_urlsafe(32)
+        env.update(protocol.environment(secret))
         mark = secrets.token_hex(8)
         env[TREE_MARK_VARIABLE] = mark
         process = await AgentProcess.spawn(argv, env=env, cwd=cwd)
         if self.state is not None:
             self.state.record(process.pid, _create_time(process.pid), mark, argv)
-        link = LINK_TYPES[protocol.transport](process, spec, generation, inbox)
+        link = LINK_TYPES[protocol.transport](process, spec, generation, inbox, secret=secret)
         nursery.start_soon(self._run_link, link)
         return link
 

@@ -10,6 +10,10 @@ how we talk to it. ``run()`` owns these tasks, all in one nursery:
   once it delivers its first event ``{"transport": "ready", "url": ...}`` is posted, then every
   event as ``{"sse": event}``. The protocol machine sends nothing before ``ready``, so no event
   of ours can be missed (OpenCode edge case 24);
+- *authentication*: the process was started with a secret of its own as its server password
+  (``AgentProtocol.environment``; OpenCode's ``OPENCODE_SERVER_PASSWORD``), and every request,
+  the event stream too, carries it as HTTP basic auth. Nothing else on the machine can drive
+  the server; the secret is in no event, log line or receipt;
 - *requests*: ``send()`` queues ``{"http": {"id", "method", "path", "json"?}}`` envelopes
   without blocking the actor; a worker runs them concurrently (an abort never waits behind a
   slow permission reply) and posts each answer as ``{"http_response": {"id", "status", "json",
@@ -39,6 +43,7 @@ import httpx
 import trio
 
 from protocols.framing import EXCERPT_CHARS, MAX_LINE_BYTES, Frame, FramingError, Message
+from protocols.opencode import SERVER_USERNAME
 from supervisor.agent_link import LINK_TYPES, STDERR_LINE_CHARS, ProcessLink
 from supervisor.config import AgentSpec
 from supervisor.link import AgentFrame, AgentGone
@@ -49,7 +54,7 @@ __all__ = ["HttpLink", "SseDecoder"]
 log = logging.getLogger(__name__)
 
 #: ``opencode server listening on http://127.0.0.1:4096`` (opencode 1.18.33 prints it on stdout
-#: once it accepts connections, after a warning that no server password is set).
+#: once it accepts connections; before it, a warning if no server password is set).
 _LISTENING = re.compile(rb"listening on (https?://[^\s\"'<>]+)")
 _READ_SIZE = 65536
 #: A connection to a server on the loopback interface takes well under a millisecond; this only
@@ -221,8 +226,10 @@ class HttpLink(ProcessLink):
         spec: AgentSpec,
         generation: int,
         inbox: trio.MemorySendChannel[Any],
+        *,
+        secret: str | None = None,
     ) -> None:
-        super().__init__(process, spec, generation, inbox)
+        super().__init__(process, spec, generation, inbox, secret=secret)
         self._requests_send, self._requests = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._stdout_pending = bytearray()
         self._stream_done = trio.Event()
@@ -303,6 +310,8 @@ class HttpLink(ProcessLink):
             self.url = url
             return httpx.AsyncClient(
                 base_url=url,
+                # The server's password (AgentProtocol.environment), on every request.
+                auth=httpx.BasicAuth(SERVER_USERNAME, self._secret) if self._secret else None,
                 timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                 limits=httpx.Limits(max_connections=MAX_CONCURRENT_REQUESTS + 1),
                 trust_env=False,  # never through a proxy from the environment

@@ -2,11 +2,12 @@
 
 Tier 1 replays ``tests/golden/claude/tasks/*.json`` the way ``test_claude.py`` replays its own
 goldens (same step format, same machine with the constant nonce), with one difference in the
-wire check: a cancel may now also send ``stop_task`` control requests. Those transcripts use the
-message shapes of the Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``,
-``SDKTaskUpdatedMessage``, ``SDKTaskNotificationMessage``, ``SDKControlStopTaskRequest``) and
-task ids as Claude Code 2.1.332 makes them (a type letter, ``b`` shell or ``a`` agent, then
-eight of ``[0-9a-z]``).
+wire check: a cancel may now also send ``stop_task`` control requests. ``real_background_shell``
+and ``real_background_agent`` are Claude Code 2.1.332's own wire, recorded by
+``test_real_claude_tasks.py`` (trimmed as their descriptions say); the others are written in the
+same shapes (task ids as 2.1.332 makes them: ``b`` and eight of ``[0-9a-z]`` for a shell, ``a``
+and 16 hex digits for a sub-agent) to reach the cases a real run does not: a task that ends by
+itself, a refused ``stop_task``, a task started during the cancel or while no turn runs.
 
 Tier 2 runs the unchanged session actor against ``fakes/memory_claude.py`` on virtual time, with
 prompts that start background tasks (``tasks=N``): a cooperative CLI's receipt lists every task
@@ -321,8 +322,9 @@ async def test_cancel_stops_every_task_and_lists_them(
 async def test_tasks_killed_by_the_interrupt_still_confirmed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The CLI's default (no perTaskStopAffordance): the interrupt kills the tasks itself, and
-    stop_task answers success for a task that is gone."""
+    """Sub-agents, as 2.1.332 treats them when the host declares no perTaskStopAffordance: the
+    interrupt ends them itself before acknowledging, and stop_task answers success for a task
+    that is gone (``real_background_agent.json``)."""
     behaviour = ClaudeBehaviour(words=100, stop_delay=0.05)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello tasks=1 interrupt-kills-tasks")
@@ -332,6 +334,7 @@ async def test_tasks_killed_by_the_interrupt_still_confirmed(
         assert trio.current_time() - t0 == pytest.approx(0.05)
         [task] = receipt.details["tasks"]
         assert task["confirmed"] is True and task["status"] == "stopped"
+        assert task["task_id"].startswith("a") and len(task["task_id"]) == 17
         assert launcher.clis[0].running_tasks() == []
 
 
@@ -359,9 +362,31 @@ async def test_unanswered_stop_task_means_kill_at_grace(
         assert trio.current_time() - t0 == pytest.approx(GRACE)
         assert receipt.outcome == "killed"
         assert receipt.escalation[:2] == ["interrupt", "grace_expired"]
+        # The killed receipt still says which task never confirmed its stop.
+        [task_id] = launcher.clis[0].tasks
+        assert receipt.details["tasks"] == [{"task_id": task_id, "confirmed": False}]
         ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
         assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
         assert session.state == "ready"
+
+
+def test_details_at_kill_only_for_a_running_cancel() -> None:
+    """Nothing before a cancel, nothing once the turn ended; unanswered stops unconfirmed."""
+    client = established()
+    running_turn(client)
+    client.receive(started("b1"))
+    client.receive(started("b2"))
+    assert client.details_at_kill() == {}
+    client.cancel()
+    client.receive(ack(3))  # b1's stop_task answered
+    assert client.details_at_kill() == {
+        "tasks": [{"task_id": "b1", "confirmed": True}, {"task_id": "b2", "confirmed": False}]
+    }
+    client.receive(ack(4))
+    client.receive(
+        {"type": "result", "subtype": "success", "is_error": False, "terminal_reason": "completed"}
+    )
+    assert client.details_at_kill() == {}
 
 
 async def test_turn_without_tasks_is_unchanged(autojump_clock: trio.testing.MockClock) -> None:

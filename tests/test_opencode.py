@@ -121,6 +121,20 @@ def test_command_listens_on_a_free_loopback_port_unless_configured() -> None:
     assert OpenCodeClient.command(configured, "ses_1") == configured
 
 
+def test_every_process_gets_a_server_password_of_its_own() -> None:
+    """The spawn-environment hook: OpenCode's server takes its password and user name from the
+    environment; protocols that need no secret add nothing."""
+    from protocols import PROTOCOLS
+    from protocols.opencode import SERVER_USERNAME
+
+    assert OpenCodeClient.environment("s3cret") == {
+        "OPENCODE_SERVER_USERNAME": SERVER_USERNAME,
+        "OPENCODE_SERVER_PASSWORD": "s3cret",
+    }
+    assert SERVER_USERNAME == "opencode"  # the server's default, so a client without it agrees
+    assert PROTOCOLS["acp"].environment("s3cret") == {}
+
+
 def test_the_abort_reply_never_ends_a_turn() -> None:
     """Edge cases 24 and 28: 200 true comes for idle sessions too; only the stream decides."""
     client = established()

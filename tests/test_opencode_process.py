@@ -15,6 +15,7 @@ the package cannot be installed, and fails instead with ``AGENT_SUPERVISOR_STRIC
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -23,22 +24,25 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 import trio
 
 from helpers import Recorder
 from protocols import events as ev
+from protocols.opencode import SERVER_USERNAME
 from supervisor import AgentSpec, Session, open_supervisor
 
 pytestmark = pytest.mark.real_process
 
 GRACE = 1.0
+FLOOD_GRACE = 10.0
 BOUND = 30.0  # a stuck test fails instead of hanging the suite
 FAKE_OPENCODE = Path(__file__).parent / "fakes" / "fake_opencode.py"
 
 
-def opencode_spec(state_dir: Path, *extra: str) -> AgentSpec:
+def opencode_spec(state_dir: Path, *extra: str, grace_s: float = GRACE) -> AgentSpec:
     return AgentSpec(
         name="opencode",
         protocol="opencode",
@@ -50,7 +54,7 @@ def opencode_spec(state_dir: Path, *extra: str) -> AgentSpec:
             str(state_dir),
             *extra,
         ],
-        grace_s=GRACE,
+        grace_s=grace_s,
         kill_timeout_s=0.5,
         start_timeout_s=10.0,
     )
@@ -66,10 +70,13 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
 
 
 @asynccontextmanager
-async def opencode_session(tmp_path: Path, *extra: str) -> AsyncIterator[tuple[Session, Recorder]]:
+async def opencode_session(
+    tmp_path: Path, *extra: str, grace_s: float = GRACE
+) -> AsyncIterator[tuple[Session, Recorder]]:
     seen: list[psutil.Process] = []
+    spec = opencode_spec(tmp_path, *extra, grace_s=grace_s)
     with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"opencode": opencode_spec(tmp_path, *extra)}) as sup:
+        async with open_supervisor(agents={"opencode": spec}) as sup:
             session = await sup.start_session("opencode", cwd=str(tmp_path))
             recorder = Recorder(session)
             async with trio.open_nursery() as nursery:
@@ -126,6 +133,83 @@ async def test_normal_turns_over_http(tmp_path: Path) -> None:
         assert session.state == "ready" and rec.of_kind("error") == []
 
 
+def server_password(tree: list[psutil.Process]) -> str:
+    """The password the supervisor gave the server: in the environment of its processes (the
+    shim and the server, the bridge too), one value."""
+    found: set[str] = set()
+    for process in tree:
+        try:
+            value = process.environ().get("OPENCODE_SERVER_PASSWORD")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if value:
+            found.add(value)
+    assert len(found) == 1, f"expected one server password, found {len(found)}"
+    [password] = found
+    return password
+
+
+def listening_url(rec: Recorder) -> str:
+    """Where the server listens, from its ``listening on`` line (shown like a stderr line)."""
+    [line] = [line for line in stderr_lines(rec) if "server listening on http://" in line]
+    return line.split("listening on ")[1].strip()
+
+
+async def assert_refused_without_the_password(url: str, password: str) -> None:
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=10.0) as client:
+        bare = await client.get("/session")
+        assert bare.status_code == 401, bare
+        assert bare.headers["www-authenticate"].startswith("Basic")
+        wrong = await client.get("/event", auth=(SERVER_USERNAME, password + "x"))
+        assert wrong.status_code == 401, wrong
+        right = await client.get("/session/ses_nosuchsession", auth=(SERVER_USERNAME, password))
+        assert right.status_code == 404, right  # past the password: a session it does not have
+
+
+def assert_secret_nowhere(secret: str, rec: Recorder, *texts: str) -> None:
+    for event in rec.events:
+        assert secret not in repr(event), event
+    for text in texts:
+        assert secret not in text
+
+
+async def test_server_password_guards_every_route(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server is started with a password of its own (``AgentProtocol.environment``), which
+    the link sends as basic auth on every request and the event stream: the session works, a
+    request without the password (or with another) is refused, and the password shows nowhere."""
+    caplog.set_level(logging.DEBUG)
+    async with opencode_session(tmp_path) as (session, rec):
+        password = server_password(tree_of_this_test())
+        await second_prompt_completes(session, rec)
+        await rec.wait_kind("session.state", state="ready", count=2)
+        turn = await session.prompt("words=10000")
+        await rec.wait_for(is_delta, count=2)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        await assert_refused_without_the_password(listening_url(rec), password)
+        await said(rec, "fake-opencode: refused GET /session: no valid credentials")
+        await said(rec, "fake-opencode: refused GET /event: no valid credentials")
+        await rec.catch_up()
+        lines = stderr_lines(rec)
+        assert not any("OPENCODE_SERVER_PASSWORD is not set" in line for line in lines)
+        assert_secret_nowhere(password, rec, repr(receipt), caplog.text)
+
+
+async def test_a_new_password_for_every_process(tmp_path: Path) -> None:
+    """A respawned server gets a fresh password; the old one opens nothing."""
+    async with opencode_session(tmp_path) as (session, rec):
+        first = server_password(tree_of_this_test())
+        await session.prompt("wedged words=10000")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed" and receipt.resumed is True
+        second = server_password(tree_of_this_test())
+        assert second != first
+        await second_prompt_completes(session, rec)
+
+
 async def test_cooperative_cancel(tmp_path: Path) -> None:
     async with opencode_session(tmp_path) as (session, rec):
         turn = await session.prompt("words=10000")
@@ -140,6 +224,52 @@ async def test_cooperative_cancel(tmp_path: Path) -> None:
         assert receipt.escalation == ["interrupt"]
         assert receipt.elapsed_ms < GRACE * 1000
         assert all(p.is_running() for p in server)  # nothing was killed
+        await second_prompt_completes(session, rec)
+
+
+async def test_cancel_behind_a_flood_one_receipt_and_every_event(tmp_path: Path) -> None:
+    """The server streams deltas as fast as its socket takes them, so thousands are queued
+    (mostly in its socket buffer) when the cancel comes: the turn's end is read behind all of
+    them. Two concurrent cancels share the one receipt, every delta before the end reaches the
+    subscriber in order with no gap, and exactly one ``turn.ended`` follows them. (How long the
+    backlog takes is measured, not asserted: ``design/protocols.md``.)"""
+    # A generous grace: the backlog takes 0.5-3 s to read on 2 loaded cores, and this test is
+    # about order and count, not about the kill ladder.
+    async with opencode_session(tmp_path, grace_s=FLOOD_GRACE) as (session, rec):
+        turn = await session.prompt("flood words=100000000")
+        await rec.wait_for(is_delta, count=2000)
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel(reason="flood"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel)
+            nursery.start_soon(cancel)
+        first, second = receipts
+        assert first == second
+        assert (first.outcome, first.turn_id, first.stop_reason) == (
+            "cancelled",
+            turn.id,
+            "aborted",
+        )
+        assert first.escalation == ["interrupt"]
+        await rec.catch_up()
+        texts = [
+            e.text
+            for e in rec.of_kind("message.delta")
+            if isinstance(e, ev.MessageDelta) and e.turn_id == turn.id
+        ]
+        assert len(texts) >= 2000
+        assert texts == [f"w{i} " for i in range(len(texts))]  # in order, none lost
+        [ended] = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert ended.turn_id == turn.id and ended.receipt is not None
+        assert (ended.receipt["outcome"], ended.receipt["elapsed_ms"]) == (
+            "cancelled",
+            first.elapsed_ms,
+        )
+        last_delta = max(e.seq for e in rec.of_kind("message.delta"))
+        assert ended.seq > last_delta
         await second_prompt_completes(session, rec)
 
 
@@ -349,6 +479,9 @@ async def test_real_opencode_serve_cancel_and_continue(
                 lambda e: e.streaming_tokens and e.disconnected_at is not None, timeout=10
             )
             assert all(p.is_running() for p in tree)  # stopped in-band: nothing killed
+            # The server has a password of its own: nothing but our link can drive it.
+            password = server_password(tree)
+            await assert_refused_without_the_password(listening_url(rec), password)
             second = await session.prompt("quick")
             ended = await rec.wait_kind("turn.ended", turn_id=second.id)
             assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", ended
@@ -358,6 +491,8 @@ async def test_real_opencode_serve_cancel_and_continue(
                 if isinstance(e, ev.MessageDelta) and e.turn_id == second.id
             ]
             assert "".join(texts) == "Quick answer from the fake model."
+            assert not any("server is unsecured" in line for line in stderr_lines(rec))
+            assert_secret_nowhere(password, rec, repr(receipt))
             dropped_ms = 1000 * (streaming.disconnected_at - streaming.started_at)
             print(
                 f"\nreal opencode serve ({'loopback-only netns' if isolated else 'host network'}):"

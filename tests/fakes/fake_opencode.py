@@ -1,8 +1,8 @@
 """A scripted fake ``opencode serve``: HTTP routes and a server-sent event stream, for tier-3 tests.
 
 Run as ``python fake_opencode.py serve --port 0 --hostname 127.0.0.1 --state-dir DIR``. Like the
-real server 1.18.33 (shapes in ``tests/golden/opencode``) it prints a password warning and then
-``opencode server listening on http://HOST:PORT`` on stdout, and serves:
+real server 1.18.33 (shapes in ``tests/golden/opencode``) it prints a warning when it has no
+password, then ``opencode server listening on http://HOST:PORT`` on stdout, and serves:
 
 - ``GET /event``: ``server.connected`` first, then every event, chunked, with a heartbeat;
 - ``POST /session``; ``GET /session/{id}`` (404 ``NotFoundError`` for one it does not have; the
@@ -13,6 +13,11 @@ real server 1.18.33 (shapes in ``tests/golden/opencode``) it prints a password w
   late updates and a second idle pair);
 - ``POST /permission/{id}/reply`` (404 ``PermissionNotFoundError`` when gone; ``reject`` ends
   the turn with ``finish: "tool-calls"``).
+
+With ``OPENCODE_SERVER_PASSWORD`` in its environment (the supervisor sets one per process) every
+route, the event stream too, wants HTTP basic auth as ``OPENCODE_SERVER_USERNAME`` (default
+``opencode``) and answers 401 otherwise, as the real server does; without it, it warns that the
+server is unsecured.
 
 Words in the prompt script one turn:
 
@@ -39,6 +44,8 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import base64
+import hmac
 import json
 import math
 import os
@@ -395,13 +402,39 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if not self.authorized("GET"):
+            return
         if self.path.split("?")[0] == "/event":
             self.stream()
         else:
             self.answer("GET")
 
     def do_POST(self) -> None:
-        self.answer("POST")
+        if self.authorized("POST"):
+            self.answer("POST")
+
+    def authorized(self, method: str) -> bool:
+        """Like the real server's ``ServerAuth``: with ``OPENCODE_SERVER_PASSWORD`` set, HTTP basic
+        auth with ``OPENCODE_SERVER_USERNAME`` (default ``opencode``) on every route, or 401."""
+        password = os.environ.get("OPENCODE_SERVER_PASSWORD")
+        if not password:
+            return True
+        username = os.environ.get("OPENCODE_SERVER_USERNAME") or "opencode"
+        expected = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+        if hmac.compare_digest(self.headers.get("Authorization", ""), expected):
+            return True
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        log(f"refused {method} {self.path.split('?')[0]}: no valid credentials")
+        data = json.dumps({"name": "UnauthorizedError", "message": "Authentication required"})
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="Secure Area"')
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+        return False
 
     def answer(self, method: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -488,7 +521,8 @@ def main() -> None:
     fake = FakeServer(options.state_dir, options.drop_stream_once)
     server = Server((options.hostname, options.port), fake)
     time.sleep(options.startup_delay)
-    print("Warning: OPENCODE_SERVER_PASSWORD is not set; server is unsecured.", flush=True)
+    if not os.environ.get("OPENCODE_SERVER_PASSWORD"):
+        print("Warning: OPENCODE_SERVER_PASSWORD is not set; server is unsecured.", flush=True)
     if options.chatter:
         print("{not json at all", flush=True)
     host, port = server.server_address[:2]
