@@ -23,22 +23,31 @@ for Codex 0.171.0):
   -32601 (an MCP elicitation is declined) so the server never waits on us.
 
 Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
-(``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``):
+(``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``),
+checked against the real 0.171.0 app-server (``tests/test_real_codex_children.py``, whose
+docstring has the measurements):
 
-- A thread is one of **ours** (a descendant of our thread) when its ``thread/started`` names a
-  known thread as ``thread.parentThreadId`` (or ``thread.source.subAgent.thread_spawn.
-  parent_thread_id``), when a ``collabAgentToolCall`` item whose ``senderThreadId`` is ours
-  lists it in ``receiverThreadIds``, or when a ``subAgentActivity`` item on one of our threads
-  names it as ``agentThreadId``. Its running turn is tracked from its own ``turn/started`` and
-  ``turn/completed`` (``{threadId, turn: {id, status}}``). Known children are kept for the whole
-  connection, so a child spawned in an earlier turn that is still running is stopped too.
+- A thread is one of **ours** (a descendant of our thread) when a ``subAgentActivity`` item on
+  one of our threads names it as ``agentThreadId`` (what the real server sends when the model
+  calls ``spawn_agent``, ``[features] multi_agent_v2``), when one of its turns has a
+  ``rootTurnId`` of ours (the real server sets it on a child's ``turn/started``), when its
+  ``thread/started`` names a known thread as ``thread.parentThreadId`` (or ``thread.source.
+  subAgent.thread_spawn.parent_thread_id``; the real server sent no ``thread/started`` for a
+  child), or when a ``collabAgentToolCall`` item whose ``senderThreadId`` is ours lists it in
+  ``receiverThreadIds``. Its running turn is tracked from its own ``turn/started`` and
+  ``turn/completed`` (``{threadId, turn: {id, status}}``), which the server forwards to us.
+  Known children are kept for the whole connection, so a child spawned in an earlier turn that
+  is still running is stopped too.
+- **Interrupting the root does not stop a child** (measured: the child went on streaming from
+  the model); ``turn/interrupt`` on the child's thread and turn does, in ~8 ms.
 - Child thread notifications are surfaced like the root's, with **our** turn id (as Claude's
   subagent messages are): deltas, tool calls, plans; a child's ``turn/started``,
   ``turn/completed`` and ``thread/started`` become ``session.info`` (their ``data`` names the
   thread). Other threads' notifications stay ``agent.unparsed``.
 - A cancel sends, in this order and in one step: ``thread/goal/set {threadId, status:
-  "paused", origin: "user"}`` when our thread's goal is ``active`` (else Codex starts the next
-  goal turn by itself as soon as this one ends, and the stop looks ignored); the root
+  "paused", origin: "user"}`` when our thread's goal is ``active`` (an interrupted turn leaves
+  the goal active; 0.171.0 starts no goal turn right after the interrupt, but does as soon as
+  the person's next turn completes, and goes on by itself: the stop looks ignored); the root
   ``turn/interrupt`` (the rules above); then one ``turn/interrupt`` per running child turn, at
   once. A child turn that starts while the cancel is in progress is interrupted when its
   ``turn/started`` arrives; no child turn is interrupted twice.
@@ -51,6 +60,36 @@ Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
 - Our thread's goal status comes from ``thread/goal/updated`` / ``thread/goal/cleared``, and,
   after a ``thread/resume``, from one ``thread/goal/get``. A goal we paused is **left paused**:
   the person stopped the work; resuming it is theirs to ask for (``thread/goal/set`` ``active``).
+
+Goal turns are part of the person's turn. When a Codex turn *completes* while our thread's goal
+is ``active`` (the model's ``create_goal`` makes it so mid-turn), 0.171.0 starts the next goal
+turn by itself ~10 ms later (``turn/started`` with a new id, items, ``turn/completed``) and goes
+on until the goal is no longer active. So:
+
+- a ``completed`` Codex turn with the goal ``active`` (or our pause still unanswered) does not
+  end our turn: its ``TurnFinished`` is **held**;
+- the next ``turn/started`` on our thread while we hold is **adopted**: it becomes our turn's
+  Codex id (its deltas and items carry our turn id; a cancel interrupts it, the goal paused
+  first as above; a goal turn that starts after our cancel is interrupted at once), and the
+  ids before it count as finished (late duplicates and stale-id rejections of them are
+  ignored);
+- our turn ends when a Codex turn completes and the goal is not ``active``, or when, while we
+  hold, the goal leaves ``active`` (``complete``, ``paused``, ``blocked``, ``budgetLimited``,
+  ``usageLimited``: ``thread/goal/updated`` before or after ``turn/completed``; ``thread/goal/
+  cleared``), or our cancel's pause is answered. The end has the last Codex turn's status;
+  ``details`` has ``goal_turns`` (how many were adopted, when any) and ``goal`` (the pause's
+  outcome, else the goal status that released us, ``cleared`` when cleared). A cancel that
+  finds the turn held (nothing runs) sends only the pause; its answer ends the turn with
+  ``interrupted=True`` (the goal's work stopped because we asked; ``None`` if the pause was
+  refused: we cannot tell);
+- an ``interrupted`` or ``failed`` Codex turn ends our turn at once, as always (0.171.0 starts
+  no goal turn after an interrupted one).
+
+The server starts no goal turn when the goal stops being active (budget used up, the model's
+``update_goal``); it then sends ``thread/goal/updated`` with the new status, which releases us.
+If nothing at all arrives, the turn stays open until the person cancels: that is honest, the
+goal is still running as far as Codex said. A goal set ``active`` by someone else while no turn
+of ours runs makes Codex start turns outside any turn of ours; those are not adopted.
 """
 
 from __future__ import annotations
@@ -299,6 +338,13 @@ class _Turn:
     child_stops: dict[tuple[str, str], _ChildStop] = field(factory=dict)
     #: None (no pause sent), "pending", then the outcome for the receipt
     goal_pause: str | None = None
+    #: our last Codex turn completed while our thread's goal was active: its end, held until
+    #: the goal leaves ``active`` or the server's next goal turn is adopted
+    goal_held: TurnFinished | None = None
+    #: whether the turn was ever held for a goal (the receipt then says what became of it)
+    goal_waited: bool = False
+    #: goal turns the server started by itself and we adopted as part of this turn
+    goal_turns: int = 0
 
     def owns(self, codex_id: Any) -> bool:
         return isinstance(codex_id, str) and (codex_id == self.codex_id or codex_id in self.aliases)
@@ -370,7 +416,9 @@ class CodexClient(AgentProtocol):
         turn.cancel_wanted = True
         # The goal first, or Codex starts its next goal turn as soon as this one ends.
         step = self._pause_goal(turn)
-        if turn.codex_id is not None:  # else sent as soon as the turn/start reply names it
+        if turn.goal_held is None and turn.codex_id is not None:
+            # Else sent as soon as the turn/start reply names it; while we hold the turn for
+            # its goal nothing runs: the next goal turn is interrupted when it starts.
             step.extend(self._interrupt(turn, turn.codex_id))
         # The root first, so it starts no more children; then every running child at once.
         for thread_id, child_turn in list(self._children.items()):
@@ -409,6 +457,24 @@ class CodexClient(AgentProtocol):
             return self._thread_id
         # Killed while still resuming: the next process should try the same thread again.
         return self._resume if self._resume_error is None else None
+
+    def details_at_kill(self) -> dict[str, Any]:
+        """What our cancel had asked of child threads and the goal, for a receipt whose server
+        is killed before the turn ended: children that never answered are
+        ``confirmed: false``, a pause never answered is ``not paused``."""
+        turn = self._turn
+        if turn is None or not turn.cancel_wanted:
+            return {}
+        details = dict(turn.finishing.details) if turn.finishing is not None else {}
+        if turn.child_stops:
+            details["children"] = [stop.detail() for stop in turn.child_stops.values()]
+        if turn.goal_turns:
+            details["goal_turns"] = turn.goal_turns
+        if turn.goal_pause == "pending":
+            details["goal"] = "not paused: no answer before the server was killed"
+        elif turn.goal_pause is not None:
+            details["goal"] = turn.goal_pause
+        return details
 
     # -- messages from the server ---------------------------------------------------------
 
@@ -545,6 +611,9 @@ class CodexClient(AgentProtocol):
             or turn.finishing is not None
         ):
             return Step()
+        if sent.codex_turn_id is not None and sent.codex_turn_id in self._finished:
+            # A goal turn we interrupted ended and the next was adopted (and interrupted).
+            return Step()
         error = response.error
         stale = _STALE_TURN.search(error.message)
         if stale is not None:
@@ -573,6 +642,12 @@ class CodexClient(AgentProtocol):
         codex_id = codex_turn.get("id") if isinstance(codex_turn, dict) else None
         if turn is None or not isinstance(codex_id, str):
             return step
+        if (
+            turn.goal_held is not None
+            and not turn.owns(codex_id)
+            and codex_id not in self._finished
+        ):
+            return step.extend(self._adopt_goal_turn(turn, codex_id))
         turn.started.add(codex_id)
         if turn.retry_on_started == codex_id and turn.finishing is None:
             turn.retry_on_started = None
@@ -585,8 +660,12 @@ class CodexClient(AgentProtocol):
             return Step(events=[ev.AgentUnparsed(raw=raw)])
         codex_id: str = codex_turn["id"]
         turn = self._turn
-        if turn is not None and turn.finishing is not None and turn.owns(codex_id):
-            return Step()  # a duplicate while the terminals are being cleaned
+        if (
+            turn is not None
+            and (turn.finishing is not None or turn.goal_held is not None)
+            and turn.owns(codex_id)
+        ):
+            return Step()  # a duplicate while the terminals are cleaned or the goal decides
         if turn is not None and turn.finishing is None:
             if turn.codex_id is None:
                 # Our turn/start reply is still on its way; this may be its turn.
@@ -617,6 +696,11 @@ class CodexClient(AgentProtocol):
         if status == "failed":
             error = _describe_error(codex_turn.get("error")) or "turn failed"
         finished = TurnFinished(turn.turn_id, status, interrupted=interrupted, error=error)
+        if status == "completed" and (self._goal == "active" or turn.goal_pause == "pending"):
+            # Codex goes on with the goal by itself: its next turn is still this one.
+            turn.goal_held = finished
+            turn.goal_waited = True
+            return self._settle_goal(turn)
         step = Step()
         if status == "interrupted" and turn.cancel_wanted:
             # The interrupt leaves background terminals running (edge case 13).
@@ -661,8 +745,12 @@ class CodexClient(AgentProtocol):
         details = dict(finished.details)
         if turn.child_stops:
             details["children"] = [stop.detail() for stop in turn.child_stops.values()]
+        if turn.goal_turns:
+            details["goal_turns"] = turn.goal_turns
         if turn.goal_pause is not None:
             details["goal"] = turn.goal_pause
+        elif turn.goal_waited:
+            details["goal"] = self._goal or "cleared"
         return self._end(turn, attrs.evolve(finished, details=details))
 
     # -- goals ----------------------------------------------------------------------------
@@ -679,6 +767,39 @@ class CodexClient(AgentProtocol):
         )
         return Step(send=[message])
 
+    def _adopt_goal_turn(self, turn: _Turn, codex_id: str) -> Step:
+        """The server started its next goal turn while we hold ours: it is part of our turn
+        (its items carry our turn id, a cancel interrupts it)."""
+        for finished in (turn.codex_id, *sorted(turn.aliases)):
+            if finished is not None:
+                self._finished.append(finished)
+        turn.codex_id = codex_id
+        turn.aliases.clear()
+        turn.started = {codex_id}
+        turn.stale_retried = turn.not_active_retried = False
+        turn.retry_on_started = None
+        turn.goal_held = None
+        turn.goal_turns += 1
+        if turn.cancel_wanted:
+            return self._interrupt(turn, codex_id)
+        return Step()
+
+    def _settle_goal(self, turn: _Turn) -> Step:
+        """End a turn held for its goal once no goal turn can follow: the goal left ``active``
+        (complete, paused, budget-limited, cleared), or our cancel's pause was answered."""
+        held = turn.goal_held
+        if held is None or turn.finishing is not None:
+            return Step()
+        pause_answered = turn.goal_pause not in (None, "pending")
+        if self._goal == "active" and not (turn.cancel_wanted and pause_answered):
+            return Step()
+        turn.goal_held = None
+        if turn.cancel_wanted:
+            # What stopped was the goal's work: our pause did it, or (refused) we cannot tell.
+            interrupted = {"active": None, "paused": True}.get(self._goal or "", False)
+            held = attrs.evolve(held, interrupted=interrupted)
+        return self._finish(turn, held)
+
     def _on_goal_paused(self, response: IncomingResponse[_Sent]) -> Step:
         if response.error is None:
             status = _goal_status(response.result)
@@ -690,6 +811,8 @@ class CodexClient(AgentProtocol):
         if turn is None or turn.turn_id != response.context.turn_id or turn.goal_pause != "pending":
             return Step()
         turn.goal_pause = outcome
+        if turn.goal_held is not None:
+            return self._settle_goal(turn)
         return self._release(turn)
 
     def _on_goal_read(self, response: IncomingResponse[_Sent]) -> Step:
@@ -700,17 +823,19 @@ class CodexClient(AgentProtocol):
 
     def _on_goal_notification(self, method: str, params: dict[str, Any]) -> Step:
         step = Step(events=[ev.SessionInfo(info_kind=method, data=params)])
+        turn = self._turn
         if method == "thread/goal/cleared":
             self._goal = None
-            return step
-        status = _goal_status(params)
-        if status is None:
-            return step
-        self._goal = status
-        turn = self._turn
-        if turn is not None and turn.cancel_wanted:
-            # A goal that became active while we stop the turn is paused too.
-            step.extend(self._pause_goal(turn))
+        else:
+            status = _goal_status(params)
+            if status is None:
+                return step
+            self._goal = status
+            if turn is not None and turn.cancel_wanted:
+                # A goal that became active while we stop the turn is paused too.
+                step.extend(self._pause_goal(turn))
+        if turn is not None:
+            step.extend(self._settle_goal(turn))
         return step
 
     # -- child threads (sub-agents) -------------------------------------------------------
@@ -730,6 +855,15 @@ class CodexClient(AgentProtocol):
             if self._ours(_parent_thread_of(thread)):
                 self._adopt(thread.get("id"))
         return Step(events=[ev.SessionInfo(info_kind="thread/started", data=params)])
+
+    def _descends_from_ours(self, codex_turn: Any) -> bool:
+        """A turn whose ``rootTurnId`` (the first turn of its chain of work) is one of ours,
+        running or finished, runs on a descendant thread (0.171.0 sends no ``thread/started``
+        for a sub-agent's thread)."""
+        root = codex_turn.get("rootTurnId") if isinstance(codex_turn, dict) else None
+        if not isinstance(root, str) or root == codex_turn.get("id"):
+            return False
+        return (self._turn is not None and self._turn.owns(root)) or root in self._finished
 
     def _adopt_from_item(self, item: dict[str, Any], thread_id: Any) -> None:
         """Children named by a multi-agent item on one of our threads."""
@@ -818,6 +952,8 @@ class CodexClient(AgentProtocol):
         if method == "thread/started":
             return self._on_thread_started(params)
         thread_id = params.get("threadId")
+        if method == "turn/started" and self._descends_from_ours(params.get("turn")):
+            self._adopt(thread_id)
         child = isinstance(thread_id, str) and thread_id in self._children
         if (
             self._thread_id is not None

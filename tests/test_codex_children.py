@@ -1,13 +1,18 @@
 """Codex sub-agents (child threads) and goals on cancel: tier 1 (machine) and tier 2 (actor).
 
 The golden transcripts for this live with the others in ``tests/golden/codex/``
-(``children_cancel``, ``children_refused``, ``goal_pause``, ``goal_resume``) and are replayed
-by ``test_codex.py`` (and checked against the 0.171.0 schema by ``test_schemas.py``). Here:
+(``children_cancel``, ``children_refused``, ``goal_pause``, ``goal_resume``, ``goal_continue``,
+``goal_continue_races``, and
+``children_cancel_real`` / ``goal_pause_real``, recorded from the real 0.171.0 app-server by
+``test_real_codex_children.py``) and are replayed by ``test_codex.py`` (and checked against
+the 0.171.0 schema by ``test_schemas.py``). Here:
 the machine's state and invariants under any order of child-thread events, and the unchanged
 session actor against ``fakes/memory_codex.py`` on virtual time: cooperative children confirm
 and the receipt lists them at exactly the time the last one stopped; a child that never
 answers means a kill at exactly cancel time + grace; an active goal is paused before the
-interrupt, so the server does not start its next goal turn by itself.
+interrupt, so the server does not start its next goal turn by itself; the goal turns the server
+starts after a turn completes are part of that turn (one ``turn.ended``), and a cancel during
+one pauses the goal and interrupts it.
 """
 
 from __future__ import annotations
@@ -108,6 +113,37 @@ def test_children_from_collab_items_and_activity() -> None:
     assert client.children == {"thr_a": None, "thr_b": None}
 
 
+def test_child_adopted_from_its_turns_root_turn_id() -> None:
+    """0.171.0 sends no ``thread/started`` for a sub-agent; a turn whose ``rootTurnId`` is our
+    turn (running or finished) runs on a descendant thread. Our own thread's turns (a goal
+    continuation carries the original turn as its root) and strangers' are not children."""
+    client = established()
+    identified(client)
+
+    def started(thread: str, turn: str, root: str) -> dict[str, Any]:
+        note = turn_note("turn/started", thread, turn)
+        note["params"]["turn"]["rootTurnId"] = root
+        return note
+
+    step = client.receive(started("thr_g", "tg", "turn_1"))
+    assert [e.kind for e in step.events] == ["session.info"]
+    [unparsed] = client.receive(started("thr_x", "tx", "turn_elsewhere")).events
+    assert unparsed.kind == "agent.unparsed"
+    client.receive(started("thr_1", "turn_1", "turn_1"))
+    assert client.children == {"thr_g": "tg"}
+    sent = client.cancel().send
+    assert [m["params"] for m in sent] == [
+        {"threadId": "thr_1", "turnId": "turn_1"},
+        {"threadId": "thr_g", "turnId": "tg"},
+    ]
+    client.receive(turn_note("turn/completed", "thr_g", "tg", "interrupted"))
+    client.receive(turn_note("turn/completed", "thr_1", "turn_1", "interrupted"))
+    client.receive({"id": 5, "result": {}})
+    # A child turn of a finished turn of ours (a follow-up task) is still one of ours.
+    client.receive(started("thr_h", "th", "turn_1"))
+    assert client.children == {"thr_g": None, "thr_h": "th"}
+
+
 def test_child_spawned_before_our_thread_is_known_is_not_adopted() -> None:
     client = CodexClient()
     client.start(cwd="/w")
@@ -169,6 +205,8 @@ ACTIONS = [
     "clean",
     "goal_active",
     "goal_answer",
+    "goal_turn",
+    "goal_done",
 ]
 
 
@@ -179,7 +217,9 @@ def test_child_interrupts_once_root_first_one_turn_end(
 ) -> None:
     """Each child turn is interrupted at most once and only after a cancel; in the cancel's own
     step the goal pause and the root interrupt come first; the turn ends at most once, never
-    while anything the cancel sent is unanswered, and always once everything has answered."""
+    while anything the cancel sent is unanswered or a goal turn may follow, and always once
+    everything has answered and no goal turn can follow (goal turns the server starts while
+    the goal is active are part of the turn)."""
     client = established()
     identified(client)
     interrupted: list[tuple[str, str]] = []
@@ -188,7 +228,11 @@ def test_child_interrupts_once_root_first_one_turn_end(
     children: list[str] = []
     running: dict[str, str] = {}
     counter = 0
-    cancelled = root_done = False
+    cancelled = root_done = pause_answered = False
+    root = "turn_1"  # the Codex turn our turn runs now (goal turns replace it)
+    root_status = ""
+    goal: str | None = None
+    goal_turns = 0
 
     def feed(step: Step, *, cancel_step: bool = False) -> None:
         methods = [m.get("method") for m in step.send]
@@ -214,6 +258,9 @@ def test_child_interrupts_once_root_first_one_turn_end(
             ]
             if roots:
                 assert all(
+                    m["params"]["turnId"] == root for i, m in enumerate(step.send) if i in roots
+                )
+                assert all(
                     i < roots[0]
                     for i, m in enumerate(step.send)
                     if m.get("method") == "thread/goal/set"
@@ -233,6 +280,9 @@ def test_child_interrupts_once_root_first_one_turn_end(
                     )
                 ]
                 assert pending == [], f"ended with {pending} unanswered"
+                held = root_status == "completed" and goal == "active"
+                assert not held or pause_answered, "ended while a goal turn may follow"
+                assert event.details.get("goal_turns", 0) == goal_turns
                 finished.append(event)
 
     for action in script:
@@ -263,8 +313,30 @@ def test_child_interrupts_once_root_first_one_turn_end(
             feed(client.cancel(), cancel_step=True)
         elif action == "root_completed" and not root_done:
             root_done = True
-            status = "interrupted" if cancelled else "completed"
-            feed(client.receive(turn_note("turn/completed", "thr_1", "turn_1", status)))
+            root_status = "interrupted" if cancelled else "completed"
+            feed(client.receive(turn_note("turn/completed", "thr_1", root, root_status)))
+        elif (
+            action == "goal_turn"
+            and root_done
+            and root_status == "completed"
+            and goal == "active"
+            and not finished
+        ):
+            # Codex starts its next goal turn by itself: ours goes on.
+            root_done, root_status = False, ""
+            goal_turns += 1
+            root = f"turn_g{goal_turns}"
+            feed(client.receive(turn_note("turn/started", "thr_1", root)))
+        elif action == "goal_done" and goal == "active":
+            goal = "complete"
+            feed(
+                client.receive(
+                    {
+                        "method": "thread/goal/updated",
+                        "params": {"threadId": "thr_1", "goal": {"status": "complete"}},
+                    }
+                )
+            )
         elif action in ("answer_ok", "answer_error", "clean", "goal_answer"):
             # A child's {} comes only with its abort (see child_completed); errors any time.
             candidates = sorted(
@@ -278,6 +350,8 @@ def test_child_interrupts_once_root_first_one_turn_end(
                 continue
             rpc_id = data.draw(st.sampled_from(candidates))
             message = outstanding.pop(rpc_id)
+            if message.get("method") == "thread/goal/set":
+                pause_answered = True
             if action == "answer_error":
                 reply: dict[str, Any] = {
                     "id": rpc_id,
@@ -285,10 +359,12 @@ def test_child_interrupts_once_root_first_one_turn_end(
                 }
             elif message.get("method") == "thread/goal/set":
                 reply = {"id": rpc_id, "result": {"goal": {"status": "paused"}}}
+                goal = "paused"
             else:
                 reply = {"id": rpc_id, "result": {}}
             feed(client.receive(reply))
         elif action == "goal_active":
+            goal = "active"
             feed(
                 client.receive(
                     {
@@ -308,7 +384,8 @@ def test_child_interrupts_once_root_first_one_turn_end(
         if m.get("method") in ("thread/goal/set", "thread/backgroundTerminals/clean")
         or (m.get("method") == "turn/interrupt" and m["params"]["threadId"] != "thr_1")
     ]
-    if root_done and not waiting:
+    can_follow = root_status == "completed" and goal == "active" and not pause_answered
+    if root_done and not waiting and not can_follow:
         assert len(finished) == 1, "everything answered, yet the turn did not end"
 
 
@@ -410,6 +487,9 @@ async def test_child_that_never_answers_means_kill_at_grace(
         ]
         ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
         assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
+        # The killed server's machine still says which child never confirmed.
+        [child] = receipt.details["children"]
+        assert child["confirmed"] is False and child["thread_id"] and child["turn_id"]
         # One interrupt for the root and one for the child, never repeated while they hung.
         assert len(interrupts(launcher)) == 2
         # The respawned server resumed the thread and asked for its goal.
@@ -455,21 +535,94 @@ async def test_active_goal_paused_before_the_interrupt(
         assert not [e for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent)]
 
 
-async def test_without_the_pause_the_goal_turn_would_start(
-    autojump_clock: trio.testing.MockClock,
+def our_turns_started(rec: Recorder) -> list[str]:
+    """Codex turn ids of every ``turn/started`` on our thread, in order."""
+    return [
+        e.data["turn"]["id"]
+        for e in rec.of_kind("session.info")
+        if isinstance(e, ev.SessionInfo)
+        and e.info_kind == "turn/started"
+        and e.data.get("threadId") == "thr_1"
+    ]
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["complete_in_turn", "complete_after_turn"])
+async def test_goal_turns_are_part_of_the_turn(
+    autojump_clock: trio.testing.MockClock, late: bool
 ) -> None:
-    """Why the pause matters: a turn that ends with the goal active is followed by a goal turn
-    the server starts by itself (the fake, like Codex)."""
-    async with running_session(CodexBehaviour(words=2, word_interval=0.01)) as (
-        session,
-        launcher,
-        rec,
-    ):
-        turn = await session.prompt("hello goal")
-        await rec.wait_kind("turn.ended", turn_id=turn.id)
-        await trio.sleep(1)
-        assert launcher.servers[0].goal_turns == 1
+    """The goal the turn creates keeps Codex going: after the person's turn completes the
+    server starts goal turns by itself until the model marks the goal complete (during the
+    second goal turn, or just after its ``turn/completed``). All of it is the person's turn:
+    one ``turn.ended``, after the last goal turn, every delta with our turn id, no error."""
+    behaviour = CodexBehaviour(words=3, word_interval=0.1)
+    async with running_session(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello goal" + (" goal-late" if late else ""))
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason) == ("completed", "completed")
+        server = launcher.servers[0]
+        assert server.goal_turns == 2 and server.goal is not None
+        assert server.goal["status"] == "complete"
+        assert len(our_turns_started(rec)) == 3
+        # Everything the three Codex turns said came before the end, with our turn id.
+        before = rec.events[: rec.events.index(ended)]
+        deltas = [e for e in rec.of_kind("message.delta") if isinstance(e, ev.MessageDelta)]
+        assert len(deltas) == 9 and all(e.turn_id == turn.id for e in deltas)
+        assert all(e in before for e in deltas)
+        assert not rec.of_kind("error")
         assert launcher.sent("thread/goal/set") == []
+        # Nothing follows; the session takes the next prompt and it ends by itself.
+        await trio.sleep(5)
+        assert server.goal_turns == 2 and len(rec.of_kind("turn.ended")) == 1
+        assert session.state == "ready"
+        second = await session.prompt("quick words=1")
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert server.goal_turns == 2 and not rec.of_kind("error")
+
+
+async def test_cancel_during_a_goal_turn(autojump_clock: trio.testing.MockClock) -> None:
+    """A cancel while a goal turn the server started runs: the goal is paused first, then that
+    goal turn (now ours) is interrupted; the receipt says cancelled, goal paused, and how many
+    goal turns ran; nothing starts afterwards."""
+    behaviour = CodexBehaviour(words=20, word_interval=0.1, stop_delay=0.05)
+    async with running_session(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello goal goal-turns=5")
+
+        def goal_turn_started(event: ev.Event) -> bool:
+            return (
+                isinstance(event, ev.SessionInfo)
+                and event.info_kind == "turn/started"
+                and event.data["turn"]["id"] != our_turns_started(rec)[0]
+            )
+
+        await rec.wait_for(goal_turn_started)
+        await trio.sleep(0.5)  # it streams
+        server = launcher.servers[0]
+        goal_turn = our_turns_started(rec)[1]
+        assert server.active is not None and server.active.real_id == goal_turn
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert trio.current_time() - t0 == pytest.approx(0.05)
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.stop_reason == "interrupted" and receipt.escalation == ["interrupt"]
+        assert receipt.details == {
+            "background_terminals": "cleaned",
+            "goal": "paused",
+            "goal_turns": 1,
+        }
+        ours = [
+            (m.get("method"), m.get("params", {}).get("turnId"))
+            for kind, _, m in launcher.log
+            if kind == "to_agent" and m.get("method") in ("thread/goal/set", "turn/interrupt")
+        ]
+        assert ours == [("thread/goal/set", None), ("turn/interrupt", goal_turn)]
+        deltas = [e for e in rec.of_kind("message.delta") if isinstance(e, ev.MessageDelta)]
+        assert len(deltas) > 20 and all(e.turn_id == turn.id for e in deltas)
+        await trio.sleep(5)
+        assert server.goal_turns == 1 and server.goal is not None
+        assert server.goal["status"] == "paused"
+        assert len(our_turns_started(rec)) == 2 and len(rec.of_kind("turn.ended")) == 1
+        assert not rec.of_kind("error") and session.state == "ready"
 
 
 async def test_children_and_goal_together(autojump_clock: trio.testing.MockClock) -> None:

@@ -50,7 +50,12 @@ from helpers import Recorder
 from protocols import events as ev
 from realagents import conftest as realagents_conftest
 from realagents import install, netns
-from realagents.agents import CODEX_APP_SERVER, TEE_VARIABLE, codex_app_server_spec
+from realagents.agents import (
+    CODEX_APP_SERVER,
+    TEE_VARIABLE,
+    codex_app_server_spec,
+    codex_enable_features,
+)
 from realagents.conftest import GRACE_S, Harness, record, skip_or_fail
 from realagents.fake_model import PERMISSION_COMMAND, SHELL_COMMAND, FakeModel
 from supervisor import open_supervisor
@@ -100,7 +105,7 @@ def _summary_hook(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def open_codex(codex_install: install.Installed, tmp_path: Path) -> Any:
-    """``async with open_codex(grace_s=..., keep_bodies=..., tee=...) as h:``"""
+    """``async with open_codex(grace_s=..., keep_bodies=..., tee=..., features=...) as h:``"""
     return lambda **options: codex_session(tmp_path, codex_install, **options)
 
 
@@ -112,8 +117,14 @@ async def codex_session(
     grace_s: float = GRACE_S,
     keep_bodies: bool = False,
     tee: bool = False,
+    features: tuple[str, ...] = (),
+    clean: bool = True,
 ) -> AsyncIterator[Harness]:
-    """Like ``realagents.conftest.real_agent_session``, with the ``codex`` protocol."""
+    """Like ``realagents.conftest.real_agent_session``, with the ``codex`` protocol.
+
+    ``features``: extra ``[features]`` flags of ``config.toml``; ``clean=False`` skips the
+    end-of-test checks (no error, only notifications unparsed), for a control experiment that
+    shows what goes wrong without one of the adapter's steps."""
     agent = CODEX_APP_SERVER
     with netns.open_namespace() as namespace:
         if not realagents_conftest._namespace_note:  # the table's "network namespace:" line
@@ -125,6 +136,7 @@ async def codex_session(
         listener = namespace.listener if namespace is not None else None
         with FakeModel(listener, keep_bodies=keep_bodies) as model:
             prepared = agent.prepare(installed.argv, root, model.base_url)
+            codex_enable_features(prepared, *features)
             tee_dir = root / "wire" if tee or os.environ.get(TEE_VARIABLE) == "1" else None
             spec = codex_app_server_spec(prepared, grace_s=grace_s, tee_dir=tee_dir)
             if namespace is not None:
@@ -141,6 +153,9 @@ async def codex_session(
                     )
                     await recorder.catch_up()
                     recorder.check_invariants()
+                    if not clean:
+                        nursery.cancel_scope.cancel()
+                        return
                     assert recorder.of_kind("error") == [], recorder.of_kind("error")
                     # Only notifications may go unparsed (the adapter answers every request).
                     odd = [

@@ -19,9 +19,15 @@ thread, the child's ``thread/started`` naming ``parentThreadId``), each running 
 (``turn/started``/deltas/``turn/completed`` on the child thread) for as many words as the root.
 A child's ``turn/interrupt`` works like the root's, after ``child-stop-delay=S``;
 ``child-wedged`` children never answer it, ``child-refuse`` children reject it with an error.
-``goal`` gives the thread an active goal when the turn starts (``thread/goal/updated``); when a
-turn ends while the goal is still active, the server starts the next goal turn by itself (as
-Codex does), which ``goal_turns`` counts. ``thread/goal/set|get|clear`` work on that goal.
+``goal`` gives the thread an active goal when the turn starts (``thread/goal/updated``), as the
+model's ``create_goal`` does. When a turn *completes* while the goal is active the server starts
+the next goal turn by itself ``GOAL_TURN_DELAY_S`` later (as Codex 0.171 does; an interrupted
+turn is followed by none): ``turn/started`` with a new id, the same words, ``turn/completed``;
+``goal_turns`` counts them. During goal turn ``goal-turns=N`` (default 2; 0: the person's own
+turn) the model marks the goal ``complete`` (``thread/goal/updated``) before the turn ends, or
+just after its ``turn/completed`` with ``goal-late``; ``goal-turns=-1``: never.
+``thread/goal/set|get|clear`` work on that goal (a pause does not stop a running goal turn, the
+goal turn ends as it would; ``clear`` sends ``thread/goal/cleared``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ from attrs import define, field
 
 from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
 from supervisor.config import AgentSpec
+
+#: How long after a turn completes with the goal active Codex starts the next goal turn
+#: (measured ~10 ms on 0.171.0, ``tests/test_real_codex_children.py``).
+GOAL_TURN_DELAY_S = 0.01
 
 
 @define
@@ -48,6 +58,8 @@ class CodexBehaviour(BaseBehaviour):
     child_stop_delay: float | None = 0.0  # None: a child ignores turn/interrupt
     child_refuse: bool = False
     goal: bool = False
+    goal_turns: int = 2  # the goal turn in which the goal completes (0: the person's turn)
+    goal_late: bool = False  # the goal's "complete" comes after that turn's turn/completed
 
     TOKENS = {
         **BaseBehaviour.TOKENS,
@@ -57,6 +69,8 @@ class CodexBehaviour(BaseBehaviour):
         "stale": ("stale", on),
         "approval": ("approval", on),
         "goal": ("goal", on),
+        "goal-turns": ("goal_turns", int),
+        "goal-late": ("goal_late", on),
         "children": ("children", int),
         "child-stop-delay": ("child_stop_delay", float),
         "child-wedged": ("child_stop_delay", never),
@@ -111,6 +125,7 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
         self.children: list[str] = []  # child thread ids, in spawn order
         self.child_active: dict[str, _RunningTurn] = {}
         self.goal: dict[str, Any] | None = None
+        self.goal_behaviour = CodexBehaviour()  # of the turn that created the goal
         self.goal_turns = 0  # turns the server started by itself for an active goal
 
     async def reply(self, request_id: Any, result: Any) -> None:
@@ -193,6 +208,8 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
         elif method == "thread/goal/clear":
             cleared, self.goal = self.goal is not None, None
             await self.reply(request_id, {"cleared": cleared})
+            if cleared:
+                await self.notify("thread/goal/cleared", {"threadId": self.thread_id})
         elif method == "thread/backgroundTerminals/clean":
             if not self.experimental:
                 await self.error(
@@ -304,18 +321,21 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
 
     async def goal_turn(self) -> None:
         """The next goal turn, started by the server itself while the goal is active."""
+        await trio.sleep(GOAL_TURN_DELAY_S)
+        if self.goal is None or self.goal["status"] != "active" or self.active is not None:
+            return
         self.goal_turns += 1
         self.store.counter += 1
-        turn = {
-            "id": f"turn_{self.store.counter}",
-            "status": "inProgress",
-            "items": [],
-            "error": None,
-        }
-        await self.notify("turn/started", {"threadId": self.thread_id, "turn": turn})
-        await trio.sleep(0.1)
+        running = _RunningTurn(f"turn_{self.store.counter}", self.goal_behaviour)
+        self.active = running
+        await self.run_turn(running)
+
+    async def set_goal(self, status: str, turn_id: str | None) -> None:
+        assert self.goal is not None
+        self.goal["status"] = status
         await self.notify(
-            "turn/completed", {"threadId": self.thread_id, "turn": {**turn, "status": "completed"}}
+            "thread/goal/updated",
+            {"threadId": self.thread_id, "turnId": turn_id, "goal": dict(self.goal)},
         )
 
     async def _stop_after(self, turn: _RunningTurn, delay: float) -> None:
@@ -333,17 +353,27 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
         await self.reply(
             request_id, {"turn": {"id": named, "status": "inProgress", "items": [], "error": None}}
         )
+        if behaviour.started_delay:
+            await trio.sleep(behaviour.started_delay)  # nothing can interrupt it yet
+            self.active = running
+        await self.run_turn(running, person=True)
+
+    async def run_turn(self, running: _RunningTurn, *, person: bool = False) -> None:
+        """A running turn from ``turn/started`` to ``turn/completed``; the person's, or a goal
+        turn the server started by itself (then the goal's behaviour)."""
+        behaviour = running.behaviour
+        real_id = running.real_id
         ids = {"threadId": self.thread_id, "turnId": real_id}
         status = "completed"
+        # The goal turn in which the model marks the goal complete.
+        completes = self.goal_turns == behaviour.goal_turns and (behaviour.goal or not person)
         with running.scope:
-            if behaviour.started_delay:
-                await trio.sleep(behaviour.started_delay)
-                self.active = running
             await self.notify(
                 "turn/started",
                 {"threadId": self.thread_id, "turn": {"id": real_id, "status": "inProgress"}},
             )
-            if behaviour.goal and self.goal is None:
+            if person and behaviour.goal and self.goal is None:
+                self.goal_behaviour = behaviour
                 self.goal = {
                     "threadId": self.thread_id,
                     "objective": "finish",
@@ -358,7 +388,7 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
                     "thread/goal/updated",
                     {"threadId": self.thread_id, "turnId": real_id, "goal": dict(self.goal)},
                 )
-            for _ in range(behaviour.children):
+            for _ in range(behaviour.children if person else 0):
                 await self.spawn_child(ids, behaviour)
             for index in range(behaviour.words):
                 if behaviour.approval and index == 1:
@@ -370,6 +400,9 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
                     "item/agentMessage/delta", {**ids, "itemId": "msg_1", "delta": f"w{index} "}
                 )
                 await trio.sleep(behaviour.word_interval)
+            goal_active = self.goal is not None and self.goal["status"] == "active"
+            if completes and goal_active and not behaviour.goal_late:
+                await self.set_goal("complete", real_id)
         if running.scope.cancelled_caught:
             status = "interrupted"
         # The abort as turn_processor.rs orders it: retract pending requests, answer every
@@ -389,7 +422,10 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
                 "turn": {"id": real_id, "status": status, "items": [], "error": None},
             },
         )
-        if self.goal is not None and self.goal["status"] == "active":
+        goal_active = self.goal is not None and self.goal["status"] == "active"
+        if completes and goal_active and behaviour.goal_late and status == "completed":
+            await self.set_goal("complete", None)
+        elif goal_active and status == "completed":
             assert self.nursery is not None
             self.nursery.start_soon(self.goal_turn)
 

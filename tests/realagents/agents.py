@@ -303,3 +303,19 @@ def codex_app_server_spec(
     """The supervisor's spec for :data:`CODEX_APP_SERVER` (protocol ``codex``, not ``acp``)."""
     spec = CODEX_APP_SERVER.spec(prepared, grace_s=grace_s, tee_dir=tee_dir)
     return spec.with_options(protocol="codex")
+
+
+def codex_enable_features(prepared: Prepared, *features: str) -> None:
+    """Turn on ``[features]`` flags in a prepared Codex's ``config.toml`` (before it starts).
+
+    ``multi_agent_v2``: the sub-agent tools (``spawn_agent``, ``wait_agent``, ... in the
+    ``collaboration`` namespace). With Codex 0.171.0's default, the deprecated v1
+    ``multi_agent``, the fake model's requests list no sub-agent tool (only ``tool_search``,
+    whose deferred tools may include it: not tried), and a direct ``spawn_agent`` call is an
+    ``unsupported call``.
+    """
+    config = Path(prepared.env["CODEX_HOME"]) / "config.toml"
+    text = config.read_text()
+    assert text.count("[features]\n") == 1, text
+    flags = "".join(f"{feature} = true\n" for feature in features)
+    config.write_text(text.replace("[features]\n", f"[features]\n{flags}"))

@@ -16,6 +16,20 @@ that appears in it), so a test steers the model by its prompt:
 - ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
 - ``permission``: a tool call running :data:`PERMISSION_COMMAND`, which each agent's
   configuration leaves needing approval (Codex: ``sandbox_permissions: require_escalated``).
+- ``background`` (Anthropic Messages only): a ``Bash`` call with ``run_in_background: true``
+  running :data:`BACKGROUND_COMMAND`; ``bgagent``: an ``Agent`` call (``Task`` on CLIs that
+  name it so) with ``run_in_background: true`` whose prompt is ``stream``, so the sub-agent
+  streams tokens. The result of either call (the CLI answers at once, the task runs on) is
+  answered with the ``stream`` token stream: the turn keeps running while the task does.
+- ``subagent`` (OpenAI Responses, Codex only): a ``spawn_agent`` call whose task is ``stream``
+  (the child streams), then ``wait_agent``; ``setgoal``: a ``create_goal`` call, then the
+  ``stream`` token stream (:meth:`_Writer.codex_call`). A trailing ``agent_message`` item (a
+  Codex sub-agent's task) counts as the newest user text. ``goalrun`` and ``goalstream``: a
+  ``create_goal`` call, then a short answer, so the turn completes with the goal active and
+  Codex starts goal turns by itself (their newest user text is Codex's own
+  :data:`GOAL_CONTINUATION`): under ``goalrun`` the model answers the first goal turns
+  shortly and in goal turn :data:`GOAL_RUN_TURNS` calls ``update_goal {status: "complete"}``;
+  under ``goalstream`` every goal turn is the ``stream`` token stream.
 
 When the newest message of the conversation is a tool result, the model logs it
 (:attr:`Exchange.tool_result`) and answers with a short text: so a test can tell whether a tool
@@ -43,6 +57,7 @@ import attrs
 import trio
 
 __all__ = [
+    "BACKGROUND_COMMAND",
     "PERMISSION_COMMAND",
     "SHELL_COMMAND",
     "Exchange",
@@ -56,13 +71,27 @@ SHELL_COMMAND = "timeout 29.7 tail -f /dev/null"
 #: The command of the permission scenario: distinct, so the agents' allow rules for
 #: :data:`SHELL_COMMAND` do not cover it and psutil can tell the two apart.
 PERMISSION_COMMAND = "touch permission-command-ran && timeout 29.3 tail -f /dev/null"
+#: The command of the ``background`` scenario (Claude Code's ``run_in_background``): distinct
+#: from the others, so psutil can tell it apart.
+BACKGROUND_COMMAND = "timeout 28.9 tail -f /dev/null"
+
+#: What starts the newest user text of a goal turn Codex 0.171 starts by itself.
+GOAL_CONTINUATION = '<codex_internal_context source="goal">'
+#: The goal turn in which ``goalrun``'s model marks its goal complete.
+GOAL_RUN_TURNS = 2
 
 STREAM_INTERVAL_S = 0.2
 STREAM_DURATION_S = 60.0
 QUICK_TEXT = "Quick answer from the fake model."
 AFTER_TOOL_TEXT = "The command finished."
 SCENARIOS = ("quick", "stream", "shell", "permission")
-_SCENARIO_RE = re.compile(r"\b(" + "|".join(SCENARIOS) + r")\b")
+#: Claude Code only (``messages``): its background tasks (see the module docstring).
+CLAUDE_BACKGROUND_SCENARIOS = ("background", "bgagent")
+#: Codex only (``responses``): a sub-agent, a goal (see :meth:`_Writer.codex_call`).
+CODEX_SCENARIOS = ("subagent", "setgoal", "goalrun", "goalstream")
+_SCENARIO_RE = re.compile(
+    r"\b(" + "|".join(SCENARIOS + CLAUDE_BACKGROUND_SCENARIOS + CODEX_SCENARIOS) + r")\b"
+)
 
 
 @attrs.define
@@ -85,6 +114,7 @@ class Exchange:
     disconnected_at: float | None = None  # the client went away before we were done
     error: str | None = None
     body: Any = None
+    goal_turn: bool = False  # a goal turn's request (Codex's GOAL_CONTINUATION)
 
     @property
     def streaming_tokens(self) -> bool:
@@ -231,6 +261,15 @@ class FakeModel:
         stream = api == "gemini" or bool(body.get("stream"))
         scenario = _scenario(user_text)
         after_tool = tool_result is not None and scenario is None
+        if after_tool and self._started_in_background(tool_result):
+            # Claude Code answered a background call at once; its task runs on, so does the turn.
+            after_tool, scenario = False, "stream"
+        codex_next = self._codex_follow_up(tool_result) if after_tool else None
+        if codex_next is not None:
+            after_tool, scenario = False, codex_next
+        goal_turn = api == "responses" and tool_result is None and GOAL_CONTINUATION in user_text
+        if goal_turn and scenario is None:
+            scenario = self._goal_turn_answer()
         self._update(
             exchange,
             has_tools=has_tools,
@@ -238,6 +277,7 @@ class FakeModel:
             user_text=user_text[-500:],
             tool_result=tool_result,
             scenario="tool_result" if after_tool else scenario,
+            goal_turn=goal_turn,
         )
         writer = _Writer(handler, exchange, self)
         try:
@@ -249,6 +289,10 @@ class FakeModel:
                 writer.stream_tokens(api, stream)
             elif scenario in ("shell", "permission"):
                 writer.tool_call(api, scenario, stream)
+            elif scenario in CLAUDE_BACKGROUND_SCENARIOS and api == "messages":
+                writer.background_call(scenario, body, stream)
+            elif scenario in (*CODEX_SCENARIOS, "wait_agent", "update_goal") and api == "responses":
+                writer.codex_call(scenario, stream)
             else:
                 writer.answer(api, QUICK_TEXT, stream)
         except _ClientGone:
@@ -258,6 +302,50 @@ class FakeModel:
             writer.gone()
         finally:
             self._update(exchange, ended_at=time.monotonic())
+
+    def _started_in_background(self, tool_result: dict[str, Any] | None) -> bool:
+        """Whether ``tool_result`` answers a call of ours with ``run_in_background``."""
+        call_id = (tool_result or {}).get("call_id")
+        with self._cond:
+            return any(
+                e.tool_call is not None
+                and e.tool_call.get("call_id") == call_id
+                and e.tool_call["args"].get("run_in_background") is True
+                for e in self.exchanges
+            )
+
+    def _codex_follow_up(self, tool_result: dict[str, Any] | None) -> str | None:
+        """What answers the result of a Codex call of ours: ``spawn_agent`` → ``wait_agent``
+        (the root waits on its child), ``setgoal``'s ``create_goal`` → the ``stream`` token
+        stream, ``goalrun``'s and ``goalstream``'s → a short answer."""
+        call_id = (tool_result or {}).get("call_id")
+        with self._cond:
+            calls = [
+                (e.tool_call["name"], e.scenario)
+                for e in self.exchanges
+                if e.tool_call is not None and e.tool_call.get("call_id") == call_id
+            ]
+        if calls and calls[0] in (("create_goal", "goalrun"), ("create_goal", "goalstream")):
+            return "quick"
+        return {"spawn_agent": "wait_agent", "create_goal": "stream"}.get(
+            calls[0][0] if calls else ""
+        )
+
+    def _goal_turn_answer(self) -> str:
+        """A goal turn's answer, by the scenario that created the goal (see the module
+        docstring): ``quick``, ``update_goal`` or ``stream``."""
+        with self._cond:
+            created = [
+                i for i, e in enumerate(self.exchanges) if e.scenario in ("goalrun", "goalstream")
+            ]
+            if not created:
+                return "quick"
+            scenario = self.exchanges[created[-1]].scenario
+            # This request is the newest exchange; it is not marked a goal turn yet.
+            turns = 1 + sum(e.goal_turn for e in self.exchanges[created[-1] :])
+        if scenario == "goalstream":
+            return "stream"
+        return "update_goal" if turns == GOAL_RUN_TURNS else "quick"
 
     def _other(self, handler: _Handler, exchange: Exchange, path: str) -> None:
         """Endpoints nobody scripted: an empty model list for GETs of models, 404 otherwise."""
@@ -402,6 +490,10 @@ def _read_responses(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | N
     items = [i for i in items or [] if isinstance(i, dict)]
     if not items:
         return has_tools, "", None
+    # Codex appends context of its own after a create_goal result (``goal_objective`` in the
+    # ``agent`` namespace, no call id): not the result of any call.
+    while len(items) > 1 and items[-1].get("namespace") == "agent" and not items[-1].get("call_id"):
+        items.pop()
     last = items[-1]
     if last.get("type") in ("function_call_output", "custom_tool_call_output"):
         output = last.get("output")
@@ -413,6 +505,11 @@ def _read_responses(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | N
                 "output": output if isinstance(output, str) else json.dumps(output),
             },
         )
+    if last.get("type") == "agent_message":
+        # A Codex sub-agent's task (multi_agent_v2): plain and "encrypted" parts, in clear here.
+        parts = [p for p in last.get("content") or [] if isinstance(p, dict)]
+        text = "\n".join(str(p.get("text") or p.get("encrypted_content") or "") for p in parts)
+        return has_tools, text, None
     for item in reversed(items):
         if item.get("role") == "user":
             return has_tools, _texts(item.get("content")), None
@@ -591,6 +688,52 @@ class _Writer:
         )
         _TOOL_WRITERS[api](self, call_id, name, args, stream)
 
+    def codex_call(self, scenario: str, stream: bool) -> None:
+        """Codex 0.171 app-server tools: ``subagent`` spawns a child whose task is ``stream``
+        (``spawn_agent`` in the ``collaboration`` namespace, ``[features] multi_agent_v2``);
+        its result is answered with ``wait_agent`` (the root waits on the child for up to 60 s);
+        ``setgoal``, ``goalrun`` and ``goalstream`` create an active thread goal
+        (``create_goal``); ``update_goal`` marks it complete."""
+        namespace: str | None = "collaboration"
+        args: dict[str, Any]
+        if scenario == "subagent":
+            name = "spawn_agent"
+            args = {"task_name": "streamer", "message": "stream", "fork_turns": "none"}
+        elif scenario == "wait_agent":
+            name, args = "wait_agent", {"timeout_ms": 60000}
+        elif scenario == "update_goal":
+            name, namespace, args = "update_goal", None, {"status": "complete"}
+        else:
+            name, namespace = "create_goal", None
+            args = {"objective": "Keep streaming until the person stops you."}
+        call_id = f"call_{self.exchange.id}"
+        self.model._update(
+            self.exchange, tool_call={"name": name, "args": args, "call_id": call_id}
+        )
+        _responses_tool(self, call_id, name, args, stream, namespace)
+
+    def background_call(self, scenario: str, body: dict[str, Any], stream: bool) -> None:
+        """Claude Code's background tasks: a background ``Bash``, or a background sub-agent
+        (``Agent``, ``Task`` on CLIs that name it so) that streams tokens."""
+        args: dict[str, Any]
+        if scenario == "background":
+            name = "Bash"
+            args = {"command": BACKGROUND_COMMAND, "description": "Wait on /dev/null"}
+        else:
+            tools = {t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)}
+            name = "Task" if "Task" in tools and "Agent" not in tools else "Agent"
+            args = {
+                "description": "Stream tokens",
+                "prompt": "stream",
+                "subagent_type": "general-purpose",
+            }
+        args["run_in_background"] = True
+        call_id = f"call_{self.exchange.id}"
+        self.model._update(
+            self.exchange, tool_call={"name": name, "args": args, "call_id": call_id}
+        )
+        _messages_tool(self, call_id, name, args, stream)
+
     def gemini_json(self, body: dict[str, Any]) -> None:
         """The non-streaming call Gemini uses for routing and other side questions."""
         config = body.get("generationConfig") or {}
@@ -697,7 +840,12 @@ def _responses_text(w: _Writer, tokens: Iterator[str]) -> None:
 
 
 def _responses_tool(
-    w: _Writer, call_id: str, name: str, args: dict[str, Any], stream: bool
+    w: _Writer,
+    call_id: str,
+    name: str,
+    args: dict[str, Any],
+    stream: bool,
+    namespace: str | None = None,
 ) -> None:
     rid = f"resp_{w.exchange.id}"
     item = {
@@ -707,6 +855,8 @@ def _responses_tool(
         "name": name,
         "arguments": "",
     }
+    if namespace is not None:
+        item["namespace"] = namespace
     w.start_sse()
     w.event(
         {"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
