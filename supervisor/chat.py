@@ -722,7 +722,9 @@ async def open_embedded(agent: str, config: str | None) -> AsyncIterator[Embedde
     """A session of ``agent`` (from ``config`` or the built-ins) in an in-process supervisor;
     leaving stops the session and its whole process tree."""
     agents = load_agents(config) if config else builtin_agents()
-    async with open_supervisor(agents=agents, state_dir=default_state_dir(), gc_policy=True) as supervisor:
+    async with open_supervisor(
+        agents=agents, state_dir=default_state_dir(), gc_policy=True
+    ) as supervisor:
         try:
             session = await supervisor.start_session(agent)
         except SupervisorError as exc:
