@@ -14,13 +14,16 @@ A fake agent streams one-word ``agent_message_chunk`` deltas as fast as it can; 
   instead of a process: no pipe and no JSON decoding, so the difference is their cost.
 
 events/s = deltas each subscriber received / (first delta seen .. last delta seen on every
-connection); frames/s is that times the subscribers. By design the session never waits for a
-subscriber: one more than 4096 events behind is cut off (``subscription.lagged``) and catches up
-from the session's history (10,000 events) with ``since_seq``, as a client should; what the
-history no longer holds is lost. So under a flood the figure is the gateway's *delivery* rate,
-and the share of deltas lost and the times subscribers were cut off (over all repeats) are shown
-beside it. The server process's CPU use over the span is shown too (and the subscribers'
-process's): near 100 % means that process was the bottleneck.
+connection); frames/s is that times the subscribers. The gateway batches: the frames queued for
+a connection go out in one socket write (the raw server sends each with its own
+``send_message``, as a bare trio-websocket server does; the frames are identical, checked below).
+A subscriber a full buffer (4096 events) behind holds the agent back (its pipe is not read) rather
+than being cut off, so under a flood the figure is the rate the slowest subscriber drains; one
+that stalls for 5 s is cut off (``subscription.lagged``) and catches up from the session's history
+with ``since_seq``, as a client should, and what the history no longer holds is lost. The share
+of deltas lost and the times subscribers were cut off (over all repeats) are shown if any. The
+server process's CPU use over the span is shown too (and the subscribers' process's): near 100 %
+means that process was the bottleneck.
 Last line: the ratios ours/raw events/s, 1 and 10 subscribers (target >= 0.7).
 Usage: ``python -m bench.throughput [--words 20000] [--repeats 3] [--profile]``.
 """

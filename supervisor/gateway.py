@@ -1,9 +1,10 @@
 """The gateway: WebSocket (``/ws``), the web UI (``/``) and a small HTTP API on one port.
 
 HTTP is parsed by h11; a request to ``/ws`` that asks for an upgrade is handed, with the bytes
-already read, to trio-websocket. Every route needs the token (``Authorization: Bearer T`` or
-``?token=T``, compared in constant time), and a browser ``Origin`` must be this server's own, so a
-page on another site cannot drive local agents. See ``design/gateway.md`` for the fan-out.
+already read, to :class:`~supervisor.websocket.ServerWebSocket` (wsproto). Every route needs
+the token (``Authorization: Bearer T`` or ``?token=T``, compared in constant time), and a browser
+``Origin`` must be this server's own, so a page on another site cannot drive local agents. See
+``design/gateway.md`` for the fan-out.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ import json
 import logging
 import secrets
 import socket
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_server_stream
 
 from protocols import events as ev
-from supervisor.errors import SupervisorError
+from supervisor.errors import AgentNotRunning, SupervisorError
 from supervisor.gateway_protocol import (
     MAX_FRAME_BYTES,
     Request,
@@ -35,6 +35,7 @@ from supervisor.gateway_protocol import (
 )
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import Supervisor
+from supervisor.websocket import HandshakeFailed, ServerWebSocket, WebSocketClosed, text_frame
 from supervisor.wire import event_to_wire, receipt_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
@@ -48,10 +49,17 @@ class GatewayLimits:
     max_connections: int = 256
     #: requests a connection may have in flight (a cancel waits for the turn to end)
     max_pending: int = 64
-    #: messages queued for one client's socket before its event forwarders wait
+    #: responses queued for one client's socket before its requests are no longer read
     outgoing_buffer: int = 1024
-    #: events a subscription may fall behind before the session cuts it off (then since_seq)
+    #: events a subscription may fall behind before it holds the agent back (see stall)
     subscription_buffer: int = 4096
+    #: a subscriber whose buffer is full holds the session's agent back (its output is not
+    #: read) rather than being cut off and losing what the history no longer holds; one that
+    #: takes nothing at all for this long is cut off (``subscription.lagged``, then since_seq).
+    #: So a stalled client delays the others by at most this much, once per stall.
+    subscriber_stall_s: float = 5.0
+    #: events taken from one subscription for one socket write (several frames, one write)
+    batch_events: int = 256
     #: the transport's hard frame limit; frames between MAX_FRAME_BYTES and this get too_large
     hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
     #: an HTTP request head, and a body for the small API
@@ -65,9 +73,11 @@ class GatewayLimits:
 
 
 LIMITS: Final = GatewayLimits()
-#: Serialized event frames kept for sharing between subscribers (about one subscription buffer
-#: of recent events; a frame a lagging client needs again is simply serialized again).
+#: Event frames kept for sharing between subscribers (about one subscription buffer of recent
+#: events; a frame a client needs again later is simply built again).
 _FRAME_CACHE: Final = 4096
+#: A session actor answers a subscribe ahead of any agent output; this only bounds a shield.
+_SUBSCRIBE_BOUND_S: Final = 10.0
 
 _HTTP_STATUS = {
     "bad_request": 400,
@@ -99,15 +109,15 @@ class Gateway:
         self.limits = limits
         self._connections = 0
         self._allowed_hosts: set[str] = set()
-        # Each event is serialized once however many clients get it: (session, seq) -> frame.
-        self._frames: OrderedDict[tuple[str, int], str] = OrderedDict()
+        # Each event is serialized and framed once however many clients get it.
+        self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
-    def event_frame(self, event: ev.Event) -> str:
-        """The JSON text frame of an event, shared by every subscriber of its session."""
+    def event_frame(self, event: ev.Event) -> bytes:
+        """The WebSocket frame (JSON text) of an event, shared by all subscribers of its session."""
         key = (event.session_id, event.seq)
         frame = self._frames.get(key)
         if frame is None:
-            frame = json.dumps(event_to_wire(event), separators=(",", ":"))
+            frame = text_frame(_json(event_to_wire(event)))
             self._frames[key] = frame
             if len(self._frames) > _FRAME_CACHE:
                 self._frames.popitem(last=False)
@@ -174,7 +184,7 @@ class Gateway:
             stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
         try:
             await self._serve_http(stream)
-        except* (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionClosed):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, WebSocketClosed):
             pass  # the peer went away: nothing to report
         except* Exception as group:
             log.error("gateway connection failed", exc_info=group)
@@ -398,31 +408,30 @@ class Gateway:
                 conn, stream, _HTTP_STATUS[denied], _json_error(denied, _DENIED[denied])
             )
             return
-        async with trio.open_nursery() as nursery:
-            request = await wrap_server_stream(
-                nursery,
-                _ReplayStream(stream, raw),
-                message_queue_size=8,
-                max_message_size=self.limits.hard_frame_bytes,
-            )
-            websocket = await request.accept()
-            await _Client(self, websocket).run()
-            nursery.cancel_scope.cancel()
+        websocket = ServerWebSocket(stream, max_message_bytes=self.limits.hard_frame_bytes)
+        try:
+            await websocket.accept(raw)
+        except HandshakeFailed as exc:
+            await self._respond(conn, stream, 400, _json_error("bad_request", str(exc)))
+            return
+        await _Client(self, websocket).run()
 
 
 class _Client:
-    """One WebSocket client: requests served concurrently, one ordered outgoing queue."""
+    """One WebSocket client: requests served concurrently; one writer task sends responses and
+    the events of every subscription, in order, several frames per socket write."""
 
-    def __init__(self, gateway: Gateway, websocket: WebSocketConnection) -> None:
+    def __init__(self, gateway: Gateway, websocket: ServerWebSocket) -> None:
         self.gateway = gateway
         self.supervisor = gateway.supervisor
         self.websocket = websocket
         self.limits = gateway.limits
-        self._out_send, self._out = trio.open_memory_channel[dict[str, Any] | str](
-            self.limits.outgoing_buffer
-        )
+        self._responses: deque[bytes] = deque()  # frames of responses and notices, in order
+        self._subscriptions: dict[str, Subscription] = {}  # session id -> its events, in order
+        self._wake = trio.lowlevel.ParkingLot()  # the writer waits here for work
+        self._ready = False  # there is work: a response, or events a subscription announced
+        self._drained = trio.lowlevel.ParkingLot()  # the reader waits here for the writer
         self._pending = 0
-        self._subscriptions: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
@@ -432,21 +441,26 @@ class _Client:
             try:
                 while True:
                     message = await self.websocket.get_message()
+                    while len(self._responses) >= self.limits.outgoing_buffer:
+                        await self._drained.park()  # it does not read its answers: wait
                     self._on_frame(message)
-            except ConnectionClosed:
+            except WebSocketClosed:
                 pass
             finally:
                 # Requests in flight are abandoned, not undone: a cancel goes on in its session.
                 nursery.cancel_scope.cancel()
+                for subscription in self._subscriptions.values():
+                    subscription.close()
+                self._subscriptions.clear()
 
     def _on_frame(self, frame: str | bytes) -> None:
         assert self._nursery is not None
         decoded = decode_request(frame)
         if isinstance(decoded, RequestError):
-            self._send_nowait_or_spawn(error_response(decoded.id, decoded.code, decoded.message))
+            self._send(error_response(decoded.id, decoded.code, decoded.message))
             return
         if self._pending >= self.limits.max_pending:
-            self._send_nowait_or_spawn(
+            self._send(
                 error_response(
                     decoded.id,
                     "overloaded",
@@ -457,21 +471,63 @@ class _Client:
         self._pending += 1
         self._nursery.start_soon(self._serve, decoded)
 
-    def _send_nowait_or_spawn(self, message: dict[str, Any]) -> None:
-        assert self._nursery is not None
-        try:
-            self._out_send.send_nowait(message)
-        except trio.WouldBlock:
-            self._nursery.start_soon(self._out_send.send, message)
+    def _send(self, message: dict[str, Any]) -> None:
+        """Queue a response or notice for the writer (bounded: the reader waits when full)."""
+        self._responses.append(text_frame(_json(message)))
+        self._notify()
+
+    def _notify(self) -> None:
+        self._ready = True
+        self._wake.unpark_all()
 
     async def _writer(self) -> None:
+        # It waits to be told (a response, or a session announcing a batch of events) even
+        # when events are already buffered: under a flood a session announces every few dozen
+        # events, or when it goes idle, and they go out in one socket write, not one each.
         try:
-            async for message in self._out:
-                if not isinstance(message, str):
-                    message = json.dumps(message, separators=(",", ":"))
-                await self.websocket.send_message(message)
-        except ConnectionClosed:
-            pass  # the reader sees it too and ends the connection
+            while True:
+                while not self._ready:
+                    await self._wake.park()
+                self._ready = False
+                frames = self._collect()
+                if frames:
+                    await self.websocket.send_frames(frames)
+        except WebSocketClosed:
+            # Nothing more can be sent: the connection is over (the reader may be waiting for
+            # us to drain its answers, so it would not notice by itself).
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+
+    def _collect(self) -> list[bytes]:
+        """What to send next: every queued response, then up to ``batch_events`` events of each
+        subscription. A subscription's response was queued before its events could be."""
+        frames = list(self._responses)
+        if frames:
+            self._responses.clear()
+            self._drained.unpark_all()
+        if not self._subscriptions:
+            return frames
+        event_frame = self.gateway.event_frame
+        ended: list[str] = []
+        for session_id, subscription in self._subscriptions.items():
+            for event in subscription.take(self.limits.batch_events):
+                frames.append(event_frame(event))
+            if subscription.pending:
+                self._ready = True  # more than one batch: go on after this write
+            elif subscription.ended:
+                ended.append(session_id)
+        for session_id in ended:
+            subscription = self._subscriptions.pop(session_id)
+            subscription.close()
+            notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
+            message = {
+                "event": notice,
+                "session_id": session_id,
+                "seq": None,
+                "data": {"last_seq": subscription.last_seq},
+            }
+            frames.append(text_frame(_json(message)))
+        return frames
 
     async def _serve(self, request: Request) -> None:
         try:
@@ -487,7 +543,7 @@ class _Client:
             response = ok_response(request.id, result)
         finally:
             self._pending -= 1
-        await self._out_send.send(response)
+        self._send(response)
 
     async def _dispatch(self, request: Request) -> dict[str, Any] | None:
         payload = request.payload
@@ -505,9 +561,7 @@ class _Client:
             await self._subscribe(request, session, payload.get("since_seq"))
             return None
         if action == "session.unsubscribe":
-            scope = self._subscriptions.pop(session.id, None)
-            if scope is not None:
-                scope.cancel()
+            self._unsubscribe(session.id)
             return {}
         if action == "agent.prompt":
             turn = await session.prompt(payload["text"])
@@ -530,69 +584,36 @@ class _Client:
         raise AssertionError(f"unhandled action {action}")  # decode_request knows every action
 
     async def _subscribe(self, request: Request, session: Session, since_seq: int | None) -> None:
-        assert self._nursery is not None
-        previous = self._subscriptions.pop(session.id, None)
-        if previous is not None:
-            previous.cancel()
-        subscription = await session.open_subscription(
-            since_seq=since_seq, max_buffer=self.limits.subscription_buffer
-        )
-        scope = trio.CancelScope()
-        self._subscriptions[session.id] = scope
-        await self._out_send.send(
+        self._unsubscribe(session.id)
+        # Shielded (the actor answers a subscribe at once, ahead of agent output): if this
+        # connection went away meanwhile, the subscription is closed here, not left to hold
+        # the agent back until it stalls.
+        with trio.move_on_after(_SUBSCRIBE_BOUND_S) as bound:
+            bound.shield = True
+            subscription = await session.open_subscription(
+                since_seq=since_seq,
+                max_buffer=self.limits.subscription_buffer,
+                stall_s=self.limits.subscriber_stall_s,
+            )
+        if bound.cancelled_caught:
+            raise AgentNotRunning(f"session {session.id} did not answer a subscribe")
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.Cancelled:
+            subscription.close()
+            raise
+        self._unsubscribe(session.id)  # two subscribes to one session at once: the last wins
+        # The answer first, then the events: the writer takes queued responses first.
+        self._send(
             ok_response(request.id, {"last_seq": subscription.head_seq, "gap": subscription.gap})
         )
-        self._nursery.start_soon(self._forward, session, subscription, scope)
+        self._subscriptions[session.id] = subscription
+        subscription.set_listener(self._notify)
 
-    async def _forward(
-        self, session: Session, subscription: Subscription, scope: trio.CancelScope
-    ) -> None:
-        """Session events to this client, in order. Waiting here never slows the session:
-        if this client falls too far behind, the session cuts the subscription off."""
-        with scope:
-            try:
-                async for event in subscription:
-                    await self._out_send.send(self.gateway.event_frame(event))
-                notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
-                await self._out_send.send(
-                    {
-                        "event": notice,
-                        "session_id": session.id,
-                        "seq": None,
-                        "data": {"last_seq": subscription.last_seq},
-                    }
-                )
-            finally:
-                subscription.close()
-                if self._subscriptions.get(session.id) is scope:
-                    del self._subscriptions[session.id]
-
-
-class _ReplayStream(trio.abc.Stream):
-    """A stream that first yields bytes already read (the HTTP upgrade request)."""
-
-    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
-        self._stream = stream
-        self._prefix = prefix
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self._prefix:
-            size = len(self._prefix) if max_bytes is None else max_bytes
-            data, self._prefix = self._prefix[:size], self._prefix[size:]
-            return data
-        return await self._stream.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def send_eof(self) -> None:
-        await self._stream.send_eof()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
+    def _unsubscribe(self, session_id: str) -> None:
+        subscription = self._subscriptions.pop(session_id, None)
+        if subscription is not None:
+            subscription.close()
 
 
 _STATUSES = {status.value for status in HTTPStatus}
@@ -610,8 +631,12 @@ _CSP = (
 )
 
 
+#: One compact encoder (``json.dumps`` with ``separators`` builds a new one per call).
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
+
+
 def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _json_error(code: str, message: str) -> bytes:

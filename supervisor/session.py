@@ -42,7 +42,7 @@ from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, L
 from supervisor.process import ExitStatus, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
-from supervisor.subscription import Subscription
+from supervisor.subscription import Fanout, Subscription
 from supervisor.wire import receipt_to_wire
 
 __all__ = ["Session", "SessionSummary", "Subscription", "TurnHandle"]
@@ -59,6 +59,10 @@ DEFAULT_MAX_QUEUED = 32
 DEFAULT_SUBSCRIBER_BUFFER = 4096
 #: Agent items buffered between the pumps and the actor: backpressure on a flooding agent.
 _INBOX_SIZE = 256
+#: Scheduling turns the inbox must stay empty before the actor counts as idle and subscribers'
+#: writers are told of new events: a pump, or an in-memory agent, yields once or twice between
+#: two posts, and that is not idle. Costs a few microseconds after the last event of a burst.
+_IDLE_TURNS = 3
 #: An agent that exits unexpectedly this many times without finishing a turn in between is
 #: not respawned again: the session fails with its last words instead of looping.
 MAX_EXITS_WITHOUT_TURN = 5
@@ -110,6 +114,7 @@ class _Subscribe:
     since_seq: int | None
     max_buffer: int
     reply: Reply[Subscription]
+    stall_s: float | None = None
 
 
 @frozen
@@ -200,12 +205,6 @@ class _Turn:
     ran_tools: bool = False  # a tool.call was seen: only then can processes be left behind
 
 
-@define
-class _Subscriber:
-    send: trio.MemorySendChannel[ev.Event]
-    subscription: Subscription
-
-
 class Session:
     """One agent session. Create it through :class:`supervisor.Supervisor`."""
 
@@ -239,8 +238,7 @@ class Session:
         self._turn_counter = 0
         self._ended: dict[str, CancelReceipt] = {}
         self._seq = 0
-        self._history: deque[ev.Event] = deque(maxlen=history_size)
-        self._subscribers: list[_Subscriber] = []
+        self._fanout = Fanout(history_size)  # the history and the subscribers
         self._ready_waiters: list[Reply[None]] = []
         self._stop_waiters: list[Reply[ExitStatus | None]] = []
         self._stopping = False
@@ -293,21 +291,35 @@ class Session:
 
     @asynccontextmanager
     async def subscribe(
-        self, *, since_seq: int | None = None, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        stall_s: float | None = None,
     ) -> AsyncIterator[Subscription]:
-        """Events from now on (or replayed after ``since_seq``), in order, until you leave."""
-        subscription = await self.open_subscription(since_seq=since_seq, max_buffer=max_buffer)
+        """Events from now on (or replayed after ``since_seq``), in order, until you leave.
+
+        A subscriber a full buffer behind is cut off (``lagged``); with ``stall_s`` it holds
+        the agent back instead (its output is not read meanwhile) and is cut off only once it
+        has taken nothing for ``stall_s`` (see ``supervisor/subscription.py``)."""
+        subscription = await self.open_subscription(
+            since_seq=since_seq, max_buffer=max_buffer, stall_s=stall_s
+        )
         try:
             yield subscription
         finally:
             subscription.close()
 
     async def open_subscription(
-        self, *, since_seq: int | None = None, max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        stall_s: float | None = None,
     ) -> Subscription:
         """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``)."""
         subscription: Subscription = await self._call(
-            lambda reply: _Subscribe(since_seq, max_buffer, reply)
+            lambda reply: _Subscribe(since_seq, max_buffer, reply, stall_s)
         )
         return subscription
 
@@ -331,6 +343,7 @@ class Session:
             self._inbox_send.send_nowait(_WAKE)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # a full inbox means the actor is awake and checks its mailbox next
+        self._fanout.wake()  # or held back by a subscriber: it serves the mailbox at once
         return await reply.wait()
 
     # -- the actor -------------------------------------------------------------------------
@@ -353,25 +366,45 @@ class Session:
             self._done = True
             if self._state not in ("stopped", "failed"):
                 self._state = "stopped"
-            for subscriber in self._subscribers:
-                subscriber.send.close()
-            self._subscribers.clear()
+            self._fanout.close()
 
     async def _loop(self) -> None:
         while not self._done:
             self._serve_mailbox()
             if self._done:
                 return
+            if self._state == "running" and self._fanout.must_wait():
+                # A subscriber asked for backpressure and its buffer is full: read no agent
+                # output (the agent blocks on its pipe) until it makes room, a call comes in,
+                # or it stalls and is cut off. Never while cancelling: a cancel waits for no one.
+                await self._fanout.wait_for_room()
+                continue
             deadline = self._next_deadline()
             if deadline == math.inf:  # no timer running: skip the cancel scope (hot path)
-                self._on_inbox(await self._inbox.receive())
+                self._on_inbox(await self._receive())
                 continue
             with trio.move_on_at(deadline) as scope:
-                item = await self._inbox.receive()
+                item = await self._receive()
             if scope.cancelled_caught:
                 self._on_deadline()
             else:
                 self._on_inbox(item)
+
+    async def _receive(self) -> Any:
+        """The next inbox item. Batching writers (the gateway's) hear of new events when the
+        actor is about to wait, so under a flood they send several per socket write: an inbox
+        empty for just a moment (the agent's pump is between two posts) does not count."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for _ in range(_IDLE_TURNS):
+            try:
+                item = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                await trio.lowlevel.checkpoint()  # a turn for the pumps
+                continue
+            await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
+            return item
+        self._fanout.flush()
+        return await self._inbox.receive()
 
     def _serve_mailbox(self) -> None:
         while True:
@@ -428,7 +461,14 @@ class Session:
 
     def _on_call(self, call: _Call) -> None:
         if isinstance(call, _Subscribe):
-            call.reply.resolve(self._subscribe(call.since_seq, call.max_buffer))
+            call.reply.resolve(
+                self._fanout.subscribe(
+                    call.since_seq,
+                    head_seq=self._seq,
+                    max_buffer=call.max_buffer,
+                    stall_s=call.stall_s,
+                )
+            )
         elif isinstance(call, _WaitReady):
             if self._state in ("stopped", "failed"):
                 call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
@@ -555,28 +595,6 @@ class Session:
         self._apply(step)
         call.reply.resolve(None)
 
-    def _subscribe(self, since_seq: int | None, max_buffer: int) -> Subscription:
-        replay: list[ev.Event] = []
-        gap = False
-        if since_seq is not None:
-            replay = [event for event in self._history if event.seq > since_seq]
-            oldest = self._history[0].seq if self._history else self._seq + 1
-            gap = since_seq + 1 < oldest
-        send, receive = trio.open_memory_channel[ev.Event](max(1, max_buffer) + len(replay))
-        for event in replay:
-            send.send_nowait(event)
-        subscription = Subscription(
-            receive,
-            last_seq=since_seq if since_seq is not None else self._seq,
-            head_seq=self._seq,
-            gap=gap,
-        )
-        if self._done:
-            send.close()
-        else:
-            self._subscribers.append(_Subscriber(send, subscription))
-        return subscription
-
     def _stop(self, reply: Reply[ExitStatus | None]) -> None:
         self._stop_waiters.append(reply)
         if self._stopping:
@@ -594,7 +612,7 @@ class Session:
         link = self._link
         self._live_generation = None
         self._link = None
-        self._machine = None
+        self._drop_machine()
         assert self._nursery is not None
         self._nursery.start_soon(self._close_task, link)
 
@@ -799,12 +817,22 @@ class Session:
         self._respawn_after_kill = respawn
         self._live_generation = None
         self._link = None
-        self._machine = None
+        self._drop_machine()
         assert self._nursery is not None
         if link is None:
             self._nursery.start_soon(self._post, _KillDone(self._generation, []))
         else:
             self._nursery.start_soon(self._kill_task, link)
+
+    def _drop_machine(self) -> None:
+        """Forget the dead process's machine, keeping for the receipt what its unfinished
+        cancel had asked of sub-agents or tasks (they never confirmed)."""
+        machine, self._machine = self._machine, None
+        turn = self._turn
+        if machine is None or turn is None or turn.cancel is None:
+            return
+        for key, value in machine.details_at_kill().items():
+            turn.cancel.details.setdefault(key, value)
 
     def _kill_done(self, done: _KillDone) -> None:
         if self._stopping or self._state == "failed":
@@ -826,7 +854,7 @@ class Session:
         self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
         self._live_generation = None
         self._link = None
-        self._machine = None
+        self._drop_machine()
         self._emit(ev.AgentExited(exit_code=status.code, signal=status.signal, expected=False))
         detail = f"agent exited unexpectedly ({status.description})"
         if tail:
@@ -1027,16 +1055,4 @@ class Session:
             self._turn.ran_tools = True
         self._seq += 1
         stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=time.time())
-        self._history.append(stamped)
-        keep = []
-        for subscriber in self._subscribers:
-            try:
-                subscriber.send.send_nowait(stamped)
-            except trio.WouldBlock:
-                subscriber.subscription.lagged = True
-                subscriber.send.close()
-                continue
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                continue
-            keep.append(subscriber)
-        self._subscribers = keep
+        self._fanout.publish(stamped)

@@ -1,12 +1,34 @@
-"""A subscriber's view of one session's events."""
+"""A session's event history and its subscribers (the fan-out), and a subscriber's view.
+
+The session actor owns one :class:`Fanout`: it appends every stamped event to the history and
+to each subscriber's own bounded buffer, never waiting. A subscriber that falls a full buffer
+behind is either cut off (``lagged``; it resubscribes with ``since_seq`` and the history replays
+what it missed) or, if it asked for backpressure (``stall_s``), holds the agent back: the actor
+stops reading the agent's output (so the agent blocks on its stdout pipe) until that subscriber
+has made room again, or has taken nothing for ``stall_s`` and is cut off after all. See
+``design/gateway.md``, "Nothing lost under a flood".
+"""
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
 
 import trio
 
 from protocols import events as ev
 
-__all__ = ["Subscription"]
+__all__ = ["Fanout", "Subscription"]
+
+#: A backpressured subscriber may hold this many buffers' worth before it is cut off anyway.
+#: The session stops reading the agent at one buffer, so the excess is only what one agent
+#: message, or a call handled meanwhile, emits; and events emitted while a cancel is in
+#: progress (a cancel never waits for a subscriber: it reads the agent at full speed).
+_HARD_LIMIT_FACTOR = 2
+#: A listener (a batching writer, :meth:`Subscription.set_listener`) is told of new events when
+#: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
+#: events: a flood reaches the writer in batches, and a single event is not delayed at all.
+_ANNOUNCE_EVERY = 64
 
 
 class Subscription:
@@ -15,39 +37,250 @@ class Subscription:
     If the subscriber falls more than its buffer behind, the session cuts it off: iteration
     ends and :attr:`lagged` is true; subscribe again with ``since_seq=last_seq`` to catch up.
     :attr:`gap` is true when history no longer reached back to the ``since_seq`` asked for.
+    With ``stall_s`` (backpressure) it is cut off only when it took nothing for that long.
     """
 
     def __init__(
         self,
-        receive: trio.MemoryReceiveChannel[ev.Event],
+        replay: list[ev.Event],
         *,
         last_seq: int,
         head_seq: int,
         gap: bool,
+        max_buffer: int,
+        stall_s: float | None = None,
+        on_room: Callable[[], None] | None = None,
     ):
-        self._receive = receive
+        self._events: deque[ev.Event] = deque(replay)
+        #: a full buffer: the session cuts us off, or (with stall_s) stops reading the agent
+        self.capacity = max(1, max_buffer) + len(replay)
+        self._low_water = self.capacity // 2
+        self.stall_s = stall_s
+        self._on_room = on_room
+        self._lot = trio.lowlevel.ParkingLot()
+        self._listener: Callable[[], object] | None = None
+        self._unannounced = 0  # events buffered since the subscriber was last told
+        self._ended = False  # by the session: it is done, or cut us off
+        self._closed = False  # by the subscriber
+        #: events taken so far (the session's stall check compares it across its window)
+        self.taken = 0
         self.last_seq = last_seq
         #: the session's newest seq when this subscription began
         self.head_seq = head_seq
         self.gap = gap
         self.lagged = False
 
+    # -- the subscriber's side -------------------------------------------------------------
+
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> ev.Event:
         try:
-            event = await self._receive.receive()
+            return await self.receive()
         except trio.EndOfChannel:
             raise StopAsyncIteration from None
-        self.last_seq = event.seq
-        return event
 
     async def receive(self) -> ev.Event:
         """The next event; raises ``trio.EndOfChannel`` when the session is done or cut us off."""
-        event = await self._receive.receive()
-        self.last_seq = event.seq
-        return event
+        if self._events:
+            await trio.lowlevel.checkpoint()
+        while not self._events:
+            if self._closed:
+                raise trio.ClosedResourceError
+            if self._ended:
+                raise trio.EndOfChannel
+            await self._lot.park()
+        return self.take(1)[0]
+
+    def take(self, limit: int) -> list[ev.Event]:
+        """Up to ``limit`` buffered events at once, without waiting (a batching writer's call)."""
+        events = self._events
+        before = len(events)
+        if limit >= before:
+            taken = list(events)
+            events.clear()
+        else:
+            taken = [events.popleft() for _ in range(limit)]
+        if taken:
+            self.taken += len(taken)
+            self.last_seq = taken[-1].seq
+            if before > self._low_water >= len(events) and self._on_room is not None:
+                self._on_room()
+        return taken
+
+    @property
+    def pending(self) -> int:
+        """Events buffered and not yet taken."""
+        return len(self._events)
+
+    @property
+    def ended(self) -> bool:
+        """The session will send nothing more (it is done, or cut us off: see :attr:`lagged`)."""
+        return self._ended
+
+    def set_listener(self, listener: Callable[[], object] | None) -> None:
+        """Call ``listener()`` (from the session's task, so it must not block) when new events
+        are buffered (in batches: see ``_ANNOUNCE_EVERY``) or the stream ends: a writer that
+        serves many subscriptions waits on its own wake-up instead of one task per
+        subscription."""
+        self._listener = listener
 
     def close(self) -> None:
-        self._receive.close()
+        if self._closed:
+            return
+        self._closed = True
+        self._events.clear()
+        self._lot.unpark_all()
+        if self._on_room is not None:
+            self._on_room()  # a session held back for us goes on
+
+    # -- the session's side (its actor task only) ---------------------------------------------
+
+    def _offer(self, event: ev.Event) -> bool:
+        """Buffer one event; False if we are over the limit (the caller cuts us off)."""
+        events = self._events
+        limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
+        if len(events) >= limit:
+            return False
+        events.append(event)
+        if self._lot:
+            self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
+        self._unannounced += 1
+        if self._unannounced >= _ANNOUNCE_EVERY:
+            self._announce()
+        return True
+
+    def _announce(self) -> None:
+        self._unannounced = 0
+        self._lot.unpark_all()
+        if self._listener is not None:
+            self._listener()
+
+    def _end(self, *, lagged: bool = False) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.lagged = lagged
+        self._announce()
+
+    @property
+    def _full(self) -> bool:
+        return len(self._events) >= self.capacity
+
+
+class Fanout:
+    """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
+
+    def __init__(self, history_size: int) -> None:
+        self.history: deque[ev.Event] = deque(maxlen=history_size)
+        self._subscriptions: list[Subscription] = []
+        self._room = trio.Event()
+        #: while holding the agent back: when the stall window ends, and what each full
+        #: subscriber had taken when it began
+        self._window: tuple[float, dict[int, int]] | None = None
+        self._maybe_full = False
+        self._closed = False
+        #: times the session held the agent back for a full subscriber (a diagnostic)
+        self.holds = 0
+
+    def subscribe(
+        self,
+        since_seq: int | None,
+        *,
+        head_seq: int,
+        max_buffer: int,
+        stall_s: float | None = None,
+    ) -> Subscription:
+        replay: list[ev.Event] = []
+        gap = False
+        if since_seq is not None:
+            replay = [event for event in self.history if event.seq > since_seq]
+            oldest = self.history[0].seq if self.history else head_seq + 1
+            gap = since_seq + 1 < oldest
+        subscription = Subscription(
+            replay,
+            last_seq=since_seq if since_seq is not None else head_seq,
+            head_seq=head_seq,
+            gap=gap,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            on_room=self._on_room if stall_s is not None else None,
+        )
+        if self._closed:
+            subscription._end()
+        else:
+            self._subscriptions.append(subscription)
+            self._maybe_full = self._maybe_full or subscription._full
+        return subscription
+
+    def publish(self, event: ev.Event) -> None:
+        """Append to the history and to every subscriber's buffer; never waits."""
+        self.history.append(event)
+        drop = False
+        full = False
+        for subscription in self._subscriptions:
+            if subscription._closed:
+                drop = True
+            elif not subscription._offer(event):
+                subscription._end(lagged=True)
+                drop = True
+            elif subscription.stall_s is not None and subscription._full:
+                full = True
+        if drop:
+            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+        self._maybe_full = self._maybe_full or full
+
+    def flush(self) -> None:
+        """Tell every subscriber of the events it has not been told of (the session is about
+        to wait: nothing more comes in this batch)."""
+        for subscription in self._subscriptions:
+            if subscription._unannounced:
+                subscription._announce()
+
+    def must_wait(self) -> bool:
+        """A backpressured subscriber's buffer is full: the session should not read the agent."""
+        if not self._maybe_full:
+            return False
+        if any(s.stall_s is not None and s._full and not s._closed for s in self._subscriptions):
+            return True
+        self._maybe_full = False
+        self._window = None
+        return False
+
+    async def wait_for_room(self) -> None:
+        """Return when a full subscriber made room (took half its buffer), went away, or
+        :meth:`wake` was called; or cut off, at the end of the stall window, every full
+        subscriber that took nothing during it."""
+        self.flush()
+        full = [s for s in self._subscriptions if s.stall_s is not None and s._full]
+        if self._window is None:
+            self.holds += 1
+            stall = min((s.stall_s for s in full if s.stall_s is not None), default=0.0)
+            self._window = (trio.current_time() + stall, {id(s): s.taken for s in full})
+        deadline, taken = self._window
+        if self._room.is_set():
+            self._room = trio.Event()  # what set it is handled: must_wait() said we still wait
+        with trio.move_on_at(deadline) as scope:
+            await self._room.wait()
+        if not scope.cancelled_caught:
+            return
+        self._window = None
+        for subscription in full:
+            if subscription._full and taken.get(id(subscription)) == subscription.taken:
+                subscription._end(lagged=True)
+        self._subscriptions = [s for s in self._subscriptions if not s._ended]
+
+    def wake(self) -> None:
+        """A call arrived: a session held back by a subscriber serves it at once."""
+        self._room.set()
+
+    def _on_room(self) -> None:
+        self._room.set()
+
+    def close(self) -> None:
+        """The session is done: every subscription ends (not lagged)."""
+        self._closed = True
+        for subscription in self._subscriptions:
+            subscription._end()
+        self._subscriptions.clear()

@@ -9,12 +9,18 @@ from typing import Any
 
 import pytest
 import trio
-from trio_websocket import ConnectionRejected, open_websocket_url
+from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, TextMessage
 
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
+from supervisor.gateway_protocol import MAX_FRAME_BYTES
+from supervisor.session import DEFAULT_HISTORY
+from supervisor.subscription import Fanout
+from supervisor.websocket import text_frame
 
 BOUND = 20.0
 
@@ -314,11 +320,13 @@ async def test_http_abort_returns_the_receipt() -> None:
             )
 
 
-async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> None:
+async def test_stalled_client_is_cut_off_and_recovers_while_others_lose_nothing() -> None:
     limits = GatewayLimits()
     limits.outgoing_buffer = 4
     limits.subscription_buffer = 256
     limits.send_buffer_bytes = 16 * 1024
+    # It holds the agent back until it has taken nothing for this long, then it is cut off.
+    limits.subscriber_stall_s = 0.5
     # ~2 MB of events at 500/s; small socket buffers make the stalled reader felt quickly.
     behaviour = Behaviour(words=1000, word_interval=0.002, pad=2000)
     async with gateway(behaviour, limits=limits) as (_, url, _l):
@@ -370,3 +378,85 @@ async def test_slow_client_is_cut_off_and_recovers_without_slowing_others() -> N
                     if "event" in message and message["event"] != "subscription.lagged":
                         caught_up.append(message["seq"])
                 assert caught_up[0] == last + 1
+
+
+async def test_flood_reaches_a_slow_client_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent floods far past the session's history while a client reads nothing; once it
+    reads, it gets every event: the agent was held back instead (design/gateway.md)."""
+    held = trio.Event()
+    hold = Fanout.wait_for_room
+
+    async def observed(self: Fanout) -> None:
+        held.set()
+        await hold(self)
+
+    monkeypatch.setattr(Fanout, "wait_for_room", observed)
+    limits = GatewayLimits()
+    limits.subscription_buffer = 64
+    limits.send_buffer_bytes = 16 * 1024
+    limits.subscriber_stall_s = 3600.0  # it is slow, not gone
+    words = DEFAULT_HISTORY + 2_000
+    # 1 KB events: ~12 MB, more than any socket buffers hold between the two ends.
+    async with gateway(Behaviour(flood=True, words=words, pad=1000), limits=limits) as (
+        _,
+        url,
+        _l,
+    ):
+        async with (
+            connect(url) as control,
+            open_websocket_url(websocket_url(url), message_queue_size=1) as slow,
+        ):
+            session_id = await start_and_subscribe(control)
+            subscribe = {
+                "id": 1,
+                "action": "session.subscribe",
+                "payload": {"session_id": session_id},
+            }
+            await slow.send_message(json.dumps(subscribe))
+            start = json.loads(await slow.get_message())["result"]["last_seq"]
+            await control.prompt(session_id, "flood")
+            await held.wait()  # the slow client's buffers are full: the agent waits for it
+            seqs: list[int] = []
+            deltas = 0
+            while True:
+                message = json.loads(await slow.get_message())
+                assert message["event"] != "subscription.lagged"
+                seqs.append(message["seq"])
+                deltas += message["event"] == "message.delta"
+                if message["event"] == "turn.ended":
+                    break
+            assert seqs == list(range(start + 1, start + 1 + len(seqs)))
+            assert deltas == words
+
+
+@pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536, 200_000])
+def test_event_frames_are_what_wsproto_would_send(size: int) -> None:
+    server = WSConnection(ConnectionType.SERVER)
+    server.receive_data(
+        b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+        b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    )
+    list(server.events())
+    server.send(AcceptConnection())
+    payload = "é" * (size // 2) + "a" * (size % 2)
+    assert text_frame(payload.encode()) == server.send(TextMessage(data=payload))
+
+
+async def test_ping_is_answered_and_close_is_a_handshake() -> None:
+    async with gateway() as (_, url, _l):
+        async with open_websocket_url(websocket_url(url)) as ws:
+            await ws.ping(b"are you there")
+            await ws.send_message(json.dumps({"id": 1, "action": "session.list"}))
+            assert json.loads(await ws.get_message())["ok"] is True
+        assert ws.closed is not None and ws.closed.code == 1000
+
+
+async def test_frame_over_the_hard_limit_closes_with_1009() -> None:
+    limits = GatewayLimits()
+    limits.hard_frame_bytes = 2 * MAX_FRAME_BYTES
+    async with gateway(limits=limits) as (_, url, _l):
+        async with open_websocket_url(websocket_url(url)) as ws:
+            with pytest.raises(ConnectionClosed) as closed:  # while sending, or after
+                await ws.send_message("x" * (3 * MAX_FRAME_BYTES))
+                await ws.get_message()
+            assert closed.value.reason.code == 1009

@@ -1,0 +1,148 @@
+"""The server side of one WebSocket, on wsproto, shaped for the gateway's fan-out.
+
+The gateway's HTTP layer (h11) has already read the upgrade request; :class:`ServerWebSocket`
+completes the handshake from those bytes and then serves one reader (:meth:`get_message`) and one
+writer (:meth:`send_frames`). The writer sends *several* messages with one transport write: under
+a flood a subscriber's queued events go out in one ``send_all`` instead of one per event, and an
+event's frame bytes are built once (:func:`text_frame`) and shared by every subscriber. The frames
+on the wire are exactly what trio-websocket sends (unfragmented, unmasked text frames; no
+extensions are negotiated); only the number of writes differs.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.connection import ConnectionState
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import RemoteProtocolError
+
+__all__ = ["HandshakeFailed", "ServerWebSocket", "WebSocketClosed", "text_frame"]
+
+#: RFC 6455 section 7.4.1: "the message is too big to process".
+CLOSE_TOO_BIG: Final = 1009
+_RECEIVE_BYTES: Final = 65536
+
+
+class WebSocketClosed(Exception):
+    """The connection is closed (by the peer, by us, or the transport broke)."""
+
+
+class HandshakeFailed(Exception):
+    """The upgrade request was not a valid WebSocket handshake."""
+
+
+def text_frame(payload: bytes) -> bytes:
+    """One complete text message as a server sends it: FIN, opcode 1, no mask (RFC 6455 5.2)."""
+    size = len(payload)
+    if size < 126:
+        return bytes((0x81, size)) + payload
+    if size < 65536:
+        return struct.pack("!BBH", 0x81, 126, size) + payload
+    return struct.pack("!BBQ", 0x81, 127, size) + payload
+
+
+class ServerWebSocket:
+    """One accepted WebSocket. One task reads, one task writes; control frames (pong, close)
+    share the transport with the writer under a lock, so a frame is never interleaved."""
+
+    def __init__(self, stream: trio.abc.Stream, *, max_message_bytes: int) -> None:
+        self._stream = stream
+        self._max = max_message_bytes
+        self._ws = WSConnection(ConnectionType.SERVER)
+        self._send_lock = trio.Lock()
+        self._parts: list[str | bytes] = []
+        self._size = 0
+        self._messages: list[str | bytes] = []
+        self.closed = False
+        #: why it closed (a WebSocket close code), once it has
+        self.close_code: int | None = None
+
+    async def accept(self, request: bytes) -> None:
+        """Complete the handshake for an upgrade request already read (its raw bytes)."""
+        try:
+            self._ws.receive_data(request)
+            events = list(self._ws.events())
+        except RemoteProtocolError as exc:
+            raise HandshakeFailed(str(exc)) from None
+        if not any(isinstance(event, Request) for event in events):
+            raise HandshakeFailed("incomplete upgrade request")
+        await self._send(self._ws.send(AcceptConnection()))
+
+    async def get_message(self) -> str | bytes:
+        """The next complete message; raises :class:`WebSocketClosed` when the peer is gone."""
+        while not self._messages:
+            if self.closed:
+                raise WebSocketClosed(self.close_code)
+            try:
+                data = await self._stream.receive_some(_RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            await self._receive(data)
+        return self._messages.pop(0)
+
+    async def send_frames(self, frames: list[bytes]) -> None:
+        """Send complete frames (from :func:`text_frame`) with one transport write."""
+        await self._send(b"".join(frames) if len(frames) > 1 else frames[0], data_frames=True)
+
+    async def _receive(self, data: bytes | bytearray) -> None:
+        self._ws.receive_data(bytes(data) if data else None)
+        reply = b""
+        for event in self._ws.events():
+            if isinstance(event, Message):
+                self._parts.append(event.data)
+                self._size += len(event.data)
+                if self._size > self._max:
+                    reply += self._close(CLOSE_TOO_BIG, "message too big")
+                    break
+                if event.message_finished:
+                    if isinstance(event, TextMessage):
+                        message: str | bytes = "".join(p for p in self._parts if isinstance(p, str))
+                    else:
+                        assert isinstance(event, BytesMessage)
+                        message = b"".join(p for p in self._parts if isinstance(p, bytes))
+                    self._messages.append(message)
+                    self._parts = []
+                    self._size = 0
+            elif isinstance(event, Ping):
+                if self._ws.state is ConnectionState.OPEN:
+                    reply += self._ws.send(event.response())
+            elif isinstance(event, CloseConnection):
+                # The peer closed (answer it), or sent something invalid (close with its code).
+                if self._ws.state is ConnectionState.REMOTE_CLOSING:
+                    reply += self._ws.send(event.response())
+                    self.closed = True
+                    self.close_code = event.code
+                else:
+                    reply += self._close(event.code, event.reason or "")
+                break
+        if reply:
+            await self._send(reply)
+
+    def _close(self, code: int, reason: str) -> bytes:
+        self.closed = True
+        self.close_code = code
+        if self._ws.state is ConnectionState.OPEN:
+            return self._ws.send(CloseConnection(code=code, reason=reason))
+        return b""
+
+    async def _send(self, data: bytes, *, data_frames: bool = False) -> None:
+        async with self._send_lock:
+            if data_frames and self.closed:
+                raise WebSocketClosed(self.close_code)  # nothing may follow a close frame
+            try:
+                await self._stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
+                raise WebSocketClosed(self.close_code) from None
