@@ -40,7 +40,11 @@ against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
   ``PermissionNotFoundError`` when it is gone); ``permission.replied {sessionID, requestID,
   reply}`` follows. A ``reject`` ends the turn (``finish: "tool-calls"``, no error). A request
   left pending when the turn dies gets no ``permission.replied`` (edge case 27): we resolve it
-  ourselves.
+  ourselves. On a cancel the abort and the ``reject`` go out together and either may land
+  first (both seen on the real server, ``tests/test_real_opencode_serve.py``): the reject first
+  ends the turn ``permission_rejected``; the abort first ends it ``aborted`` and the reject is
+  still answered ``200`` (its ``permission.replied`` after the idle). Had the abort already
+  dropped the request, the reject would get 404: no error, as withdrawing it was the point.
 - Events carry ``sessionID``; those of other sessions are ignored, except permission requests of
   the sub-agent sessions our session started (``session.created`` with our ``parentID``), which
   would otherwise hold our turn forever.
@@ -143,6 +147,8 @@ class _Sent:
     purpose: str  # get_session, create_session, prompt, abort, reply
     turn_id: str | None = None
     request_id: str | None = None
+    #: who answered the permission request (``client`` or ``supervisor``), for a reply
+    by: str | None = None
 
 
 @define
@@ -310,7 +316,7 @@ class OpenCodeClient(AgentProtocol):
         message = self._request(
             "POST",
             f"/permission/{quote(request_id, safe='')}/reply",
-            _Sent("reply", held.turn_id, request_id),
+            _Sent("reply", held.turn_id, request_id, by),
             {"reply": reply},
         )
         resolved = ev.PermissionResolved(
@@ -389,6 +395,10 @@ class OpenCodeClient(AgentProtocol):
         # A permission reply. 404: it was resolved already (the turn died, or someone else
         # answered); we have resolved it on our side, so only say that the reply was lost.
         if ok:
+            return Step()
+        if status == 404 and sent.by == "supervisor":
+            # Our own withdrawal (a cancel) racing the abort, which had dropped the request
+            # already: gone is what the reply wanted, nothing was lost.
             return Step()
         code = "permission_not_found" if status == 404 else "permission_reply_failed"
         return Step(

@@ -6,11 +6,8 @@ autojump. Each mode is cancelled mid-turn; afterwards no process of a killed tre
 the session takes a new prompt that completes. Bounds are generous; exact timing is the
 virtual-time tests' job. What the fake decided reaches us as its stderr lines.
 
-Tier 4: one test drives the real ``opencode serve`` (npm ``opencode-ai`` 1.18.33, installed by
-``tests/realagents/install.py``) against the fake chat-completions model of
-``tests/realagents/fake_model.py``: a streaming turn is cancelled, the receipt says
-``cancelled``, the model sees the client go away, and a second prompt completes. It skips when
-the package cannot be installed, and fails instead with ``AGENT_SUPERVISOR_STRICT_SKIPS=1``.
+Tier 4, the real ``opencode serve`` (streaming, shell, permission, kill and resume), is
+``tests/test_real_opencode_serve.py``; it shares the password checks defined here.
 """
 
 from __future__ import annotations
@@ -18,11 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -388,187 +383,4 @@ async def test_stop_ends_the_server(tmp_path: Path) -> None:
         assert_all_gone(tree)
 
 
-# --- Tier 4: the real opencode serve -----------------------------------------------------------
-
-REAL_GRACE_S = 3.0
-STRICT_VARIABLE = "AGENT_SUPERVISOR_STRICT_SKIPS"
-
-
-def skip_or_fail(reason: str) -> None:
-    """A skip, or with ``AGENT_SUPERVISOR_STRICT_SKIPS=1`` (CI) a failure."""
-    if os.environ.get(STRICT_VARIABLE) == "1":
-        pytest.fail(f"{reason} ({STRICT_VARIABLE}=1 turns this skip into a failure)")
-    pytest.skip(reason)
-
-
-@pytest.fixture
-def opencode_argv() -> tuple[str, ...]:
-    """The installed native binary (installed now if need be), or a skip saying why not."""
-    from realagents import install
-
-    try:
-        return install.ensure("opencode").argv
-    except install.Unavailable as exc:
-        skip_or_fail(f"opencode-ai is not available: {exc}")
-        raise
-
-
-@asynccontextmanager
-async def real_opencode(
-    argv: tuple[str, ...], root: Path
-) -> AsyncIterator[tuple[Session, Recorder, Any, float, bool]]:
-    """The real server under the supervisor, against the fake model; in a loopback-only network
-    namespace when one can be made (it looks up the npm registry otherwise)."""
-    from realagents import netns
-    from realagents.agents import AGENTS
-    from realagents.fake_model import FakeModel
-
-    with netns.open_namespace() as namespace:
-        # Entering a user namespace's network needs its privileges: only a root-made one.
-        isolated = namespace is not None and not namespace.user
-        with FakeModel(namespace.listener if isolated and namespace else None) as model:
-            prepared = AGENTS["opencode"].prepare(argv, root, model.base_url)
-            command = [*argv, "serve"]
-            if isolated and namespace is not None:
-                # The server listens inside the namespace, where we cannot reach it: the
-                # bridge below runs it there and relays its port to ours.
-                command = [sys.executable, __file__, "bridge", namespace.path, "--", *command]
-            spec = AgentSpec(
-                name="opencode",
-                protocol="opencode",
-                command=tuple(command),
-                env=prepared.env,
-                cwd=os.fspath(prepared.cwd),
-                grace_s=REAL_GRACE_S,
-                kill_timeout_s=1.0,
-                start_timeout_s=90.0,
-            )
-            async with open_supervisor(agents={"opencode": spec}) as sup:
-                started = time.monotonic()
-                session = await sup.start_session("opencode")
-                ready_s = time.monotonic() - started
-                recorder = Recorder(session)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(recorder.run)
-                    yield session, recorder, model, ready_s, isolated
-                    recorder.check_invariants()
-                    nursery.cancel_scope.cancel()
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the npm package's native binary is linux-x64")
-async def test_real_opencode_serve_cancel_and_continue(
-    opencode_argv: tuple[str, ...], tmp_path: Path
-) -> None:
-    with trio.fail_after(120):
-        async with real_opencode(opencode_argv, tmp_path) as (
-            session,
-            rec,
-            model,
-            ready_s,
-            isolated,
-        ):
-            turn = await session.prompt("Please stream a long answer.")
-            await rec.wait_for(is_delta, count=2)
-            tree = tree_of_this_test()
-            receipt = await session.cancel(reason="tier 4")
-            assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
-            assert receipt.escalation == ["interrupt"] and receipt.stop_reason == "aborted"
-            assert receipt.elapsed_ms < REAL_GRACE_S * 1000
-            # The server really stopped calling the model, not just said so.
-            streaming = await model.wait_for(
-                lambda e: e.streaming_tokens and e.disconnected_at is not None, timeout=10
-            )
-            assert all(p.is_running() for p in tree)  # stopped in-band: nothing killed
-            # The server has a password of its own: nothing but our link can drive it.
-            password = server_password(tree)
-            await assert_refused_without_the_password(listening_url(rec), password)
-            second = await session.prompt("quick")
-            ended = await rec.wait_kind("turn.ended", turn_id=second.id)
-            assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", ended
-            texts = [
-                e.text
-                for e in rec.of_kind("message.delta")
-                if isinstance(e, ev.MessageDelta) and e.turn_id == second.id
-            ]
-            assert "".join(texts) == "Quick answer from the fake model."
-            assert not any("server is unsecured" in line for line in stderr_lines(rec))
-            assert_secret_nowhere(password, rec, repr(receipt))
-            dropped_ms = 1000 * (streaming.disconnected_at - streaming.started_at)
-            print(
-                f"\nreal opencode serve ({'loopback-only netns' if isolated else 'host network'}):"
-                f" ready in {ready_s:.1f} s, cancel receipt in {receipt.elapsed_ms:.1f} ms,"
-                f" model stream dropped {dropped_ms:.0f} ms after it began"
-            )
-    assert_all_gone(tree)
-
-
-# --- The namespace bridge (run as a script: ``python test_opencode_process.py bridge ...``) ---
-
-
-def bridge(argv: list[str]) -> int:
-    """``bridge NETNS -- COMMAND...``: run COMMAND in the network namespace NETNS (a path like
-    ``/proc/PID/ns/net``) and relay the HTTP server it announces to a port of ours.
-
-    The relay's listening socket is made before we enter the namespace, so it stays in ours
-    (a socket belongs to the namespace it was created in); everything after, the command and
-    the relay's connections to it, is in NETNS. The ``listening on`` line is rewritten to name
-    the relay. Bytes are copied as they come, so the event stream is not held back.
-    """
-    import ctypes
-    import re
-    import socket
-    import subprocess
-    import threading
-
-    netns_path, separator, *command = argv
-    assert separator == "--" and command, "usage: bridge NETNS -- COMMAND..."
-    relay = socket.create_server(("127.0.0.1", 0))
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(netns_path, os.O_RDONLY)
-    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-        raise OSError(ctypes.get_errno(), f"setns {netns_path}")
-    os.close(fd)
-    child = subprocess.Popen(command, stdout=subprocess.PIPE)
-    assert child.stdout is not None
-
-    def copy(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def serve(port: int) -> None:
-        while True:
-            incoming, _ = relay.accept()
-            try:
-                outgoing = socket.create_connection(("127.0.0.1", port))
-            except OSError:
-                incoming.close()
-                continue
-            for pair in ((incoming, outgoing), (outgoing, incoming)):
-                threading.Thread(target=copy, args=pair, daemon=True).start()
-
-    listening = re.compile(rb"listening on http://[^\s:/]+:(\d+)")
-    relayed = False
-    for line in child.stdout:
-        match = listening.search(line)
-        if match is not None and not relayed:
-            relayed = True
-            threading.Thread(target=serve, args=(int(match.group(1)),), daemon=True).start()
-            ours = f"listening on http://127.0.0.1:{relay.getsockname()[1]}".encode()
-            line = line[: match.start()] + ours + line[match.end() :]
-        sys.stdout.buffer.write(line)
-        sys.stdout.buffer.flush()
-    code = child.wait()
-    return code if code >= 0 else 128 - code
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["bridge"]:
-    sys.exit(bridge(sys.argv[2:]))
+# Tier 4, the real ``opencode serve``, is ``tests/test_real_opencode_serve.py``.

@@ -235,6 +235,30 @@ async def test_pending_permission_answered_reject_ends_a_wedged_turn_at_once(
         await rec.wait_kind("turn.ended", turn_id=second.id)
 
 
+async def test_pending_permission_dropped_by_the_abort_first_is_no_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The abort and the ``reject`` go out together; when the abort has dropped the request
+    first, the reject finds it gone (404). The turn ends ``aborted``, the request was resolved
+    once on our side, and the 404 of our own withdrawal is no error event."""
+    behaviour = OpenCodeBehaviour(words=100, stop_delay=0.0, permission=True, abort_first=True)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "aborted"), receipt
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        second = await session.prompt("again words=1")
+        await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert launcher.replies_gone == [requested.request_id]
+        resolved = [
+            e for e in rec.of_kind("permission.resolved") if isinstance(e, ev.PermissionResolved)
+        ]
+        assert [(e.outcome, e.by) for e in resolved] == [("cancelled", "supervisor")]
+        assert rec.of_kind("error") == []
+
+
 async def test_permission_answered_once_by_a_person(autojump_clock: trio.testing.MockClock) -> None:
     async with running(OpenCodeBehaviour(words=3, permission=True)) as (session, launcher, rec):
         turn = await session.prompt("hello")

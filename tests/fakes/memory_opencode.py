@@ -16,7 +16,9 @@ Behaviour is set per launcher and per prompt with tokens in the prompt text: ``w
 abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop-delay=S``,
 ``words=N``, ``interval=S``, ``busy-delay=S`` (prompt accepted → busy), ``second-idle=S`` (the
 abort's second idle pair this late), ``duplicate-idles`` (a natural end emits two idle pairs),
-``permission`` (a bash permission before the second word).
+``permission`` (a bash permission before the second word), ``abort-first`` (an abort drops the
+turn's pending permission requests at once, before a reply sent with it is read: that reply is
+answered 404, the order the real server can take).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class OpenCodeBehaviour(BaseBehaviour):
     second_idle: float = 0.0
     duplicate_idles: bool = False
     permission: bool = False
+    abort_first: bool = False
     lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
 
     TOKENS = {
@@ -48,6 +51,7 @@ class OpenCodeBehaviour(BaseBehaviour):
         "second-idle": ("second_idle", float),
         "duplicate-idles": ("duplicate_idles", on),
         "permission": ("permission", on),
+        "abort-first": ("abort_first", on),
     }
 
 
@@ -80,6 +84,8 @@ class MemoryOpenCodeLauncher(BaseLauncher[OpenCodeBehaviour, "FakeOpenCodeServer
     def __init__(self, behaviour: OpenCodeBehaviour | None = None, **kwargs: Any) -> None:
         super().__init__(behaviour, **kwargs)
         self.requests: list[Request] = []
+        #: permission request ids whose reply was answered 404 (gone)
+        self.replies_gone: list[str] = []
 
     def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeOpenCodeServer:
         return FakeOpenCodeServer(link, self)
@@ -172,10 +178,13 @@ class FakeOpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
             await self.respond(request_id, 204)
             nursery.start_soon(self.turn, parts[1], text, self.behaviour.for_prompt(text))
         elif method == "POST" and len(parts) == 3 and parts[2] == "abort":
+            if self.active is not None and self.active.behaviour.abort_first:
+                self.pending.clear()  # the turn waits on its channel until the abort lands
             nursery.start_soon(self.abort, request_id, parts[1])
         elif method == "POST" and len(parts) == 3 and parts[0] == "permission":
             answer = self.pending.pop(parts[1], None)
             if answer is None:
+                self.launcher.replies_gone.append(parts[1])
                 message = f"Permission request not found: {parts[1]}"
                 await self.respond(
                     request_id, 404, {"_tag": "PermissionNotFoundError", "message": message}
