@@ -29,7 +29,9 @@ against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
   ``MessageAbortedError`` before the idle, or, when the abort lands before the model answered,
   only as the assistant message's ``error`` (``message.updated``): either marks the turn
   interrupted. An abort sent before the turn runs is a no-op and the prompt then runs to its
-  end, so a cancel before ``busy`` is held and sent when ``busy`` comes.
+  end, so a cancel before ``busy`` is held and sent when ``busy`` comes. The abort is per
+  session, not per turn: one still in flight when the stream ends the turn (a ``reject`` can end
+  it first) would stop the next turn, so the turn is over only once its abort is answered too.
 - Streamed content: ``message.part.updated`` announces a part (``text``, ``reasoning``,
   ``tool``, ``step-start`` ...) and ``message.part.delta`` extends it (``field: "text"``, no part
   type: we remember it). The user's own prompt comes back as a part of a ``user`` message and is
@@ -169,6 +171,8 @@ class _Turn:
     open_message: bool = False
     #: one of its permission requests was answered ``reject``
     rejected: bool = False
+    #: our abort got its HTTP answer (or failed): it can no longer land on a later turn
+    abort_answered: bool = False
 
 
 @frozen
@@ -211,6 +215,8 @@ class OpenCodeClient(AgentProtocol):
     _session_id: str | None = None
     _children: set[str] = field(factory=set)
     _turn: _Turn | None = None
+    #: a turn that is over on the stream, held until its abort is answered
+    _held_end: tuple[_Turn, TurnFinished] | None = None
     _held: dict[str, _HeldPermission] = field(factory=dict)
     _messages: dict[str, _Message] = field(factory=dict)
     _parts: dict[str, _Part] = field(factory=dict)
@@ -382,16 +388,17 @@ class OpenCodeClient(AgentProtocol):
                 return Step(events=[ev.ErrorEvent(code="agent_error", message=error)])
             return self._finish(turn, TurnFinished(turn.turn_id, "error", error=error))
         if sent.purpose == "abort":
+            step = self._abort_answered(sent.turn_id)
             if ok:
-                return Step()  # "true" proves nothing (edge case 24): the stream decides
-            return Step(
-                events=[
-                    ev.ErrorEvent(
-                        code="interrupt_failed",
-                        message=f"abort failed: {_describe_response(response)}",
-                    )
-                ]
+                return step  # "true" proves nothing (edge case 24): the stream decides
+            step.events.insert(
+                0,
+                ev.ErrorEvent(
+                    code="interrupt_failed",
+                    message=f"abort failed: {_describe_response(response)}",
+                ),
             )
+            return step
         # A permission reply. 404: it was resolved already (the turn died, or someone else
         # answered); we have resolved it on our side, so only say that the reply was lost.
         if ok:
@@ -543,8 +550,22 @@ class OpenCodeClient(AgentProtocol):
     def _finish(self, turn: _Turn, finished: TurnFinished) -> Step:
         step = self._orphans(turn.turn_id)
         self._turn = None
+        if turn.abort_sent and not turn.abort_answered:
+            # The abort is per session, not per turn: still in flight, it would stop the next
+            # turn (a reject can end this one first). The turn is over once it is answered.
+            self._held_end = (turn, finished)
+            return step
         step.events.append(finished)
         return step
+
+    def _abort_answered(self, turn_id: str | None) -> Step:
+        held = self._held_end
+        if held is not None and held[0].turn_id == turn_id:
+            self._held_end = None
+            return Step(events=[held[1]])
+        if self._turn is not None and self._turn.turn_id == turn_id:
+            self._turn.abort_answered = True
+        return Step()
 
     def _orphans(self, turn_id: str) -> Step:
         """Requests of a turn that is over get no ``permission.replied`` (edge case 27)."""
