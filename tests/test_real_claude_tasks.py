@@ -57,16 +57,11 @@ import test_real_claude
 import trio
 from test_real_claude import (
     BOUND_S,
-    MODEL_GONE_S,
-    _alive,
-    _cmd,
     _is_cli,
     _sid,
     approve_permissions,
     row,
-    sample_until,
     second_prompt_completes,
-    time_until_gone,
 )
 
 from protocols import events as ev
@@ -74,6 +69,17 @@ from realagents import install, netns
 from realagents.agents import CLAUDE_STREAM_JSON
 from realagents.conftest import GRACE_S, Harness, record
 from realagents.fake_model import BACKGROUND_COMMAND, Exchange, FakeModel
+from realagents.scenarios import (
+    MODEL_GONE_S,
+    TOOL_GONE_S,
+    cancel_while_tools_run,
+    command_of,
+    installed_as,
+    is_alive,
+    ms_after,
+    sample_until,
+    time_until_gone,
+)
 
 pytestmark = pytest.mark.real_process
 
@@ -82,8 +88,6 @@ claude_install = test_real_claude.claude_install
 open_claude = test_real_claude.open_claude
 _summary_hook = test_real_claude._summary_hook
 
-#: How long a stopped task's processes may take to vanish before we call them leaked.
-TOOL_GONE_S = 1.0
 #: How long the raw test watches the background shell after the interrupt's ``result``, to be
 #: sure the interrupt spared it. The CLI kills what it kills before it writes the result (a
 #: sub-agent before the interrupt is even acknowledged), so this is a wide margin.
@@ -110,7 +114,7 @@ def _is_task_info(subtype: str, task_id: str | None = None) -> Callable[[ev.Even
 def _shell(work: Path) -> list[psutil.Process]:
     """The background shell's processes, once its leaf (``tail``) runs; else ``[]``."""
     found = _in(work, BACKGROUND_COMMAND)
-    leaf = any(_cmd(p) == "tail -f /dev/null" for p in found)
+    leaf = any(command_of(p) == "tail -f /dev/null" for p in found)
     return found if leaf else []
 
 
@@ -280,7 +284,7 @@ async def test_raw_interrupt_spares_background_shell(
             assert cli.lines[notified]["status"] == "stopped", cli.lines[notified]
             assert updated < notified < answer_at
             left = await time_until_gone(shell, TOOL_GONE_S)
-            assert left is not None, [(p.pid, _cmd(p)) for p in shell if _alive(p)]
+            assert left is not None, [(p.pid, command_of(p)) for p in shell if is_alive(p)]
 
             # A stop_task for a task that is gone: success, nothing else.
             before = len(cli.lines)
@@ -301,10 +305,9 @@ async def test_raw_interrupt_spares_background_shell(
                 if m.get("type") == "system" and m.get("subtype") not in _RAW_SYSTEM_SUBTYPES
             }
             assert unknown == set(), unknown
-            package = install.PACKAGES[CLAUDE_STREAM_JSON.package]
             record(
                 agent=CLAUDE_STREAM_JSON.key,
-                install=f"{package.npm}@{package.version}",
+                install=installed_as(CLAUDE_STREAM_JSON.package),
                 scenario="bg-raw",
                 outcome=None,
                 namespace=namespaced,
@@ -338,7 +341,7 @@ def _in(work: Path, needle: str) -> list[psutil.Process]:
                 found.update({c.pid: c for c in proc.children(recursive=True)})
         except psutil.Error:
             continue
-    return [p for p in found.values() if _alive(p)]
+    return [p for p in found.values() if is_alive(p)]
 
 
 # --- 2. and 3. under the supervisor ---------------------------------------------------------
@@ -373,9 +376,7 @@ async def test_cancel_stops_background_shell(open_claude: Any) -> None:
             own_session = all(_sid(p) not in (None, _sid(cli)) for p in watched)
 
             cancelled_at = time.time()
-            receipt = await h.session.cancel()
-            alive_at_receipt = [p for p in watched if _alive(p)]
-            gone_ms = await time_until_gone(watched, TOOL_GONE_S)
+            receipt, alive_at_receipt, gone_ms, _ = await cancel_while_tools_run(h, watched)
             await h.recorder.catch_up()
             stop_ms = _task_stop_ms(h, task_id, cancelled_at)
             row(
@@ -403,8 +404,8 @@ async def test_cancel_stops_background_shell(open_claude: Any) -> None:
             assert isinstance(updated, ev.SessionInfo)
             assert updated.data["patch"]["status"] == "killed", updated.data
             # No process-group kill of the CLI reaches the shell: it has its own session.
-            assert own_session, [(p.pid, _sid(p), _cmd(p)) for p in watched]
-            assert alive_at_receipt == [], [(p.pid, _cmd(p)) for p in alive_at_receipt]
+            assert own_session, [(p.pid, _sid(p), command_of(p)) for p in watched]
+            assert alive_at_receipt == [], [(p.pid, command_of(p)) for p in alive_at_receipt]
             assert gone_ms is not None
             assert receipt.elapsed_ms < GRACE_S * 1000, receipt
 
@@ -440,12 +441,7 @@ async def test_cancel_with_background_agent(open_claude: Any) -> None:
             ]
             await h.recorder.catch_up()
             stop_ms = _task_stop_ms(h, task_id, cancelled_at)
-            gone_ms = [
-                round((e.disconnected_at - cancelled_mono) * 1000, 1)
-                if e.disconnected_at is not None
-                else None
-                for e in streams
-            ]
+            gone_ms = [ms_after(cancelled_mono, e.disconnected_at) for e in streams]
             row(
                 h,
                 "bg-agent",

@@ -61,7 +61,7 @@ from typing import Any
 import pytest
 import test_real_codex as base
 import trio
-from test_real_codex import BOUND_S, MODEL_GONE_S, row, second_prompt_completes
+from test_real_codex import BOUND_S, row, second_prompt_completes
 
 from helpers import Recorder
 from protocols import events as ev
@@ -69,6 +69,7 @@ from protocols.codex import CodexClient
 from protocols.machine import Step
 from realagents.conftest import GRACE_S
 from realagents.fake_model import GOAL_RUN_TURNS, Exchange
+from realagents.scenarios import MODEL_GONE_S, ms_after
 
 pytestmark = pytest.mark.real_process
 
@@ -140,16 +141,11 @@ async def test_cancel_root_while_child_streams(open_codex: Any) -> None:
             gone = await h.model.wait_for(
                 lambda e: e.id == child_stream.id and e.ended_at is not None, timeout=30
             )
-            model_gone_ms = (
-                round((gone.disconnected_at - cancelled_at) * 1000, 1)
-                if gone.disconnected_at
-                else None
-            )
             row(
                 h,
                 "children",
                 receipt,
-                model_gone_ms=model_gone_ms,
+                model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
                 notes=[f"receipt_wall_ms={(received_at - cancelled_at) * 1000:.0f}"],
             )
             assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt

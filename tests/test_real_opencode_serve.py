@@ -30,7 +30,6 @@ end of the run (and ``.cache/tier4-results.json``) as agent ``opencode-serve``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -50,14 +49,18 @@ from test_opencode_process import (
     stderr_lines,
 )
 
-from helpers import Recorder
 from protocols import events as ev
-from realagents import conftest as realagents_conftest
-from realagents import install, netns
+from realagents import install, scenarios
 from realagents.agents import AGENTS
-from realagents.conftest import GRACE_S, Harness, record, skip_or_fail
+from realagents.conftest import GRACE_S, Harness, noted_namespace, supervised
 from realagents.fake_model import PERMISSION_COMMAND, SHELL_COMMAND, FakeModel
-from supervisor import AgentSpec, open_supervisor
+from realagents.scenarios import (
+    TOOL_LEAF,
+    children,
+    is_alive,
+    ms_after,
+)
+from supervisor import AgentSpec
 
 pytestmark = [
     pytest.mark.real_process,
@@ -68,35 +71,14 @@ KEY = "opencode-serve"  # its rows in the tier-4 table
 AGENT = AGENTS["opencode"]  # the same package and setup as ``opencode acp``
 #: Whole-test bound: start (3-10 s here), three turns, a possible kill ladder and respawn.
 BOUND_S = 120.0
-#: How long a tool process may take to vanish after the receipt before we call it leaked.
-TOOL_GONE_S = 1.0
-#: psutil sampling period: there is no event for "a process appeared" or "never started".
-SAMPLE_S = 0.02
-#: How long the shell command has run when the test cancels it.
-RUNNING_FOR_S = 1.0
-#: How soon after the cancel the server must have hung up on the model's stream.
-MODEL_GONE_S = 1.0
-PERMISSION_MARKER = "permission-command-ran"  # the file PERMISSION_COMMAND touches first
-RESUME_MARKER = "marker-7f3a9"  # in the turn before the kill: the resumed session must know it
-KILLED_MARKER = "marker-k1113"  # in the killed turn's prompt: kept or not, reported
 
 
 @pytest.fixture(scope="module")
 def opencode_install() -> install.Installed:
-    try:
-        return install.ensure(AGENT.package)
-    except install.Unavailable as exc:
-        skip_or_fail(f"opencode-ai is not available: {exc}")
-        raise  # not reached
+    return scenarios.ensure_installed(AGENT.package, "opencode-ai")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _summary_hook(request: pytest.FixtureRequest) -> None:
-    """The table is printed by ``realagents/conftest.py``'s terminal summary hook, which pytest
-    loads only when it walks into ``tests/realagents/``: register it when this file runs alone."""
-    plugins = request.config.pluginmanager
-    if not plugins.is_registered(realagents_conftest):
-        plugins.register(realagents_conftest, "realagents-tier4-summary")
+_summary_hook = scenarios.summary_hook
 
 
 @pytest.fixture
@@ -110,13 +92,7 @@ async def serve_session(
     root: Path, installed: install.Installed, *, grace_s: float = GRACE_S, keep_bodies: bool = False
 ) -> AsyncIterator[Harness]:
     """Like ``realagents.conftest.real_agent_session``, with ``opencode serve`` and the bridge."""
-    with netns.open_namespace() as namespace:
-        if not realagents_conftest._namespace_note:  # the table's "network namespace:" line
-            realagents_conftest._namespace_note.append(
-                f"none ({netns.unavailable_reason()})"
-                if namespace is None
-                else f"loopback-only, per test ({'unshare -rn' if namespace.user else 'unshare -n'} + setns bridge)"
-            )
+    with noted_namespace("setns bridge") as namespace:
         # Entering a user namespace's network needs its privileges: only a root-made one.
         isolated = namespace is not None and not namespace.user
         with FakeModel(
@@ -136,43 +112,22 @@ async def serve_session(
                 kill_timeout_s=1.0,
                 start_timeout_s=90.0,
             )
-            async with open_supervisor(agents={KEY: spec}) as sup:
-                started = time.monotonic()
-                session = await sup.start_session(KEY)
-                ready_s = time.monotonic() - started
-                recorder = Recorder(session)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(recorder.run)
-                    yield Harness(AGENT, session, recorder, model, prepared, ready_s, isolated)
-                    await recorder.catch_up()
-                    recorder.check_invariants()
-                    # The adapter understood every event the server sent, and no request failed.
-                    assert recorder.of_kind("error") == [], recorder.of_kind("error")
-                    assert recorder.of_kind("agent.unparsed") == [], recorder.of_kind(
-                        "agent.unparsed"
-                    )
-                    nursery.cancel_scope.cancel()
+            # The adapter must understand every event the server sent, and no request fail.
+            async with supervised(
+                spec,
+                AGENT,
+                model,
+                prepared,
+                isolated,
+                catch_up=True,
+                checks=scenarios.understood_everything,
+            ) as h:
+                yield h
 
 
 def row(h: Harness, scenario: str, receipt: Any, **extra: Any) -> None:
     """One row of the tier-4 table (plus fields only the JSON file shows)."""
-    notes = [
-        f"stop_reason={receipt.stop_reason}",
-        f"escalation={','.join(receipt.escalation)}",
-        *extra.pop("notes", []),
-    ]
-    package = install.PACKAGES[AGENT.package]
-    record(
-        agent=KEY,
-        install=f"{package.npm}@{package.version}",
-        scenario=scenario,
-        outcome=receipt.outcome,
-        elapsed_ms=receipt.elapsed_ms,
-        ready_s=round(h.ready_s, 1),
-        namespace=h.namespace,
-        notes=" ".join(notes),
-        **extra,
-    )
+    scenarios.record_receipt(h, KEY, AGENT.package, scenario, receipt, extra)
 
 
 def texts_of(h: Harness, turn_id: str) -> str:
@@ -185,54 +140,31 @@ def texts_of(h: Harness, turn_id: str) -> str:
 
 async def second_prompt_completes(h: Harness) -> None:
     """(d): the session takes a new prompt after the cancel, and it completes."""
-    turn = await h.session.prompt("quick")
-    ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
-    assert isinstance(ended, ev.TurnEnded)
-    assert (ended.outcome, ended.stop_reason) == ("completed", "stop"), (ended, h.model.describe())
-    assert texts_of(h, turn.id) == "Quick answer from the fake model."
-
-
-async def sample_until(check: Any) -> Any:
-    """Call ``check()`` every SAMPLE_S until it returns something truthy (bounded by the caller)."""
-    while not (found := check()):
-        await trio.sleep(SAMPLE_S)
-    return found
+    ended = await scenarios.second_prompt_completes(h, stop_reason="stop")
+    assert texts_of(h, ended.turn_id) == "Quick answer from the fake model."
 
 
 async def test_cancel_while_streaming(open_serve: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_serve() as h:
-            turn = await h.session.prompt("stream")
-            stream = await h.model.wait_for(lambda e: e.streaming_tokens and e.tokens_sent >= 3)
-            await h.recorder.wait_kind("message.delta", turn_id=turn.id)
+            turn, stream = await scenarios.streaming(h)
             tree = psutil.Process().children(recursive=True)
             cancelled_at = time.monotonic()
             receipt = await h.session.cancel(reason="tier 4")
-            gone = await h.model.wait_for(
-                lambda e: e.id == stream.id and e.ended_at is not None, timeout=30
-            )
-            model_gone_ms = (
-                round((gone.disconnected_at - cancelled_at) * 1000, 1)
-                if gone.disconnected_at
-                else None
-            )
-            row(h, "stream", receipt, model_gone_ms=model_gone_ms)
+            gone = await scenarios.stream_ended(h, stream, timeout=30)
+            row(h, "stream", receipt, model_gone_ms=ms_after(cancelled_at, gone.disconnected_at))
             assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
             assert (receipt.escalation, receipt.stop_reason) == (["interrupt"], "aborted"), receipt
             assert receipt.elapsed_ms < GRACE_S * 1000
             # The server really stopped calling the model, not just said so.
-            assert gone.disconnected_at is not None, f"stream not abandoned:\n{h.model.describe()}"
-            assert gone.disconnected_at - cancelled_at < MODEL_GONE_S, h.model.describe()
-            assert gone.tokens_sent < 200, "the stream ran to its end"
-            assert all(_alive(p) for p in tree)  # stopped in-band: nothing killed
+            scenarios.assert_stream_abandoned(h, gone, cancelled_at)
+            assert all(is_alive(p) for p in tree)  # stopped in-band: nothing killed
             # The server has a password of its own: nothing but our link can drive it.
             password = server_password(tree)
             await assert_refused_without_the_password(listening_url(h.recorder), password)
 
             await second_prompt_completes(h)
-            # Nothing streamed again for the cancelled turn: the only token stream is ours.
-            streams = h.model.find(lambda e: e.streaming_tokens)
-            assert [e.id for e in streams] == [stream.id], h.model.describe()
+            scenarios.assert_only_stream(h, stream)
             assert not any("server is unsecured" in line for line in stderr_lines(h.recorder))
             assert_secret_nowhere(password, h.recorder, repr(receipt))
 
@@ -241,17 +173,12 @@ async def test_cancel_while_shell_runs(open_serve: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_serve() as h:
             assert h.tool_processes(SHELL_COMMAND) == []
-            turn = await h.session.prompt("shell")
             # The config allows SHELL_COMMAND without asking (asserted at the end: no request).
-            tools = await sample_until(lambda: h.tool_processes("tail -f /dev/null"))
-            seen_at = trio.current_time()
-            # Stop a command that has been running for a while, as a person would.
-            await trio.sleep_until(seen_at + RUNNING_FOR_S)
-            watched = list({p.pid: p for t in tools for p in [t, *_family(t)]}.values())
-            receipt = await h.session.cancel()
-            alive_at_receipt = [p for p in watched if _alive(p)]
-            gone_ms = await time_until_gone(watched, TOOL_GONE_S)
-            still = [p for p in watched if _alive(p)]
+            turn, tools, _ = await scenarios.shell_running(h)
+            watched = list({p.pid: p for t in tools for p in [t, *children(t)]}.values())
+            receipt, alive_at_receipt, gone_ms, still = await scenarios.cancel_while_tools_run(
+                h, watched
+            )
             killed = receipt.details.get("tool_processes_killed", [])
             row(
                 h,
@@ -259,20 +186,12 @@ async def test_cancel_while_shell_runs(open_serve: Any) -> None:
                 receipt,
                 notes=[
                     f"tool_procs={len(watched)}",
-                    f"tool_alive_at_receipt={len(alive_at_receipt)}/{len(watched)}",
-                    f"supervisor_killed={len(killed)}",
-                ]
-                + ([f"tool_gone_after_receipt_ms={gone_ms}"] if alive_at_receipt else []),
+                    *scenarios.tool_notes(watched, alive_at_receipt, gone_ms, killed),
+                ],
                 tools_killed=killed,
             )
             assert receipt.turn_id == turn.id
-            # Terminate-then-respond: the receipt comes after the tool is gone, whether the
-            # server killed it or the supervisor had to (then the receipt says tools_killed).
-            assert alive_at_receipt == [], (
-                f"receipt {receipt.outcome!r} ({receipt.escalation}) while the tool still ran:"
-                f" {[(p.pid, _cmd(p)) for p in alive_at_receipt]}"
-            )
-            assert still == [], f"the tool still runs: {[(p.pid, _cmd(p)) for p in still]}"
+            scenarios.assert_tools_gone(receipt, alive_at_receipt, still)
             assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "aborted"), receipt
             assert receipt.escalation in (["interrupt"], ["interrupt", "tools_killed"]), receipt
             assert receipt.elapsed_ms < GRACE_S * 1000 + 2000  # + the sweep's settle/term
@@ -284,28 +203,15 @@ async def test_cancel_while_shell_runs(open_serve: Any) -> None:
             ]
             assert [c.tool_kind for c in calls] == ["execute"], calls
             await second_prompt_completes(h)
-            assert h.tool_processes("tail -f /dev/null") == []
+            assert h.tool_processes(TOOL_LEAF) == []
             # The loop never went back to the model with the killed command's result.
             assert [e for e in h.model.snapshot() if e.tool_result] == [], h.model.describe()
-
-
-async def watch_for(h: Harness, needle: str, seen: list[psutil.Process]) -> None:
-    """Until cancelled: remember every process running ``needle`` in the work folder."""
-    while True:
-        seen.extend(p for p in h.tool_processes(needle) if p not in seen)
-        await trio.sleep(SAMPLE_S)
 
 
 async def test_cancel_with_pending_permission(open_serve: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_serve() as h:
-            marker = h.work / PERMISSION_MARKER
-            seen: list[psutil.Process] = []
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_for, h, "29.3", seen)
-                turn = await h.session.prompt("permission")
-                requested = await h.recorder.wait_kind("permission.requested", turn_id=turn.id)
-                assert isinstance(requested, ev.PermissionRequested)
+            async with scenarios.permission_pending(h) as (turn, requested):
                 assert requested.tool_call["permission"] == "bash", requested
                 assert requested.tool_call["title"] == PERMISSION_COMMAND, requested
                 receipt = await h.session.cancel()
@@ -316,16 +222,8 @@ async def test_cancel_with_pending_permission(open_serve: Any) -> None:
                 # (both seen here: protocols/opencode.py).
                 assert receipt.stop_reason in ("aborted", "permission_rejected"), receipt
                 assert receipt.elapsed_ms < GRACE_S * 1000
-                resolved = [
-                    e
-                    for e in h.recorder.of_kind("permission.resolved")
-                    if isinstance(e, ev.PermissionResolved) and e.request_id == requested.request_id
-                ]
-                assert [(e.outcome, e.by) for e in resolved] == [("cancelled", "supervisor")]
+                scenarios.assert_cancelled_by_supervisor(h, requested)
                 await second_prompt_completes(h)
-                nursery.cancel_scope.cancel()
-            assert not marker.exists(), "the command ran although its permission was cancelled"
-            assert seen == [], f"the command ran: {[p.info for p in seen]}"
             # The loop never went back to the model with the call's result.
             assert [e for e in h.model.snapshot() if e.tool_result] == [], h.model.describe()
 
@@ -335,90 +233,22 @@ async def test_killed_turn_resumes_session(open_serve: Any) -> None:
     server's whole tree; a new server finds the session again and keeps its history."""
     with trio.fail_after(BOUND_S):
         async with open_serve(grace_s=0.0, keep_bodies=True) as h:
-            first = await h.session.prompt(f"quick: remember {RESUME_MARKER}")
-            await h.recorder.wait_kind("turn.ended", turn_id=first.id)
-            turn = await h.session.prompt(f"stream, and remember {KILLED_MARKER}")
-            stream = await h.model.wait_for(lambda e: e.streaming_tokens and e.tokens_sent >= 3)
-            tree = [p for p in psutil.Process().children(recursive=True) if not _is_holder(p)]
+            turn, stream, tree = await scenarios.killed_mid_stream(h)
             cancelled_at = time.monotonic()
             receipt = await h.session.cancel()
-            _, alive = await trio.to_thread.run_sync(lambda: psutil.wait_procs(tree, timeout=5))
-            gone = await h.model.wait_for(lambda e: e.id == stream.id and e.ended_at is not None)
-            model_gone_ms = (
-                round((gone.disconnected_at - cancelled_at) * 1000, 1)
-                if gone.disconnected_at
-                else None
-            )
-            states = [
-                e for e in h.recorder.of_kind("session.state") if isinstance(e, ev.SessionState)
-            ]
-            asked = next(e.timestamp for e in states if e.state == "cancelling")
-            exited = next(e.timestamp for e in h.recorder.of_kind("agent.exited"))
-            ready = next(e.timestamp for e in states if e.state == "ready" and e.timestamp > exited)
+            alive = await scenarios.wait_gone(tree)
+            gone = await scenarios.stream_ended(h, stream)
             row(
                 h,
                 "kill",
                 receipt,
-                model_gone_ms=model_gone_ms,
-                notes=[
-                    f"resumed={receipt.resumed}",
-                    f"server_exit_ms={(exited - asked) * 1000:.0f}",
-                    f"respawn_ready_ms={(ready - exited) * 1000:.0f}",
-                ],
+                model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
+                notes=[f"resumed={receipt.resumed}", *scenarios.respawn_notes(h, "server")],
             )
-            assert (receipt.outcome, receipt.turn_id) == ("killed", turn.id), receipt
-            assert receipt.escalation[:3] == ["interrupt", "grace_expired", "sigterm"], receipt
-            assert receipt.escalation[-2:] == ["respawned", "resumed"], receipt
-            assert receipt.resumed is True, receipt
-            assert alive == [], f"still alive: {alive}"
-            assert gone.disconnected_at is not None, h.model.describe()
+            scenarios.assert_killed_and_resumed(h, receipt, turn.id, alive, gone)
 
             await second_prompt_completes(h)
-            # The resumed session still knows the turn before the killed one.
-            [last] = h.model.find(lambda e: e.scenario == "quick" and e.has_tools)[-1:]
-            history = json.dumps(last.body)
-            assert RESUME_MARKER in history, "the resumed session lost its history"
-            realagents_conftest.results[-1]["notes"] += (
-                f" killed_prompt_kept={KILLED_MARKER in history}"
-            )
-
-
-async def time_until_gone(procs: list[psutil.Process], bound: float) -> float | None:
-    """Milliseconds until none of ``procs`` is alive (sampled), or None after ``bound`` s."""
-    start = trio.current_time()
-    with trio.move_on_after(bound):
-        while any(_alive(p) for p in procs):
-            await trio.sleep(SAMPLE_S / 4)
-        return round((trio.current_time() - start) * 1000, 1)
-    return None
-
-
-def _is_holder(proc: psutil.Process) -> bool:
-    try:
-        return "netns.py" in " ".join(proc.cmdline())
-    except psutil.Error:
-        return True
-
-
-def _family(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _cmd(proc: psutil.Process) -> str:
-    try:
-        return " ".join(proc.cmdline())
-    except psutil.Error:
-        return "?"
+            scenarios.assert_history_kept(h)
 
 
 # --- The namespace bridge (run as a script: ``python test_real_opencode_serve.py bridge ...``) ---

@@ -1,8 +1,9 @@
 """Tier-4 test support: installs, skips, the per-test harness, the latency table.
 
-``tests/test_real_acp_agents.py`` uses these (this folder holds no tests of its own). The
-terminal summary hook below runs when pytest loads this file: during collection of ``tests/``,
-or when that test module registers it (running the module alone skips this folder).
+The ``tests/test_real_*.py`` modules use these, as do the scenario steps of ``scenarios.py`` (this
+folder holds no tests of its own). The terminal summary hook below runs when pytest loads this
+file: during collection of ``tests/``, or when a test module registers it
+(``scenarios.summary_hook``: running a module alone skips this folder).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from helpers import Recorder
 from realagents import install, netns
 from realagents.agents import AGENTS, TEE_VARIABLE, Prepared, RealAgent
 from realagents.fake_model import FakeModel
-from supervisor import Session, open_supervisor
+from supervisor import AgentSpec, Session, open_supervisor
 
 STRICT_VARIABLE = "AGENT_SUPERVISOR_STRICT_SKIPS"
 RESULTS_FILE = install.REPO_ROOT / ".cache" / "tier4-results.json"
@@ -93,42 +94,85 @@ class Harness:
         return found
 
 
-@asynccontextmanager
-async def real_agent_session(
-    key: str,
-    root: Path,
-    installed: install.Installed,
-    *,
-    grace_s: float = GRACE_S,
-    keep_bodies: bool = False,
-) -> AsyncIterator[Harness]:
-    agent = AGENTS[key]
+@contextmanager
+def noted_namespace(how: str = "nsenter") -> Iterator[netns.Namespace | None]:
+    """``netns.open_namespace()``, noted for the table's "network namespace:" line (the first
+    test's; ``how``: how the agent gets into it)."""
     with netns.open_namespace() as namespace:
         if not _namespace_note:
             _namespace_note.append(
                 f"none ({netns.unavailable_reason()})"
                 if namespace is None
-                else f"loopback-only, per test ({'unshare -rn' if namespace.user else 'unshare -n'} + nsenter)"
+                else f"loopback-only, per test ({'unshare -rn' if namespace.user else 'unshare -n'} + {how})"
             )
+        yield namespace
+
+
+@asynccontextmanager
+async def supervised(
+    spec: AgentSpec,
+    agent: RealAgent,
+    model: FakeModel,
+    prepared: Prepared,
+    namespaced: bool,
+    *,
+    catch_up: bool = False,
+    checks: Callable[[Recorder], None] | None = None,
+) -> AsyncIterator[Harness]:
+    """The agent of ``spec`` started under a supervisor, its events recorded, as a ``Harness``.
+    Afterwards the recorder's invariants hold (once it has ``catch_up``, when asked), and then
+    ``checks`` (the module's own)."""
+    async with open_supervisor(agents={spec.name: spec}) as sup:
+        started = time.monotonic()
+        session = await sup.start_session(spec.name)
+        ready_s = time.monotonic() - started
+        recorder = Recorder(session)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            yield Harness(agent, session, recorder, model, prepared, ready_s, namespaced)
+            if catch_up:
+                await recorder.catch_up()
+            recorder.check_invariants()
+            if checks is not None:
+                checks(recorder)
+            nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def real_agent_session(
+    agent: RealAgent,
+    root: Path,
+    installed: install.Installed,
+    *,
+    grace_s: float = GRACE_S,
+    keep_bodies: bool = False,
+    tee: bool = False,
+    spec_of: Callable[..., AgentSpec] | None = None,
+    prepare: Callable[[Prepared], None] | None = None,
+    catch_up: bool = False,
+    checks: Callable[[Recorder], None] | None = None,
+) -> AsyncIterator[Harness]:
+    """``agent`` under a supervisor in its own network namespace, against a fake model.
+
+    ``tee``: log the wire even without ``AGENT_TIER4_TEE=1``; ``spec_of(prepared, grace_s=...,
+    tee_dir=...)``: its spec (default: the agent's ACP one); ``prepare``: a last change to its
+    prepared setup; ``catch_up`` and ``checks``: as :func:`supervised` takes them."""
+    spec_of = spec_of or agent.spec
+    with noted_namespace() as namespace:
         listener = namespace.listener if namespace is not None else None
         with FakeModel(listener, keep_bodies=keep_bodies) as model:
             prepared = agent.prepare(installed.argv, root, model.base_url)
-            tee = root / "wire" if os.environ.get(TEE_VARIABLE) == "1" else None
-            spec = agent.spec(prepared, grace_s=grace_s, tee_dir=tee)
+            if prepare is not None:
+                prepare(prepared)
+            tee_dir = root / "wire" if tee or os.environ.get(TEE_VARIABLE) == "1" else None
+            spec = spec_of(prepared, grace_s=grace_s, tee_dir=tee_dir)
             if namespace is not None:
                 spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
-            async with open_supervisor(agents={key: spec}) as sup:
-                started = time.monotonic()
-                session = await sup.start_session(key)
-                ready_s = time.monotonic() - started
-                recorder = Recorder(session)
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(recorder.run)
-                    yield Harness(
-                        agent, session, recorder, model, prepared, ready_s, namespace is not None
-                    )
-                    recorder.check_invariants()
-                    nursery.cancel_scope.cancel()
+            namespaced = namespace is not None
+            async with supervised(
+                spec, agent, model, prepared, namespaced, catch_up=catch_up, checks=checks
+            ) as h:
+                yield h
 
 
 def agent_opener(key: str, root: Path) -> Callable[..., AbstractAsyncContextManager[Harness]]:
@@ -140,7 +184,7 @@ def agent_opener(key: str, root: Path) -> Callable[..., AbstractAsyncContextMana
     if isinstance(result, install.Unavailable):
         skip_or_fail(f"{key} is not available: {result}")
     assert isinstance(result, install.Installed)
-    return lambda **options: real_agent_session(key, root, result, **options)
+    return lambda **options: real_agent_session(AGENTS[key], root, result, **options)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
