@@ -9,22 +9,22 @@ the process has exited, the reader posts exactly one :class:`AgentGone`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
 import secrets
 from collections import deque
 from typing import Any
 
-import psutil
 import trio
 
 from protocols import PROTOCOLS
 from protocols.framing import LineDecoder, encode_message
 from supervisor.config import AgentSpec
+from supervisor.containment import Containment, choose
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine
-from supervisor.process import AgentProcess, ExitStatus
-from supervisor.statefile import TREE_MARK_VARIABLE, StateFile
+from supervisor.process import AgentProcess, ExitStatus, KillError
+from supervisor.statefile import StateFile
 
 __all__ = ["ProcessLauncher", "ProcessLink", "launch_process"]
 
@@ -68,11 +68,7 @@ class ProcessLink(AgentLink):
             pass  # stdin is closed: the agent is going away and AgentGone will say so
 
     def signal(self, signum: int) -> None:
-        # The shim forwards SIGINT, SIGTERM and SIGHUP to every process of the tree.
-        try:
-            os.kill(self.process.pid, signum)
-        except ProcessLookupError:
-            pass
+        self.process.signal(signum)
 
     async def kill(self) -> list[str]:
         # No stdin EOF first: that is close()'s polite request; a kill is the ladder alone.
@@ -85,8 +81,8 @@ class ProcessLink(AgentLink):
         self._outgoing_send.close()  # the writer flushes what is queued, then closes stdin
         with trio.move_on_after(timeout):
             status = await self.process.wait()
-            await self.process.aclose()  # the shim has already reaped the rest; make sure
-            return status, []
+            await self.process.aclose()  # nothing is left of the tree by now; make sure
+            return status, list(self.process.lost_steps)
         steps = await self.process.kill_tree(self._spec.kill_timeout_s)
         return self.process.returncode, steps
 
@@ -105,11 +101,27 @@ class ProcessLink(AgentLink):
             async with trio.open_nursery() as pumps:
                 pumps.start_soon(self.write_stdin)
                 pumps.start_soon(self.read_stderr)
+                pumps.start_soon(self.watch_exit)
                 await self.read_stdout()
                 pumps.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await self.process.aclose()
+
+    async def watch_exit(self) -> None:
+        """As soon as our child exits, make sure the rest of its tree goes too: what the agent
+        left behind, or the whole tree if the shim was killed (then the agent's stdout may
+        never close by itself)."""
+        await self.process.wait()
+
+    def gone(self, status: ExitStatus) -> AgentGone:
+        """The exit report, with what containment had to do and what survived."""
+        return AgentGone(
+            self.generation,
+            status,
+            steps=list(self.process.lost_steps),
+            survivors=list(self.process.survivors),
+        )
 
     async def write_stdin(self) -> None:
         try:
@@ -137,13 +149,14 @@ class ProcessLink(AgentLink):
                 await self._stderr_done.wait()  # so the tail holds the last words
             with trio.move_on_after(STDOUT_EOF_GRACE_S):
                 status = await self.process.wait()
-                await self._inbox.send(AgentGone(self.generation, status))
+                await self._inbox.send(self.gone(status))
                 return
             # Alive but mute: nothing it does can reach us any more, so it is as good as dead.
             log.warning("agent %s closed stdout but kept running: killing it", self.process.pid)
-            await self.process.kill_tree(self._spec.kill_timeout_s)
+            with contextlib.suppress(KillError):  # the survivors are in the report
+                await self.process.kill_tree(self._spec.kill_timeout_s)
             status = await self.process.wait()
-            await self._inbox.send(AgentGone(self.generation, status))
+            await self._inbox.send(self.gone(status))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the session is gone
 
@@ -182,14 +195,18 @@ class ProcessLink(AgentLink):
 
 
 class ProcessLauncher:
-    """The default :class:`supervisor.link.Launcher`: the agent under the containment shim.
+    """The default :class:`supervisor.link.Launcher`: the agent, contained (a cgroup of its
+    own, or the shim: ``supervisor/containment.py``).
 
-    With a :class:`StateFile`, every shim is recorded while it runs, so a supervisor that
+    With a :class:`StateFile`, every tree is recorded while it runs, so a supervisor that
     starts after a crash can sweep what this one left behind.
     """
 
-    def __init__(self, state: StateFile | None = None) -> None:
+    def __init__(
+        self, state: StateFile | None = None, *, containment: Containment | str | None = None
+    ) -> None:
         self.state = state
+        self.containment = containment
 
     async def __call__(
         self,
@@ -207,11 +224,12 @@ class ProcessLauncher:
         # One secret per process, for the protocol's environment and the link alone.
         secret = secrets.token_urlsafe(32)
         env.update(protocol.environment(secret))
-        mark = secrets.token_hex(8)
-        env[TREE_MARK_VARIABLE] = mark
-        process = await AgentProcess.spawn(argv, env=env, cwd=cwd)
+        containment = self.containment
+        if not isinstance(containment, Containment):
+            containment = await choose(containment)  # cheap once detected
+        process = await AgentProcess.spawn(argv, env=env, cwd=cwd, containment=containment)
         if self.state is not None:
-            self.state.record(process.pid, _create_time(process.pid), mark, argv)
+            self.state.record(process, argv)
         link = LINK_TYPES[protocol.transport](process, spec, generation, inbox, secret=secret)
         nursery.start_soon(self._run_link, link)
         return link
@@ -229,10 +247,3 @@ LINK_TYPES: dict[str, type[ProcessLink]] = {"stdio": ProcessLink}
 
 #: A launcher without a state file, for embedding and tests.
 launch_process = ProcessLauncher()
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None

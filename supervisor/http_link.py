@@ -31,6 +31,7 @@ a ``FramingError`` frame (an ``error`` event), an oversize event is dropped with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -46,8 +47,8 @@ from protocols.framing import EXCERPT_CHARS, MAX_LINE_BYTES, Frame, FramingError
 from protocols.opencode import SERVER_USERNAME
 from supervisor.agent_link import LINK_TYPES, STDERR_LINE_CHARS, ProcessLink
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame, AgentGone
-from supervisor.process import AgentProcess, ExitStatus
+from supervisor.link import AgentFrame
+from supervisor.process import AgentProcess, ExitStatus, KillError
 
 __all__ = ["HttpLink", "SseDecoder"]
 
@@ -253,7 +254,7 @@ class HttpLink(ProcessLink):
         with trio.move_on_after(timeout):
             status = await self.process.wait()
             await self.process.aclose()
-            return status, []
+            return status, list(self.process.lost_steps)
         steps = await self.process.kill_tree(self._spec.kill_timeout_s)
         return self.process.returncode, steps
 
@@ -269,7 +270,7 @@ class HttpLink(ProcessLink):
                     await self._stream_done.wait()
                     await self._stderr_done.wait()
                 tasks.cancel_scope.cancel()
-            await self._inbox.send(AgentGone(self.generation, status))
+            await self._inbox.send(self.gone(status))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the session is gone
         finally:
@@ -294,7 +295,7 @@ class HttpLink(ProcessLink):
                         await self._quietly(
                             self._note("the event stream ended while the server runs: killing it")
                         )
-                        await self.process.kill_tree(self._spec.kill_timeout_s)
+                        await self._kill_quietly()
                     await trio.sleep_forever()  # until run() has reported the exit
             finally:
                 with trio.CancelScope(shield=True), trio.move_on_after(_CLIENT_CLOSE_S):
@@ -320,8 +321,13 @@ class HttpLink(ProcessLink):
             return None  # the session is gone
         except (httpx.InvalidURL, ValueError) as exc:
             await self._quietly(self._note(f"cannot use the server's address: {exc}: killing it"))
-        await self.process.kill_tree(self._spec.kill_timeout_s)
+        await self._kill_quietly()
         return None
+
+    async def _kill_quietly(self) -> None:
+        """The ladder from a pump: survivors are reported with the exit, not raised here."""
+        with contextlib.suppress(KillError):
+            await self.process.kill_tree(self._spec.kill_timeout_s)
 
     async def _quietly(self, posting: Awaitable[None]) -> None:
         """Post to the inbox, unless the session is gone."""

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 import trio
-from attrs import frozen
+from attrs import field, frozen
 
 from protocols.framing import Frame
 from supervisor.config import AgentSpec
@@ -43,10 +43,18 @@ class AgentStderrLine:
 
 @frozen
 class AgentGone:
-    """Posted once, after the last frame of stdout, when the agent's process has exited."""
+    """Posted once, after the last frame of stdout, when the agent's process has exited and
+    nothing of its tree is left (or ``survivors`` says what is).
+
+    ``steps`` is what the supervisor had to do because containment was lost (the shim was
+    killed and its tree found loose: ``containment_lost``, ``sigkill``); ``survivors`` lists
+    ``{"pid", "command"}`` of members still alive after SIGKILL.
+    """
 
     generation: int
     status: ExitStatus
+    steps: list[str] = field(factory=list)
+    survivors: list[dict[str, Any]] = field(factory=list)
 
 
 LinkItem = AgentFrame | AgentStderrLine | AgentGone
@@ -69,7 +77,9 @@ class AgentLink(ABC):
     async def kill(self) -> list[str]:
         """Run the kill ladder; on return no process of the tree is alive.
 
-        Returns the steps taken, in order, from ``sigterm`` and ``sigkill``.
+        Returns the steps taken, in order, from ``containment_lost``, ``sigterm`` and
+        ``sigkill``. Raises :class:`supervisor.process.KillError` (with ``survivors``) when
+        members outlived SIGKILL.
         """
 
     @abstractmethod

@@ -17,6 +17,7 @@ ESCALATION_STEPS = (
     "interrupt",
     "permissions_cancelled",
     "tools_killed",  # the agent ended the turn but left its tools running: we killed them
+    "containment_lost",  # the shim died and left the tree loose: we killed it ourselves
     "grace_expired",
     "sigterm",
     "sigkill",
@@ -47,6 +48,10 @@ class CancelReceipt:
     reason: str | None = None
     #: what the protocol adapter did beyond the ladder (children interrupted, terminals cleaned)
     details: dict[str, Any] = field(factory=dict)
+    #: ``{"pid", "command"}`` of processes of the agent's tree still alive after SIGKILL (in
+    #: uninterruptible sleep, or not ours to signal). Never empty while a member lives after a
+    #: kill: the session then fails instead of starting an agent on top of them.
+    survivors: list[dict[str, Any]] = field(factory=list)
 
     def summary(self) -> str:
         """One line a person reads: "Killed after 3.0 s grace, session resumed"."""
@@ -65,6 +70,11 @@ class CancelReceipt:
                 text += ", session resumed"
             elif self.resumed is False:
                 text += ", session could not be resumed (fresh session)"
+        if self.survivors:
+            text += (
+                f"; {len(self.survivors)} process(es) survived SIGKILL"
+                f" (pid {', '.join(str(s['pid']) for s in self.survivors)}): session failed"
+            )
         if self.dropped_prompts:
             text += f"; {len(self.dropped_prompts)} queued prompt(s) dropped"
         return text

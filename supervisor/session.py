@@ -39,7 +39,7 @@ from protocols.machine import (
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
-from supervisor.process import ExitStatus, tree_clock
+from supervisor.process import ExitStatus, KillError, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
 from supervisor.subscription import Fanout, Subscription
@@ -157,12 +157,15 @@ class _SpawnFailed:
 class _KillDone:
     generation: int
     steps: list[str]
+    #: members that outlived SIGKILL: nothing may be started on top of them
+    survivors: list[dict[str, Any]] = field(factory=list)
 
 
 @frozen
 class _Closed:
     status: ExitStatus | None
     steps: list[str]
+    survivors: list[dict[str, Any]] = field(factory=list)
 
 
 @frozen
@@ -171,6 +174,7 @@ class _Swept:
 
     generation: int
     killed: list[dict[str, Any]]
+    survivors: list[dict[str, Any]] = field(factory=list)
 
 
 # -- state owned by the actor ----------------------------------------------------------------
@@ -193,6 +197,7 @@ class _CancelJob:
     error: str | None = None
     resumed: bool | None = None
     details: dict[str, Any] = field(factory=dict)
+    survivors: list[dict[str, Any]] = field(factory=list)
 
 
 @define
@@ -629,7 +634,7 @@ class Session:
                 self._emit(ev.AgentStderr(line=item.line))
         elif isinstance(item, AgentGone):
             if item.generation == self._live_generation:
-                self._agent_gone(item.status)
+                self._agent_gone(item)
         elif isinstance(item, _Spawned):
             self._spawned(item)
         elif isinstance(item, _SpawnFailed):
@@ -738,6 +743,10 @@ class Session:
         if swept.killed:
             turn.cancel.escalation.append("tools_killed")
             turn.cancel.details["tool_processes_killed"] = swept.killed
+        if swept.survivors:
+            # The agent is fine; tools of its turn outlived SIGKILL: say so, never hide it.
+            turn.cancel.survivors.extend(swept.survivors)
+            self._emit(ev.ErrorEvent(code="kill_failed", message=_survivors_text(swept.survivors)))
         self._finish_cancelled_turn(turn, turn.cancel)
 
     def _end_turn(
@@ -793,6 +802,7 @@ class Session:
             grace_s=job.grace_s,
             reason=job.reason,
             details=dict(job.details),
+            survivors=list(job.survivors),
         )
 
     def _remember(self, turn_id: str, receipt: CancelReceipt) -> None:
@@ -841,14 +851,18 @@ class Session:
         if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
             turn.cancel.escalation.extend(done.steps)
         self._emit(ev.AgentExited(exit_code=None, expected=True))
+        if done.survivors:
+            self._tree_survived(done.survivors)
+            return
         if self._respawn_after_kill:
             self._respawn_after_kill = False
             self._spawn()  # a fresh start after a refused resume: the state stays as it is
         else:
             self._respawn()
 
-    def _agent_gone(self, status: ExitStatus) -> None:
-        """The agent exited without being asked to."""
+    def _agent_gone(self, gone: AgentGone) -> None:
+        """The agent exited without being asked to (or its shim died and we killed its tree)."""
+        status = gone.status
         link = self._link
         tail = link.stderr_tail[-5:] if link is not None else []
         self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
@@ -856,9 +870,24 @@ class Session:
         self._link = None
         self._drop_machine()
         self._emit(ev.AgentExited(exit_code=status.code, signal=status.signal, expected=False))
-        detail = f"agent exited unexpectedly ({status.description})"
+        if "containment_lost" in gone.steps:
+            detail = (
+                f"containment lost: the agent's shim died ({status.description});"
+                " the supervisor killed the agent's tree itself"
+            )
+        else:
+            detail = f"agent exited unexpectedly ({status.description})"
         if tail:
             detail += ": " + " | ".join(tail)
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            turn.cancel.escalation.extend(gone.steps)
+        if gone.survivors:
+            if turn is not None and turn.cancel is not None:
+                turn.cancel.outcome = "killed"
+                turn.cancel.stop_reason = "killed"
+            self._tree_survived(gone.survivors, detail)
+            return
         if self._establishing:
             # It died before the handshake finished: respawning would only loop.
             self._start_failed(detail)
@@ -876,11 +905,13 @@ class Session:
             if job is None:
                 self._end_turn(turn, "failed", None, error=detail)
             else:
-                # It died while stopping: the turn has ended; the receipt waits for the
-                # respawn so the session is ready when the caller hears back.
+                # It died while stopping (or we killed it, containment lost): the turn has
+                # ended; the receipt waits for the respawn so the session is ready when the
+                # caller hears back.
                 job.deadline = None
-                job.outcome = "cancelled"
-                job.stop_reason = "agent_exited"
+                killed = "sigkill" in gone.steps
+                job.outcome = "killed" if killed else "cancelled"
+                job.stop_reason = "killed" if killed else "agent_exited"
                 self._set_state("cancelling", detail)
         if resumed_process_was_mute:
             # Protocols without a handshake (Amp) cannot refuse a resume; a resumed process
@@ -889,6 +920,19 @@ class Session:
             self._resume_from = None
             self._emit(ev.ErrorEvent(code="resume_failed", message=detail))
         self._respawn()
+
+    def _tree_survived(self, survivors: list[dict[str, Any]], detail: str | None = None) -> None:
+        """Members of the agent's tree outlived SIGKILL: the session fails, honestly, instead of
+        starting a new agent beside them (it could collide with them: same files, ports)."""
+        message = _survivors_text(survivors)
+        if detail is not None:
+            message = f"{detail}; {message}"
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            turn.cancel.survivors.extend(survivors)
+            turn.cancel.deadline = None
+            turn.cancel.resumed = None
+        self._start_failed(message, code="kill_failed")
 
     # -- the agent process ---------------------------------------------------------------------
 
@@ -950,18 +994,19 @@ class Session:
         self._kill_live_link(respawn=True)
         self._resume_from = None  # after the kill, which would remember the refused id
 
-    def _start_failed(self, message: str) -> None:
+    def _start_failed(self, message: str, *, code: str = "agent_start_failed") -> None:
         self._establishing = False
         self._start_deadline = None
         turn = self._turn
         if turn is not None:
             if turn.cancel is not None:
-                turn.cancel.resumed = False
+                if code == "agent_start_failed":
+                    turn.cancel.resumed = False
                 self._end_turn(turn, turn.cancel.outcome or "killed", turn.cancel.stop_reason)
             else:
                 self._end_turn(turn, "failed", None, error=message)
-        self._drop_queue("agent_start_failed")
-        self._emit(ev.ErrorEvent(code="agent_start_failed", message=message))
+        self._drop_queue(code)
+        self._emit(ev.ErrorEvent(code=code, message=message))
         self._set_state("failed", message)
         error = AgentNotRunning(f"session {self.id} failed: {message}")
         for waiter in self._ready_waiters:
@@ -973,10 +1018,13 @@ class Session:
     def _closed(self, closed: _Closed) -> None:
         status = closed.status
         turn = self._turn
+        if closed.survivors:
+            self._emit(ev.ErrorEvent(code="kill_failed", message=_survivors_text(closed.survivors)))
         if turn is not None:
             if turn.cancel is not None:
                 turn.cancel.escalation.extend(closed.steps)
                 turn.cancel.stop_reason = "session_stopped"
+                turn.cancel.survivors.extend(closed.survivors)
             outcome_ = "killed" if closed.steps else "cancelled"
             self._end_turn(turn, outcome_, "session_stopped")
         self.exit_status = status
@@ -997,7 +1045,14 @@ class Session:
 
     def _nursery_kill(self, link: AgentLink) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(link.kill)
+        self._nursery.start_soon(self._kill_quietly, link)
+
+    async def _kill_quietly(self, link: AgentLink) -> None:
+        """A process nobody waits for (spawned after we stopped wanting it)."""
+        try:
+            await link.kill()
+        except KillError as exc:
+            log.error("session %s: %s", self.id, _survivors_text(exc.survivors))
 
     async def _post(self, item: Any) -> None:
         try:
@@ -1022,25 +1077,40 @@ class Session:
             await self._post(_Spawned(generation, link))
 
     async def _sweep_task(self, link: AgentLink, since: float) -> None:
-        killed = await link.kill_turn_processes(since)
-        await self._post(_Swept(link.generation, killed))
+        try:
+            killed = await link.kill_turn_processes(since)
+        except KillError as exc:
+            await self._post(_Swept(link.generation, [], exc.survivors))
+        else:
+            await self._post(_Swept(link.generation, killed))
 
     async def _kill_task(self, link: AgentLink) -> None:
         generation = link.generation
-        steps = await link.kill()
-        await self._post(_KillDone(generation, steps))
+        try:
+            steps = await link.kill()
+        except KillError as exc:
+            await self._post(_KillDone(generation, exc.steps, exc.survivors))
+        else:
+            await self._post(_KillDone(generation, steps))
 
     async def _close_task(self, link: AgentLink | None) -> None:
         status: ExitStatus | None = None
         steps: list[str] = []
         if link is not None:
-            status, steps = await link.close(self.spec.kill_timeout_s)
+            try:
+                status, steps = await link.close(self.spec.kill_timeout_s)
+            except KillError as exc:
+                await self._post(_Closed(None, exc.steps, exc.survivors))
+                return
         await self._post(_Closed(status, steps))
 
     async def _kill_link_on_exit(self) -> None:
         if self._link is not None:
             link, self._link = self._link, None
-            await link.kill()
+            try:
+                await link.kill()
+            except KillError as exc:
+                log.error("session %s: %s", self.id, _survivors_text(exc.survivors))
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -1056,3 +1126,8 @@ class Session:
         self._seq += 1
         stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=time.time())
         self._fanout.publish(stamped)
+
+
+def _survivors_text(survivors: list[dict[str, Any]]) -> str:
+    listed = ", ".join(f"{s['pid']} ({s['command']})" for s in survivors[:5])
+    return f"{len(survivors)} process(es) of the agent's tree survived SIGKILL: {listed}"

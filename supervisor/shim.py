@@ -12,7 +12,10 @@ the supervisor sees EOF on stdout as soon as the agent tree closes it.
 - SIGTERM, SIGINT, SIGHUP are forwarded to every descendant (also those that left the group).
 - When the agent exits, the remaining descendants get SIGTERM, then SIGKILL after
   ``CLEANUP_GRACE_S``; the shim exits with the agent's status (mirroring a fatal signal).
-- EOF on the lifeline (the supervisor died: it held the only write end) kills the tree at once.
+- EOF on the lifeline (the supervisor died: it held the other end) kills the tree at once.
+- The lifeline is one end of a socket pair: just before exiting, with no descendant left, the
+  shim writes one byte on it. A shim that exits without that byte was killed (an OOM kill,
+  ``pkill -9``) and may have left its tree loose: the supervisor then kills the tree itself.
 
 The shim never uses ``PR_SET_PDEATHSIG``: it fires when the *thread* that spawned the child
 exits, and trio spawns from worker threads that exit after ~10 s idle.
@@ -59,6 +62,9 @@ CLEANUP_GRACE_S = 0.5
 # doubles up to the maximum, so a process we may not kill (EPERM: a setuid child) costs little.
 KILL_RESCAN_S = 0.005
 KILL_RESCAN_MAX_S = 0.5
+
+# Written on the lifeline once no descendant is left, just before the shim exits.
+TREE_GONE = b"1"
 
 # Forwarded to every descendant: the usual "please stop" signals.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -304,6 +310,11 @@ def main() -> "NoReturn":
     os.close(devnull)
 
     shim.run(wake_r)
+    if lifeline is not None:
+        try:
+            os.write(lifeline, TREE_GONE)
+        except OSError:  # the supervisor is gone: nobody to tell
+            pass
     _exit_like(shim.agent_status)
 
 

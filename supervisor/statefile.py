@@ -1,41 +1,47 @@
 """Crash safety: a state file per running supervisor, and the sweep of a dead one's agents.
 
-The lifeline already makes a shim kill its tree when the supervisor dies. This is the second
-line, for when the shims die too (an OOM kill, ``pkill -9``): each supervisor records, in its own
-file, every shim it started: its pid and start time (the shim leads its own session, so its pid
-is also the session id its agent tree inherits) and a random *tree mark* the agent gets in its
-environment (``AGENT_SUPERVISOR_TREE``), which every descendant inherits, even one that called
-``setsid``. A supervisor that starts sweeps the files of supervisors that are gone: every process
-born after the shim that is still in its session or carries its mark is killed, then the file is
-removed. Start times guard against pid reuse.
+The keeper (cgroups) or the lifeline (shim) already kill a supervisor's trees when it dies.
+This is the second line, for when they die too (an OOM kill, ``pkill -9 python``): each
+supervisor records, in its own file, every agent tree it started, and a supervisor that starts
+sweeps the files of supervisors that are gone. The sweep kills only what it can *prove* was
+one of the dead supervisor's trees (``supervisor/tree.py``):
+
+- the tree's cgroup, if it was in one: the directory name is ours, and ``cgroup.kill`` reaches
+  exactly its members;
+- a process carrying the tree's mark (``AGENT_SUPERVISOR_TREE``) in its environment;
+- the tree's leader (its shim, or the agent in its cgroup), if a process with that pid *and*
+  that start time (clock ticks since boot: exact) is still alive.
+
+Never by session or process group alone: once every process of a session has died, its id is
+free again, and a terminal or a tmux server that got the pid leads a session of that number.
+A stale file naming a pid that someone else holds now kills nobody.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from attrs import frozen
 
-__all__ = [
-    "TREE_MARK_VARIABLE",
-    "StateFile",
-    "SweepReport",
-    "default_state_dir",
-    "sweep_orphans",
-]
+from supervisor import tree
+from supervisor.cgroups import ROOT_PREFIX, Cgroup
+
+if TYPE_CHECKING:
+    from supervisor.process import AgentProcess
+
+__all__ = ["StateFile", "SweepReport", "default_state_dir", "sweep_orphans"]
 
 log = logging.getLogger(__name__)
 
-#: Set in every agent's environment; its descendants inherit it wherever they go.
-TREE_MARK_VARIABLE = "AGENT_SUPERVISOR_TREE"
-#: Processes are compared by start time with this slack (psutil rounds to clock ticks).
-_TIME_SLACK_S = 0.05
+#: For a cgroup's processes to be gone after ``cgroup.kill``, and marked processes after SIGKILL.
+_SWEEP_WAIT_S = 2.0
 
 
 def default_state_dir() -> Path:
@@ -46,33 +52,34 @@ def default_state_dir() -> Path:
     return Path(base) / "agent-supervisor"
 
 
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-
-
 class StateFile:
-    """This supervisor's record of the shims it started; removed when it exits cleanly."""
+    """This supervisor's record of the trees it started; removed when it exits cleanly."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         pid = os.getpid()
-        self._me = {"pid": pid, "create_time": _create_time(pid)}
+        self._me = {"pid": pid, "started": tree.start_ticks(pid)}
         self.path = directory / f"supervisor-{pid}.json"
-        self._shims: dict[int, dict[str, Any]] = {}
+        self._trees: dict[int, dict[str, Any]] = {}
 
     def open(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._write()
 
-    def record(self, pid: int, create_time: float | None, mark: str, argv: list[str]) -> None:
-        self._shims[pid] = {"pid": pid, "create_time": create_time, "mark": mark, "argv": argv[:8]}
+    def record(self, process: AgentProcess, argv: list[str]) -> None:
+        cgroup = getattr(process, "cgroup", None)
+        self._trees[process.pid] = {
+            "pid": process.pid,
+            "started": process.started_ticks,
+            "mark": process.mark,
+            "containment": process.containment,
+            "cgroup": os.fspath(cgroup.path) if isinstance(cgroup, Cgroup) else None,
+            "argv": argv[:8],
+        }
         self._write()
 
     def forget(self, pid: int) -> None:
-        if self._shims.pop(pid, None) is not None:
+        if self._trees.pop(pid, None) is not None:
             self._write()
 
     def close(self) -> None:
@@ -82,7 +89,7 @@ class StateFile:
             pass
 
     def _write(self) -> None:
-        data = {"supervisor": self._me, "shims": list(self._shims.values())}
+        data = {"supervisor": self._me, "trees": list(self._trees.values())}
         temporary = self.path.with_suffix(".tmp")
         try:
             temporary.write_text(json.dumps(data))
@@ -98,7 +105,10 @@ class SweepReport:
 
 
 def sweep_orphans(directory: Path) -> SweepReport:
-    """Kill what dead supervisors left behind; return what was found."""
+    """Kill what dead supervisors left behind, proved theirs; return what was found.
+
+    Blocking (it waits up to a few seconds for what it killed to be gone).
+    """
     killed: list[int] = []
     files = 0
     if not directory.is_dir():
@@ -107,53 +117,63 @@ def sweep_orphans(directory: Path) -> SweepReport:
         try:
             data = json.loads(path.read_text())
             owner = data["supervisor"]
-            shims = data["shims"]
+            trees = data["trees"] if "trees" in data else data["shims"]
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("ignoring unreadable state file %s", path)
             continue
-        if _alive(owner.get("pid"), owner.get("create_time")):
+        if not isinstance(owner, dict) or _owner_alive(owner):
             continue  # a live supervisor (maybe another one beside us): not ours to sweep
         files += 1
-        for shim in shims:
-            killed.extend(_kill_tree(shim.get("pid"), shim.get("create_time"), shim.get("mark")))
-        try:
+        for record in trees if isinstance(trees, list) else []:
+            if isinstance(record, dict):
+                killed.extend(_kill_tree(record))
+        with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        except FileNotFoundError:
-            pass
     if killed:
         log.warning("killed %d orphaned agent process(es) of a crashed supervisor", len(killed))
     return SweepReport(files, killed)
 
 
-def _alive(pid: Any, create_time: Any) -> bool:
+def _owner_alive(owner: dict[str, Any]) -> bool:
+    pid = owner.get("pid")
     if not isinstance(pid, int):
         return False
-    current = _create_time(pid)
-    if current is None:
+    started = owner.get("started")
+    if isinstance(started, int):
+        return tree.start_ticks(pid) == started
+    # An older file, with a psutil create_time: the same process within a clock tick or two.
+    create_time = owner.get("create_time")
+    try:
+        current = psutil.Process(pid).create_time()
+    except psutil.Error:
         return False
-    return not isinstance(create_time, float) or abs(current - create_time) < _TIME_SLACK_S
+    return not isinstance(create_time, float) or abs(current - create_time) < 0.05
 
 
-def _kill_tree(sid: Any, born: Any, mark: Any) -> list[int]:
-    """SIGKILL every process born after the shim that is in its session or carries its mark."""
-    if not isinstance(sid, int) or not isinstance(born, float):
-        return []
-    me = os.getpid()
-    victims = []
-    for process in psutil.process_iter(["pid", "create_time"]):
-        try:
-            if process.pid == me or process.info["create_time"] + _TIME_SLACK_S < born:
-                continue
-            if os.getsid(process.pid) == sid or (
-                isinstance(mark, str) and process.environ().get(TREE_MARK_VARIABLE) == mark
-            ):
-                victims.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError, PermissionError):
-            continue
-    for process in victims:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    psutil.wait_procs(victims, timeout=2)
-    return [process.pid for process in victims]
+def _kill_tree(record: dict[str, Any]) -> list[int]:
+    """Kill what is proved to be of this tree: its cgroup, its marked processes, its leader."""
+    victims: dict[int, psutil.Process] = {}
+    killed: list[int] = []
+    path = record.get("cgroup")
+    if isinstance(path, str) and Path(path).parent.name.startswith(ROOT_PREFIX):
+        cgroup = Cgroup(Path(path))
+        killed.extend(cgroup.pids())
+        if cgroup.kill():
+            cgroup.wait_empty_blocking(_SWEEP_WAIT_S)
+        cgroup.remove_tree()
+        with contextlib.suppress(OSError):
+            cgroup.path.parent.rmdir()  # the dead supervisor's root, once its last tree is gone
+    mark = record.get("mark")
+    if isinstance(mark, str) and mark:
+        for process in tree.marked(mark):
+            victims[process.pid] = process
+    pid, started = record.get("pid"), record.get("started")
+    if isinstance(pid, int) and isinstance(started, int):
+        leader = tree.identify(pid, started)
+        if leader is not None:
+            victims[leader.pid] = leader
+    victims.pop(os.getpid(), None)
+    for process in victims.values():
+        tree.send_signal(process, signal.SIGKILL)
+    psutil.wait_procs(list(victims.values()), timeout=_SWEEP_WAIT_S)
+    return killed + list(victims)

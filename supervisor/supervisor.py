@@ -23,6 +23,7 @@ import trio
 
 from supervisor.agent_link import ProcessLauncher, launch_process
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
+from supervisor.containment import choose
 from supervisor.errors import BadRequest, SessionNotFound
 from supervisor.http_link import HttpLink  # noqa: F401  (registers the "http" transport)
 from supervisor.link import Launcher
@@ -168,11 +169,15 @@ async def open_supervisor(
     launcher: Launcher | None = None,
     state_dir: str | os.PathLike[str] | None = None,
     gc_policy: bool = False,
+    containment: str | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
     With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
     left by a supervisor that crashed are killed first, and this one records its own.
+    ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
+    the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
+    ``AGENT_SUPERVISOR_CONTAINMENT``.
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -180,9 +185,11 @@ async def open_supervisor(
         apply_gc_policy()
     state: StateFile | None = None
     if launcher is None:
+        chosen = await choose(containment)
+        log.info("agent containment: %s", chosen.detail)
         if state_dir is not None:
             directory = Path(state_dir)
-            report = sweep_orphans(directory)
+            report = await trio.to_thread.run_sync(sweep_orphans, directory)
             if report.killed:
                 log.warning(
                     "swept %d agent process(es) left by %d crashed supervisor(s)",
@@ -191,7 +198,7 @@ async def open_supervisor(
                 )
             state = StateFile(directory)
             state.open()
-        launcher = ProcessLauncher(state)
+        launcher = ProcessLauncher(state, containment=chosen)
     if config is not None:
         from supervisor.config import load_agents
 

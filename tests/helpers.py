@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import pytest
 import trio
 
 from fakes.memory_base import BaseLauncher
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.containment import choose_blocking
 
 L = TypeVar("L", bound=BaseLauncher[Any, Any])
 
@@ -88,3 +91,13 @@ async def running(
             recorder.check_invariants()
             nursery.cancel_scope.cancel()
     assert launcher.violations == []
+
+
+def require_cgroups() -> None:
+    """Skip (or fail, in strict mode) where agents cannot get a cgroup of their own."""
+    found = choose_blocking("auto")
+    if found.kind != "cgroup":
+        reason = f"no cgroup containment here: {found.detail}"
+        if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
+            pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails")
+        pytest.skip(reason)

@@ -2,8 +2,10 @@
 
     python crashing_supervisor.py STATE_DIR -- AGENT ARGV...
 
-Prints one JSON line ``{"shim": pid, "tree": [pids...]}`` once the agent reported ready, then
-sleeps until killed (the test kills it, and the shim, with SIGKILL).
+Prints one JSON line ``{"shim": pid, "keeper": pid, "tree": [pids...]}`` once the agent
+reported ready, then sleeps until killed (the test kills it, and what would kill its tree: the
+shim, or the cgroup keeper, with SIGKILL). ``shim`` is our child: the shim, or the agent itself
+in its cgroup; ``keeper`` is None under the shim.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import trio
 from protocols.framing import Message
 from supervisor.agent_link import ProcessLauncher, ProcessLink
 from supervisor.config import AgentSpec
+from supervisor.containment import Containment, choose
 from supervisor.link import AgentFrame
 from supervisor.statefile import StateFile
 
@@ -24,7 +27,7 @@ from supervisor.statefile import StateFile
 async def main(state_dir: str, argv: list[str]) -> None:
     state = StateFile(Path(state_dir))
     state.open()
-    launcher = ProcessLauncher(state)
+    launcher = ProcessLauncher(state, containment=await choose())
     spec = AgentSpec(name="tree", protocol="acp", command=argv)
     send, receive = trio.open_memory_channel[object](100)
     async with trio.open_nursery() as nursery:
@@ -38,7 +41,11 @@ async def main(state_dir: str, argv: list[str]) -> None:
                         item.frame.payload["pid"],
                         *item.frame.payload["pids"],
                     ]
-                    print(json.dumps({"shim": link.process.pid, "tree": tree}), flush=True)
+                    keeper = None
+                    if isinstance(launcher.containment, Containment) and launcher.containment.root:
+                        keeper = launcher.containment.root.keeper_pid
+                    report = {"shim": link.process.pid, "keeper": keeper, "tree": tree}
+                    print(json.dumps(report), flush=True)
                     break
         await trio.sleep_forever()
 

@@ -6,10 +6,12 @@ Runs ``open_supervisor(state_dir=STATE_DIR)`` with the demo agent (which ignores
 cancel), starts a turn that leaks background processes (one in its own session, one ignoring
 SIGTERM) and streams, and once the turn is streaming prints one JSON line::
 
-    {"supervisor": pid, "shim": pid, "agent": pid, "setsid": pid, "tree": [pids...]}
+    {"supervisor": pid, "shim": pid, "keeper": pid, "agent": pid, "setsid": pid,
+     "tree": [pids...]}
 
-(``tree``: every descendant of this process). Then it sleeps while the turn streams on, until
-it is killed.
+(``shim``: our child, the shim, or under cgroup containment the agent itself; ``keeper``: the
+cgroup keeper, or None; ``tree``: every process of the agent's tree, our child included). Then
+it sleeps while the turn streams on, until it is killed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ import psutil
 import trio
 
 from supervisor import AgentSpec, open_supervisor
+from supervisor.containment import choose_blocking
+from supervisor.process import CgroupProcess
+
+
+def _keeper_pid() -> int | None:
+    root = choose_blocking().root
+    return root.keeper_pid if root is not None else None
 
 
 async def main(state_dir: str, agent_state_dir: str) -> None:
@@ -38,15 +47,17 @@ async def main(state_dir: str, agent_state_dir: str) -> None:
                     setsid = event.raw["rawOutput"]["setsidGrandchild"]  # type: ignore[attr-defined]
                 if event.kind == "message.delta" and setsid is not None:
                     break
-        [shim] = psutil.Process().children()
-        [agent] = shim.children()
-        tree = [p.pid for p in psutil.Process().children(recursive=True)]
+        process = session._link.process  # type: ignore[union-attr]
+        members = process.members()
+        keeper = process.cgroup.path if isinstance(process, CgroupProcess) else None
+        agent = process.pid if keeper is not None else psutil.Process(process.pid).children()[0].pid
         report = {
             "supervisor": os.getpid(),
-            "shim": shim.pid,
-            "agent": agent.pid,
+            "shim": process.pid,
+            "keeper": _keeper_pid() if keeper is not None else None,
+            "agent": agent,
             "setsid": setsid,
-            "tree": tree,
+            "tree": [process.pid, *(p.pid for p in members)],
         }
         print(json.dumps(report), flush=True)
         await trio.sleep_forever()

@@ -36,7 +36,14 @@ class Agent:
     #: the interrupt ends the process (Amp: SIGINT ends the whole run)
     interrupt_exits: bool = False
 
+    def prompt(self, fault: str) -> str:
+        return self.words[SAME_AGENT_AS.get(fault, fault)]
+
+    def has(self, fault: str) -> bool:
+        return SAME_AGENT_AS.get(fault, fault) in self.words
+
     def spec(self, state_dir: Path, fault: str, grace: float) -> AgentSpec:
+        fault = SAME_AGENT_AS.get(fault, fault)
         return AgentSpec(
             name=self.protocol,
             protocol=self.protocol,
@@ -219,4 +226,11 @@ FAULTS = [
     "early_cancel",
     "concurrent_cancels",
     "client_disconnect",
+    "shim_killed",
+    "keeper_killed",
 ]
+
+#: Faults of one containment only (the shim, or the cgroup keeper, is what gets killed), and
+#: the fault whose words and flags they reuse (an agent that ignores the interrupt and SIGTERM).
+CONTAINMENT_FAULTS = {"shim_killed": "shim", "keeper_killed": "cgroup"}
+SAME_AGENT_AS = {"shim_killed": "ignores_sigterm", "keeper_killed": "ignores_sigterm"}

@@ -6,6 +6,7 @@ process, not only our children, and the descriptor turns readable when the proce
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,6 +16,8 @@ import trio
 
 from helpers import Recorder
 from protocols import events as ev
+from supervisor.cgroups import Cgroup
+from supervisor.containment import choose_blocking
 
 #: ``AGENT_SUPERVISOR_LONG_FAULTS=1``: the long mode (minutes instead of seconds).
 LONG = os.environ.get("AGENT_SUPERVISOR_LONG_FAULTS") == "1"
@@ -24,8 +27,17 @@ BOUND = 60.0
 
 
 def tree() -> list[psutil.Process]:
-    """Every process below this test process (the supervisor's shims and their trees)."""
-    return psutil.Process().children(recursive=True)
+    """Every agent process of this test process's supervisors: below us (shims and their
+    trees, agents in cgroups), and in our cgroups (what agents in a cgroup left to init); not
+    the cgroup keeper, which lives as long as we do."""
+    found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    root = choose_blocking("auto").root
+    if root is not None:
+        found.pop(root.keeper_pid or -1, None)
+        for pid in Cgroup(root.path).pids():
+            with contextlib.suppress(psutil.Error):
+                found.setdefault(pid, psutil.Process(pid))
+    return list(found.values())
 
 
 def living(processes: Iterable[psutil.Process]) -> list[psutil.Process]:

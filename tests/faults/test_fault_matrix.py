@@ -1,11 +1,14 @@
 """The fault matrix: every protocol x every fault, real subprocesses, real clock.
 
 Protocols: ACP (the built-in demo agent), Codex, Claude, OpenCode and Amp (their scripted fake
-CLIs in ``tests/fakes``), each under the containment shim, through ``open_supervisor``. Faults:
-the agent ignores the interrupt; ignores SIGTERM too; crashes mid-turn; crashes while a cancel
-is in flight; closes stdout but stays alive; floods output; has a grandchild in its own
-session; has a permission request pending; is cancelled before the turn is identified; gets two
-concurrent cancels; and a gateway client disconnects in the middle of its cancel.
+CLIs in ``tests/fakes``), through ``open_supervisor``, each under both containments (a cgroup
+per agent, and the shim). Faults: the agent ignores the interrupt; ignores SIGTERM too; crashes
+mid-turn; crashes while a cancel is in flight; closes stdout but stays alive; floods output; has
+a grandchild in its own session; has a permission request pending; is cancelled before the turn
+is identified; gets two concurrent cancels; a gateway client disconnects in the middle of its
+cancel; and what holds the tree dies: the shim is SIGKILLed mid-cancel (shim only; an agent that
+ignores the interrupt and SIGTERM: the supervisor kills the loose tree at once, not at grace),
+or the cgroup keeper is (cgroup only: a new one is started and nothing else changes).
 
 Every cell checks the same things (``Cell.finish``):
 - exactly one receipt per cancel call, equal for concurrent calls, and equal to the receipt
@@ -19,6 +22,8 @@ Every cell checks the same things (``Cell.finish``):
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,12 +34,16 @@ import psutil
 import pytest
 import trio
 
-from faults.agents import AGENTS, FAULTS, Agent
+from faults.agents import AGENTS, CONTAINMENT_FAULTS, FAULTS, Agent
 from faults.harness import BOUND, LONG, FaultRecorder, living, session_of, tree, wait_gone
+from helpers import require_cgroups
 from protocols import events as ev
 from supervisor import CancelReceipt, Session, Supervisor, open_supervisor
+from supervisor.agent_link import ProcessLink
 from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.containment import CONTAINMENT_VARIABLE, choose_blocking
 from supervisor.gateway import Gateway
+from supervisor.process import ShimProcess
 from supervisor.wire import receipt_to_wire
 
 pytestmark = pytest.mark.real_process
@@ -51,17 +60,30 @@ KILL_HARD = ["interrupt", "grace_expired", "sigterm", "sigkill", "respawned", "r
 EXITED = ["interrupt", "respawned", "resumed"]  # the agent exited during the cancel
 
 #: Cells whose agent is expected to be killed at the grace deadline.
-KILLED = {"ignores_interrupt", "ignores_sigterm", "mute", "grandchild", "client_disconnect"}
+KILLED = {
+    "ignores_interrupt",
+    "ignores_sigterm",
+    "mute",
+    "grandchild",
+    "client_disconnect",
+    "keeper_killed",
+}
 
 #: Long mode runs every cell three times, to shake out races a single run is lucky with.
 ROUNDS = 3 if LONG else 1
 
 CELLS = [
-    pytest.param(protocol, fault, id=f"{protocol}-{fault}" + (f"-{n}" if n else ""))
+    pytest.param(
+        containment,
+        protocol,
+        fault,
+        id=f"{containment}-{protocol}-{fault}" + (f"-{n}" if n else ""),
+    )
     for n in range(ROUNDS)
+    for containment in ("cgroup", "shim")
     for protocol, agent in AGENTS.items()
     for fault in FAULTS
-    if fault in agent.words
+    if agent.has(fault) and CONTAINMENT_FAULTS.get(fault, containment) == containment
 ]
 
 
@@ -113,9 +135,10 @@ class Cell:
             if isinstance(e, ev.TurnEnded) and e.receipt is not None
         ]
         assert set(stopped) <= {r.turn_id for r in self.receipts}, "a turn no cancel asked for"
-        # The live tree is one shim and its agent; nothing a killed or cancelled turn left.
+        # The live tree is the agent (and its shim); nothing a killed or cancelled turn left.
         live = living(tree())
-        assert len(live) == 2, f"expected the shim and the agent, found {live}"
+        expected = 2 if choose_blocking().kind == "shim" else 1
+        assert len(live) == expected, f"expected the agent (and its shim), found {live}"
         await self.rec.catch_up()
         self.rec.check_invariants()
 
@@ -153,8 +176,17 @@ def assert_untouched(processes: list[psutil.Process]) -> None:
 # -- the matrix ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("protocol,fault", CELLS)
-async def test_cell(protocol: str, fault: str, tmp_path: Path) -> None:
+@pytest.fixture
+def in_containment(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    mode: str = request.param
+    if mode == "cgroup":
+        require_cgroups()
+    monkeypatch.setenv(CONTAINMENT_VARIABLE, mode)
+    return mode
+
+
+@pytest.mark.parametrize("in_containment,protocol,fault", CELLS, indirect=["in_containment"])
+async def test_cell(in_containment: str, protocol: str, fault: str, tmp_path: Path) -> None:
     grace = KILL_GRACE if fault in KILLED else COOPERATIVE_GRACE
     if fault == "client_disconnect":
         await client_disconnects_mid_cancel(protocol, tmp_path)
@@ -166,7 +198,7 @@ async def test_cell(protocol: str, fault: str, tmp_path: Path) -> None:
 
 async def killed_at_grace(c: Cell) -> None:
     """Ignores the interrupt (and maybe SIGTERM), went mute, or has a setsid grandchild."""
-    turn = await c.session.prompt(c.agent.words[c.fault])
+    turn = await c.session.prompt(c.agent.prompt(c.fault))
     grandchild = None
     if c.fault == "grandchild":
         grandchild = psutil.Process(await grandchild_pid(c, turn.id))
@@ -207,7 +239,7 @@ async def grandchild_pid(c: Cell, turn_id: str) -> int:
 
 async def crash(c: Cell) -> None:
     """Crashes mid-turn with no cancel: the turn fails, the agent is respawned and resumed."""
-    turn = await c.session.prompt(c.agent.words["crash"])
+    turn = await c.session.prompt(c.agent.prompt("crash"))
     await c.first_delta(turn.id)
     before = tree()
     ended = await c.rec.wait_kind("turn.ended", turn_id=turn.id)
@@ -240,7 +272,7 @@ def resumed_after_crash(c: Cell) -> bool:
 
 
 async def crash_during_cancel(c: Cell) -> None:
-    turn = await c.session.prompt(c.agent.words["crash_during_cancel"])
+    turn = await c.session.prompt(c.agent.prompt("crash_during_cancel"))
     await c.first_delta(turn.id)
     before = tree()
     receipt = await c.cancel()
@@ -264,7 +296,7 @@ async def stopped_in_band(c: Cell, receipt: CancelReceipt, before: list[psutil.P
 
 async def flood(c: Cell) -> None:
     """The cancel is not stuck behind the flood, and the flood is bounded (backpressure)."""
-    turn = await c.session.prompt(c.agent.words["flood"])
+    turn = await c.session.prompt(c.agent.prompt("flood"))
     await c.first_delta(turn.id, count=2000)
     before = tree()
     receipt = await c.cancel()
@@ -273,7 +305,7 @@ async def flood(c: Cell) -> None:
 
 
 async def permission(c: Cell) -> None:
-    turn = await c.session.prompt(c.agent.words["permission"])
+    turn = await c.session.prompt(c.agent.prompt("permission"))
     requested = await c.rec.wait_kind("permission.requested", turn_id=turn.id)
     assert isinstance(requested, ev.PermissionRequested)
     before = tree()
@@ -293,7 +325,7 @@ async def permission(c: Cell) -> None:
 async def early_cancel(c: Cell) -> None:
     """Cancelled at once, before the agent identified the turn, in a session with history."""
     await c.next_prompt_completes()  # the agent's session (Amp's thread) is known from here
-    turn = await c.session.prompt(c.agent.words["early_cancel"])
+    turn = await c.session.prompt(c.agent.prompt("early_cancel"))
     before = tree()
     receipt = await c.cancel()
     assert receipt.turn_id == turn.id
@@ -302,7 +334,7 @@ async def early_cancel(c: Cell) -> None:
 
 
 async def concurrent_cancels(c: Cell) -> None:
-    turn = await c.session.prompt(c.agent.words["concurrent_cancels"])
+    turn = await c.session.prompt(c.agent.prompt("concurrent_cancels"))
     await c.first_delta(turn.id)
     before = tree()
     async with trio.open_nursery() as nursery:
@@ -317,6 +349,43 @@ async def concurrent_cancels(c: Cell) -> None:
     assert (await c.cancel()).outcome == "no_active_turn"
 
 
+async def shim_killed(c: Cell) -> None:
+    """The shim is SIGKILLed while a cancel waits on an agent that ignores the interrupt and
+    SIGTERM: the supervisor kills the loose tree itself, at once (not at grace), and says so."""
+    turn = await c.session.prompt(c.agent.prompt(c.fault))
+    await c.first_delta(turn.id)
+    before = tree()
+    link = c.session._link
+    assert isinstance(link, ProcessLink) and isinstance(link.process, ShimProcess)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.cancel)
+        await c.rec.wait_for(lambda e: isinstance(e, ev.SessionState) and e.state == "cancelling")
+        os.kill(link.process.pid, signal.SIGKILL)
+    [receipt] = c.receipts
+    assert (receipt.outcome, receipt.turn_id) == ("killed", turn.id), receipt
+    steps = ["interrupt", "containment_lost", "sigkill", "respawned", "resumed"]
+    assert receipt.escalation == steps and receipt.survivors == [], receipt
+    assert receipt.elapsed_ms < COOPERATIVE_GRACE * 1000, "waited out the grace"
+    assert_gone_now(before, "the loose tree")
+
+
+async def keeper_killed(c: Cell) -> None:
+    """The cgroup keeper dies mid-turn: nothing is lost (the kernel holds the trees); the next
+    spawn starts a new keeper, so our death would still take every agent with us."""
+    root = choose_blocking().root
+    assert root is not None and root.keeper_pid is not None
+    old = psutil.Process(root.keeper_pid)
+    old.kill()
+    turn = await c.session.prompt(c.agent.prompt(c.fault))
+    await c.first_delta(turn.id)
+    before = tree()
+    receipt = await c.cancel()  # the agent is killed at grace and respawned: a new keeper
+    assert (receipt.outcome, receipt.escalation) == ("killed", KILL_HARD), receipt
+    assert_gone_now(before, "the killed tree")
+    assert root.keeper_pid is not None and root.keeper_pid != old.pid
+    assert living([psutil.Process(root.keeper_pid)]) != []
+
+
 SCENARIOS = {
     "ignores_interrupt": killed_at_grace,
     "ignores_sigterm": killed_at_grace,
@@ -328,6 +397,8 @@ SCENARIOS = {
     "permission": permission,
     "early_cancel": early_cancel,
     "concurrent_cancels": concurrent_cancels,
+    "shim_killed": shim_killed,
+    "keeper_killed": keeper_killed,
 }
 
 
@@ -344,7 +415,7 @@ async def client_disconnects_mid_cancel(protocol: str, state_dir: Path) -> None:
             async with watcher.subscribe(c.session.id) as events:
                 async with connect(url) as leaver:
                     turn_id = (
-                        await leaver.prompt(c.session.id, c.agent.words["client_disconnect"])
+                        await leaver.prompt(c.session.id, c.agent.prompt("client_disconnect"))
                     )["turn_id"]
                     await next_wire_event(events, "message.delta")
                     before = tree()
@@ -364,7 +435,7 @@ async def client_disconnects_mid_cancel(protocol: str, state_dir: Path) -> None:
                 ended = await next_wire_event(events, "turn.ended", turn_id=second["turn_id"])
                 assert ended["data"]["outcome"] == "completed", ended
         assert [e.outcome for e in c.rec.turn_ended(turn_id)] == ["killed"]
-        assert len(living(tree())) == 2
+        assert len(living(tree())) == (2 if choose_blocking().kind == "shim" else 1)
         await c.rec.catch_up()
         c.rec.check_invariants()
 

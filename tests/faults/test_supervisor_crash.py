@@ -81,13 +81,16 @@ def processes(report: dict[str, Any]) -> list[psutil.Process]:
 
 
 def check_report(report: dict[str, Any], tree_: list[psutil.Process]) -> None:
-    # shim, agent, and the demo's four leaked helpers (one of them in its own session)
-    assert len(tree_) == 6, tree_
+    # the shim (none in a cgroup), the agent, and the demo's four leaked helpers (one of them
+    # in its own session)
+    assert len(tree_) == (6 if report["keeper"] is None else 5), tree_
     setsid = psutil.Process(report["setsid"])
     assert setsid in tree_ and session_of(setsid) == setsid.pid
 
 
-async def test_supervisor_killed_shim_kills_the_tree(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("containment")
+async def test_supervisor_killed_its_tree_dies_with_it(tmp_path: Path) -> None:
+    # The shim sees its lifeline close, or the cgroup keeper does and kills the cgroups.
     state_dir = tmp_path / "state"
     async with crashing_supervisor(state_dir, tmp_path / "agent") as (process, report):
         agent_tree = processes(report)
@@ -107,16 +110,18 @@ async def test_supervisor_killed_shim_kills_the_tree(tmp_path: Path) -> None:
     await next_supervisor_serves(state_dir, tmp_path / "agent")
 
 
-async def test_supervisor_and_shim_killed_next_supervisor_sweeps(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("containment")
+async def test_supervisor_and_its_killer_killed_next_supervisor_sweeps(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     async with crashing_supervisor(state_dir, tmp_path / "agent") as (process, report):
         agent_tree = processes(report)
         check_report(report, agent_tree)
-        # Both at once, with no chance to clean up: the shim cannot kill its tree.
-        os.kill(report["shim"], signal.SIGKILL)
+        # Both at once, with no chance to clean up: nothing kills the tree (the shim, or the
+        # cgroup keeper, is gone too); only the state file remembers it.
+        os.kill(report["keeper"] or report["shim"], signal.SIGKILL)
         process.kill()
         await process.wait()
-        orphans = [p for p in agent_tree if p.pid != report["shim"]]
+        orphans = [p for p in agent_tree if p.pid != report["shim"] or report["keeper"]]
         # The agent may exit on its stdin's EOF; its four helpers sleep until killed.
         survivors = living(orphans)
         assert len(survivors) >= 4, f"the test needs orphans to sweep: {survivors}"
