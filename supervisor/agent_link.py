@@ -105,8 +105,8 @@ class ProcessLink(AgentLink):
                 await self.read_stdout()
                 pumps.cancel_scope.cancel()
         finally:
-            with trio.CancelScope(shield=True):
-                await self.process.aclose()
+            with trio.CancelScope(shield=True), contextlib.suppress(KillError):
+                await self.process.aclose()  # survivors are reported by whoever killed
 
     async def watch_exit(self) -> None:
         """As soon as our child exits, make sure the rest of its tree goes too: what the agent

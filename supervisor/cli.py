@@ -12,6 +12,7 @@ import trio
 
 from protocols import events as ev
 from supervisor.config import AgentSpec, ConfigError, builtin_agents, load_agents
+from supervisor.containment import ContainmentUnavailable, choose_blocking
 from supervisor.receipt import CancelReceipt
 from supervisor.session import Session, Subscription
 from supervisor.statefile import default_state_dir
@@ -42,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             agents = load_agents(args.config) if args.config else builtin_agents()
             for spec in agents.values():
                 print(f"{spec.name:<12} {spec.protocol:<8} {spec.description}")
-    except ConfigError as exc:
+            print(f"\ncontainment: {_containment_line()}")
+    except (ConfigError, ContainmentUnavailable) as exc:
         print(f"agent-supervisor: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -184,11 +186,18 @@ async def _prompt_and_stop(
     return receipt
 
 
+def _containment_line() -> str:
+    """How agent trees are held together here, and why (``supervisor/containment.py``)."""
+    found = choose_blocking()
+    return f"{found.kind}: {found.detail}"
+
+
 async def run_serve(config: str | None, host: str, port: int, token: str | None) -> None:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting."""
     from supervisor.gateway import Gateway, is_loopback
 
     agents = load_agents(config) if config else builtin_agents()
+    print(f"agent-supervisor: containment: {_containment_line()}", file=sys.stderr, flush=True)
     if not is_loopback(host):
         print(
             f"WARNING: binding {host}: the gateway has no TLS, so the token and every prompt"

@@ -25,7 +25,14 @@ from attrs import frozen
 from supervisor.cgroups import CgroupRoot, detect
 from supervisor.errors import SupervisorError
 
-__all__ = ["CONTAINMENT_VARIABLE", "MODES", "Containment", "choose", "choose_blocking"]
+__all__ = [
+    "CONTAINMENT_VARIABLE",
+    "MODES",
+    "Containment",
+    "ContainmentUnavailable",
+    "choose",
+    "choose_blocking",
+]
 
 log = logging.getLogger(__name__)
 

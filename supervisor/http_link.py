@@ -274,8 +274,8 @@ class HttpLink(ProcessLink):
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the session is gone
         finally:
-            with trio.CancelScope(shield=True):
-                await self.process.aclose()
+            with trio.CancelScope(shield=True), contextlib.suppress(KillError):
+                await self.process.aclose()  # survivors are reported by whoever killed
 
     async def _serve(self) -> None:
         """Every task but stderr; each one swallows a closed inbox (the session is gone)."""
