@@ -8,7 +8,10 @@ async with connect("http://127.0.0.1:8765/?token=T") as client:
         receipt = await client.cancel(session_id)   # after the turn has ended
         async for event in events: ...               # {"event", "session_id", "seq", "data"}
 ```
-Requests may run concurrently on one connection; responses are matched by id.
+Requests may run concurrently on one connection; responses are matched by id. One task reads
+the socket and hands each frame on in wire order, and the gateway sends a response only after
+the events it followed: when ``cancel()`` returns, the turn's ``turn.ended`` is already in
+``events``.
 """
 
 from __future__ import annotations

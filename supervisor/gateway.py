@@ -417,16 +417,22 @@ class Gateway:
         await _Client(self, websocket).run()
 
 
+#: Where each subscription of a connection stood when a response was queued: (session id, its
+#: subscription, :attr:`Subscription.offered` then). The response goes out after those events.
+_Barrier = tuple[tuple[str, Subscription, int], ...]
+
+
 class _Client:
     """One WebSocket client: requests served concurrently; one writer task sends responses and
-    the events of every subscription, in order, several frames per socket write."""
+    the events of every subscription, in causal order, several frames per socket write."""
 
     def __init__(self, gateway: Gateway, websocket: ServerWebSocket) -> None:
         self.gateway = gateway
         self.supervisor = gateway.supervisor
         self.websocket = websocket
         self.limits = gateway.limits
-        self._responses: deque[bytes] = deque()  # frames of responses and notices, in order
+        # frames of responses and notices, in order, each behind its barrier
+        self._responses: deque[tuple[bytes, _Barrier]] = deque()
         self._subscriptions: dict[str, Subscription] = {}  # session id -> its events, in order
         self._wake = trio.lowlevel.ParkingLot()  # the writer waits here for work
         self._ready = False  # there is work: a response, or events a subscription announced
@@ -472,8 +478,14 @@ class _Client:
         self._nursery.start_soon(self._serve, decoded)
 
     def _send(self, message: dict[str, Any]) -> None:
-        """Queue a response or notice for the writer (bounded: the reader waits when full)."""
-        self._responses.append(text_frame(_json(message)))
+        """Queue a response or notice for the writer, behind every event already buffered for
+        this connection (bounded: the reader waits when full). A cancel's answer is queued
+        once its session has emitted the turn's ``turn.ended``: the wire keeps that order."""
+        barrier = tuple(
+            (session_id, subscription, subscription.offered)
+            for session_id, subscription in self._subscriptions.items()
+        )
+        self._responses.append((text_frame(_json(message)), barrier))
         self._notify()
 
     def _notify(self) -> None:
@@ -499,35 +511,74 @@ class _Client:
             self._nursery.cancel_scope.cancel()
 
     def _collect(self) -> list[bytes]:
-        """What to send next: every queued response, then up to ``batch_events`` events of each
-        subscription. A subscription's response was queued before its events could be."""
-        frames = list(self._responses)
-        if frames:
-            self._responses.clear()
+        """What to send next, in causal order: each queued response after the events its
+        barrier names, then up to ``batch_events`` events of each subscription. A barrier more
+        than a batch away is reached over several writes, and nothing queued behind it goes
+        first (a subscribe answer is queued before its subscription exists, so it precedes the
+        replay)."""
+        frames: list[bytes] = []
+        batch = self.limits.batch_events
+        sent: dict[Subscription, int] = {}  # events taken per subscription for this write
+        responses = self._responses
+        answered = 0
+        blocked = False
+        while responses and not blocked:
+            frame, barrier = responses[0]
+            for session_id, subscription, mark in barrier:
+                behind = mark - subscription.taken
+                if behind > 0:
+                    done = sent.get(subscription, 0)
+                    done += self._take(subscription, min(behind, batch - done), frames)
+                    sent[subscription] = done
+                if subscription.pending:
+                    if subscription.taken < mark:
+                        blocked = True  # this write's batch is used up: the rest goes next
+                elif subscription.ended:
+                    self._finish(session_id, subscription, frames)
+                # (Nothing pending short of the mark: the subscriber closed, its events are gone.)
+            if not blocked:
+                responses.popleft()
+                frames.append(frame)
+                answered += 1
+        if answered:
             self._drained.unpark_all()
-        if not self._subscriptions:
+        if blocked:
+            self._ready = True
             return frames
-        event_frame = self.gateway.event_frame
         ended: list[str] = []
         for session_id, subscription in self._subscriptions.items():
-            for event in subscription.take(self.limits.batch_events):
-                frames.append(event_frame(event))
+            self._take(subscription, batch - sent.get(subscription, 0), frames)
             if subscription.pending:
                 self._ready = True  # more than one batch: go on after this write
             elif subscription.ended:
                 ended.append(session_id)
         for session_id in ended:
-            subscription = self._subscriptions.pop(session_id)
-            subscription.close()
-            notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
-            message = {
-                "event": notice,
-                "session_id": session_id,
-                "seq": None,
-                "data": {"last_seq": subscription.last_seq},
-            }
-            frames.append(text_frame(_json(message)))
+            self._finish(session_id, self._subscriptions[session_id], frames)
         return frames
+
+    def _take(self, subscription: Subscription, limit: int, frames: list[bytes]) -> int:
+        """Append the frames of up to ``limit`` buffered events; how many there were."""
+        if limit <= 0:
+            return 0
+        event_frame = self.gateway.event_frame
+        events = subscription.take(limit)
+        frames.extend([event_frame(event) for event in events])
+        return len(events)
+
+    def _finish(self, session_id: str, subscription: Subscription, frames: list[bytes]) -> None:
+        """A subscription the session ended, all its events taken: say so, and forget it."""
+        if self._subscriptions.get(session_id) is not subscription:
+            return  # already finished, or replaced by a newer subscribe
+        del self._subscriptions[session_id]
+        subscription.close()
+        notice = "subscription.lagged" if subscription.lagged else "subscription.closed"
+        message = {
+            "event": notice,
+            "session_id": session_id,
+            "seq": None,
+            "data": {"last_seq": subscription.last_seq},
+        }
+        frames.append(text_frame(_json(message)))
 
     async def _serve(self, request: Request) -> None:
         try:
@@ -603,7 +654,8 @@ class _Client:
             subscription.close()
             raise
         self._unsubscribe(session.id)  # two subscribes to one session at once: the last wins
-        # The answer first, then the events: the writer takes queued responses first.
+        # The answer first, then the events: its barrier does not name this subscription, and
+        # the writer sends no subscription's events while a response waits for its barrier.
         self._send(
             ok_response(request.id, {"last_seq": subscription.head_seq, "gap": subscription.gap})
         )

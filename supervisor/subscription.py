@@ -115,6 +115,14 @@ class Subscription:
         return len(self._events)
 
     @property
+    def offered(self) -> int:
+        """Events buffered so far, taken or not (the replay included): a position in the stream.
+        A writer that must send something only after what is buffered now (a response after
+        the events that caused it) holds it until :attr:`taken` reaches this. No counter: a
+        buffered event leaves only by :meth:`take`, which counts it, or by :meth:`close`."""
+        return self.taken + len(self._events)
+
+    @property
     def ended(self) -> bool:
         """The session will send nothing more (it is done, or cut us off: see :attr:`lagged`)."""
         return self._ended

@@ -210,6 +210,38 @@ async def test_two_clients_cancelling_at_once_get_the_same_receipt() -> None:
             assert receipts[0]["outcome"] == "cancelled"
 
 
+def queued(events: trio.MemoryReceiveChannel[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events already delivered to a subscription's queue (without waiting)."""
+    delivered = []
+    while True:
+        try:
+            delivered.append(events.receive_nowait())
+        except trio.WouldBlock:
+            return delivered
+
+
+@pytest.mark.parametrize("stop_delay", [0.0, 0.05, None], ids=["at_once", "later", "killed"])
+async def test_cancel_returns_with_the_turn_ended_already_delivered(
+    stop_delay: float | None,
+) -> None:
+    """The wire keeps causal order: a client subscribed on the connection it cancels on holds
+    the turn's ``turn.ended`` (with the same receipt) when ``cancel()`` returns."""
+    behaviour = Behaviour(words=10_000, word_interval=0.01, stop_delay=stop_delay)
+    async with gateway(behaviour, grace=0.3) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            async with client.subscribe(session_id) as events:
+                turn = await client.prompt(session_id, "hello")
+                await next_event(events, "message.delta")
+                receipt = await client.cancel(session_id)
+                ended = [e for e in queued(events) if e["event"] == "turn.ended"]
+                assert [e["data"]["turn_id"] for e in ended] == [turn["turn_id"]]
+                assert ended[0]["data"]["receipt"] == {
+                    k: v for k, v in receipt.items() if k != "success"
+                }
+                assert receipt["outcome"] == ("killed" if stop_delay is None else "cancelled")
+
+
 async def test_disconnecting_mid_cancel_does_not_abort_it() -> None:
     # A wedged agent: the cancel takes the whole grace window and a kill.
     async with gateway(Behaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5) as (
@@ -312,6 +344,11 @@ async def test_http_abort_returns_the_receipt() -> None:
             )
             assert status == 200 and isinstance(body, dict)
             assert (body["outcome"], body["reason"], body["success"]) == ("cancelled", "curl", True)
+            # Another connection has no order with this one: what a WebSocket subscriber learns
+            # from turn.ended, the HTTP answer says itself (the same receipt).
+            async with client.subscribe(session_id, since_seq=0) as events:
+                ended = await next_event(events, "turn.ended")
+            assert ended["data"]["receipt"] == {k: v for k, v in body.items() if k != "success"}
             status, body = await http(url, "POST", "/v1/sessions/s999/abort?token=secret-token")
             assert (
                 status == 404
