@@ -23,8 +23,10 @@ Two figures per round, both from ``t0``, both on CLOCK_MONOTONIC (system-wide):
 Per level also: the flood the supervisor absorbed meanwhile (events/s over all flooders, from
 their ``last_seq``), the supervisor process's CPU share over the rounds (near 100 %: the flood
 saturates it, which is the point), its cyclic-GC pauses (share of the span, full collections,
-the longest: a full collection stops every session at once), and the machine's load (1-minute load average before and
-after the level; a busy-loop probe before the run). Left out: start-up of the flooders (not
+the longest: a full collection stops every session at once), and the machine's load: the
+1-minute load average before and after the level's rounds (it counts our own processes too),
+and, before anything starts, the share of a core a busy loop gets (what other people's work
+leaves us). Left out: start-up of the flooders (not
 timed), any subscriber fan-out (none), and the gateway (the cancel is a direct API call).
 ``RLIMIT_NOFILE`` is raised to its hard limit (300 sessions hold ~1500 descriptors).
 

@@ -26,7 +26,7 @@ BENCHMARKS = [
     ("peer_acp", ["--rounds", "100", "--wedged-rounds", "3"]),
     ("throughput", ["--words", "20000", "--repeats", "3"]),
     ("fairness", ["--k", "0,10,100,300", "--rounds", "200"]),
-    ("session_cost", ["--sessions", "40", "--cycles", "3", "--rounds", "30"]),
+    ("session_cost", ["--sessions", "40", "--cycles", "5", "--rounds", "30"]),
     ("scale", []),
 ]
 

@@ -112,7 +112,8 @@ class Receivers:
         self.buffers = [b""] * len(processes)
 
     @classmethod
-    async def start(cls, url: str, n: int, request: dict[str, Any], most: int) -> Receivers:
+    async def spawn(cls, url: str, n: int, request: dict[str, Any], most: int) -> Receivers:
+        """Start the processes; they connect and subscribe by themselves (see :meth:`ready`)."""
         count = min(n, most)
         shares = [n // count + (i < n % count) for i in range(count)]
         processes = []
@@ -121,10 +122,12 @@ class Receivers:
             processes.append(
                 await trio.lowlevel.open_process(argv, stdout=subprocess.PIPE, cwd=HERE.parent)
             )
-        receivers = cls(processes)
-        for index in range(count):
-            assert (await receivers.line(index)).get("ready"), "receivers did not subscribe"
-        return receivers
+        return cls(processes)
+
+    async def ready(self) -> None:
+        """Until every connection is subscribed."""
+        for index in range(len(self.processes)):
+            assert (await self.line(index)).get("ready"), "receivers did not subscribe"
 
     async def line(self, index: int) -> dict[str, Any]:
         stdout = self.processes[index].stdout
@@ -206,53 +209,38 @@ async def send_batch(streams: list[trio.SocketStream], frames: list[bytes]) -> N
         await stream.send_all(data)
 
 
+async def generated(words: int) -> AsyncIterator[list[str]]:
+    """The floor's words from nowhere, ``FLOOR_BATCH`` at a time."""
+    for start in range(0, words, FLOOR_BATCH):
+        yield [f"w{index} " for index in range(start, min(words, start + FLOOR_BATCH))]
+
+
 async def run_floor(n: int, words: int, most: int, piped: bool) -> dict[str, Any]:
     """The floor: the same frames, batched, on a bare socket; its words from nowhere or from
     the light agent's pipe."""
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     request = {"id": "r1", "action": "session.subscribe", "payload": {"session_id": "s1"}}
-    async with trio.open_nursery() as nursery:
-        start = trio.Event()
-        holder: dict[str, Receivers] = {}
-
-        async def spawn_receivers() -> None:
-            holder["receivers"] = await Receivers.start(
-                f"ws://127.0.0.1:{port}/ws", n, request, most
-            )
-            start.set()
-
-        nursery.start_soon(spawn_receivers)
-        streams = await accept_subscribers(listeners[0], n)
-        await start.wait()
-        agent = await FloorAgent.start() if piped else None
-        cpu = cpu_seconds()
-        seq = 0
-        if agent is None:
-            batch = []
-            for seq in range(1, words + 1):
-                batch.append(delta_frame(seq, f"w{seq - 1} "))
-                if len(batch) == FLOOR_BATCH:
-                    await send_batch(streams, batch)
-                    batch = []
-            if batch:
-                await send_batch(streams, batch)
-        else:
-            async for texts in agent.flood(words):
-                batch = []
-                for text in texts:
-                    seq += 1
-                    batch.append(delta_frame(seq, text))
-                await send_batch(streams, batch)
-            await agent.aclose()
-        ended = {"event": "turn.ended", "session_id": "s1", "seq": seq + 1, "data": {}}
-        await send_batch(streams, [text_frame(_ENCODER.encode(ended).encode())])
-        result = await holder["receivers"].finish()
-        cpu = cpu_seconds() - cpu
-        for stream in streams:
-            await stream.aclose()
-        for listener in listeners:
-            await listener.aclose()
+    receivers = await Receivers.spawn(f"ws://127.0.0.1:{port}/ws", n, request, most)
+    streams = await accept_subscribers(listeners[0], n)
+    await receivers.ready()
+    agent = await FloorAgent.start() if piped else None
+    cpu = cpu_seconds()
+    seq = 0
+    async for texts in agent.flood(words) if agent is not None else generated(words):
+        batch = []
+        for text in texts:
+            seq += 1
+            batch.append(delta_frame(seq, text))
+        await send_batch(streams, batch)
+    ended = {"event": "turn.ended", "session_id": "s1", "seq": seq + 1, "data": {}}
+    await send_batch(streams, [text_frame(_ENCODER.encode(ended).encode())])
+    result = await receivers.finish()
+    cpu = cpu_seconds() - cpu
+    if agent is not None:
+        await agent.aclose()
+    for stream in [*streams, *listeners]:
+        await stream.aclose()
     return figures(result, words, n, cpu)
 
 
@@ -322,7 +310,8 @@ async def run_ours(n: int, words: int, most: int, memory: bool) -> dict[str, Any
         url = await nursery.start(gateway.serve)
         session = await sup.start_session("flood", cwd="/")
         request = {"id": "r1", "action": "session.subscribe", "payload": {"session_id": session.id}}
-        receivers = await Receivers.start(websocket_url(url), n, request, most)
+        receivers = await Receivers.spawn(websocket_url(url), n, request, most)
+        await receivers.ready()
         cpu = cpu_seconds()
         await session.prompt(prompt)
         result = await receivers.finish()
