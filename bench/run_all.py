@@ -13,16 +13,20 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from bench.machine import free_cpu
 
 HERE = Path(__file__).parent
 BENCHMARKS = [
     ("cancel_overhead", ["--rounds", "200"]),
+    ("transport_floor", ["--rounds", "200"]),
     ("wedged_agent", ["--rounds", "20"]),
     ("peer_claude", ["--rounds", "100", "--wedged-rounds", "3"]),
     ("peer_acp", ["--rounds", "100", "--wedged-rounds", "3"]),
     ("throughput", ["--words", "20000", "--repeats", "3"]),
+    ("fairness", ["--k", "0,10,100,300", "--rounds", "200"]),
+    ("session_cost", ["--sessions", "40", "--cycles", "5", "--rounds", "30"]),
     ("scale", []),
 ]
 
@@ -36,14 +40,6 @@ def run(name: str, args: list[str]) -> tuple[dict[str, object], str]:
     figures = next(json.loads(line) for line in reversed(lines) if line.startswith("{"))
     text = "\n".join(line for line in lines if not line.startswith("{"))
     return figures, text
-
-
-def free_cpu(seconds: float = 0.5) -> float:
-    """The share of one core a busy loop gets right now: near 1.0 on a quiet machine."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    while time.perf_counter() - wall < seconds:
-        pass
-    return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
 def main() -> None:

@@ -36,7 +36,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -48,19 +47,13 @@ import trio
 
 from bench.cancel_overhead import percentile
 from bench.fake_memory_agent import LeanLauncher
+from bench.machine import raise_fd_limit
 from supervisor import AgentSpec, Session, open_supervisor
 
 HERE = Path(__file__).resolve().parent
 #: Seconds between words after the first: the turns are running, and mostly waiting.
 INTERVAL = 10.0
 LIGHT_AGENT = [sys.executable, "-S", str(HERE / "fake_light_agent.py"), "--interval", str(INTERVAL)]
-
-
-def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 def fd_count() -> int:
