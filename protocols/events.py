@@ -24,6 +24,7 @@ __all__ = [
     "PermissionResolved",
     "Plan",
     "SessionInfo",
+    "SessionRecycled",
     "SessionState",
     "ThoughtDelta",
     "ToolCall",
@@ -51,6 +52,16 @@ class SessionState(Event):
     kind: ClassVar[str] = "session.state"
     state: str
     detail: str | None = None
+
+
+@frozen(kw_only=True)
+class SessionRecycled(Event):
+    """The agent failed ``failed_turns`` turns in a row and is being restarted, the session to
+    be resumed (the ``session.state`` that follows says how that went)."""
+
+    kind: ClassVar[str] = "session.recycled"
+    reason: str
+    failed_turns: int
 
 
 @frozen(kw_only=True)
@@ -196,6 +207,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         SessionState,
+        SessionRecycled,
         TurnStarted,
         MessageDelta,
         ThoughtDelta,

@@ -28,6 +28,7 @@ from protocols import PROTOCOLS
 __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_KILL_TIMEOUT_S",
+    "DEFAULT_MAX_FAILED_TURNS",
     "DEFAULT_START_TIMEOUT_S",
     "KNOWN_PROTOCOLS",
     "AgentSpec",
@@ -47,6 +48,11 @@ DEFAULT_KILL_TIMEOUT_S = 1.0
 #: From spawn to a session that takes prompts. OpenCode's ACP ``initialize`` takes ~2 s here,
 #: the Claude SDK allows 60 s for its own; a slower start is a broken install.
 DEFAULT_START_TIMEOUT_S = 60.0
+#: Turns in a row that may fail (the agent answers, but with an error) before the agent is
+#: recycled: restarted, and the session resumed. One failure is the agent's answer; three in a
+#: row is an agent stuck in a bad state (opencode 1.18.33 after an early abort failed every
+#: prompt from then on until restarted). 0 never recycles.
+DEFAULT_MAX_FAILED_TURNS = 3
 
 KNOWN_PROTOCOLS = frozenset(PROTOCOLS)
 
@@ -74,6 +80,8 @@ class AgentSpec:
     grace_s: float = DEFAULT_GRACE_S
     kill_timeout_s: float = DEFAULT_KILL_TIMEOUT_S
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    #: failed turns in a row before the agent is restarted and the session resumed (0: never)
+    max_failed_turns: int = DEFAULT_MAX_FAILED_TURNS
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
 
@@ -154,6 +162,7 @@ _FIELDS = {
     "grace_s",
     "kill_timeout_s",
     "start_timeout_s",
+    "max_failed_turns",
     "env",
     "cwd",
 }
@@ -206,6 +215,12 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         ):
             raise ConfigError(f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}")
         numbers[key] = float(value)
+    max_failed = table.get("max_failed_turns", DEFAULT_MAX_FAILED_TURNS)
+    if isinstance(max_failed, bool) or not isinstance(max_failed, int) or max_failed < 0:
+        raise ConfigError(
+            f"{at}: 'max_failed_turns' must be a whole number >= 0 (0: never recycle),"
+            f" not {max_failed!r}"
+        )
     description = table.get("description", "")
     cwd = table.get("cwd")
     if not isinstance(description, str):
@@ -220,6 +235,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         grace_s=numbers["grace_s"],
         kill_timeout_s=numbers["kill_timeout_s"],
         start_timeout_s=numbers["start_timeout_s"],
+        max_failed_turns=max_failed,
         env=env,
         cwd=cwd,
     )

@@ -379,6 +379,8 @@ class Gateway:
                     "agent": s.agent,
                     "state": s.state,
                     "turn_id": s.turn_id,
+                    "recycles": s.recycles,
+                    "recycle_reason": s.recycle_reason,
                 }
                 for s in self.supervisor.list()
             ]

@@ -84,6 +84,10 @@ class SessionSummary:
     agent: str
     state: str
     turn_id: str | None
+    #: times the agent was restarted after failing ``max_failed_turns`` turns in a row
+    recycles: int = 0
+    #: why, the last time
+    recycle_reason: str | None = None
 
 
 # -- mailbox calls ---------------------------------------------------------------------------
@@ -254,6 +258,9 @@ class Session:
         self._exits_without_turn = 0  # unexpected exits since a turn last finished
         self._spawned_resume: str | None = None  # the resume the live process was started with
         self._heard_from_live = False  # the live process has written at least one frame
+        self._failed_in_a_row = 0  # turns the live agent ended with an error, in a row
+        self._recycles = 0
+        self._recycle_reason: str | None = None
         self._done = False
         self.exit_status: ExitStatus | None = None
 
@@ -273,7 +280,14 @@ class Session:
         return self._turn.id if self._turn is not None else None
 
     def summary(self) -> SessionSummary:
-        return SessionSummary(self.id, self.spec.name, self._state, self.turn_id)
+        return SessionSummary(
+            self.id,
+            self.spec.name,
+            self._state,
+            self.turn_id,
+            recycles=self._recycles,
+            recycle_reason=self._recycle_reason,
+        )
 
     async def prompt(self, text: str) -> TurnHandle:
         """Queue a prompt; returns once the session accepted it (not when the turn ends)."""
@@ -710,9 +724,15 @@ class Session:
             else:
                 outcome_ = "completed"
             self._end_turn(turn, outcome_, finished.stop_reason, error=finished.error)
+            self._failed_in_a_row = self._failed_in_a_row + 1 if outcome_ == "failed" else 0
+            limit = self.spec.max_failed_turns
+            if limit and self._failed_in_a_row >= limit:
+                self._recycle(finished.error or "failed")
+                return
             self._set_state("ready")
             self._start_next()
             return
+        self._failed_in_a_row = 0
         # We asked it to stop. Agents answer a cancelled turn with end_turn (opencode), so
         # only the agent's own positive "I finished by myself" makes it "completed".
         job.outcome = "completed" if finished.interrupted is False else "cancelled"
@@ -920,6 +940,17 @@ class Session:
             self._resume_from = None
             self._emit(ev.ErrorEvent(code="resume_failed", message=detail))
         self._respawn()
+
+    def _recycle(self, last_error: str) -> None:
+        """The agent failed turn after turn: restart it and resume the session (an agent can
+        get stuck in a state only a restart clears). Queued prompts wait for the new one."""
+        failed, self._failed_in_a_row = self._failed_in_a_row, 0
+        reason = f"{failed} turns failed in a row; the last: {last_error}"
+        self._recycles += 1
+        self._recycle_reason = reason
+        self._emit(ev.SessionRecycled(reason=reason, failed_turns=failed))
+        self._set_state("starting", f"recycling the agent: {reason}")
+        self._kill_live_link()  # then respawned, resuming the agent's session
 
     def _tree_survived(self, survivors: list[dict[str, Any]], detail: str | None = None) -> None:
         """Members of the agent's tree outlived SIGKILL: the session fails, honestly, instead of

@@ -497,3 +497,24 @@ async def test_frame_over_the_hard_limit_closes_with_1009() -> None:
                 await ws.send_message("x" * (3 * MAX_FRAME_BYTES))
                 await ws.get_message()
             assert closed.value.reason.code == 1009
+
+
+async def test_session_list_tells_of_a_recycled_agent() -> None:
+    async with gateway(Behaviour(words=2, word_interval=0.01)) as (_, url, launcher):
+        async with connect(url) as client:
+            session_id = (await client.start_session("fake"))["session_id"]
+            async with client.subscribe(session_id) as events:
+                for _ in range(3):
+                    turn = await client.prompt(session_id, "fail")
+                    async for event in events:
+                        if event["event"] == "turn.ended":
+                            assert event["data"]["turn_id"] == turn["turn_id"]
+                            assert event["data"]["outcome"] == "failed"
+                            break
+                async for event in events:
+                    if event["event"] == "session.recycled":
+                        assert event["data"]["failed_turns"] == 3
+                        break
+            [entry] = await client.sessions()
+            assert entry["recycles"] == 1 and "3 turns failed" in entry["recycle_reason"]
+            assert len(launcher.agents) == 2

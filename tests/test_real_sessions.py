@@ -257,3 +257,24 @@ async def test_tools_left_running_by_a_cancelled_turn_are_killed(tmp_path: objec
         assert [p for p in leaked if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
         assert all(p.is_running() for p in agent_before)  # the agent and its shim live on
         await second_prompt_completes(session, rec)
+
+
+async def test_an_agent_failing_turn_after_turn_is_recycled(tmp_path: object) -> None:
+    """Three failed turns in a row: the demo agent process is replaced, the session resumed
+    (the new process loads it), told in an event and in the gateway's ``session.list``."""
+    async with demo_session(state_dir=str(tmp_path)) as (session, rec):
+        first = session._link
+        for _ in range(3):
+            turn = await session.prompt("fail")
+            ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+            assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed", ended
+        recycled = await rec.wait_kind("session.recycled")
+        assert isinstance(recycled, ev.SessionRecycled) and recycled.failed_turns == 3
+        await session.wait_ready()
+        assert session._link is not first  # a new agent process
+        await second_prompt_completes(session, rec)
+        assert any(
+            isinstance(e, ev.AgentStderr) and e.line.startswith("demo-agent: loading session ")
+            for e in rec.events
+        ), "the new agent did not resume the session"
+        assert session.summary().recycles == 1

@@ -36,6 +36,7 @@ class Behaviour(BaseBehaviour):
     flood: bool = False
     deferred_id: float | None = None  # announce the turn id this late (deferred protocol)
     fail_start: bool = False
+    fail: bool = False  # the turn ends with an error response (the agent is fine otherwise)
     pad: int = 0  # extra characters per word, to make big events
 
     TOKENS = {
@@ -44,6 +45,7 @@ class Behaviour(BaseBehaviour):
         "permission": ("permission", on),
         "crash": ("crash_after", lambda value: int(value or 1)),
         "flood": ("flood", on),
+        "fail": ("fail", on),
         "pad": ("pad", int),
         "deferred-id": ("deferred_id", float),
     }
@@ -141,6 +143,9 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             await self.error(request_id, -32601, f"Method not found: {method}")
 
     async def turn(self, request_id: Any, behaviour: Behaviour) -> None:
+        if behaviour.fail:
+            await self.error(request_id, -32603, "model backend unavailable")
+            return
         stop_reason = "end_turn"
         if behaviour.deferred_id is not None:
             await trio.sleep(behaviour.deferred_id)
