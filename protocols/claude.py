@@ -42,8 +42,10 @@ Decisions:
   extra turn) becomes ``session.info`` (``info_kind="result"``) and ends nothing, as does
   ``system/session_state_changed``.
 - ``interrupted`` is True for ``terminal_reason`` ``aborted_streaming``/``aborted_tools`` (even
-  with ``is_error``); False for ``completed``, or a ``success`` without error when no
-  ``terminal_reason`` is given; None otherwise. ``error`` is set for any other ``is_error`` or
+  with ``is_error``); False for ``completed``, or a ``success`` when no ``terminal_reason`` is
+  given, both only without ``is_error`` (an API error can come as ``success``/``completed`` with
+  ``is_error``: a failed turn, never one that completed); None otherwise. ``error`` (the
+  ``errors``, else the ``result`` text, or Amp's ``error``) is set for any other ``is_error`` or
   non-``success`` result, except an ``error_during_execution`` without ``terminal_reason`` after
   our interrupt: older CLIs report an interrupt that way (edge case 15), so it is left to the
   actor, which knows it asked.
@@ -628,7 +630,8 @@ class ClaudeClient(AgentProtocol):
         interrupted: bool | None = None
         if reason in INTERRUPTED_REASONS:
             interrupted = True
-        elif reason == "completed" or (reason is None and subtype == "success" and not is_error):
+        elif not is_error and (reason == "completed" or (reason is None and subtype == "success")):
+            # Finished by itself, and well: with an error it did not complete, whatever raced it.
             interrupted = False
         error = None
         if interrupted is not True and (is_error or subtype not in ("success", None)):
@@ -779,7 +782,8 @@ def _describe(result: dict[str, Any]) -> str:
     cause = _opt_str(result.get("terminal_reason")) or _opt_str(result.get("subtype")) or "error"
     errors = result.get("errors")
     words = [e for e in errors if isinstance(e, str)] if isinstance(errors, list) else []
-    if not words and isinstance(result.get("result"), str):
-        words = [result["result"]]
+    if not words:
+        # Claude Code puts the text in ``result``; Amp's error form in ``error``.
+        words = [result[key] for key in ("result", "error") if isinstance(result.get(key), str)][:1]
     text = f"{cause}: {'; '.join(words)}" if words else cause
     return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 1] + "…"

@@ -9,6 +9,9 @@ for Codex 0.171.0):
   reply, the ``initialized`` notification, then ``thread/start`` or ``thread/resume``.
 - A turn is ``turn/start``; its *reply* names the Codex turn (the turn is then identified) and
   only ``turn/completed`` for that turn ends it. ``turn/started`` comes later, when it runs.
+  ``status: "failed"`` ends it with its ``error``, or else with the words of the last ``error``
+  notification about it that Codex will not retry (``willRetry: false``, sent before
+  ``turn/completed``); one that comes after is an ``error`` event and changes nothing.
 - ``turn/interrupt`` is a request whose ``{}`` is held back until the turn aborts, and may never
   come (openai/codex#36926): nothing here waits on it, and we send one per turn. It is rejected
   at once with -32600 when the id is stale (``expected active turn id X but found Y``: we retry
@@ -343,6 +346,8 @@ class _Turn:
     goal_held: TurnFinished | None = None
     #: whether the turn was ever held for a goal (the receipt then says what became of it)
     goal_waited: bool = False
+    #: the last ``error`` notification about this turn that Codex will not retry
+    reported_error: str | None = None
     #: goal turns the server started by itself and we adopted as part of this turn
     goal_turns: int = 0
 
@@ -694,7 +699,7 @@ class CodexClient(AgentProtocol):
         interrupted = {"interrupted": True, "completed": False}.get(status or "")
         error = None
         if status == "failed":
-            error = _describe_error(codex_turn.get("error")) or "turn failed"
+            error = _describe_error(codex_turn.get("error")) or turn.reported_error or "turn failed"
         finished = TurnFinished(turn.turn_id, status, interrupted=interrupted, error=error)
         if status == "completed" and (self._goal == "active" or turn.goal_pause == "pending"):
             # Codex goes on with the goal by itself: its next turn is still this one.
@@ -995,6 +1000,11 @@ class CodexClient(AgentProtocol):
             code = "agent_retrying" if params.get("willRetry") is True else "agent_error"
             message = _describe_error(params.get("error")) or "error"
             event = ev.ErrorEvent(code=code, message=message)
+            turn = self._turn
+            if code == "agent_error" and not child and turn is not None:
+                named = params.get("turnId")
+                if named is None or named == turn.codex_id or named in turn.aliases:
+                    turn.reported_error = message  # the words, should turn/completed lack them
         elif method in _INFO_NOTIFICATIONS:
             event = ev.SessionInfo(info_kind=method, data=params)
         else:

@@ -19,11 +19,23 @@ against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
   It ends only on the event stream: ``session.status {type: "idle"}`` and ``session.idle``,
   which come in pairs and, after an abort, twice (a second pair <1-20 ms later). An abort of an
   idle session also answers ``true`` and emits an idle pair. So an idle ends the turn only once
-  the turn was seen ``busy``, and not while its assistant message is still open with neither an
-  error nor our abort: the loop completes its message before it goes idle, so such an idle is a
-  leftover that overtook the new turn's ``busy`` (edge cases 24 and 28; a fake server that sends
-  the second pair 50 ms late shows it). Nothing but ``busy`` marks a turn active: part and
-  message updates of an aborted turn keep arriving after its first idle.
+  the turn was seen ``busy``. Nothing but ``busy`` marks a turn active: part and message updates
+  of an aborted turn keep arriving after its first idle.
+- A failed turn is never ``completed``. Errors the loop handles (the model's) come before the
+  idle, as ``session.error`` and on the assistant message. A prompt that fails outside them comes
+  as ``busy``, the idle pair, and only then ``session.error`` ``UnknownError``: ``prompt_async``
+  publishes the failure once the loop is idle (read from the binary; seen after an abort that
+  landed before the first model request, which leaves the server's model lookup interrupted, so
+  every later prompt fails). An idle of the new turn can also be a leftover of an earlier abort
+  that overtook its ``busy`` (edge cases 24 and 28). So an idle ends the turn at once only when
+  the stream already says how it ended (``MessageAbortedError``, another error, a reject, a
+  natural ``finish``; our abort alone is not enough, a prompt that fails as it starts looks the
+  same); otherwise (no reply yet, a reply still open, a ``tool-calls`` finish) the machine asks
+  ``GET /session/status`` (``{}`` when idle, ``{id: {type: "busy"}}``). Busy (or ``retry``):
+  the idle was a leftover, the turn runs on (asked again if another idle came meanwhile). Idle:
+  the loop is over, and by the answer the error published after the idle has come; the turn ends
+  failed with it, or failed "without a reply" when it said nothing at all. Without an answer the
+  stream decides alone: an open message with neither an error nor our abort is a leftover.
 - ``POST /session/{id}/abort`` answers ``200 true`` whatever happened; the answer is never taken
   as the turn's end. The abort shows on the stream as ``session.error`` with
   ``MessageAbortedError`` before the idle, or, when the abort lands before the model answered,
@@ -146,7 +158,7 @@ _KEPT = 4096
 class _Sent:
     """What one of our requests was about; handed back with its response."""
 
-    purpose: str  # get_session, create_session, prompt, abort, reply
+    purpose: str  # get_session, create_session, prompt, abort, reply, status
     turn_id: str | None = None
     request_id: str | None = None
     #: who answered the permission request (``client`` or ``supervisor``), for a reply
@@ -167,8 +179,14 @@ class _Turn:
     error: str | None = None
     #: ``finish`` of the turn's latest assistant message
     finish: str | None = None
+    #: an assistant message of this turn, or a permission request of it, was seen
+    replied: bool = False
     #: the turn's latest assistant message is still being written
     open_message: bool = False
+    #: an idle came that the stream alone could not judge: ``GET /session/status`` is asked
+    checking: bool = False
+    #: another idle came while that question was out (the real end may be among them)
+    idle_while_checking: bool = False
     #: one of its permission requests was answered ``reject``
     rejected: bool = False
     #: our abort got its HTTP answer (or failed): it can no longer land on a later turn
@@ -387,6 +405,8 @@ class OpenCodeClient(AgentProtocol):
             if turn.active:  # it runs after all (a lost answer): the stream decides
                 return Step(events=[ev.ErrorEvent(code="agent_error", message=error)])
             return self._finish(turn, TurnFinished(turn.turn_id, "error", error=error))
+        if sent.purpose == "status":
+            return self._on_checked(sent.turn_id, body if ok else None)
         if sent.purpose == "abort":
             step = self._abort_answered(sent.turn_id)
             if ok:
@@ -530,22 +550,36 @@ class OpenCodeClient(AgentProtocol):
         turn = self._turn
         if turn is None or not turn.active:
             return Step()  # the second of a pair, a duplicate, or a leftover (edge case 28)
-        if turn.open_message and not (turn.abort_sent or turn.aborted or turn.error):
-            # The loop completes its message (or reports an error) before it goes idle: this
-            # is a late idle of an earlier abort that overtook this turn's busy.
+        if turn.checking:
+            turn.idle_while_checking = True
             return Step()
-        error: str | None = None
-        interrupted: bool | None
-        if turn.aborted:
-            interrupted, stop_reason = True, "aborted"
-        elif turn.error is not None:
-            interrupted, stop_reason, error = None, "error", turn.error
-        elif turn.rejected and turn.finish not in _NATURAL_FINISHES:
-            interrupted, stop_reason = True, "permission_rejected"
-        else:
-            interrupted = False if turn.finish in _NATURAL_FINISHES else None
-            stop_reason = turn.finish or "idle"
-        return self._finish(turn, TurnFinished(turn.turn_id, stop_reason, interrupted, error))
+        if _judged(turn):
+            return self._finish(turn, _verdict(turn))
+        # No word on how it ended: a failed prompt's error comes after the idle, and a leftover
+        # idle of an earlier abort looks the same. The server knows whether the loop still runs;
+        # by its answer the error that followed the idle has come too.
+        turn.checking, turn.idle_while_checking = True, False
+        sent = _Sent("status", turn.turn_id)
+        return Step(send=[self._request("GET", "/session/status", sent)])
+
+    def _on_checked(self, turn_id: str | None, body: Any) -> Step:
+        turn = self._turn
+        if turn is None or turn.turn_id != turn_id or not turn.checking:
+            return Step()
+        turn.checking = False
+        if isinstance(body, dict):
+            status = body.get(self._session_id)
+            if not (isinstance(status, dict) and status.get("type") in ("busy", "retry")):
+                return self._finish(turn, _verdict(turn))  # idle: the turn is over
+            if not turn.idle_while_checking:
+                return Step()  # a leftover idle: the turn runs on
+            # The real end may have come after the server answered: ask once more.
+            return self._on_idle()
+        # No answer: judge by the stream alone. An open message with neither an error nor our
+        # abort means the loop still runs (it completes its message before it goes idle).
+        if turn.open_message and not (turn.abort_sent or turn.aborted or turn.error):
+            return Step()
+        return self._finish(turn, _verdict(turn))
 
     def _finish(self, turn: _Turn, finished: TurnFinished) -> Step:
         step = self._orphans(turn.turn_id)
@@ -620,6 +654,7 @@ class OpenCodeClient(AgentProtocol):
         turn = self._turn
         if turn is not None and message.turn_id == turn.turn_id:
             # Late updates of an earlier turn's messages say nothing about this one.
+            turn.replied = True
             turn.open_message = not completed
             if isinstance(info.get("finish"), str):
                 turn.finish = info["finish"]
@@ -726,6 +761,8 @@ class OpenCodeClient(AgentProtocol):
         if request_id in self._held:
             return Step()
         turn_id = self._turn_id
+        if self._turn is not None:
+            self._turn.replied = True  # a tool call of the turn's reply
         self._held[request_id] = _HeldPermission(turn_id, frozenset(_OPTIONS))
         tool = props.get("tool")
         call_id = tool.get("callID") if isinstance(tool, dict) else None
@@ -771,6 +808,33 @@ class OpenCodeClient(AgentProtocol):
                 )
             ]
         )
+
+
+def _judged(turn: _Turn) -> bool:
+    """Whether the stream alone says how the turn ended, at its idle: no error can follow. Our
+    abort alone is not enough: a prompt that fails as it starts says so after the idle."""
+    if turn.aborted or turn.error is not None:
+        return True
+    return not turn.open_message and (turn.rejected or turn.finish in _NATURAL_FINISHES)
+
+
+def _verdict(turn: _Turn) -> TurnFinished:
+    """How the turn ended, from all the stream said about it, once it is over."""
+    if turn.aborted:
+        return TurnFinished(turn.turn_id, "aborted", True)
+    if turn.error is not None:
+        return TurnFinished(turn.turn_id, "error", error=turn.error)
+    if turn.rejected and turn.finish not in _NATURAL_FINISHES:
+        return TurnFinished(turn.turn_id, "permission_rejected", True)
+    if turn.finish in _NATURAL_FINISHES and not turn.open_message:
+        return TurnFinished(turn.turn_id, turn.finish, False)
+    if turn.abort_sent:
+        return TurnFinished(turn.turn_id, turn.finish or "idle")  # stopped, with no word of it
+    if not turn.replied:
+        return TurnFinished(turn.turn_id, "error", error="the turn ended without a reply")
+    if turn.open_message:
+        return TurnFinished(turn.turn_id, "error", error="the turn ended with its reply unfinished")
+    return TurnFinished(turn.turn_id, turn.finish or "idle")
 
 
 def _session_of(props: dict[str, Any]) -> str | None:

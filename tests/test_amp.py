@@ -80,6 +80,39 @@ def test_cancel_is_one_sigint_and_nothing_in_band() -> None:
         amp.respond_permission("1", "allow")
 
 
+def test_error_result_fails_the_turn_with_its_words() -> None:
+    """Amp's error form names its text ``error`` (not ``result``): the turn ends with it. The
+    same line after our SIGINT is Amp's word for the cancel, left to the actor."""
+    amp = AmpClient()
+    amp.start(cwd="/")
+    amp.prompt("t1", "hello")
+    failure = {
+        "type": "result",
+        "subtype": "error_during_execution",
+        "duration_ms": 2558,
+        "is_error": True,
+        "num_turns": 1,
+        "error": "Upstream provider error: 529 overloaded",
+        "session_id": "T-9",
+    }
+    [end] = amp.receive(failure).events
+    assert end == TurnFinished(
+        "t1",
+        "error_during_execution",
+        interrupted=None,
+        error="error_during_execution: Upstream provider error: 529 overloaded",
+    )
+    # A second result of the same run (Amp prints one at exit) ends nothing.
+    [late] = amp.receive({**failure, "error": "User cancelled (SIGINT/SIGTERM)"}).events
+    assert isinstance(late, ev.SessionInfo) and late.info_kind == "result"
+    amp.prompt("t2", "again")
+    assert amp.cancel().signals == [signal.SIGINT]
+    cancelled = {**failure, "error": "User cancelled (SIGINT/SIGTERM)", "num_turns": 0}
+    assert amp.receive(cancelled).events == [
+        TurnFinished("t2", "error_during_execution", interrupted=None, error=None)
+    ]
+
+
 # -- tier 3 ----------------------------------------------------------------------------------
 
 
@@ -225,3 +258,31 @@ async def test_amp_ignoring_sigint_is_killed_at_grace(
             assert trio.current_time() - t0 == pytest.approx(2.0)
             assert receipt.outcome == "killed" and receipt.resumed is True
             assert launcher.resumes == [None, "T-1"]
+
+
+async def test_error_result_and_exit_fail_the_turn_on_virtual_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Amp's error ``result`` line, and an exit mid-turn with no ``result`` at all: each ends the
+    turn ``failed`` with what went wrong, never ``completed``; the session goes on."""
+    from fakes.memory_agent import Behaviour
+    from fakes.memory_amp import AmpMemoryLauncher
+
+    launcher = AmpMemoryLauncher(Behaviour(words=2, word_interval=0.1))
+    spec = AgentSpec(name="amp", protocol="amp", command=BASE, grace_s=2.0)
+    async with running(launcher, spec, catch_up=True) as (session, _, rec):
+        failing = await session.prompt("fail-turn")
+        ended = await rec.wait_kind("turn.ended", turn_id=failing.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.error) == (
+            "failed",
+            "error_during_execution: Upstream provider error: 529 overloaded",
+        )
+        crashing = await session.prompt("crash=1 words=3")
+        crashed = await rec.wait_kind("turn.ended", turn_id=crashing.id)
+        assert isinstance(crashed, ev.TurnEnded) and crashed.outcome == "failed", crashed
+        assert crashed.error is not None and "exit 3" in crashed.error
+        await session.wait_ready()
+        second = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"

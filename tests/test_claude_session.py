@@ -379,3 +379,35 @@ async def test_start_timeout_when_initialize_is_never_answered(
         with pytest.raises(AgentNotRunning, match="handshake"):
             await sup.start_session("claude", cwd="/")
         assert trio.current_time() - t0 == pytest.approx(5.0)
+
+
+async def test_api_error_result_fails_the_turn(autojump_clock: trio.testing.MockClock) -> None:
+    """A ``result`` with ``is_error`` (an API error the CLI reports as success/completed) ends the
+    turn ``failed`` with the CLI's words, never ``completed``; the session goes on."""
+    async with running(ClaudeBehaviour(words=2, word_interval=0.1)) as (session, _, rec):
+        turn = await session.prompt("fail-turn")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.error) == ("failed", "completed: API Error: 500 internal")
+        second = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+
+
+async def test_cancel_racing_an_api_error_is_never_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The CLI ends the turn on its API error before our interrupt takes effect: the receipt may
+    not say ``completed`` (the agent did not finish by itself, it failed), and the turn's end
+    carries the error."""
+    behaviour = ClaudeBehaviour(words=3, word_interval=0.1, stop_delay=1.0)
+    async with running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("fail-turn")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert interrupts(launcher) == 1
+        assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled"), receipt
+        [ended] = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert ended.outcome != "completed"
+        assert ended.error == "completed: API Error: 500 internal"

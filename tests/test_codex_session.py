@@ -327,3 +327,21 @@ async def test_queued_prompt_runs_after_cancel(autojump_clock: trio.testing.Mock
         assert launcher.servers[0].turns == ["one", "two words=2"]
         first_end = await rec.wait_kind("turn.ended", turn_id=first.id)
         assert isinstance(first_end, ev.TurnEnded) and first_end.outcome == "cancelled"
+
+
+async def test_failed_turn_is_failed_with_its_error(autojump_clock: trio.testing.MockClock) -> None:
+    """``turn/completed`` ``failed``, after Codex's own ``error`` notification (the real order):
+    the turn ends ``failed`` with the error, never ``completed``; the notification is an event of
+    its own; the session goes on."""
+    async with running(CodexBehaviour(words=2, word_interval=0.1)) as (session, _, rec):
+        turn = await session.prompt("fail-turn")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason) == ("failed", "failed"), ended
+        words = "We're currently experiencing high demand, which may cause temporary errors."
+        assert ended.error == f"{words} (internalServerError)"
+        second = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        errors = [e for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent)]
+        assert [(e.code, e.message) for e in errors] == [("agent_error", ended.error)]

@@ -5,8 +5,8 @@ The transcript format is the ACP one (see ``tests/test_acp.py``; its ``event_to_
 envelopes ``{"http": {"id", "method", "path", "json"?}}`` and is fed ``{"http_response": ...}``,
 ``{"sse": event}`` and ``{"transport": "ready"}``. The ``sse`` payloads of most transcripts were
 captured from the real ``opencode serve`` 1.18.33 driven by a fake model (``streamed_turn``,
-``abort``, ``abort_before_busy``, ``permission_once``, ``cancel_with_permission``); the others
-are written by hand in the same shapes.
+``abort``, ``abort_before_busy``, ``permission_once``, ``cancel_with_permission``,
+``error_after_idle``); the others are written by hand in the same shapes.
 
 Also here: the server-sent-events decoder of ``supervisor/http_link.py`` (sans-IO as well).
 
@@ -92,6 +92,12 @@ def established(*, resume: str | None = None) -> OpenCodeClient:
     return client
 
 
+def status_answer(check: dict[str, Any], *, running: bool) -> dict[str, Any]:
+    """The answer to ``GET /session/status``: our session busy, or not listed (idle)."""
+    body = {SID: {"type": "busy"}} if running else {}
+    return {"http_response": {"id": check["http"]["id"], "status": 200, "json": body}}
+
+
 def finished(step: Step) -> list[TurnFinished]:
     return [e for e in step.events if isinstance(e, TurnFinished)]
 
@@ -162,9 +168,18 @@ def test_idles_before_busy_are_not_this_turns() -> None:
         step = client.receive(message)
         assert finished(step) == [] and step.send == []
     client.receive(busy())
-    [end] = finished(client.receive(idle()))
-    assert end.interrupted is None  # neither a finish nor an error was seen
-    assert finished(client.receive(idle())) == []  # the duplicate
+    step = client.receive(idle())
+    assert finished(step) == []  # neither a reply, a finish nor an error: the server is asked
+    [check] = step.send
+    assert check["http"] == {"id": check["http"]["id"], "method": "GET", "path": "/session/status"}
+    assert client.receive(idle()) == Step()  # the duplicate, while the question is out
+    [end] = finished(client.receive(status_answer(check, running=False)))
+    assert (end.turn_id, end.stop_reason, end.error) == (
+        "t1",
+        "error",
+        "the turn ended without a reply",
+    )
+    assert finished(client.receive(idle())) == []  # the turn is over
 
 
 def test_cancel_before_busy_is_sent_once_at_busy() -> None:
@@ -355,20 +370,27 @@ def test_receive_never_raises(messages: list[dict[str, Any]], resume: str | None
 @settings(max_examples=400, deadline=None)
 @given(data=st.data())
 def test_one_abort_and_one_end_per_turn(data: st.DataObject) -> None:
-    """Whatever the order of busy, idles, errors and replies: at most one abort is sent for a
-    turn, it is never sent before the turn was seen busy, and the turn finishes at most once."""
+    """Whatever the order of busy, idles, errors, replies and answers to the status check: at
+    most one abort is sent for a turn, it is never sent before the turn was seen busy, at most one
+    status check is out at a time, and the turn finishes at most once."""
     client = established()
     client.prompt("t1", "go")
     seen_busy = False
     aborts = 0
     ends = 0
+    checks: list[dict[str, Any]] = []
     for _ in range(data.draw(st.integers(0, 14))):
         action = data.draw(
             st.sampled_from(
-                ["cancel", "busy", "idle", "status_idle", "aborted", "error", "reply", "other"]
+                [
+                    *("cancel", "busy", "idle", "status_idle", "aborted", "error", "reply"),
+                    *("checked", "other"),
+                ]
             )
         )
-        if action == "cancel":
+        if action == "checked" and checks:
+            step = client.receive(status_answer(checks.pop(), running=data.draw(st.booleans())))
+        elif action == "cancel":
             step = client.cancel()
         elif action == "busy":
             step = client.receive(busy())
@@ -392,8 +414,10 @@ def test_one_abort_and_one_end_per_turn(data: st.DataObject) -> None:
                 {"sse": {"type": "session.error", "properties": {"sessionID": SID, "error": error}}}
             )
         elif action == "reply":
+            request_id = data.draw(st.integers(1, 4))
+            checks = [c for c in checks if c["http"]["id"] != request_id]  # a check answered oddly
             step = client.receive(
-                {"http_response": {"id": data.draw(st.integers(1, 4)), "status": 200, "json": True}}
+                {"http_response": {"id": request_id, "status": 200, "json": True}}
             )
         else:
             step = client.receive(idle("ses_other"))
@@ -401,6 +425,9 @@ def test_one_abort_and_one_end_per_turn(data: st.DataObject) -> None:
             if message["http"]["path"].endswith("/abort"):
                 aborts += 1
                 assert seen_busy, "abort sent before the turn ran"
+            if message["http"]["path"] == "/session/status":
+                checks.append(message)
+                assert len(checks) == 1, "a second status check while one is out"
         ends += len(finished(step))
         if ends:
             break

@@ -342,6 +342,21 @@ async def test_leftover_idle_and_garbage_do_not_end_the_next_turn(tmp_path: Path
         assert [e.code for e in errors] == ["agent_invalid_json"]
 
 
+async def test_error_after_the_idle_fails_the_turn(tmp_path: Path) -> None:
+    """A prompt that fails inside the server: busy, the idle pair, and only then its
+    ``session.error`` (the real ``prompt_async``'s order). The turn ends ``failed`` with that
+    error, never ``completed``; nothing is left over as a stray error; the next turn completes."""
+    async with opencode_session(tmp_path) as (session, rec):
+        turn = await session.prompt("fail-late")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert (ended.outcome, ended.stop_reason) == ("failed", "error"), ended
+        assert ended.error == "UnknownError: Error: All fibers interrupted without error"
+        await said(rec, "fake-opencode: failing ses_")
+        await second_prompt_completes(session, rec)
+        assert rec.of_kind("error") == []
+
+
 async def test_server_crash_mid_turn_is_respawned_and_resumed(tmp_path: Path) -> None:
     async with opencode_session(tmp_path) as (session, rec):
         turn = await session.prompt("crash words=100")

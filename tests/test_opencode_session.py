@@ -6,8 +6,8 @@ cooperative server's receipt arrives exactly when its stream goes idle, a wedged
 acknowledged ``true``, no idle ever: edge case 25) exactly at cancel time + grace, after which
 the new process resumes the session with ``GET /session/{id}``. Plus what is OpenCode's own:
 the abort's answer is never the end, an abort is held until the turn runs, duplicate and
-leftover idles end nothing (edge cases 24 and 28), and a pending permission is answered
-``reject``.
+leftover idles end nothing (edge cases 24 and 28), a pending permission is answered
+``reject``, and a prompt whose error comes after its idle fails, never completes.
 """
 
 from __future__ import annotations
@@ -319,3 +319,70 @@ async def test_cancel_with_no_turn_sends_nothing(autojump_clock: trio.testing.Mo
         await rec.catch_up()
         assert receipt.outcome == "no_active_turn"
         assert launcher.sent("/abort") == []
+
+
+async def test_error_after_the_idle_fails_the_turn(autojump_clock: trio.testing.MockClock) -> None:
+    """The review's case: a prompt that fails inside OpenCode goes busy and idle, and only then
+    comes its ``session.error``. The idle alone cannot say how the turn ended, so the machine asks
+    ``GET /session/status``; the turn ends ``failed`` with the error, never ``completed``, and the
+    session takes the next prompt."""
+    async with running(OpenCodeBehaviour(words=2)) as (session, launcher, rec):
+        turn = await session.prompt("fail-late")
+        end = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(end, ev.TurnEnded)
+        assert (end.outcome, end.stop_reason) == ("failed", "error")
+        assert end.error == "UnknownError: Error: All fibers interrupted without error"
+        assert launcher.sent("/session/status") != []
+        second = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        await rec.catch_up()
+        assert rec.of_kind("error") == []  # the error was the turn's, not a stray one
+        assert ended(rec) == [(turn.id, "failed", "error"), (second.id, "completed", "stop")]
+
+
+async def test_error_after_the_idle_of_a_cancelled_turn_is_never_completed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cancel while the machine asks whether the failed loop still runs: the abort goes out,
+    and the receipt names the error instead of a clean end."""
+    async with running(OpenCodeBehaviour(words=2, busy_delay=0.1)) as (session, launcher, rec):
+        turn = await session.prompt("fail-late")
+        await rec.wait_kind("session.state", state="running")
+        receipt = await session.cancel()
+        await rec.catch_up()
+        assert (receipt.turn_id, receipt.outcome, receipt.stop_reason) == (
+            turn.id,
+            "cancelled",
+            "error",
+        )
+        [end] = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert end.outcome != "completed" and end.error is not None
+        assert "UnknownError" in end.error
+        assert len(launcher.sent("/abort")) == 1
+
+
+async def test_leftover_idle_after_busy_is_asked_about_and_ends_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Edge case 28, the harder order: the abort's second idle pair overtakes the next turn's
+    ``busy``. The new turn's reply is open with no error, which the stream alone cannot tell from
+    a failed loop; the server says the loop runs, so the turn goes on to its own end."""
+    behaviour = OpenCodeBehaviour(words=100, stop_delay=0.0, second_idle=0.15)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("one")
+        await rec.wait_for(is_delta, count=2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            second = await session.prompt("two words=4 busy-delay=0.1")
+        t1 = trio.current_time()  # the first turn ended and the second prompt went out
+        end = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(end, ev.TurnEnded) and (end.outcome, end.stop_reason) == (
+            "completed",
+            "stop",
+        )
+        assert trio.current_time() - t1 == pytest.approx(0.1 + 4 * 0.1)
+        assert deltas(rec, second.id) == ["w0 ", "w1 ", "w2 ", "w3 "]
+        checks = launcher.sent("/session/status")
+        assert checks and all(c.at == pytest.approx(t1 + 0.15) for c in checks)

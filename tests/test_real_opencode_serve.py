@@ -16,7 +16,11 @@ for :data:`SHELL_COMMAND`). The same scenarios as ``test_real_acp_agents.py``:
 (d) after each, a ``quick`` prompt completes;
 (e) a turn that outlives its grace (0 s here) is killed with the server's whole tree, a new
     server started, the session found again with ``GET /session/{id}``, and the next turn's
-    request to the model still holds the conversation from before the kill.
+    request to the model still holds the conversation from before the kill;
+(f) the outside review's case: a cancel right after the first prompt of a fresh server aborts
+    it before its first model request, inside the server's model lookup, which stays broken:
+    every later prompt fails inside OpenCode, its ``session.error`` coming after the idle. Each
+    such turn ends ``failed`` with that error, never ``completed``.
 
 Every test also checks that the adapter understood every event the server sent (no
 ``agent.unparsed``) and saw no protocol error (no ``error`` event).
@@ -30,6 +34,7 @@ end of the run (and ``.cache/tier4-results.json``) as agent ``opencode-serve``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -71,6 +76,8 @@ KEY = "opencode-serve"  # its rows in the tier-4 table
 AGENT = AGENTS["opencode"]  # the same package and setup as ``opencode acp``
 #: Whole-test bound: start (3-10 s here), three turns, a possible kill ladder and respawn.
 BOUND_S = 120.0
+#: Fresh servers (f) may take before its abort lands inside the model lookup (~7 in 8 do).
+EARLY_ABORT_ATTEMPTS = 4
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +90,21 @@ _summary_hook = scenarios.summary_hook
 
 @pytest.fixture
 def open_serve(opencode_install: install.Installed, tmp_path: Path) -> Any:
-    """``async with open_serve(grace_s=..., keep_bodies=...) as h:``"""
+    """``async with open_serve(grace_s=..., keep_bodies=..., config=...) as h:``"""
     return lambda **options: serve_session(tmp_path, opencode_install, **options)
 
 
 @asynccontextmanager
 async def serve_session(
-    root: Path, installed: install.Installed, *, grace_s: float = GRACE_S, keep_bodies: bool = False
+    root: Path,
+    installed: install.Installed,
+    *,
+    grace_s: float = GRACE_S,
+    keep_bodies: bool = False,
+    config: dict[str, Any] | None = None,
 ) -> AsyncIterator[Harness]:
-    """Like ``realagents.conftest.real_agent_session``, with ``opencode serve`` and the bridge."""
+    """Like ``realagents.conftest.real_agent_session``, with ``opencode serve`` and the bridge;
+    ``config``: keys added to the test's ``opencode.json``."""
     with noted_namespace("setns bridge") as namespace:
         # Entering a user namespace's network needs its privileges: only a root-made one.
         isolated = namespace is not None and not namespace.user
@@ -99,6 +112,9 @@ async def serve_session(
             namespace.listener if isolated and namespace else None, keep_bodies=keep_bodies
         ) as model:
             prepared = AGENT.prepare(installed.argv, root, model.base_url)
+            if config:
+                settings = prepared.cwd / "opencode.json"
+                settings.write_text(json.dumps({**json.loads(settings.read_text()), **config}))
             command = [*installed.argv, "serve"]
             if isolated and namespace is not None:
                 command = [sys.executable, __file__, "bridge", namespace.path, "--", *command]
@@ -136,6 +152,11 @@ def texts_of(h: Harness, turn_id: str) -> str:
         for e in h.recorder.of_kind("message.delta")
         if isinstance(e, ev.MessageDelta) and e.turn_id == turn_id
     )
+
+
+def loop_requests(h: Harness) -> list[Any]:
+    """The requests of the agent loop to the model: those that offer tools."""
+    return [e for e in h.model.snapshot() if e.has_tools]
 
 
 async def second_prompt_completes(h: Harness) -> None:
@@ -249,6 +270,52 @@ async def test_killed_turn_resumes_session(open_serve: Any) -> None:
 
             await second_prompt_completes(h)
             scenarios.assert_history_kept(h)
+
+
+async def test_prompts_failing_after_an_early_abort_are_failed(
+    opencode_install: install.Installed, tmp_path: Path
+) -> None:
+    """(f) Seen on 1.18.33: the abort lands before the first model request (the loop goes busy
+    and loads its model first; our abort goes out at ``busy``) and leaves that lookup
+    interrupted for good. Every later prompt goes busy, idle, and only then comes its
+    ``session.error`` ``UnknownError``: each turn must end ``failed`` with it, not
+    ``completed`` (the adapter asks ``GET /session/status`` at an idle it cannot judge).
+
+    The title agent is off: it looks the model up beside the loop, and when it does so first the
+    abort interrupts only the loop's wait, not the lookup, and nothing breaks. Even so the lookup
+    is sometimes over before the abort lands (about one run in eight here: the turn then ends
+    ``aborted``, with the model's ``MessageAbortedError``); that is not the case, and it is tried
+    again on a fresh server."""
+    with trio.fail_after(EARLY_ABORT_ATTEMPTS * BOUND_S):
+        for attempt in range(EARLY_ABORT_ATTEMPTS):
+            async with serve_session(
+                tmp_path / f"attempt-{attempt}",
+                opencode_install,
+                config={"agent": {"title": {"disable": True}}},
+            ) as h:
+                first = await h.session.prompt("quick")
+                receipt = await h.session.cancel()  # held until busy, then the abort goes out
+                assert (receipt.outcome, receipt.turn_id) == ("cancelled", first.id), receipt
+                # The case: the abort stopped the loop before its processor ran (no word of the
+                # abort, and no request of the loop, the only ones with tools, reached the model).
+                if receipt.stop_reason != "idle" or loop_requests(h) != []:
+                    continue
+                row(h, "early-abort", receipt, notes=[f"attempt={attempt + 1}"])
+                for _ in range(2):
+                    turn = await h.session.prompt("quick")
+                    ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
+                    assert isinstance(ended, ev.TurnEnded)
+                    assert (ended.outcome, ended.stop_reason) == ("failed", "error"), (
+                        ended,
+                        h.model.describe(),
+                    )
+                    assert ended.error is not None
+                    assert ended.error.startswith("UnknownError: "), ended
+                    assert texts_of(h, turn.id) == ""
+                assert loop_requests(h) == [], h.model.describe()  # it never got to the model
+                # The errors came with their turns (the module's checks: no stray error event).
+                return
+    pytest.fail(f"the abort never landed inside the model lookup in {EARLY_ABORT_ATTEMPTS} tries")
 
 
 # --- The namespace bridge (run as a script: ``python test_real_opencode_serve.py bridge ...``) ---

@@ -431,3 +431,20 @@ async def test_start_timeout_fails_session_at_exact_time(
             await sup.start_session("fake", cwd="/")
         assert trio.current_time() - t0 == pytest.approx(5.0)
     assert launcher.kills == [(1, ["sigterm"])]  # the silent agent was killed, not closed
+
+
+async def test_error_answer_to_the_prompt_fails_the_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """ACP's end of a turn is the ``session/prompt`` answer: a JSON-RPC error there is a failed
+    turn, reported ``failed`` with the agent's words, never ``completed``; the session goes on."""
+    async with running(Behaviour(words=2, word_interval=0.1)) as (session, _, rec):
+        turn = await session.prompt("fail-turn")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert ended.outcome == "failed", ended
+        assert ended.error == "Internal error: model overloaded (code -32603)"
+        assert session.state == "ready"
+        second = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"

@@ -6,7 +6,8 @@ password, then ``opencode server listening on http://HOST:PORT`` on stdout, and 
 
 - ``GET /event``: ``server.connected`` first, then every event, chunked, with a heartbeat;
 - ``POST /session``; ``GET /session/{id}`` (404 ``NotFoundError`` for one it does not have; the
-  sessions are files in ``--state-dir``, so a respawned server finds them);
+  sessions are files in ``--state-dir``, so a respawned server finds them); ``GET
+  /session/status`` (``{}``, or each running turn's session ``{"type": "busy"}``);
 - ``POST /session/{id}/prompt_async`` (204 at once; ``session.status busy`` when it runs);
 - ``POST /session/{id}/abort`` (``200 true`` whatever happens; an idle session's abort emits an
   idle pair; a running turn's emits ``session.error`` MessageAbortedError, an idle pair, the
@@ -28,6 +29,9 @@ Words in the prompt script one turn:
 ``leftover``       after an abort, the second idle pair comes 50 ms late (edge case 28)
 ``garbage``        put an event that is not JSON on the stream
 ``crash``          exit with status 3 after the second word
+``fail-late``      fail inside the server: busy, the idle pair, then ``session.error``
+                   ``UnknownError`` and no reply (the real ``prompt_async``'s order); the status
+                   says busy until the error is out
 
 ``--drop-stream-once S`` ends the first event stream after S seconds while the server goes on.
 
@@ -68,6 +72,10 @@ CRASH_AFTER_WORDS = 3
 #: A flood waits while a subscriber has this many events queued (bounded memory).
 FLOOD_BACKLOG = 256
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+FAILED = {
+    "name": "UnknownError",
+    "data": {"message": "Error: All fibers interrupted without error"},
+}
 
 
 def log(text: str) -> None:
@@ -158,6 +166,9 @@ class FakeServer:
             (self.state_dir / f"{session}.json").write_text(json.dumps({"id": session}))
             self.bus.publish("session.created", {"sessionID": session, "info": {"id": session}})
             return 200, {"id": session, "title": "New session"}
+        if method == "GET" and parts == ["session", "status"]:
+            with self.lock:
+                return 200, {session: {"type": "busy"} for session in self.active}
         if method == "GET" and len(parts) == 2 and parts[0] == "session":
             if not (self.state_dir / f"{parts[1]}.json").is_file():
                 return 404, {
@@ -239,6 +250,13 @@ class FakeServer:
         if turn.busy_delay:
             time.sleep(turn.busy_delay)
         self.status(session, "busy")
+        if "fail-late" in turn.flags:
+            log(f"failing {session} after its idle")
+            self.idle_pair(session)
+            publish("session.error", {"sessionID": session, "error": FAILED})
+            with self.lock:
+                self.active.pop(session, None)
+            return
         info = {
             "id": assistant,
             "parentID": user,

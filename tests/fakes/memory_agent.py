@@ -3,7 +3,8 @@
 Its "process" is a trio task (``memory_base.py``: messages are dicts, a kill is a cancel scope,
 every delay is virtual). Behaviour is set per launcher and can be overridden per prompt with
 tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
-``crash``, ``flood``, ``deferred-id=0.2``).
+``crash``, ``flood``, ``deferred-id=0.2``, ``fail-turn``: the turn fails once its words are out,
+in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Behaviour(BaseBehaviour):
     flood: bool = False
     deferred_id: float | None = None  # announce the turn id this late (deferred protocol)
     fail_start: bool = False
-    fail: bool = False  # the turn ends with an error response (the agent is fine otherwise)
+    fail: bool = False  # the turn ends at once with an error response (the agent is fine)
+    fail_turn: bool = False  # the turn ends with the agent's error (see each fake)
     pad: int = 0  # extra characters per word, to make big events
 
     TOKENS = {
@@ -48,6 +50,7 @@ class Behaviour(BaseBehaviour):
         "fail": ("fail", on),
         "pad": ("pad", int),
         "deferred-id": ("deferred_id", float),
+        "fail-turn": ("fail_turn", on),
     }
 
 
@@ -188,6 +191,9 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             nursery.cancel_scope.cancel()
         if self.cancelled.is_set() and behaviour.stop_delay is not None:
             stop_reason = "cancelled"
+        elif behaviour.fail_turn:
+            await self.error(request_id, -32603, "Internal error: model overloaded")
+            return
         await self.reply(request_id, {"stopReason": stop_reason})
 
     async def ask_permission(self) -> str:

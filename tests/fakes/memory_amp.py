@@ -3,7 +3,8 @@
 Amp has no in-band interrupt: the supervisor's cancel is SIGINT, which ends Amp's whole run.
 Here the "process" is a trio task (see ``memory_base.py``); ``signal(SIGINT)`` ends it after
 ``stop_delay`` (or never, when ``stop_delay`` is None: an Amp that ignores SIGINT), and
-``threads continue`` (the launcher's ``resume``) picks up a known thread.
+``threads continue`` (the launcher's ``resume``) picks up a known thread. ``fail-turn`` ends the
+turn with Amp's error ``result``; ``crash`` exits 3 mid-turn, with no ``result`` at all.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class FakeAmp(MemoryAgent[Behaviour]):
         self.stop_delay = behaviour.stop_delay
         await self.link.post({"type": "system", "subtype": "init", "session_id": self.thread})
         for index in range(behaviour.words):
+            if behaviour.crash_after is not None and index == behaviour.crash_after:
+                await self.exit(3)
+                return
             await self.link.post(
                 {
                     "type": "assistant",
@@ -69,6 +73,19 @@ class FakeAmp(MemoryAgent[Behaviour]):
                 }
             )
             await trio.sleep(behaviour.word_interval)
+        if behaviour.fail_turn:
+            # Amp's error form: the text is in ``error``, not ``result`` (shared/amp/README.md).
+            await self.link.post(
+                {
+                    "type": "result",
+                    "subtype": "error_during_execution",
+                    "is_error": True,
+                    "num_turns": 1,
+                    "error": "Upstream provider error: 529 overloaded",
+                    "session_id": self.thread,
+                }
+            )
+            return
         await self.link.post(
             {"type": "result", "subtype": "success", "is_error": False, "session_id": self.thread}
         )

@@ -14,8 +14,9 @@ Behaviour is set per launcher and overridden per prompt with tokens in the promp
 ``ignore-cancel``, ``permission``, ``crash``) plus ``lost-result`` (acknowledges the interrupt,
 stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
 ``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before ``system/init`` is lost,
-like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request), and
-``background`` (a second ``result`` after the turn's, like a background task).
+like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request),
+``background`` (a second ``result`` after the turn's, like a background task), and ``fail-turn``
+(the turn ends on an API error: ``success``/``completed`` with ``is_error``).
 
 Background tasks, as 2.1.332 runs them (``tests/test_real_claude_tasks.py``): ``tasks=N`` starts
 N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
@@ -353,7 +354,17 @@ class FakeClaudeCli(MemoryAgent[ClaudeBehaviour]):
             }
         )
         self.turn = None
-        if finished:
+        if finished and behaviour.fail_turn:
+            # An API error: the CLI still says success/completed, with is_error.
+            await self.post(
+                self.result(
+                    subtype="success",
+                    is_error=True,
+                    terminal_reason="completed",
+                    result="API Error: 500 internal",
+                )
+            )
+        elif finished:
             await self.post(
                 self.result(
                     subtype="success",

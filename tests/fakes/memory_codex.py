@@ -11,7 +11,9 @@ approvals retracted with ``serverRequest/resolved`` at the turn's end.
 Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (ignore
 ``turn/interrupt``: never answered, never stops), ``stop-delay=S``, ``words=N``, ``interval=S``,
 ``reply-delay=S`` (the turn/start reply this late), ``started-delay=S`` (turn/started this long
-after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``.
+after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``,
+``fail-turn`` (once its words are out the turn fails: an ``error`` notification that will not be
+retried, then ``turn/completed`` ``failed`` with the same error, the real server's order).
 
 Sub-agents and goals (shapes from the 0.171.0 schema): ``children=N`` makes the turn spawn N
 child threads as the multi-agent tool does (a ``collabAgentToolCall`` ``spawnAgent`` item on our
@@ -44,6 +46,12 @@ from supervisor.config import AgentSpec
 #: How long after a turn completes with the goal active Codex starts the next goal turn
 #: (measured ~10 ms on 0.171.0, ``tests/test_real_codex_children.py``).
 GOAL_TURN_DELAY_S = 0.01
+#: What ``fail-turn`` fails with: the real server's words for an HTTP 500 from the model.
+FAILURE = {
+    "message": "We're currently experiencing high demand, which may cause temporary errors.",
+    "codexErrorInfo": "internalServerError",
+    "additionalDetails": None,
+}
 
 
 @define
@@ -60,6 +68,7 @@ class CodexBehaviour(BaseBehaviour):
     goal: bool = False
     goal_turns: int = 2  # the goal turn in which the goal completes (0: the person's turn)
     goal_late: bool = False  # the goal's "complete" comes after that turn's turn/completed
+    fail_turn: bool = False  # the model fails once the words are out (see the module docstring)
 
     TOKENS = {
         **BaseBehaviour.TOKENS,
@@ -75,6 +84,7 @@ class CodexBehaviour(BaseBehaviour):
         "child-stop-delay": ("child_stop_delay", float),
         "child-wedged": ("child_stop_delay", never),
         "child-refuse": ("child_refuse", on),
+        "fail-turn": ("fail_turn", on),
     }
 
 
@@ -405,6 +415,12 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
                 await self.set_goal("complete", real_id)
         if running.scope.cancelled_caught:
             status = "interrupted"
+        error = None
+        if status == "completed" and behaviour.fail_turn:
+            # The real 0.171.0 order (tests/golden/codex/turn_failed_real.json): the error
+            # notification, then turn/completed failed with the same error.
+            status, error = "failed", dict(FAILURE)
+            await self.notify("error", {**ids, "error": dict(FAILURE), "willRetry": False})
         # The abort as turn_processor.rs orders it: retract pending requests, answer every
         # pending interrupt, then turn/completed.
         self.active = None
@@ -419,7 +435,7 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
             "turn/completed",
             {
                 "threadId": self.thread_id,
-                "turn": {"id": real_id, "status": status, "items": [], "error": None},
+                "turn": {"id": real_id, "status": status, "items": [], "error": error},
             },
         )
         goal_active = self.goal is not None and self.goal["status"] == "active"

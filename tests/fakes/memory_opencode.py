@@ -9,8 +9,9 @@ request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"
 when the turn runs; an abort answered ``200 true`` whatever happens, an idle session's abort
 emitting an idle pair, a running turn's abort emitting ``session.error`` MessageAbortedError, an
 idle pair, the late part and message updates, and a second idle pair; ``GET /session/{id}`` 404
-for a session it does not have; a permission ``reject`` ending the turn (``finish:
-"tool-calls"``); a reply to a request that is gone answered 404.
+for a session it does not have; ``GET /session/status`` (``{}``, or the running turn's session
+``busy``); a permission ``reject`` ending the turn (``finish: "tool-calls"``); a reply to a
+request that is gone answered 404.
 
 Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (the
 abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop-delay=S``,
@@ -18,7 +19,10 @@ abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop
 abort's second idle pair this late), ``duplicate-idles`` (a natural end emits two idle pairs),
 ``permission`` (a bash permission before the second word), ``abort-first`` (an abort drops the
 turn's pending permission requests at once, before a reply sent with it is read: that reply is
-answered 404, the order the real server can take).
+answered 404, the order the real server can take), ``fail-late`` (the prompt fails inside the
+server: ``busy``, the idle pair, then ``session.error`` ``UnknownError`` and no reply, the order
+of the real server's ``prompt_async``; the status says busy until the error is out, as the real
+server publishes it before it could serve our question).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLi
 from supervisor.config import AgentSpec
 
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+FAILED = {
+    "name": "UnknownError",
+    "data": {"message": "Error: All fibers interrupted without error"},
+}
 
 
 @define
@@ -42,6 +50,7 @@ class OpenCodeBehaviour(BaseBehaviour):
     duplicate_idles: bool = False
     permission: bool = False
     abort_first: bool = False
+    fail_late: bool = False
     lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
 
     TOKENS = {
@@ -52,12 +61,14 @@ class OpenCodeBehaviour(BaseBehaviour):
         "duplicate-idles": ("duplicate_idles", on),
         "permission": ("permission", on),
         "abort-first": ("abort_first", on),
+        "fail-late": ("fail_late", on),
     }
 
 
 @define
 class _Running:
     number: int
+    session: str
     behaviour: OpenCodeBehaviour
     scope: trio.CancelScope = field(factory=trio.CancelScope)
     aborted: bool = False
@@ -163,6 +174,11 @@ class FakeOpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
             self.store.sessions[session] = []
             await self.respond(request_id, 200, {"id": session, "title": "New session"})
             await self.event("session.created", {"sessionID": session, "info": {"id": session}})
+        elif method == "GET" and parts == ["session", "status"]:
+            running = self.active
+            await self.respond(
+                request_id, 200, {running.session: {"type": "busy"}} if running else {}
+            )
         elif method == "GET" and len(parts) == 2 and parts[0] == "session":
             if self.behaviour.lost_sessions or parts[1] not in self.store.sessions:
                 message = f"Session not found: {parts[1]}"
@@ -231,9 +247,14 @@ class FakeOpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
             },
         )
         await trio.sleep(behaviour.busy_delay)
-        running = _Running(len(self.turns), behaviour)
+        running = _Running(len(self.turns), session, behaviour)
         self.active = running
         await self.status(session, "busy")
+        if behaviour.fail_late:
+            await self.idle_pair(session)
+            await self.event("session.error", {"sessionID": session, "error": FAILED})
+            self.active = None
+            return
         info = {
             "id": assistant,
             "parentID": user,
