@@ -1,17 +1,23 @@
 """A real agent process as a link: pumps between its pipes and the session actor's inbox.
 
-Three tasks per process, all in the session's nursery: the *writer* drains an unbounded queue of
-outgoing messages into stdin (so the actor never blocks on a wedged agent), the *reader* frames
-stdout and posts each frame (blocking when the actor's inbox is full: backpressure on a flooding
-agent), and the *stderr* pump keeps a bounded tail and posts lines. When stdout is drained and
-the process has exited, the reader posts exactly one :class:`AgentGone`.
+Writing: ``send`` writes the message to the agent's stdin at once, from the actor's own step,
+without blocking (the pipe is non-blocking): an interrupt reaches the agent in the same pass of
+trio's run loop as the cancel that sent it, whatever else runs. Only what the pipe does not
+take (an agent that stopped reading) is queued, unbounded, for the *writer* task, which waits
+for the pipe to drain; so a wedged agent never blocks the actor, and order is kept.
+
+Reading: the *reader* splits stdout into lines and posts one :class:`AgentLines` per read
+(blocking while the actor's inbox is full: backpressure on a flooding agent); the actor decodes
+them. The *stderr* pump keeps a bounded tail and posts a batch of lines per read. When stdout
+is drained and the process has exited, the reader posts exactly one :class:`AgentGone`. A
+fourth task watches the process's exit, so a dead shim's loose tree is killed at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
+import os
 import secrets
 from collections import deque
 from typing import Any
@@ -22,7 +28,7 @@ from protocols import PROTOCOLS
 from protocols.framing import LineDecoder, encode_message
 from supervisor.config import AgentSpec
 from supervisor.containment import Containment, choose
-from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine
+from supervisor.link import AgentGone, AgentLines, AgentLink, AgentStderrLines
 from supervisor.process import AgentProcess, ExitStatus, KillError
 from supervisor.statefile import StateFile
 
@@ -55,17 +61,33 @@ class ProcessLink(AgentLink):
         self._inbox = inbox
         #: the process's own secret (``AgentProtocol.environment``); never logged
         self._secret = secret
-        self._outgoing_send, self._outgoing = trio.open_memory_channel[bytes](math.inf)
+        self._stdin_fd = process.stdin_fd
+        #: what the pipe did not take yet, in order (the writer task's)
+        self._unsent: deque[bytes] = deque()
+        self._writer = trio.lowlevel.ParkingLot()
+        self._stdin_state = "open"  # open, closing (flush, then EOF), closed
         self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self._stderr_done = trio.Event()
 
     # -- AgentLink -----------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
-        try:
-            self._outgoing_send.send_nowait(encode_message(message))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # stdin is closed: the agent is going away and AgentGone will say so
+        if self._stdin_state != "open":
+            return  # stdin is closed: the agent is going away and AgentGone will say so
+        data = encode_message(message)
+        if not self._unsent:
+            try:
+                written = os.write(self._stdin_fd, data)
+            except BlockingIOError:
+                written = 0
+            except OSError:  # EPIPE: it closed its stdin or died; the reader reports the exit
+                self._stdin_state = "closed"
+                return
+            if written == len(data):
+                return
+            data = data[written:]
+        self._unsent.append(data)
+        self._writer.unpark()
 
     def signal(self, signum: int) -> None:
         self.process.signal(signum)
@@ -78,7 +100,7 @@ class ProcessLink(AgentLink):
         return await self.process.kill_descendants_since(since)
 
     async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
-        self._outgoing_send.close()  # the writer flushes what is queued, then closes stdin
+        self._close_stdin()  # the writer flushes what is queued, then closes stdin
         with trio.move_on_after(timeout):
             status = await self.process.wait()
             await self.process.aclose()  # nothing is left of the tree by now; make sure
@@ -123,14 +145,37 @@ class ProcessLink(AgentLink):
             survivors=list(self.process.survivors),
         )
 
+    def _close_stdin(self) -> None:
+        if self._stdin_state == "open":
+            self._stdin_state = "closing"
+            self._writer.unpark()
+
     async def write_stdin(self) -> None:
+        """What ``send`` could not write at once, when the pipe has room; then stdin's EOF."""
         try:
-            async with self._outgoing:
-                async for data in self._outgoing:
-                    await self.process.stdin.send_all(data)
-            await self.process.close_stdin()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            while self._stdin_state != "closed":
+                if not self._unsent:
+                    if self._stdin_state == "closing":
+                        break
+                    await self._writer.park()
+                    continue
+                await trio.lowlevel.wait_writable(self._stdin_fd)
+                data = self._unsent[0]
+                try:
+                    written = os.write(self._stdin_fd, data)
+                except BlockingIOError:
+                    continue
+                if written == len(data):
+                    self._unsent.popleft()
+                else:
+                    self._unsent[0] = data[written:]
+        except OSError:
             pass  # the agent closed its stdin or died; the reader reports the exit
+        finally:
+            self._stdin_state = "closed"
+            self._unsent.clear()
+            with trio.CancelScope(shield=True):
+                await self.process.close_stdin()
 
     async def read_stdout(self) -> None:
         decoder = LineDecoder()
@@ -140,9 +185,9 @@ class ProcessLink(AgentLink):
                     data = await self.process.stdout.receive_some(_READ_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
-                frames = decoder.feed(bytes(data)) if data else decoder.end_of_input()
-                for frame in frames:
-                    await self._inbox.send(AgentFrame(self.generation, frame))
+                lines = decoder.feed_lines(bytes(data)) if data else decoder.end_lines()
+                if lines:
+                    await self._inbox.send(AgentLines(self.generation, lines))
                 if not data:
                     break
             with trio.move_on_after(1.0):
@@ -170,28 +215,30 @@ class ProcessLink(AgentLink):
                     data = b""
                 if not data:
                     if pending:
-                        await self._stderr_line(pending)
+                        await self._stderr_lines([pending])
                     return
                 pending += data
                 *lines, pending = pending.split(b"\n")
                 if len(pending) > STDERR_LINE_CHARS * 4:
                     lines.append(pending)
                     pending = b""
-                for line in lines:
-                    await self._stderr_line(line)
+                await self._stderr_lines(lines)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             self._stderr_done.set()
 
-    async def _stderr_line(self, raw: bytes) -> None:
-        line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
-        if len(line) > STDERR_LINE_CHARS:
-            line = line[:STDERR_LINE_CHARS] + "…"
-        if not line.strip():
-            return
-        self._tail.append(line)
-        await self._inbox.send(AgentStderrLine(self.generation, line))
+    async def _stderr_lines(self, raw_lines: list[bytes]) -> None:
+        lines = []
+        for raw in raw_lines:
+            line = raw.rstrip(b"\r").decode("utf-8", errors="replace")
+            if len(line) > STDERR_LINE_CHARS:
+                line = line[:STDERR_LINE_CHARS] + "…"
+            if line.strip():
+                lines.append(line)
+        if lines:
+            self._tail.extend(lines)
+            await self._inbox.send(AgentStderrLines(self.generation, lines))
 
 
 class ProcessLauncher:

@@ -15,7 +15,7 @@ import json
 import logging
 import secrets
 import socket
-from collections import OrderedDict, deque
+from collections import deque
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -23,7 +23,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 import trio
 
-from protocols import events as ev
 from supervisor.errors import AgentNotRunning, SupervisorError
 from supervisor.gateway_protocol import (
     MAX_FRAME_BYTES,
@@ -36,7 +35,7 @@ from supervisor.gateway_protocol import (
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import Supervisor
 from supervisor.websocket import HandshakeFailed, ServerWebSocket, WebSocketClosed, text_frame
-from supervisor.wire import event_to_wire, receipt_to_wire
+from supervisor.wire import dumps, receipt_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
 
@@ -73,9 +72,6 @@ class GatewayLimits:
 
 
 LIMITS: Final = GatewayLimits()
-#: Event frames kept for sharing between subscribers (about one subscription buffer of recent
-#: events; a frame a client needs again later is simply built again).
-_FRAME_CACHE: Final = 4096
 #: A session actor answers a subscribe ahead of any agent output; this only bounds a shield.
 _SUBSCRIBE_BOUND_S: Final = 10.0
 
@@ -109,19 +105,6 @@ class Gateway:
         self.limits = limits
         self._connections = 0
         self._allowed_hosts: set[str] = set()
-        # Each event is serialized and framed once however many clients get it.
-        self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-
-    def event_frame(self, event: ev.Event) -> bytes:
-        """The WebSocket frame (JSON text) of an event, shared by all subscribers of its session."""
-        key = (event.session_id, event.seq)
-        frame = self._frames.get(key)
-        if frame is None:
-            frame = text_frame(_json(event_to_wire(event)))
-            self._frames[key] = frame
-            if len(self._frames) > _FRAME_CACHE:
-                self._frames.popitem(last=False)
-        return frame
 
     @property
     def url(self) -> str:
@@ -562,10 +545,10 @@ class _Client:
         """Append the frames of up to ``limit`` buffered events; how many there were."""
         if limit <= 0:
             return 0
-        event_frame = self.gateway.event_frame
-        events = subscription.take(limit)
-        frames.extend([event_frame(event) for event in events])
-        return len(events)
+        # Each event was serialized once, by its session; only the frame header is ours.
+        payloads = subscription.take_wire(limit)
+        frames.extend([text_frame(payload) for payload in payloads])
+        return len(payloads)
 
     def _finish(self, session_id: str, subscription: Subscription, frames: list[bytes]) -> None:
         """A subscription the session ended, all its events taken: say so, and forget it."""
@@ -647,6 +630,7 @@ class _Client:
                 since_seq=since_seq,
                 max_buffer=self.limits.subscription_buffer,
                 stall_s=self.limits.subscriber_stall_s,
+                wire=True,
             )
         if bound.cancelled_caught:
             raise AgentNotRunning(f"session {session.id} did not answer a subscribe")
@@ -685,12 +669,8 @@ _CSP = (
 )
 
 
-#: One compact encoder (``json.dumps`` with ``separators`` builds a new one per call).
-_ENCODER: Final = json.JSONEncoder(separators=(",", ":"))
-
-
 def _json(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode()
+    return dumps(value)
 
 
 def _json_error(code: str, message: str) -> bytes:

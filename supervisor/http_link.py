@@ -341,14 +341,14 @@ class HttpLink(ProcessLink):
             line = await self._stdout_line()
             if line is None:
                 return None
-            await self._stderr_line(line)
+            await self._stderr_lines([line])
             match = _LISTENING.search(line)
             if match is not None:
                 return match.group(1).decode("ascii", errors="replace").rstrip(".,;")
 
     async def _forward_stdout(self) -> None:
         while (line := await self._stdout_line()) is not None:
-            await self._quietly(self._stderr_line(line))
+            await self._quietly(self._stderr_lines([line]))
 
     async def _stdout_line(self) -> bytes | None:
         """The next line of stdout (a line over the stderr bound comes in pieces); None at EOF."""
@@ -378,7 +378,7 @@ class HttpLink(ProcessLink):
     async def _note(self, text: str) -> None:
         """A line of our own among the agent's stderr lines (and in its tail)."""
         log.warning("agent %s: %s", self.process.pid, text)
-        await self._stderr_line(f"agent-supervisor: {text}".encode())
+        await self._stderr_lines([f"agent-supervisor: {text}".encode()])
 
     async def _read_events(self, client: httpx.AsyncClient) -> None:
         decoder = SseDecoder()

@@ -15,15 +15,17 @@ from typing import Any, Protocol
 import trio
 from attrs import field, frozen
 
-from protocols.framing import Frame
+from protocols.framing import Frame, RawLine
 from supervisor.config import AgentSpec
 from supervisor.process import ExitStatus
 
 __all__ = [
     "AgentFrame",
     "AgentGone",
+    "AgentLines",
     "AgentLink",
     "AgentStderrLine",
+    "AgentStderrLines",
     "Launcher",
     "LinkItem",
 ]
@@ -31,14 +33,34 @@ __all__ = [
 
 @frozen
 class AgentFrame:
+    """One decoded message (or bad line) from the agent."""
+
     generation: int
     frame: Frame
+
+
+@frozen
+class AgentLines:
+    """One read's worth of the agent's stdout: complete lines, not decoded yet. The actor
+    decodes and handles them at the pace the supervisor's :class:`~supervisor.ingest.IngestGate`
+    allows, so one item per read, not per line, crosses the inbox."""
+
+    generation: int
+    lines: list[RawLine]
 
 
 @frozen
 class AgentStderrLine:
     generation: int
     line: str
+
+
+@frozen
+class AgentStderrLines:
+    """One read's worth of the agent's stderr, as lines (bounded, decoded leniently)."""
+
+    generation: int
+    lines: list[str]
 
 
 @frozen
@@ -57,7 +79,7 @@ class AgentGone:
     survivors: list[dict[str, Any]] = field(factory=list)
 
 
-LinkItem = AgentFrame | AgentStderrLine | AgentGone
+LinkItem = AgentFrame | AgentLines | AgentStderrLine | AgentStderrLines | AgentGone
 
 
 class AgentLink(ABC):

@@ -59,7 +59,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import psutil
 import trio
@@ -234,6 +234,8 @@ class AgentProcess(ABC):
         self.stdin = proc.stdin
         self.stdout = proc.stdout
         self.stderr = proc.stderr
+        #: the non-blocking pipe under ``stdin``, for writes that must not wait a task switch
+        self.stdin_fd = cast(trio.lowlevel.FdStream, proc.stdin).fileno()
         self.mark = mark
         self.lost_steps = []
         #: members SIGKILL did not kill (never our child: psutil may wait for them)

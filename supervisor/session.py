@@ -26,7 +26,7 @@ from attrs import define, field, frozen
 
 from protocols import events as ev
 from protocols import new_machine
-from protocols.framing import FramingError, Message
+from protocols.framing import Frame, FramingError, Message, decode_line
 from protocols.machine import (
     AgentProtocol,
     Control,
@@ -38,7 +38,16 @@ from protocols.machine import (
 )
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
-from supervisor.link import AgentFrame, AgentGone, AgentLink, AgentStderrLine, Launcher
+from supervisor.ingest import IngestGate, Unlimited, cost_of
+from supervisor.link import (
+    AgentFrame,
+    AgentGone,
+    AgentLines,
+    AgentLink,
+    AgentStderrLine,
+    AgentStderrLines,
+    Launcher,
+)
 from supervisor.process import ExitStatus, KillError, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
@@ -57,8 +66,10 @@ DEFAULT_HISTORY = 10_000
 DEFAULT_MAX_QUEUED = 32
 #: Events a subscriber may fall behind before it is cut off (it resubscribes with since_seq).
 DEFAULT_SUBSCRIBER_BUFFER = 4096
-#: Agent items buffered between the pumps and the actor: backpressure on a flooding agent.
-_INBOX_SIZE = 256
+#: Items buffered between the pumps and the actor: backpressure on a flooding agent. A reader
+#: posts one item per read (up to 64 KiB of lines), so this bounds a session to ~1 MB of agent
+#: output held in memory, however fast the agent writes.
+_INBOX_SIZE = 16
 #: Scheduling turns the inbox must stay empty before the actor counts as idle and subscribers'
 #: writers are told of new events: a pump, or an in-memory agent, yields once or twice between
 #: two posts, and that is not idle. Costs a few microseconds after the last event of a burst.
@@ -119,6 +130,7 @@ class _Subscribe:
     max_buffer: int
     reply: Reply[Subscription]
     stall_s: float | None = None
+    wire: bool = False
 
 
 @frozen
@@ -226,12 +238,16 @@ class Session:
         launcher: Launcher,
         history_size: int = DEFAULT_HISTORY,
         max_queued: int = DEFAULT_MAX_QUEUED,
+        gate: IngestGate | None = None,
     ) -> None:
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
         self._launcher = launcher
         self._max_queued = max_queued
+        #: the agent-output allowance this session shares with the others (``ingest.py``)
+        self._gate = gate if gate is not None else Unlimited()
+        self._task: trio.lowlevel.Task | None = None  # the actor's, once it runs
         self._mailbox_send, self._mailbox = trio.open_memory_channel[_Call](math.inf)
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
         # Everything below is owned by the actor task.
@@ -263,6 +279,12 @@ class Session:
         self._recycle_reason: str | None = None
         self._done = False
         self.exit_status: ExitStatus | None = None
+        # Agent output being worked through (one read's worth), in the actor's own pace.
+        self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
+        self._batch_kind = ""  # "lines", "frames" or "stderr"
+        self._batch_generation = 0
+        self._batch_at = 0
+        self._credit = 0  # a share the gate granted, not spent yet
 
     # -- public API (any task) ---------------------------------------------------------------
 
@@ -335,10 +357,13 @@ class Session:
         since_seq: int | None = None,
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         stall_s: float | None = None,
+        wire: bool = False,
     ) -> Subscription:
-        """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``)."""
+        """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
+        ``wire=True``: the subscriber takes the events' JSON (``take_wire``), as the gateway
+        sends it, instead of event objects."""
         subscription: Subscription = await self._call(
-            lambda reply: _Subscribe(since_seq, max_buffer, reply, stall_s)
+            lambda reply: _Subscribe(since_seq, max_buffer, reply, stall_s, wire)
         )
         return subscription
 
@@ -363,12 +388,15 @@ class Session:
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # a full inbox means the actor is awake and checks its mailbox next
         self._fanout.wake()  # or held back by a subscriber: it serves the mailbox at once
+        if self._task is not None:
+            self._gate.wake(self._task)  # or waiting for its share of agent output: at once too
         return await reply.wait()
 
     # -- the actor -------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The actor task: runs until the session is stopped (or the caller is cancelled)."""
+        self._task = trio.lowlevel.current_task()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -392,6 +420,12 @@ class Session:
             self._serve_mailbox()
             if self._done:
                 return
+            if self._batch is not None:
+                if self._state == "running" and self._fanout.must_wait():
+                    await self._fanout.wait_for_room()  # as below: a full subscriber first
+                else:
+                    await self._work_through_batch()
+                continue
             if self._state == "running" and self._fanout.must_wait():
                 # A subscriber asked for backpressure and its buffer is full: read no agent
                 # output (the agent blocks on its pipe) until it makes room, a call comes in,
@@ -400,13 +434,17 @@ class Session:
                 continue
             deadline = self._next_deadline()
             if deadline == math.inf:  # no timer running: skip the cancel scope (hot path)
-                self._on_inbox(await self._receive())
-                continue
-            with trio.move_on_at(deadline) as scope:
                 item = await self._receive()
-            if scope.cancelled_caught:
-                self._on_deadline()
             else:
+                with trio.move_on_at(deadline) as scope:
+                    item = await self._receive()
+                if scope.cancelled_caught:
+                    self._on_deadline()
+                    continue
+            # Calls that came while we waited go before what woke us: a second cancel posted
+            # as the agent's answer to the first came in joins it, and shares its receipt.
+            self._serve_mailbox()
+            if not self._done:
                 self._on_inbox(item)
 
     async def _receive(self) -> Any:
@@ -486,6 +524,7 @@ class Session:
                     head_seq=self._seq,
                     max_buffer=call.max_buffer,
                     stall_s=call.stall_s,
+                    wire=call.wire,
                 )
             )
         elif isinstance(call, _WaitReady):
@@ -640,12 +679,14 @@ class Session:
     def _on_inbox(self, item: Any) -> None:
         if isinstance(item, _Wake):
             return
-        if isinstance(item, AgentFrame):
-            if item.generation == self._live_generation:
-                self._on_frame(item)
+        if isinstance(item, AgentLines):
+            self._start_batch(item.generation, "lines", item.lines)
+        elif isinstance(item, AgentStderrLines):
+            self._start_batch(item.generation, "stderr", item.lines)
+        elif isinstance(item, AgentFrame):
+            self._start_batch(item.generation, "frames", [item.frame])
         elif isinstance(item, AgentStderrLine):
-            if item.generation == self._live_generation:
-                self._emit(ev.AgentStderr(line=item.line))
+            self._start_batch(item.generation, "stderr", [item.line])
         elif isinstance(item, AgentGone):
             if item.generation == self._live_generation:
                 self._agent_gone(item)
@@ -661,9 +702,65 @@ class Session:
         elif isinstance(item, _Swept):
             self._swept(item)
 
-    def _on_frame(self, item: AgentFrame) -> None:
+    # -- agent output, a share at a time --------------------------------------------------------
+
+    def _start_batch(self, generation: int, kind: str, lines: list[Any]) -> None:
+        if generation == self._live_generation and lines:
+            self._batch, self._batch_kind = lines, kind
+            self._batch_generation, self._batch_at = generation, 0
+
+    def _urgent(self) -> bool:
+        """Work that waits for no share: a cancel in progress, a start, a stop."""
+        return self._state in ("cancelling", "starting") or self._establishing or self._stopping
+
+    async def _work_through_batch(self) -> None:
+        """Handle as much of the current batch as the gate allows now (all of it when the work
+        is urgent), waiting for a share when there is none left this pass."""
+        lines = self._batch
+        assert lines is not None
+        if self._batch_generation != self._live_generation:
+            self._batch = None  # a killed predecessor's: dropped like its frames always were
+            return
+        want = len(lines) - self._batch_at
+        urgent = self._urgent()
+        if urgent:
+            allowed = want
+        elif self._credit:
+            allowed, self._credit = self._credit, 0
+        else:
+            allowed = self._gate.take(want)
+        if not allowed:
+            # Granted or woken, the mailbox comes first (a call may have come meanwhile): the
+            # share is kept for after it.
+            self._credit = await self._gate.acquire(want)
+            return
+        spent = 0
+        kind = self._batch_kind
+        while self._batch is lines and self._batch_at < len(lines):
+            if self._batch_generation != self._live_generation or self._done:
+                break
+            line = lines[self._batch_at]
+            cost = cost_of(len(line)) if isinstance(line, bytes | str) else 1
+            if spent and spent + cost > allowed:
+                break
+            self._batch_at += 1
+            spent += cost
+            if kind == "lines":
+                frame = line if isinstance(line, FramingError) else decode_line(line)
+                if frame is not None:
+                    self._on_frame(frame)
+            elif kind == "frames":
+                self._on_frame(line)
+            else:
+                self._emit(ev.AgentStderr(line=line))
+        # What was done, against what was taken: a big line may take more than the share; a
+        # batch that ended early gives the rest back.
+        self._gate.charge(spent if urgent else spent - allowed)
+        if self._batch is lines and self._batch_at >= len(lines):
+            self._batch = None
+
+    def _on_frame(self, frame: Frame) -> None:
         self._heard_from_live = True
-        frame = item.frame
         if isinstance(frame, FramingError):
             self._emit(
                 ev.ErrorEvent(
@@ -735,7 +832,8 @@ class Session:
         self._failed_in_a_row = 0
         # We asked it to stop. Agents answer a cancelled turn with end_turn (opencode), so
         # only the agent's own positive "I finished by myself" makes it "completed".
-        job.outcome = "completed" if finished.interrupted is False else "cancelled"
+        finished_itself = finished.interrupted is False and finished.error is None
+        job.outcome = "completed" if finished_itself else "cancelled"
         job.stop_reason = finished.stop_reason
         job.details.update(finished.details)
         if finished.error is not None and job.stop_reason is None:

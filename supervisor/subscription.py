@@ -1,22 +1,31 @@
 """A session's event history and its subscribers (the fan-out), and a subscriber's view.
 
 The session actor owns one :class:`Fanout`: it appends every stamped event to the history and
-to each subscriber's own bounded buffer, never waiting. A subscriber that falls a full buffer
-behind is either cut off (``lagged``; it resubscribes with ``since_seq`` and the history replays
-what it missed) or, if it asked for backpressure (``stall_s``), holds the agent back: the actor
-stops reading the agent's output (so the agent blocks on its stdout pipe) until that subscriber
-has made room again, or has taken nothing for ``stall_s`` and is cut off after all. See
-``design/gateway.md``, "Nothing lost under a flood".
+to each subscriber's own bounded buffer, never waiting. The history keeps each event in its
+wire form (JSON bytes, serialized once: ``supervisor/wire.py``), not as an object: bytes are
+never walked by Python's cyclic garbage collector, so 10,000 events of history per session,
+times hundreds of flooding sessions, add nothing to a full collection (as objects they made one
+last ~0.2-0.8 s, stopping every session at once), and take a fraction of the memory. A
+subscriber gets either the event objects (the Python API) or the same wire bytes (``wire=True``:
+the gateway, which sends them as they are); a replay of objects is decoded from the history.
+
+A subscriber that falls a full buffer behind is either cut off (``lagged``; it resubscribes
+with ``since_seq`` and the history replays what it missed) or, if it asked for backpressure
+(``stall_s``), holds the agent back: the actor stops reading the agent's output (so the agent
+blocks on its stdout pipe) until that subscriber has made room again, or has taken nothing for
+``stall_s`` and is cut off after all. See ``design/gateway.md``, "Nothing lost under a flood".
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
 from protocols import events as ev
+from supervisor.wire import event_from_json, event_json
 
 __all__ = ["Fanout", "Subscription"]
 
@@ -42,7 +51,7 @@ class Subscription:
 
     def __init__(
         self,
-        replay: list[ev.Event],
+        replay: list[Any],
         *,
         last_seq: int,
         head_seq: int,
@@ -50,8 +59,12 @@ class Subscription:
         max_buffer: int,
         stall_s: float | None = None,
         on_room: Callable[[], None] | None = None,
+        wire: bool = False,
     ):
-        self._events: deque[ev.Event] = deque(replay)
+        #: buffered events: objects, or (``wire``) their JSON
+        self._events: deque[Any] = deque(replay)
+        #: what this subscriber takes: wire bytes (the gateway) or event objects
+        self.wire = wire
         #: a full buffer: the session cuts us off, or (with stall_s) stops reading the agent
         self.capacity = max(1, max_buffer) + len(replay)
         self._low_water = self.capacity // 2
@@ -95,6 +108,15 @@ class Subscription:
 
     def take(self, limit: int) -> list[ev.Event]:
         """Up to ``limit`` buffered events at once, without waiting (a batching writer's call)."""
+        taken = self._take(limit)
+        return [event_from_json(item) for item in taken] if self.wire else taken
+
+    def take_wire(self, limit: int) -> list[bytes]:
+        """Like :meth:`take`, each event in its wire form (JSON bytes)."""
+        taken = self._take(limit)
+        return taken if self.wire else [event_json(event) for event in taken]
+
+    def _take(self, limit: int) -> list[Any]:
         events = self._events
         before = len(events)
         if limit >= before:
@@ -103,8 +125,9 @@ class Subscription:
         else:
             taken = [events.popleft() for _ in range(limit)]
         if taken:
+            # Events are contiguous: the last taken is as many seqs on as were taken.
             self.taken += len(taken)
-            self.last_seq = taken[-1].seq
+            self.last_seq += len(taken)
             if before > self._low_water >= len(events) and self._on_room is not None:
                 self._on_room()
         return taken
@@ -145,13 +168,13 @@ class Subscription:
 
     # -- the session's side (its actor task only) ---------------------------------------------
 
-    def _offer(self, event: ev.Event) -> bool:
+    def _offer(self, event: ev.Event, payload: bytes) -> bool:
         """Buffer one event; False if we are over the limit (the caller cuts us off)."""
         events = self._events
         limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
         if len(events) >= limit:
             return False
-        events.append(event)
+        events.append(payload if self.wire else event)
         if self._lot:
             self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
         self._unannounced += 1
@@ -181,7 +204,9 @@ class Fanout:
     """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
 
     def __init__(self, history_size: int) -> None:
-        self.history: deque[ev.Event] = deque(maxlen=history_size)
+        #: the newest events, in wire form; the last one has seq :attr:`head_seq`
+        self.history: deque[bytes] = deque(maxlen=history_size)
+        self.head_seq = 0
         self._subscriptions: list[Subscription] = []
         self._room = trio.Event()
         #: while holding the agent back: when the stall window ends, and what each full
@@ -199,21 +224,30 @@ class Fanout:
         head_seq: int,
         max_buffer: int,
         stall_s: float | None = None,
+        wire: bool = False,
     ) -> Subscription:
-        replay: list[ev.Event] = []
+        replay: list[Any] = []
         gap = False
+        last_seq = head_seq
         if since_seq is not None:
-            replay = [event for event in self.history if event.seq > since_seq]
-            oldest = self.history[0].seq if self.history else head_seq + 1
+            history = self.history
+            oldest = self.head_seq - len(history) + 1  # the seq of history[0]
             gap = since_seq + 1 < oldest
+            start = max(since_seq + 1, oldest)
+            last_seq = start - 1
+            skip = start - oldest
+            replay = [history[index] for index in range(skip, len(history))]
+            if not wire:
+                replay = [event_from_json(payload) for payload in replay]
         subscription = Subscription(
             replay,
-            last_seq=since_seq if since_seq is not None else head_seq,
+            last_seq=last_seq,
             head_seq=head_seq,
             gap=gap,
             max_buffer=max_buffer,
             stall_s=stall_s,
             on_room=self._on_room if stall_s is not None else None,
+            wire=wire,
         )
         if self._closed:
             subscription._end()
@@ -224,13 +258,15 @@ class Fanout:
 
     def publish(self, event: ev.Event) -> None:
         """Append to the history and to every subscriber's buffer; never waits."""
-        self.history.append(event)
+        payload = event_json(event)
+        self.history.append(payload)
+        self.head_seq = event.seq
         drop = False
         full = False
         for subscription in self._subscriptions:
             if subscription._closed:
                 drop = True
-            elif not subscription._offer(event):
+            elif not subscription._offer(event, payload):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:

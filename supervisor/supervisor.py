@@ -26,6 +26,7 @@ from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.containment import choose
 from supervisor.errors import BadRequest, SessionNotFound
 from supervisor.http_link import HttpLink  # noqa: F401  (registers the "http" transport)
+from supervisor.ingest import IngestGate
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
 from supervisor.session import Session, SessionSummary
@@ -85,6 +86,9 @@ class Supervisor:
         self._sessions: dict[str, Session] = {}
         self._ids = count(1)
         self._closing = False
+        #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
+        self.gate = IngestGate()
+        nursery.start_soon(self.gate.run)
 
     async def start_session(
         self,
@@ -104,7 +108,9 @@ class Supervisor:
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
-        session = Session(f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher)
+        session = Session(
+            f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher, gate=self.gate
+        )
         self._sessions[session.id] = session
         await self._nursery.start(self._run_session, session)
         if wait_ready:

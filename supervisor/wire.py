@@ -1,27 +1,64 @@
-"""The JSON form of receipts and events: one cattrs converter owns it.
+"""The JSON form of receipts and events: one cattrs converter owns it; msgspec writes it.
 
-Events go on the wire as ``{"event": kind, "session_id", "seq", "data": {...}}`` (design brief
-section 7); everything else is plain unstructured attrs. Field names are the Python ones.
+Events go on the wire as ``{"event": kind, "session_id", "seq", "timestamp", "data": {...}}``
+(design brief section 7); everything else is plain unstructured attrs. Field names are the
+Python ones. Each event is serialized once, when the session emits it: that JSON is what the
+session's history keeps and what every gateway subscriber is sent (``supervisor/subscription.py``),
+and :func:`event_from_json` turns it back into the event for a replay.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Any, Final
 
 import cattrs
+import msgspec
 
-from protocols.events import Event
+from protocols.events import EVENT_TYPES, Event
 from supervisor.receipt import CancelReceipt
 
-__all__ = ["converter", "event_to_wire", "receipt_to_wire"]
+__all__ = [
+    "converter",
+    "dumps",
+    "event_from_json",
+    "event_from_wire",
+    "event_json",
+    "event_to_wire",
+    "receipt_to_wire",
+]
 
 converter = cattrs.Converter(omit_if_default=False)
 
 _STAMP = ("session_id", "seq", "timestamp")
 
+#: msgspec writes a message in ~0.3 us where the standard library takes ~3.5. What it refuses
+#: (a lone surrogate an agent sent as ``\ud800``; a value JSON has no form for) the standard
+#: library writes instead, escaping the one and quoting the other with ``repr``: an event is
+#: always sent, never a crash of its session.
+_FAST_ENCODE: Final = msgspec.json.Encoder().encode
+_FAST_DECODE: Final = msgspec.json.Decoder().decode
+_SLOW_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=repr)
+
+#: Each event class's generated unstructure function, looked up once.
+_HOOKS: dict[type[Event], Callable[[Any], dict[str, Any]]] = {}
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8."""
+    try:
+        return _FAST_ENCODE(value)
+    except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
+        return _SLOW_ENCODER.encode(value).encode()
+
 
 def event_to_wire(event: Event) -> dict[str, Any]:
-    data: dict[str, Any] = converter.unstructure(event)
+    cls = type(event)
+    hook = _HOOKS.get(cls)
+    if hook is None:
+        hook = _HOOKS[cls] = converter.get_unstructure_hook(cls)
+    data = hook(event)
     for key in _STAMP:
         data.pop(key, None)
     return {
@@ -31,6 +68,31 @@ def event_to_wire(event: Event) -> dict[str, Any]:
         "timestamp": event.timestamp,
         "data": data,
     }
+
+
+def event_json(event: Event) -> bytes:
+    """The event's wire form, serialized."""
+    return dumps(event_to_wire(event))
+
+
+def event_from_wire(message: dict[str, Any]) -> Event:
+    """The event a wire message describes (the inverse of :func:`event_to_wire`)."""
+    cls = EVENT_TYPES[message["event"]]
+    fields = {
+        **message["data"],
+        "session_id": message["session_id"],
+        "seq": message["seq"],
+        "timestamp": message["timestamp"],
+    }
+    return converter.structure(fields, cls)
+
+
+def event_from_json(payload: bytes) -> Event:
+    try:
+        message = _FAST_DECODE(payload)
+    except msgspec.DecodeError:  # what only the standard library wrote (see dumps)
+        message = json.loads(payload)
+    return event_from_wire(message)
 
 
 def receipt_to_wire(receipt: CancelReceipt) -> dict[str, Any]:

@@ -170,6 +170,8 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
                     "agent": "fake",
                     "state": "ready",
                     "turn_id": None,
+                    "recycles": 0,
+                    "recycle_reason": None,
                 }
 
 

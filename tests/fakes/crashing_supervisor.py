@@ -13,15 +13,27 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from protocols.framing import Message
+from protocols.framing import Message, decode_line
 from supervisor.agent_link import ProcessLauncher, ProcessLink
 from supervisor.config import AgentSpec
 from supervisor.containment import Containment, choose
-from supervisor.link import AgentFrame
+from supervisor.link import AgentLines
 from supervisor.statefile import StateFile
+
+
+async def _ready_line(receive: trio.MemoryReceiveChannel[object]) -> dict[str, Any]:
+    """The tree agent's ready line, from the lines its link posts."""
+    async for item in receive:
+        if isinstance(item, AgentLines):
+            for line in item.lines:
+                frame = decode_line(line) if isinstance(line, bytes) else line
+                if isinstance(frame, Message) and frame.payload.get("ready"):
+                    return frame.payload
+    raise RuntimeError("the agent exited before its ready line")
 
 
 async def main(state_dir: str, argv: list[str]) -> None:
@@ -33,20 +45,13 @@ async def main(state_dir: str, argv: list[str]) -> None:
     async with trio.open_nursery() as nursery:
         link = await launcher(spec, cwd="/", resume=None, generation=1, inbox=send, nursery=nursery)
         assert isinstance(link, ProcessLink)
-        async for item in receive:
-            if isinstance(item, AgentFrame) and isinstance(item.frame, Message):
-                if item.frame.payload.get("ready"):
-                    tree = [
-                        link.process.pid,
-                        item.frame.payload["pid"],
-                        *item.frame.payload["pids"],
-                    ]
-                    keeper = None
-                    if isinstance(launcher.containment, Containment) and launcher.containment.root:
-                        keeper = launcher.containment.root.keeper_pid
-                    report = {"shim": link.process.pid, "keeper": keeper, "tree": tree}
-                    print(json.dumps(report), flush=True)
-                    break
+        ready = await _ready_line(receive)
+        tree = [link.process.pid, ready["pid"], *ready["pids"]]
+        keeper = None
+        if isinstance(launcher.containment, Containment) and launcher.containment.root:
+            keeper = launcher.containment.root.keeper_pid
+        report = {"shim": link.process.pid, "keeper": keeper, "tree": tree}
+        print(json.dumps(report), flush=True)
         await trio.sleep_forever()
 
 

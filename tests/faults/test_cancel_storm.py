@@ -323,8 +323,10 @@ def check_session(d: Driven) -> None:
     assert stopped <= asked, f"{d.session.id}: turns stopped that no cancel named or ran into"
     for first, second in d.pairs:
         if first["outcome"] == "no_active_turn" or second["outcome"] == "no_active_turn":
-            # No turn to share (the session may be respawning): the first drops the queue.
-            assert first["outcome"] == second["outcome"] == "no_active_turn", (first, second)
+            # No turn to share: the session had none (it may be respawning), or two callers at
+            # once are still two calls, and the actor may serve one, see its turn end (the
+            # agent's answer was already on its way), then the other. Either way only one of
+            # them may drop the queue.
             assert not (first["dropped_prompts"] and second["dropped_prompts"]), (first, second)
         else:
             assert first == second, f"{d.session.id}: concurrent cancels got different receipts"
