@@ -598,10 +598,11 @@ class Session:
         if self._machine.pending_permissions:
             step.extend(self._machine.cancel_permissions())
             job.escalation.append("permissions_cancelled")
-        job.dropped = self._drop_queue(call.reason)
         job.deadline = now + job.grace_s
+        self._deliver(step)  # first: nothing we record below may hold the interrupt back
+        job.dropped = self._drop_queue(call.reason)
         self._set_state("cancelling")
-        self._apply(step)
+        self._apply_events(step)
 
     def _cancel_other_turn(self, call: _Cancel) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
@@ -781,11 +782,17 @@ class Session:
 
     def _apply(self, step: Step) -> None:
         """Send what the machine wants sent, then act on what it says happened."""
+        self._deliver(step)
+        self._apply_events(step)
+
+    def _deliver(self, step: Step) -> None:
         if self._link is not None and self._live_generation is not None:
             for message in step.send:
                 self._link.send(message)
             for signum in step.signals:
                 self._link.signal(signum)
+
+    def _apply_events(self, step: Step) -> None:
         for output in step.events:
             if isinstance(output, Control):
                 self._on_control(output)
@@ -1253,10 +1260,25 @@ class Session:
         if isinstance(event, ev.ToolCall) and self._turn is not None:
             self._turn.ran_tools = True
         self._seq += 1
-        stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=time.time())
-        self._fanout.publish(stamped)
+        self._fanout.publish(_stamp(event, self.id, self._seq, time.time()))
 
 
 def _survivors_text(survivors: list[dict[str, Any]]) -> str:
     listed = ", ".join(f"{s['pid']} ({s['command']})" for s in survivors[:5])
     return f"{len(survivors)} process(es) of the agent's tree survived SIGKILL: {listed}"
+
+
+_set_field = object.__setattr__
+
+
+def _stamp(event: ev.Event, session_id: str, seq: int, timestamp: float) -> ev.Event:
+    """The event with its stamp. Machines make a fresh, unstamped event for each thing that
+    happens and hand it over: that one is stamped in place (a frozen instance nobody else has
+    seen yet; ``attrs.evolve`` would build a second one per event). One already stamped is
+    copied, never changed."""
+    if event.seq:
+        return attrs.evolve(event, session_id=session_id, seq=seq, timestamp=timestamp)
+    _set_field(event, "session_id", session_id)
+    _set_field(event, "seq", seq)
+    _set_field(event, "timestamp", timestamp)
+    return event

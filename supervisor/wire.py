@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 converter = cattrs.Converter(omit_if_default=False)
+#: Fields that hold JSON already (the agent's own payloads: ``raw``, ``data``, a receipt's
+#: ``details``) go out as they are: walking them value by value was most of an event's cost.
+_JSON_FIELDS = (dict[str, Any], list[dict[str, Any]], Any)
+converter.register_unstructure_hook_func(lambda t: t in _JSON_FIELDS, lambda value: value)
 
 _STAMP = ("session_id", "seq", "timestamp")
 
