@@ -17,7 +17,10 @@ side in the same run, interleaved, each ``--repeats`` times (the median is repor
   :class:`Gateway`: pipe, framing, ACP machine, actor, fan-out, wire form, WebSocket;
 - **ours, in-memory agent**: the same with ``tests/fakes/memory_agent.py`` in ``flood`` mode
   instead of a process: no pipe and no JSON decoding, but the agent's own work now runs in the
-  server process and counts in its CPU.
+  server process and counts in its CPU, and it hands over one message per scheduling step,
+  where a pipe hands the session a whole read's worth of lines at once (one inbox item, one pass
+  of trio's run loop): so this row shows the cost per inbox item, which batching by read removes
+  for real agents; it is not a floor of ours.
 
 The subscribers are not the bottleneck: ``bench/ws_counter.py`` processes (up to
 ``--receiver-processes``, the connections spread over them), plain sockets that count delta

@@ -279,7 +279,8 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
     and loads its model first; our abort goes out at ``busy``) and leaves that lookup
     interrupted for good. Every later prompt goes busy, idle, and only then comes its
     ``session.error`` ``UnknownError``: each turn must end ``failed`` with it, not
-    ``completed`` (the adapter asks ``GET /session/status`` at an idle it cannot judge).
+    ``completed`` (the adapter asks ``GET /session/status`` at an idle it cannot judge); and
+    after ``max_failed_turns`` of them the server is recycled and the next prompt works.
 
     The title agent is off: it looks the model up beside the loop, and when it does so first the
     abort interrupts only the loop's wait, not the lookup, and nothing breaks. Even so the lookup
@@ -301,7 +302,7 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
                 if receipt.stop_reason != "idle" or loop_requests(h) != []:
                     continue
                 row(h, "early-abort", receipt, notes=[f"attempt={attempt + 1}"])
-                for _ in range(2):
+                for _ in range(h.session.spec.max_failed_turns):
                     turn = await h.session.prompt("quick")
                     ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
                     assert isinstance(ended, ev.TurnEnded)
@@ -314,6 +315,20 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
                     assert texts_of(h, turn.id) == ""
                 assert loop_requests(h) == [], h.model.describe()  # it never got to the model
                 # The errors came with their turns (the module's checks: no stray error event).
+                # Failing turn after turn, the server is recycled: a new `opencode serve`, the
+                # session resumed, and the next prompt reaches the model and completes.
+                recycled = await h.recorder.wait_kind("session.recycled")
+                assert isinstance(recycled, ev.SessionRecycled), recycled
+                assert "UnknownError" in recycled.reason
+                await h.session.wait_ready()
+                again = await h.session.prompt("quick")
+                ended = await h.recorder.wait_kind("turn.ended", turn_id=again.id)
+                assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", (
+                    ended,
+                    h.model.describe(),
+                )
+                assert loop_requests(h) != [] and texts_of(h, again.id) != ""
+                assert h.session.summary().recycles == 1
                 return
     pytest.fail(f"the abort never landed inside the model lookup in {EARLY_ABORT_ATTEMPTS} tries")
 
