@@ -121,8 +121,13 @@ async def test_a_member_that_survives_sigkill_fails_the_session_honestly(
                     assert living([psutil.Process(stuck)]) != []
                     with pytest.raises(AgentNotRunning):
                         await session.prompt("again")
-                    errors = [e for e in rec.events if isinstance(e, ev.ErrorEvent)]
-                    assert any(e.code == "kill_failed" and str(stuck) in e.message for e in errors)
+                    await rec.wait_for(
+                        lambda e: (
+                            isinstance(e, ev.ErrorEvent)
+                            and e.code == "kill_failed"
+                            and str(stuck) in e.message
+                        )
+                    )
                 [ended] = rec.turn_ended(turn.id)
                 assert ended.receipt is not None and ended.receipt["survivors"] == receipt.survivors
                 nursery.cancel_scope.cancel()
