@@ -206,6 +206,30 @@ def _pgid(proc: psutil.Process) -> int | None:
         return None
 
 
+async def _open_piped(
+    wrapper: list[str],
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | os.PathLike[str] | None,
+    *,
+    pass_fds: tuple[int, ...] = (),
+) -> trio.Process:
+    """``wrapper + argv`` with piped stdio, leading a new session (so, its process group)."""
+    try:
+        return await trio.lowlevel.open_process(
+            [*wrapper, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    except OSError as exc:
+        raise SpawnError(f"cannot execute {argv[0]!r}: {exc}") from exc
+
+
 class AgentProcess(ABC):
     """One agent and its tree. Use ``async with``: leaving it leaves no process behind.
 
@@ -487,18 +511,10 @@ class CgroupProcess(AgentProcess):
         except OSError as exc:
             raise SpawnError(f"cannot make a cgroup for {argv[0]!r}: {exc}") from exc
         try:
-            proc = await trio.lowlevel.open_process(
-                [*JOIN_AND_EXEC, os.fspath(cgroup.procs_file), *argv],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-            )
-        except OSError as exc:
+            proc = await _open_piped([*JOIN_AND_EXEC, os.fspath(cgroup.procs_file)], argv, env, cwd)
+        except SpawnError:
             cgroup.remove()
-            raise SpawnError(f"cannot execute {argv[0]!r}: {exc}") from exc
+            raise
         return cls(proc, argv, mark, cgroup)
 
     def members(self) -> list[psutil.Process]:
@@ -591,19 +607,11 @@ class ShimProcess(AgentProcess):
         # a clean exit.
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            proc = await trio.lowlevel.open_process(
-                [*_SHIM_PREFIX, "--lifeline-fd", str(theirs.fileno()), "--", *argv],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                pass_fds=(theirs.fileno(),),
-            )
-        except OSError as exc:
+            wrapper = [*_SHIM_PREFIX, "--lifeline-fd", str(theirs.fileno()), "--"]
+            proc = await _open_piped(wrapper, argv, env, cwd, pass_fds=(theirs.fileno(),))
+        except SpawnError:
             ours.close()
-            raise SpawnError(f"cannot execute {argv[0]!r}: {exc}") from exc
+            raise
         finally:
             theirs.close()
         ours.setblocking(False)

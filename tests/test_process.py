@@ -35,7 +35,7 @@ from supervisor.process import (
     ShimProcess,
     SpawnError,
 )
-from unkillable import freezer_reason, unkillable
+from unkillable import require_freezer, unkillable
 
 pytestmark = pytest.mark.real_process
 
@@ -436,9 +436,7 @@ async def test_a_member_that_survives_sigkill_is_reported_not_hidden(
     monkeypatch: pytest.MonkeyPatch, containment: str
 ) -> None:
     # A daemon of the tree in uninterruptible sleep (frozen: ``tests/unkillable.py``).
-    reason = freezer_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_freezer()
     monkeypatch.setattr(process_module, "VERIFY_S", 0.3)
     with trio.fail_after(LIMIT_S):
         async with tree_agent("--ignore-sigterm", *HARD_TREE) as tree:

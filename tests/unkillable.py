@@ -19,6 +19,8 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
@@ -29,6 +31,15 @@ def freezer_reason() -> str | None:
     if not os.access(FREEZER, os.W_OK):
         return "the cgroup-v1 freezer is not writable"
     return None
+
+
+def require_freezer() -> None:
+    """Skip (or fail, under ``AGENT_SUPERVISOR_STRICT_SKIPS=1`` as in CI) without a freezer."""
+    reason = freezer_reason()
+    if reason is not None:
+        if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
+            pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails")
+        pytest.skip(reason)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.agent_link import ProcessLink
 from supervisor.errors import AgentNotRunning
 from supervisor.process import ShimProcess
-from unkillable import freezer_reason, unkillable
+from unkillable import require_freezer, unkillable
 
 pytestmark = pytest.mark.real_process
 
@@ -95,9 +95,7 @@ async def test_a_killed_shim_mid_turn_fails_the_turn_and_leaves_nothing(
 async def test_a_member_that_survives_sigkill_fails_the_session_honestly(
     tmp_path: Path,
 ) -> None:
-    reason = freezer_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_freezer()
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"demo": demo(tmp_path)}) as sup:
             session = await sup.start_session("demo", cwd=str(tmp_path))
