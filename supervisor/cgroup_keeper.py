@@ -13,13 +13,32 @@ own cgroup, not below ROOT, so the kill cannot reach it. Stdlib only, like the s
 """
 
 import os
+import select
 import sys
 import time
 
 #: How long the kill may take to empty ROOT before the keeper gives up on removing it (a
 #: process in uninterruptible sleep dies only when it wakes; the next supervisor sweeps).
 EMPTY_WAIT_S = 10.0
+#: Where inotify is unavailable, how often ``cgroup.events`` is read instead.
 POLL_S = 0.005
+
+
+def _watch(events: str) -> int | None:
+    """An inotify descriptor that turns readable when ``events`` changes (kernfs sends a
+    "modified" event on every change of ``populated``); None if inotify is unavailable."""
+    try:
+        import ctypes  # only now: the keeper's start stays small
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0o4000 | 0o2000000)  # IN_NONBLOCK | IN_CLOEXEC
+        if fd >= 0 and libc.inotify_add_watch(fd, events.encode(), 0x2) >= 0:  # IN_MODIFY
+            return int(fd)
+        if fd >= 0:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    return None
 
 
 def _populated(root: str) -> bool:
@@ -57,8 +76,17 @@ def main() -> None:
     except OSError:
         pass
     deadline = time.monotonic() + EMPTY_WAIT_S
+    watch = _watch(os.path.join(root, "cgroup.events"))  # before the first look: no race
     while _populated(root) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+        if watch is None:
+            time.sleep(POLL_S)
+            continue
+        select.select([watch], [], [], max(0.0, deadline - time.monotonic()))
+        try:
+            while os.read(watch, 4096):
+                pass
+        except BlockingIOError:
+            pass
     for directory, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
         try:
             os.rmdir(directory)

@@ -25,8 +25,10 @@ shown by ``agent-supervisor agents``. Controllers are never enabled: we only gro
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -53,9 +55,44 @@ ROOT_PREFIX = "agent-supervisor."
 #: ``$$`` the shell's pid, which ``exec`` hands on to the agent unchanged.
 JOIN_AND_EXEC = ("/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"')
 KEEPER_PATH = Path(__file__).with_name("cgroup_keeper.py")
-#: How often an emptying cgroup is looked at (``cgroup.events`` can only be polled from trio:
-#: kernfs files are always "readable" to epoll).
+#: How often an emptying cgroup is looked at where inotify is unavailable (kernfs files are
+#: always "readable" to epoll, so ``cgroup.events`` itself cannot be waited on).
 POLL_S = 0.002
+_IN_MODIFY = 0x2
+_IN_NONBLOCK = 0o4000
+_IN_CLOEXEC = 0o2000000
+
+
+class _EventsWatch:
+    """The kernel's own notice that a cgroup's ``cgroup.events`` changed (it sends an inotify
+    "modified" event on every change of ``populated``): an emptying cgroup is waited for, not
+    polled. ``fd`` is None where inotify is unavailable; then callers poll."""
+
+    def __init__(self, events_file: Path) -> None:
+        self.fd: int | None = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd < 0:
+            return
+        if libc.inotify_add_watch(fd, os.fsencode(events_file), _IN_MODIFY) < 0:
+            os.close(fd)
+            return
+        self.fd = fd
+
+    def drain(self) -> None:
+        assert self.fd is not None
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.fd, 4096):
+                pass
+
+    def close(self) -> None:
+        if self.fd is not None:
+            trio.lowlevel.notify_closing(self.fd)
+            os.close(self.fd)
+            self.fd = None
 
 
 def _cgroup2_mount() -> Path | None:
@@ -179,19 +216,38 @@ class Cgroup:
 
     async def wait_empty(self, timeout: float) -> bool:
         """Until no process is left, at most ``timeout`` seconds; whether it emptied."""
-        with trio.move_on_after(timeout):
-            while self.populated():
-                await trio.sleep(POLL_S)
-            return True
+        watch = _EventsWatch(self.path / "cgroup.events")  # before the first look: no race
+        try:
+            with trio.move_on_after(timeout):
+                while self.populated():
+                    if watch.fd is None:
+                        await trio.sleep(POLL_S)
+                    else:
+                        await trio.lowlevel.wait_readable(watch.fd)
+                        watch.drain()
+                return True
+        finally:
+            watch.close()
         return not self.populated()
 
     def wait_empty_blocking(self, timeout: float) -> bool:
+        """:meth:`wait_empty` for a thread (the sweep)."""
         deadline = time.monotonic() + timeout
-        while self.populated():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(POLL_S)
-        return True
+        watch = _EventsWatch(self.path / "cgroup.events")
+        try:
+            while self.populated():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if watch.fd is None:
+                    time.sleep(min(POLL_S, left))
+                else:
+                    select.select([watch.fd], [], [], left)
+                    watch.drain()
+            return True
+        finally:
+            if watch.fd is not None:
+                os.close(watch.fd)
 
     def remove(self) -> bool:
         """Remove the (empty) directory; False if it is still in use or already gone."""
