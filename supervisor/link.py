@@ -24,7 +24,6 @@ __all__ = [
     "AgentGone",
     "AgentLines",
     "AgentLink",
-    "AgentStderrLine",
     "AgentStderrLines",
     "Launcher",
     "LinkItem",
@@ -47,12 +46,6 @@ class AgentLines:
 
     generation: int
     lines: list[RawLine]
-
-
-@frozen
-class AgentStderrLine:
-    generation: int
-    line: str
 
 
 @frozen
@@ -79,7 +72,7 @@ class AgentGone:
     survivors: list[dict[str, Any]] = field(factory=list)
 
 
-LinkItem = AgentFrame | AgentLines | AgentStderrLine | AgentStderrLines | AgentGone
+LinkItem = AgentFrame | AgentLines | AgentStderrLines | AgentGone
 
 
 class AgentLink(ABC):

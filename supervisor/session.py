@@ -44,7 +44,6 @@ from supervisor.link import (
     AgentGone,
     AgentLines,
     AgentLink,
-    AgentStderrLine,
     AgentStderrLines,
     Launcher,
 )
@@ -686,8 +685,6 @@ class Session:
             self._start_batch(item.generation, "stderr", item.lines)
         elif isinstance(item, AgentFrame):
             self._start_batch(item.generation, "frames", [item.frame])
-        elif isinstance(item, AgentStderrLine):
-            self._start_batch(item.generation, "stderr", [item.line])
         elif isinstance(item, AgentGone):
             if item.generation == self._live_generation:
                 self._agent_gone(item)
