@@ -451,7 +451,10 @@ class Session:
         actor is about to wait, so under a flood they send several per socket write: an inbox
         empty for just a moment (the agent's pump is between two posts) does not count."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        for _ in range(_IDLE_TURNS):
+        # Cancelling, the actor waits for the agent's answer at once: spinning here would take
+        # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
+        # core), and subscribers hear of the "cancelling" event without a batch to wait for.
+        for _ in range(0 if self._state == "cancelling" else _IDLE_TURNS):
             try:
                 item = self._inbox.receive_nowait()
             except trio.WouldBlock:
