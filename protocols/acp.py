@@ -7,13 +7,20 @@ version 1; ``session/new`` or, when the agent advertises ``loadSession``, ``sess
 notification that gets no reply; every pending ``session/request_permission`` must be answered
 ``cancelled`` on cancel; the agent may withdraw a request it sent us with ``$/cancel_request``.
 We advertise neither ``fs`` nor ``terminal``, and answer those methods "method not found".
+
+Steering (``_session/steering``, the extension claude-agent-acp and codex-acp 2.x implement, as
+agreed for ACP RFD #1261): only with an agent whose ``initialize`` result carries
+``_meta.steering.supported: true``. We always ask with ``idleBehavior: "promptRequired"``, so an
+agent whose turn has just ended answers ``promptRequired`` instead of starting a turn we would
+not know about; ``injected`` means the text joined the running ``session/prompt``, which still
+ends that turn with its one response.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from attrs import define, field
+from attrs import define, field, frozen
 
 from protocols import events as ev
 from protocols.jsonrpc import (
@@ -31,6 +38,7 @@ from protocols.machine import (
     AgentProtocol,
     SessionEstablished,
     StartFailed,
+    SteerAnswered,
     Step,
     TurnFinished,
     check_answer,
@@ -40,6 +48,7 @@ __all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
 
 ACP_PROTOCOL_VERSION = 1
 CLIENT_INFO = {"name": "agent-supervisor", "version": "0.1.0"}
+STEER_METHOD = "_session/steering"
 
 #: ``session/update`` kinds that describe the session rather than the turn's content.
 _INFO_UPDATES = frozenset(
@@ -65,13 +74,24 @@ class _HeldPermission:
     option_ids: frozenset[str]
 
 
+@frozen
+class _SteerSent:
+    """What a ``_session/steering`` request was about; handed back with its response."""
+
+    turn_id: str
+    steer_id: int
+
+
 @define
 class AcpClient(AgentProtocol):
     """Our side of one ACP connection."""
 
     name: ClassVar[str] = "acp"
 
-    _rpc: JsonRpcPeer[str | None] = field(factory=lambda: JsonRpcPeer(with_version=True))
+    #: a request's context: the turn a ``session/prompt`` runs, or a steer
+    _rpc: JsonRpcPeer[str | _SteerSent | None] = field(
+        factory=lambda: JsonRpcPeer(with_version=True)
+    )
     _phase: str = "idle"  # idle, initializing, opening, ready, failed
     _cwd: str = "."
     _resume: str | None = None
@@ -82,6 +102,7 @@ class AcpClient(AgentProtocol):
     _cancel_sent: bool = False
     _load_error: str | None = None
     _held: dict[str, _HeldPermission] = field(factory=dict)
+    _steering: bool = False
     agent_info: dict[str, Any] = field(factory=dict)
     agent_capabilities: dict[str, Any] = field(factory=dict)
 
@@ -127,6 +148,24 @@ class AcpClient(AgentProtocol):
         self._cancel_sent = True
         return Step(send=[self._rpc.notify("session/cancel", {"sessionId": self._session_id})])
 
+    @property
+    def can_steer(self) -> bool:
+        return self._steering
+
+    def steer(self, turn_id: str, steer_id: int, text: str) -> Step:
+        if not self._steering or self._turn_id != turn_id:
+            raise RuntimeError(f"steer() of turn {turn_id} while {self._turn_id} runs")
+        _, message = self._rpc.request(
+            STEER_METHOD,
+            {
+                "sessionId": self._session_id,
+                "prompt": [{"type": "text", "text": text}],
+                "_meta": {"steering": {"idleBehavior": "promptRequired"}},
+            },
+            _SteerSent(turn_id, steer_id),
+        )
+        return Step(send=[message])
+
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         held = self._held.get(request_id)
         check_answer(request_id, held.option_ids if held is not None else None, option_id)
@@ -168,7 +207,9 @@ class AcpClient(AgentProtocol):
         assert isinstance(incoming, InvalidMessage)
         return Step(events=[ev.AgentUnparsed(raw=message)])
 
-    def _on_response(self, response: IncomingResponse[str | None]) -> Step:
+    def _on_response(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+        if isinstance(response.context, _SteerSent):
+            return self._on_steered(response.context, response)
         if response.method == "initialize":
             return self._on_initialized(response)
         if response.method in ("session/new", "session/load"):
@@ -177,7 +218,28 @@ class AcpClient(AgentProtocol):
             return self._on_prompt_answered(response)
         return Step()
 
-    def _on_initialized(self, response: IncomingResponse[str | None]) -> Step:
+    def _on_steered(
+        self, sent: _SteerSent, response: IncomingResponse[str | _SteerSent | None]
+    ) -> Step:
+        if response.error is not None:
+            answer = SteerAnswered(
+                sent.steer_id, sent.turn_id, False, detail=response.error.describe()
+            )
+            return Step(events=[answer])
+        result = response.result if isinstance(response.result, dict) else {}
+        outcome = result.get("outcome")
+        if outcome == "injected":
+            return Step(events=[SteerAnswered(sent.steer_id, sent.turn_id, True)])
+        if outcome == "promptRequired":
+            answer = SteerAnswered(sent.steer_id, sent.turn_id, False, no_turn=True)
+            return Step(events=[answer, ev.SessionInfo(info_kind="steering", data=result)])
+        # ``startedNewTurn`` (an agent that ignored ``promptRequired``) or a new word: the text
+        # went somewhere we cannot follow; said as is, and not taken as having joined the turn.
+        detail = f"agent answered the steer with {outcome!r}"
+        answer = SteerAnswered(sent.steer_id, sent.turn_id, False, detail=detail)
+        return Step(events=[answer, ev.SessionInfo(info_kind="steering", data=result)])
+
+    def _on_initialized(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
         if response.error is not None:
             return self._fail(f"initialize failed: {response.error.describe()}")
         result = response.result if isinstance(response.result, dict) else {}
@@ -191,6 +253,9 @@ class AcpClient(AgentProtocol):
         info = result.get("agentInfo")
         self.agent_info = info if isinstance(info, dict) else {}
         self._can_load = self.agent_capabilities.get("loadSession") is True
+        meta = result.get("_meta")
+        steering = meta.get("steering") if isinstance(meta, dict) else None
+        self._steering = isinstance(steering, dict) and steering.get("supported") is True
         self._phase = "opening"
         if self._resume is not None and self._can_load:
             return self._open("session/load", {"sessionId": self._resume})
@@ -201,7 +266,7 @@ class AcpClient(AgentProtocol):
         _, message = self._rpc.request(method, params, None)
         return Step(send=[message])
 
-    def _on_session_opened(self, response: IncomingResponse[str | None]) -> Step:
+    def _on_session_opened(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
         if response.method == "session/load":
             if response.error is not None:
                 # The agent lost the session: a fresh one, and the receipt will say so.
@@ -230,9 +295,9 @@ class AcpClient(AgentProtocol):
         self._phase = "failed"
         return Step(events=[StartFailed(message)])
 
-    def _on_prompt_answered(self, response: IncomingResponse[str | None]) -> Step:
+    def _on_prompt_answered(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
         turn_id = response.context
-        if turn_id is None or turn_id != self._turn_id:
+        if not isinstance(turn_id, str) or turn_id != self._turn_id:
             return Step()
         self._turn_id = None
         self._prompt_rpc_id = None

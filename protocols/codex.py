@@ -119,6 +119,7 @@ from protocols.machine import (
     AgentProtocol,
     SessionEstablished,
     StartFailed,
+    SteerAnswered,
     Step,
     TurnFinished,
     check_answer,
@@ -134,6 +135,8 @@ _STALE_TURN = re.compile(
     r"expected active turn id `?(?P<sent>[^`\s]+)`? but found `?(?P<found>[^`\s]+)`?"
 )
 _NO_ACTIVE_TURN = "no active turn to interrupt"
+#: ``turn/steer`` after the turn ended (``turn_steer_inner``, like the interrupt's)
+_NO_ACTIVE_TURN_TO_STEER = "no active turn to steer"
 
 #: The decisions an approval can be answered with; they are also the permission option ids.
 _DECISIONS = ("accept", "acceptForSession", "decline", "cancel")
@@ -290,6 +293,8 @@ class _Sent:
     codex_turn_id: str | None = None
     #: the child thread a ``turn/interrupt`` went to (None: our own thread)
     child_thread: str | None = None
+    #: the steer a ``turn/steer`` carries
+    steer_id: int | None = None
 
 
 @define
@@ -350,6 +355,8 @@ class _Turn:
     reported_error: str | None = None
     #: goal turns the server started by itself and we adopted as part of this turn
     goal_turns: int = 0
+    #: steers waiting for the ``turn/start`` reply to name the turn (``expectedTurnId``)
+    steers: list[tuple[int, str]] = field(factory=list)
 
     def owns(self, codex_id: Any) -> bool:
         return isinstance(codex_id, str) and (codex_id == self.codex_id or codex_id in self.aliases)
@@ -431,6 +438,43 @@ class CodexClient(AgentProtocol):
                 step.extend(self._interrupt_child(turn, thread_id, child_turn))
         return step
 
+    @property
+    def can_steer(self) -> bool:
+        return True  # ``turn/steer``; a server without it answers -32601 and the actor interrupts
+
+    def steer(self, turn_id: str, steer_id: int, text: str) -> Step:
+        turn = self._turn
+        if turn is None or turn.turn_id != turn_id:
+            raise RuntimeError(f"steer() of turn {turn_id} while another runs")
+        if turn.codex_id is None:
+            turn.steers.append((steer_id, text))  # sent once the turn/start reply names it
+            return Step()
+        return self._steer(turn, turn.codex_id, steer_id, text)
+
+    def _steer(self, turn: _Turn, codex_id: str, steer_id: int, text: str) -> Step:
+        _, message = self._rpc.request(
+            "turn/steer",
+            {
+                "threadId": self._thread_id,
+                "expectedTurnId": codex_id,
+                "input": [{"type": "text", "text": text}],
+            },
+            _Sent(turn.turn_id, codex_id, steer_id=steer_id),
+        )
+        return Step(send=[message])
+
+    def _on_steered(self, response: IncomingResponse[_Sent]) -> Step:
+        sent = response.context
+        assert sent.turn_id is not None and sent.steer_id is not None
+        if response.error is None:
+            return Step(events=[SteerAnswered(sent.steer_id, sent.turn_id, True)])
+        message = response.error.message
+        no_turn = _NO_ACTIVE_TURN_TO_STEER in message or _STALE_TURN.search(message) is not None
+        answer = SteerAnswered(
+            sent.steer_id, sent.turn_id, False, no_turn=no_turn, detail=response.error.describe()
+        )
+        return Step(events=[answer])
+
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         held = self._held.get(request_id)
         check_answer(request_id, held.option_ids if held is not None else None, option_id)
@@ -510,6 +554,8 @@ class CodexClient(AgentProtocol):
             return self._on_thread_opened(response)
         if response.method == "turn/start":
             return self._on_turn_identified(response)
+        if response.method == "turn/steer":
+            return self._on_steered(response)
         if response.method == "turn/interrupt":
             if response.context.child_thread is not None:
                 return self._on_child_interrupt_answered(response)
@@ -590,12 +636,19 @@ class CodexClient(AgentProtocol):
                 TurnFinished(turn.turn_id, None, error="turn/start answered without a turn id"),
             )
         turn.codex_id = codex_id
+        step = Step()
+        steers, turn.steers = turn.steers, []
         early = turn.early_ends.pop(codex_id, None)
         if early is not None:
-            return self._on_our_turn_completed(turn, early)
+            # Over before we could steer it: the steers did not reach the model.
+            for steer_id, _ in steers:
+                step.events.append(SteerAnswered(steer_id, turn.turn_id, False, no_turn=True))
+            return step.extend(self._on_our_turn_completed(turn, early))
         if turn.cancel_wanted:
-            return self._interrupt(turn, codex_id)
-        return Step()
+            step.extend(self._interrupt(turn, codex_id))
+        for steer_id, text in steers:
+            step.extend(self._steer(turn, codex_id, steer_id, text))
+        return step
 
     def _interrupt(self, turn: _Turn, codex_id: str) -> Step:
         _, message = self._rpc.request(
@@ -942,7 +995,10 @@ class CodexClient(AgentProtocol):
         for codex_id in (turn.codex_id, *sorted(turn.aliases)):
             if codex_id is not None:
                 self._finished.append(codex_id)
-        return Step(events=[finished])
+        # Steers still waiting for the turn's id never went out.
+        unsent = [SteerAnswered(i, turn.turn_id, False, no_turn=True) for i, _ in turn.steers]
+        turn.steers = []
+        return Step(events=[*unsent, finished])
 
     # -- notifications --------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ __all__ = [
     "ToolUpdate",
     "TurnEnded",
     "TurnStarted",
+    "TurnSteered",
     "EVENT_TYPES",
 ]
 
@@ -69,6 +70,18 @@ class TurnStarted(Event):
     kind: ClassVar[str] = "turn.started"
     turn_id: str
     text: str
+
+
+@frozen(kw_only=True)
+class TurnSteered(Event):
+    """A person steered: ``text`` joined turn ``turn_id`` (``mode`` ``injected``), or starts it
+    (``started``; ``interrupted``: after ``interrupted_turn_id`` was cancelled to make way)."""
+
+    kind: ClassVar[str] = "turn.steered"
+    turn_id: str
+    mode: str
+    text: str
+    interrupted_turn_id: str | None = None
 
 
 @frozen(kw_only=True)
@@ -209,6 +222,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SessionState,
         SessionRecycled,
         TurnStarted,
+        TurnSteered,
         MessageDelta,
         ThoughtDelta,
         ToolCall,

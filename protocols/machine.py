@@ -24,6 +24,7 @@ __all__ = [
     "ProtocolError",
     "SessionEstablished",
     "StartFailed",
+    "SteerAnswered",
     "Step",
     "TurnFinished",
     "UnknownPermission",
@@ -95,6 +96,22 @@ class TurnFinished(Control):
     details: dict[str, Any] = field(factory=dict)
 
 
+@frozen
+class SteerAnswered(Control):
+    """The agent's answer to :meth:`AgentProtocol.steer` number ``steer_id``.
+
+    ``injected``: the text joined the running turn ``turn_id``. Otherwise ``detail`` says why
+    not: the agent refused, or (``no_turn``) no turn was running any more when it got there;
+    either way the text has not reached the model, and the actor decides what becomes of it.
+    """
+
+    steer_id: int
+    turn_id: str
+    injected: bool
+    no_turn: bool = False
+    detail: str | None = None
+
+
 Output = Event | Control
 
 
@@ -160,6 +177,18 @@ class AgentProtocol(ABC):
         Must not wait for any reply: the actor races its grace timer against
         :class:`TurnFinished`.
         """
+
+    @property
+    def can_steer(self) -> bool:
+        """Whether text can join the running turn natively (:meth:`steer`). False by default:
+        the actor then interrupts the turn and starts the text as the next one."""
+        return False
+
+    def steer(self, turn_id: str, steer_id: int, text: str) -> Step:
+        """Add ``text`` to the running turn ``turn_id``, natively. Only called while that turn
+        runs and :attr:`can_steer` is true. Answered with exactly one :class:`SteerAnswered`
+        for ``steer_id``, in this step or a later one (unless the process dies first)."""
+        raise NotImplementedError(f"{self.name} cannot steer a running turn")
 
     @abstractmethod
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:

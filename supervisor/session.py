@@ -32,6 +32,7 @@ from protocols.machine import (
     Control,
     SessionEstablished,
     StartFailed,
+    SteerAnswered,
     Step,
     TurnFinished,
     UnknownPermission,
@@ -50,6 +51,7 @@ from supervisor.link import (
 from supervisor.process import ExitStatus, KillError, tree_clock
 from supervisor.receipt import CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
+from supervisor.steering import SteerMode, SteerResult
 from supervisor.subscription import Fanout, Subscription
 from supervisor.wire import receipt_to_wire
 
@@ -117,6 +119,12 @@ class _Cancel:
 
 
 @frozen
+class _Steer:
+    text: str
+    reply: Reply[SteerResult]
+
+
+@frozen
 class _RespondPermission:
     request_id: str
     option_id: str | None
@@ -142,7 +150,7 @@ class _Stop:
     reply: Reply[ExitStatus | None]
 
 
-_Call = _Prompt | _Cancel | _RespondPermission | _Subscribe | _WaitReady | _Stop
+_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _Subscribe | _WaitReady | _Stop
 
 
 # -- inbox items from the session's own child tasks ------------------------------------------
@@ -196,6 +204,26 @@ class _Swept:
 
 
 @define
+class _NativeSteer:
+    """A steer sent to the agent, waiting for its answer (``SteerAnswered``) until ``deadline``."""
+
+    text: str
+    reply: Reply[SteerResult]
+    deadline: float
+
+
+@frozen
+class _SteerNext:
+    """A steer that starts the next turn (``turn_id``) once the running one has ended."""
+
+    turn_id: str
+    text: str
+    reply: Reply[SteerResult]
+    mode: SteerMode
+    detail: str | None = None
+
+
+@define
 class _CancelJob:
     """One cancel of one turn; every concurrent cancel of that turn waits on it."""
 
@@ -223,6 +251,10 @@ class _Turn:
     started_clock: float  # tree_clock(): tells this turn's processes from the agent's own
     cancel: _CancelJob | None = None
     ran_tools: bool = False  # a tool.call was seen: only then can processes be left behind
+    #: steers the agent has not answered yet, by steer id
+    steers: dict[int, _NativeSteer] = field(factory=dict)
+    #: steers that start the next turns, in order, once this one is over
+    then: list[_SteerNext] = field(factory=list)
 
 
 class Session:
@@ -260,6 +292,8 @@ class Session:
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
         self._turn_counter = 0
+        self._steer_counter = 0
+        self._failing = False  # the session is failing: nothing more may start
         self._ended: dict[str, CancelReceipt] = {}
         self._seq = 0
         self._fanout = Fanout(history_size)  # the history and the subscribers
@@ -321,6 +355,16 @@ class Session:
     ) -> CancelReceipt:
         """Stop the current turn (or ``turn_id``); returns only once that turn has ended."""
         return await self._call(lambda reply: _Cancel(turn_id, reason, reply))
+
+    async def steer(self, text: str) -> SteerResult:
+        """Redirect the running turn with ``text``: joined to it natively where the agent can
+        (``injected``), else the turn is cancelled and ``text`` starts the next one
+        (``interrupted``, with the receipt); with no turn running it starts one now
+        (``started``), ahead of queued prompts. Returns once the text is on its way: for
+        ``interrupted``, once the old turn has ended (terminate-then-respond)."""
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("steer text must be a non-empty string")
+        return await self._call(lambda reply: _Steer(text, reply))
 
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
@@ -502,6 +546,8 @@ class Session:
                 deadline = self._turn.cancel.deadline
         if self._start_deadline is not None:
             deadline = min(deadline, self._start_deadline)
+        if self._turn is not None and self._turn.steers:
+            deadline = min(deadline, *(s.deadline for s in self._turn.steers.values()))
         return deadline
 
     def _on_deadline(self) -> None:
@@ -515,6 +561,10 @@ class Session:
         if turn is not None and turn.cancel is not None and turn.cancel.deadline is not None:
             if now >= turn.cancel.deadline:
                 self._grace_expired(turn, turn.cancel)
+        if turn is not None and turn is self._turn:
+            for steer_id, pending in list(turn.steers.items()):
+                if now >= pending.deadline and steer_id in turn.steers:
+                    self._steer_timed_out(turn, steer_id)
 
     # -- mailbox calls ------------------------------------------------------------------------
 
@@ -542,6 +592,8 @@ class Session:
             call.reply.resolve(self._accept_prompt(call.text))
         elif isinstance(call, _Cancel):
             self._cancel(call)
+        elif isinstance(call, _Steer):
+            self._steer(call)
         elif isinstance(call, _RespondPermission):
             self._respond_permission(call)
         elif isinstance(call, _Stop):
@@ -591,8 +643,15 @@ class Session:
         if turn.cancel is not None:
             turn.cancel.waiters.append(call.reply)  # concurrent cancels share one receipt
             return
-        assert self._machine is not None
-        job = _CancelJob(turn.id, now, call.reason, self.spec.grace_s, waiters=[call.reply])
+        self._begin_cancel(turn, call.reason, now).waiters.append(call.reply)
+
+    def _begin_cancel(
+        self, turn: _Turn, reason: str | None, now: float, *, keep_queue: bool = False
+    ) -> _CancelJob:
+        """Start the ladder for the running turn. ``keep_queue``: the queued prompts stay (a
+        steer makes way for itself, not for nothing)."""
+        assert self._machine is not None and turn.cancel is None
+        job = _CancelJob(turn.id, now, reason, self.spec.grace_s)
         turn.cancel = job
         # At once and without awaiting any reply: interrupt, answer permissions, drop queue.
         job.escalation.append("interrupt")
@@ -602,9 +661,90 @@ class Session:
             job.escalation.append("permissions_cancelled")
         job.deadline = now + job.grace_s
         self._deliver(step)  # first: nothing we record below may hold the interrupt back
-        job.dropped = self._drop_queue(call.reason)
+        if not keep_queue:
+            job.dropped = self._drop_queue(reason)
         self._set_state("cancelling")
         self._apply_events(step)
+        return job
+
+    # -- steering ------------------------------------------------------------------------------
+
+    def _steer(self, call: _Steer) -> None:
+        turn = self._turn
+        if turn is None:
+            self._steer_starts(call.text, call.reply, "started")
+            return
+        if turn.cancel is not None:
+            # Already on its way out: the text starts the next turn once it has ended.
+            self._steer_after(turn, call.text, call.reply, "interrupted")
+            return
+        machine = self._machine
+        if machine is not None and machine.can_steer and self._live_generation is not None:
+            self._steer_counter += 1
+            steer_id = self._steer_counter
+            deadline = trio.current_time() + self.spec.grace_s
+            turn.steers[steer_id] = _NativeSteer(call.text, call.reply, deadline)
+            self._apply(machine.steer(turn.id, steer_id, call.text))
+            return
+        self._steer_interrupts(turn, call.text, call.reply)
+
+    def _steer_starts(
+        self, text: str, reply: Reply[SteerResult], mode: SteerMode, detail: str | None = None
+    ) -> None:
+        """The text starts a turn: now if the session is ready, else first in the queue."""
+        self._turn_counter += 1
+        turn_id = f"t{self._turn_counter}"
+        self._queue.appendleft((turn_id, text))
+        self._emit(ev.TurnSteered(turn_id=turn_id, mode=mode, text=text))
+        reply.resolve(SteerResult(session_id=self.id, mode=mode, turn_id=turn_id, detail=detail))
+        self._start_next()
+
+    def _steer_after(
+        self,
+        turn: _Turn,
+        text: str,
+        reply: Reply[SteerResult],
+        mode: SteerMode,
+        detail: str | None = None,
+    ) -> None:
+        """The text starts the turn after ``turn``, once that has ended (:meth:`_end_turn`)."""
+        self._turn_counter += 1
+        turn.then.append(_SteerNext(f"t{self._turn_counter}", text, reply, mode, detail))
+
+    def _steer_interrupts(
+        self, turn: _Turn, text: str, reply: Reply[SteerResult], detail: str | None = None
+    ) -> None:
+        """The agent cannot take the text into its turn: the turn makes way, the whole ladder,
+        and the text goes first once it is over."""
+        self._begin_cancel(turn, "steer", trio.current_time(), keep_queue=True)
+        self._steer_after(turn, text, reply, "interrupted", detail)
+
+    def _steer_answered(self, answer: SteerAnswered) -> None:
+        turn = self._turn
+        if turn is None or turn.id != answer.turn_id:
+            return  # its turn ended first, and the text went to the next one then
+        pending = turn.steers.pop(answer.steer_id, None)
+        if pending is None:
+            return
+        if answer.injected:
+            self._emit(ev.TurnSteered(turn_id=turn.id, mode="injected", text=pending.text))
+            pending.reply.resolve(SteerResult(session_id=self.id, mode="injected", turn_id=turn.id))
+        elif turn.cancel is not None:
+            self._steer_after(turn, pending.text, pending.reply, "interrupted", answer.detail)
+        elif answer.no_turn:
+            # The agent's turn is over and ours ends with its answer, which is on its way: the
+            # text starts the turn after it.
+            self._steer_after(turn, pending.text, pending.reply, "started", answer.detail)
+        else:
+            self._steer_interrupts(turn, pending.text, pending.reply, answer.detail)
+
+    def _steer_timed_out(self, turn: _Turn, steer_id: int) -> None:
+        pending = turn.steers.pop(steer_id)
+        detail = f"the agent did not answer the steer in {self.spec.grace_s:g} s"
+        if turn.cancel is not None:
+            self._steer_after(turn, pending.text, pending.reply, "interrupted", detail)
+        else:
+            self._steer_interrupts(turn, pending.text, pending.reply, detail)
 
     def _cancel_other_turn(self, call: _Cancel) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
@@ -809,6 +949,8 @@ class Session:
                 self._start_failed(control.message)
         elif isinstance(control, TurnFinished):
             self._turn_finished(control)
+        elif isinstance(control, SteerAnswered):
+            self._steer_answered(control)
 
     # -- turn endings --------------------------------------------------------------------------
 
@@ -913,6 +1055,52 @@ class Session:
             self._remember(turn.id, receipt)
             for waiter in job.waiters:
                 waiter.resolve(receipt)
+        self._steers_after_turn(turn, receipt)
+
+    def _steers_after_turn(self, turn: _Turn, receipt: CancelReceipt | None) -> None:
+        """The turn is over: steers it did not take go first in the queue, in order; they
+        start as soon as the session is ready (the callers hear back now: terminate-then-
+        respond holds, the turn they steered has ended)."""
+        unanswered = [
+            _SteerNext("", pending.text, pending.reply, "started")
+            for pending in turn.steers.values()
+        ]
+        turn.steers.clear()
+        following = [*turn.then, *unanswered]
+        turn.then = []
+        if not following:
+            return
+        if self._stopping or self._failing:
+            error = AgentNotRunning(f"session {self.id} is {self._state}")
+            for steer in following:
+                steer.reply.fail(error)
+            return
+        queued = []
+        for steer in following:
+            turn_id = steer.turn_id
+            if not turn_id:
+                self._turn_counter += 1
+                turn_id = f"t{self._turn_counter}"
+            queued.append((turn_id, steer.text))
+            interrupted = steer.mode == "interrupted"
+            self._emit(
+                ev.TurnSteered(
+                    turn_id=turn_id,
+                    mode=steer.mode,
+                    text=steer.text,
+                    interrupted_turn_id=turn.id if interrupted else None,
+                )
+            )
+            steer.reply.resolve(
+                SteerResult(
+                    session_id=self.id,
+                    mode=steer.mode,
+                    turn_id=turn_id,
+                    receipt=receipt if interrupted else None,
+                    detail=steer.detail,
+                )
+            )
+        self._queue.extendleft(reversed(queued))
 
     def _receipt(self, job: _CancelJob) -> CancelReceipt:
         return CancelReceipt(
@@ -1131,6 +1319,7 @@ class Session:
         self._resume_from = None  # after the kill, which would remember the refused id
 
     def _start_failed(self, message: str, *, code: str = "agent_start_failed") -> None:
+        self._failing = True
         self._establishing = False
         self._start_deadline = None
         turn = self._turn

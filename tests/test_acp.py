@@ -40,7 +40,13 @@ from protocols.acp import AcpClient
 GOLDEN_DIR = Path(__file__).parent / "golden" / "acp"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 
-CHECKS = {"pending_permissions", "agent_session_id", "agent_info", "agent_capabilities"}
+CHECKS = {
+    "pending_permissions",
+    "agent_session_id",
+    "agent_info",
+    "agent_capabilities",
+    "can_steer",
+}
 
 
 def check_jsonrpc(message: dict[str, Any], where: str) -> None:

@@ -5,6 +5,11 @@ every delay is virtual). Behaviour is set per launcher and can be overridden per
 tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
 ``crash``, ``flood``, ``deferred-id=0.2``, ``fail-turn``: the turn fails once its words are out,
 in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error).
+
+``steering`` (set per launcher) advertises ``_meta.steering.supported`` and answers
+``_session/steering`` as claude-agent-acp does: ``injected`` while a prompt runs (the text is
+said back as a chunk ``steered:<text>`` and the turn goes on), ``promptRequired`` when idle;
+``steer_answer`` ``refuse`` answers with an error, ``silent`` never answers.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class Behaviour(BaseBehaviour):
     fail: bool = False  # the turn ends at once with an error response (the agent is fine)
     fail_turn: bool = False  # the turn ends with the agent's error (see each fake)
     pad: int = 0  # extra characters per word, to make big events
+    steering: bool = False
+    steer_answer: str = "injected"  # or "refuse", "silent"
 
     TOKENS = {
         **BaseBehaviour.TOKENS,
@@ -74,6 +81,8 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
         self.updates_after_response = 0
         self.turns: list[str] = []
         self.permission_pending: trio.Event | None = None
+        self.running: Any = None  # the running session/prompt's request id
+        self.steers: list[str] = []  # texts injected into running turns
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -105,15 +114,15 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             if self.behaviour.fail_start:
                 await self.error(request_id, -32603, "cannot start")
                 return
-            await self.reply(
-                request_id,
-                {
-                    "protocolVersion": 1,
-                    "agentCapabilities": {"loadSession": self.behaviour.load_session},
-                    "agentInfo": {"name": "fake", "version": "1"},
-                    "authMethods": [],
-                },
-            )
+            result: dict[str, Any] = {
+                "protocolVersion": 1,
+                "agentCapabilities": {"loadSession": self.behaviour.load_session},
+                "agentInfo": {"name": "fake", "version": "1"},
+                "authMethods": [],
+            }
+            if self.behaviour.steering:
+                result["_meta"] = {"steering": {"supported": True}}
+            await self.reply(request_id, result)
         elif method == "session/new":
             self.store.counter += 1
             self.session_id = f"fake-{self.store.counter}"
@@ -142,10 +151,34 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             nursery.start_soon(self.turn, request_id, self.behaviour.for_prompt(text))
         elif method == "session/cancel":
             self.cancelled.set()
+        elif method == "_session/steering" and self.behaviour.steering:
+            text = "".join(block.get("text", "") for block in params.get("prompt", []))
+            if self.behaviour.steer_answer == "silent":
+                return
+            if self.behaviour.steer_answer == "refuse":
+                await self.error(request_id, -32603, "cannot steer now")
+            elif self.running is None:
+                await self.reply(request_id, {"outcome": "promptRequired"})
+            else:
+                self.steers.append(text)
+                await self.reply(request_id, {"outcome": "injected"})
+                await self.update(
+                    {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": f"steered:{text} "},
+                    }
+                )
         elif request_id is not None:
             await self.error(request_id, -32601, f"Method not found: {method}")
 
     async def turn(self, request_id: Any, behaviour: Behaviour) -> None:
+        self.running = request_id
+        try:
+            await self._turn(request_id, behaviour)
+        finally:
+            self.running = None
+
+    async def _turn(self, request_id: Any, behaviour: Behaviour) -> None:
         if behaviour.fail:
             await self.error(request_id, -32603, "model backend unavailable")
             return

@@ -137,6 +137,7 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
         self.goal: dict[str, Any] | None = None
         self.goal_behaviour = CodexBehaviour()  # of the turn that created the goal
         self.goal_turns = 0  # turns the server started by itself for an active goal
+        self.steers: list[str] = []  # texts turn/steer added to running turns
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"id": request_id, "result": result})
@@ -195,6 +196,31 @@ class FakeCodexServer(MemoryAgent[CodexBehaviour]):
             assert self.thread_id is not None and params.get("threadId") == self.thread_id
             self.store.sessions[self.thread_id].append(text)
             nursery.start_soon(self.turn, request_id, self.behaviour.for_prompt(text))
+        elif method == "turn/steer":
+            # As turn_steer_inner: the expected turn must be the active one; the input joins it.
+            active = self.active
+            expected = params.get("expectedTurnId")
+            if active is None:
+                await self.error(request_id, -32600, "no active turn to steer")
+            elif expected != active.real_id:
+                await self.error(
+                    request_id,
+                    -32600,
+                    f"expected active turn id `{expected}` but found `{active.real_id}`",
+                )
+            else:
+                text = "".join(part.get("text", "") for part in params.get("input", []))
+                self.steers.append(text)
+                await self.reply(request_id, {"turnId": active.real_id})
+                await self.notify(
+                    "item/agentMessage/delta",
+                    {
+                        "threadId": self.thread_id,
+                        "turnId": active.real_id,
+                        "itemId": "msg_1",
+                        "delta": f"steered:{text} ",
+                    },
+                )
         elif method == "turn/interrupt":
             thread_id = params.get("threadId")
             if thread_id in self.children:

@@ -1,0 +1,252 @@
+"""Tier 2: steering a running turn (virtual time, in-memory agents).
+
+``session.steer(text)`` goes the best way the agent has: ``injected`` into the running turn
+where the agent steers natively (ACP ``_session/steering`` here; each protocol's own way is in
+its machine's tests), ``interrupted`` (the turn cancelled through the whole ladder, the text
+first after it) where it cannot, ``started`` when no turn runs. ``turn.steered`` tells every
+subscriber, and queued prompts keep their place behind the steered text.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+import pytest
+import trio
+import trio.testing
+
+import helpers
+from fakes.memory_agent import Behaviour, MemoryLauncher
+from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentSpec, Session
+from supervisor.errors import BadRequest
+
+SLOW = Behaviour(words=40, word_interval=0.1)
+
+
+def running(
+    behaviour: Behaviour, **changes: object
+) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
+    return helpers.running(MemoryLauncher(behaviour), spec.with_options(**changes), catch_up=True)
+
+
+async def running_turn(session: Session, rec: Recorder, text: str = "go") -> str:
+    turn = await session.prompt(text)
+    await rec.wait_kind("message.delta", turn_id=turn.id)
+    return turn.id
+
+
+def texts(rec: Recorder, turn_id: str) -> str:
+    return "".join(
+        e.text
+        for e in rec.of_kind("message.delta")
+        if isinstance(e, ev.MessageDelta) and e.turn_id == turn_id
+    )
+
+
+async def test_an_agent_that_steers_takes_the_text_into_the_running_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=5, word_interval=0.1, steering=True)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        first = await running_turn(session, rec)
+        result = await session.steer("use tabs, not spaces")
+        assert (result.mode, result.turn_id, result.receipt) == ("injected", first, None)
+        steered = await rec.wait_kind("turn.steered")
+        assert isinstance(steered, ev.TurnSteered)
+        assert (steered.turn_id, steered.mode, steered.text) == (
+            first,
+            "injected",
+            "use tabs, not spaces",
+        )
+        ended = await rec.wait_kind("turn.ended", turn_id=first)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert "steered:use tabs, not spaces" in texts(rec, first)
+        assert launcher.agents[0].steers == ["use tabs, not spaces"]
+        # No cancel, no second turn: one turn took both texts.
+        assert [e.turn_id for e in rec.of_kind("turn.started")] == [first]
+
+
+async def test_an_agent_that_cannot_steer_makes_way_through_the_ladder(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(SLOW) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        queued = await session.prompt("afterwards")
+        assert queued.queued
+        result = await session.steer("stop that, do this")
+        assert result.mode == "interrupted" and result.receipt is not None
+        assert result.receipt.turn_id == first and result.receipt.outcome == "cancelled"
+        assert result.receipt.reason == "steer" and result.receipt.dropped_prompts == []
+        # Terminate-then-respond: the old turn has ended, the steered one runs.
+        assert session.turn_id == result.turn_id
+        ended = [await rec.wait_kind("turn.ended", turn_id=first)]
+        started = await rec.wait_kind("turn.started", turn_id=result.turn_id)
+        assert isinstance(started, ev.TurnStarted) and started.text == "stop that, do this"
+        steered = await rec.wait_kind("turn.steered")
+        assert isinstance(steered, ev.TurnSteered)
+        assert (steered.mode, steered.interrupted_turn_id) == ("interrupted", first)
+        assert ended[0].seq < steered.seq < started.seq
+        # The queued prompt kept its place, behind the steered text.
+        await rec.wait_kind("turn.ended", turn_id=result.turn_id)
+        await rec.wait_kind("turn.started", turn_id=queued.id)
+        assert launcher.agents[0].turns == ["go", "stop that, do this", "afterwards"]
+        await session.cancel()
+
+
+async def test_a_steer_with_no_turn_running_starts_one_ahead_of_the_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=2, word_interval=0.1, steering=True)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        result = await session.steer("hello")
+        assert result.mode == "started" and result.receipt is None
+        started = await rec.wait_kind("turn.started", turn_id=result.turn_id)
+        steered = await rec.wait_kind("turn.steered", turn_id=result.turn_id)
+        assert steered.seq < started.seq
+        await rec.wait_kind("turn.ended", turn_id=result.turn_id)
+        assert launcher.agents[0].turns == ["hello"]
+
+
+async def test_a_steer_the_agent_refuses_falls_back_to_the_ladder(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=40, word_interval=0.1, steering=True, steer_answer="refuse")
+    async with running(behaviour) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        result = await session.steer("instead")
+        assert result.mode == "interrupted" and result.receipt is not None
+        assert result.receipt.turn_id == first
+        assert result.detail is not None and "cannot steer now" in result.detail
+        await rec.wait_kind("message.delta", turn_id=result.turn_id)
+        assert launcher.agents[0].turns == ["go", "instead"]
+        await session.cancel()
+
+
+async def test_a_steer_the_agent_never_answers_is_bounded_by_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
+    async with running(behaviour) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        start = trio.current_time()
+        result = await session.steer("instead")
+        # grace_s (2 s) for the answer, then the ladder (the fake obeys the cancel at once).
+        assert trio.current_time() - start == pytest.approx(2.0, abs=0.05)
+        assert result.mode == "interrupted" and result.receipt is not None
+        assert result.receipt.turn_id == first
+        assert result.detail is not None and "did not answer" in result.detail
+        await session.cancel()
+
+
+async def test_a_steer_while_a_turn_is_being_cancelled_starts_right_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(SLOW.for_prompt("stop-delay=0.5")) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        async with trio.open_nursery() as nursery:
+            receipts = []
+
+            async def cancel() -> None:
+                receipts.append(await session.cancel())
+
+            nursery.start_soon(cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            result = await session.steer("then this")
+        assert result.mode == "interrupted"
+        assert result.receipt == receipts[0] and result.receipt.turn_id == first
+        await rec.wait_kind("turn.started", turn_id=result.turn_id)
+        await session.cancel()
+
+
+async def test_a_wedged_agent_is_killed_and_the_steered_text_runs_on_the_respawned_one(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(SLOW.for_prompt("ignore-cancel")) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        result = await session.steer("after the kill")
+        assert result.mode == "interrupted" and result.receipt is not None
+        assert result.receipt.outcome == "killed"
+        assert "grace_expired" in result.receipt.escalation
+        assert result.receipt.resumed is True
+        assert len(launcher.agents) == 2 and session.turn_id == result.turn_id
+        await rec.wait_kind("message.delta", turn_id=result.turn_id)
+        assert launcher.agents[1].turns == ["after the kill"]
+        assert first != result.turn_id
+        await session.cancel()
+
+
+async def test_steer_refuses_empty_text(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(SLOW) as (session, launcher, rec):
+        with pytest.raises(BadRequest):
+            await session.steer("   ")
+
+
+# -- Codex app-server: ``turn/steer`` ------------------------------------------------------------
+
+
+def codex_running(
+    behaviour: CodexBehaviour,
+) -> AbstractAsyncContextManager[tuple[Session, MemoryCodexLauncher, Recorder]]:
+    spec = AgentSpec(name="codex", protocol="codex", command=["codex", "app-server"], grace_s=2.0)
+    return helpers.running(MemoryCodexLauncher(behaviour), spec, catch_up=True)
+
+
+async def test_codex_takes_the_text_into_the_running_turn_with_turn_steer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with codex_running(CodexBehaviour(words=5, word_interval=0.1)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        first = await running_turn(session, rec)
+        result = await session.steer("and add tests")
+        assert (result.mode, result.turn_id) == ("injected", first)
+        [steer] = launcher.sent("turn/steer")
+        assert steer["params"]["input"] == [{"type": "text", "text": "and add tests"}]
+        assert steer["params"]["expectedTurnId"].startswith("turn_")
+        ended = await rec.wait_kind("turn.ended", turn_id=first)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert "steered:and add tests" in texts(rec, first)
+        assert launcher.servers[0].steers == ["and add tests"]
+
+
+async def test_codex_steer_before_the_turn_is_named_waits_for_its_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = CodexBehaviour(words=5, word_interval=0.1, reply_delay=0.5)
+    async with codex_running(behaviour) as (session, launcher, rec):
+        turn = await session.prompt("go")
+        result = await session.steer("early")
+        assert (result.mode, result.turn_id) == ("injected", turn.id)
+        [steer] = launcher.sent("turn/steer")
+        assert steer["params"]["expectedTurnId"] == "turn_2"
+        await rec.wait_kind("turn.ended", turn_id=turn.id)
+
+
+async def test_codex_steer_that_finds_the_turn_over_starts_the_next_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # One word: the turn is over on the server by the time turn/steer reaches it.
+    async with codex_running(CodexBehaviour(words=1, word_interval=0.0)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        first = await running_turn(session, rec)
+        result = await session.steer("one more thing")
+        # Either the session heard of the turn's end first, or Codex answered "no active
+        # turn to steer": both ways the text starts the next turn.
+        assert result.mode == "started" and result.turn_id != first
+        await rec.wait_kind("turn.ended", turn_id=result.turn_id)
+        assert launcher.servers[0].turns == ["go", "one more thing"]
