@@ -17,10 +17,10 @@ from fakes.memory_agent import Behaviour, MemoryLauncher
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
-from supervisor.gateway_protocol import MAX_FRAME_BYTES
+from supervisor.gateway.protocol import MAX_FRAME_BYTES
+from supervisor.gateway.websocket import text_frame
 from supervisor.session import DEFAULT_HISTORY
 from supervisor.subscription import Fanout
-from supervisor.websocket import text_frame
 
 BOUND = 20.0
 

@@ -15,10 +15,11 @@ from typing import Any, cast
 import attrs
 
 from protocols import events as ev
-from supervisor.gateway import Gateway, GatewayLimits, _Client
+from supervisor.gateway import Gateway, GatewayLimits
+from supervisor.gateway.server import _Client
+from supervisor.gateway.websocket import ServerWebSocket
 from supervisor.subscription import Fanout, Subscription
 from supervisor.supervisor import Supervisor
-from supervisor.websocket import ServerWebSocket
 
 
 class Session:

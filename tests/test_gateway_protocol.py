@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.gateway_protocol import (
+from supervisor.gateway.protocol import (
     ACTIONS,
     MAX_FRAME_BYTES,
     Request,

@@ -1,7 +1,7 @@
 """The gateway: WebSocket (``/ws``), the web UI (``/``) and a small HTTP API on one port.
 
 HTTP is parsed by h11; a request to ``/ws`` that asks for an upgrade is handed, with the bytes
-already read, to :class:`~supervisor.websocket.ServerWebSocket` (wsproto). Every route needs
+already read, to :class:`~supervisor.gateway.websocket.ServerWebSocket` (wsproto). Every route needs
 the token (``Authorization: Bearer T`` or ``?token=T``, compared in constant time), and a browser
 ``Origin`` must be this server's own, so a page on another site cannot drive local agents. See
 ``design/gateway.md`` for the fan-out.
@@ -24,7 +24,7 @@ import h11
 import trio
 
 from supervisor.errors import AgentNotRunning, SupervisorError
-from supervisor.gateway_protocol import (
+from supervisor.gateway.protocol import (
     MAX_FRAME_BYTES,
     Request,
     RequestError,
@@ -32,9 +32,14 @@ from supervisor.gateway_protocol import (
     error_response,
     ok_response,
 )
+from supervisor.gateway.websocket import (
+    HandshakeFailed,
+    ServerWebSocket,
+    WebSocketClosed,
+    text_frame,
+)
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import Supervisor
-from supervisor.websocket import HandshakeFailed, ServerWebSocket, WebSocketClosed, text_frame
 from supervisor.wire import dumps, receipt_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
@@ -682,7 +687,7 @@ def _page(title: str, text: str) -> bytes:
 
 
 def _static(name: str) -> bytes:
-    return importlib.resources.files("supervisor").joinpath("static", name).read_bytes()
+    return importlib.resources.files("supervisor.gateway").joinpath("static", name).read_bytes()
 
 
 def _url_host(host: str) -> str:
