@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
     from supervisor.receipt import CancelReceipt, DroppedPrompt
     from supervisor.session import Session, SessionSummary, Subscription, TurnHandle
+    from supervisor.steering import SteerResult
     from supervisor.supervisor import Supervisor, open_supervisor
 
 _EXPORTS = {
@@ -37,6 +38,7 @@ _EXPORTS = {
     "CancelReceipt": "supervisor.receipt",
     "DroppedPrompt": "supervisor.receipt",
     "Session": "supervisor.session",
+    "SteerResult": "supervisor.steering",
     "SessionSummary": "supervisor.session",
     "Subscription": "supervisor.session",
     "TurnHandle": "supervisor.session",
@@ -54,6 +56,7 @@ __all__ = [
     "Session",
     "SessionNotFound",
     "SessionSummary",
+    "SteerResult",
     "Subscription",
     "Supervisor",
     "SupervisorError",

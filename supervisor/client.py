@@ -112,6 +112,10 @@ class GatewayClient:
     async def prompt(self, session_id: str, text: str) -> dict[str, Any]:
         return await self.request("agent.prompt", {"session_id": session_id, "text": text})
 
+    async def steer(self, session_id: str, text: str) -> dict[str, Any]:
+        """``{"mode", "turn_id", "receipt"?}``: see :class:`supervisor.steering.SteerResult`."""
+        return await self.request("agent.steer", {"session_id": session_id, "text": text})
+
     async def cancel(
         self, session_id: str, *, task_id: str | None = None, reason: str | None = None
     ) -> dict[str, Any]:

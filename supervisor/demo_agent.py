@@ -33,6 +33,10 @@ break one turn and check that the next one works:
 
 The command-line switches (see ``--help``) apply to every turn.
 
+Steering: it advertises ``_meta.steering.supported`` (unless ``--no-steering``) and answers
+``_session/steering`` like claude-agent-acp: ``injected`` while a prompt runs (the reply then
+says "Steered: <text>." and streams on), ``promptRequired`` when idle.
+
 This module is standalone on purpose: it imports only the standard library
 and trio, never other modules of the ``supervisor`` package.
 """
@@ -169,6 +173,7 @@ class Options:
     ignore_cancel: bool = False
     ignore_sigterm: bool = False
     permission_watches_cancel: bool = False
+    steering: bool = True
     state_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
     )
@@ -274,6 +279,8 @@ class Turn:
         self.pending_requests: list[int] = []
         self.reply_parts: list[str] = []
         self.done = trio.Event()
+        #: steered texts not said yet (the stream says each at its next word)
+        self.steers: list[str] = []
 
 
 @dataclass
@@ -557,6 +564,8 @@ class DemoAgent:
                 await self._session_load(request_id, params)
             elif method == "session/prompt":
                 self._session_prompt(request_id, params)
+            elif method == "_session/steering" and self.options.steering:
+                await self.respond(request_id, self._steer(params))
             else:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         except RpcError as exc:
@@ -576,7 +585,22 @@ class DemoAgent:
             },
             "agentInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
             "authMethods": [],
+            **({"_meta": {"steering": {"supported": True}}} if self.options.steering else {}),
         }
+
+    def _steer(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.get(self._session_id(params))
+        if session is None:
+            raise RpcError(INVALID_PARAMS, "Invalid params: unknown session")
+        text = _text_of(params.get("prompt"))
+        if not text:
+            raise RpcError(INVALID_PARAMS, "Invalid params: steer params require a prompt")
+        if session.turn is None:
+            return {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        log(f"steered in {session.session_id}: {text[:80]!r}")
+        session.turn.steers.append(text)
+        session.history.append(HistoryEntry("user", text))
+        return {"outcome": "injected"}
 
     @staticmethod
     def _cwd(params: dict[str, Any]) -> str:
@@ -753,6 +777,8 @@ class DemoAgent:
             else:
                 await trio.sleep(plan.delay)
             word = DEMO_WORDS[index % len(DEMO_WORDS)] + " "
+            while turn.steers:
+                word = f"Steered: {turn.steers.pop(0)}. " + word
             await self.update(
                 turn.session.session_id,
                 {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": word}},
@@ -969,6 +995,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="let session/cancel end a turn that waits for a permission answer",
     )
     parser.add_argument(
+        "--no-steering",
+        action="store_true",
+        help="do not advertise or answer _session/steering (the supervisor then interrupts)",
+    )
+    parser.add_argument(
         "--state-dir",
         default=defaults.state_dir,
         help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
@@ -983,6 +1014,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ignore_cancel=ns.ignore_cancel,
         ignore_sigterm=ns.ignore_sigterm,
         permission_watches_cancel=ns.permission_watches_cancel,
+        steering=not ns.no_steering,
         state_dir=ns.state_dir,
     )
 

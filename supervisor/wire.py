@@ -18,6 +18,7 @@ import msgspec
 
 from protocols.events import EVENT_TYPES, Event
 from supervisor.receipt import CancelReceipt
+from supervisor.steering import SteerResult
 
 __all__ = [
     "converter",
@@ -27,6 +28,7 @@ __all__ = [
     "event_json",
     "event_to_wire",
     "receipt_to_wire",
+    "steer_to_wire",
 ]
 
 converter = cattrs.Converter(omit_if_default=False)
@@ -102,3 +104,13 @@ def event_from_json(payload: bytes) -> Event:
 def receipt_to_wire(receipt: CancelReceipt) -> dict[str, Any]:
     result: dict[str, Any] = converter.unstructure(receipt)
     return result
+
+
+def steer_to_wire(result: SteerResult) -> dict[str, Any]:
+    """``{"mode", "turn_id", "receipt"?, "detail"?}``: the answer to ``agent.steer``."""
+    out: dict[str, Any] = {"mode": result.mode, "turn_id": result.turn_id}
+    if result.receipt is not None:
+        out["receipt"] = receipt_to_wire(result.receipt)
+    if result.detail is not None:
+        out["detail"] = result.detail
+    return out

@@ -206,6 +206,7 @@ async def test_initialize_and_new_session(spawn: Spawn) -> None:
             },
             "agentInfo": {"name": "demo-agent", "version": "0.1"},
             "authMethods": [],
+            "_meta": {"steering": {"supported": True}},
         }
         _, answer = await agent.call("initialize", {"protocolVersion": 99})
         assert answer["result"]["protocolVersion"] == 1
@@ -622,3 +623,36 @@ async def test_grandchildren_are_leaked_and_reported(spawn: Spawn) -> None:
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+async def test_a_steer_joins_the_running_turn(spawn: Spawn) -> None:
+    """``_session/steering`` as claude-agent-acp answers it: ``injected`` mid-turn (the reply
+    says it and streams on, one prompt answer for the whole turn), ``promptRequired`` when
+    idle; ``--no-steering`` neither advertises nor answers it."""
+    with trio.fail_after(TIMEOUT):
+        agent = await spawn("--words", "30")
+        await agent.initialize()
+        sid = await agent.new_session()
+        steer = {"sessionId": sid, "prompt": [{"type": "text", "text": "say hi"}]}
+        _, idle = await agent.call("_session/steering", steer)
+        assert idle["result"] == {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        prompt_id = await agent.prompt(sid, "go")
+        await agent.next_update("agent_message_chunk")
+        steer_id = await agent.request("_session/steering", steer)
+        seen: list[Message] = []
+        answers: dict[int, Message] = {}
+        while prompt_id not in answers:
+            message = await agent.read_msg()
+            if "id" in message and "method" not in message:
+                answers[message["id"]] = message
+            else:
+                seen.append(message)
+        assert answers[steer_id]["result"] == {"outcome": "injected"}
+        assert answers[prompt_id]["result"] == {"stopReason": "end_turn"}
+        assert any(text.startswith("Steered: say hi. ") for text in chunks(seen))
+
+        plain = await spawn("--no-steering")
+        assert "_meta" not in await plain.initialize()
+        plain_sid = await plain.new_session()
+        _, refused = await plain.call("_session/steering", {**steer, "sessionId": plain_sid})
+        assert refused["error"]["code"] == -32601

@@ -520,3 +520,37 @@ async def test_session_list_tells_of_a_recycled_agent() -> None:
             [entry] = await client.sessions()
             assert entry["recycles"] == 1 and "3 turns failed" in entry["recycle_reason"]
             assert len(launcher.agents) == 2
+
+
+@pytest.mark.parametrize("steering", [True, False])
+async def test_steer_over_the_wire_says_what_happened_after_its_events(steering: bool) -> None:
+    """``agent.steer``: ``injected`` into the running turn where the agent steers, else
+    ``interrupted`` with the receipt; either way the ``turn.steered`` event (and, interrupted,
+    the old turn's ``turn.ended``) is on the wire before the answer."""
+    behaviour = Behaviour(words=10_000, word_interval=0.01, steering=steering)
+    async with gateway(behaviour, grace=0.3) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            async with client.subscribe(session_id) as events:
+                turn = await client.prompt(session_id, "hello")
+                await next_event(events, "message.delta")
+                result = await client.steer(session_id, "go left")
+                before = queued(events)
+                steered = [e for e in before if e["event"] == "turn.steered"]
+                assert [e["data"]["turn_id"] for e in steered] == [result["turn_id"]]
+                assert steered[0]["data"]["text"] == "go left"
+                if steering:
+                    assert (result["mode"], result["turn_id"]) == ("injected", turn["turn_id"])
+                    assert "receipt" not in result
+                else:
+                    assert result["mode"] == "interrupted"
+                    assert result["turn_id"] != turn["turn_id"]
+                    assert result["receipt"]["turn_id"] == turn["turn_id"]
+                    assert result["receipt"]["reason"] == "steer"
+                    ended = [e for e in before if e["event"] == "turn.ended"]
+                    assert [e["data"]["turn_id"] for e in ended] == [turn["turn_id"]]
+                    assert steered[0]["data"]["interrupted_turn_id"] == turn["turn_id"]
+                await client.cancel(session_id)
+            with pytest.raises(GatewayError) as info:
+                await client.steer(session_id, 42)  # type: ignore[arg-type]
+            assert info.value.code == "bad_request"

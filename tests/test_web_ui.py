@@ -102,6 +102,8 @@ class GatewayThread:
             "stubborn": demo.with_args("--delay", "0.03", "--ignore-cancel").with_options(
                 name="stubborn", grace_s=1.0
             ),
+            # The demo agent without steering: a steer makes the turn stop and go first.
+            "plain": demo.with_args("--delay", "0.03", "--no-steering").with_options(name="plain"),
         }
         async with open_supervisor(agents=agents) as sup, trio.open_nursery() as nursery:
             server = Gateway(sup, port=0, token=TOKEN)
@@ -253,6 +255,49 @@ def test_stop_mid_stream_then_prompt_again(page: Page, server: GatewayThread) ->
     expect_completed(page, 1, 6)
     expect(stop).to_be_hidden()
     expect(page.get_by_test_id("status")).to_have_text("ready")
+
+
+def steer(page: Page, text: str) -> None:
+    prompt = page.get_by_test_id("prompt")
+    expect(page.get_by_test_id("steer")).to_be_visible()
+    prompt.fill(text)
+    prompt.press("Control+Enter")
+    expect(prompt).to_have_value("")
+
+
+def test_steer_a_running_turn_natively_then_by_interrupting(
+    page: Page, server: GatewayThread
+) -> None:
+    open_app(page, server)
+    start_session(page, "demo")
+    expect(page.get_by_test_id("steer")).to_be_hidden()
+    send(page, "tell me a long story words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    steer(page, "make it about trio")
+    expect(page.get_by_test_id("receipt")).to_have_text("Steered: the running turn took your text")
+    # One turn took both: the steered text inside it, the agent's answer to it after.
+    expect(page.get_by_test_id("turn")).to_have_count(1)
+    expect(turn(page, 0).get_by_test_id("steered-message")).to_contain_text("make it about trio")
+    expect(turn(page, 0)).to_contain_text("Steered: make it about trio.")
+    page.get_by_test_id("stop").click()
+    expect(page.get_by_test_id("stop")).to_be_hidden()
+
+    start_session(page, "plain")
+    send(page, "tell me a long story words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    steer(page, "shorter please words=5")
+    expect(page.get_by_test_id("receipt")).to_have_text(
+        re.compile(
+            r"^Steered: this agent cannot take text mid-turn, so the turn was stopped"
+            r" \(Cancelled in \d+ ms\) and your text started the next one$"
+        )
+    )
+    expect(turn(page, 0).get_by_test_id("turn-outcome")).to_have_text(
+        re.compile(r"^Cancelled in \d+ ms$")
+    )
+    expect(turn(page, 1).get_by_test_id("user-message")).to_contain_text("shorter please")
+    expect(turn(page, 1).get_by_test_id("steer-badge")).to_have_text("steered · interrupted")
+    expect_completed(page, 1, 5)
 
 
 def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThread) -> None:

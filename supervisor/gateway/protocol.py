@@ -50,6 +50,7 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),
     "agent.prompt": (_str("session_id"), _str("text")),
+    "agent.steer": (_str("session_id"), _str("text")),
     "agent.cancel": (
         _str("session_id"),
         _str("task_id", required=False),

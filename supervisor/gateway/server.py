@@ -40,7 +40,7 @@ from supervisor.gateway.websocket import (
 )
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import Supervisor
-from supervisor.wire import dumps, receipt_to_wire
+from supervisor.wire import dumps, receipt_to_wire, steer_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
 
@@ -607,6 +607,8 @@ class _Client:
         if action == "agent.prompt":
             turn = await session.prompt(payload["text"])
             return {"turn_id": turn.id, "queued": turn.queued}
+        if action == "agent.steer":
+            return steer_to_wire(await session.steer(payload["text"]))
         if action == "agent.cancel":
             receipt = await session.cancel(
                 turn_id=payload.get("task_id"), reason=payload.get("reason")
