@@ -48,6 +48,10 @@ class AmpClient(ClaudeClient):
         at = next((i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-")), len(argv))
         return [*argv[:at], "threads", "continue", resume, *argv[at:]]
 
+    @property
+    def can_steer(self) -> bool:
+        return False  # Amp's own ``"steer": true`` line: not Claude Code's priority
+
     def start(self, *, cwd: str, resume: str | None = None) -> Step:
         if self._phase != "idle":
             raise RuntimeError("start() called twice")

@@ -90,6 +90,17 @@ Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``,
   that is gone or unknown is answered success ``{}`` as well. (The CLI's bridge contexts answer
   ``stop_task is not supported in this context (callback not registered)``; not this mode.)
 
+Steering (measured on 2.1.332, ``design/protocols.md``): a further ``user`` line with a ``uuid``
+and ``priority: "now"``, written mid-turn. The CLI says ``command_lifecycle`` ``queued`` for that
+uuid within ~2 ms (that is our ``SteerAnswered``, ``injected``), aborts the model's stream (or
+waits for a running tool), writes a ``result`` for the old prompt (``success``, ``terminal_reason``
+``aborted_streaming``/``aborted_tools``: a handover, not an interrupt) and runs the steered text
+next, ending with a ``result`` whose ``user_message_uuids`` names it. So while a steer of this
+turn is not named by a ``result`` yet, a ``result`` hands over and ends nothing (``session.info``);
+the turn ends at the one that names every steer (a CLI that lists no uuids: at the first one that
+is not a handover). A cancel with steers still queued asks ``cancel_queued``, so they stop with
+the turn instead of running as a turn of their own after it.
+
 So a cancel sends the ``interrupt`` first, then ``{"subtype": "stop_task", "task_id": ...}`` for
 every task of this turn still running, all in the same step; a task that starts while the cancel
 is in progress is stopped at its ``task_started``. One ``stop_task`` per task, never repeated.
@@ -108,6 +119,7 @@ background shell (its ``task_notification`` 20-70 ms after the cancel).
 from __future__ import annotations
 
 import secrets
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Final
 
@@ -119,6 +131,7 @@ from protocols.machine import (
     AgentProtocol,
     SessionEstablished,
     StartFailed,
+    SteerAnswered,
     Step,
     TurnFinished,
     check_answer,
@@ -200,6 +213,10 @@ def _random_hex() -> str:
     return secrets.token_hex(4)
 
 
+def _random_uuid() -> str:
+    return str(uuid.uuid4())
+
+
 @define
 class _HeldPermission:
     """A ``can_use_tool`` request the CLI is waiting on."""
@@ -239,6 +256,8 @@ class ClaudeClient(AgentProtocol):
     #: the random part of our request ids (``req_<n>_<hex>``, as the SDKs write them);
     #: tests pass a constant
     _new_hex: Callable[[], str] = field(default=_random_hex, kw_only=True)
+    #: a steer's user-message uuid; tests pass a counter
+    _new_uuid: Callable[[], str] = field(default=_random_uuid, kw_only=True)
     _phase: str = "idle"  # idle, initializing, ready, failed
     _resume: str | None = None
     _init_session_id: str | None = None
@@ -262,6 +281,10 @@ class ClaudeClient(AgentProtocol):
     _streaming: dict[str | None, str] = field(factory=dict)  # parent_tool_use_id -> message id
     _streamed: set[str] = field(factory=set)
     initialize_response: dict[str, Any] = field(factory=dict)
+    #: this turn's steers not named by a ``result`` yet: uuid -> steer id
+    _steers: dict[str, int] = field(factory=dict)
+    #: steer uuids whose SteerAnswered is still owed
+    _unanswered: set[str] = field(factory=set)
 
     @classmethod
     def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
@@ -290,6 +313,8 @@ class ClaudeClient(AgentProtocol):
         self._interrupt_resent = False
         self._stops = {}
         self._stopping_tasks = False
+        self._steers = {}
+        self._unanswered = set()
         return Step(
             send=[
                 {
@@ -308,11 +333,57 @@ class ClaudeClient(AgentProtocol):
         self._interrupt_sent = True
         self._resend_on_init = not self._init_in_turn
         self._stopping_tasks = True
-        step = Step(send=[self._request({"subtype": "interrupt"})])
+        interrupt: dict[str, Any] = {"subtype": "interrupt"}
+        if self._steers:
+            interrupt["cancel_queued"] = True  # steers stop with the turn, never run after it
+        step = Step(send=[self._request(interrupt)])
         # The turn first, so it starts no more tasks; then every task it started, at once.
         for task_id, turn_id in list(self._tasks.items()):
             if turn_id == self._turn_id:
                 step.extend(self._stop_task(task_id))
+        return step
+
+    @property
+    def can_steer(self) -> bool:
+        return True
+
+    def steer(self, turn_id: str, steer_id: int, text: str) -> Step:
+        if self._turn_id != turn_id or self._finishing is not None:
+            raise RuntimeError(f"steer() of turn {turn_id} while {self._turn_id} runs")
+        message_uuid = self._new_uuid()
+        self._steers[message_uuid] = steer_id
+        self._unanswered.add(message_uuid)
+        return Step(
+            send=[
+                {
+                    "type": "user",
+                    "message": {"role": "user", "content": text},
+                    "parent_tool_use_id": None,
+                    "session_id": self.agent_session_id or "default",
+                    "uuid": message_uuid,
+                    "priority": "now",
+                }
+            ]
+        )
+
+    def _answer_steer(self, message_uuid: str, injected: bool, detail: str | None = None) -> Step:
+        if message_uuid not in self._unanswered or self._turn_id is None:
+            return Step()
+        self._unanswered.discard(message_uuid)
+        steer_id = self._steers[message_uuid]
+        if not injected:
+            del self._steers[message_uuid]
+        return Step(events=[SteerAnswered(steer_id, self._turn_id, injected, detail=detail)])
+
+    def _on_command_lifecycle(self, message: dict[str, Any]) -> Step:
+        step = Step(events=[ev.SessionInfo(info_kind="command_lifecycle", data=message)])
+        command = message.get("command_uuid")
+        state = message.get("state")
+        if isinstance(command, str) and command in self._unanswered:
+            if state in ("queued", "started", "completed"):
+                step.extend(self._answer_steer(command, True))
+            elif state == "cancelled":
+                step.extend(self._answer_steer(command, False, "the CLI cancelled the steer"))
         return step
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
@@ -367,6 +438,8 @@ class ClaudeClient(AgentProtocol):
             return self._on_control_response(message)
         if kind == "tool_progress":
             return self._on_tool_progress(message)
+        if kind == "command_lifecycle":
+            return self._on_command_lifecycle(message)
         if isinstance(kind, str) and kind in _INFO_TYPES:
             return Step(events=[ev.SessionInfo(info_kind=kind, data=message)])
         return _unparsed(message)
@@ -622,6 +695,11 @@ class ClaudeClient(AgentProtocol):
         if turn_id is None or self._finishing is not None:
             # A later result for the same prompt (a background task's turn): not a turn end.
             return Step(events=[ev.SessionInfo(info_kind="result", data=message)])
+        answers = Step()
+        if self._steers and not self._interrupt_sent:
+            answers, ends = self._steered_result(message)
+            if not ends:
+                return answers
         self._streaming.clear()
         self._streamed.clear()
         subtype = _opt_str(message.get("subtype"))
@@ -642,7 +720,37 @@ class ClaudeClient(AgentProtocol):
                 error = _describe(message)
         details: dict[str, Any] = {"interrupt_resent": True} if self._interrupt_resent else {}
         self._finishing = TurnFinished(turn_id, reason or subtype, interrupted, error, details)
-        return self._release()
+        return answers.extend(self._release())
+
+    def _steered_result(self, message: dict[str, Any]) -> tuple[Step, bool]:
+        """A ``result`` in a steered turn: the steered text's own (it ends the turn: True) or
+        the old prompt's, handing over to it (a ``session.info``; the turn goes on). The step
+        answers the steers it names that had no ``command_lifecycle`` yet."""
+        named = message.get("user_message_uuids")
+        if not isinstance(named, list):
+            single = message.get("user_message_uuid")
+            named = [single] if isinstance(single, str) else None
+        step = Step()
+        if named is None:
+            # A CLI that names nothing: only a stop that is not an error hands over.
+            reason = message.get("terminal_reason")
+            if message.get("is_error") is True or reason not in INTERRUPTED_REASONS:
+                self._steers.clear()
+                return step, True
+            for message_uuid in list(self._unanswered):
+                step.extend(self._answer_steer(message_uuid, True))
+            self._steers.clear()  # the next result is the steered text's
+        else:
+            for message_uuid in named:
+                if isinstance(message_uuid, str) and message_uuid in self._steers:
+                    step.extend(self._answer_steer(message_uuid, True))
+                    del self._steers[message_uuid]
+            if not self._steers:
+                return step, True  # every steer is answered by this result: it ends the turn
+        self._streaming.clear()
+        self._streamed.clear()
+        step.events.append(ev.SessionInfo(info_kind="result", data=message))
+        return step, False
 
     # -- content --------------------------------------------------------------------------
 

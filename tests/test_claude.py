@@ -14,6 +14,7 @@ Tier 1: plain pytest, no trio, no I/O beyond reading the golden files.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 from pathlib import Path
@@ -33,12 +34,15 @@ GOLDEN_DIR = Path(__file__).parent / "golden" / "claude"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 NONCE = "0a0b0c0d"
 
-CHECKS = {"pending_permissions", "agent_session_id", "initialize_response"}
+CHECKS = {"pending_permissions", "agent_session_id", "initialize_response", "can_steer"}
 OUR_REQUEST_ID = re.compile(r"^req_[1-9][0-9]*_[0-9a-f]{8}$")
 
 
 def machine() -> ClaudeClient:
-    return ClaudeClient(new_hex=lambda: NONCE)
+    steers = itertools.count(1)
+    return ClaudeClient(
+        new_hex=lambda: NONCE, new_uuid=lambda: f"00000000-0000-4000-8000-{next(steers):012d}"
+    )
 
 
 def check_wire(message: dict[str, Any], where: str) -> None:
@@ -47,7 +51,11 @@ def check_wire(message: dict[str, Any], where: str) -> None:
     assert "jsonrpc" not in message and "id" not in message, where
     kind = message.get("type")
     if kind == "user":
-        assert set(message) == {"type", "message", "parent_tool_use_id", "session_id"}, where
+        keys = {"type", "message", "parent_tool_use_id", "session_id"}
+        if "priority" in message:  # a steer: its uuid names it in every later line about it
+            keys |= {"uuid", "priority"}
+            assert message["priority"] == "now", where
+        assert set(message) == keys, where
         assert message["message"]["role"] == "user", where
         assert isinstance(message["session_id"], str), where
     elif kind == "control_request":
