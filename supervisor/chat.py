@@ -14,8 +14,11 @@ Three layers, so the embedded and the remote chat share every line of the user i
 
 Keys: Enter sends the line; Esc or Ctrl-C stops the running turn and shows the receipt; a
 second Ctrl-C within a second quits; Ctrl-D or ``/quit`` on an empty line quits; ``y``/``n``
-answer a permission request; other keys do nothing while a turn runs. When stdin is not a
-terminal the chat reads plain lines instead (``/stop`` stands for Esc), so it can be scripted.
+answer a permission request. Typing while a turn runs writes a *steer*: Enter sends it to the
+running turn (``session.steer``: joined natively where the agent can, else the turn makes way),
+and the chat says which way it went; the keys are not echoed meanwhile, so the agent's output
+stays whole. When stdin is not a terminal the chat reads plain lines instead (``/stop`` stands
+for Esc, ``/steer TEXT`` steers), so it can be scripted.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
 from supervisor.session import Session, Subscription
 from supervisor.statefile import default_state_dir
+from supervisor.steering import SteerResult
 from supervisor.supervisor import open_supervisor
 from supervisor.wire import converter
 
@@ -218,6 +222,16 @@ class PermissionFailed:
     message: str
 
 
+@frozen
+class SteerDone:
+    result: SteerResult
+
+
+@frozen
+class SteerFailed:
+    message: str
+
+
 Input = (
     Key
     | Line
@@ -230,6 +244,8 @@ Input = (
     | CancelDone
     | CancelFailed
     | PermissionFailed
+    | SteerDone
+    | SteerFailed
     | ev.Event
 )
 
@@ -245,6 +261,11 @@ class SendCancel:
 
 
 @frozen
+class SendSteer:
+    text: str
+
+
+@frozen
 class SendPermission:
     request_id: str
     option_id: str | None  # None: answer "cancelled"
@@ -255,7 +276,7 @@ class Quit:
     code: int
 
 
-Command = SendPrompt | SendCancel | SendPermission | Quit
+Command = SendPrompt | SendCancel | SendSteer | SendPermission | Quit
 
 # -- the core --------------------------------------------------------------------------------
 
@@ -305,6 +326,8 @@ class ChatCore:
         self._at_line_start = True
         self._stream: str | None = None  # "message" or "thought" while text streams
         self._prompt_visible = False
+        self._steer_buffer: list[str] = []  # a steer typed while a turn runs (not echoed)
+        self._steers_in_flight = 0
 
     # -- public ----------------------------------------------------------------------------
 
@@ -313,9 +336,12 @@ class ChatCore:
 
     def start(self, label: str) -> None:
         if self.interactive:
-            help_text = "Enter sends · Esc or Ctrl-C stops the turn · Ctrl-D or /quit quits"
+            help_text = (
+                "Enter sends · type while a turn runs to steer it · Esc or Ctrl-C stops the"
+                " turn · Ctrl-D or /quit quits"
+            )
         else:
-            help_text = "/stop stops the turn · /quit or end of input quits"
+            help_text = "/stop stops the turn · /steer TEXT steers it · /quit or end of input quits"
         self._status(f"chat with {label} · {help_text}")
         self._show_prompt()
 
@@ -364,10 +390,17 @@ class ChatCore:
         if self._turn is not None:
             if key.name == ESC:
                 self._stop()
-            elif key.name == CHAR and self._permissions and key.char.lower() in ("y", "n"):
+            elif (
+                key.name == CHAR
+                and self._permissions
+                and not self._steer_buffer
+                and key.char.lower() in ("y", "n")
+            ):
                 self._finish_line(key.char)
                 self._answer(key.char.lower() == "y")
-            return  # other keys do nothing while a turn runs
+            else:
+                self._on_steer_key(key)
+            return
         if key.name == CHAR:
             self._buffer.append(key.char)
             self._write(key.char)
@@ -386,6 +419,31 @@ class ChatCore:
         elif key.name == CTRL_D and not self._buffer:
             self._quit(0)
 
+    def _on_steer_key(self, key: Key) -> None:
+        """Keys while a turn runs write a steer, unechoed (the agent's output keeps the
+        screen); a status line says it is being typed, Enter sends it."""
+        if key.name == CHAR:
+            if not self._steer_buffer:
+                self._status("↪ steering the running turn: Enter sends, Ctrl-U clears")
+            self._steer_buffer.append(key.char)
+        elif key.name == BACKSPACE and self._steer_buffer:
+            self._steer_buffer.pop()
+        elif key.name == CTRL_U:
+            self._steer_buffer.clear()
+        elif key.name == ENTER and self._steer_buffer:
+            text = "".join(self._steer_buffer)
+            self._steer_buffer.clear()
+            self._steer(text)
+
+    def _steer(self, text: str) -> None:
+        if not text.strip():
+            return
+        self._status(f"↪ {_clean(text.strip())}")
+        self._steers_in_flight += 1
+        if self._turn is None:
+            self._turn = _TurnView(text)  # the turn it starts is adopted at its turn.steered
+        self._commands.append(SendSteer(text))
+
     def _submit(self, text: str) -> None:
         command = text.strip()
         if not command:
@@ -394,6 +452,8 @@ class ChatCore:
             self._quit(0)
         elif command == "/stop":
             self._status("no turn is running")
+        elif command.startswith("/steer ") or command == "/steer":
+            self._steer(command.removeprefix("/steer").strip())
         else:
             self._turn = _TurnView(text)
             self._commands.append(SendPrompt(text))
@@ -410,6 +470,9 @@ class ChatCore:
             elif line == "/stop":
                 self._lines.popleft()
                 self._stop()
+            elif line.startswith("/steer "):
+                self._lines.popleft()
+                self._steer(line.removeprefix("/steer").strip())
             elif line == "/quit":
                 self._lines.popleft()
                 self._quit(0)
@@ -478,11 +541,20 @@ class ChatCore:
     # -- answers of the backend ----------------------------------------------------------------
 
     def _on_result(
-        self, item: PromptAccepted | PromptFailed | CancelDone | CancelFailed | PermissionFailed
+        self,
+        item: PromptAccepted
+        | PromptFailed
+        | CancelDone
+        | CancelFailed
+        | PermissionFailed
+        | SteerDone
+        | SteerFailed,
     ) -> None:
         turn = self._turn
         if isinstance(item, PermissionFailed):
             self._status(f"✗ permission answer failed: {item.message}")
+        elif isinstance(item, SteerDone | SteerFailed):
+            self._steer_answered(item)
         elif turn is None:
             return
         elif isinstance(item, PromptAccepted):
@@ -503,6 +575,35 @@ class ChatCore:
             turn.stop_requested = turn.cancel_sent = False
             self._maybe_finish_turn()
 
+    def _steer_answered(self, item: SteerDone | SteerFailed) -> None:
+        self._steers_in_flight = max(0, self._steers_in_flight - 1)
+        if isinstance(item, SteerFailed):
+            self._status(f"✗ steer failed: {item.message}")
+            turn = self._turn
+            if turn is not None and turn.turn_id is None and not turn.accepted:
+                self._turn = None  # the placeholder of a steer that started nothing
+            return
+        result = item.result
+        if result.mode == "injected":
+            self._status("↪ the running turn took it")
+        elif result.mode == "started":
+            self._status("↪ no turn was running: it started one")
+        else:
+            how = f" ({result.receipt.summary()})" if result.receipt is not None else ""
+            self._status(f"↪ the agent cannot steer: the turn stopped{how}; yours runs next")
+        self._adopt(result.turn_id)
+
+    def _adopt(self, turn_id: str) -> None:
+        """The chat follows the turn a steer went to (the old one has ended by now)."""
+        turn = self._turn
+        if turn is not None and turn.turn_id == turn_id:
+            turn.accepted = True
+            self._maybe_finish_turn()
+            return
+        if turn is not None and turn.ended is None and turn.turn_id is not None:
+            return  # still on the old turn: its turn.ended comes, then the steered turn's events
+        self._turn = _TurnView("", turn_id=turn_id, accepted=True)
+
     # -- session events ----------------------------------------------------------------------
 
     def _mine(self, turn_id: str | None) -> bool:
@@ -521,6 +622,14 @@ class ChatCore:
         elif isinstance(event, ev.TurnStarted):
             if self._turn is not None and self._turn.turn_id is None:
                 self._turn.turn_id = event.turn_id
+        elif isinstance(event, ev.TurnSteered):
+            if self._steers_in_flight and event.mode != "injected":
+                # Our steer starts this turn: follow it from its first event on.
+                turn = self._turn
+                if turn is None or turn.ended is not None or turn.turn_id in (None, event.turn_id):
+                    if turn is not None and turn.ended is not None:
+                        self._maybe_finish_turn()
+                    self._turn = _TurnView(event.text, turn_id=event.turn_id, accepted=True)
         elif isinstance(event, ev.ToolCall):
             if self._mine(event.turn_id):
                 self._status(f"⚙ {_clean(event.title or event.tool_kind or 'tool call')}")
@@ -667,6 +776,10 @@ class ChatBackend(Protocol):
         """Stop that turn; returns once it has ended (terminate-then-respond)."""
         ...
 
+    async def steer(self, text: str) -> SteerResult:
+        """Redirect the running turn (or start one); returns which way it went."""
+        ...
+
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
         """Answer a permission request with an option, or as cancelled (``None``)."""
         ...
@@ -694,6 +807,12 @@ class EmbeddedBackend:
     async def cancel(self, turn_id: str) -> CancelReceipt:
         try:
             return await self._session.cancel(turn_id=turn_id, reason="chat")
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def steer(self, text: str) -> SteerResult:
+        try:
+            return await self._session.steer(text)
         except SupervisorError as exc:
             raise ChatError(str(exc)) from exc
 
@@ -776,6 +895,13 @@ class RemoteBackend:
             return converter.structure(result, CancelReceipt)
         except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
             raise ChatError(f"the gateway sent a receipt we cannot read: {result!r}") from exc
+
+    async def steer(self, text: str) -> SteerResult:
+        result = await self._request("agent.steer", {"text": text})
+        try:
+            return converter.structure({"session_id": self._session_id, **result}, SteerResult)
+        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+            raise ChatError(f"the gateway sent a steer answer we cannot read: {result!r}") from exc
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
         payload: dict[str, Any] = {"request_id": request_id}
@@ -995,7 +1121,7 @@ async def _converse(core: ChatCore, backend: ChatBackend, console: _Console) -> 
 
 async def _perform(
     backend: ChatBackend,
-    command: SendPrompt | SendCancel | SendPermission,
+    command: SendPrompt | SendCancel | SendSteer | SendPermission,
     send: trio.MemorySendChannel[Input],
 ) -> None:
     """Carry out one command and post its answer back to the UI loop."""
@@ -1010,6 +1136,11 @@ async def _perform(
             result = CancelDone(await backend.cancel(command.turn_id))
         except ChatError as exc:
             result = CancelFailed(str(exc))
+    elif isinstance(command, SendSteer):
+        try:
+            result = SteerDone(await backend.steer(command.text))
+        except ChatError as exc:
+            result = SteerFailed(str(exc))
     else:
         try:
             await backend.respond_permission(command.request_id, command.option_id)

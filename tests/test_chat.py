@@ -38,9 +38,12 @@ from supervisor.chat import (
     SendCancel,
     SendPermission,
     SendPrompt,
+    SendSteer,
+    SteerDone,
 )
 from supervisor.client import connect
 from supervisor.receipt import CancelReceipt
+from supervisor.steering import SteerResult
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Bound on any one expected output; generous for a loaded CI machine.
@@ -133,6 +136,56 @@ def test_a_status_line_at_the_prompt_redraws_the_line_being_typed() -> None:
     core.take_output()
     core.feed(ev.ErrorEvent(code="agent_bad_line", message="agent wrote \x1b[2Jgarbage"))
     assert core.take_output() == "\nerror: agent wrote [2Jgarbage\n› ab"
+
+
+def test_typing_while_a_turn_runs_steers_it_unechoed() -> None:
+    core = ChatCore(interactive=True, color=False)
+    core.start("fake")
+    _type(core, "go\n")
+    core.feed(PromptAccepted("t1"))
+    core.feed(ev.MessageDelta(turn_id="t1", text="one "))
+    core.take_output()
+    assert _type(core, "go left") == []
+    shown = core.take_output()
+    assert "go left" not in shown and "steering the running turn" in shown
+    assert core.feed(Key(ENTER)) == [SendSteer("go left")]
+    assert "↪ go left" in core.take_output()
+    core.feed(ev.TurnSteered(turn_id="t1", mode="injected", text="go left"))
+    result = SteerResult(session_id="s1", mode="injected", turn_id="t1")
+    core.feed(SteerDone(result))
+    assert "the running turn took it" in core.take_output()
+    core.feed(ev.MessageDelta(turn_id="t1", text="two "))
+    assert core.take_output() == "two "  # still the same turn on screen
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="completed"))
+    assert core.take_output().endswith("› ")
+
+
+def test_a_steer_the_agent_cannot_take_follows_the_turn_it_starts() -> None:
+    core = ChatCore(interactive=False, color=False)
+    assert core.feed(Line("go")) == [SendPrompt("go")]
+    core.feed(PromptAccepted("t1"))
+    assert core.feed(Line("/steer do this instead")) == [SendSteer("do this instead")]
+    receipt = {"session_id": "s1", "turn_id": "t1", "outcome": "cancelled", "elapsed_ms": 3.0}
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="cancelled", receipt=receipt))
+    core.feed(
+        ev.TurnSteered(
+            turn_id="t2", mode="interrupted", text="do this instead", interrupted_turn_id="t1"
+        )
+    )
+    core.feed(ev.TurnStarted(turn_id="t2", text="do this instead"))
+    core.feed(ev.MessageDelta(turn_id="t2", text="new words "))
+    result = SteerResult(
+        session_id="s1",
+        mode="interrupted",
+        turn_id="t2",
+        receipt=CancelReceipt(session_id="s1", turn_id="t1", outcome="cancelled", elapsed_ms=3),
+    )
+    core.feed(SteerDone(result))
+    shown = core.take_output()
+    assert "■ Cancelled in 3 ms" in shown and "new words " in shown
+    assert "the agent cannot steer: the turn stopped (Cancelled in 3 ms); yours runs next" in shown
+    assert core.feed(Line("after")) == []  # waits for the steered turn
+    assert core.feed(ev.TurnEnded(turn_id="t2", outcome="completed")) == [SendPrompt("after")]
 
 
 def test_two_interrupts_within_a_second_quit() -> None:
@@ -325,6 +378,23 @@ async def test_permission_answered_with_y_lets_the_turn_complete(config: str) ->
         await terminal.send(b"y")
         await terminal.expect(r"allowed \(Allow once\)")
         await terminal.expect(r"Hello! I am the \n› ")
+        await terminal.send(b"\x04")
+        assert await terminal.wait_exit() == 0
+
+
+async def test_steer_the_running_turn_from_the_terminal(config: str) -> None:
+    async with chat_in_pty("--agent", "demo", "--config", config) as terminal:
+        await terminal.expect(r"› ")
+        await terminal.send(b"tell me a long story words=400\r")
+        await terminal.expect(r"Hello! I am the demo")
+        await terminal.send(b"make it short")
+        await terminal.expect(r"steering the running turn")
+        await terminal.send(b"\r")
+        await terminal.expect(r"↪ make it short")
+        await terminal.expect(r"the running turn took it")
+        await terminal.expect(r"Steered: make it short\.")
+        await terminal.send(b"\x1b")
+        await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
         await terminal.send(b"\x04")
         assert await terminal.wait_exit() == 0
 
