@@ -8,6 +8,13 @@ notification that gets no reply; every pending ``session/request_permission`` mu
 ``cancelled`` on cancel; the agent may withdraw a request it sent us with ``$/cancel_request``.
 We advertise neither ``fs`` nor ``terminal``, and answer those methods "method not found".
 
+Resuming prefers ``session/resume`` (``sessionCapabilities.resume``: no history replayed, so a
+respawn is faster and sends no duplicate events) over ``session/load``; a refused resume falls
+back to ``session/load`` where advertised, else a fresh ``session/new``. Stopping sends
+``session/close`` where ``sessionCapabilities.close`` is advertised. A request we abandon (a
+steer the agent did not answer in time) is withdrawn with ``$/cancel_request``, as the agent
+withdraws its own permission requests (answered -32800, ``permission.resolved`` by ``agent``).
+
 Steering (``_session/steering``, the extension claude-agent-acp and codex-acp 2.x implement, as
 agreed for ACP RFD #1261): only with an agent whose ``initialize`` result carries
 ``_meta.steering.supported: true``. We always ask with ``idleBehavior: "promptRequired"``, so an
@@ -97,6 +104,10 @@ class AcpClient(AgentProtocol):
     _resume: str | None = None
     _session_id: str | None = None
     _can_load: bool = False
+    _can_resume: bool = False
+    _can_close: bool = False
+    #: our ``_session/steering`` requests waiting for an answer: steer id -> request id
+    _steer_requests: dict[int, RequestId] = field(factory=dict)
     _turn_id: str | None = None
     _prompt_rpc_id: RequestId | None = None
     _cancel_sent: bool = False
@@ -155,7 +166,7 @@ class AcpClient(AgentProtocol):
     def steer(self, turn_id: str, steer_id: int, text: str) -> Step:
         if not self._steering or self._turn_id != turn_id:
             raise RuntimeError(f"steer() of turn {turn_id} while {self._turn_id} runs")
-        _, message = self._rpc.request(
+        request_id, message = self._rpc.request(
             STEER_METHOD,
             {
                 "sessionId": self._session_id,
@@ -164,6 +175,20 @@ class AcpClient(AgentProtocol):
             },
             _SteerSent(turn_id, steer_id),
         )
+        self._steer_requests[steer_id] = request_id
+        return Step(send=[message])
+
+    def abandon_steer(self, steer_id: int) -> Step:
+        request_id = self._steer_requests.pop(steer_id, None)
+        if request_id is None:
+            return Step()
+        # A late answer still comes back with its context, and is then ignored by the actor.
+        return Step(send=[self._rpc.notify("$/cancel_request", {"requestId": request_id})])
+
+    def close(self) -> Step:
+        if not self._can_close or self._session_id is None or self._phase != "ready":
+            return Step()
+        _, message = self._rpc.request("session/close", {"sessionId": self._session_id}, None)
         return Step(send=[message])
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
@@ -209,10 +234,11 @@ class AcpClient(AgentProtocol):
 
     def _on_response(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
         if isinstance(response.context, _SteerSent):
+            self._steer_requests.pop(response.context.steer_id, None)
             return self._on_steered(response.context, response)
         if response.method == "initialize":
             return self._on_initialized(response)
-        if response.method in ("session/new", "session/load"):
+        if response.method in ("session/new", "session/load", "session/resume"):
             return self._on_session_opened(response)
         if response.method == "session/prompt":
             return self._on_prompt_answered(response)
@@ -253,10 +279,16 @@ class AcpClient(AgentProtocol):
         info = result.get("agentInfo")
         self.agent_info = info if isinstance(info, dict) else {}
         self._can_load = self.agent_capabilities.get("loadSession") is True
+        sessions = self.agent_capabilities.get("sessionCapabilities")
+        sessions = sessions if isinstance(sessions, dict) else {}
+        self._can_resume = isinstance(sessions.get("resume"), dict)
+        self._can_close = isinstance(sessions.get("close"), dict)
         meta = result.get("_meta")
         steering = meta.get("steering") if isinstance(meta, dict) else None
         self._steering = isinstance(steering, dict) and steering.get("supported") is True
         self._phase = "opening"
+        if self._resume is not None and self._can_resume:
+            return self._open("session/resume", {"sessionId": self._resume})
         if self._resume is not None and self._can_load:
             return self._open("session/load", {"sessionId": self._resume})
         return self._open("session/new", {})
@@ -267,10 +299,21 @@ class AcpClient(AgentProtocol):
         return Step(send=[message])
 
     def _on_session_opened(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+        if response.method == "session/resume":
+            if response.error is not None:
+                self._load_error = f"session/resume failed: {response.error.describe()}"
+                if self._can_load:
+                    return self._open("session/load", {"sessionId": self._resume})
+                return self._open("session/new", {})
+            self._session_id = self._resume
+            return self._established(resumed=True)
         if response.method == "session/load":
             if response.error is not None:
                 # The agent lost the session: a fresh one, and the receipt will say so.
-                self._load_error = f"session/load failed: {response.error.describe()}"
+                load_error = f"session/load failed: {response.error.describe()}"
+                self._load_error = (
+                    f"{self._load_error}; {load_error}" if self._load_error else load_error
+                )
                 return self._open("session/new", {})
             self._session_id = self._resume
             return self._established(resumed=True)

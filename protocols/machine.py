@@ -190,6 +190,16 @@ class AgentProtocol(ABC):
         for ``steer_id``, in this step or a later one (unless the process dies first)."""
         raise NotImplementedError(f"{self.name} cannot steer a running turn")
 
+    def abandon_steer(self, steer_id: int) -> Step:
+        """The actor gave up waiting for the answer to steer ``steer_id`` (it makes way for
+        the text through the ladder instead): withdraw the request where the protocol can."""
+        return Step()
+
+    def close(self) -> Step:
+        """The session is being stopped: what to tell the agent before its stdin closes (ACP
+        ``session/close`` where advertised). Nothing by default."""
+        return Step()
+
     @abstractmethod
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
         """Answer a pending permission request; ``option_id=None`` answers it cancelled.

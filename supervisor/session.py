@@ -741,6 +741,8 @@ class Session:
     def _steer_timed_out(self, turn: _Turn, steer_id: int) -> None:
         pending = turn.steers.pop(steer_id)
         detail = f"the agent did not answer the steer in {self.spec.grace_s:g} s"
+        if self._machine is not None and self._live_generation is not None:
+            self._deliver(self._machine.abandon_steer(steer_id))
         if turn.cancel is not None:
             self._steer_after(turn, pending.text, pending.reply, "interrupted", detail)
         else:
@@ -810,6 +812,8 @@ class Session:
                 self._apply(self._machine.cancel())
             if turn.cancel is not None:
                 turn.cancel.deadline = None
+        if self._machine is not None and self._live_generation is not None:
+            self._apply(self._machine.close())  # before its stdin closes (ACP session/close)
         link = self._link
         self._live_generation = None
         self._link = None

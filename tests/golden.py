@@ -22,7 +22,16 @@ import pytest
 from protocols import events as ev
 from protocols.machine import AgentProtocol, Control, Step, UnknownPermission
 
-CALLS = {"start", "prompt", "cancel", "steer", "respond_permission", "cancel_permissions"}
+CALLS = {
+    "start",
+    "prompt",
+    "cancel",
+    "steer",
+    "abandon_steer",
+    "close",
+    "respond_permission",
+    "cancel_permissions",
+}
 EXCEPTIONS: dict[str, type[Exception]] = {
     "UnknownPermission": UnknownPermission,
     "RuntimeError": RuntimeError,

@@ -164,8 +164,12 @@ def only_missing_required(error: ValidationError) -> bool:
 
 
 def _member_names(value: Any) -> set[str]:
+    """Member names in ``value``, not looking inside ``_meta``: ACP reserves it for free-form
+    extension data (the schema's ``additionalProperties: true``), like the steering extension's
+    ``_meta.steering``."""
     if isinstance(value, dict):
-        return set(value).union(*(_member_names(v) for v in value.values()))
+        inner = (_member_names(v) for k, v in value.items() if k != "_meta")
+        return set(value).union(*inner)
     if isinstance(value, list):
         return set().union(*(_member_names(v) for v in value))
     return set()
@@ -621,6 +625,8 @@ def test_acp_method_tables(acp_schema: AcpSchema) -> None:
         ("ClientRequest", "initialize"): "InitializeRequest",
         ("ClientRequest", "session/new"): "NewSessionRequest",
         ("ClientRequest", "session/load"): "LoadSessionRequest",
+        ("ClientRequest", "session/resume"): "ResumeSessionRequest",
+        ("ClientRequest", "session/close"): "CloseSessionRequest",
         ("ClientRequest", "session/prompt"): "PromptRequest",
         ("ClientNotification", "session/cancel"): "CancelNotification",
         ("ClientResponse", "session/request_permission"): "RequestPermissionResponse",
