@@ -48,8 +48,8 @@ from protocols.machine import (
     SteerAnswered,
     Step,
     TurnFinished,
-    check_answer,
 )
+from protocols.permissions import Held, PermissionDesk
 
 __all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
 
@@ -70,15 +70,6 @@ _INFO_UPDATES = frozenset(
         "compaction_summary_chunk",
     }
 )
-
-
-@define
-class _HeldPermission:
-    """A ``session/request_permission`` the agent is waiting on."""
-
-    rpc_id: RequestId
-    turn_id: str | None
-    option_ids: frozenset[str]
 
 
 @frozen
@@ -112,7 +103,8 @@ class AcpClient(AgentProtocol):
     _prompt_rpc_id: RequestId | None = None
     _cancel_sent: bool = False
     _load_error: str | None = None
-    _held: dict[str, _HeldPermission] = field(factory=dict)
+    #: pending ``session/request_permission`` requests; the ticket is the JSON-RPC id
+    _desk: PermissionDesk[RequestId] = field(factory=PermissionDesk)
     _steering: bool = False
     agent_info: dict[str, Any] = field(factory=dict)
     agent_capabilities: dict[str, Any] = field(factory=dict)
@@ -192,19 +184,18 @@ class AcpClient(AgentProtocol):
         return Step(send=[message])
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        held = self._held.get(request_id)
-        check_answer(request_id, held.option_ids if held is not None else None, option_id)
-        return self._answer_permission(request_id, option_id, by="client")
+        self._desk.check(request_id, option_id)
+        return self._answer_permission(self._desk.take(request_id), option_id, by="client")
 
     def cancel_permissions(self) -> Step:
         step = Step()
-        for request_id in list(self._held):
-            step.extend(self._answer_permission(request_id, None, by="supervisor"))
+        for held in self._desk.take_all():
+            step.extend(self._answer_permission(held, None, by="supervisor"))
         return step
 
     @property
     def pending_permissions(self) -> list[str]:
-        return list(self._held)
+        return self._desk.pending
 
     @property
     def agent_session_id(self) -> str | None:
@@ -367,14 +358,11 @@ class AcpClient(AgentProtocol):
 
     def _on_cancel_request(self, params: dict[str, Any]) -> Step:
         wanted = params.get("requestId")
-        for request_id, held in list(self._held.items()):
-            if held.rpc_id == wanted and type(held.rpc_id) is type(wanted):
-                del self._held[request_id]
-                reply = self._rpc.respond_error(held.rpc_id, REQUEST_CANCELLED, "Request cancelled")
-                resolved = ev.PermissionResolved(
-                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
-                )
-                return Step(send=[reply], events=[resolved])
+        for held in self._desk.take_where(
+            lambda held: held.ticket == wanted and type(held.ticket) is type(wanted)
+        ):
+            reply = self._rpc.respond_error(held.ticket, REQUEST_CANCELLED, "Request cancelled")
+            return Step(send=[reply], events=[PermissionDesk.resolved(held, None, by="agent")])
         return Step()
 
     def _on_update(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
@@ -434,43 +422,27 @@ class AcpClient(AgentProtocol):
         if request.method == "session/request_permission":
             params = request.params if isinstance(request.params, dict) else {}
             options = _permission_options(params.get("options"))
-            request_id = str(request.id)
-            if request_id in self._held:  # ids 1 and "1" are distinct in JSON-RPC
-                request_id = f"{request_id}#{len(self._held)}"
-            self._held[request_id] = _HeldPermission(
-                request.id, self._turn_id, frozenset(o.option_id for o in options)
-            )
             tool_call = params.get("toolCall")
-            return Step(
-                events=[
-                    ev.PermissionRequested(
-                        turn_id=self._turn_id,
-                        request_id=request_id,
-                        tool_call=tool_call if isinstance(tool_call, dict) else {},
-                        options=options,
-                    )
-                ]
+            requested = self._desk.hold(
+                self._desk.unique_id(str(request.id)),
+                self._turn_id,
+                options,
+                tool_call if isinstance(tool_call, dict) else {},
+                request.id,
             )
+            return Step(events=[requested])
         reply = self._rpc.respond_error(
             request.id, METHOD_NOT_FOUND, f"Method not found: {request.method}"
         )
         return Step(send=[reply])
 
-    def _answer_permission(self, request_id: str, option_id: str | None, *, by: str) -> Step:
-        held = self._held.pop(request_id)
+    def _answer_permission(self, held: Held[RequestId], option_id: str | None, *, by: str) -> Step:
         if option_id is None:
             outcome: dict[str, Any] = {"outcome": "cancelled"}
         else:
             outcome = {"outcome": "selected", "optionId": option_id}
-        reply = self._rpc.respond(held.rpc_id, {"outcome": outcome})
-        resolved = ev.PermissionResolved(
-            turn_id=held.turn_id,
-            request_id=request_id,
-            outcome=outcome["outcome"],
-            option_id=option_id,
-            by=by,
-        )
-        return Step(send=[reply], events=[resolved])
+        reply = self._rpc.respond(held.ticket, {"outcome": outcome})
+        return Step(send=[reply], events=[PermissionDesk.resolved(held, option_id, by=by)])
 
 
 def _opt_str(value: Any) -> str | None:

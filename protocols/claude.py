@@ -134,8 +134,9 @@ from protocols.machine import (
     SteerAnswered,
     Step,
     TurnFinished,
-    check_answer,
 )
+from protocols.permissions import Held, PermissionDesk
+from protocols.tools import ToolVocabulary
 
 __all__ = ["CLAUDE_COMMAND", "INTERRUPTED_REASONS", "PERMISSION_OPTIONS", "ClaudeClient"]
 
@@ -205,6 +206,7 @@ _TOOL_KINDS: Final = {
     "TodoWrite": "think",
     "ExitPlanMode": "switch_mode",
 }
+_TOOLS: Final = ToolVocabulary(kinds=_TOOL_KINDS)
 #: Longest error text taken from a ``result`` (its ``errors`` can hold diagnostics).
 _ERROR_CHARS: Final = 500
 
@@ -215,14 +217,6 @@ def _random_hex() -> str:
 
 def _random_uuid() -> str:
     return str(uuid.uuid4())
-
-
-@define
-class _HeldPermission:
-    """A ``can_use_tool`` request the CLI is waiting on."""
-
-    turn_id: str | None
-    tool_input: Any  # echoed back as ``updatedInput`` when allowed
 
 
 #: ``task_notification`` / ``task_updated`` statuses after which a task no longer runs.
@@ -268,7 +262,9 @@ class ClaudeClient(AgentProtocol):
     _init_in_turn: bool = False  # a system/init arrived since this turn's user message
     _resend_on_init: bool = False
     _interrupt_resent: bool = False
-    _held: dict[str, _HeldPermission] = field(factory=dict)
+    #: pending ``can_use_tool`` requests; the ticket is the tool input, echoed back as
+    #: ``updatedInput`` when allowed
+    _desk: PermissionDesk[Any] = field(factory=PermissionDesk)
     #: running tasks (``task_started`` not yet ended) -> the turn they started in
     _tasks: dict[str, str | None] = field(factory=dict)
     #: this turn's ``stop_task`` requests, by task id, in the order sent
@@ -387,18 +383,18 @@ class ClaudeClient(AgentProtocol):
         return step
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        check_answer(request_id, (ALLOW, DENY) if request_id in self._held else None, option_id)
-        return self._answer_permission(request_id, option_id, by="client")
+        self._desk.check(request_id, option_id)
+        return self._answer_permission(self._desk.take(request_id), option_id, by="client")
 
     def cancel_permissions(self) -> Step:
         step = Step()
-        for request_id in list(self._held):
-            step.extend(self._answer_permission(request_id, None, by="supervisor"))
+        for held in self._desk.take_all():
+            step.extend(self._answer_permission(held, None, by="supervisor"))
         return step
 
     @property
     def pending_permissions(self) -> list[str]:
-        return list(self._held)
+        return self._desk.pending
 
     @property
     def running_tasks(self) -> dict[str, str | None]:
@@ -520,7 +516,7 @@ class ClaudeClient(AgentProtocol):
         return Step(send=[reply])
 
     def _on_can_use_tool(self, request_id: str, request: dict[str, Any]) -> Step:
-        if request_id in self._held:
+        if request_id in self._desk:
             return Step(
                 events=[
                     ev.ErrorEvent(
@@ -530,31 +526,23 @@ class ClaudeClient(AgentProtocol):
                 ]
             )
         tool_input = request.get("input", {})
-        self._held[request_id] = _HeldPermission(self._turn_id, tool_input)
         tool_name = request.get("tool_name")
         tool_call = {
             "toolCallId": _opt_str(request.get("tool_use_id")) or "",
             "title": _opt_str(request.get("display_name")) or _opt_str(tool_name) or "",
-            "kind": _TOOL_KINDS.get(tool_name) if isinstance(tool_name, str) else None,
+            "kind": _TOOLS.kind(tool_name, None),
             "rawInput": tool_input,
             "claude": request,
         }
-        return Step(
-            events=[
-                ev.PermissionRequested(
-                    turn_id=self._turn_id,
-                    request_id=request_id,
-                    tool_call=tool_call,
-                    options=list(PERMISSION_OPTIONS),
-                )
-            ]
+        requested = self._desk.hold(
+            request_id, self._turn_id, PERMISSION_OPTIONS, tool_call, tool_input
         )
+        return Step(events=[requested])
 
-    def _answer_permission(self, request_id: str, option_id: str | None, *, by: str) -> Step:
-        held = self._held.pop(request_id)
+    def _answer_permission(self, held: Held[Any], option_id: str | None, *, by: str) -> Step:
         answer: dict[str, Any]
         if option_id == ALLOW:
-            answer = {"behavior": "allow", "updatedInput": held.tool_input}
+            answer = {"behavior": "allow", "updatedInput": held.ticket}
         elif option_id == DENY:
             answer = {"behavior": "deny", "message": DENY_MESSAGE}
         elif by == "supervisor":
@@ -564,31 +552,22 @@ class ClaudeClient(AgentProtocol):
             answer = {"behavior": "deny", "message": CANCELLED_MESSAGE}
         reply = {
             "type": "control_response",
-            "response": {"subtype": "success", "request_id": request_id, "response": answer},
+            "response": {
+                "subtype": "success",
+                "request_id": held.request_id,
+                "response": answer,
+            },
         }
-        resolved = ev.PermissionResolved(
-            turn_id=held.turn_id,
-            request_id=request_id,
-            outcome="cancelled" if option_id is None else "selected",
-            option_id=option_id,
-            by=by,
-        )
-        return Step(send=[reply], events=[resolved])
+        return Step(send=[reply], events=[PermissionDesk.resolved(held, option_id, by=by)])
 
     def _on_control_cancel(self, message: dict[str, Any]) -> Step:
         request_id = message.get("request_id")
         if not isinstance(request_id, str):
             return _unparsed(message)
-        held = self._held.pop(request_id, None)
+        held = self._desk.pop(request_id)
         if held is None:
             return Step()  # one we already answered (a cancel races the CLI's withdrawal)
-        return Step(
-            events=[
-                ev.PermissionResolved(
-                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
-                )
-            ]
-        )
+        return Step(events=[PermissionDesk.resolved(held, None, by="agent")])
 
     # -- session and turn -----------------------------------------------------------------
 
@@ -820,7 +799,7 @@ class ClaudeClient(AgentProtocol):
                         turn_id=turn,
                         tool_call_id=str(block.get("id", "")),
                         title=name if isinstance(name, str) else "",
-                        tool_kind=_TOOL_KINDS.get(name) if isinstance(name, str) else None,
+                        tool_kind=_TOOLS.kind(name, None),
                         status="pending",
                         raw=block,
                     )

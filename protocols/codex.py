@@ -122,8 +122,9 @@ from protocols.machine import (
     SteerAnswered,
     Step,
     TurnFinished,
-    check_answer,
 )
+from protocols.permissions import Held, PermissionDesk
+from protocols.tools import ToolVocabulary
 
 __all__ = ["CLIENT_INFO", "CodexClient"]
 
@@ -279,6 +280,7 @@ _STATUSES = {
     "failed": "failed",
     "declined": "failed",
 }
+_TOOLS = ToolVocabulary(kinds=_TOOL_KINDS, statuses=_STATUSES)
 #: ``turn/completed`` ids of our finished turns kept to tell a late duplicate from a stranger.
 _FINISHED_KEPT = 16
 #: ``turn/completed`` notifications kept while our turn waits for its ``turn/start`` reply.
@@ -362,14 +364,12 @@ class _Turn:
         return isinstance(codex_id, str) and (codex_id == self.codex_id or codex_id in self.aliases)
 
 
-@define
-class _HeldApproval:
-    """A server→client approval request the server is waiting on."""
+@frozen
+class _Approval:
+    """What answering a server→client approval request takes (its desk ticket)."""
 
     rpc_id: RequestId
-    turn_id: str | None
     answer: str  # "decision", "legacy" or "permissions" (see _APPROVALS)
-    option_ids: frozenset[str]
     requested: dict[str, Any]
 
 
@@ -387,7 +387,7 @@ class CodexClient(AgentProtocol):
     _thread_id: str | None = None
     _turn: _Turn | None = None
     _finished: deque[str] = field(factory=lambda: deque(maxlen=_FINISHED_KEPT))
-    _held: dict[str, _HeldApproval] = field(factory=dict)
+    _desk: PermissionDesk[_Approval] = field(factory=PermissionDesk)
     #: descendant threads (sub-agents) -> the turn each is running, or None when idle
     _children: dict[str, str | None] = field(factory=dict)
     #: our thread's goal status (``ThreadGoalStatus``), None when it has none or we don't know
@@ -476,19 +476,18 @@ class CodexClient(AgentProtocol):
         return Step(events=[answer])
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        held = self._held.get(request_id)
-        check_answer(request_id, held.option_ids if held is not None else None, option_id)
-        return self._answer_approval(request_id, option_id, by="client")
+        self._desk.check(request_id, option_id)
+        return self._answer_approval(self._desk.take(request_id), option_id, by="client")
 
     def cancel_permissions(self) -> Step:
         step = Step()
-        for request_id in list(self._held):
-            step.extend(self._answer_approval(request_id, None, by="supervisor"))
+        for held in self._desk.take_all():
+            step.extend(self._answer_approval(held, None, by="supervisor"))
         return step
 
     @property
     def pending_permissions(self) -> list[str]:
-        return list(self._held)
+        return self._desk.pending
 
     @property
     def children(self) -> dict[str, str | None]:
@@ -1091,7 +1090,7 @@ class CodexClient(AgentProtocol):
                 turn_id=turn_id,
                 tool_call_id=item["id"],
                 title=_item_title(item),
-                tool_kind=_TOOL_KINDS.get(kind, "other"),
+                tool_kind=_TOOLS.kind(kind),
                 status=status,
                 raw=item,
             )
@@ -1120,72 +1119,49 @@ class CodexClient(AgentProtocol):
             offered = ["accept", "acceptForSession", "decline"]
         else:
             offered = _offered_decisions(params.get("availableDecisions"))
-        request_id = str(request.id)
-        suffix = 1
-        while request_id in self._held:  # ids 1 and "1" are distinct requests
-            request_id = f"{request.id}#{suffix}"
-            suffix += 1
         turn_id = self._turn.turn_id if self._turn is not None else None
         requested = params.get("permissions")
-        self._held[request_id] = _HeldApproval(
-            request.id,
-            turn_id,
-            answer,
-            frozenset(offered),
-            requested if isinstance(requested, dict) else {},
-        )
         tool_call_id = params.get("itemId", params.get("callId"))
-        return Step(
-            events=[
-                ev.PermissionRequested(
-                    turn_id=turn_id,
-                    request_id=request_id,
-                    tool_call={
-                        "toolCallId": tool_call_id if isinstance(tool_call_id, str) else None,
-                        "title": _approval_title(request.method, params),
-                        "kind": _APPROVAL_KINDS[request.method],
-                        "method": request.method,
-                        "params": params,
-                    },
-                    options=[_OPTIONS[decision] for decision in offered],
-                )
-            ]
+        announced = self._desk.hold(
+            self._desk.unique_id(str(request.id)),
+            turn_id,
+            [_OPTIONS[decision] for decision in offered],
+            {
+                "toolCallId": tool_call_id if isinstance(tool_call_id, str) else None,
+                "title": _approval_title(request.method, params),
+                "kind": _APPROVAL_KINDS[request.method],
+                "method": request.method,
+                "params": params,
+            },
+            _Approval(request.id, answer, requested if isinstance(requested, dict) else {}),
         )
+        return Step(events=[announced])
 
-    def _answer_approval(self, request_id: str, option_id: str | None, *, by: str) -> Step:
-        held = self._held.pop(request_id)
+    def _answer_approval(self, held: Held[_Approval], option_id: str | None, *, by: str) -> Step:
+        approval = held.ticket
         decision = option_id or "cancel"
         result: dict[str, Any]
-        if held.answer == "legacy":
+        if approval.answer == "legacy":
             result = {"decision": _LEGACY_DECISIONS[decision]}
-        elif held.answer == "permissions":
+        elif approval.answer == "permissions":
             # Only the granted subset matters; an empty profile denies everything.
             granted = {}
             if decision in ("accept", "acceptForSession"):
-                granted = {k: v for k, v in held.requested.items() if k in _GRANTABLE}
+                granted = {k: v for k, v in approval.requested.items() if k in _GRANTABLE}
             scope = "session" if decision == "acceptForSession" else "turn"
             result = {"permissions": granted, "scope": scope}
         else:
             result = {"decision": decision}
-        resolved = ev.PermissionResolved(
-            turn_id=held.turn_id,
-            request_id=request_id,
-            outcome="cancelled" if option_id is None else "selected",
-            option_id=option_id,
-            by=by,
-        )
-        return Step(send=[self._rpc.respond(held.rpc_id, result)], events=[resolved])
+        resolved = PermissionDesk.resolved(held, option_id, by=by)
+        return Step(send=[self._rpc.respond(approval.rpc_id, result)], events=[resolved])
 
     def _on_request_resolved(self, params: dict[str, Any]) -> Step:
         """The server withdrew a request (turn transition) or confirms one we answered."""
         wanted = params.get("requestId")
-        for request_id, held in list(self._held.items()):
-            if held.rpc_id == wanted and type(held.rpc_id) is type(wanted):
-                del self._held[request_id]
-                resolved = ev.PermissionResolved(
-                    turn_id=held.turn_id, request_id=request_id, outcome="cancelled", by="agent"
-                )
-                return Step(events=[resolved])
+        for held in self._desk.take_where(
+            lambda held: held.ticket.rpc_id == wanted and type(held.ticket.rpc_id) is type(wanted)
+        ):
+            return Step(events=[PermissionDesk.resolved(held, None, by="agent")])
         return Step()
 
 
@@ -1232,9 +1208,9 @@ def _describe_error(error: Any) -> str | None:
 
 
 def _status(value: Any, default: str) -> str:
-    if not isinstance(value, str):
-        return default
-    return _STATUSES.get(value, value)
+    status = _TOOLS.status(value, default)
+    assert status is not None
+    return status
 
 
 def _plan_entries(plan: Any) -> list[dict[str, Any]]:

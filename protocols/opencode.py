@@ -79,8 +79,9 @@ from protocols.machine import (
     StartFailed,
     Step,
     TurnFinished,
-    check_answer,
 )
+from protocols.permissions import Held, PermissionDesk
+from protocols.tools import ToolVocabulary
 
 __all__ = ["SERVER_USERNAME", "OpenCodeClient"]
 
@@ -149,6 +150,7 @@ _STATUSES = {
     "completed": "completed",
     "error": "failed",
 }
+_TOOLS = ToolVocabulary(kinds=_TOOL_KINDS, statuses=_STATUSES)
 #: Parts, messages and tool calls remembered, to tell a late update from a new one. Late
 #: updates of an aborted turn come within milliseconds; thousands is plenty and bounded.
 _KEPT = 4096
@@ -206,12 +208,6 @@ class _Part:
     emitted: int = 0  # characters of text already passed on
 
 
-@define
-class _HeldPermission:
-    turn_id: str | None
-    option_ids: frozenset[str]
-
-
 def _remember(table: dict[str, Any], key: str, value: Any) -> None:
     table[key] = value
     while len(table) > _KEPT:
@@ -235,7 +231,8 @@ class OpenCodeClient(AgentProtocol):
     _turn: _Turn | None = None
     #: a turn that is over on the stream, held until its abort is answered
     _held_end: tuple[_Turn, TurnFinished] | None = None
-    _held: dict[str, _HeldPermission] = field(factory=dict)
+    #: pending ``permission.asked`` requests (answered by id: no ticket needed)
+    _desk: PermissionDesk[None] = field(factory=PermissionDesk)
     _messages: dict[str, _Message] = field(factory=dict)
     _parts: dict[str, _Part] = field(factory=dict)
     _tools: dict[str, str | None] = field(factory=dict)  # callID -> last status
@@ -287,19 +284,18 @@ class OpenCodeClient(AgentProtocol):
         return self._abort(turn)
 
     def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        held = self._held.get(request_id)
-        check_answer(request_id, held.option_ids if held is not None else None, option_id)
-        return self._reply(request_id, option_id, by="client")
+        self._desk.check(request_id, option_id)
+        return self._reply(self._desk.take(request_id), option_id, by="client")
 
     def cancel_permissions(self) -> Step:
         step = Step()
-        for request_id in list(self._held):
-            step.extend(self._reply(request_id, None, by="supervisor"))
+        for held in self._desk.take_all():
+            step.extend(self._reply(held, None, by="supervisor"))
         return step
 
     @property
     def pending_permissions(self) -> list[str]:
-        return list(self._held)
+        return self._desk.pending
 
     @property
     def agent_session_id(self) -> str | None:
@@ -331,8 +327,8 @@ class OpenCodeClient(AgentProtocol):
         sent = _Sent("abort", turn.turn_id)
         return Step(send=[self._request("POST", self._path("abort"), sent)])
 
-    def _reply(self, request_id: str, option_id: str | None, *, by: str) -> Step:
-        held = self._held.pop(request_id)
+    def _reply(self, held: Held[None], option_id: str | None, *, by: str) -> Step:
+        request_id = held.request_id
         reply = option_id or _CANCELLED_REPLY
         turn = self._turn
         if reply == "reject" and turn is not None and held.turn_id == turn.turn_id:
@@ -603,16 +599,8 @@ class OpenCodeClient(AgentProtocol):
 
     def _orphans(self, turn_id: str) -> Step:
         """Requests of a turn that is over get no ``permission.replied`` (edge case 27)."""
-        events: list[ev.Event | Any] = []
-        for request_id, held in list(self._held.items()):
-            if held.turn_id == turn_id:
-                del self._held[request_id]
-                events.append(
-                    ev.PermissionResolved(
-                        turn_id=turn_id, request_id=request_id, outcome="cancelled", by="agent"
-                    )
-                )
-        return Step(events=events)
+        orphans = self._desk.take_where(lambda held: held.turn_id == turn_id)
+        return Step(events=[PermissionDesk.resolved(held, None, by="agent") for held in orphans])
 
     def _on_session_error(self, props: dict[str, Any]) -> Step:
         error = props.get("error")
@@ -726,7 +714,7 @@ class OpenCodeClient(AgentProtocol):
                     turn_id=turn_id,
                     tool_call_id=call_id,
                     title=_tool_title(str(tool), state),
-                    tool_kind=_TOOL_KINDS.get(str(tool), "other"),
+                    tool_kind=_TOOLS.kind(str(tool)),
                     status=status,
                     raw=part,
                 )
@@ -758,56 +746,39 @@ class OpenCodeClient(AgentProtocol):
         request_id = props.get("id")
         if not isinstance(request_id, str):
             return Step(events=[ev.AgentUnparsed(raw=event)])
-        if request_id in self._held:
+        if request_id in self._desk:
             return Step()
         turn_id = self._turn_id
         if self._turn is not None:
             self._turn.replied = True  # a tool call of the turn's reply
-        self._held[request_id] = _HeldPermission(turn_id, frozenset(_OPTIONS))
         tool = props.get("tool")
         call_id = tool.get("callID") if isinstance(tool, dict) else None
         permission = props.get("permission")
         permission = permission if isinstance(permission, str) else "permission"
-        return Step(
-            events=[
-                ev.PermissionRequested(
-                    turn_id=turn_id,
-                    request_id=request_id,
-                    tool_call={
-                        "toolCallId": call_id if isinstance(call_id, str) else None,
-                        "title": _permission_title(permission, props),
-                        "kind": _TOOL_KINDS.get(permission, "other"),
-                        **{
-                            key: props[key]
-                            for key in ("permission", "patterns", "always", "metadata", "sessionID")
-                            if key in props
-                        },
-                    },
-                    options=list(_OPTIONS.values()),
-                )
-            ]
-        )
+        tool_call: dict[str, Any] = {
+            "toolCallId": call_id if isinstance(call_id, str) else None,
+            "title": _permission_title(permission, props),
+            "kind": _TOOLS.kind(permission),
+            **{
+                key: props[key]
+                for key in ("permission", "patterns", "always", "metadata", "sessionID")
+                if key in props
+            },
+        }
+        requested = self._desk.hold(request_id, turn_id, list(_OPTIONS.values()), tool_call, None)
+        return Step(events=[requested])
 
     def _on_permission_replied(self, props: dict[str, Any]) -> Step:
         request_id = props.get("requestID", props.get("permissionID"))
         reply = props.get("reply", props.get("response"))
-        if not isinstance(request_id, str) or request_id not in self._held:
+        if not isinstance(request_id, str) or request_id not in self._desk:
             return Step()  # our own answer coming back, or one we resolved already
-        held = self._held.pop(request_id)
+        held = self._desk.take(request_id)
         turn = self._turn
         if reply == "reject" and turn is not None and held.turn_id == turn.turn_id:
             turn.rejected = True
-        return Step(
-            events=[
-                ev.PermissionResolved(
-                    turn_id=held.turn_id,
-                    request_id=request_id,
-                    outcome="selected" if isinstance(reply, str) else "cancelled",
-                    option_id=reply if isinstance(reply, str) else None,
-                    by="agent",
-                )
-            ]
-        )
+        option_id = reply if isinstance(reply, str) else None
+        return Step(events=[PermissionDesk.resolved(held, option_id, by="agent")])
 
 
 def _judged(turn: _Turn) -> bool:
@@ -850,9 +821,7 @@ def _session_of(props: dict[str, Any]) -> str | None:
 
 
 def _status(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    return _STATUSES.get(value, value)
+    return _TOOLS.status(value)
 
 
 def _text_event(kind: str, turn_id: str | None, text: str) -> ev.Event:

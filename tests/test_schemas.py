@@ -676,3 +676,25 @@ def test_acp_messages_the_agent_sends_match_the_schema(path: Path, acp_schema: A
             continue
         found += problems
     assert found == [], "\n".join(found)
+
+
+def _enum_values(node: Any) -> set[str]:
+    """The strings a schema node allows (``enum``, or ``oneOf`` of ``const``s)."""
+    values = set(node.get("enum", ()))
+    for option in node.get("oneOf", node.get("anyOf", ())):
+        if "const" in option:
+            values.add(option["const"])
+    return values
+
+
+def test_the_universal_tool_vocabulary_is_acps(acp_schema: AcpSchema) -> None:
+    """``protocols/tools.py`` speaks ACP's words, and every protocol maps into them (each
+    machine's :class:`ToolVocabulary` refuses a word outside them when it is built)."""
+    from protocols import codex, opencode
+    from protocols.tools import TOOL_KINDS, TOOL_STATUSES
+
+    defs = acp_schema.schema.document["$defs"]
+    assert _enum_values(defs["ToolKind"]) == TOOL_KINDS
+    assert _enum_values(defs["ToolCallStatus"]) == TOOL_STATUSES
+    assert codex._TOOLS.status("inProgress") == "in_progress"
+    assert opencode._TOOLS.status("error") == "failed" and opencode._TOOLS.kind("nope") == "other"

@@ -1,0 +1,106 @@
+"""The permission requests an agent is waiting on, for every protocol: one home.
+
+Every agent asks before some tool calls (ACP ``session/request_permission``, Codex approvals,
+Claude Code ``can_use_tool``, OpenCode ``permission.asked``) and each protocol answers in its own
+words, but what the supervisor promises about them is the same everywhere: each request is
+announced once (``permission.requested``) under an id our clients can send back, answered at
+most once, with an option it offered (or *cancelled*), and its end is told once
+(``permission.resolved``, by ``client``, ``supervisor`` or ``agent``). A :class:`PermissionDesk`
+keeps that bookkeeping; the machine keeps only its protocol's *ticket* (what it needs to answer:
+a JSON-RPC id, the kind of answer, the tool input to echo) and writes the answer itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from attrs import define, field, frozen
+
+from protocols import events as ev
+from protocols.machine import check_answer
+
+__all__ = ["Held", "PermissionDesk"]
+
+T = TypeVar("T")
+
+
+@frozen
+class Held(Generic[T]):
+    """One request the agent waits on: ``request_id`` is what our clients answer."""
+
+    request_id: str
+    turn_id: str | None
+    option_ids: frozenset[str]
+    ticket: T
+
+
+@define
+class PermissionDesk(Generic[T]):
+    """The pending requests of one agent, in the order they came."""
+
+    _held: dict[str, Held[T]] = field(factory=dict)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._held
+
+    @property
+    def pending(self) -> list[str]:
+        return list(self._held)
+
+    def unique_id(self, raw: str) -> str:
+        """``raw``, or ``raw#n`` if that is pending already: JSON-RPC ids 1 and "1" are two
+        requests, but one string for our clients."""
+        request_id, suffix = raw, 1
+        while request_id in self._held:
+            request_id = f"{raw}#{suffix}"
+            suffix += 1
+        return request_id
+
+    def hold(
+        self,
+        request_id: str,
+        turn_id: str | None,
+        options: Sequence[ev.PermissionOption],
+        tool_call: dict[str, Any],
+        ticket: T,
+    ) -> ev.PermissionRequested:
+        """Keep the request until it is answered or withdrawn; its announcement."""
+        self._held[request_id] = Held(
+            request_id, turn_id, frozenset(o.option_id for o in options), ticket
+        )
+        return ev.PermissionRequested(
+            turn_id=turn_id, request_id=request_id, tool_call=tool_call, options=list(options)
+        )
+
+    def check(self, request_id: str, option_id: str | None) -> None:
+        """Refuse an answer to a request not pending, or with an option it did not offer."""
+        held = self._held.get(request_id)
+        check_answer(request_id, held.option_ids if held is not None else None, option_id)
+
+    def take(self, request_id: str) -> Held[T]:
+        return self._held.pop(request_id)
+
+    def pop(self, request_id: str) -> Held[T] | None:
+        return self._held.pop(request_id, None)
+
+    def take_where(self, match: Callable[[Held[T]], bool]) -> list[Held[T]]:
+        """The pending requests ``match`` picks, no longer pending, in order."""
+        taken = [held for held in self._held.values() if match(held)]
+        for held in taken:
+            del self._held[held.request_id]
+        return taken
+
+    def take_all(self) -> list[Held[T]]:
+        return self.take_where(lambda _: True)
+
+    @staticmethod
+    def resolved(held: Held[T], option_id: str | None, *, by: str) -> ev.PermissionResolved:
+        """The request's end: ``option_id`` chosen, or ``None`` (cancelled), ``by`` whom."""
+        return ev.PermissionResolved(
+            turn_id=held.turn_id,
+            request_id=held.request_id,
+            outcome="cancelled" if option_id is None else "selected",
+            option_id=option_id,
+            by=by,
+        )
