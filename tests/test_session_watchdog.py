@@ -1,7 +1,8 @@
 """The stall watchdog: a running turn the agent says nothing about for ``stall_s`` is cancelled
 through the ladder, ``reason: "stalled"``.
 
-Tier 2 (virtual time, in-memory agents: every deadline exact). "Nothing" means no turn event:
+Tier 2 (virtual time, in-memory agents: every deadline exact) and, at the end, tier 3 (the demo
+agent as a real process, on the real clock, generous bounds). "Nothing" means no turn event:
 stderr goes on in the silent fakes and does not count; a pending permission waits on a person,
 not on the agent; a tool call in progress is judged by ``tool_stall_s`` only.
 """
@@ -19,7 +20,7 @@ import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
-from supervisor import AgentSpec, Session
+from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.config import DEFAULT_STALL_S, DEFAULT_TOOL_STALL_S
 from supervisor.wire import event_from_json, event_json
 
@@ -316,3 +317,65 @@ def test_the_stall_is_on_the_wire() -> None:
     assert event_from_json(event_json(stall)) == stall
     end = ev.TurnEnded(turn_id="t1", outcome="killed", reason="stalled", session_id="s1", seq=8)
     assert event_from_json(event_json(end)) == end
+
+
+# -- tier 3: the demo agent, a real process, on the real clock ----------------------------------
+
+REAL_STALL = 0.5
+BOUND = 30.0  # generous: a stuck test fails instead of hanging the suite
+
+
+@asynccontextmanager
+async def demo_session(state_dir: str) -> AsyncIterator[tuple[Session, Recorder]]:
+    spec = AgentSpec.from_config("demo").with_args("--delay", "0.02", "--state-dir", state_dir)
+    spec = spec.with_options(grace_s=1.0, kill_timeout_s=0.5, stall_s=REAL_STALL)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}) as sup:
+            session = await sup.start_session("demo", cwd="/")
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+@pytest.mark.real_process
+@pytest.mark.parametrize("ignores_cancel", [False, True], ids=["cooperative", "ignores-cancel"])
+async def test_a_real_agent_gone_silent_is_stopped(tmp_path: object, ignores_cancel: bool) -> None:
+    """The demo agent says three words, then nothing (logging to stderr every 0.1 s that it
+    waits): cancelled at ``stall_s``, or killed a grace later and resumed; the next prompt
+    works."""
+    async with demo_session(str(tmp_path)) as (session, rec):
+        turn = await session.prompt("hang ignore-cancel" if ignores_cancel else "hang")
+        end = await ended(rec, turn.id)
+        stall = await stalled(rec)
+        [*_, last_word] = [e for e in rec.events if is_delta(e) and e.seq < stall.seq]
+        waited = [
+            e
+            for e in rec.events
+            if isinstance(e, ev.AgentStderr)
+            and "waiting for the model" in e.line
+            and last_word.seq < e.seq < stall.seq
+        ]
+        assert len(waited) >= 2, "stderr went on while the turn was silent"
+        assert REAL_STALL <= stall.timestamp - last_word.timestamp < REAL_STALL + 5.0
+        assert REAL_STALL <= stall.silent_s < REAL_STALL + 5.0
+        assert end.reason == "stalled" and end.receipt is not None
+        if ignores_cancel:
+            assert end.outcome == "killed" and end.receipt["resumed"] is True
+            assert end.receipt["escalation"][:3] == ["interrupt", "grace_expired", "sigterm"]
+        else:
+            assert (end.outcome, end.receipt["escalation"]) == ("cancelled", ["interrupt"])
+        await completes(session, rec, "again words=3")
+
+
+@pytest.mark.real_process
+async def test_a_real_tool_call_longer_than_stall_s_is_spared(tmp_path: object) -> None:
+    async with demo_session(str(tmp_path)) as (session, rec):
+        turn = await session.prompt(f"tool={4 * REAL_STALL} words=3")
+        end = await ended(rec, turn.id)
+        assert end.outcome == "completed" and rec.of_kind("turn.stalled") == []
+        [call] = rec.of_kind("tool.call")
+        [done] = [e for e in rec.events if isinstance(e, ev.ToolUpdate) and e.status == "completed"]
+        assert done.timestamp - call.timestamp >= 4 * REAL_STALL
