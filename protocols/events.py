@@ -30,6 +30,7 @@ __all__ = [
     "ToolCall",
     "ToolUpdate",
     "TurnEnded",
+    "TurnStalled",
     "TurnStarted",
     "TurnSteered",
     "EVENT_TYPES",
@@ -163,8 +164,22 @@ class PermissionResolved(Event):
 
 
 @frozen(kw_only=True)
+class TurnStalled(Event):
+    """The stall watchdog: nothing came from the agent for the running turn in ``silent_s``
+    (its limit: ``stall_s``; ``tool_stall_s`` while the ``tool_calls`` listed were in progress).
+    The turn is being cancelled, ``reason: "stalled"``; its ``turn.ended`` follows."""
+
+    kind: ClassVar[str] = "turn.stalled"
+    turn_id: str
+    silent_s: float
+    stall_s: float
+    tool_calls: list[str] = field(factory=list)
+
+
+@frozen(kw_only=True)
 class TurnEnded(Event):
-    """Exactly one per turn. ``outcome``: completed, cancelled, killed or failed."""
+    """Exactly one per turn. ``outcome``: completed, cancelled, killed or failed. ``reason``:
+    why a stopped turn was stopped (the receipt's: ``user``, ``stalled``, ...), else None."""
 
     kind: ClassVar[str] = "turn.ended"
     turn_id: str
@@ -172,6 +187,7 @@ class TurnEnded(Event):
     stop_reason: str | None = None
     error: str | None = None
     receipt: dict[str, Any] | None = None
+    reason: str | None = None
 
 
 @frozen(kw_only=True)
@@ -230,6 +246,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Plan,
         PermissionRequested,
         PermissionResolved,
+        TurnStalled,
         TurnEnded,
         SessionInfo,
         AgentStderr,

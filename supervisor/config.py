@@ -29,7 +29,9 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "DEFAULT_KILL_TIMEOUT_S",
     "DEFAULT_MAX_FAILED_TURNS",
+    "DEFAULT_STALL_S",
     "DEFAULT_START_TIMEOUT_S",
+    "DEFAULT_TOOL_STALL_S",
     "KNOWN_PROTOCOLS",
     "AgentSpec",
     "ConfigError",
@@ -53,6 +55,19 @@ DEFAULT_START_TIMEOUT_S = 60.0
 #: row is an agent stuck in a bad state (opencode 1.18.33 after an early abort failed every
 #: prompt from then on until restarted). 0 never recycles.
 DEFAULT_MAX_FAILED_TURNS = 3
+#: A running turn from which nothing came (no text, thought, tool call, plan or permission
+#: request; stderr does not count) for this long is stalled: the watchdog cancels it through
+#: the ladder with ``reason: "stalled"``. A live agent is silent this long only while the model
+#: has not answered yet, and its first token can take minutes, not seconds: a slow or
+#: overloaded provider, a local model being loaded into memory, a reasoning model that thinks
+#: without streaming its thoughts, an agent backing off from a rate limit between retries.
+#: Five minutes leaves room for all of that, and it is where kandev gives up waiting (it shows
+#: a notice then; nobody stops the turn). 0 (or None): never.
+DEFAULT_STALL_S = 300.0
+#: The same limit while a tool call the agent reported is in progress (started, not finished):
+#: None, never. Builds, test suites and dev servers run for as long as they run, silently;
+#: only the user knows how long is too long for theirs.
+DEFAULT_TOOL_STALL_S: float | None = None
 
 KNOWN_PROTOCOLS = frozenset(PROTOCOLS)
 
@@ -82,6 +97,11 @@ class AgentSpec:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     #: failed turns in a row before the agent is restarted and the session resumed (0: never)
     max_failed_turns: int = DEFAULT_MAX_FAILED_TURNS
+    #: seconds a running turn may go without an event from the agent before it is cancelled
+    #: (``reason: "stalled"``); None or 0: never
+    stall_s: float | None = DEFAULT_STALL_S
+    #: the same while a tool call is in progress; None or 0: a running tool is never a stall
+    tool_stall_s: float | None = DEFAULT_TOOL_STALL_S
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
 
@@ -163,6 +183,8 @@ _FIELDS = {
     "kill_timeout_s",
     "start_timeout_s",
     "max_failed_turns",
+    "stall_s",
+    "tool_stall_s",
     "env",
     "cwd",
 }
@@ -215,6 +237,22 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         ):
             raise ConfigError(f"{at}: '{key}' must be a number of seconds >= 0, not {value!r}")
         numbers[key] = float(value)
+    stall = {}
+    for key, default_limit in (
+        ("stall_s", DEFAULT_STALL_S),
+        ("tool_stall_s", DEFAULT_TOOL_STALL_S),
+    ):
+        limit = table.get(key, default_limit)
+        if limit is not None and (
+            isinstance(limit, bool)
+            or not isinstance(limit, int | float)
+            or not math.isfinite(limit)
+            or limit < 0
+        ):
+            raise ConfigError(
+                f"{at}: '{key}' must be a number of seconds >= 0 (0: never), not {limit!r}"
+            )
+        stall[key] = float(limit) if limit else None  # TOML has no null: 0 is "never"
     max_failed = table.get("max_failed_turns", DEFAULT_MAX_FAILED_TURNS)
     if isinstance(max_failed, bool) or not isinstance(max_failed, int) or max_failed < 0:
         raise ConfigError(
@@ -236,6 +274,8 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         kill_timeout_s=numbers["kill_timeout_s"],
         start_timeout_s=numbers["start_timeout_s"],
         max_failed_turns=max_failed,
+        stall_s=stall["stall_s"],
+        tool_stall_s=stall["tool_stall_s"],
         env=env,
         cwd=cwd,
     )

@@ -22,6 +22,12 @@ break one turn and check that the next one works:
     Stream the words with no delay.
 ``mute``
     After three words, close stdout but keep running (a hung agent).
+``hang``
+    After three words, say nothing more, as if the model never answered, while
+    logging to stderr that it waits: a stalled turn (only a cancel ends it).
+``tool=S``
+    Run a pretend tool for S seconds before the reply: a tool call in progress,
+    silent meanwhile, then its completion.
 ``fail``
     Answer the prompt with a JSON-RPC error after the reply.
 ``slow`` / ``fast``
@@ -86,6 +92,7 @@ HUGE_CHUNK_BYTES = 1024 * 1024
 CRASH_AFTER_WORDS = 3
 SLOW_DELAY = 0.3
 FAST_DELAY = 0.005
+HANG_LOG_INTERVAL = 0.1  # a hung turn's "still waiting" lines on stderr
 
 PERMISSION_OPTIONS: list[dict[str, str]] = [
     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
@@ -195,6 +202,8 @@ class TurnPlan:
     flood: bool = False
     fail: bool = False
     mute: bool = False
+    hang: bool = False
+    tool: float | None = None
 
 
 def _non_negative_float(text: str) -> float | None:
@@ -223,11 +232,13 @@ def parse_directives(text: str, options: Options) -> TurnPlan:
         if sep:
             if key == "words" and value.isdigit():
                 plan.words = int(value)
-            elif key in ("delay", "stop-delay"):
+            elif key in ("delay", "stop-delay", "tool"):
                 number = _non_negative_float(value)
                 if number is not None:
                     if key == "delay":
                         plan.delay = number
+                    elif key == "tool":
+                        plan.tool = number
                     else:
                         plan.stop_delay = number
             continue
@@ -247,6 +258,8 @@ def parse_directives(text: str, options: Options) -> TurnPlan:
             plan.fail = True
         elif key == "mute":
             plan.mute = True
+        elif key == "hang":
+            plan.hang = True
         elif key == "slow":
             plan.delay = SLOW_DELAY
         elif key == "fast":
@@ -767,6 +780,8 @@ class DemoAgent:
         if plan.permission:
             if not await self._ask_permission(turn):
                 return
+        if plan.tool is not None:
+            await self._run_tool(turn, plan.tool)
         await self._stream(turn)
 
     async def _stream(self, turn: Turn) -> None:
@@ -784,15 +799,48 @@ class DemoAgent:
                 {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": word}},
             )
             turn.reply_parts.append(word)
-            if (plan.crash or plan.mute) and index + 1 >= CRASH_AFTER_WORDS:
+            if (plan.crash or plan.mute or plan.hang) and index + 1 >= CRASH_AFTER_WORDS:
                 break
         if plan.crash:
             _crash()
+        if plan.hang:
+            while True:  # until the turn is cancelled
+                log("waiting for the model to answer")
+                await trio.sleep(HANG_LOG_INTERVAL)
         if plan.mute:
             log("closing stdout and hanging, as asked")
             await self.stdout.aclose()
             os.close(1)
             await trio.sleep_forever()
+
+    async def _run_tool(self, turn: Turn, seconds: float) -> None:
+        """A pretend tool that runs ``seconds`` and says nothing meanwhile."""
+        sid = turn.session.session_id
+        call_id = f"call_{self.next_tool_call}"
+        self.next_tool_call += 1
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": f"Run `sleep {seconds:g}`",
+                "kind": "execute",
+                "status": "in_progress",
+                "rawInput": {"command": f"sleep {seconds:g}"},
+            },
+        )
+        turn.open_tool_calls.append(call_id)
+        await trio.sleep(seconds)
+        turn.open_tool_calls.remove(call_id)
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": call_id,
+                "status": "completed",
+                "rawOutput": {"stdout": "", "exitCode": 0},
+            },
+        )
 
     async def _write_huge(self) -> None:
         """Write one JSON line of about 50 MiB, in 1 MiB chunks."""
@@ -967,7 +1015,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         prog="python -m supervisor.demo_agent",
         description="Demo ACP v1 agent on stdio (no keys, no network). "
         "Prompt directives: permission crash grandchildren garbage huge flood fail mute "
-        "slow fast ignore-cancel words=N delay=S stop-delay=S.",
+        "hang slow fast ignore-cancel words=N delay=S stop-delay=S tool=S.",
     )
     parser.add_argument(
         "--words", type=int, default=defaults.words, help="words per reply (default 40)"

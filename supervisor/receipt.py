@@ -6,7 +6,14 @@ from typing import Any
 
 from attrs import field, frozen
 
-__all__ = ["ESCALATION_STEPS", "OUTCOMES", "CancelReceipt", "DroppedPrompt"]
+__all__ = [
+    "ESCALATION_STEPS",
+    "OUTCOMES",
+    "REASON_STALLED",
+    "REASON_USER",
+    "CancelReceipt",
+    "DroppedPrompt",
+]
 
 #: Receipt outcomes. ``completed`` is honest: the agent finished before the stop took hold.
 #: ``failed`` only answers a cancel naming a turn that had already failed (the agent crashed).
@@ -24,6 +31,14 @@ ESCALATION_STEPS = (
     "respawned",
     "resumed",
 )
+
+#: Why a turn was stopped: the receipt's ``reason``, also on its ``turn.ended``. ``user`` is a
+#: caller's cancel that gave no reason of its own (callers may: the HTTP abort says ``http``);
+#: ``stalled`` is the stall watchdog's (the agent said nothing for ``stall_s``). The field is
+#: open: other stops of the supervisor's own (a memory limit) add their word, and a client
+#: shows a word it does not know as it is.
+REASON_USER = "user"
+REASON_STALLED = "stalled"
 
 
 @frozen
@@ -45,6 +60,7 @@ class CancelReceipt:
     resumed: bool | None = None
     elapsed_ms: float = 0.0
     grace_s: float | None = None
+    #: why the turn was stopped: ``user``, ``stalled`` or the caller's own word (see above)
     reason: str | None = None
     #: what the protocol adapter did beyond the ladder (children interrupted, terminals cleaned)
     details: dict[str, Any] = field(factory=dict)
@@ -70,6 +86,8 @@ class CancelReceipt:
                 text += ", session resumed"
             elif self.resumed is False:
                 text += ", session could not be resumed (fresh session)"
+        if self.reason == REASON_STALLED and self.outcome in ("cancelled", "killed"):
+            text = "Stalled: " + text[0].lower() + text[1:]
         if self.survivors:
             text += (
                 f"; {len(self.survivors)} process(es) survived SIGKILL"

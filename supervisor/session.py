@@ -49,7 +49,7 @@ from supervisor.link import (
     Launcher,
 )
 from supervisor.process import ExitStatus, KillError, tree_clock
-from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.receipt import REASON_STALLED, REASON_USER, CancelReceipt, DroppedPrompt
 from supervisor.reply import Reply
 from supervisor.steering import SteerMode, SteerResult
 from supervisor.subscription import Fanout, Subscription
@@ -80,6 +80,25 @@ _IDLE_TURNS = 3
 MAX_EXITS_WITHOUT_TURN = 5
 #: Turns remembered so a late cancel naming one gets an honest answer.
 _ENDED_TURNS_KEPT = 64
+#: What the agent says about a running turn: any of these keeps the stall watchdog away
+#: (``design/actor.md``, "The stall watchdog"). Not ``agent.stderr`` (a wedged agent may log on),
+#: nor ``session.info`` or ``agent.unparsed`` (metadata and keep-alives flow from agents whose
+#: model call hangs).
+_TURN_EVENTS: frozenset[type[ev.Event]] = frozenset(
+    {
+        ev.MessageDelta,
+        ev.ThoughtDelta,
+        ev.ToolCall,
+        ev.ToolUpdate,
+        ev.Plan,
+        ev.PermissionRequested,
+        ev.PermissionResolved,
+    }
+)
+#: Of those, the stream itself: heard, and nothing else changes for the watchdog.
+_STREAM_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.MessageDelta, ev.ThoughtDelta, ev.Plan})
+#: Tool call statuses that end a call (ACP's words, which every machine maps to).
+_TOOL_DONE = frozenset({"completed", "failed"})
 
 
 @frozen
@@ -200,6 +219,14 @@ class _Swept:
     survivors: list[dict[str, Any]] = field(factory=list)
 
 
+@frozen
+class _StallDue:
+    """The stall watchdog's deadline passed (what the receive returns then, not a post)."""
+
+
+_STALL_DUE = _StallDue()
+
+
 # -- state owned by the actor ----------------------------------------------------------------
 
 
@@ -241,6 +268,7 @@ class _CancelJob:
     resumed: bool | None = None
     details: dict[str, Any] = field(factory=dict)
     survivors: list[dict[str, Any]] = field(factory=list)
+    queue_kept: bool = False  # the watchdog's cancel leaves the queue; a caller's joining drops it
 
 
 @define
@@ -255,6 +283,15 @@ class _Turn:
     steers: dict[int, _NativeSteer] = field(factory=dict)
     #: steers that start the next turns, in order, once this one is over
     then: list[_SteerNext] = field(factory=list)
+    # The stall watchdog (only while no cancel runs): when the agent last said something about
+    # the turn (``heard``: it did since, the clock not read yet), the tool calls it reported in
+    # progress, and the deadline the actor's receive honours (inf: none). The deadline is not
+    # moved by every event, only checked when it passes: it then moves to heard_at + the
+    # limit, or the turn is stalled.
+    heard_at: float = 0.0
+    heard: bool = False
+    tools: set[str] | None = None
+    stall_at: float = math.inf
 
 
 class Session:
@@ -310,6 +347,7 @@ class Session:
         self._failed_in_a_row = 0  # turns the live agent ended with an error, in a row
         self._recycles = 0
         self._recycle_reason: str | None = None
+        self._watchdog = bool(spec.stall_s or spec.tool_stall_s)
         self._done = False
         self.exit_status: ExitStatus | None = None
         # Agent output being worked through (one read's worth), in the actor's own pace.
@@ -353,8 +391,10 @@ class Session:
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None
     ) -> CancelReceipt:
-        """Stop the current turn (or ``turn_id``); returns only once that turn has ended."""
-        return await self._call(lambda reply: _Cancel(turn_id, reason, reply))
+        """Stop the current turn (or ``turn_id``); returns only once that turn has ended.
+        ``reason`` goes into the receipt (``user`` when not given)."""
+        why = REASON_USER if reason is None else reason
+        return await self._call(lambda reply: _Cancel(turn_id, why, reply))
 
     async def steer(self, text: str) -> SteerResult:
         """Redirect the running turn with ``text``: joined to it natively where the agent can
@@ -465,7 +505,7 @@ class Session:
                 return
             if self._batch is not None:
                 if self._state == "running" and self._fanout.must_wait():
-                    await self._fanout.wait_for_room()  # as below: a full subscriber first
+                    await self._hold_back()  # as below: a full subscriber first
                 else:
                     await self._work_through_batch()
                 continue
@@ -473,11 +513,11 @@ class Session:
                 # A subscriber asked for backpressure and its buffer is full: read no agent
                 # output (the agent blocks on its pipe) until it makes room, a call comes in,
                 # or it stalls and is cut off. Never while cancelling: a cancel waits for no one.
-                await self._fanout.wait_for_room()
+                await self._hold_back()
                 continue
             deadline = self._next_deadline()
             if deadline == math.inf:  # no timer running: skip the cancel scope (hot path)
-                item = await self._receive()
+                item = await self._receive(self._watch())
             else:
                 with trio.move_on_at(deadline) as scope:
                     item = await self._receive()
@@ -490,11 +530,17 @@ class Session:
             if not self._done:
                 self._on_inbox(item)
 
-    async def _receive(self) -> Any:
+    async def _receive(self, watch: float = math.inf) -> Any:
         """The next inbox item. Batching writers (the gateway's) hear of new events when the
         actor is about to wait, so under a flood they send several per socket write: an inbox
-        empty for just a moment (the agent's pump is between two posts) does not count."""
+        empty for just a moment (the agent's pump is between two posts) does not count.
+
+        ``watch``: the stall watchdog's deadline; once it has passed, :data:`_STALL_DUE` comes
+        instead of an item. Read on the clock while items come (a cancel scope per item, ~6 us,
+        is too dear for a streaming turn), the deadline of the wait when none does."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        if watch != math.inf and trio.current_time() >= watch:
+            return _STALL_DUE
         # Cancelling, the actor waits for the agent's answer at once: spinning here would take
         # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
         # core), and subscribers hear of the "cancelling" event without a batch to wait for.
@@ -507,7 +553,22 @@ class Session:
             await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
             return item
         self._fanout.flush()
-        return await self._inbox.receive()
+        if watch == math.inf:
+            return await self._inbox.receive()
+        with trio.move_on_at(watch):
+            return await self._inbox.receive()
+        return _STALL_DUE
+
+    async def _hold_back(self) -> None:
+        """Read no agent output until a full subscriber makes room. The agent is not silent
+        meanwhile, we are not listening: the stall watchdog does not count the wait."""
+        held_at = trio.current_time()
+        turn = self._turn
+        if turn is not None and turn.heard:
+            turn.heard, turn.heard_at = False, held_at
+        await self._fanout.wait_for_room()
+        if turn is not None and turn is self._turn:
+            turn.heard_at += trio.current_time() - held_at
 
     def _serve_mailbox(self) -> None:
         while True:
@@ -612,7 +673,10 @@ class Session:
 
     def _start_turn(self, turn_id: str, text: str) -> None:
         assert self._machine is not None
-        self._turn = _Turn(turn_id, text, trio.current_time(), tree_clock())
+        now = trio.current_time()
+        self._turn = turn = _Turn(turn_id, text, now, tree_clock(), heard_at=now)
+        if self.spec.stall_s:
+            turn.stall_at = now + self.spec.stall_s
         self._set_state("running")
         self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
         self._apply(self._machine.prompt(turn_id, text))
@@ -641,17 +705,28 @@ class Session:
             )
             return
         if turn.cancel is not None:
-            turn.cancel.waiters.append(call.reply)  # concurrent cancels share one receipt
+            job = turn.cancel
+            job.waiters.append(call.reply)  # concurrent cancels share one receipt
+            if job.queue_kept:  # the watchdog's job: a caller's cancel drops the queue now
+                job.queue_kept = False
+                job.dropped = self._drop_queue(call.reason)
             return
-        self._begin_cancel(turn, call.reason, now).waiters.append(call.reply)
+        self._begin_cancel(turn, now, call.reason, [call.reply])
 
     def _begin_cancel(
-        self, turn: _Turn, reason: str | None, now: float, *, keep_queue: bool = False
-    ) -> _CancelJob:
-        """Start the ladder for the running turn. ``keep_queue``: the queued prompts stay (a
-        steer makes way for itself, not for nothing)."""
-        assert self._machine is not None and turn.cancel is None
-        job = _CancelJob(turn.id, now, reason, self.spec.grace_s)
+        self,
+        turn: _Turn,
+        now: float,
+        reason: str | None,
+        waiters: list[Reply[CancelReceipt]],
+        *,
+        keep_queue: bool = False,
+        detail: str | None = None,
+    ) -> None:
+        """A cancel of the running turn, for a caller (``waiters``) or the watchdog (none)."""
+        assert self._machine is not None
+        job = _CancelJob(turn.id, now, reason, self.spec.grace_s, waiters=waiters)
+        job.queue_kept = keep_queue
         turn.cancel = job
         # At once and without awaiting any reply: interrupt, answer permissions, drop queue.
         job.escalation.append("interrupt")
@@ -663,9 +738,8 @@ class Session:
         self._deliver(step)  # first: nothing we record below may hold the interrupt back
         if not keep_queue:
             job.dropped = self._drop_queue(reason)
-        self._set_state("cancelling")
+        self._set_state("cancelling", detail)
         self._apply_events(step)
-        return job
 
     # -- steering ------------------------------------------------------------------------------
 
@@ -716,7 +790,7 @@ class Session:
     ) -> None:
         """The agent cannot take the text into its turn: the turn makes way, the whole ladder,
         and the text goes first once it is over."""
-        self._begin_cancel(turn, "steer", trio.current_time(), keep_queue=True)
+        self._begin_cancel(turn, trio.current_time(), "steer", [], keep_queue=True)
         self._steer_after(turn, text, reply, "interrupted", detail)
 
     def _steer_answered(self, answer: SteerAnswered) -> None:
@@ -784,6 +858,7 @@ class Session:
                 outcome="cancelled",
                 stop_reason="dropped",
                 receipt=receipt_to_wire(receipt),
+                reason=reason,
             )
         )
         return receipt
@@ -846,6 +921,8 @@ class Session:
             self._closed(item)
         elif isinstance(item, _Swept):
             self._swept(item)
+        elif item is _STALL_DUE:
+            self._stall_check()
 
     # -- agent output, a share at a time --------------------------------------------------------
 
@@ -956,6 +1033,94 @@ class Session:
         elif isinstance(control, SteerAnswered):
             self._steer_answered(control)
 
+    # -- the stall watchdog ----------------------------------------------------------------------
+
+    def _heard(self, turn: _Turn, event: ev.Event) -> None:
+        """The agent said something about the running turn (one of ``_TURN_EVENTS``): it is
+        not silent, and what it says of its tool calls decides which limit applies."""
+        if isinstance(event, ev.ToolCall):
+            turn.ran_tools = True
+        if not self._watchdog:
+            return
+        if type(event) in _STREAM_EVENTS or (
+            isinstance(event, ev.ToolUpdate) and event.status is None
+        ):
+            # The stream (a tool's output too): no clock, no deadline moved, the hot path. The
+            # time is read once before the actor's next receive (``_watch``), the deadline
+            # looked at when it passes.
+            turn.heard = True
+            return
+        turn.heard_at = trio.current_time()
+        turn.heard = False
+        if isinstance(event, ev.ToolCall | ev.ToolUpdate):
+            if event.turn_id is not None and event.turn_id != turn.id:
+                return  # a late word about an earlier turn's tool
+            if event.status in _TOOL_DONE:
+                if not turn.tools or event.tool_call_id not in turn.tools:
+                    return  # nothing changes
+                turn.tools.discard(event.tool_call_id)
+            else:  # started, or said to be in progress
+                if turn.tools is None:
+                    turn.tools = set()
+                turn.tools.add(event.tool_call_id)
+        if turn.cancel is None:
+            turn.stall_at = self._stall_due(turn)  # the limit may have changed (or ended)
+
+    def _watch(self) -> float:
+        """The watchdog's deadline for the next receive (inf: none), once the time the agent
+        was last heard from is written down."""
+        turn = self._turn
+        if turn is None or turn.cancel is not None or turn.stall_at == math.inf:
+            return math.inf
+        if turn.heard:
+            turn.heard = False
+            turn.heard_at = trio.current_time()
+        return turn.stall_at
+
+    def _stall_due(self, turn: _Turn) -> float:
+        """When the running turn is stalled if the agent says nothing more (inf: never)."""
+        if self._state != "running" or self._stopping or self._machine is None:
+            return math.inf
+        if self._machine.pending_permissions:
+            return math.inf  # it waits on a person, not on the agent; the answer re-arms
+        limit = self.spec.tool_stall_s if turn.tools else self.spec.stall_s
+        return turn.heard_at + limit if limit else math.inf
+
+    def _stall_check(self) -> None:
+        """The watchdog's deadline passed: the turn is stalled, or the deadline moves on."""
+        turn = self._turn
+        if turn is None or turn.cancel is not None:
+            return
+        now = trio.current_time()
+        if turn.heard:
+            turn.heard, turn.heard_at = False, now
+        turn.stall_at = self._stall_due(turn)
+        if turn.stall_at > now:
+            return  # heard from since (or waiting on a person, or a tool runs): not yet
+        turn.stall_at = math.inf
+        limit = self.spec.tool_stall_s if turn.tools else self.spec.stall_s
+        assert limit
+        silent = now - turn.heard_at
+        self._emit(
+            ev.TurnStalled(
+                turn_id=turn.id,
+                silent_s=round(silent, 3),
+                stall_s=limit,
+                tool_calls=sorted(turn.tools or ()),
+            )
+        )
+        # The same ladder as a caller's cancel; queued prompts stay: the user queued them
+        # behind this turn, and it is not the user who gave up on it.
+        self._begin_cancel(
+            turn,
+            now,
+            REASON_STALLED,
+            [],
+            keep_queue=True,
+            detail=f"stalled: nothing from the agent for {silent:.1f} s (stall_s {limit:g}):"
+            " cancelling the turn",
+        )
+
     # -- turn endings --------------------------------------------------------------------------
 
     def _turn_finished(self, finished: TurnFinished) -> None:
@@ -1053,6 +1218,7 @@ class Session:
                 stop_reason=stop_reason,
                 error=error,
                 receipt=receipt_to_wire(receipt) if receipt is not None else None,
+                reason=job.reason if job is not None else None,
             )
         )
         if job is not None and receipt is not None:
@@ -1450,8 +1616,9 @@ class Session:
         self._emit(ev.SessionState(state=state, detail=detail))
 
     def _emit(self, event: ev.Event) -> None:
-        if isinstance(event, ev.ToolCall) and self._turn is not None:
-            self._turn.ran_tools = True
+        turn = self._turn
+        if turn is not None and type(event) in _TURN_EVENTS:
+            self._heard(turn, event)
         self._seq += 1
         self._fanout.publish(_stamp(event, self.id, self._seq, time.time()))
 

@@ -14,6 +14,7 @@ import pytest
 from supervisor.config import (
     DEFAULT_GRACE_S,
     DEFAULT_KILL_TIMEOUT_S,
+    DEFAULT_STALL_S,
     DEFAULT_START_TIMEOUT_S,
     AgentSpec,
     ConfigError,
@@ -362,3 +363,18 @@ def test_nan_seconds_are_rejected(tmp_path: Path, key: str) -> None:
         tmp_path, f'[agents.a]\nprotocol = "acp"\ncommand = ["a"]\n{key} = nan\n'
     )
     assert message.startswith(f"{path}: [agents.a]: '{key}' must be a number of seconds >= 0")
+
+
+def test_stall_limits_are_configurable_and_checked() -> None:
+    """The stall watchdog's limits (``tests/test_session_watchdog.py``): seconds, 0 never."""
+    table = {"protocol": "acp", "command": ["x"]}
+    spec = parse_agents({"agents": {"a": table}})["a"]
+    assert (spec.stall_s, spec.tool_stall_s) == (DEFAULT_STALL_S, None) == (300.0, None)
+    spec = parse_agents({"agents": {"a": {**table, "stall_s": 60, "tool_stall_s": 1800.5}}})["a"]
+    assert (spec.stall_s, spec.tool_stall_s) == (60.0, 1800.5)
+    spec = parse_agents({"agents": {"a": {**table, "stall_s": 0, "tool_stall_s": 0}}})["a"]
+    assert (spec.stall_s, spec.tool_stall_s) == (None, None)  # 0: never (TOML has no null)
+    for key in ("stall_s", "tool_stall_s"):
+        for bad in (-1, True, "300", float("inf"), float("nan")):
+            with pytest.raises(ConfigError, match=key):
+                parse_agents({"agents": {"a": {**table, key: bad}}})

@@ -27,10 +27,13 @@ BOUND = 20.0
 
 @asynccontextmanager
 async def gateway(
-    behaviour: Behaviour | None = None, limits: GatewayLimits | None = None, grace: float = 0.5
+    behaviour: Behaviour | None = None,
+    limits: GatewayLimits | None = None,
+    grace: float = 0.5,
+    **options: Any,
 ) -> AsyncIterator[tuple[Gateway, str, MemoryLauncher]]:
     launcher = MemoryLauncher(behaviour or Behaviour(words=400, word_interval=0.01))
-    spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=grace)
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=grace, **options)
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
             async with trio.open_nursery() as nursery:
@@ -554,3 +557,27 @@ async def test_steer_over_the_wire_says_what_happened_after_its_events(steering:
             with pytest.raises(GatewayError) as info:
                 await client.steer(session_id, 42)  # type: ignore[arg-type]
             assert info.value.code == "bad_request"
+
+
+async def test_a_stalled_turn_is_told_on_the_wire() -> None:
+    """The watchdog's stop as a client sees it: ``turn.stalled``, then the turn's end with
+    ``reason: "stalled"`` (and in its receipt); a client's own cancel says ``user``."""
+    async with gateway(Behaviour(words=400, word_interval=0.01), stall_s=0.3) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = (await client.start_session("fake"))["session_id"]
+            async with client.subscribe(session_id) as events:
+                turn = await client.prompt(session_id, "silent-after=1")
+                stalled = await next_event(events, "turn.stalled")
+                assert stalled["data"]["turn_id"] == turn["turn_id"]
+                assert stalled["data"]["stall_s"] == 0.3 and stalled["data"]["tool_calls"] == []
+                assert 0.3 <= stalled["data"]["silent_s"] < 5.0
+                ended = await next_event(events, "turn.ended")
+                assert (ended["data"]["outcome"], ended["data"]["reason"]) == (
+                    "cancelled",
+                    "stalled",
+                )
+                assert ended["data"]["receipt"]["reason"] == "stalled"
+                await client.prompt(session_id, "hello")
+                await next_event(events, "message.delta")
+                receipt = await client.cancel(session_id)
+                assert (receipt["outcome"], receipt["reason"]) == ("cancelled", "user")

@@ -4,7 +4,9 @@ Its "process" is a trio task (``memory_base.py``: messages are dicts, a kill is 
 every delay is virtual). Behaviour is set per launcher and can be overridden per prompt with
 tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
 ``crash``, ``flood``, ``deferred-id=0.2``, ``fail-turn``: the turn fails once its words are out,
-in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error).
+in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error;
+``silent-after=2``: after two words it says nothing more, only logging to stderr (once a
+second, or as fast as it can with ``flood``), until cancelled; ``tool=30``: before its second word it runs a tool call for 30 s, silently).
 
 ``steering`` (set per launcher) advertises ``_meta.steering.supported`` and answers
 ``_session/steering`` as claude-agent-acp does: ``injected`` while a prompt runs (the text is
@@ -20,6 +22,7 @@ import trio
 from attrs import define
 
 from supervisor.config import AgentSpec
+from supervisor.link import AgentStderrLines
 
 try:
     from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
@@ -47,6 +50,8 @@ class Behaviour(BaseBehaviour):
     pad: int = 0  # extra characters per word, to make big events
     steering: bool = False
     steer_answer: str = "injected"  # or "refuse", "silent"
+    silent_after: int | None = None  # words said before the agent goes silent (a stall)
+    tool: float | None = None  # seconds a tool call runs, silent, before the second word
 
     TOKENS = {
         **BaseBehaviour.TOKENS,
@@ -58,6 +63,8 @@ class Behaviour(BaseBehaviour):
         "pad": ("pad", int),
         "deferred-id": ("deferred_id", float),
         "fail-turn": ("fail_turn", on),
+        "silent-after": ("silent_after", int),
+        "tool": ("tool", float),
     }
 
 
@@ -211,6 +218,14 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
                         stop_reason = "cancelled"
                         nursery.cancel_scope.cancel()
                         break
+                if behaviour.tool is not None and index == 1:
+                    await self.run_tool(behaviour.tool)
+                if index == behaviour.silent_after:
+                    while True:  # a model call that never answers; only stderr goes on
+                        await self.link.inbox.send(
+                            AgentStderrLines(self.link.generation, ["waiting for the model"])
+                        )
+                        await trio.sleep(0 if behaviour.flood else 1.0)
                 await self.update(
                     {
                         "sessionUpdate": "agent_message_chunk",
@@ -228,6 +243,21 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             await self.error(request_id, -32603, "Internal error: model overloaded")
             return
         await self.reply(request_id, {"stopReason": stop_reason})
+
+    async def run_tool(self, seconds: float) -> None:
+        await self.update(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "call_tool",
+                "title": "make test",
+                "kind": "execute",
+                "status": "in_progress",
+            }
+        )
+        await trio.sleep(seconds)
+        await self.update(
+            {"sessionUpdate": "tool_call_update", "toolCallId": "call_tool", "status": "completed"}
+        )
 
     async def ask_permission(self) -> str:
         request_id = 1000 + self.next_request
