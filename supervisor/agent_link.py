@@ -99,6 +99,13 @@ class ProcessLink(AgentLink):
     async def kill_turn_processes(self, since: float) -> list[dict[str, Any]]:
         return await self.process.kill_descendants_since(since)
 
+    async def memory_mb(self) -> float | None:
+        try:
+            used = await trio.to_thread.run_sync(self.process.memory_bytes)
+        except OSError:
+            return None
+        return used / (1024 * 1024)
+
     async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
         self._close_stdin()  # the writer flushes what is queued, then closes stdin
         with trio.move_on_after(timeout):

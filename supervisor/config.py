@@ -102,6 +102,10 @@ class AgentSpec:
     stall_s: float | None = DEFAULT_STALL_S
     #: the same while a tool call is in progress; None or 0: a running tool is never a stall
     tool_stall_s: float | None = DEFAULT_TOOL_STALL_S
+    #: the agent's whole process tree may hold this much memory (resident, MB); above it the
+    #: turn is stopped (``reason: "memory_limit"``) and the agent restarted, the session
+    #: resumed. None or 0: no limit
+    max_memory_mb: float | None = None
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
 
@@ -185,6 +189,7 @@ _FIELDS = {
     "max_failed_turns",
     "stall_s",
     "tool_stall_s",
+    "max_memory_mb",
     "env",
     "cwd",
 }
@@ -253,6 +258,17 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
                 f"{at}: '{key}' must be a number of seconds >= 0 (0: never), not {limit!r}"
             )
         stall[key] = float(limit) if limit else None  # TOML has no null: 0 is "never"
+    max_memory = table.get("max_memory_mb")
+    if max_memory is not None and (
+        isinstance(max_memory, bool)
+        or not isinstance(max_memory, int | float)
+        or not math.isfinite(max_memory)
+        or max_memory < 0
+    ):
+        raise ConfigError(
+            f"{at}: 'max_memory_mb' must be a number of megabytes >= 0 (0: no limit),"
+            f" not {max_memory!r}"
+        )
     max_failed = table.get("max_failed_turns", DEFAULT_MAX_FAILED_TURNS)
     if isinstance(max_failed, bool) or not isinstance(max_failed, int) or max_failed < 0:
         raise ConfigError(
@@ -276,6 +292,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         max_failed_turns=max_failed,
         stall_s=stall["stall_s"],
         tool_stall_s=stall["tool_stall_s"],
+        max_memory_mb=float(max_memory) if max_memory else None,
         env=env,
         cwd=cwd,
     )

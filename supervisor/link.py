@@ -107,6 +107,10 @@ class AgentLink(ABC):
         no-op by default."""
         return []
 
+    async def memory_mb(self) -> float | None:
+        """The resident memory of the agent's whole tree, in MB (None: cannot tell)."""
+        return None
+
     @property
     @abstractmethod
     def stderr_tail(self) -> list[str]:

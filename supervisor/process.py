@@ -350,6 +350,17 @@ class AgentProcess(ABC):
         """The tree's live processes below our child (the agent's descendants, and with the
         shim the agent too). Each is remembered, for when containment is lost."""
 
+    def memory_bytes(self) -> int:
+        """The resident memory of every live member of the tree, summed (blocking: a scan;
+        shared pages count once per process, so this is an upper bound, like ``ps``)."""
+        total = 0
+        for member in self.members():
+            try:
+                total += member.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return total
+
     def _remember(self, processes: Iterable[psutil.Process]) -> list[psutil.Process]:
         found = []
         for process in processes:

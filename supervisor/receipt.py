@@ -9,7 +9,9 @@ from attrs import field, frozen
 __all__ = [
     "ESCALATION_STEPS",
     "OUTCOMES",
+    "REASON_MEMORY_LIMIT",
     "REASON_STALLED",
+    "REASON_STEER",
     "REASON_USER",
     "CancelReceipt",
     "DroppedPrompt",
@@ -39,6 +41,17 @@ ESCALATION_STEPS = (
 #: shows a word it does not know as it is.
 REASON_USER = "user"
 REASON_STALLED = "stalled"
+#: the agent's tree went over ``max_memory_mb``: the turn stopped, the agent restarted
+REASON_MEMORY_LIMIT = "memory_limit"
+#: a steer the agent could not take made the running turn make way (``supervisor/steering.py``)
+REASON_STEER = "steer"
+
+
+#: How :meth:`CancelReceipt.summary` names a stop the supervisor made by itself.
+_REASON_PREFIXES = {
+    REASON_STALLED: "Stalled: ",
+    REASON_MEMORY_LIMIT: "Over its memory limit: ",
+}
 
 
 @frozen
@@ -86,8 +99,9 @@ class CancelReceipt:
                 text += ", session resumed"
             elif self.resumed is False:
                 text += ", session could not be resumed (fresh session)"
-        if self.reason == REASON_STALLED and self.outcome in ("cancelled", "killed"):
-            text = "Stalled: " + text[0].lower() + text[1:]
+        prefix = _REASON_PREFIXES.get(self.reason or "")
+        if prefix is not None and self.outcome in ("cancelled", "killed"):
+            text = prefix + text[0].lower() + text[1:]
         if self.survivors:
             text += (
                 f"; {len(self.survivors)} process(es) survived SIGKILL"

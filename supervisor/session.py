@@ -49,7 +49,14 @@ from supervisor.link import (
     Launcher,
 )
 from supervisor.process import ExitStatus, KillError, tree_clock
-from supervisor.receipt import REASON_STALLED, REASON_USER, CancelReceipt, DroppedPrompt
+from supervisor.receipt import (
+    REASON_MEMORY_LIMIT,
+    REASON_STALLED,
+    REASON_STEER,
+    REASON_USER,
+    CancelReceipt,
+    DroppedPrompt,
+)
 from supervisor.reply import Reply
 from supervisor.steering import SteerMode, SteerResult
 from supervisor.subscription import Fanout, Subscription
@@ -80,6 +87,13 @@ _IDLE_TURNS = 3
 MAX_EXITS_WITHOUT_TURN = 5
 #: Turns remembered so a late cancel naming one gets an honest answer.
 _ENDED_TURNS_KEPT = 64
+#: How often the tree's memory is sampled when ``max_memory_mb`` is set (a psutil scan in a
+#: worker thread: ~1 ms for a small tree). A tree that grows 1 GB/s overshoots by ~2 GB before
+#: it is seen; agents grow over minutes (Claude Code users report ~3 GB per session).
+MEMORY_SAMPLE_S = 2.0
+#: Restarts for memory with no turn ended by itself in between before the session fails: an
+#: agent over its limit right after every restart needs more than the limit allows.
+MAX_MEMORY_RESTARTS = 3
 #: What the agent says about a running turn: any of these keeps the stall watchdog away
 #: (``design/actor.md``, "The stall watchdog"). Not ``agent.stderr`` (a wedged agent may log on),
 #: nor ``session.info`` or ``agent.unparsed`` (metadata and keep-alives flow from agents whose
@@ -211,6 +225,14 @@ class _Closed:
 
 
 @frozen
+class _MemoryOver:
+    """The agent's tree holds more memory than ``max_memory_mb`` allows (a sampler's word)."""
+
+    generation: int
+    used_mb: float
+
+
+@frozen
 class _Swept:
     """The cancelled turn's leftover processes are gone (``killed`` had to be killed)."""
 
@@ -330,6 +352,9 @@ class Session:
         self._queue: deque[tuple[str, str]] = deque()
         self._turn_counter = 0
         self._steer_counter = 0
+        #: why the agent is to be restarted once the running turn is over (its memory)
+        self._recycle_for: str | None = None
+        self._memory_restarts = 0  # for its memory, since the last turn that ended by itself
         self._failing = False  # the session is failing: nothing more may start
         self._ended: dict[str, CancelReceipt] = {}
         self._seq = 0
@@ -790,7 +815,7 @@ class Session:
     ) -> None:
         """The agent cannot take the text into its turn: the turn makes way, the whole ladder,
         and the text goes first once it is over."""
-        self._begin_cancel(turn, trio.current_time(), "steer", [], keep_queue=True)
+        self._begin_cancel(turn, trio.current_time(), REASON_STEER, [], keep_queue=True)
         self._steer_after(turn, text, reply, "interrupted", detail)
 
     def _steer_answered(self, answer: SteerAnswered) -> None:
@@ -921,6 +946,8 @@ class Session:
             self._closed(item)
         elif isinstance(item, _Swept):
             self._swept(item)
+        elif isinstance(item, _MemoryOver):
+            self._memory_over(item)
         elif item is _STALL_DUE:
             self._stall_check()
 
@@ -1130,6 +1157,7 @@ class Session:
         self._exits_without_turn = 0
         job = turn.cancel
         if job is None:
+            self._memory_restarts = 0
             # Nobody here asked it to stop; but a person may have stopped it inside the agent
             # (Codex's "decline and stop the turn"), and then the agent says so.
             if finished.error is not None:
@@ -1142,7 +1170,7 @@ class Session:
             self._failed_in_a_row = self._failed_in_a_row + 1 if outcome_ == "failed" else 0
             limit = self.spec.max_failed_turns
             if limit and self._failed_in_a_row >= limit:
-                self._recycle(finished.error or "failed")
+                self._recycle_failing(finished.error or "failed")
                 return
             self._set_state("ready")
             self._start_next()
@@ -1169,6 +1197,10 @@ class Session:
 
     def _finish_cancelled_turn(self, turn: _Turn, job: _CancelJob) -> None:
         self._end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
+        if self._recycle_for is not None:
+            # Stopped for its memory: the agent ended the turn but still holds it.
+            self._recycle(self._recycle_for)
+            return
         self._set_state("ready")
         self._start_next()
 
@@ -1404,16 +1436,68 @@ class Session:
             self._emit(ev.ErrorEvent(code="resume_failed", message=detail))
         self._respawn()
 
-    def _recycle(self, last_error: str) -> None:
-        """The agent failed turn after turn: restart it and resume the session (an agent can
-        get stuck in a state only a restart clears). Queued prompts wait for the new one."""
+    def _recycle_failing(self, last_error: str) -> None:
+        """The agent failed turn after turn: restart it (an agent can get stuck in a state
+        only a restart clears)."""
+        self._recycle(f"{self._failed_in_a_row} turns failed in a row; the last: {last_error}")
+
+    def _recycle(self, reason: str) -> None:
+        """Restart the agent and resume the session; queued prompts wait for the new one."""
         failed, self._failed_in_a_row = self._failed_in_a_row, 0
-        reason = f"{failed} turns failed in a row; the last: {last_error}"
+        self._recycle_for = None
         self._recycles += 1
         self._recycle_reason = reason
         self._emit(ev.SessionRecycled(reason=reason, failed_turns=failed))
         self._set_state("starting", f"recycling the agent: {reason}")
         self._kill_live_link()  # then respawned, resuming the agent's session
+
+    def _memory_over(self, over: _MemoryOver) -> None:
+        """The tree went over ``max_memory_mb``: stop the turn through the ladder
+        (``reason: "memory_limit"``), then restart the agent and resume the session."""
+        if (
+            over.generation != self._live_generation
+            or self._stopping
+            or self._recycle_for is not None
+            or self._state not in ("ready", "running", "cancelling")
+        ):
+            return
+        reason = (
+            f"memory_limit: the agent's processes hold {over.used_mb:.0f} MB"
+            f" (max_memory_mb {self.spec.max_memory_mb:g})"
+        )
+        self._emit(ev.ErrorEvent(code=REASON_MEMORY_LIMIT, message=reason))
+        self._memory_restarts += 1
+        if self._memory_restarts > MAX_MEMORY_RESTARTS:
+            # Over the limit again and again with no turn done in between: a restart does not
+            # help (the limit is below what the agent needs); fail instead of looping.
+            self._start_failed(
+                f"{reason}, after {MAX_MEMORY_RESTARTS} restarts in a row", code="memory_limit"
+            )
+            return
+        self._recycle_for = reason
+        turn = self._turn
+        if turn is None:
+            self._recycle(reason)
+        elif turn.cancel is None:
+            self._begin_cancel(
+                turn,
+                trio.current_time(),
+                REASON_MEMORY_LIMIT,
+                [],
+                keep_queue=True,
+                detail=f"{reason}: stopping the turn, then restarting the agent",
+            )
+        # else: a cancel is on its way; the agent is restarted once it is over
+
+    async def _memory_watch(self, link: AgentLink, generation: int, limit: float) -> None:
+        """Sample the tree's memory every MEMORY_SAMPLE_S while the process lives."""
+        while True:
+            await trio.sleep(MEMORY_SAMPLE_S)
+            used = await link.memory_mb()
+            if used is None:
+                return  # gone (or a link that cannot tell)
+            if used > limit:
+                await self._post(_MemoryOver(generation, used))
 
     def _tree_survived(self, survivors: list[dict[str, Any]], detail: str | None = None) -> None:
         """Members of the agent's tree outlived SIGKILL: the session fails, honestly, instead of
@@ -1454,6 +1538,11 @@ class Session:
         self._link = spawned.link
         self._live_generation = spawned.generation
         self._machine = new_machine(self.spec.protocol)
+        self._recycle_for = None  # a fresh process: whatever it held is gone
+        limit = self.spec.max_memory_mb
+        if limit:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._memory_watch, spawned.link, spawned.generation, limit)
         turn = self._turn
         if turn is not None and turn.cancel is not None:
             if "respawned" not in turn.cancel.escalation:  # a fresh retry is the same step

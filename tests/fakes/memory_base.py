@@ -108,6 +108,12 @@ class MemoryLink(AgentLink):
         if self.agent is not None:
             self.agent.on_signal(signum)
 
+    async def memory_mb(self) -> float | None:
+        """What the fake says its tree holds (``MemoryAgent.memory_mb``); None once dead."""
+        if not self.alive or self.agent is None:
+            return None
+        return self.agent.memory_mb
+
     async def kill(self) -> list[str]:
         if not self.alive:
             return []
@@ -147,6 +153,8 @@ class MemoryAgent(Generic[B]):
         self.behaviour: B = launcher.behaviour
         self.store = launcher.store
         self.nursery: trio.Nursery | None = None
+        #: what the tree "holds", for ``max_memory_mb`` (a test sets it)
+        self.memory_mb: float = launcher.memory_mb
 
     async def run(self) -> None:
         with self.link.scope:
@@ -204,6 +212,8 @@ class BaseLauncher(Generic[B, A]):
         self.crash_on_launch = crash_on_launch  # launch numbers (1-based) that die at once
         self.spec_kill_timeout = kill_timeout
         self.store = Store()
+        #: what each agent's tree "holds" when it starts (``max_memory_mb`` tests change it)
+        self.memory_mb = 10.0
         self.links: list[MemoryLink] = []
         self.agents: list[A] = []
         self.resumes: list[str | None] = []
