@@ -115,13 +115,16 @@ class AmpClient(AgentProtocol):
     def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
         """``amp --execute ...`` becomes ``amp threads continue T-... --execute ...``.
 
-        The subcommand goes before the first option, so a wrapper's own arguments
-        (``node amp.js --execute``) stay in front of it.
+        The subcommand goes just before ``--execute`` (``-x``), which this mode needs, so a
+        wrapper and its own options stay in front (``nsenter --net=... -- amp --execute``,
+        ``node amp.js --execute``); without it, before the first option after the program.
         """
         argv = list(base)
         if resume is None:
             return argv
-        at = next((i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-")), len(argv))
+        flags = [i for i, arg in enumerate(argv) if i > 0 and arg in ("--execute", "-x")]
+        options = [i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-")]
+        at = flags[0] if flags else options[0] if options else len(argv)
         return [*argv[:at], "threads", "continue", resume, *argv[at:]]
 
     # -- calls from the actor -------------------------------------------------------------

@@ -57,18 +57,19 @@ def test_golden_transcript(path: Path) -> None:
     golden.replay(path, AmpClient(), checks=CHECKS, check_sent=check_wire)
 
 
+CONTINUE = ["threads", "continue", "T-1"]
+
+
 def test_command_continues_the_thread_on_resume() -> None:
     assert AmpClient.command(BASE, None) == BASE
     assert AmpClient.command(BASE, "T-1") == ["amp", "threads", "continue", "T-1", *BASE[1:]]
     wrapped = ["node", "amp.js", "--execute"]
-    assert AmpClient.command(wrapped, "T-1") == [
-        "node",
-        "amp.js",
-        "threads",
-        "continue",
-        "T-1",
-        "--execute",
-    ]
+    assert AmpClient.command(wrapped, "T-1") == ["node", "amp.js", *CONTINUE, "--execute"]
+    # A wrapper's own options stay in front (the tier-4 tests run it under nsenter).
+    entered = ["nsenter", "--net=/proc/7/ns/net", "--", "amp", "--stream-json", "-x"]
+    assert AmpClient.command(entered, "T-1") == [*entered[:5], *CONTINUE, "-x"]
+    assert AmpClient.command(["amp", "--verbose"], "T-1") == ["amp", *CONTINUE, "--verbose"]
+    assert AmpClient.command(["amp"], "T-1") == ["amp", *CONTINUE]
 
 
 def test_example_config_runs_the_adapters_command_line() -> None:
