@@ -187,6 +187,7 @@ async def test_cancel_answers_once_the_exit_is_reaped_and_the_thread_continues(
         assert launcher.links[0].signals == [signal.SIGINT]
         assert not launcher.links[0].alive and launcher.links[1].alive
         assert launcher.resumes == [None, "T-1"]
+        await rec.catch_up()  # what was published before the receipt
         exited = rec.of_kind("agent.exited")
         assert [(e.exit_code, e.expected) for e in exited if isinstance(e, ev.AgentExited)] == [
             (0, True)
@@ -202,6 +203,7 @@ async def test_cancel_answers_once_the_exit_is_reaped_and_the_thread_continues(
         assert [m["message"]["content"][0]["text"] for m in launcher.links[1].sent] == [
             "again words=2"
         ]
+        await rec.catch_up()
         assert rec.of_kind("error") == []
 
 
@@ -316,6 +318,7 @@ async def test_error_result_fails_the_turn_and_the_next_prompt_waits_for_the_res
         done = await rec.wait_kind("turn.ended", turn_id=second.id)
         assert isinstance(done, ev.TurnEnded) and done.outcome == "completed", done
         assert launcher.resumes == [None, "T-1"]
+        await rec.catch_up()
         exited = [e for e in rec.of_kind("agent.exited") if isinstance(e, ev.AgentExited)]
         assert [(e.exit_code, e.expected) for e in exited] == [(0, True)]
 
@@ -413,6 +416,7 @@ async def test_cancel_through_the_supervisor(tmp_path: Path, ignores_sigint: boo
                 ended = await rec.wait_kind("turn.ended", turn_id=second.id)
                 assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", ended
                 # The respawned CLI continued the same thread.
+                await rec.catch_up()
                 continuing = [
                     e
                     for e in rec.of_kind("agent.stderr")

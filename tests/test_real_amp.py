@@ -276,6 +276,7 @@ async def test_cancel_answers_after_the_respawn_and_the_thread_goes_on(open_amp:
             assert receipt.elapsed_ms < GRACE_S * 1000
             [stopped] = h.server.find_turns(lambda t: t.id == 2)
             assert stopped.outcome == "cancelled" and stopped.cancelled_at is not None
+            await h.recorder.catch_up()  # what was published before the receipt
             exited = [
                 e for e in h.recorder.of_kind("agent.exited") if isinstance(e, ev.AgentExited)
             ]
@@ -288,6 +289,7 @@ async def test_cancel_answers_after_the_respawn_and_the_thread_goes_on(open_amp:
             assert after.thread == thread
             history = json.dumps(h.server.messages(thread))
             assert "marker-7f3a9" in history and "marker-5a1e" in history
+            await h.recorder.catch_up()
             assert h.recorder.of_kind("error") == []
             row(
                 h,

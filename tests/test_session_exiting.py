@@ -79,6 +79,7 @@ async def test_receipt_waits_for_the_exit_and_the_resumed_process(
         assert (receipt.resumed, receipt.turn_id) == (True, turn.id)
         assert session.state == "ready"
         assert [link.alive for link in launcher.links] == [False, True]
+        await rec.catch_up()  # what was published before the receipt
         exited = [e for e in rec.of_kind("agent.exited") if isinstance(e, ev.AgentExited)]
         assert [(e.exit_code, e.expected) for e in exited] == [(0, True)]
         ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
