@@ -18,6 +18,7 @@ from attrs import define, field, frozen
 from protocols.events import Event
 
 __all__ = [
+    "AgentExiting",
     "AgentProtocol",
     "Control",
     "Output",
@@ -110,6 +111,21 @@ class SteerAnswered(Control):
     injected: bool
     no_turn: bool = False
     detail: str | None = None
+
+
+@frozen
+class AgentExiting(Control):
+    """The agent's process is about to end by itself, and that is how the protocol works: Amp's
+    run ends on the signal that stops its turn (and after any ``result``). Emitted before the
+    :class:`TurnFinished` of the same stop, or on its own.
+
+    The actor then lets the process go instead of treating its exit as a crash: no prompt is
+    written to it, and a cancelled turn that ends meanwhile is answered only once the process is
+    gone and a new one runs (terminate-then-respond). The exit is bounded by the grace timer;
+    a process that outlives it meets the kill ladder.
+    """
+
+    reason: str
 
 
 Output = Event | Control

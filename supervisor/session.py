@@ -28,6 +28,7 @@ from protocols import events as ev
 from protocols import new_machine
 from protocols.framing import Frame, FramingError, Message, decode_line
 from protocols.machine import (
+    AgentExiting,
     AgentProtocol,
     Control,
     SessionEstablished,
@@ -363,6 +364,9 @@ class Session:
         self._stop_waiters: list[Reply[ExitStatus | None]] = []
         self._stopping = False
         self._start_deadline: float | None = None
+        #: the live agent said its process ends (``AgentExiting``): why, and until when we wait
+        self._exiting: str | None = None
+        self._exit_deadline: float | None = None
         self._establishing = False  # between spawn and SessionEstablished
         self._respawn_after_kill = False  # the kill in flight is for a fresh start
         self._resume_refused: str | None = None  # why the last resume was refused
@@ -634,6 +638,8 @@ class Session:
             deadline = min(deadline, self._start_deadline)
         if self._turn is not None and self._turn.steers:
             deadline = min(deadline, *(s.deadline for s in self._turn.steers.values()))
+        if self._exit_deadline is not None:
+            deadline = min(deadline, self._exit_deadline)
         return deadline
 
     def _on_deadline(self) -> None:
@@ -651,6 +657,8 @@ class Session:
             for steer_id, pending in list(turn.steers.items()):
                 if now >= pending.deadline and steer_id in turn.steers:
                     self._steer_timed_out(turn, steer_id)
+        if self._exit_deadline is not None and now >= self._exit_deadline:
+            self._exit_overdue()
 
     # -- mailbox calls ------------------------------------------------------------------------
 
@@ -904,6 +912,7 @@ class Session:
             return
         self._stopping = True
         self._start_deadline = None
+        self._exit_deadline = None
         self._drop_queue("session_stopped")
         turn = self._turn
         if turn is not None:
@@ -1059,6 +1068,8 @@ class Session:
             self._turn_finished(control)
         elif isinstance(control, SteerAnswered):
             self._steer_answered(control)
+        elif isinstance(control, AgentExiting):
+            self._agent_exiting(control)
 
     # -- the stall watchdog ----------------------------------------------------------------------
 
@@ -1172,6 +1183,11 @@ class Session:
             if limit and self._failed_in_a_row >= limit:
                 self._recycle_failing(finished.error or "failed")
                 return
+            if self._exiting is not None:
+                # Its process ends with the turn (Amp after an error): the next prompt waits
+                # for the next process.
+                self._set_state("starting", f"the agent is exiting ({self._exiting})")
+                return
             self._set_state("ready")
             self._start_next()
             return
@@ -1184,8 +1200,14 @@ class Session:
         job.details.update(finished.details)
         if finished.error is not None and job.stop_reason is None:
             job.stop_reason = "error"
-        job.deadline = None
         job.error = finished.error
+        if self._exiting is not None:
+            # The turn is over but its process is not (Amp ends its run on the SIGINT that
+            # stopped it): the receipt waits until it is gone and a new one runs, within the
+            # grace timer, which stays set. The exit takes the process's tree with it.
+            self._set_state("cancelling", f"the agent is exiting ({self._exiting})")
+            return
+        job.deadline = None
         if job.outcome == "cancelled" and turn.ran_tools and self._link is not None:
             # The agent says it stopped; its tools may not have (codex-acp leaves a running
             # shell command behind). Nothing the turn started may outlive the receipt. (Only
@@ -1194,6 +1216,31 @@ class Session:
             self._nursery.start_soon(self._sweep_task, self._link, turn.started_clock)
             return
         self._finish_cancelled_turn(turn, job)
+
+    def _agent_exiting(self, exiting: AgentExiting) -> None:
+        """The live agent says its process ends now, by design: let it, and respawn."""
+        if self._stopping or self._exiting is not None or self._live_generation is None:
+            return
+        self._exiting = exiting.reason
+        self._exit_deadline = trio.current_time() + self.spec.grace_s
+        if self._turn is None and self._state == "ready":
+            self._set_state("starting", f"the agent is exiting ({exiting.reason})")
+
+    def _exit_overdue(self) -> None:
+        """The agent said it would exit and still runs a grace later: kill it, then respawn
+        (a cancel in progress has its own grace timer, which kills it first)."""
+        self._exit_deadline = None
+        if self._exiting is None or self._link is None:
+            return
+        detail = f"the agent said it would exit ({self._exiting}) but still runs: killing it"
+        turn = self._turn
+        if turn is not None and turn.cancel is not None:
+            self._grace_expired(turn, turn.cancel)
+            return
+        if turn is not None:
+            self._end_turn(turn, "failed", None, error=detail)
+        self._set_state("starting", detail)
+        self._kill_live_link()
 
     def _finish_cancelled_turn(self, turn: _Turn, job: _CancelJob) -> None:
         self._end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
@@ -1353,6 +1400,7 @@ class Session:
         """Forget the dead process's machine, keeping for the receipt what its unfinished
         cancel had asked of sub-agents or tasks (they never confirmed)."""
         machine, self._machine = self._machine, None
+        self._exiting = self._exit_deadline = None  # whatever it said, it is gone now
         turn = self._turn
         if machine is None or turn is None or turn.cancel is None:
             return
@@ -1376,20 +1424,28 @@ class Session:
             self._respawn()
 
     def _agent_gone(self, gone: AgentGone) -> None:
-        """The agent exited without being asked to (or its shim died and we killed its tree)."""
+        """The agent exited without being asked to (or its shim died and we killed its tree),
+        or as it said it would (``AgentExiting``)."""
         status = gone.status
         link = self._link
         tail = link.stderr_tail[-5:] if link is not None else []
+        exiting = self._exiting
         self._resume_from = self._machine.agent_session_id if self._machine else self._resume_from
         self._live_generation = None
         self._link = None
         self._drop_machine()
-        self._emit(ev.AgentExited(exit_code=status.code, signal=status.signal, expected=False))
+        self._emit(
+            ev.AgentExited(
+                exit_code=status.code, signal=status.signal, expected=exiting is not None
+            )
+        )
         if "containment_lost" in gone.steps:
             detail = (
                 f"containment lost: the agent's shim died ({status.description});"
                 " the supervisor killed the agent's tree itself"
             )
+        elif exiting is not None:
+            detail = f"the agent exited as it said it would ({exiting}; {status.description})"
         else:
             detail = f"agent exited unexpectedly ({status.description})"
         if tail:
@@ -1413,7 +1469,9 @@ class Session:
                 f"the agent exited {self._exits_without_turn} times in a row: {detail}"
             )
             return
-        resumed_process_was_mute = self._spawned_resume is not None and not self._heard_from_live
+        resumed_process_was_mute = (
+            self._spawned_resume is not None and not self._heard_from_live and exiting is None
+        )
         turn = self._turn
         if turn is not None:
             job = turn.cancel
@@ -1425,8 +1483,10 @@ class Session:
                 # caller hears back.
                 job.deadline = None
                 killed = "sigkill" in gone.steps
-                job.outcome = "killed" if killed else "cancelled"
-                job.stop_reason = "killed" if killed else "agent_exited"
+                if killed or exiting is None or job.outcome is None:
+                    job.outcome = "killed" if killed else "cancelled"
+                    job.stop_reason = "killed" if killed else "agent_exited"
+                # else: it ended the turn (TurnFinished) before exiting; that said how
                 self._set_state("cancelling", detail)
         if resumed_process_was_mute:
             # Protocols without a handshake (Amp) cannot refuse a resume; a resumed process
@@ -1563,7 +1623,7 @@ class Session:
             job.resumed = resumed
             if resumed:
                 job.escalation.append("resumed")
-            self._end_turn(turn, job.outcome or "killed", job.stop_reason)
+            self._end_turn(turn, job.outcome or "killed", job.stop_reason, error=job.error)
         self._set_state("ready", established.detail or refused)
         for waiter in self._ready_waiters:
             waiter.resolve(None)

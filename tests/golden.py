@@ -3,7 +3,8 @@
 A transcript is ``{"description", "steps"}``; a step is a ``call`` on the machine (with
 ``args``), a message from the ``agent``, or a ``check`` of machine properties. Calls and agent
 messages list exactly what the machine must ``send`` and which ``events`` it must produce (every
-field, stamps left at their defaults); a call may instead ``raises`` an exception (``match``).
+field, stamps left at their defaults) and, optionally, the ``signals`` it must ask for (names,
+``["SIGINT"]``: Amp's interrupt); a call may instead ``raises`` an exception (``match``).
 Each protocol's test module passes its machine, the properties it may check, and a check for
 every message the machine sends (the protocol's wire rules).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -69,7 +71,7 @@ def validate_step(step: dict[str, Any], where: str, checks: Collection[str]) -> 
         assert "call" in step, f"{where}: only calls can raise"
         assert step["raises"] in EXCEPTIONS, f"{where}: unknown exception {step['raises']}"
     else:
-        allowed |= {"call", "args", "agent", "send", "events"}
+        allowed |= {"call", "args", "agent", "send", "events", "signals"}
         assert "send" in step and "events" in step, f"{where}: send and events are required"
     if "call" in step:
         assert step["call"] in CALLS, f"{where}: unknown call {step['call']}"
@@ -113,8 +115,11 @@ def replay(
         expected = {"send": step["send"], "events": step["events"]}
         what = json.dumps(step.get("agent") or step.get("call"))[:300]
         assert got == expected, f"{where}: {what}"
-        if not signals_allowed:
-            assert result.signals == [], where
+        signals = [signal.Signals(s).name for s in result.signals]
+        if "signals" in step:
+            assert signals == step["signals"], where
+        elif not signals_allowed:
+            assert signals == [], where
         for message in got["send"]:
             assert json.loads(json.dumps(message)) == message, where
             check_sent(message, where)

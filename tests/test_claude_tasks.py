@@ -161,7 +161,7 @@ def test_no_tasks_no_details_and_no_stop() -> None:
 
 
 def test_amp_cancel_is_a_signal_and_never_stops_tasks() -> None:
-    """Amp shares the Claude machine but has no control protocol: no stop_task, ever."""
+    """Amp writes Claude-like task lines but has no control protocol: no stop_task, ever."""
     client = AmpClient()
     client.start(cwd="/w")
     client.prompt("t1", "go")

@@ -17,6 +17,7 @@ import trio.testing
 
 import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
+from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
 from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
@@ -250,3 +251,25 @@ async def test_codex_steer_that_finds_the_turn_over_starts_the_next_turn(
         assert result.mode == "started" and result.turn_id != first
         await rec.wait_kind("turn.ended", turn_id=result.turn_id)
         assert launcher.servers[0].turns == ["go", "one more thing"]
+
+
+# -- Amp: ``"steer": true`` ------------------------------------------------------------------------
+
+
+async def test_amp_takes_the_text_into_the_running_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = AgentSpec(name="amp", protocol="amp", command=["amp", "--execute"], grace_s=2.0)
+    launcher = AmpMemoryLauncher(AmpBehaviour(words=10, word_interval=0.1))
+    async with helpers.running(launcher, spec, catch_up=True) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        result = await session.steer("go left")
+        assert (result.mode, result.turn_id) == ("injected", first)
+        [line] = [m for m in launcher.agents[0].link.sent if m.get("steer")]
+        assert line["message"]["content"] == [{"type": "text", "text": "go left"}]
+        echo = await rec.wait_for(
+            lambda e: isinstance(e, ev.MessageDelta) and e.role == "user" and e.text == "go left"
+        )
+        assert echo.turn_id == first
+        ended = await rec.wait_kind("turn.ended", turn_id=first)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"

@@ -1,13 +1,16 @@
-"""A scripted fake ``amp`` CLI for tier-3 tests (stdlib only).
+"""A scripted fake ``amp`` CLI for tier-3 tests (stdlib only), behaving as the real one does.
 
     fake_amp.py [threads continue T-ID] --execute --stream-json --stream-json-input
                 [--state-dir DIR] [--ignore-sigint] [--delay S]
 
-Reads user messages on stdin (Amp's stream-json input), answers each with ``system/init``, one
-``assistant`` message per word and a ``result``, like Amp. SIGINT ends the whole run (exit 130),
-as it does for Amp; ``--ignore-sigint`` makes it ignore SIGINT. ``threads continue`` with a
-thread it does not know fails at start (exit 1). Prompt words: ``words=N``; ``shell`` starts a
-helper in its own session first (as Amp's shell tool would) and reports its pid in a tool_use.
+Like Amp 0.0.1790142911 (``protocols/amp.py``): reads user messages on stdin; ``system/init``
+once, after the first; per prompt a ``user`` echo and one whole ``assistant`` message per word,
+the last with ``stop_reason: end_turn``, and no ``result`` per turn. SIGINT or SIGTERM writes
+the ``error_during_execution`` result ("User cancelled (SIGINT/SIGTERM)") and exits 0; stdin EOF
+writes the ``success`` result and exits 0. ``--ignore-sigint`` makes it ignore SIGINT (SIGTERM
+still ends it, as above). ``threads continue`` with a thread it does not know exits 1 at start,
+with Amp's words on stderr. Prompt words: ``words=N``; ``shell`` starts a helper in its own
+session first (as Amp's shell tool would) and reports its pid in a ``tool_use``.
 
 Fault modes (for ``tests/faults``): ``--ignore-sigterm`` ignores SIGTERM from the start; prompt
 words ``flood`` (no pause between words), ``crash`` (exit 3 after the third word) and ``mute``
@@ -23,14 +26,51 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
 CRASH_AFTER_WORDS = 3
 WORDS = "Amp here: streaming a reply one word at a time until told to stop".split()
+CANCELLED = "User cancelled (SIGINT/SIGTERM)"
 
 
-def emit(message: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
+class Run:
+    def __init__(self, thread: str) -> None:
+        self.thread = thread
+        self.turns = 0
+        self.started = time.monotonic()
+        self.last_text = ""
+
+    def emit(self, message: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(message) + "\n")
+        sys.stdout.flush()
+
+    def result(self, **fields: Any) -> None:
+        self.emit(
+            {
+                "type": "result",
+                **fields,
+                "duration_ms": int((time.monotonic() - self.started) * 1000),
+                "num_turns": self.turns,
+                "session_id": self.thread,
+            }
+        )
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        try:
+            self.result(subtype="error_during_execution", is_error=True, error=CANCELLED)
+        except (OSError, ValueError):
+            pass  # stdout is closed ("mute")
+        os._exit(0)
+
+    def assistant(self, content: list[dict[str, Any]], stop_reason: str | None) -> None:
+        body = {"type": "message", "role": "assistant", "content": content}
+        self.emit(
+            {
+                "type": "assistant",
+                "message": {**body, "stop_reason": stop_reason},
+                "session_id": self.thread,
+            }
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -41,23 +81,26 @@ def main(argv: list[str]) -> int:
     if args[:2] == ["threads", "continue"]:
         thread = args[2]
         args = args[3:]
-    if "--ignore-sigint" in args:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if "--ignore-sigterm" in args:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "--state-dir" in args:
         state_dir = args[args.index("--state-dir") + 1]
     if "--delay" in args:
         delay = float(args[args.index("--delay") + 1])
     if thread is not None:
         if state_dir is None or not os.path.exists(os.path.join(state_dir, thread)):
-            sys.stderr.write(f"fake-amp: thread {thread} not found\n")
+            sys.stderr.write(f"Thread http://127.0.0.1/threads/{thread} does not exist.\n")
             return 1
         sys.stderr.write(f"fake-amp: continuing {thread}\n")
     else:
-        thread = f"T-{uuid.uuid4().hex[:12]}"
+        thread = f"T-{uuid.uuid4()}"
         if state_dir is not None:
             open(os.path.join(state_dir, thread), "w").close()
+    run = Run(thread)
+    signal.signal(signal.SIGINT, run.on_signal)
+    signal.signal(signal.SIGTERM, run.on_signal)
+    if "--ignore-sigint" in args:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if "--ignore-sigterm" in args:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.stderr.write(f"fake-amp: argv {json.dumps(argv)}\n")
     sys.stderr.flush()
     for line in sys.stdin:
@@ -70,29 +113,15 @@ def main(argv: list[str]) -> int:
         tokens = text.split()
         if "mute" in tokens:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        emit({"type": "system", "subtype": "init", "session_id": thread, "tools": []})
-        if "shell" in text.split():
+        if run.turns == 0:
+            run.emit({"type": "system", "subtype": "init", "session_id": thread, "tools": []})
+        run.emit({"type": "user", "message": message["message"], "session_id": thread})
+        if "shell" in tokens:
             helper = subprocess.Popen(
                 [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
             )
-            emit(
-                {
-                    "type": "assistant",
-                    "session_id": thread,
-                    "message": {
-                        "id": "m0",
-                        "role": "assistant",
-                        "content": [
-                            {
-                                "type": "tool_use",
-                                "id": "tu1",
-                                "name": "Bash",
-                                "input": {"pid": helper.pid},
-                            }
-                        ],
-                    },
-                }
-            )
+            tool = {"type": "tool_use", "id": "TU-1", "name": "Bash", "input": {"pid": helper.pid}}
+            run.assistant([tool], "tool_use")
         for index in range(words):
             if index == CRASH_AFTER_WORDS and "crash" in tokens:
                 sys.stderr.write("fake-amp: crashing as asked\n")
@@ -107,32 +136,13 @@ def main(argv: list[str]) -> int:
                     time.sleep(3600)
             if "flood" not in tokens:
                 time.sleep(delay)
-            emit(
-                {
-                    "type": "assistant",
-                    "session_id": thread,
-                    "message": {
-                        "id": f"m{index + 1}",
-                        "role": "assistant",
-                        "content": [{"type": "text", "text": WORDS[index % len(WORDS)] + " "}],
-                    },
-                }
-            )
-        emit(
-            {
-                "type": "result",
-                "subtype": "success",
-                "is_error": False,
-                "session_id": thread,
-                "num_turns": 1,
-                "result": "done",
-            }
-        )
+            word = {"type": "text", "text": WORDS[index % len(WORDS)] + " "}
+            run.assistant([word], "end_turn" if index == words - 1 else None)
+        run.turns += 1
+        run.last_text = "done"
+    run.result(subtype="success", is_error=False, result=run.last_text)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(main(sys.argv[1:]))

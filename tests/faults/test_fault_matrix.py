@@ -284,7 +284,8 @@ async def crash_during_cancel(c: Cell) -> None:
 async def stopped_in_band(c: Cell, receipt: CancelReceipt, before: list[psutil.Process]) -> None:
     """A cooperative stop: nothing killed; for Amp, whose interrupt ends the run, all gone."""
     if c.agent.interrupt_exits:
-        assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "agent_exited"), receipt
+        # Amp's own word for the stop (its "User cancelled" result), then its exit.
+        assert (receipt.outcome, receipt.stop_reason) == ("cancelled", "cancelled"), receipt
         assert receipt.escalation == EXITED and receipt.resumed is True, receipt
         assert_gone_now(before, "the interrupted Amp run")
     else:

@@ -6,6 +6,8 @@ Modules:
   once, reused; native binaries resolved; skips (failures under strict mode) when impossible.
 - ``fake_model.py``: a stdlib HTTP server speaking the four model APIs the agents call, scripted
   by the newest user text, logging every request and the moment a client hangs up.
+- ``fake_amp.py``: a stand-in for Amp's *server* (Amp's CLI calls no model: its agent loop runs
+  server-side behind two JSON-RPC WebSockets), scripted the same way, logging every turn.
 - ``netns.py``: the loopback-only network namespace (below).
 - ``agents.py``: per agent, the fresh HOME/XDG folders, config files and environment that point
   it at the fake model with nothing else reachable, and its :class:`supervisor.AgentSpec`.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from attrs import frozen
 
+from protocols.amp import AMP_COMMAND
 from realagents.fake_model import PERMISSION_COMMAND, SHELL_COMMAND
 from supervisor import AgentSpec
 
@@ -319,3 +320,26 @@ def codex_enable_features(prepared: Prepared, *features: str) -> None:
     assert text.count("[features]\n") == 1, text
     flags = "".join(f"{feature} = true\n" for feature in features)
     config.write_text(text.replace("[features]\n", f"[features]\n{flags}"))
+
+
+# -- Amp (protocol "amp"; tests/test_real_amp.py) -----------------------------------------------
+# Not an ACP agent, so not in AGENTS. Amp's CLI calls no model: its agent loop is on Amp's server,
+# which the tests replace with ``fake_amp.FakeAmp`` (``base_url`` is that server's). On
+# loopback the CLI needs no credentials for the actor endpoint; any API key is accepted.
+
+
+def _amp(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    return {"AMP_URL": base_url, "AMP_API_KEY": "dummy"}
+
+
+_SETUPS["amp"] = _amp
+#: ``amp --execute --stream-json --stream-json-input --no-archive-after-execute``
+#: (``protocols.amp.AMP_COMMAND``), the native binary of @sourcegraph/amp
+#: (``install.PACKAGES["amp"]``). Prepare it like the others; take its spec from
+#: :func:`amp_spec`. The supervisor adds ``threads continue <T-id>`` itself when it respawns it.
+AMP = RealAgent("amp", "amp", AMP_COMMAND[1:])
+
+
+def amp_spec(prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None) -> AgentSpec:
+    """The supervisor's spec for :data:`AMP` (protocol ``amp``, not ``acp``)."""
+    return AMP.spec(prepared, grace_s=grace_s, tee_dir=tee_dir).with_options(protocol="amp")
