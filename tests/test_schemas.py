@@ -164,8 +164,10 @@ def only_missing_required(error: ValidationError) -> bool:
 
 
 def _member_names(value: Any) -> set[str]:
+    """Every member name in ``value``, but inside ``_meta``: ACP's extension object, whose
+    keys are the extension's own (``_meta.steering.idleBehavior``), never the schema's."""
     if isinstance(value, dict):
-        return set(value).union(*(_member_names(v) for v in value.values()))
+        return set(value).union(*(_member_names(v) for k, v in value.items() if k != "_meta"))
     if isinstance(value, list):
         return set().union(*(_member_names(v) for v in value))
     return set()
