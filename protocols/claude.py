@@ -90,16 +90,31 @@ Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``,
   that is gone or unknown is answered success ``{}`` as well. (The CLI's bridge contexts answer
   ``stop_task is not supported in this context (callback not registered)``; not this mode.)
 
-Steering (measured on 2.1.332, ``design/protocols.md``): a further ``user`` line with a ``uuid``
-and ``priority: "now"``, written mid-turn. The CLI says ``command_lifecycle`` ``queued`` for that
-uuid within ~2 ms (that is our ``SteerAnswered``, ``injected``), aborts the model's stream (or
-waits for a running tool), writes a ``result`` for the old prompt (``success``, ``terminal_reason``
-``aborted_streaming``/``aborted_tools``: a handover, not an interrupt) and runs the steered text
-next, ending with a ``result`` whose ``user_message_uuids`` names it. So while a steer of this
-turn is not named by a ``result`` yet, a ``result`` hands over and ends nothing (``session.info``);
-the turn ends at the one that names every steer (a CLI that lists no uuids: at the first one that
-is not a handover). A cancel with steers still queued asks ``cancel_queued``, so they stop with
-the turn instead of running as a turn of their own after it.
+Steering (measured on 2.1.332, ``tests/test_real_claude_steer.py``): a further ``user`` line
+with a ``uuid`` and a ``priority``, written mid-turn. The CLI says ``command_lifecycle``
+``queued`` for that uuid within ~2 ms (that is our ``SteerAnswered``, ``injected``). The
+priority depends on what the turn is doing:
+
+- while the model streams (no tool call of the turn's main thread is waiting for its result):
+  ``"now"``. The CLI aborts the model's stream at once, writes a ``result`` for the old prompt
+  (``success``, ``terminal_reason`` ``aborted_streaming``: a handover, not an interrupt) and runs
+  the steered text next, ending with a ``result`` whose ``user_message_uuids`` names it;
+- while a tool call runs or waits for its permission: ``"next"``. The steer joins the running
+  cycle: the request after the tool's result carries it (in a ``<system-reminder>`` of the tool
+  result), and the one ``result`` names both uuids. Not ``"now"``: a ``now`` steer withdraws a
+  pending ``can_use_tool`` (the tool never runs), and while a Bash runs it marks the turn
+  aborted-for-the-steer, after which an ``interrupt`` (even with ``cancel_queued``, even twice)
+  no longer stops the Bash: the turn would end only when the command does (measured: a 12 s
+  command ran to its end, the cancel's grace expired and the ladder killed the CLI). A ``next``
+  steer leaves the interrupt working: the Bash is killed at once and the result comes in ~20 ms.
+
+So while a steer of this turn is not named by a ``result`` yet, a ``result`` hands over and ends
+nothing (``session.info``); the turn ends at the one that names every steer (a CLI that lists no
+uuids: at the first one that is not a handover). A cancel with steers of the turn asks
+``cancel_queued``, so they stop with the turn instead of running as a turn of their own after it:
+2.1.332 honours it (``system/init`` ``capabilities`` lists ``interrupt_cancel_queued_v1``): it
+answers ``{"still_queued": [], "cancelled": [uuid]}``, says ``command_lifecycle`` ``cancelled``
+for the steer, and runs nothing after the interrupted ``result``.
 
 So a cancel sends the ``interrupt`` first, then ``{"subtype": "stop_task", "task_id": ...}`` for
 every task of this turn still running, all in the same step; a task that starts while the cancel
@@ -281,6 +296,8 @@ class ClaudeClient(AgentProtocol):
     _steers: dict[str, int] = field(factory=dict)
     #: steer uuids whose SteerAnswered is still owed
     _unanswered: set[str] = field(factory=set)
+    #: tool calls of this turn's main thread (``tool_use`` blocks) with no ``tool_result`` yet
+    _open_tools: set[str] = field(factory=set)
 
     @classmethod
     def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
@@ -311,6 +328,7 @@ class ClaudeClient(AgentProtocol):
         self._stopping_tasks = False
         self._steers = {}
         self._unanswered = set()
+        self._open_tools = set()
         return Step(
             send=[
                 {
@@ -357,7 +375,8 @@ class ClaudeClient(AgentProtocol):
                     "parent_tool_use_id": None,
                     "session_id": self.agent_session_id or "default",
                     "uuid": message_uuid,
-                    "priority": "now",
+                    # A tool call waits for its result: join the cycle at its end (see above).
+                    "priority": "next" if self._open_tools else "now",
                 }
             ]
         )
@@ -794,6 +813,8 @@ class ClaudeClient(AgentProtocol):
                     step.events.append(ev.ThoughtDelta(turn_id=turn, text=block["thinking"]))
             elif kind in _TOOL_BLOCKS:
                 name = block.get("name")
+                if kind == "tool_use" and message.get("parent_tool_use_id") is None:
+                    self._open_tools.add(str(block.get("id", "")))
                 step.events.append(
                     ev.ToolCall(
                         turn_id=turn,
@@ -819,6 +840,7 @@ class ClaudeClient(AgentProtocol):
         for block in content:
             kind = block.get("type")
             if kind == "tool_result":
+                self._open_tools.discard(str(block.get("tool_use_id", "")))
                 step.events.append(
                     ev.ToolUpdate(
                         turn_id=turn,

@@ -54,7 +54,7 @@ def check_wire(message: dict[str, Any], where: str) -> None:
         keys = {"type", "message", "parent_tool_use_id", "session_id"}
         if "priority" in message:  # a steer: its uuid names it in every later line about it
             keys |= {"uuid", "priority"}
-            assert message["priority"] == "now", where
+            assert message["priority"] in ("now", "next"), where
         assert set(message) == keys, where
         assert message["message"]["role"] == "user", where
         assert isinstance(message["session_id"], str), where

@@ -14,6 +14,8 @@ that appears in it), so a test steers the model by its prompt:
 - ``stream``: a token every 200 ms for 60 s, only when the request carries tools (side requests
   such as titles or routers stay fast);
 - ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
+- ``briefshell``: the same call running :data:`BRIEF_SHELL_COMMAND`, which ends by itself within
+  seconds (exit 124): for a turn that must get past its tool call (a steer that waits for it);
 - ``permission``: a tool call running :data:`PERMISSION_COMMAND`, which each agent's
   configuration leaves needing approval (Codex: ``sandbox_permissions: require_escalated``).
 - ``background`` (Anthropic Messages only): a ``Bash`` call with ``run_in_background: true``
@@ -58,6 +60,7 @@ import trio
 
 __all__ = [
     "BACKGROUND_COMMAND",
+    "BRIEF_SHELL_COMMAND",
     "PERMISSION_COMMAND",
     "SHELL_COMMAND",
     "Exchange",
@@ -68,6 +71,9 @@ __all__ = [
 #: leaks; ``timeout`` (not a bare ``sleep``, which Claude Code refuses to run in the
 #: foreground) keeps it bounded.
 SHELL_COMMAND = "timeout 29.7 tail -f /dev/null"
+#: The command of the ``briefshell`` scenario: over by itself in a few seconds (exit 124), so a
+#: turn gets past it; distinct from the others, so psutil can tell it apart.
+BRIEF_SHELL_COMMAND = "timeout 3.1 tail -f /dev/null"
 #: The command of the permission scenario: distinct, so the agents' allow rules for
 #: :data:`SHELL_COMMAND` do not cover it and psutil can tell the two apart.
 PERMISSION_COMMAND = "touch permission-command-ran && timeout 29.3 tail -f /dev/null"
@@ -84,7 +90,7 @@ STREAM_INTERVAL_S = 0.2
 STREAM_DURATION_S = 60.0
 QUICK_TEXT = "Quick answer from the fake model."
 AFTER_TOOL_TEXT = "The command finished."
-SCENARIOS = ("quick", "stream", "shell", "permission")
+SCENARIOS = ("quick", "stream", "shell", "briefshell", "permission")
 #: Claude Code only (``messages``): its background tasks (see the module docstring).
 CLAUDE_BACKGROUND_SCENARIOS = ("background", "bgagent")
 #: Codex only (``responses``): a sub-agent, a goal (see :meth:`_Writer.codex_call`).
@@ -287,7 +293,7 @@ class FakeModel:
                 writer.answer(api, AFTER_TOOL_TEXT if after_tool else QUICK_TEXT, stream)
             elif scenario == "stream":
                 writer.stream_tokens(api, stream)
-            elif scenario in ("shell", "permission"):
+            elif scenario in ("shell", "briefshell", "permission"):
                 writer.tool_call(api, scenario, stream)
             elif scenario in CLAUDE_BACKGROUND_SCENARIOS and api == "messages":
                 writer.background_call(scenario, body, stream)
@@ -665,7 +671,9 @@ class _Writer:
         self.text_turn(api, tokens(), stream)
 
     def tool_call(self, api: str, scenario: str, stream: bool) -> None:
-        command = SHELL_COMMAND if scenario == "shell" else PERMISSION_COMMAND
+        command = {"shell": SHELL_COMMAND, "briefshell": BRIEF_SHELL_COMMAND}.get(
+            scenario, PERMISSION_COMMAND
+        )
         call_id = f"call_{self.exchange.id}"
         if api == "responses":
             name = "exec_command"
