@@ -1,21 +1,29 @@
 """Tier 4: the real ACP agents (npm CLIs) under the supervisor, against a fake model.
 
-Gemini CLI (``gemini --acp``), codex-acp, claude-agent-acp and OpenCode (``opencode acp``), each
-installed at its pinned version by ``tests/realagents/install.py`` (skipped with the reason when
-that is impossible; a failure under ``AGENT_SUPERVISOR_STRICT_SKIPS=1``), each in its own
-loopback-only network namespace with the fake model of ``tests/realagents/fake_model.py``
-(see ``tests/realagents/__init__.py`` for how the two meet). For every agent:
+Gemini CLI (``gemini --acp``), codex-acp 2.x (the bridge on ``codex app-server``),
+claude-agent-acp, OpenCode (``opencode acp``) and Qwen Code (``--acp``, on the fake model's chat
+completions), each installed at its pinned version by ``tests/realagents/install.py`` (skipped
+with the reason when that is impossible; a failure under ``AGENT_SUPERVISOR_STRICT_SKIPS=1``),
+each in its own loopback-only network namespace with the fake model of
+``tests/realagents/fake_model.py`` (see ``tests/realagents/__init__.py`` for how the two meet).
+For every agent:
 
 (a) cancel while the model streams: receipt ``cancelled``, and the agent hung up on the model;
-(b) cancel while a long shell command runs: afterwards no process of that command is alive;
+(b) cancel while a long shell command runs: at the receipt no process of that command is alive,
+    and the agent's own processes above it (codex-acp: node -> codex) all are (the table notes
+    the tree, e.g. ``node>codex>timeout>tail``);
 (c) cancel while a permission request is pending: the command never runs;
 (d) after each, a ``quick`` prompt completes;
 (e) a turn that outlives its grace (0 s here) is killed with the agent's whole tree, the agent
-    respawned and its session resumed with ``session/load``.
+    respawned and its session resumed: the wire log of both processes shows ``session/resume``
+    where the agent advertises ``sessionCapabilities.resume`` (nothing replayed), else
+    ``session/load``; and ``session/close`` sent on stop where ``close`` is advertised.
 
-Known agent problems are asserted where they show: codex-acp leaves an approved command running
-after it answers the cancel (the supervisor kills it before the receipt: ``tools_killed``);
-Gemini cannot ``session/load`` a session of an earlier process.
+Known agent problems are asserted where they show: codex-acp (like Codex app-server under it)
+leaves an approved command running after it answers the cancel (the supervisor kills it before
+the receipt: ``tools_killed``); Gemini cannot ``session/load`` a session of an earlier process.
+What only codex-acp 2.x has (steering) is in ``test_real_codex_acp.py``; what each agent
+remembers of a cancelled turn, in ``test_real_history.py``.
 
 Real clock, generous bounds. The cancel latencies land in a table at the end of the run (and in
 ``.cache/tier4-results.json``). Set ``AGENT_TIER4_TEE=1`` to log every message to and from the
@@ -30,6 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 
@@ -127,9 +136,16 @@ async def test_cancel_while_shell_runs(key: str, open_agent: Any) -> None:
             # to the second here.)
             turn, tools, approved = await scenarios.shell_running(h, approve_permissions)
             watched = list({p.pid: p for t in tools for p in [t, *children(t)]}.values())
+            # The agent's processes above the command (codex-acp: node -> codex): the cancel
+            # ends the command, not them.
+            leaf = max(watched, key=lambda p: len(scenarios.ancestry(p, psutil.Process())))
+            chain = [p for p in scenarios.ancestry(leaf, psutil.Process()) if not _is_wrapper(p)]
+            tree = ">".join(scenarios.short_name(p) for p in reversed(chain))
+            agent_side = [p for p in chain if p not in watched]
             receipt, alive_at_receipt, gone_ms, still = await scenarios.cancel_while_tools_run(
                 h, watched
             )
+            agent_alive = [p for p in agent_side if is_alive(p)]
             row(
                 h,
                 key,
@@ -139,6 +155,8 @@ async def test_cancel_while_shell_runs(key: str, open_agent: Any) -> None:
                     *receipt_notes(receipt),
                     f"approved={bool(approved)}",
                     f"tool_alive_at_receipt={len(alive_at_receipt)}/{len(watched)}",
+                    f"tree={tree}",
+                    f"agent_alive={len(agent_alive)}/{len(agent_side)}",
                 ]
                 + ([f"tool_gone_after_receipt_ms={gone_ms}"] if alive_at_receipt else [])
                 + ([f"tool_alive_after_{TOOL_GONE_S:g}s={len(still)}"] if still else []),
@@ -154,6 +172,9 @@ async def test_cancel_while_shell_runs(key: str, open_agent: Any) -> None:
                 f" {[(p.pid, p.cmdline()) for p in still if is_alive(p)]}"
             )
             assert receipt.outcome in ("cancelled", "killed"), receipt
+            if receipt.outcome == "cancelled":
+                # Only the command's processes went: the agent's own live on, and take a prompt.
+                assert agent_side and agent_alive == agent_side, (chain, agent_alive)
             await second_prompt_completes(h)
             assert h.tool_processes(TOOL_LEAF) == []
 
@@ -175,11 +196,13 @@ async def test_cancel_with_pending_permission(key: str, open_agent: Any) -> None
 
 
 @pytest.mark.parametrize("key", AGENT_KEYS)
-async def test_killed_turn_resumes_session(key: str, open_agent: Any) -> None:
+async def test_killed_turn_resumes_session(key: str, open_agent: Any, tmp_path: Path) -> None:
     """(e) An agent that does not end the turn within the grace (here: none at all) is killed
-    with its whole tree, respawned, and its session resumed with ``session/load``."""
+    with its whole tree, respawned, and its session resumed: ``session/resume`` where the agent
+    advertises it, else ``session/load``; and ``session/close`` ends it where advertised (both
+    read from the wire log of the two processes)."""
     with trio.fail_after(BOUND_S):
-        async with open_agent(grace_s=0.0, keep_bodies=True) as h:
+        async with open_agent(grace_s=0.0, keep_bodies=True, tee=True) as h:
             turn, stream, tree = await scenarios.killed_mid_stream(h)
             receipt = await h.session.cancel()
             alive = await scenarios.wait_gone(tree)
@@ -208,12 +231,74 @@ async def test_killed_turn_resumes_session(key: str, open_agent: Any) -> None:
                 ]
                 assert any("session/load failed" in (e.detail or "") for e in states), states
                 await second_prompt_completes(h)
-                return
-            assert receipt.resumed is True, receipt
-            assert receipt.escalation[-1] == "resumed", receipt
+            else:
+                assert receipt.resumed is True, receipt
+                assert receipt.escalation[-1] == "resumed", receipt
+                await second_prompt_completes(h)
+                scenarios.assert_history_kept(h)
+    _check_reopen_and_close(tmp_path / "wire" / "wire.log", resumed=receipt.resumed)
 
-            await second_prompt_completes(h)
-            scenarios.assert_history_kept(h)
+
+def _check_reopen_and_close(log: Path, *, resumed: bool | None) -> None:
+    """From the wire log of the killed process and its successor: the successor reopened the
+    session the best way the first one advertised, and the session ended with ``session/close``
+    where advertised. Noted in the table: how it reopened, and whether it was closed."""
+    first, *_, last = scenarios.acp_processes(scenarios.read_wire(log))
+    [init] = scenarios.acp_answer(first, "initialize")
+    capabilities = init["result"].get("agentCapabilities") or {}
+    sessions = capabilities.get("sessionCapabilities") or {}
+    opened = [
+        str(m["method"])
+        for ours, m in last
+        if ours and m.get("method") in ("session/new", "session/load", "session/resume")
+    ]
+    # Sent just before the agent's stdin closes: it may exit before it answers (codex-acp,
+    # OpenCode mostly do), which is fine; the close is the agent's chance to clean up.
+    closes = [m for ours, m in last if ours and m.get("method") == "session/close"]
+    answered = scenarios.acp_answer(last, "session/close")
+    scenarios.note_result(
+        f"reopened={'>'.join(opened)} advertised="
+        + ",".join(
+            name
+            for name, on in (
+                ("load", capabilities.get("loadSession") is True),
+                ("resume", "resume" in sessions),
+                ("close", "close" in sessions),
+            )
+            if on
+        )
+        + f" close_sent={len(closes)} close_answered={bool(answered)}"
+    )
+    if "resume" in sessions:
+        assert opened == ["session/resume"], opened
+        [answer] = scenarios.acp_answer(last, "session/resume")
+        assert "result" in answer, answer
+        # No history replayed before the next prompt (that is what session/load does).
+        first_prompt = next(
+            i for i, (ours, m) in enumerate(last) if ours and m.get("method") == "session/prompt"
+        )
+        replayed = [
+            m
+            for ours, m in last[:first_prompt]
+            if not ours
+            and m.get("method") == "session/update"
+            and m["params"]["update"].get("sessionUpdate")
+            in ("user_message_chunk", "agent_message_chunk")
+        ]
+        assert replayed == [], replayed[:2]
+    elif capabilities.get("loadSession") is True:
+        assert opened[0] == "session/load", opened
+        assert resumed is True or opened == ["session/load", "session/new"], opened
+    if "close" in sessions:
+        assert len(closes) == 1, closes
+        assert all("result" in m for m in answered), answered
+    else:
+        assert closes == [], closes
+
+
+def _is_wrapper(proc: psutil.Process) -> bool:
+    """The supervisor's containment shim or the netns holder: no part of the agent."""
+    return scenarios.is_holder(proc) or "supervisor" in scenarios.command_of(proc)
 
 
 def _tool_results(exchanges: list[Exchange], command: str) -> list[str]:
@@ -247,6 +332,7 @@ def test_agents_toml_example_is_valid() -> None:
         "codex-acp",
         "claude-agent-acp",
         "opencode-acp",
+        "qwen",
         "auggie",
         "codex",
         "claude",
@@ -255,7 +341,7 @@ def test_agents_toml_example_is_valid() -> None:
     } <= set(tables)
     ready = {name: t for name, t in tables.items() if t["protocol"] in KNOWN_PROTOCOLS}
     parsed = parse_agents({"agents": ready}, str(example))
-    acp = {"gemini", "codex-acp", "claude-agent-acp", "opencode-acp", "auggie"}
+    acp = {"gemini", "codex-acp", "claude-agent-acp", "opencode-acp", "qwen", "auggie"}
     assert {name for name, spec in parsed.items() if spec.protocol == "acp"} == acp
     wanted = {"codex": "codex", "claude": "claude", "opencode": "opencode", "amp": "amp"}
     assert {name: tables[name]["protocol"] for name in wanted} == wanted

@@ -216,9 +216,60 @@ def _opencode(home: Path, work: Path, base_url: str) -> dict[str, str]:
     }
 
 
+#: codex-acp 2.x's own Codex (its @openai/codex dependency, install.PACKAGES["codex-acp"]): the
+#: native binary, through CODEX_PATH. Without it the bridge runs ``node .../codex.js app-server``,
+#: a shim that (on Node 20, which has no ``process.execve``) keeps a node process between the
+#: bridge and Codex.
+CODEX_ACP_CODEX = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
+
+
+def _codex_acp(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    from realagents.install import PACKAGES
+
+    return {
+        **_codex(home, work, base_url),
+        "CODEX_PATH": os.fspath(PACKAGES["codex-acp"].folder / CODEX_ACP_CODEX),
+        # The bridge's own default mode is "agent" ("Auto review": a guardian sub-agent asks
+        # the model whether to approve, instead of the client): read-only is what config.toml
+        # says (on-request approvals, answered by the user, a read-only sandbox).
+        "INITIAL_AGENT_MODE": "read-only",
+    }
+
+
+def _qwen(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    # Qwen Code (a Gemini CLI fork) with its OpenAI-compatible provider: the fake model's
+    # chat completions. The rule lets the test's long command run without asking (its shell
+    # tool is "Bash" in rules, run_shell_command on the wire); anything else asks.
+    settings = {
+        "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
+        "model": {"name": "fake-model"},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": {"enableAutoUpdate": False},
+        # Its default mode is "auto" (a classifier, the model, approves or blocks each call):
+        # "default" asks the client, as every other agent here does.
+        "tools": {"approvalMode": "default"},
+        "permissions": {"allow": [f"Bash({SHELL_COMMAND})"]},
+        # Model requests of its own after a turn (a follow-up suggestion, memory upkeep) off:
+        # the fake model's log then holds the turns only.
+        "ui": {"enableFollowupSuggestions": False},
+        "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
+    }
+    _write(home / ".qwen/settings.json", json.dumps(settings, indent=2))
+    return {
+        "OPENAI_BASE_URL": f"{base_url}/v1",
+        "OPENAI_API_KEY": "fake-key",
+        "OPENAI_MODEL": "fake-model",
+        # without it the CLI starts itself again as a child (for heap flags)
+        "QWEN_CODE_NO_RELAUNCH": "true",
+        "QWEN_USAGE_STATISTICS_ENABLED": "false",
+    }
+
+
 _SETUPS = {
     "gemini": _gemini,
-    "codex-acp": _codex,
+    "qwen": _qwen,
+    "codex-acp": _codex_acp,
     "claude-agent-acp": _claude,
     "opencode": _opencode,
 }
@@ -230,6 +281,7 @@ AGENTS: dict[str, RealAgent] = {
         RealAgent("codex-acp", "codex-acp", ()),
         RealAgent("claude-agent-acp", "claude-agent-acp", ()),
         RealAgent("opencode", "opencode", ("acp",)),
+        RealAgent("qwen", "qwen-code", ("--acp",)),
     )
 }
 

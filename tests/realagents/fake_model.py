@@ -4,7 +4,7 @@ It speaks the four wire formats the agents call (``shared/real-agents.md``):
 
 - ``POST /v1/responses`` (OpenAI Responses SSE): codex-acp, Codex app-server;
 - ``POST /v1/messages`` (Anthropic Messages SSE): claude-agent-acp, Claude Code;
-- ``POST /v1/chat/completions`` (OpenAI chat completions SSE): OpenCode;
+- ``POST /v1/chat/completions`` (OpenAI chat completions SSE): OpenCode, Qwen Code;
 - ``POST /v1beta/models/M:streamGenerateContent?alt=sse`` and ``:generateContent``: Gemini CLI.
 
 What it answers is decided by the newest user text of the request (the last of the words below
@@ -285,7 +285,7 @@ class FakeModel:
             scenario="tool_result" if after_tool else scenario,
             goal_turn=goal_turn,
         )
-        writer = _Writer(handler, exchange, self)
+        writer = _Writer(handler, exchange, self, body)
         try:
             if api == "gemini-json":
                 writer.gemini_json(body)
@@ -558,10 +558,18 @@ _READERS: dict[str, Callable[[dict[str, Any]], tuple[bool, str, dict[str, Any] |
 class _Writer:
     """Writes one answer in the request's wire format, noticing when the client goes away."""
 
-    def __init__(self, handler: _Handler, exchange: Exchange, model: FakeModel) -> None:
+    def __init__(
+        self, handler: _Handler, exchange: Exchange, model: FakeModel, body: dict[str, Any]
+    ) -> None:
         self.h = handler
         self.exchange = exchange
         self.model = model
+        #: the names of the tools the request offers (OpenAI's ``function.name``, or ``name``)
+        self.tool_names = {
+            str((t.get("function") or t).get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict) and isinstance(t.get("function") or t, dict)
+        }
         self.chunked = False
         self.sock: socket.socket = handler.connection
 
@@ -685,6 +693,10 @@ class _Writer:
         elif api == "messages":
             name = "Bash"
             args = {"command": command, "description": "Wait on /dev/null", "timeout": 60000}
+        elif api == "chat" and "run_shell_command" in self.tool_names:
+            # Qwen Code (a Gemini CLI fork) keeps Gemini's shell tool on chat completions
+            name = "run_shell_command"
+            args = {"command": command, "description": "Wait on /dev/null", "is_background": False}
         elif api == "chat":
             name = "bash"
             args = {"command": command, "description": "Wait on /dev/null", "timeout": 60000}

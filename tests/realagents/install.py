@@ -61,6 +61,8 @@ class Package:
     entry: str
     #: packages (this one or dependencies) whose install scripts must run
     scripts: tuple[str, ...] = ()
+    #: dependencies pinned below the package's own ranges (npm ``overrides``): name, version
+    overrides: tuple[tuple[str, str], ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -79,10 +81,14 @@ PACKAGES: dict[str, Package] = {
         ),
         Package(
             "codex-acp",
-            "@zed-industries/codex-acp",
-            "0.16.0",
-            # the native binary: the npm .js wrapper orphans it on SIGTERM
-            "node_modules/@zed-industries/codex-acp-linux-x64/bin/codex-acp",
+            "@agentclientprotocol/codex-acp",
+            "2.6.0",
+            # a TypeScript bridge (one bundled .js) that starts `codex app-server` itself: the
+            # @openai/codex it depends on (^0.166.0, pinned here). agents.py points CODEX_PATH
+            # at that package's native binary, so the tree is node -> codex -> tools (without
+            # it, node runs codex's .js shim, one process more).
+            "node_modules/@agentclientprotocol/codex-acp/dist/index.js",
+            overrides=(("@openai/codex", "0.166.0"),),
         ),
         Package(
             "claude-agent-acp",
@@ -123,6 +129,15 @@ PACKAGES: dict[str, Package] = {
             # directly. @ampcode/cli's postinstall only links it to bin/amp.exe.
             "node_modules/@ampcode/cli-linux-x64/amp",
             scripts=("@ampcode/cli",),
+        ),
+        Package(
+            "qwen-code",
+            "@qwen-code/qwen-code",
+            "0.24.4",
+            # the CLI itself, not the bin entry (cli-entry.js), which runs it as a child
+            # (spawnSync, for --expose-gc) and forwards no signal; it declares node >= 22 but
+            # runs on 20 (tier 4 runs it on the machine's node)
+            "node_modules/@qwen-code/qwen-code/cli.js",
         ),
         Package(
             "acp-sdk",
@@ -246,6 +261,8 @@ def _install(package: Package, timeout: float) -> Installed:
         "dependencies": {package.npm: package.version},
         "allowScripts": {name: True for name in (package.npm, *package.scripts)},
     }
+    if package.overrides:
+        manifest["overrides"] = dict(package.overrides)
     (scratch / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
     env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false"}
     command = [NPM, "install", "--no-audit", "--no-fund", "--loglevel=error"]

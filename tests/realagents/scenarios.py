@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -362,6 +363,41 @@ def note_result(note: str) -> None:
     row["notes"] = f"{row.get('notes', '')} {note}".strip()
 
 
+# --- the wire log (``tee.py``) ------------------------------------------------------------------
+
+
+#: A ``tee.py`` log read back: ``(ours, message)`` per line, in order.
+Wire = list[tuple[bool, dict[str, Any]]]
+
+
+def read_wire(path: Path) -> Wire:
+    """The ``tee.py`` log at ``path`` (``STAMP > JSON`` is ours); a respawned agent appends to
+    the same log."""
+    wire = []
+    for line in path.read_text().splitlines():
+        _, mark, payload = line.split(" ", 2)
+        wire.append((mark == ">", json.loads(payload)))
+    return wire
+
+
+def acp_processes(wire: Wire) -> list[Wire]:
+    """An ACP wire log cut into one part per agent process (each starts with our
+    ``initialize``)."""
+    runs: list[Wire] = []
+    for ours, message in wire:
+        if ours and message.get("method") == "initialize":
+            runs.append([])
+        if runs:
+            runs[-1].append((ours, message))
+    return runs
+
+
+def acp_answer(run: Wire, method: str) -> list[dict[str, Any]]:
+    """The agent's answers (result or error) to each of our ``method`` requests in ``run``."""
+    asked = {m["id"] for ours, m in run if ours and m.get("method") == method and "id" in m}
+    return [m for ours, m in run if not ours and "method" not in m and m.get("id") in asked]
+
+
 # --- processes ----------------------------------------------------------------------------------
 
 
@@ -399,6 +435,28 @@ def family(proc: psutil.Process) -> list[psutil.Process]:
     except psutil.Error:
         pass
     return found
+
+
+def ancestry(proc: psutil.Process, stop: psutil.Process) -> list[psutil.Process]:
+    """``proc`` and its parents, up to (not including) ``stop``, nearest first."""
+    chain = [proc]
+    try:
+        for parent in proc.parents():
+            if parent.pid == stop.pid:
+                break
+            chain.append(parent)
+    except psutil.Error:
+        pass
+    return chain
+
+
+def short_name(proc: psutil.Process) -> str:
+    """A process's program name (``node``, ``codex``, ``bash``), for the table's notes."""
+    try:
+        argv = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    return Path(argv[0]).name if argv else "?"
 
 
 def command_of(proc: psutil.Process) -> str:
