@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from supervisor.config import AgentSpec, ConfigError, load_agents
-    from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
+    from supervisor.errors import (
+        AgentNotRunning,
+        AtCapacity,
+        BadRequest,
+        SessionNotFound,
+        SupervisorError,
+    )
     from supervisor.receipt import CancelReceipt, DroppedPrompt
     from supervisor.session import Session, SessionSummary, Subscription, TurnHandle
     from supervisor.supervisor import Supervisor, open_supervisor
@@ -31,6 +37,7 @@ _EXPORTS = {
     "ConfigError": "supervisor.config",
     "load_agents": "supervisor.config",
     "AgentNotRunning": "supervisor.errors",
+    "AtCapacity": "supervisor.errors",
     "BadRequest": "supervisor.errors",
     "SessionNotFound": "supervisor.errors",
     "SupervisorError": "supervisor.errors",
@@ -47,6 +54,7 @@ _EXPORTS = {
 __all__ = [
     "AgentNotRunning",
     "AgentSpec",
+    "AtCapacity",
     "BadRequest",
     "CancelReceipt",
     "ConfigError",
