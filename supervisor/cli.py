@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import resource
 import signal
 import stat
 import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, TextIO
 
@@ -17,7 +19,6 @@ import attrs
 import trio
 from attrs import define, frozen
 
-from protocols import events as ev
 from supervisor.config import (
     AgentSpec,
     Config,
@@ -29,14 +30,16 @@ from supervisor.config import (
     load_config,
 )
 from supervisor.containment import ContainmentUnavailable, choose_blocking
-from supervisor.receipt import CancelReceipt
-from supervisor.session import Session, Subscription
-from supervisor.statefile import default_state_dir
-from supervisor.supervisor import Supervisor, open_supervisor
-from supervisor.wire import receipt_to_wire
 
+# The runtime is imported where it is used: ``serve`` detects its containment in a thread
+# meanwhile (``_detect_containment_early``).
 if TYPE_CHECKING:
     import ssl
+
+    from protocols import events as ev
+    from supervisor.receipt import CancelReceipt
+    from supervisor.session import Session, Subscription
+    from supervisor.supervisor import Supervisor
 
 __all__ = ["main"]
 
@@ -52,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             trio.run(run_demo, sys.stdout, args.words_before_stop, args.grace)
         elif args.command == "serve":
             _log_to_stderr()
+            _detect_containment_early()
             return trio.run(run_serve, serve_options(args))
         elif args.command == "chat":
             if args.url and args.config:
@@ -70,6 +74,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _detect_containment_early() -> None:
+    """Start detecting the containment (a probe process and the cgroup keeper: ~25 ms, most
+    of it waiting for them) in a thread, while the runtime and the gateway are imported; the
+    result is kept for the supervisor (``supervisor/containment.py``)."""
+
+    def detect() -> None:
+        with contextlib.suppress(Exception):  # the supervisor's own call reports it
+            choose_blocking()
+
+    threading.Thread(target=detect, name="containment", daemon=True).start()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +177,8 @@ class _Printer:
             self.show(event)
 
     def show(self, event: ev.Event) -> None:
+        from protocols import events as ev
+
         if isinstance(event, ev.MessageDelta) and event.role == "assistant":
             if self.at_line_start:
                 self.out.write("   agent: ")
@@ -187,6 +205,10 @@ class _Printer:
 
 async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) -> None:
     """Two stops: a cooperative agent, then one that ignores the interrupt."""
+    from protocols import events as ev
+    from supervisor.statefile import default_state_dir
+    from supervisor.supervisor import open_supervisor
+
     printer = _Printer(out)
     demo = AgentSpec.from_config("demo")
     printer.line("agent-supervisor demo: stopping a coding agent's turn, for real")
@@ -224,6 +246,8 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
 async def _prompt_and_stop(
     session: Session, printer: _Printer, text: str, words_before_stop: int
 ) -> CancelReceipt:
+    from supervisor.wire import receipt_to_wire
+
     async with session.subscribe() as events, trio.open_nursery() as nursery:
         nursery.start_soon(printer.follow, events)
         printer.expect_words(words_before_stop)
@@ -421,6 +445,8 @@ async def run_serve(options: ServeOptions) -> int:
 
 async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     from supervisor.gateway import LIMITS, Gateway
+    from supervisor.statefile import default_state_dir
+    from supervisor.supervisor import apply_gc_policy, open_supervisor
 
     for warning in options.warnings:
         _say(warning)
@@ -438,10 +464,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         request_timeout_s=settings.request_timeout_s or LIMITS.request_timeout_s,
     )
     async with open_supervisor(
-        agents=options.config.agents,
-        state_dir=default_state_dir(),
-        gc_policy=True,
-        max_sessions=max_sessions,
+        agents=options.config.agents, state_dir=default_state_dir(), max_sessions=max_sessions
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(
@@ -456,6 +479,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         async with trio.open_nursery() as nursery:
             url = await nursery.start(gateway.serve)
             print(f"ready {url}", flush=True)
+            apply_gc_policy()  # a full collection, ~10 ms: once serving, not before
             await shutdown.requested.wait()
             # Stop accepting; stop the turns through their ladder (the clients still connected
             # see them end); close the connections; then leaving the supervisor stops the

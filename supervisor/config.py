@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -206,6 +205,8 @@ def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """The agents (built-ins overlaid with ``[agents.NAME]``) and ``[gateway]`` of a file."""
+    import tomllib  # only with a file: ~3 ms of serve's start otherwise
+
     source = Path(path)
     try:
         with source.open("rb") as file:
