@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from supervisor.config import AgentSpec, ConfigError, load_agents
-    from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
+    from supervisor.errors import (
+        AgentNotRunning,
+        AtCapacity,
+        BadRequest,
+        SessionNotFound,
+        SupervisorError,
+    )
     from supervisor.receipt import CancelReceipt, DroppedPrompt
     from supervisor.session import Session, SessionSummary, Subscription, TurnHandle
     from supervisor.steering import SteerResult
@@ -32,6 +38,7 @@ _EXPORTS = {
     "ConfigError": "supervisor.config",
     "load_agents": "supervisor.config",
     "AgentNotRunning": "supervisor.errors",
+    "AtCapacity": "supervisor.errors",
     "BadRequest": "supervisor.errors",
     "SessionNotFound": "supervisor.errors",
     "SupervisorError": "supervisor.errors",
@@ -49,6 +56,7 @@ _EXPORTS = {
 __all__ = [
     "AgentNotRunning",
     "AgentSpec",
+    "AtCapacity",
     "BadRequest",
     "CancelReceipt",
     "ConfigError",

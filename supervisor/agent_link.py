@@ -16,6 +16,7 @@ fourth task watches the process's exit, so a dead shim's loose tree is killed at
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import secrets
@@ -32,7 +33,7 @@ from supervisor.link import AgentGone, AgentLines, AgentLink, AgentStderrLines
 from supervisor.process import AgentProcess, ExitStatus, KillError
 from supervisor.statefile import StateFile
 
-__all__ = ["ProcessLauncher", "ProcessLink", "launch_process"]
+__all__ = ["ProcessLauncher", "ProcessLink", "launch_process", "link_type"]
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,8 @@ class ProcessLauncher:
     ) -> None:
         self.state = state
         self.containment = containment
+        #: the trees of links still running, by their leader's pid (for :meth:`kill_all`)
+        self._live: dict[int, AgentProcess] = {}
 
     async def __call__(
         self,
@@ -284,7 +287,8 @@ class ProcessLauncher:
         process = await AgentProcess.spawn(argv, env=env, cwd=cwd, containment=containment)
         if self.state is not None:
             self.state.record(process, argv)
-        link = LINK_TYPES[protocol.transport](process, spec, generation, inbox, secret=secret)
+        self._live[process.pid] = process
+        link = link_type(protocol.transport)(process, spec, generation, inbox, secret=secret)
         nursery.start_soon(self._run_link, link)
         return link
 
@@ -292,12 +296,37 @@ class ProcessLauncher:
         try:
             await link.run()
         finally:
+            self._live.pop(link.process.pid, None)
             if self.state is not None:
                 self.state.forget(link.process.pid)
+
+    async def kill_all(self) -> None:
+        """Kill every tree this launcher started that still runs, at once: SIGTERM and SIGKILL
+        with no wait between (a second Ctrl-C of ``serve``). Bounded by the ladder's verify."""
+        async with trio.open_nursery() as nursery:
+            for process in list(self._live.values()):
+                nursery.start_soon(_kill_now, process)
+
+
+async def _kill_now(process: AgentProcess) -> None:
+    with contextlib.suppress(KillError):  # whoever waits on the link reports survivors
+        await process.kill_tree(0)
 
 
 #: How each transport (``AgentProtocol.transport``) talks to its process.
 LINK_TYPES: dict[str, type[ProcessLink]] = {"stdio": ProcessLink}
+#: Transports whose link is in a module of its own, imported (and so registered) when an agent
+#: first needs it: the HTTP link needs httpx, ~35 ms to import, which only OpenCode should pay.
+_LINK_MODULES: dict[str, str] = {"http": "supervisor.http_link"}
+
+
+def link_type(transport: str) -> type[ProcessLink]:
+    link = LINK_TYPES.get(transport)
+    if link is None:
+        importlib.import_module(_LINK_MODULES[transport])
+        link = LINK_TYPES[transport]
+    return link
+
 
 #: A launcher without a state file, for embedding and tests.
 launch_process = ProcessLauncher()

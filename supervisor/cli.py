@@ -3,21 +3,43 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import os
+import resource
+import signal
+import stat
 import sys
-from collections.abc import Sequence
-from typing import TextIO
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, TextIO
 
+import attrs
 import trio
+from attrs import define, frozen
 
-from protocols import events as ev
-from supervisor.config import AgentSpec, ConfigError, builtin_agents, load_agents
+from supervisor.config import (
+    AgentSpec,
+    Config,
+    ConfigError,
+    GatewaySettings,
+    builtin_agents,
+    default_max_sessions,
+    load_agents,
+    load_config,
+)
 from supervisor.containment import ContainmentUnavailable, choose_blocking
-from supervisor.receipt import CancelReceipt
-from supervisor.session import Session, Subscription
-from supervisor.statefile import default_state_dir
-from supervisor.supervisor import open_supervisor
-from supervisor.wire import receipt_to_wire
+
+# The runtime is imported where it is used: ``serve`` detects its containment in a thread
+# meanwhile (``_detect_containment_early``).
+if TYPE_CHECKING:
+    import ssl
+
+    from protocols import events as ev
+    from supervisor.receipt import CancelReceipt
+    from supervisor.session import Session, Subscription
+    from supervisor.supervisor import Supervisor
 
 __all__ = ["main"]
 
@@ -32,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             trio.run(run_demo, sys.stdout, args.words_before_stop, args.grace)
         elif args.command == "serve":
-            trio.run(run_serve, args.config, args.host, args.port, args.token)
+            _log_to_stderr()
+            _detect_containment_early()
+            return trio.run(run_serve, serve_options(args))
         elif args.command == "chat":
             if args.url and args.config:
                 parser.error("--config is for the embedded supervisor; a gateway has its own")
@@ -50,6 +74,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _detect_containment_early() -> None:
+    """Start detecting the containment (a probe process and the cgroup keeper: ~25 ms, most
+    of it waiting for them) in a thread, while the runtime and the gateway are imported; the
+    result is kept for the supervisor (``supervisor/containment.py``)."""
+
+    def detect() -> None:
+        with contextlib.suppress(Exception):  # the supervisor's own call reports it
+            choose_blocking()
+
+    threading.Thread(target=detect, name="containment", daemon=True).start()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,7 +109,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
-    serve.add_argument("--token", help="access token (default: a new random one)")
+    serve.add_argument(
+        "--token",
+        help=f"access token; visible to every local user in the process list: prefer"
+        f" ${TOKEN_VARIABLE} or --token-file (default: a new random one)",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="read the access token from PATH (refused if group or others may read it)",
+    )
+    serve.add_argument(
+        "--tls-cert", metavar="PEM", help="serve HTTPS and WSS with this certificate"
+    )
+    serve.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name clients reach this server by (Host check), NAME or NAME:PORT; repeatable",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="bind a non-loopback address without TLS (the token and prompts travel in clear)",
+    )
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="sessions running at once (default: [gateway] max_sessions, else one per 512 MiB"
+        " of memory)",
+    )
     chat = commands.add_parser(
         "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
     )
@@ -109,6 +177,8 @@ class _Printer:
             self.show(event)
 
     def show(self, event: ev.Event) -> None:
+        from protocols import events as ev
+
         if isinstance(event, ev.MessageDelta) and event.role == "assistant":
             if self.at_line_start:
                 self.out.write("   agent: ")
@@ -135,6 +205,10 @@ class _Printer:
 
 async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) -> None:
     """Two stops: a cooperative agent, then one that ignores the interrupt."""
+    from protocols import events as ev
+    from supervisor.statefile import default_state_dir
+    from supervisor.supervisor import open_supervisor
+
     printer = _Printer(out)
     demo = AgentSpec.from_config("demo")
     printer.line("agent-supervisor demo: stopping a coding agent's turn, for real")
@@ -172,6 +246,8 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
 async def _prompt_and_stop(
     session: Session, printer: _Printer, text: str, words_before_stop: int
 ) -> CancelReceipt:
+    from supervisor.wire import receipt_to_wire
+
     async with session.subscribe() as events, trio.open_nursery() as nursery:
         nursery.start_soon(printer.follow, events)
         printer.expect_words(words_before_stop)
@@ -192,27 +268,230 @@ def _containment_line() -> str:
     return f"{found.kind}: {found.detail}"
 
 
-async def run_serve(config: str | None, host: str, port: int, token: str | None) -> None:
-    """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting."""
-    from supervisor.gateway import Gateway, is_loopback
+TOKEN_VARIABLE = "AGENT_SUPERVISOR_TOKEN"
 
-    agents = load_agents(config) if config else builtin_agents()
-    print(f"agent-supervisor: containment: {_containment_line()}", file=sys.stderr, flush=True)
-    if not is_loopback(host):
-        print(
-            f"WARNING: binding {host}: the gateway has no TLS, so the token and every prompt"
-            " cross the network in clear text. Prefer 127.0.0.1 and an SSH tunnel or a TLS"
-            " proxy.",
-            file=sys.stderr,
-            flush=True,
+
+@frozen(kw_only=True)
+class ServeOptions:
+    """``serve``'s command line, checked: everything that can be refused is refused before
+    anything starts (one line on stderr, exit 2)."""
+
+    config: Config
+    host: str
+    port: int
+    token: str | None
+    ssl_context: ssl.SSLContext | None
+    allow_hosts: tuple[str, ...]
+    max_sessions: int | None
+    warnings: tuple[str, ...] = ()
+
+
+def serve_options(args: argparse.Namespace) -> ServeOptions:
+    """Raises :class:`ConfigError` with the reason for what ``serve`` must refuse."""
+    from supervisor.gateway import is_loopback
+
+    warnings: list[str] = []
+    config = load_config(args.config) if args.config else Config(agents=builtin_agents())
+    token = _token(args, warnings)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    context = _ssl_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    if not is_loopback(args.host):
+        if context is None and not args.insecure:
+            raise ConfigError(
+                f"refusing to bind {args.host} without TLS: the token and every prompt would"
+                " cross the network in clear text. Give --tls-cert and --tls-key, or --insecure"
+                " (behind a TLS proxy, or on a network you trust); or bind 127.0.0.1 and use an"
+                " SSH tunnel"
+            )
+        if context is None:
+            warnings.append(
+                f"WARNING: binding {args.host} without TLS (--insecure): the token and every"
+                " prompt cross the network in clear text"
+            )
+    for name in args.allow_host:
+        if not name or any(c in name for c in "/ \t@?#"):
+            raise ConfigError(f"--allow-host {name!r}: a host name, or NAME:PORT")
+    if args.max_sessions is not None and args.max_sessions < 1:
+        raise ConfigError("--max-sessions must be a whole number >= 1")
+    return ServeOptions(
+        config=config,
+        host=args.host,
+        port=args.port,
+        token=token,
+        ssl_context=context,
+        allow_hosts=tuple(args.allow_host),
+        max_sessions=args.max_sessions,
+        warnings=tuple(warnings),
+    )
+
+
+def _token(args: argparse.Namespace, warnings: list[str]) -> str | None:
+    if args.token is not None and args.token_file is not None:
+        raise ConfigError("give --token or --token-file, not both")
+    token: str | None
+    if args.token_file is not None:
+        token = read_token_file(args.token_file)
+    elif args.token is not None:
+        token = args.token
+        warnings.append(
+            f"WARNING: --token is visible to every local user (ps, /proc/PID/cmdline); give it"
+            f" in ${TOKEN_VARIABLE} or with --token-file PATH instead"
         )
-    async with (
-        open_supervisor(agents=agents, state_dir=default_state_dir(), gc_policy=True) as supervisor,
-        trio.open_nursery() as nursery,
-    ):
-        gateway = Gateway(supervisor, token=token, host=host, port=port)
-        url = await nursery.start(gateway.serve)
-        print(f"ready {url}", flush=True)
+    else:
+        token = os.environ.get(TOKEN_VARIABLE) or None
+    if token is not None and (not token.strip() or not token.isprintable() or " " in token):
+        raise ConfigError("the token must be printable text without spaces")
+    return token
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); refused unless only its owner
+    may read it: a token in a file others can read is no secret."""
+    try:
+        with open(path, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            data = file.read(4096)
+    except OSError as exc:
+        raise ConfigError(f"--token-file {path}: {exc.strerror}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"--token-file {path} is open to group or others (mode {stat.S_IMODE(mode):04o}):"
+            f" chmod 600 {path}"
+        )
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--token-file {path}: not UTF-8 text") from None
+    if not token:
+        raise ConfigError(f"--token-file {path} is empty")
+    return token
+
+
+def _ssl_context(cert: str, key: str | None) -> ssl.SSLContext:
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError is one too
+        reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+        raise ConfigError(f"--tls-cert {cert} / --tls-key {key}: {reason}") from None
+    return context
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Soft ``RLIMIT_NOFILE`` up to the hard one: the common soft 1024 ran out at ~200
+    sessions (each holds a few pipes). Returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as nr_open:  # what the kernel allows at most
+                target = int(nr_open.read())
+        except (OSError, ValueError):
+            target = soft
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            return soft, soft
+    return soft, max(soft, target)
+
+
+def _log_to_stderr() -> None:
+    """Warnings and errors of the supervisor, one line each, on stderr."""
+    logging.basicConfig(level=logging.WARNING, format="agent-supervisor: %(message)s")
+
+
+@define
+class _Shutdown:
+    """The first SIGINT or SIGTERM asks for a graceful stop; a second kills every agent tree
+    at once."""
+
+    requested: trio.Event
+    supervisor: Supervisor | None = None
+    forced: bool = False
+
+    async def watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not self.requested.is_set():
+                _say(
+                    f"{name}: shutting down: stopping the running turns, then the agents"
+                    f" ({name} again kills them at once)"
+                )
+                self.requested.set()
+            elif not self.forced:
+                _say(f"{name} again: killing every agent now")
+                self.forced = True
+                if self.supervisor is not None:
+                    await self.supervisor.kill()
+
+
+async def run_serve(options: ServeOptions) -> int:
+    """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting; on SIGINT or
+    SIGTERM a graceful stop, exit 0 (a second signal: the agents are killed at once, exit 1)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        shutdown = _Shutdown(trio.Event())
+        async with trio.open_nursery() as watcher:
+            watcher.start_soon(shutdown.watch, signals)
+            await _serve(options, shutdown)
+            watcher.cancel_scope.cancel()
+    if shutdown.forced:
+        return 1
+    return 0
+
+
+async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
+    from supervisor.gateway import LIMITS, Gateway
+    from supervisor.statefile import default_state_dir
+    from supervisor.supervisor import apply_gc_policy, open_supervisor
+
+    for warning in options.warnings:
+        _say(warning)
+    before, after = raise_open_files_limit()
+    settings: GatewaySettings = options.config.gateway
+    max_sessions = options.max_sessions or settings.max_sessions or default_max_sessions()
+    _say(f"containment: {_containment_line()}")
+    _say(
+        f"max_sessions {max_sessions}; open files {after}"
+        + (f" (was {before})" * (before != after))
+    )
+    limits = attrs.evolve(
+        LIMITS,
+        max_connections=settings.max_connections or LIMITS.max_connections,
+        request_timeout_s=settings.request_timeout_s or LIMITS.request_timeout_s,
+    )
+    async with open_supervisor(
+        agents=options.config.agents, state_dir=default_state_dir(), max_sessions=max_sessions
+    ) as supervisor:
+        shutdown.supervisor = supervisor
+        gateway = Gateway(
+            supervisor,
+            token=options.token,
+            host=options.host,
+            port=options.port,
+            limits=limits,
+            ssl_context=options.ssl_context,
+            allow_hosts=options.allow_hosts,
+        )
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(gateway.serve)
+            print(f"ready {url}", flush=True)
+            apply_gc_policy()  # a full collection, ~10 ms: once serving, not before
+            await shutdown.requested.wait()
+            # Stop accepting; stop the turns through their ladder (the clients still connected
+            # see them end); close the connections; then leaving the supervisor stops the
+            # agents and removes the state file.
+            gateway.stop_accepting()
+            await supervisor.cancel_turns("shutdown")
+            await gateway.close_connections()
+            nursery.cancel_scope.cancel()
+
+
+def _say(text: str) -> None:
+    print(f"agent-supervisor: {text}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

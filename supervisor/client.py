@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -166,10 +167,13 @@ class GatewayClient:
 
 
 @asynccontextmanager
-async def connect(url: str, *, token: str | None = None) -> AsyncIterator[GatewayClient]:
-    """Connect to a gateway URL (the ``ready`` line's, or a ``ws://.../ws`` one)."""
+async def connect(
+    url: str, *, token: str | None = None, ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[GatewayClient]:
+    """Connect to a gateway URL (the ``ready`` line's, or a ``ws://.../ws`` one); an
+    ``https``/``wss`` one with ``ssl_context`` (default: the system's trusted CAs)."""
     async with open_websocket_url(
-        websocket_url(url, token), max_message_size=64 * 1024 * 1024
+        websocket_url(url, token), ssl_context=ssl_context, max_message_size=64 * 1024 * 1024
     ) as websocket:
         client = GatewayClient(websocket)
         async with trio.open_nursery() as nursery:

@@ -8,6 +8,9 @@ grace_s = 3.0
 env = { CODEX_HOME = "~/.codex" }
 ```
 ``command`` is an argument list, never a shell string. Errors name the file and the key.
+
+The ``[gateway]`` table holds the settings of ``agent-supervisor serve`` (:class:`GatewaySettings`:
+``max_sessions``, ``max_connections``, ``request_timeout_s``); ``load_config`` reads both.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,10 +35,15 @@ __all__ = [
     "DEFAULT_START_TIMEOUT_S",
     "DEFAULT_TOOL_STALL_S",
     "KNOWN_PROTOCOLS",
+    "SESSION_MEMORY_BYTES",
     "AgentSpec",
+    "Config",
     "ConfigError",
+    "GatewaySettings",
     "builtin_agents",
+    "default_max_sessions",
     "load_agents",
+    "load_config",
 ]
 
 #: How long an agent may take to end a turn after the interrupt before its tree is killed.
@@ -70,6 +77,17 @@ DEFAULT_STALL_S = 300.0
 DEFAULT_TOOL_STALL_S: float | None = None
 
 KNOWN_PROTOCOLS = frozenset(PROTOCOLS)
+
+#: Memory one session is assumed to take, for the default of ``serve``'s ``max_sessions``:
+#: the demo agent and its shim take ~35 MB, Codex (Rust) ~50-100 MB, the Node agents (Gemini,
+#: OpenCode, claude-agent-acp) 150-400 MB, and Claude Code users report up to ~3 GB. 512 MiB a
+#: session keeps a host full of typical agents out of swap; set ``max_sessions`` for yours.
+SESSION_MEMORY_BYTES = 512 * 1024 * 1024
+#: File descriptors one session may hold in the supervisor (three pipes, the lifeline or the
+#: cgroup's files, a pidfd, sockets to an HTTP agent), with room to spare.
+SESSION_FDS = 16
+#: Never fewer sessions than this by default, however small the machine.
+MIN_DEFAULT_SESSIONS = 4
 
 
 class ConfigError(ValueError):
@@ -108,6 +126,8 @@ class AgentSpec:
     max_memory_mb: float | None = None
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
+    #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
+    max_sessions: int | None = None
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -155,8 +175,62 @@ def builtin_agents() -> dict[str, AgentSpec]:
     }
 
 
+@frozen(kw_only=True)
+class GatewaySettings:
+    """The ``[gateway]`` table: what ``serve`` takes beyond its flags (None: the default)."""
+
+    #: sessions that may run at once (default: :func:`default_max_sessions`)
+    max_sessions: int | None = None
+    #: TCP connections (``GatewayLimits.max_connections``)
+    max_connections: int | None = None
+    #: for a request's head and body to arrive (``GatewayLimits.request_timeout_s``)
+    request_timeout_s: float | None = None
+
+
+@frozen(kw_only=True)
+class Config:
+    agents: dict[str, AgentSpec]
+    gateway: GatewaySettings = GatewaySettings()
+
+
+def default_max_sessions(memory_bytes: int | None = None, open_files: int | None = None) -> int:
+    """``serve``'s default cap on sessions: one per :data:`SESSION_MEMORY_BYTES` of the
+    machine's memory (or of our cgroup's ``memory.max``, if lower), and no more than the file
+    descriptors we may open allow, but at least :data:`MIN_DEFAULT_SESSIONS`."""
+    if memory_bytes is None:
+        memory_bytes = _memory_bytes()
+    if open_files is None:
+        import resource
+
+        open_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    by_memory = memory_bytes // SESSION_MEMORY_BYTES
+    by_files = max(0, open_files - 64) // SESSION_FDS  # 64: the gateway's own, and clients'
+    return max(MIN_DEFAULT_SESSIONS, min(by_memory, by_files))
+
+
+def _memory_bytes() -> int:
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/self/cgroup") as cgroup:
+            own = next((line[3:].strip() for line in cgroup if line.startswith("0::")), None)
+        if own is not None:
+            limit = Path("/sys/fs/cgroup", own.lstrip("/"), "memory.max").read_text().strip()
+            if limit.isdigit():
+                total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
+
+
 def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
     """The built-in agents overlaid with every ``[agents.NAME]`` table of a TOML file."""
+    return load_config(path).agents
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """The agents (built-ins overlaid with ``[agents.NAME]``) and ``[gateway]`` of a file."""
+    import tomllib  # only with a file: ~3 ms of serve's start otherwise
+
     source = Path(path)
     try:
         with source.open("rb") as file:
@@ -169,7 +243,42 @@ def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    return {**builtin_agents(), **parse_agents(document, str(source))}
+    agents = {**builtin_agents(), **parse_agents(document, str(source))}
+    return Config(agents=agents, gateway=parse_gateway(document, str(source)))
+
+
+def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> GatewaySettings:
+    table = document.get("gateway", {})
+    at = f"{where}: [gateway]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at} must be a table")
+    allowed = {"max_sessions", "max_connections", "request_timeout_s"}
+    unknown = set(table) - allowed
+    if unknown:
+        raise ConfigError(
+            f"{at}: unknown key(s) {', '.join(sorted(unknown))}"
+            f" (allowed: {', '.join(sorted(allowed))})"
+        )
+    timeout = table.get("request_timeout_s")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigError(f"{at}: 'request_timeout_s' must be a number of seconds > 0")
+    return GatewaySettings(
+        max_sessions=_count(table, "max_sessions", at),
+        max_connections=_count(table, "max_connections", at),
+        request_timeout_s=float(timeout) if timeout is not None else None,
+    )
+
+
+def _count(table: Mapping[str, Any], key: str, at: str) -> int | None:
+    value = table.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{at}: '{key}' must be a whole number >= 1, not {value!r}")
+    return value
 
 
 def parse_agents(document: Mapping[str, Any], where: str = "<config>") -> dict[str, AgentSpec]:
@@ -192,6 +301,7 @@ _FIELDS = {
     "max_memory_mb",
     "env",
     "cwd",
+    "max_sessions",
 }
 
 
@@ -216,12 +326,12 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
             f"{at}: 'command' must be a list of arguments, not a shell string"
             f" (e.g. {command.split()!r})"
         )
-    if (
-        not isinstance(command, list)
-        or not command
-        or not all(isinstance(part, str) and part for part in command)
-    ):
+    if not isinstance(command, list) or not command or not all(isinstance(p, str) for p in command):
         raise ConfigError(f"{at}: 'command' must be a non-empty list of strings")
+    if not command[0]:
+        # An empty argument is an argument (``["claude", "--setting-sources", ""]``); an empty
+        # program name is not.
+        raise ConfigError(f"{at}: 'command' must be a non-empty list of strings, naming a program")
     env = table.get("env", {})
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
@@ -295,6 +405,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         max_memory_mb=float(max_memory) if max_memory else None,
         env=env,
         cwd=cwd,
+        max_sessions=_count(table, "max_sessions", at),
     )
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-__all__ = ["AgentNotRunning", "BadRequest", "SessionNotFound", "SupervisorError"]
+__all__ = [
+    "AgentNotRunning",
+    "AtCapacity",
+    "BadRequest",
+    "SessionNotFound",
+    "SupervisorError",
+    "check_text",
+]
 
 
 class SupervisorError(Exception):
@@ -25,3 +32,27 @@ class AgentNotRunning(SupervisorError):
 
 class BadRequest(SupervisorError, ValueError):
     code: ClassVar[str] = "bad_request"
+
+
+class AtCapacity(SupervisorError):
+    """A limit on sessions (the supervisor's ``max_sessions``, or an agent's) is reached."""
+
+    code: ClassVar[str] = "capacity"
+
+
+def check_text(what: str, value: str) -> None:
+    """Raise :class:`BadRequest` unless ``value`` can be encoded as UTF-8.
+
+    JSON can carry a lone surrogate (``"\\ud800"``: what a browser's ``JSON.stringify`` sends
+    for broken pasted text), and so can a path of a non-UTF-8 file name (``os.fsdecode``), but
+    an agent's protocol, being UTF-8 JSON, cannot: checked before anything is done with it.
+    """
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(
+            f"{what} is not valid Unicode text: a lone surrogate"
+            f" (U+{ord(value[exc.start]):04X}) at index {exc.start}"
+        ) from None

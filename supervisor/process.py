@@ -44,6 +44,7 @@ a tree that ignores SIGTERM ~15 ms after ``term_timeout`` runs out.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import math
@@ -59,7 +60,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Final, cast
 
 import psutil
 import trio
@@ -152,6 +153,13 @@ class KillError(SupervisorError):
         super().__init__(f"processes of the agent's tree survived SIGKILL: {list(self.pids)}")
 
 
+def os_error_text(exc: OSError) -> str:
+    """``Too many open files (EMFILE)``: the reason, and the errno's name to look up."""
+    name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
+
+
 def _check_executable(
     program: str, env: Mapping[str, str] | None, cwd: str | os.PathLike[str] | None
 ) -> None:
@@ -159,18 +167,18 @@ def _check_executable(
     if os.sep in program:
         path = program if cwd is None else os.path.join(os.fspath(cwd), program)
         if not os.path.exists(path):
-            reason = "No such file or directory"
+            reason = "No such file or directory (ENOENT)"
         elif os.path.isdir(path):
-            reason = "Is a directory"
+            reason = "Is a directory (EISDIR)"
         elif not os.access(path, os.X_OK):
-            reason = "Permission denied"
+            reason = "Permission denied (EACCES)"
         else:
             return
     else:
         search = (os.environ if env is None else env).get("PATH", os.defpath)
         if shutil.which(program, path=search) is not None:
             return
-        reason = "not found on PATH or not executable"
+        reason = "not found on PATH or not executable (ENOENT)"
     raise SpawnError(f"cannot execute {program!r}: {reason}")
 
 
@@ -179,24 +187,24 @@ def _check_executable(
 #: the cancel, and its own short helpers (``claude auth status``) finish within ~100 ms; what is
 #: still running then was left behind (codex-acp's shell command runs on for good).
 TOOL_SETTLE_S = 0.25
-#: psutil start times are in clock ticks (10 ms); compare with that much slack.
+#: Start times in /proc are in clock ticks (10 ms); compare with that much slack.
 _CLOCK_SLACK_S = 0.02
 
 
-def tree_clock() -> float:
-    """Now, on the clock of psutil's ``create_time``: boot time plus time since boot.
+_CLOCK_TICKS: Final = os.sysconf("SC_CLK_TCK")
 
-    ``create_time`` is the integer boot time from /proc/stat plus ticks since boot, so it can be
-    up to a second off ``time.time()``; comparing with this clock instead is exact.
-    """
-    return float(psutil.boot_time()) + time.clock_gettime(time.CLOCK_BOOTTIME)
+
+def tree_clock() -> float:
+    """Now, in seconds since boot: the clock of a process's start time in /proc (its ticks
+    since boot), so comparing the two is exact. (psutil's ``create_time`` adds the boot time to
+    it, which /proc/stat gives in whole seconds and which moves when the wall clock is set; and
+    reading it cost a file read on every prompt.)"""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 def _started_at(proc: psutil.Process) -> float | None:
-    try:
-        return float(proc.create_time())
-    except psutil.Error:
-        return None
+    ticks = tree.start_ticks(proc.pid)
+    return None if ticks is None else ticks / _CLOCK_TICKS
 
 
 def _pgid(proc: psutil.Process) -> int | None:
@@ -227,7 +235,7 @@ async def _open_piped(
             pass_fds=pass_fds,
         )
     except OSError as exc:
-        raise SpawnError(f"cannot execute {argv[0]!r}: {exc}") from exc
+        raise SpawnError(f"cannot execute {argv[0]!r}: {os_error_text(exc)}") from exc
 
 
 class AgentProcess(ABC):
@@ -301,9 +309,12 @@ class AgentProcess(ABC):
         mark = secrets.token_hex(8)
         environment = dict(os.environ if env is None else env)
         environment[TREE_MARK_VARIABLE] = mark
-        if containment.root is not None:
-            return await CgroupProcess.start(argv, environment, cwd, mark, containment.root)
-        return await ShimProcess.start(argv, environment, cwd, mark)
+        try:
+            if containment.root is not None:
+                return await CgroupProcess.start(argv, environment, cwd, mark, containment.root)
+            return await ShimProcess.start(argv, environment, cwd, mark)
+        except OSError as exc:  # out of file descriptors for a pipe, say: the cause, named
+            raise SpawnError(f"cannot start {argv[0]!r}: {os_error_text(exc)}") from exc
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else self.returncode.description
@@ -520,7 +531,7 @@ class CgroupProcess(AgentProcess):
         try:
             cgroup = root.new_cgroup()
         except OSError as exc:
-            raise SpawnError(f"cannot make a cgroup for {argv[0]!r}: {exc}") from exc
+            raise SpawnError(f"cannot make a cgroup for {argv[0]!r}: {os_error_text(exc)}") from exc
         try:
             proc = await _open_piped([*JOIN_AND_EXEC, os.fspath(cgroup.procs_file)], argv, env, cwd)
         except SpawnError:

@@ -39,7 +39,7 @@ from protocols.machine import (
     UnknownPermission,
 )
 from supervisor.config import AgentSpec
-from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.ingest import IngestGate, Unlimited, cost_of
 from supervisor.link import (
     AgentFrame,
@@ -378,6 +378,7 @@ class Session:
         self._recycle_reason: str | None = None
         self._watchdog = bool(spec.stall_s or spec.tool_stall_s)
         self._done = False
+        self._failure: str | None = None  # why the session failed, for later callers
         self.exit_status: ExitStatus | None = None
         # Agent output being worked through (one read's worth), in the actor's own pace.
         self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
@@ -415,6 +416,7 @@ class Session:
         """Queue a prompt; returns once the session accepted it (not when the turn ends)."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("prompt text must be a non-empty string")
+        check_text("prompt text", text)  # the agent's protocol could not carry it
         return await self._call(lambda reply: _Prompt(text, reply))
 
     async def cancel(
@@ -433,6 +435,7 @@ class Session:
         ``interrupted``, once the old turn has ended (terminate-then-respond)."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("steer text must be a non-empty string")
+        check_text("steer text", text)  # the agent's protocol could not carry it
         return await self._call(lambda reply: _Steer(text, reply))
 
     async def respond_permission(
@@ -440,6 +443,9 @@ class Session:
     ) -> None:
         if (option_id is None) == (not cancelled):
             raise BadRequest("give exactly one of option_id or cancelled=True")
+        check_text("request_id", request_id)
+        if option_id is not None:
+            check_text("option_id", option_id)
         await self._call(lambda reply: _RespondPermission(request_id, option_id, reply))
 
     @asynccontextmanager
@@ -610,7 +616,8 @@ class Session:
             except SupervisorError as exc:  # the caller's mistake: answered, not logged
                 call.reply.fail(exc)
             except Exception as exc:  # a bug must answer the caller, not kill the session
-                log.exception("session %s: error handling %r", self.id, call)
+                # The call's kind, not its payload (a prompt may be megabytes, and the user's).
+                log.exception("session %s: error handling %s", self.id, type(call).__name__)
                 call.reply.fail(exc)
 
     def _close_mailbox(self) -> None:
@@ -675,7 +682,8 @@ class Session:
             )
         elif isinstance(call, _WaitReady):
             if self._state in ("stopped", "failed"):
-                call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+                why = f": {self._failure}" if self._failure else ""  # the spawn error, say
+                call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}{why}"))
             elif self._state == "starting" or (self._stopping and self._state != "stopped"):
                 self._ready_waiters.append(call.reply)
             else:
@@ -706,13 +714,17 @@ class Session:
 
     def _start_turn(self, turn_id: str, text: str) -> None:
         assert self._machine is not None
+        step = self._machine.prompt(turn_id, text)
+        # The prompt is handed to the agent first: if that fails, no turn was announced (and
+        # the session is not left ``running`` a turn the agent never got).
+        self._deliver(step)
         now = trio.current_time()
         self._turn = turn = _Turn(turn_id, text, now, tree_clock(), heard_at=now)
         if self.spec.stall_s:
             turn.stall_at = now + self.spec.stall_s
         self._set_state("running")
         self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
-        self._apply(self._machine.prompt(turn_id, text))
+        self._apply_events(step)
 
     def _start_next(self) -> None:
         if self._state == "ready" and self._turn is None and self._queue:
@@ -1651,6 +1663,7 @@ class Session:
                 self._end_turn(turn, "failed", None, error=message)
         self._drop_queue(code)
         self._emit(ev.ErrorEvent(code=code, message=message))
+        self._failure = message
         self._set_state("failed", message)
         error = AgentNotRunning(f"session {self.id} failed: {message}")
         for waiter in self._ready_waiters:

@@ -63,8 +63,9 @@ class StateFile:
         self._trees: dict[int, dict[str, Any]] = {}
 
     def open(self) -> None:
+        """Make the directory and our file; raises OSError if either cannot be made."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._write()
+        self._write(strict=True)
 
     def record(self, process: AgentProcess, argv: list[str]) -> None:
         cgroup = getattr(process, "cgroup", None)
@@ -88,13 +89,15 @@ class StateFile:
         except FileNotFoundError:
             pass
 
-    def _write(self) -> None:
+    def _write(self, *, strict: bool = False) -> None:
         data = {"supervisor": self._me, "trees": list(self._trees.values())}
         temporary = self.path.with_suffix(".tmp")
         try:
             temporary.write_text(json.dumps(data))
             os.replace(temporary, self.path)
         except OSError as exc:  # crash safety is best effort; never fail a spawn over it
+            if strict:
+                raise
             log.warning("cannot write state file %s: %s", self.path, exc)
 
 

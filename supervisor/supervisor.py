@@ -21,11 +21,16 @@ from pathlib import Path
 
 import trio
 
-from supervisor.agent_link import ProcessLauncher, launch_process
+from supervisor.agent_link import ProcessLauncher
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.containment import choose
-from supervisor.errors import BadRequest, SessionNotFound
-from supervisor.http_link import HttpLink  # noqa: F401  (registers the "http" transport)
+from supervisor.errors import (
+    AtCapacity,
+    BadRequest,
+    SessionNotFound,
+    SupervisorError,
+    check_text,
+)
 from supervisor.ingest import IngestGate
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
@@ -38,6 +43,10 @@ log = logging.getLogger(__name__)
 
 #: Upper bound on stopping one session on the way out: stdin EOF wait plus the kill ladder.
 _STOP_BOUND_S = 10.0
+#: States in which a session holds no agent process: it does not count against a cap.
+_ENDED = ("stopped", "failed")
+#: Beyond the grace and the kill ladder, for a shutdown's cancels to be answered.
+_SHUTDOWN_MARGIN_S = 1.0
 
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
@@ -78,14 +87,19 @@ class Supervisor:
         nursery: trio.Nursery,
         *,
         agents: Mapping[str, AgentSpec] | None = None,
-        launcher: Launcher = launch_process,
+        launcher: Launcher | None = None,
+        max_sessions: int | None = None,
     ) -> None:
         self._nursery = nursery
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
-        self._launcher = launcher
+        # Its own by default: ``kill`` kills what this launcher started, nobody else's.
+        self._launcher = launcher if launcher is not None else ProcessLauncher()
+        #: sessions that may run at once (None: no cap); each agent may have its own too
+        self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
         self._ids = count(1)
         self._closing = False
+        self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
         nursery.start_soon(self.gate.run)
@@ -100,14 +114,20 @@ class Supervisor:
         """Start an agent and its session; by default return once it takes prompts.
 
         Raises :class:`supervisor.errors.AgentNotRunning` (with the agent's own words) when the
-        agent cannot start, and :class:`BadRequest` for an unknown agent name.
+        agent cannot start, :class:`BadRequest` for an unknown agent name or a cwd that is not
+        a directory (or whose name is not UTF-8: no agent protocol could carry it), and
+        :class:`AtCapacity` when ``max_sessions`` (the supervisor's or the agent's) are running.
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
         spec = self._resolve(agent)
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
+        if isinstance(where, bytes):
+            where = os.fsdecode(where)
+        check_text("cwd", where)
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
+        self._check_capacity(spec)
         session = Session(
             f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher, gate=self.gate
         )
@@ -116,6 +136,21 @@ class Supervisor:
         if wait_ready:
             await session.wait_ready()
         return session
+
+    def _check_capacity(self, spec: AgentSpec) -> None:
+        live = [s for s in self._sessions.values() if s.state not in _ENDED]
+        if self.max_sessions is not None and len(live) >= self.max_sessions:
+            raise AtCapacity(
+                f"{len(live)} sessions are running, the most this supervisor runs at once"
+                " (max_sessions): stop one first"
+            )
+        if spec.max_sessions is not None:
+            same = sum(1 for s in live if s.spec.name == spec.name)
+            if same >= spec.max_sessions:
+                raise AtCapacity(
+                    f"{same} sessions of agent {spec.name!r} are running, its max_sessions:"
+                    " stop one first"
+                )
 
     def _resolve(self, agent: AgentSpec | str) -> AgentSpec:
         if isinstance(agent, AgentSpec):
@@ -150,14 +185,47 @@ class Supervisor:
         self._sessions.pop(session_id, None)
         return status
 
+    async def cancel_turns(self, reason: str = "shutdown") -> None:
+        """Cancel every running turn through its ladder, concurrently, and refuse new sessions
+        (the first step of a graceful shutdown). Returns once every cancel was answered, or
+        after the longest grace plus kill ladder of those agents: it never waits for a respawn
+        that a stop would undo anyway."""
+        self._closing = True
+        running = [s for s in self._sessions.values() if s.turn_id is not None]
+        if not running:
+            return
+        bound = max(s.spec.grace_s + s.spec.kill_timeout_s for s in running) + _SHUTDOWN_MARGIN_S
+        with trio.move_on_after(bound):
+            async with trio.open_nursery() as nursery:
+                for session in running:
+                    nursery.start_soon(self._cancel_quietly, session, reason)
+
+    async def _cancel_quietly(self, session: Session, reason: str) -> None:
+        try:
+            await session.cancel(reason=reason)
+        except SupervisorError:  # stopped or failed meanwhile: nothing left to cancel
+            pass
+
+    async def kill(self) -> None:
+        """Kill every agent's tree now (SIGTERM and SIGKILL with no wait between), and end
+        every session: for when a graceful stop takes too long (a second Ctrl-C)."""
+        self._closing = True
+        if self._stop_scope is not None:
+            self._stop_scope.cancel()  # an aclose waiting for stops: they are moot now
+        kill_all = getattr(self._launcher, "kill_all", None)
+        if kill_all is not None:
+            await kill_all()
+        self._nursery.cancel_scope.cancel()  # each actor kills what is left of its tree
+
     async def aclose(self) -> None:
         """Stop every session at once; bounded, and safe to call while being cancelled."""
         self._closing = True
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(_STOP_BOUND_S):
+            with trio.move_on_after(_STOP_BOUND_S) as self._stop_scope:
                 async with trio.open_nursery() as nursery:
                     for session in list(self._sessions.values()):
                         nursery.start_soon(self._stop_quietly, session)
+        self._stop_scope = None
         self._nursery.cancel_scope.cancel()
 
     async def _stop_quietly(self, session: Session) -> None:
@@ -176,11 +244,15 @@ async def open_supervisor(
     state_dir: str | os.PathLike[str] | None = None,
     gc_policy: bool = False,
     containment: str | None = None,
+    max_sessions: int | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
     With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
-    left by a supervisor that crashed are killed first, and this one records its own.
+    left by a supervisor that crashed are killed first, and this one records its own. A state
+    directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
+    runs without that crash safety.
+    ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
@@ -194,16 +266,7 @@ async def open_supervisor(
         chosen = await choose(containment)
         log.info("agent containment: %s", chosen.detail)
         if state_dir is not None:
-            directory = Path(state_dir)
-            report = await trio.to_thread.run_sync(sweep_orphans, directory)
-            if report.killed:
-                log.warning(
-                    "swept %d agent process(es) left by %d crashed supervisor(s)",
-                    len(report.killed),
-                    report.files,
-                )
-            state = StateFile(directory)
-            state.open()
+            state = await _open_state(Path(state_dir))
         launcher = ProcessLauncher(state, containment=chosen)
     if config is not None:
         from supervisor.config import load_agents
@@ -213,7 +276,9 @@ async def open_supervisor(
         agents = load_agents(config)
     try:
         async with trio.open_nursery() as nursery:
-            supervisor = Supervisor(nursery, agents=agents, launcher=launcher)
+            supervisor = Supervisor(
+                nursery, agents=agents, launcher=launcher, max_sessions=max_sessions
+            )
             try:
                 yield supervisor
             finally:
@@ -227,3 +292,27 @@ async def open_supervisor(
     finally:
         if state is not None:
             state.close()
+
+
+async def _open_state(directory: Path) -> StateFile | None:
+    """Sweep what crashed supervisors left in ``directory``, and start our own file there;
+    None (and one line in the log) if the directory cannot be used."""
+    try:
+        report = await trio.to_thread.run_sync(sweep_orphans, directory)
+        state = StateFile(directory)
+        state.open()
+    except OSError as exc:
+        log.warning(
+            "state directory %s is unusable (%s): running without crash safety (agents left"
+            " by a supervisor that crashes will not be swept at the next start)",
+            directory,
+            exc.strerror or exc,
+        )
+        return None
+    if report.killed:
+        log.warning(
+            "swept %d agent process(es) left by %d crashed supervisor(s)",
+            len(report.killed),
+            report.files,
+        )
+    return state

@@ -18,8 +18,11 @@ from supervisor.config import (
     DEFAULT_START_TIMEOUT_S,
     AgentSpec,
     ConfigError,
+    GatewaySettings,
     builtin_agents,
+    default_max_sessions,
     load_agents,
+    load_config,
     parse_agents,
 )
 
@@ -184,7 +187,17 @@ TABLE_ERRORS = [
     ),
     pytest.param('protocol = "acp"', "'command' must be a non-empty list", id="no-command"),
     pytest.param(
-        'protocol = "acp"\ncommand = [""]', "'command' must be a non-empty list", id="empty-arg"
+        'protocol = "acp"\ncommand = [""]', "'command' must be a non-empty list", id="empty-program"
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nmax_sessions = 0',
+        "'max_sessions' must be a whole number >= 1, not 0",
+        id="max-sessions-zero",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nmax_sessions = true',
+        "'max_sessions' must be a whole number >= 1, not True",
+        id="max-sessions-bool",
     ),
     pytest.param(
         'protocol = "acp"\ncommand = ["a", 1]', "'command' must be a non-empty list", id="int-arg"
@@ -378,3 +391,64 @@ def test_stall_limits_are_configurable_and_checked() -> None:
         for bad in (-1, True, "300", float("inf"), float("nan")):
             with pytest.raises(ConfigError, match=key):
                 parse_agents({"agents": {"a": {**table, key: bad}}})
+
+
+# --- Empty arguments, caps, the [gateway] table ---------------------------------------------
+
+
+def test_an_empty_string_is_an_argument(tmp_path: Path) -> None:
+    # The tests' own Claude run passes `--setting-sources ""`.
+    text = '[agents.claude]\nprotocol = "claude"\ncommand = ["claude", "--setting-sources", ""]\n'
+    assert load_agents(write(tmp_path, text))["claude"].command == (
+        "claude",
+        "--setting-sources",
+        "",
+    )
+
+
+def test_max_sessions_per_agent_and_for_the_gateway(tmp_path: Path) -> None:
+    text = (
+        '[agents.a]\nprotocol = "acp"\ncommand = ["a"]\nmax_sessions = 2\n'
+        "[gateway]\nmax_sessions = 8\nmax_connections = 32\nrequest_timeout_s = 2.5\n"
+    )
+    config = load_config(write(tmp_path, text))
+    assert config.agents["a"].max_sessions == 2
+    assert config.agents["demo"].max_sessions is None
+    assert config.gateway == GatewaySettings(
+        max_sessions=8, max_connections=32, request_timeout_s=2.5
+    )
+    assert load_config(write(tmp_path, "")).gateway == GatewaySettings()
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("max_sessions = 0", "'max_sessions' must be a whole number >= 1, not 0"),
+        ("max_connections = 1.5", "'max_connections' must be a whole number >= 1, not 1.5"),
+        ("request_timeout_s = 0", "'request_timeout_s' must be a number of seconds > 0"),
+        ("max_session = 3", "unknown key(s) max_session (allowed: "),
+    ],
+)
+def test_gateway_table_errors(tmp_path: Path, body: str, expected: str) -> None:
+    path = write(tmp_path, f"[gateway]\n{body}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: [gateway]: {expected}")
+
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(
+    ("memory", "files", "expected"),
+    [
+        (24 * GIB, 1_048_576, 48),  # the issue's 24 GB host: one session per 512 MiB
+        (8 * GIB, 1_048_576, 16),
+        (1 * GIB, 1_048_576, 4),  # never fewer than four
+        (24 * GIB, 1024, 48),  # (1024 - 64) / 16 = 60 by files: memory is the bound
+        (24 * GIB, 512, 28),  # (512 - 64) / 16: the file descriptors are
+        (24 * GIB, 100, 4),
+    ],
+)
+def test_default_max_sessions(memory: int, files: int, expected: int) -> None:
+    assert default_max_sessions(memory, files) == expected

@@ -14,6 +14,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, TextMessage
 
 from fakes.memory_agent import Behaviour, MemoryLauncher
+from fakes.memory_base import MemoryLink
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
@@ -581,3 +582,53 @@ async def test_a_stalled_turn_is_told_on_the_wire() -> None:
                 await next_event(events, "message.delta")
                 receipt = await client.cancel(session_id)
                 assert (receipt["outcome"], receipt["reason"]) == ("cancelled", "user")
+
+
+async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure to hand a prompt to the agent (here the link raises) leaves no turn announced
+    and the session ready; the failed request is logged by action, error and size only."""
+    send = MemoryLink.send
+
+    def refuse_prompts(self: MemoryLink, message: dict[str, Any]) -> None:
+        if message.get("method") == "session/prompt":
+            raise RuntimeError("the agent's pipe is broken")
+        send(self, message)
+
+    monkeypatch.setattr(MemoryLink, "send", refuse_prompts)
+    text = "a private prompt " * 10_000
+    async with gateway() as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            async with client.subscribe(session_id) as events:
+                with pytest.raises(GatewayError) as failed:
+                    await client.prompt(session_id, text)
+                assert failed.value.code == "internal"
+                # Events come before a response queued after them: all of them are here now.
+                seen = []
+                while True:
+                    try:
+                        seen.append(events.receive_nowait()["event"])
+                    except trio.WouldBlock:
+                        break
+                assert "turn.started" not in seen
+                [entry] = await client.sessions()
+                assert (entry["state"], entry["turn_id"]) == ("ready", None)
+    [line] = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("gateway request")
+    ]
+    size = len(
+        json.dumps(
+            {
+                "id": "c3",
+                "action": "agent.prompt",
+                "payload": {"session_id": session_id, "text": text},
+            }
+        )
+    )
+    assert line == (
+        f"gateway request agent.prompt failed ({size} bytes):"
+        " RuntimeError: the agent's pipe is broken"
+    )
+    assert not [r for r in caplog.records if "private prompt" in r.getMessage()]

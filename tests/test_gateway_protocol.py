@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,6 +83,61 @@ def test_structured_requests_are_typed_or_refused(
 def test_oversize_frame_is_too_large() -> None:
     result = decode_request("x" * (MAX_FRAME_BYTES + 1))
     assert isinstance(result, RequestError) and result.code == "too_large"
+
+
+def test_the_frame_limit_counts_utf8_bytes_not_characters() -> None:
+    emoji = "\U0001f600"  # four bytes in UTF-8
+    frame = json.dumps(
+        {
+            "id": "c1",
+            "action": "agent.prompt",
+            "payload": {"session_id": "s1", "text": emoji * 300_000},
+        },
+        ensure_ascii=False,
+    )
+    assert len(frame) < MAX_FRAME_BYTES < len(frame.encode())
+    result = decode_request(frame)
+    # Too large, and answered with its id (read from the frame's start, without parsing it).
+    assert result == RequestError("c1", "too_large", f"frame exceeds {MAX_FRAME_BYTES} bytes")
+    fits = decode_request(frame.replace(emoji * 300_000, emoji * 200_000))
+    assert isinstance(fits, Request) and fits.size == len(frame.encode()) - 400_000
+
+
+@pytest.mark.parametrize(
+    ("action", "payload", "field"),
+    [
+        ("agent.prompt", {"session_id": "s1", "text": "a\ud800b"}, "text"),
+        ("agent.prompt", {"session_id": "s\udfff", "text": "hi"}, "session_id"),
+        ("session.start", {"agent": "demo", "cwd": "/tmp/caf\udce9"}, "cwd"),
+        ("session.start", {"agent": "de\ud83dmo"}, "agent"),
+        ("agent.cancel", {"session_id": "s1", "reason": "\udc80"}, "reason"),
+        ("agent.cancel", {"session_id": "s1", "task_id": "t\ud800"}, "task_id"),
+        (
+            "permission.respond",
+            {"session_id": "s1", "request_id": "\ud800", "cancelled": True},
+            "request_id",
+        ),
+        (
+            "permission.respond",
+            {"session_id": "s1", "request_id": "r", "option_id": "\ud800"},
+            "option_id",
+        ),
+        ("session.subscribe", {"session_id": "\ud800"}, "session_id"),
+        ("session.stop", {"session_id": "\ud800"}, "session_id"),
+    ],
+)
+def test_a_string_utf8_cannot_carry_is_bad_request(
+    action: str, payload: dict[str, Any], field: str
+) -> None:
+    # json.dumps writes a lone surrogate as the escape a browser's JSON.stringify sends.
+    result = decode_request(json.dumps({"id": 3, "action": action, "payload": payload}))
+    assert isinstance(result, RequestError)
+    assert (result.id, result.code) == (3, "bad_request") and f"'{field}'" in result.message
+
+
+def test_an_id_utf8_cannot_carry_is_bad_request_without_echoing_it() -> None:
+    result = decode_request(json.dumps({"id": "c\ud800", "action": "session.list"}))
+    assert result == RequestError(None, "bad_request", "'id' is not valid Unicode text")
 
 
 def test_unknown_payload_keys_are_ignored() -> None:

@@ -273,3 +273,12 @@ async def test_amp_takes_the_text_into_the_running_turn(
         assert echo.turn_id == first
         ended = await rec.wait_kind("turn.ended", turn_id=first)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+
+
+async def test_steer_refuses_text_utf8_cannot_carry(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(SLOW) as (session, launcher, rec):
+        first = await running_turn(session, rec)
+        with pytest.raises(BadRequest, match="steer text"):
+            await session.steer("broken \ud800 paste")
+        assert session.turn_id == first and rec.of_kind("turn.steered") == []
+        await session.cancel()

@@ -425,3 +425,19 @@ def test_without_a_token_the_page_asks_for_one(page: Page, server: GatewayThread
         assert response is not None and response.status == 401
         expect(page).to_have_title("Token needed")
         expect(page.locator("body")).to_contain_text("?token=")
+
+
+def test_the_token_leaves_the_address_bar_and_history(page: Page, server: GatewayThread) -> None:
+    open_app(page, server)
+    base = server.url.split("?")[0]
+    assert page.url == base
+    # A reload still works (this tab keeps the token; a cookie lets the page itself load)...
+    response = page.reload()
+    assert response is not None and response.status == 200
+    expect(page.get_by_test_id("connection")).to_have_text("Connected")
+    assert page.url == base
+    # ...and the history holds the page without it.
+    page.goto("about:blank")
+    page.go_back()
+    assert page.url == base
+    expect(page.get_by_test_id("connection")).to_have_text("Connected")

@@ -9,6 +9,7 @@ gets an answer, and the connection stays usable.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 from attrs import field, frozen
@@ -20,6 +21,7 @@ __all__ = [
     "RequestError",
     "decode_request",
     "error_response",
+    "frame_bytes",
     "ok_response",
 ]
 
@@ -71,6 +73,8 @@ class Request:
     id: str | int
     action: str
     payload: dict[str, Any] = field(factory=dict)
+    #: the frame's size in bytes (what a log line says of a request, instead of its payload)
+    size: int = field(default=0, eq=False)
 
 
 @frozen
@@ -82,9 +86,46 @@ class RequestError:
     message: str
 
 
+def frame_bytes(frame: str | bytes) -> int:
+    """A frame's size on the wire: a text frame's UTF-8 bytes, not its characters (up to four
+    bytes each)."""
+    if isinstance(frame, bytes) or frame.isascii():
+        return len(frame)
+    return len(frame.encode("utf-8", "surrogatepass"))
+
+
+def _is_text(value: str) -> bool:
+    """Whether UTF-8 can carry it: JSON can hold a lone surrogate (``"\\ud800"``, what a
+    browser's ``JSON.stringify`` sends for broken pasted text); no agent's protocol can."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+#: ``{"id": "c1", ...`` or ``{"id": 7, ...``: an id that leads the frame (clients write it
+#: first), read without parsing a frame too large to parse.
+_LEADING_ID: Final = re.compile(r'\s*\{\s*"id"\s*:\s*(?:"([\w.:-]{1,128})"|(-?\d{1,18}))\s*[,}]')
+
+
+def _leading_id(frame: str | bytes) -> str | int | None:
+    head = frame[:256]
+    text = head.decode("utf-8", "replace") if isinstance(head, bytes) else head
+    match = _LEADING_ID.match(text)
+    if match is None:
+        return None
+    return match.group(1) if match.group(1) is not None else int(match.group(2))
+
+
 def decode_request(frame: str | bytes) -> Request | RequestError:
-    if len(frame) > MAX_FRAME_BYTES:
-        return RequestError(None, "too_large", f"frame exceeds {MAX_FRAME_BYTES} bytes")
+    # Characters first (never more than the bytes), then the bytes.
+    size = len(frame) if len(frame) > MAX_FRAME_BYTES else frame_bytes(frame)
+    if size > MAX_FRAME_BYTES:
+        message = f"frame exceeds {MAX_FRAME_BYTES} bytes"
+        return RequestError(_leading_id(frame), "too_large", message)
     try:
         message = json.loads(frame)
     except (ValueError, RecursionError) as exc:
@@ -96,6 +137,8 @@ def decode_request(frame: str | bytes) -> Request | RequestError:
         return RequestError(None, "bad_request", "'id' must be a string or an integer")
     if isinstance(request_id, str) and len(request_id) > MAX_ID_CHARS:
         return RequestError(None, "bad_request", f"'id' is longer than {MAX_ID_CHARS} chars")
+    if isinstance(request_id, str) and not _is_text(request_id):
+        return RequestError(None, "bad_request", "'id' is not valid Unicode text")
     action = message.get("action")
     if not isinstance(action, str):
         return RequestError(request_id, "bad_request", "'action' must be a string")
@@ -123,6 +166,13 @@ def decode_request(frame: str | bytes) -> Request | RequestError:
             return RequestError(
                 request_id, "bad_request", f"payload {spec.name!r} must be {wanted}"
             )
+        if isinstance(value, str) and not _is_text(value):
+            return RequestError(
+                request_id,
+                "bad_request",
+                f"payload {spec.name!r} is not valid Unicode text: it holds a lone surrogate"
+                " (\\ud800-\\udfff), which UTF-8, so no agent, can carry",
+            )
     if action == "permission.respond":
         has_option = payload.get("option_id") is not None
         if has_option == bool(payload.get("cancelled")):
@@ -130,7 +180,7 @@ def decode_request(frame: str | bytes) -> Request | RequestError:
                 request_id, "bad_request", "give exactly one of 'option_id' or 'cancelled': true"
             )
     clean = {spec.name: payload[spec.name] for spec in fields if payload.get(spec.name) is not None}
-    return Request(request_id, action, clean)
+    return Request(request_id, action, clean, size=size)
 
 
 def ok_response(request_id: str | int, result: dict[str, Any]) -> dict[str, Any]:

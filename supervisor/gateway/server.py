@@ -13,17 +13,21 @@ import hmac
 import importlib.resources
 import json
 import logging
+import re
 import secrets
 import socket
+import ssl
 from collections import deque
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any, Final
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import h11
 import trio
+from attrs import define, field, frozen
 
-from supervisor.errors import AgentNotRunning, SupervisorError
+from supervisor.errors import AgentNotRunning, SupervisorError, check_text
 from supervisor.gateway.protocol import (
     MAX_FRAME_BYTES,
     Request,
@@ -33,6 +37,7 @@ from supervisor.gateway.protocol import (
     ok_response,
 )
 from supervisor.gateway.websocket import (
+    CLOSE_GOING_AWAY,
     HandshakeFailed,
     ServerWebSocket,
     WebSocketClosed,
@@ -47,9 +52,14 @@ __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
 log = logging.getLogger(__name__)
 
 
+@define
 class GatewayLimits:
-    """Per-server bounds, each a guard against one runaway client."""
+    """Per-server bounds, each a guard against one runaway client (``design/gateway.md``,
+    "Limits", says what each protects)."""
 
+    #: TCP connections at once. When full, a new one takes the place of the oldest that has
+    #: not shown the token yet, else of the oldest idle keep-alive; one serving a request or a
+    #: WebSocket is never closed for it (then the new one gets 503).
     max_connections: int = 256
     #: requests a connection may have in flight (a cancel waits for the turn to end)
     max_pending: int = 64
@@ -69,8 +79,11 @@ class GatewayLimits:
     #: an HTTP request head, and a body for the small API
     max_head_bytes: int = 64 * 1024
     max_body_bytes: int = 64 * 1024
-    #: a TCP connection that sends no complete request in this time is closed
-    idle_timeout_s: float = 30.0
+    #: from the moment a connection waits for a request (it opened, or had its last answer)
+    #: until that request's head and body are all in, TLS handshake included: a client that
+    #: sends slowly (slowloris), or a head and then no body, holds its slot this long at most.
+    #: The same bound applies to writing an HTTP answer to a client that reads nothing.
+    request_timeout_s: float = 10.0
     #: kernel send buffer per connection (None: the OS autotunes, up to several MB); a
     #: smaller one bounds memory per client and makes a stalled reader felt sooner
     send_buffer_bytes: int | None = None
@@ -90,10 +103,36 @@ _HTTP_STATUS = {
     "too_large": 413,
     "overloaded": 429,
     "internal": 500,
+    "capacity": 503,
 }
 
 
+@define(eq=False)
+class _Slot:
+    """One TCP connection's place among ``max_connections``."""
+
+    scope: trio.CancelScope = field(factory=trio.CancelScope)
+    #: ``new`` (no request has shown the token yet), ``busy`` (serving an authenticated
+    #: request, or a WebSocket) or ``idle`` (an authenticated keep-alive between requests)
+    state: str = "new"
+
+
+@frozen
+class _Incoming:
+    """An authenticated HTTP request, read whole."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes
+    upgrade: bool = False
+
+
 class Gateway:
+    """The server. ``ssl_context`` serves HTTPS and WSS (``--tls-cert``/``--tls-key``);
+    ``allow_hosts`` are more names clients may reach it by (the ``Host`` check: a DNS-rebinding
+    guard), ``NAME`` (this port) or ``NAME:PORT``."""
+
     def __init__(
         self,
         supervisor: Supervisor,
@@ -102,29 +141,90 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 8765,
         limits: GatewayLimits = LIMITS,
+        ssl_context: ssl.SSLContext | None = None,
+        allow_hosts: Sequence[str] = (),
     ) -> None:
         self.supervisor = supervisor
         self.token = token or secrets.token_urlsafe(24)
         self.host = host
         self.port = port
         self.limits = limits
-        self._connections = 0
+        self.ssl_context = ssl_context
+        self.allow_hosts = [name.lower() for name in allow_hosts]
+        self._slots: dict[_Slot, None] = {}  # every open connection, oldest first
+        self._clients: set[_Client] = set()  # the WebSocket ones
         self._allowed_hosts: set[str] = set()
+        self._allowed_origins: set[str] = set()
+        self._accepting = trio.CancelScope()
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_context is not None else "http"
 
     @property
     def url(self) -> str:
-        return f"http://{_url_host(self.host)}:{self.port}/?token={self.token}"
+        host = _url_host(self.host)
+        if self.host in _WILDCARDS and self.allow_hosts:
+            host = _PORT.sub("", self.allow_hosts[0])  # the name a certificate was made for
+        return f"{self.scheme}://{host}:{self.port}/?token={quote(self.token, safe='')}"
+
+    @property
+    def connections(self) -> int:
+        return len(self._slots)
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the URL once accepting."""
-        listeners = await trio.open_tcp_listeners(self.port, host=self.host)
-        sockname = listeners[0].socket.getsockname()
+        sockets = await trio.open_tcp_listeners(self.port, host=self.host)
+        sockname = sockets[0].socket.getsockname()
         self.port = int(sockname[1])
-        names = {self.host, "127.0.0.1", "localhost", "[::1]", _url_host(self.host)}
-        self._allowed_hosts = {f"{name}:{self.port}" for name in names}
+        self._allowed_hosts = self._host_names()
+        self._allowed_origins = {f"{self.scheme}://{name}" for name in self._allowed_hosts}
+        listeners: list[trio.abc.Listener[Any]] = list(sockets)
+        if self.ssl_context is not None:
+            # The handshake happens on the first read, inside the request's deadline.
+            listeners = [
+                trio.SSLListener(listener, self.ssl_context, https_compatible=True)
+                for listener in sockets
+            ]
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._handle_stream, listeners)
+            await nursery.start(self._accept, listeners, nursery)
             task_status.started(self.url)
+
+    async def _accept(
+        self,
+        listeners: list[trio.abc.Listener[Any]],
+        connections: trio.Nursery,
+        *,
+        task_status: trio.TaskStatus[list[trio.abc.Listener[Any]]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with self._accepting:
+            await trio.serve_listeners(
+                self._handle_stream,
+                listeners,
+                handler_nursery=connections,
+                task_status=task_status,
+            )
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; the connections already open go on (a graceful stop
+        lets their clients see their turns end)."""
+        self._accepting.cancel()
+
+    def _host_names(self) -> set[str]:
+        """The ``Host`` values we answer to: ``NAME:PORT`` for our own names and the allowed
+        ones, and the bare name too on the scheme's default port (browsers leave it out)."""
+        default_port = 443 if self.ssl_context is not None else 80
+        names = {self.host, "127.0.0.1", "localhost", "[::1]", _url_host(self.host)}
+        allowed: set[str] = set()
+        for name in (*names, *self.allow_hosts):
+            name = name.lower()
+            if _PORT.search(name):
+                allowed.add(name)
+                continue
+            allowed.add(f"{name}:{self.port}")
+            if self.port == default_port:
+                allowed.add(name)
+        return allowed
 
     # -- authorization -------------------------------------------------------------------------
 
@@ -142,12 +242,28 @@ class Gateway:
     def _origin_ok(self, headers: dict[str, str]) -> bool:
         """Same-origin only for browsers; DNS-rebinding guard on Host for everyone."""
         host = headers.get("host")
-        if host is not None and host not in self._allowed_hosts:
+        if host is not None and host.lower() not in self._allowed_hosts:
             return False
         origin = headers.get("origin")
         if origin is None:
             return True  # not a browser (or a same-origin GET): the token decides
-        return origin in {f"http://{allowed}" for allowed in self._allowed_hosts}
+        return origin.lower() in self._allowed_origins
+
+    @property
+    def _page_cookie(self) -> tuple[str, str]:
+        """The cookie that lets a browser reload the page (and only the page: it opens no API)
+        once the page has dropped the token from its URL: a key derived from the token, not
+        the token; named per port (cookies are per host, not per port)."""
+        key = hmac.new(self.token.encode(), b"agent-supervisor page", "sha256").hexdigest()
+        return f"agent-supervisor-page-{self.port}", key
+
+    def _page_cookie_ok(self, headers: dict[str, str]) -> bool:
+        name, key = self._page_cookie
+        for part in headers.get("cookie", "").split(";"):
+            found, _, value = part.strip().partition("=")
+            if found == name and hmac.compare_digest(value.encode(), key.encode()):
+                return True
+        return False
 
     def _check(self, headers: dict[str, str], query: dict[str, list[str]]) -> str | None:
         if not self._origin_ok(headers):
@@ -158,64 +274,69 @@ class Gateway:
 
     # -- one TCP connection ---------------------------------------------------------------------
 
-    async def _handle_stream(self, stream: trio.SocketStream) -> None:
-        if self._connections >= self.limits.max_connections:
+    def _admit(self) -> _Slot | None:
+        """A slot for a new connection, closing another if all are taken (see
+        ``GatewayLimits.max_connections``); None if every one is serving an authenticated
+        client."""
+        if len(self._slots) >= self.limits.max_connections:
+            victim = next((slot for slot in self._slots if slot.state == "new"), None)
+            if victim is None:
+                victim = next((slot for slot in self._slots if slot.state == "idle"), None)
+            if victim is None:
+                return None
+            victim.scope.cancel()
+            del self._slots[victim]
+        slot = _Slot()
+        self._slots[slot] = None
+        return slot
+
+    async def _handle_stream(self, stream: trio.abc.Stream) -> None:
+        slot = self._admit()
+        if slot is None:
             with trio.move_on_after(1):
                 await stream.send_all(
                     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n"
                     b"connection: close\r\n\r\n"
                 )
-            await stream.aclose()
+            await trio.aclose_forcefully(stream)
             return
-        self._connections += 1
-        if self.limits.send_buffer_bytes is not None:
-            stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
         try:
-            await self._serve_http(stream)
+            with slot.scope:
+                self._set_send_buffer(stream)
+                await self._serve_http(stream, slot)
         except* (trio.BrokenResourceError, trio.ClosedResourceError, WebSocketClosed):
-            pass  # the peer went away: nothing to report
+            pass  # the peer went away (or failed its TLS handshake): nothing to report
         except* Exception as group:
             log.error("gateway connection failed", exc_info=group)
         finally:
-            self._connections -= 1
+            self._slots.pop(slot, None)
             await trio.aclose_forcefully(stream)
 
-    async def _serve_http(self, stream: trio.SocketStream) -> None:
+    def _set_send_buffer(self, stream: trio.abc.Stream) -> None:
+        if self.limits.send_buffer_bytes is None:
+            return
+        transport = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        if isinstance(transport, trio.SocketStream):
+            transport.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer_bytes)
+
+    async def _serve_http(self, stream: trio.abc.Stream, slot: _Slot) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head_bytes)
         raw = bytearray()  # the first request's bytes, replayed to the WebSocket handshake
         first = True
         while True:
-            with trio.move_on_after(self.limits.idle_timeout_s) as idle:
-                event = await self._next_event(conn, stream, raw if first else None)
-            if idle.cancelled_caught or event is None:
+            # One deadline for the whole request: head and body (and the TLS handshake).
+            with trio.move_on_after(self.limits.request_timeout_s):
+                request = await self._read_request(conn, stream, raw if first else None, slot)
+            if request is None:
+                return  # closed, refused (and answered), or too slow
+            if request.upgrade:
+                await self._websocket(stream, conn, bytes(raw))
                 return
-            if isinstance(event, h11.ConnectionClosed):
-                return
-            if not isinstance(event, h11.Request):
-                return
-            headers = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
-            target = event.target.decode("latin-1")
-            if headers.get("upgrade", "").lower() == "websocket":
-                if first and urlsplit(target).path == "/ws":
-                    await self._websocket(stream, conn, bytes(raw), headers, target)
-                else:
-                    await self._respond(
-                        conn,
-                        stream,
-                        400,
-                        _json_error("bad_request", "upgrade only at /ws, as the first request"),
-                    )
-                return
-            body = await self._read_body(conn, stream)
-            if body is None:
-                await self._respond(
-                    conn, stream, 413, _json_error("too_large", "request body too large")
-                )
-                return
-            status, content_type, payload, extra = await self._route(
-                event.method.decode(), target, headers, body
-            )
-            await self._respond(conn, stream, status, payload, content_type, extra)
+            status, content_type, payload, extra = await self._route(request)
+            with trio.move_on_after(self.limits.request_timeout_s) as writing:
+                await self._respond(conn, stream, status, payload, content_type, extra)
+            if writing.cancelled_caught:
+                return  # it reads nothing
             first = False
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
@@ -223,15 +344,69 @@ class Gateway:
                 conn.start_next_cycle()
             except h11.LocalProtocolError:
                 return
+            slot.state = "idle"
+
+    async def _read_request(
+        self, conn: h11.Connection, stream: trio.abc.Stream, raw: bytearray | None, slot: _Slot
+    ) -> _Incoming | None:
+        """The next request, once its head showed the token and its body is in; None when
+        there is none to serve (what was wrong is answered, and the connection closes).
+
+        The token is checked on the head, before any body is read, and a refused client is
+        closed at once: without the token there is nothing to hold a connection open with."""
+        if raw is not None and isinstance(stream, trio.SSLStream):
+            await stream.do_handshake()
+        event = await self._next_event(conn, stream, raw)
+        if not isinstance(event, h11.Request):
+            return None  # closed, or malformed (answered)
+        headers = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
+        target = event.target.decode("latin-1")
+        parts = urlsplit(target)
+        denied = self._check(headers, parse_qs(parts.query))
+        method = event.method.decode()
+        if denied == "unauthorized" and method == "GET" and parts.path in _PAGE_PATHS:
+            if self._page_cookie_ok(headers):
+                denied = None  # a reload of the page, which dropped the token from its URL
+        if denied is not None:
+            await self._refuse(conn, stream, parts.path, denied)
+            return None
+        slot.state = "busy"
+        if headers.get("upgrade", "").lower() == "websocket":
+            if raw is not None and parts.path == "/ws":
+                return _Incoming(method, target, headers, b"", upgrade=True)
+            message = "upgrade only at /ws, as the first request"
+            await self._respond(conn, stream, 400, _json_error("bad_request", message), close=True)
+            return None
+        body = await self._read_body(conn, stream)
+        if body is None:
+            message = "request body too large"
+            await self._respond(conn, stream, 413, _json_error("too_large", message), close=True)
+            return None
+        return _Incoming(method, target, headers, body)
+
+    async def _refuse(
+        self, conn: h11.Connection, stream: trio.abc.Stream, path: str, denied: str
+    ) -> None:
+        if path in _PAGE_PATHS and denied == "unauthorized":
+            page = _page(
+                "Token needed",
+                "Open the URL that <code>agent-supervisor serve</code> printed"
+                " (it ends in <code>?token=...</code>).",
+            )
+            await self._respond(conn, stream, 401, page, "text/html; charset=utf-8", close=True)
+            return
+        error = _json_error(denied, _DENIED[denied])
+        await self._respond(conn, stream, _HTTP_STATUS[denied], error, close=True)
 
     async def _next_event(
-        self, conn: h11.Connection, stream: trio.SocketStream, raw: bytearray | None
+        self, conn: h11.Connection, stream: trio.abc.Stream, raw: bytearray | None
     ) -> h11.Event | None:
         while True:
             try:
                 event = conn.next_event()
             except h11.RemoteProtocolError:
-                await self._respond(conn, stream, 400, _json_error("bad_request", "malformed HTTP"))
+                error = _json_error("bad_request", "malformed HTTP")
+                await self._respond(conn, stream, 400, error, close=True)
                 return None
             if event is not h11.NEED_DATA:
                 assert not isinstance(event, type)
@@ -239,9 +414,9 @@ class Gateway:
             data = await stream.receive_some(65536)
             if raw is not None and len(raw) <= self.limits.max_head_bytes:
                 raw += data
-            conn.receive_data(data)
+            conn.receive_data(bytes(data) if isinstance(data, bytearray) else data)
 
-    async def _read_body(self, conn: h11.Connection, stream: trio.SocketStream) -> bytes | None:
+    async def _read_body(self, conn: h11.Connection, stream: trio.abc.Stream) -> bytes | None:
         body = bytearray()
         while True:
             event = await self._next_event(conn, stream, None)
@@ -257,11 +432,13 @@ class Gateway:
     async def _respond(
         self,
         conn: h11.Connection,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         status: int,
         body: bytes,
         content_type: str = "application/json",
         extra: list[tuple[str, str]] | None = None,
+        *,
+        close: bool = False,
     ) -> None:
         headers = [
             ("content-type", content_type),
@@ -271,6 +448,8 @@ class Gateway:
             ("referrer-policy", "no-referrer"),
             *(extra or []),
         ]
+        if close:
+            headers.append(("connection", "close"))
         try:
             reason = HTTPStatus(status).phrase.encode() if status in _STATUSES else b""
             data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
@@ -283,33 +462,19 @@ class Gateway:
 
     # -- HTTP routes -----------------------------------------------------------------------------
 
-    async def _route(
-        self, method: str, target: str, headers: dict[str, str], body: bytes
-    ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
-        parts = urlsplit(target)
-        query = parse_qs(parts.query)
-        path = parts.path
-        denied = self._check(headers, query)
-        if denied is not None:
-            if path in ("/", "/index.html") and denied == "unauthorized":
-                page = _page(
-                    "Token needed",
-                    "Open the URL that <code>agent-supervisor serve</code> printed"
-                    " (it ends in <code>?token=...</code>).",
-                )
-                return 401, "text/html; charset=utf-8", page, []
-            return (
-                _HTTP_STATUS[denied],
-                "application/json",
-                _json_error(denied, _DENIED[denied]),
-                [],
-            )
-        if method == "GET" and path in ("/", "/index.html"):
+    async def _route(self, request: _Incoming) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        """An authenticated request's answer: (status, content type, body, extra headers)."""
+        method, body = request.method, request.body
+        path = urlsplit(request.target).path
+        if method == "GET" and path in _PAGE_PATHS:
+            name, key = self._page_cookie
+            secure = "; Secure" if self.ssl_context is not None else ""
+            cookie = f"{name}={key}; Path=/; HttpOnly; SameSite=Strict{secure}"
             return (
                 200,
                 "text/html; charset=utf-8",
                 _static("index.html"),
-                [("content-security-policy", _CSP)],
+                [("content-security-policy", _CSP), ("set-cookie", cookie)],
             )
         if method == "GET" and path == "/v1/sessions":
             return 200, "application/json", _json(self._sessions_result()), []
@@ -323,7 +488,7 @@ class Gateway:
             and segments[4] == "abort"
         ):
             return await self._http_abort(segments[3], body)
-        if path in ("/", "/index.html", "/v1/sessions", "/v1/agents") or path.endswith("/abort"):
+        if path in (*_PAGE_PATHS, "/v1/sessions", "/v1/agents") or path.endswith("/abort"):
             return (
                 405,
                 "application/json",
@@ -340,7 +505,7 @@ class Gateway:
         if body.strip():
             try:
                 payload = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # (a deeply nested body)
                 return 400, "application/json", _json_error("bad_request", "body must be JSON"), []
             if isinstance(payload, dict):
                 if isinstance(payload.get("reason"), str):
@@ -348,6 +513,9 @@ class Gateway:
                 if isinstance(payload.get("task_id"), str):
                     task_id = payload["task_id"]
         try:
+            check_text("'reason'", reason)
+            if task_id is not None:
+                check_text("'task_id'", task_id)
             session = self.supervisor.get(session_id)
             receipt = await session.cancel(turn_id=task_id, reason=reason)
         except SupervisorError as exc:
@@ -384,27 +552,30 @@ class Gateway:
 
     # -- WebSocket -----------------------------------------------------------------------------
 
-    async def _websocket(
-        self,
-        stream: trio.SocketStream,
-        conn: h11.Connection,
-        raw: bytes,
-        headers: dict[str, str],
-        target: str,
-    ) -> None:
-        denied = self._check(headers, parse_qs(urlsplit(target).query))
-        if denied is not None:
-            await self._respond(
-                conn, stream, _HTTP_STATUS[denied], _json_error(denied, _DENIED[denied])
-            )
-            return
+    async def _websocket(self, stream: trio.abc.Stream, conn: h11.Connection, raw: bytes) -> None:
+        """An upgrade request, its token already checked: the handshake, then the client."""
         websocket = ServerWebSocket(stream, max_message_bytes=self.limits.hard_frame_bytes)
         try:
             await websocket.accept(raw)
         except HandshakeFailed as exc:
-            await self._respond(conn, stream, 400, _json_error("bad_request", str(exc)))
+            await self._respond(conn, stream, 400, _json_error("bad_request", str(exc)), close=True)
             return
-        await _Client(self, websocket).run()
+        client = _Client(self, websocket)
+        self._clients.add(client)
+        try:
+            await client.run()
+        finally:
+            self._clients.discard(client)
+
+    async def close_connections(self, timeout: float = 2.0) -> None:
+        """Stop accepting, and tell every WebSocket client goodbye: what is buffered for it is
+        sent, then a close frame (1001, going away). Bounded; what is left after it, the
+        caller cancels."""
+        self.stop_accepting()
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for client in list(self._clients):
+                    nursery.start_soon(client.leave)
 
 
 #: Where each subscription of a connection stood when a response was queued: (session id, its
@@ -429,6 +600,8 @@ class _Client:
         self._drained = trio.lowlevel.ParkingLot()  # the reader waits here for the writer
         self._pending = 0
         self._nursery: trio.Nursery | None = None
+        self._leaving = False  # the server shuts down: send what is buffered, then close
+        self._left = trio.Event()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -443,11 +616,18 @@ class _Client:
             except WebSocketClosed:
                 pass
             finally:
+                self._left.set()
                 # Requests in flight are abandoned, not undone: a cancel goes on in its session.
                 nursery.cancel_scope.cancel()
                 for subscription in self._subscriptions.values():
                     subscription.close()
                 self._subscriptions.clear()
+
+    async def leave(self) -> None:
+        """Send what is buffered (a shutdown's last ``turn.ended``, say), then close."""
+        self._leaving = True
+        self._notify()
+        await self._left.wait()
 
     def _on_frame(self, frame: str | bytes) -> None:
         assert self._nursery is not None
@@ -494,6 +674,10 @@ class _Client:
                 frames = self._collect()
                 if frames:
                     await self.websocket.send_frames(frames)
+                if self._leaving and not self._ready:
+                    await self.websocket.close(CLOSE_GOING_AWAY, "the server is shutting down")
+                    self._left.set()
+                    return
         except WebSocketClosed:
             # Nothing more can be sent: the connection is over (the reader may be waiting for
             # us to drain its answers, so it would not notice by itself).
@@ -576,8 +760,14 @@ class _Client:
         except SupervisorError as exc:
             response = error_response(request.id, exc.code, str(exc))
         except Exception as exc:
-            log.exception("gateway request %r failed", request)
-            response = error_response(request.id, "internal", f"{type(exc).__name__}: {exc}")
+            # The action, the error and the size, never the payload: a prompt may be megabytes,
+            # and it is the user's. The traceback only at debug level.
+            error = _brief(exc)
+            log.error(
+                "gateway request %s failed (%d bytes): %s", request.action, request.size, error
+            )
+            log.debug("gateway request %s failed", request.action, exc_info=True)
+            response = error_response(request.id, "internal", error)
         else:
             if result is None:
                 return  # already answered (subscribe answers before its events)
@@ -692,10 +882,25 @@ def _static(name: str) -> bytes:
     return importlib.resources.files("supervisor.gateway").joinpath("static", name).read_bytes()
 
 
+def _brief(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+#: The web UI's page.
+_PAGE_PATHS: Final = ("/", "/index.html")
+#: Addresses that bind every interface: the URL names loopback (or the first allowed host).
+_WILDCARDS: Final = ("", "0.0.0.0", "::")
+#: ``NAME:PORT`` or ``[V6]:PORT``: a host value that carries its port.
+_PORT: Final = re.compile(r"(?<=[^:]):\d+$|(?<=\]):\d+$")
+
+
 def _url_host(host: str) -> str:
+    if host == "::":
+        return "[::1]"
     if ":" in host and not host.startswith("["):
         return f"[{host}]"
-    if host in ("", "0.0.0.0"):
+    if host in _WILDCARDS:
         return "127.0.0.1"
     return host
 

@@ -28,10 +28,19 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError
 
-__all__ = ["HandshakeFailed", "ServerWebSocket", "WebSocketClosed", "text_frame"]
+__all__ = [
+    "CLOSE_GOING_AWAY",
+    "CLOSE_TOO_BIG",
+    "HandshakeFailed",
+    "ServerWebSocket",
+    "WebSocketClosed",
+    "text_frame",
+]
 
 #: RFC 6455 section 7.4.1: "the message is too big to process".
 CLOSE_TOO_BIG: Final = 1009
+#: RFC 6455 section 7.4.1: "an endpoint is going away, such as a server going down".
+CLOSE_GOING_AWAY: Final = 1001
 _RECEIVE_BYTES: Final = 65536
 
 
@@ -51,6 +60,13 @@ def text_frame(payload: bytes) -> bytes:
     if size < 65536:
         return struct.pack("!BBH", 0x81, 126, size) + payload
     return struct.pack("!BBQ", 0x81, 127, size) + payload
+
+
+def _wire_size(data: str | bytes) -> int:
+    """A fragment's size in bytes (a text fragment's UTF-8 bytes, not its characters)."""
+    if isinstance(data, bytes) or data.isascii():
+        return len(data)
+    return len(data.encode("utf-8", "surrogatepass"))
 
 
 class ServerWebSocket:
@@ -96,13 +112,19 @@ class ServerWebSocket:
         """Send complete frames (from :func:`text_frame`) with one transport write."""
         await self._send(b"".join(frames) if len(frames) > 1 else frames[0], data_frames=True)
 
+    async def close(self, code: int, reason: str = "") -> None:
+        """Start the close handshake; nothing more is sent after it."""
+        data = self._close(code, reason)
+        if data:
+            await self._send(data)
+
     async def _receive(self, data: bytes | bytearray) -> None:
         self._ws.receive_data(bytes(data) if data else None)
         reply = b""
         for event in self._ws.events():
             if isinstance(event, Message):
                 self._parts.append(event.data)
-                self._size += len(event.data)
+                self._size += _wire_size(event.data)
                 if self._size > self._max:
                     reply += self._close(CLOSE_TOO_BIG, "message too big")
                     break
