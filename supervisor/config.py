@@ -108,6 +108,8 @@ class AgentSpec:
     max_memory_mb: float | None = None
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
+    #: the ``[hosts.NAME]`` this agent may run on (``supervisor/remote/``); empty: this machine
+    hosts: tuple[str, ...] = field(default=(), converter=_to_args)
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -192,6 +194,7 @@ _FIELDS = {
     "max_memory_mb",
     "env",
     "cwd",
+    "hosts",
 }
 
 
@@ -281,6 +284,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         raise ConfigError(f"{at}: 'description' must be a string")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{at}: 'cwd' must be a string")
+    hosts = table.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise ConfigError(f"{at}: 'hosts' must be a list of [hosts.NAME] names")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -295,6 +301,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         max_memory_mb=float(max_memory) if max_memory else None,
         env=env,
         cwd=cwd,
+        hosts=hosts,
     )
 
 
