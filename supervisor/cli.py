@@ -14,9 +14,11 @@ from protocols import events as ev
 from supervisor.config import AgentSpec, ConfigError, builtin_agents, load_agents
 from supervisor.containment import ContainmentUnavailable, choose_blocking
 from supervisor.receipt import CancelReceipt
-from supervisor.session import Session, Subscription
+from supervisor.remote.hosts import load_hosts
+from supervisor.remote.node import add_node_parser, main_node
+from supervisor.session import Subscription
 from supervisor.statefile import default_state_dir
-from supervisor.supervisor import open_supervisor
+from supervisor.supervisor import AnySession, open_supervisor
 from supervisor.wire import receipt_to_wire
 
 __all__ = ["main"]
@@ -39,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supervisor.chat import run_chat
 
             return trio.run(run_chat, args.agent, args.url, args.config)
+        elif args.command == "node":
+            return main_node(args)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
             for spec in agents.values():
@@ -82,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
     return parser
@@ -170,7 +175,7 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
 
 
 async def _prompt_and_stop(
-    session: Session, printer: _Printer, text: str, words_before_stop: int
+    session: AnySession, printer: _Printer, text: str, words_before_stop: int
 ) -> CancelReceipt:
     async with session.subscribe() as events, trio.open_nursery() as nursery:
         nursery.start_soon(printer.follow, events)
@@ -197,6 +202,7 @@ async def run_serve(config: str | None, host: str, port: int, token: str | None)
     from supervisor.gateway import Gateway, is_loopback
 
     agents = load_agents(config) if config else builtin_agents()
+    hosts = load_hosts(config) if config else None
     print(f"agent-supervisor: containment: {_containment_line()}", file=sys.stderr, flush=True)
     if not is_loopback(host):
         print(
@@ -207,7 +213,9 @@ async def run_serve(config: str | None, host: str, port: int, token: str | None)
             flush=True,
         )
     async with (
-        open_supervisor(agents=agents, state_dir=default_state_dir(), gc_policy=True) as supervisor,
+        open_supervisor(
+            agents=agents, state_dir=default_state_dir(), gc_policy=True, hosts=hosts
+        ) as supervisor,
         trio.open_nursery() as nursery,
     ):
         gateway = Gateway(supervisor, token=token, host=host, port=port)

@@ -29,10 +29,16 @@ from supervisor.http_link import HttpLink  # noqa: F401  (registers the "http" t
 from supervisor.ingest import IngestGate
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
+from supervisor.remote.front import RemoteHosts
+from supervisor.remote.hosts import HostSpec, check_agent_hosts
+from supervisor.remote.session import RemoteSession
 from supervisor.session import Session, SessionSummary
 from supervisor.statefile import StateFile, sweep_orphans
 
-__all__ = ["Supervisor", "apply_gc_policy", "open_supervisor"]
+__all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
+
+#: A session here, or on a ``[hosts.NAME]`` (``supervisor/remote/``): the same API.
+AnySession = Session | RemoteSession
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +85,15 @@ class Supervisor:
         *,
         agents: Mapping[str, AgentSpec] | None = None,
         launcher: Launcher = launch_process,
+        hosts: Mapping[str, HostSpec] | None = None,
     ) -> None:
         self._nursery = nursery
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
         self._launcher = launcher
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, AnySession] = {}
+        check_agent_hosts(self.agents, hosts or {})
+        #: the remote hosts and the links to their nodes
+        self.remote = RemoteHosts(nursery, hosts or {})
         self._ids = count(1)
         self._closing = False
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
@@ -96,15 +106,24 @@ class Supervisor:
         *,
         cwd: str | os.PathLike[str] | None = None,
         wait_ready: bool = True,
-    ) -> Session:
+        host: str | None = None,
+    ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
+        An agent with ``hosts`` runs on one of them (``host``, or the one with the most room):
+        its session is a :class:`~supervisor.remote.session.RemoteSession`, the same API.
         Raises :class:`supervisor.errors.AgentNotRunning` (with the agent's own words) when the
         agent cannot start, and :class:`BadRequest` for an unknown agent name.
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
         spec = self._resolve(agent)
+        if host is not None or spec.hosts:
+            remote = await self.remote.start_session(
+                spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
+            )
+            self._sessions[remote.id] = remote
+            return remote
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
@@ -135,7 +154,7 @@ class Supervisor:
             # One broken session must not take the others down with it.
             log.exception("session %s crashed", session.id)
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> AnySession:
         try:
             return self._sessions[session_id]
         except KeyError:
@@ -158,9 +177,10 @@ class Supervisor:
                 async with trio.open_nursery() as nursery:
                     for session in list(self._sessions.values()):
                         nursery.start_soon(self._stop_quietly, session)
+            await self.remote.aclose()
         self._nursery.cancel_scope.cancel()
 
-    async def _stop_quietly(self, session: Session) -> None:
+    async def _stop_quietly(self, session: AnySession) -> None:
         try:
             await session.stop()
         except Exception:  # already stopped or failed: its actor still kills the tree on exit
@@ -176,6 +196,7 @@ async def open_supervisor(
     state_dir: str | os.PathLike[str] | None = None,
     gc_policy: bool = False,
     containment: str | None = None,
+    hosts: Mapping[str, HostSpec] | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -184,6 +205,7 @@ async def open_supervisor(
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
+    ``hosts``: the ``[hosts.NAME]`` its agents may run on (a ``config`` file's are read too).
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -207,13 +229,15 @@ async def open_supervisor(
         launcher = ProcessLauncher(state, containment=chosen)
     if config is not None:
         from supervisor.config import load_agents
+        from supervisor.remote.hosts import load_hosts
 
         if agents is not None:
             raise ConfigError("give agents or config, not both")
         agents = load_agents(config)
+        hosts = {**load_hosts(config), **(hosts or {})}
     try:
         async with trio.open_nursery() as nursery:
-            supervisor = Supervisor(nursery, agents=agents, launcher=launcher)
+            supervisor = Supervisor(nursery, agents=agents, launcher=launcher, hosts=hosts)
             try:
                 yield supervisor
             finally:
