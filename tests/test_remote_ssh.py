@@ -1,0 +1,279 @@
+"""Sessions on another host over real SSH: a real ``sshd`` on 127.0.0.1, a throwaway user.
+
+The "host" is this machine seen through ``ssh user@127.0.0.1``: the node runs as the user
+(``tests/sshd.py``), so what is left running "on the host" is what that user runs, and the
+tree a kill must end is visible here with psutil. Real processes, the real clock, generous
+bounds; waits are on events (or process exits), never on sleeps. Each test gets a node of its
+own (its own ``state_dir`` on the host); whatever the user still runs after a test is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from protocols import events as ev
+from sshd import SshHost, start_ssh_host
+from supervisor import AgentSpec, open_supervisor
+from supervisor.remote import HostSpec, RemoteSession
+from supervisor.supervisor import Supervisor
+
+pytestmark = pytest.mark.real_process
+
+BOUND = 60.0  # generous: a stuck test fails instead of hanging the suite
+GRACE = 1.0
+
+
+@pytest.fixture(scope="module")
+def ssh_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
+    yield from start_ssh_host(tmp_path_factory.mktemp("sshd"))
+
+
+@pytest.fixture
+def host(ssh_host: SshHost, request: pytest.FixtureRequest) -> Iterator[SshHost]:
+    """The SSH host, with nothing of the user's running before or after the test."""
+    _kill_all(ssh_host)
+    yield ssh_host
+    _kill_all(ssh_host)
+
+
+def _kill_all(host: SshHost) -> None:
+    left = host.processes()
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
+def host_spec(host: SshHost, name: str = "h", **changes: Any) -> HostSpec:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "test").split(":")[-1].split(" ")[0]
+    fields: dict[str, Any] = {
+        "name": name,
+        "transport": host.transport,
+        "command": host.node_command(),
+        "detach_s": 30.0,
+        "state_dir": str(host.home / "nodes" / test),
+        **changes,
+    }
+    return HostSpec(**fields)
+
+
+def demo_on(
+    host: SshHost, *args: str, hosts: tuple[str, ...] = ("h",), **changes: Any
+) -> AgentSpec:
+    """The demo agent, run on the host by the host's Python."""
+    spec = AgentSpec(
+        name="demo",
+        protocol="acp",
+        command=(
+            host.python,
+            "-m",
+            "supervisor.demo_agent",
+            "--delay",
+            "0.02",
+            "--state-dir",
+            str(host.home / "demo-state"),
+            *args,
+        ),
+        grace_s=GRACE,
+        kill_timeout_s=0.5,
+        hosts=hosts,
+    )
+    return spec.with_options(**changes)
+
+
+@asynccontextmanager
+async def remote_session(
+    host: SshHost, spec: AgentSpec, hosts: dict[str, HostSpec]
+) -> AsyncIterator[tuple[Supervisor, RemoteSession, Recorder]]:
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={spec.name: spec}, hosts=hosts) as sup:
+            session = await sup.start_session(spec.name)
+            assert isinstance(session, RemoteSession)
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield sup, session, recorder
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def node_pid(session: RemoteSession) -> int:
+    conn = session.link._conn
+    assert conn is not None
+    return conn.hello.pid
+
+
+def only_the_node_is_left(host: SshHost, node: int) -> None:
+    """Every process the user runs is the node (the session's tree is gone), within a bound."""
+    others = [p for p in host.processes() if p.pid != node]
+    _, alive = psutil.wait_procs(others, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [_describe(p) for p in alive]
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid}: {' '.join(process.cmdline())}"
+    except psutil.Error:
+        return str(process.pid)
+
+
+async def test_stream_and_cancel_on_the_host(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (sup, session, rec):
+        assert session.host == "h" and session.id == f"{session.node_id}@h"
+        assert [s.host for s in sup.list()] == ["h"]
+        turn = await session.prompt("hello words=400")
+        await rec.wait_for(is_delta, count=3)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        assert receipt.escalation == ["interrupt"]
+        assert (receipt.host, receipt.session_id) == ("h", session.id)
+        assert receipt.elapsed_ms < GRACE * 1000
+        # terminate-then-respond, across the link: the turn's end was published first
+        ended = [e for e in session._fanout.history if b'"turn.ended"' in e]
+        assert len(ended) == 1 and b'"host":"h"' in ended[0]
+        await rec.catch_up()
+        [turn_ended] = rec.of_kind("turn.ended")
+        assert isinstance(turn_ended, ev.TurnEnded) and turn_ended.receipt is not None
+        assert turn_ended.receipt["host"] == "h" and turn_ended.receipt["session_id"] == session.id
+        # the session goes on
+        again = await session.prompt("again words=3")
+        done = await rec.wait_kind("turn.ended", turn_id=again.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        node = node_pid(session)
+    # Leaving the supervisor stopped the session on the host: only the node is left there.
+    only_the_node_is_left(host, node)
+
+
+async def test_wedged_agent_killed_on_the_host_with_its_setsid_grandchild(host: SshHost) -> None:
+    spec = demo_on(host, "--ignore-cancel")
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        await session.prompt("grandchildren words=10000")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        pids = tool.raw["rawOutput"]["pids"]
+        setsid = tool.raw["rawOutput"]["setsidGrandchild"]
+        leaked = [psutil.Process(pid) for pid in pids]
+        assert all(p.uids().real == host.uid for p in leaked)  # they run on the "host"
+        assert os.getsid(setsid) == setsid  # in a session of its own
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed", receipt
+        assert receipt.host == "h"
+        assert receipt.escalation[:2] == ["interrupt", "grace_expired"], receipt.escalation
+        assert "respawned" in receipt.escalation and receipt.resumed is True
+        assert receipt.survivors == []
+        _, alive = psutil.wait_procs(leaked, timeout=5)
+        assert alive == [], alive
+        again = await session.prompt("again words=3")
+        done = await rec.wait_kind("turn.ended", turn_id=again.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+async def test_ssh_client_killed_mid_turn_events_resume_without_gap(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        turn = await session.prompt("long words=2000")
+        await rec.wait_for(is_delta, count=5)
+        transport = session.link.process
+        assert transport is not None and session.link.connects == 1
+        transport.send_signal(signal.SIGKILL)
+        seen = len(rec.of_kind("message.delta"))
+        # Deltas come again only once the link is back and resubscribed from its last seq.
+        await rec.wait_for(is_delta, count=seen + 20)
+        assert session.link.connects == 2
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        await rec.catch_up()
+        # check_invariants (on the way out): seq contiguous from 1, one turn.ended per turn
+        deltas = [e for e in rec.events if isinstance(e, ev.MessageDelta)]
+        assert len(deltas) == len({e.seq for e in deltas})
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+async def test_nobody_reconnects_within_detach_s_nothing_is_left(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A front (``serve``, over the wire) dies mid-turn: its link drops, nobody drives the
+    node, and after ``detach_s`` the node has stopped the session, its tree, and itself."""
+    from supervisor.client import connect
+
+    detach = 2.0
+    spec_host = host_spec(host, detach_s=detach)
+    config = tmp_path / "agents.toml"
+    command = ", ".join(f'"{w}"' for w in demo_on(host).command)
+    config.write_text(
+        f"""
+[hosts.h]
+transport = [{", ".join(f'"{w}"' for w in host.transport)}]
+command = [{", ".join(f'"{w}"' for w in host.node_command())}]
+detach_s = {detach}
+state_dir = "{spec_host.state_dir}"
+
+[agents.remote-demo]
+protocol = "acp"
+command = [{command}]
+hosts = ["h"]
+"""
+    )
+    env = {**os.environ, "AGENT_SUPERVISOR_STATE_DIR": str(tmp_path / "state")}
+    serve = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "supervisor.cli", "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert serve.stdout is not None
+        with trio.fail_after(BOUND):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await serve.stdout.receive_some(1)
+            url = line.decode().split()[1]
+            async with connect(url) as client:
+                started = await client.start_session("remote-demo")
+                assert started["host"] == "h" and started["session_id"].endswith("@h")
+                sid = started["session_id"]
+                [listed] = await client.sessions()
+                assert listed["host"] == "h"
+                async with client.subscribe(sid, since_seq=0) as events:
+                    await client.prompt(sid, "long words=10000")
+                    async for event in events:
+                        assert event["host"] == "h" and event["session_id"] == sid
+                        if event["event"] == "message.delta":
+                            break
+                # The host runs the node and the agent's tree now.
+                on_host = host.processes()
+                assert len(on_host) >= 3, [_describe(p) for p in on_host]
+                serve.send_signal(signal.SIGKILL)
+        # Nobody drives the node any more: within detach_s (and its ladder), it has stopped
+        # the session, killed the tree and exited.
+        gone, alive = psutil.wait_procs(on_host, timeout=detach + 20)
+        assert alive == [], [_describe(p) for p in alive]
+        assert host.processes() == []
+    finally:
+        if serve.returncode is None:
+            serve.kill()
+        with trio.move_on_after(5):
+            await serve.wait()
