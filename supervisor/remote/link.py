@@ -27,7 +27,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, wrap_client_stream
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
 
 from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost
@@ -54,6 +59,16 @@ RECONNECT_MAX_S: Final = 2.0
 DETACH_MARGIN_S: Final = 5.0
 #: Bounds the transport's exit after its stdout closed, and its kill.
 _EXIT_BOUND_S: Final = 2.0
+#: A link is pinged (a WebSocket ping, answered by the node's gateway) this often, and is
+#: dead when the pong is this late: a partition that leaves the TCP connection open (the
+#: network gone, a peer suspended) is noticed within twice this, then the link reconnects.
+#: SSH's own ServerAliveInterval is off by default.
+KEEPALIVE_S: Final = 10.0
+#: While a request that must not wait for the keepalive (a cancel) waits for its answer, the
+#: link is pinged this often and is dead when a pong is this late. A node answers a ping
+#: whatever its sessions do; a round trip over SSH on a LAN is ~1 ms, over a slow VPN ~300 ms.
+WATCH_INTERVAL_S: Final = 0.5
+WATCH_TIMEOUT_S: Final = 2.0
 
 
 class Connection:
@@ -68,10 +83,16 @@ class Connection:
         self.ready = trio.Event()
         self._ids = itertools.count(1)
         self._waiting: dict[str, Reply[dict[str, Any]]] = {}
+        #: the connection's own tasks (its reader, its keepalive, a request's watch)
+        self.nursery: trio.Nursery | None = None
 
-    async def request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def request(
+        self, action: str, payload: dict[str, Any], *, watch: bool = False
+    ) -> dict[str, Any]:
         """One request; its ``result``, or raises the node's error (:class:`NodeError`), or
-        :class:`LinkLost` when the connection ends before the answer."""
+        :class:`LinkLost` when the connection ends before the answer. ``watch``: ping the node
+        while waiting (``WATCH_INTERVAL_S``), and give the connection up (closed, LinkLost)
+        when a pong is later than ``WATCH_TIMEOUT_S``."""
         if self.closed.is_set():
             raise LinkLost("the link to the node is down")
         request_id = f"f{next(self._ids)}"
@@ -79,13 +100,18 @@ class Connection:
         self._waiting[request_id] = reply
         try:
             message = {"id": request_id, "action": action, "payload": payload}
+            if watch and self.nursery is not None:
+                self.nursery.start_soon(self._watch, WATCH_INTERVAL_S, WATCH_TIMEOUT_S, reply)
             try:
                 await self.websocket.send_message(json.dumps(message))
             except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                self.close()
                 raise LinkLost("the link to the node dropped") from None
             response = await reply.wait()
         finally:
             self._waiting.pop(request_id, None)
+            if not reply.done:
+                reply.fail(LinkLost("abandoned"))  # (ends its watch)
         if not response.get("ok"):
             error = response.get("error") or {}
             raise node_error(str(error.get("code")), str(error.get("message")))
@@ -110,6 +136,29 @@ class Connection:
             pass
         finally:
             self.close()
+
+    async def keepalive(self) -> None:
+        await self._watch(KEEPALIVE_S, KEEPALIVE_S)
+
+    async def _watch(
+        self, interval: float, timeout: float, reply: Reply[dict[str, Any]] | None = None
+    ) -> None:
+        """Ping every ``interval`` (until ``reply`` is answered); a pong later than
+        ``timeout`` closes the connection."""
+        while not self.closed.is_set() and (reply is None or not reply.done):
+            with trio.move_on_after(timeout) as late:
+                try:
+                    await self.websocket.ping()
+                except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.close()
+                    return
+            if late.cancelled_caught:
+                log.warning(
+                    "node pid %d: no pong in %g s: the link is given up", self.hello.pid, timeout
+                )
+                self.close()
+                return
+            await trio.sleep(interval)  # the next ping's time, not a wait for state
 
     def close(self) -> None:
         self.closed.set()
@@ -155,6 +204,7 @@ class NodeLink:
         self._closing = False
         #: the node we talk to (a new one means the old one and its sessions are gone)
         self.instance: str | None = None
+        self.node_pid: int | None = None
         self.last_error: HostUnreachable | None = None
         #: connections opened so far (the first, then one per reconnect)
         self.connects = 0
@@ -206,6 +256,7 @@ class NodeLink:
         if self.instance is not None and conn.hello.instance != self.instance:
             self._node_replaced(conn.hello)
         self.instance = conn.hello.instance
+        self.node_pid = conn.hello.pid
         self._conn = conn
         self.connects += 1
         self._poke()
@@ -274,8 +325,8 @@ class NodeLink:
 
     def _node_replaced(self, hello: Hello) -> None:
         self._fail_all(
-            f"the node on {self.host.name} was restarted (now pid {hello.pid}): the sessions of"
-            " the node before it are gone"
+            f"the node on {self.host.name} (pid {self.node_pid}) is gone, and its sessions with"
+            f" it (their trees die with their node); a new node (pid {hello.pid}) answers now"
         )
 
     def _fail_all(self, cause: str) -> None:
@@ -324,45 +375,65 @@ class NodeLink:
         assert process.stderr is not None
         tail = _Tail()
         conn: Connection | None = None
+        failure: HostUnreachable | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(tail.pump, process.stderr)
-                with trio.move_on_at(deadline) as bound:
-                    hello, rest = await _read_hello(process.stdout)
-                    if hello is not None:
-                        _check_version(self.host.name, hello)
-                        stream = _ProcessStream(process, rest)
-                        websocket = await wrap_client_stream(
-                            nursery,
-                            cast(trio.SocketStream, stream),
-                            f"127.0.0.1:{hello.port}",
-                            f"/ws?token={hello.token}",
-                            max_message_size=MAX_MESSAGE_BYTES,
-                        )
-                if bound.cancelled_caught:
-                    raise HostUnreachable(
-                        self.host.name,
-                        "timeout",
-                        f"no answer from the node in {self.host.connect_timeout_s:g} s"
-                        f" ({' '.join(argv)}){_said(tail.text())}",
-                    )
-                if hello is None:
-                    with trio.move_on_after(_EXIT_BOUND_S):
-                        await process.wait()
-                        await tail.done.wait()
-                    raise classify_transport_failure(
-                        self.host.name, process.returncode, tail.text(), argv
-                    )
-                conn = Connection(websocket, hello, process)
-                nursery.start_soon(conn.read, self._on_event)
-                task_status.started(conn)
-                await conn.closed.wait()
-                nursery.cancel_scope.cancel()
+                try:
+                    websocket, hello = await self._handshake(nursery, process, tail, deadline)
+                except HostUnreachable as exc:  # (raised below: not from a nursery's body)
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+                else:
+                    conn = Connection(websocket, hello, process)
+                    conn.nursery = nursery
+                    nursery.start_soon(conn.read, self._on_event)
+                    nursery.start_soon(conn.keepalive)
+                    task_status.started(conn)
+                    await conn.closed.wait()
+                    nursery.cancel_scope.cancel()
         finally:
             if conn is not None:
                 conn.close()
             with trio.CancelScope(shield=True):
                 await _end_process(process)
+        if failure is not None:
+            raise failure
+
+    async def _handshake(
+        self, nursery: trio.Nursery, process: trio.Process, tail: _Tail, deadline: float
+    ) -> tuple[WebSocketConnection, Hello]:
+        """The bridge's hello, the version check, then the WebSocket over the process."""
+        assert process.stdout is not None
+        argv = self.host.bridge_argv()
+        name = self.host.name
+        with trio.move_on_at(deadline):
+            hello, rest = await _read_hello(process.stdout)
+            if hello is None:
+                with trio.move_on_after(_EXIT_BOUND_S):
+                    await process.wait()
+                    await tail.done.wait()
+                raise classify_transport_failure(name, process.returncode, tail.text(), argv)
+            _check_version(name, hello)
+            try:
+                websocket = await wrap_client_stream(
+                    nursery,
+                    cast(trio.SocketStream, _ProcessStream(process, rest)),
+                    f"127.0.0.1:{hello.port}",
+                    f"/ws?token={hello.token}",
+                    max_message_size=MAX_MESSAGE_BYTES,
+                )
+            except (HandshakeError, ConnectionClosed) as exc:
+                raise HostUnreachable(
+                    name, "node_failed", f"the node refused the WebSocket: {exc!r}"
+                ) from None
+            return websocket, hello
+        raise HostUnreachable(
+            name,
+            "timeout",
+            f"no answer from the node in {self.host.connect_timeout_s:g} s"
+            f" ({' '.join(argv)}){_said(tail.text())}",
+        )
 
 
 def _check_version(host: str, hello: Hello) -> None:

@@ -123,7 +123,9 @@ class RemoteSession:
             attempts += 1
             try:
                 conn = await self.link.connection(deadline=give_up)
-                result = await conn.request("agent.cancel", {"session_id": self.node_id, **payload})
+                result = await conn.request(
+                    "agent.cancel", {"session_id": self.node_id, **payload}, watch=True
+                )
             except LinkLost:
                 if target is not None:
                     payload["task_id"] = target  # never a newer turn than the one we meant
