@@ -45,6 +45,13 @@ class SshHost:
     python: str
     #: ``["ssh", ..., "user@127.0.0.1", "--"]``: runs a command on the host as the user
     transport: list[str]
+    #: the listening sshd (a test stops it to make the host unreachable)
+    sshd_pid: int
+    directory: Path
+
+    def with_option(self, option: str) -> list[str]:
+        """The transport with one more ``-o`` option (it wins over the ones after it)."""
+        return [self.transport[0], "-o", option, *self.transport[1:]]
 
     def node_command(self) -> list[str]:
         """agent-supervisor on the host: this checkout's, by absolute path."""
@@ -190,6 +197,8 @@ def start_ssh_host(directory: Path) -> Iterator[SshHost]:
             known_hosts=known_hosts,
             python=sys.executable,
             transport=transport,
+            sshd_pid=sshd.pid,
+            directory=directory,
         )
         _wait_for_login(host, sshd, directory)
         yield attrs.evolve(host, python=_python_for(host))

@@ -26,7 +26,8 @@ from helpers import Recorder
 from protocols import events as ev
 from sshd import SshHost, start_ssh_host
 from supervisor import AgentSpec, open_supervisor
-from supervisor.remote import HostSpec, RemoteSession
+from supervisor.errors import AgentNotRunning
+from supervisor.remote import HostSpec, HostUnreachable, RemoteSession
 from supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.real_process
@@ -252,7 +253,7 @@ hosts = ["h"]
                 line += await serve.stdout.receive_some(1)
             url = line.decode().split()[1]
             async with connect(url) as client:
-                started = await client.start_session("remote-demo")
+                started = await client.start_session("remote-demo", host="h")
                 assert started["host"] == "h" and started["session_id"].endswith("@h")
                 sid = started["session_id"]
                 [listed] = await client.sessions()
@@ -277,3 +278,94 @@ hosts = ["h"]
             serve.kill()
         with trio.move_on_after(5):
             await serve.wait()
+
+
+async def test_partition_during_a_cancel_gives_an_honest_receipt(host: SshHost) -> None:
+    """The link freezes (the ssh client stopped) and no new one can be made (sshd stopped):
+    the cancel keeps trying within the node's ladder, then says the host was unreachable,
+    never ``killed``. Once the host is back the link resubscribes, the stream goes on with no
+    gap, and a cancel stops the turn."""
+    spec = demo_on(host)
+    hosts = {"h": host_spec(host, connect_timeout_s=3.0)}
+    async with remote_session(host, spec, hosts) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        transport = session.link.process
+        assert transport is not None
+        os.kill(host.sshd_pid, signal.SIGSTOP)
+        try:
+            transport.send_signal(signal.SIGSTOP)
+            receipt = await session.cancel()
+        finally:
+            os.kill(host.sshd_pid, signal.SIGCONT)
+        assert receipt.outcome == "unreachable", receipt
+        assert (receipt.host, receipt.turn_id, receipt.escalation) == ("h", turn.id, [])
+        assert receipt.details["cause"] == "timeout", receipt.details
+        assert "unreachable" in receipt.summary()
+        # The host is back: the link reconnects by itself, and the turn went on there.
+        seen = len(rec.of_kind("message.delta"))
+        await rec.wait_for(is_delta, count=seen + 5)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+async def test_a_killed_node_fails_its_sessions_with_the_cause(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        node = psutil.Process(node_pid(session))
+        agents = [p for p in node.children(recursive=True)]
+        assert agents, "the node runs the agent's tree"
+        node.kill()
+        failed = await rec.wait_kind("session.state", state="failed")
+        assert isinstance(failed, ev.SessionState) and failed.detail is not None
+        assert f"pid {node.pid}) is gone" in failed.detail, failed.detail
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        assert session.state == "failed"
+        with pytest.raises(AgentNotRunning, match="is gone"):
+            await session.prompt("anyone there?")
+        # The tree died with its node (the shim's lifeline): only the new node is left.
+        _, alive = psutil.wait_procs(agents, timeout=10)
+        assert alive == [], [_describe(p) for p in alive]
+        new_node = session.link.node_pid
+        assert new_node is not None and new_node != node.pid
+    only_the_node_is_left(host, new_node)
+
+
+def _other_key(directory: Path, name: str) -> Path:
+    path = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
+    return path
+
+
+@pytest.mark.parametrize("case", ["host_key_mismatch", "auth_refused", "not_installed"])
+async def test_errors_name_their_cause(host: SshHost, tmp_path: Path, case: str) -> None:
+    transport = list(host.transport)
+    command = host.node_command()
+    if case == "host_key_mismatch":
+        impostor = _other_key(tmp_path, "impostor").with_suffix(".pub").read_text()
+        known = tmp_path / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{host.port} {impostor}")
+        transport = host.with_option(f"UserKnownHostsFile={known}")
+    elif case == "auth_refused":
+        stranger = _other_key(tmp_path, "stranger")
+        transport = [str(stranger) if w == str(host.key) else w for w in transport]
+    else:
+        command = ["/opt/nowhere/agent-supervisor"]
+    hosts = {"h": host_spec(host, transport=transport, command=command)}
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": demo_on(host)}, hosts=hosts) as sup:
+            with pytest.raises(HostUnreachable) as raised:
+                await sup.start_session("demo")
+    assert raised.value.cause == case, raised.value
+    assert raised.value.code == "host_unreachable"
+    words = {
+        "host_key_mismatch": "Host key verification failed",
+        "auth_refused": "Permission denied",
+        "not_installed": "not installed",
+    }
+    assert words[case] in str(raised.value), raised.value
