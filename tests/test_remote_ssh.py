@@ -27,7 +27,7 @@ from protocols import events as ev
 from sshd import SshHost, start_ssh_host
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
-from supervisor.remote import HostSpec, HostUnreachable, RemoteSession
+from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
 from supervisor.supervisor import Supervisor
 
 pytestmark = pytest.mark.real_process
@@ -369,3 +369,25 @@ async def test_errors_name_their_cause(host: SshHost, tmp_path: Path, case: str)
         "not_installed": "not installed",
     }
     assert words[case] in str(raised.value), raised.value
+
+
+async def test_two_hosts_placement_by_room_then_capacity(host: SshHost) -> None:
+    """Two hosts (two nodes of the one sshd, each in its own directory): sessions go where
+    there is room, and the third gets ``capacity``."""
+    hosts = {
+        "h1": host_spec(host, "h1", max_sessions=1, state_dir=str(host.home / "nodes" / "h1")),
+        "h2": host_spec(host, "h2", max_sessions=1, state_dir=str(host.home / "nodes" / "h2")),
+    }
+    spec = demo_on(host, hosts=("h1", "h2"))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
+            first = await sup.start_session("demo")
+            second = await sup.start_session("demo")
+            assert {first.host, second.host} == {"h1", "h2"}
+            assert isinstance(first, RemoteSession) and isinstance(second, RemoteSession)
+            assert node_pid(first) != node_pid(second)
+            with pytest.raises(HostCapacity, match="every host"):
+                await sup.start_session("demo")
+            await sup.stop_session(first.id)
+            third = await sup.start_session("demo")
+            assert third.host == first.host
