@@ -31,6 +31,7 @@ from supervisor.link import Launcher
 from supervisor.process import ExitStatus
 from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
+from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 from supervisor.session import Session, SessionSummary
 from supervisor.statefile import StateFile, sweep_orphans
@@ -86,6 +87,7 @@ class Supervisor:
         agents: Mapping[str, AgentSpec] | None = None,
         launcher: Launcher = launch_process,
         hosts: Mapping[str, HostSpec] | None = None,
+        remote_record: RemoteRecord | None = None,
     ) -> None:
         self._nursery = nursery
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
@@ -93,7 +95,11 @@ class Supervisor:
         self._sessions: dict[str, AnySession] = {}
         check_agent_hosts(self.agents, hosts or {})
         #: the remote hosts and the links to their nodes
-        self.remote = RemoteHosts(nursery, hosts or {})
+        self.remote = RemoteHosts(nursery, hosts or {}, remote_record)
+        if remote_record is not None:
+            # Sessions a crashed front left on their hosts: ours again, same ids.
+            for session in self.remote.recover(remote_record.adopt(), self.agents):
+                self._sessions[session.id] = session
         self._ids = count(1)
         self._closing = False
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
@@ -235,9 +241,12 @@ async def open_supervisor(
             raise ConfigError("give agents or config, not both")
         agents = load_agents(config)
         hosts = {**load_hosts(config), **(hosts or {})}
+    record = RemoteRecord(Path(state_dir)) if state_dir is not None and hosts else None
     try:
         async with trio.open_nursery() as nursery:
-            supervisor = Supervisor(nursery, agents=agents, launcher=launcher, hosts=hosts)
+            supervisor = Supervisor(
+                nursery, agents=agents, launcher=launcher, hosts=hosts, remote_record=record
+            )
             try:
                 yield supervisor
             finally:

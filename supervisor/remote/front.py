@@ -22,6 +22,7 @@ from supervisor.remote.errors import HostCapacity
 from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.remote.link import NodeLink
+from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 
 __all__ = ["RemoteHosts"]
@@ -30,9 +31,16 @@ log = logging.getLogger(__name__)
 
 
 class RemoteHosts:
-    def __init__(self, nursery: trio.Nursery, hosts: Mapping[str, HostSpec]) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        hosts: Mapping[str, HostSpec],
+        record: RemoteRecord | None = None,
+    ) -> None:
         self._nursery = nursery
         self.hosts = dict(hosts)
+        #: where this front keeps its remote sessions for the one after a crash
+        self.record = record
         self._links: dict[str, NodeLink] = {}
         self._starting: dict[str, int] = {}  # sessions being placed, not yet started
 
@@ -40,8 +48,14 @@ class RemoteHosts:
         """The link to ``host`` (made on first use; it connects on its first request)."""
         link = self._links.get(host)
         if link is None:
-            link = self._links[host] = NodeLink(self.hosts[host], self._nursery)
+            link = self._links[host] = NodeLink(
+                self.hosts[host], self._nursery, on_forget=self._forgotten
+            )
         return link
+
+    def _forgotten(self, session: RemoteSession) -> None:
+        if self.record is not None:
+            self.record.remove(session.id)
 
     def sessions_on(self, host: str) -> int:
         link = self._links.get(host)
@@ -102,14 +116,62 @@ class RemoteHosts:
                 state=str(result.get("state", "ready")),
             )
             link.sessions[session.node_id] = session
+            if self.record is not None:
+                self.record.add(session.record())
             await session._subscribe_on(conn)
             return session
         finally:
             self._starting[name] -= 1
 
+    def recover(
+        self, entries: list[dict[str, object]], agents: Mapping[str, AgentSpec]
+    ) -> list[RemoteSession]:
+        """Sessions a crashed front left on their hosts (its record's ``entries``), taken
+        back: each host is reached in the background and every session resubscribed from
+        seq 0 (the node's history rebuilds ours). Entries naming a host or an agent this
+        front does not have are dropped (their node stops them after its ``detach_s``)."""
+        sessions: list[RemoteSession] = []
+        per_link: dict[str, tuple[object, object]] = {}
+        for entry in entries:
+            host, agent = entry.get("host"), entry.get("agent")
+            if not isinstance(host, str) or host not in self.hosts:
+                log.warning("not recovering %s: host %r is not configured", entry, host)
+                self._drop(entry)
+                continue
+            spec = agents.get(agent) if isinstance(agent, str) else None
+            if spec is None:
+                log.warning("not recovering %s: agent %r is not configured", entry, agent)
+                self._drop(entry)
+                continue
+            link = self.link(host)
+            cwd = entry.get("cwd")
+            session = RemoteSession(
+                link,
+                node_id=str(entry.get("node_id")),
+                spec=spec,
+                cwd=cwd if isinstance(cwd, str) else None,
+                state="starting",
+            )
+            session._recovering()
+            link.sessions[session.node_id] = session
+            per_link[host] = (entry.get("instance"), entry.get("node_pid"))
+            sessions.append(session)
+        for host, (instance, pid) in per_link.items():
+            self.link(host).recover(
+                instance if isinstance(instance, str) else None,
+                pid if isinstance(pid, int) else None,
+            )
+        return sessions
+
+    def _drop(self, entry: dict[str, object]) -> None:
+        if self.record is not None:
+            self.record.remove(str(entry.get("session_id")))
+
     async def aclose(self) -> None:
         for link in self._links.values():
             await link.aclose()
+        if self.record is not None:
+            self.record.close()
 
 
 def _is_builtin(spec: AgentSpec) -> bool:

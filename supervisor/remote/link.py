@@ -192,9 +192,15 @@ def node_error(code: str, message: str) -> SupervisorError:
 class NodeLink:
     """The front's link to one host's node (see the module docstring)."""
 
-    def __init__(self, host: HostSpec, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        host: HostSpec,
+        nursery: trio.Nursery,
+        on_forget: Callable[[RemoteSession], None] | None = None,
+    ) -> None:
         self.host = host
         self._nursery = nursery
+        self._on_forget = on_forget
         #: the sessions this front placed on the host, by the node's session id
         self.sessions: dict[str, RemoteSession] = {}
         self._conn: Connection | None = None
@@ -261,9 +267,14 @@ class NodeLink:
         self.connects += 1
         self._poke()
 
-    async def _maintain(self, conn: Connection) -> None:
-        """Reconnect whenever the connection drops, while sessions live on the host."""
+    async def _maintain(self, conn: Connection | None) -> None:
+        """Reconnect whenever the connection drops, while sessions live on the host (None:
+        connect first, for sessions being recovered)."""
         try:
+            if conn is None:
+                conn = await self._reconnect()
+                if conn is None:
+                    return
             while True:
                 await conn.closed.wait()
                 self._poke()
@@ -336,6 +347,18 @@ class NodeLink:
     def forget(self, session: RemoteSession) -> None:
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
+            if self._on_forget is not None:
+                self._on_forget(session)
+
+    def recover(self, instance: str | None, node_pid: int | None) -> None:
+        """Reach the node again for the sessions registered (a front's crash left them to
+        us): in the background, as a reconnection, so requests wait for the resubscription.
+        ``instance``: the node they ran in (another one answering means it is gone)."""
+        self.instance = instance
+        self.node_pid = node_pid
+        if not self._maintaining:
+            self._maintaining = True
+            self._nursery.start_soon(self._maintain, None)
 
     def _on_event(self, message: dict[str, Any]) -> None:
         session = self.sessions.get(str(message.get("session_id")))

@@ -77,6 +77,11 @@ class RemoteSession:
         self._failure: str | None = None
         self.exit_status: ExitStatus | None = None
         self._ended = trio.Event()
+        #: the front's history holds what the node had when we (re)subscribed: a recovered
+        #: session replays the node's history first, and a subscriber waits for it
+        self._caught_up = trio.Event()
+        self._catch_up_to = 0
+        self._caught_up.set()
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -196,7 +201,7 @@ class RemoteSession:
         """Events of the front's mirror. A subscriber that falls behind is cut off
         (``lagged``) at twice its buffer even with ``stall_s``: the agent it would hold back
         runs on another host (the node holds it back for the link instead)."""
-        await trio.lowlevel.checkpoint()
+        await self._caught_up.wait()
         return self._fanout.subscribe(
             since_seq, head_seq=self._seq, max_buffer=max_buffer, stall_s=stall_s, wire=wire
         )
@@ -226,6 +231,10 @@ class RemoteSession:
         result = await conn.request(
             "session.subscribe", {"session_id": self.node_id, "since_seq": self._seq}
         )
+        head = result.get("last_seq")
+        self._catch_up_to = head if isinstance(head, int) else 0
+        if self._seq >= self._catch_up_to:
+            self._caught_up.set()
         if result.get("gap"):
             log.warning(
                 "session %s: the node's history no longer reaches back to seq %d: events were lost",
@@ -258,6 +267,25 @@ class RemoteSession:
         self._track(event)
         self._fanout.publish(event, dumps(message))
         self._fanout.flush()
+        if seq >= self._catch_up_to:
+            self._caught_up.set()
+
+    def _recovering(self) -> None:
+        """Created for a session a crashed front left: subscribers wait for the replay."""
+        self._caught_up = trio.Event()
+        self._catch_up_to = 2**62
+
+    def record(self) -> dict[str, Any]:
+        """What the front's record keeps (``supervisor/remote/record.py``)."""
+        return {
+            "session_id": self.id,
+            "host": self.host,
+            "node_id": self.node_id,
+            "agent": self.spec.name,
+            "cwd": self.cwd,
+            "instance": self.link.instance,
+            "node_pid": self.link.node_pid,
+        }
 
     def _on_notice(self, kind: str) -> None:
         if kind == "subscription.lagged":
@@ -314,6 +342,7 @@ class RemoteSession:
         self._fanout.close()
         self.link.forget(self)
         self._ended.set()
+        self._caught_up.set()
 
     # -- helpers -----------------------------------------------------------------------------
 
