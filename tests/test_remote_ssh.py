@@ -213,14 +213,8 @@ async def test_ssh_client_killed_mid_turn_events_resume_without_gap(host: SshHos
     only_the_node_is_left(host, node)
 
 
-async def test_nobody_reconnects_within_detach_s_nothing_is_left(
-    host: SshHost, tmp_path: Path
-) -> None:
-    """A front (``serve``, over the wire) dies mid-turn: its link drops, nobody drives the
-    node, and after ``detach_s`` the node has stopped the session, its tree, and itself."""
-    from supervisor.client import connect
-
-    detach = 2.0
+def serve_config(host: SshHost, tmp_path: Path, detach: float) -> Path:
+    """A front's configuration: host ``h`` (this test's node) and ``remote-demo`` on it."""
     spec_host = host_spec(host, detach_s=detach)
     config = tmp_path / "agents.toml"
     command = ", ".join(f'"{w}"' for w in demo_on(host).command)
@@ -238,20 +232,47 @@ command = [{command}]
 hosts = ["h"]
 """
     )
-    env = {**os.environ, "AGENT_SUPERVISOR_STATE_DIR": str(tmp_path / "state")}
+    return config
+
+
+async def start_serve(config: Path, state: Path) -> tuple[trio.Process, str]:
+    """``agent-supervisor serve --config`` on a free port, and its URL once ready."""
+    env = {**os.environ, "AGENT_SUPERVISOR_STATE_DIR": str(state)}
     serve = await trio.lowlevel.open_process(
         [sys.executable, "-m", "supervisor.cli", "serve", "--config", str(config), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
     )
+    assert serve.stdout is not None
+    line = b""
+    while not line.endswith(b"\n"):
+        data = await serve.stdout.receive_some(1)
+        assert data, "serve exited before it was ready"
+        line += data
+    return serve, line.decode().split()[1]
+
+
+async def end(process: trio.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    with trio.move_on_after(5):
+        await process.wait()
+
+
+async def test_nobody_reconnects_within_detach_s_nothing_is_left(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A front (``serve``, over the wire) dies mid-turn: its link drops, nobody drives the
+    node, and after ``detach_s`` the node has stopped the session, its tree, and itself."""
+    from supervisor.client import connect
+
+    detach = 2.0
+    config = serve_config(host, tmp_path, detach)
+    with trio.fail_after(BOUND):
+        serve, url = await start_serve(config, tmp_path / "state")
     try:
-        assert serve.stdout is not None
         with trio.fail_after(BOUND):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await serve.stdout.receive_some(1)
-            url = line.decode().split()[1]
             async with connect(url) as client:
                 started = await client.start_session("remote-demo", host="h")
                 assert started["host"] == "h" and started["session_id"].endswith("@h")
@@ -274,10 +295,65 @@ hosts = ["h"]
         assert alive == [], [_describe(p) for p in alive]
         assert host.processes() == []
     finally:
-        if serve.returncode is None:
-            serve.kill()
-        with trio.move_on_after(5):
-            await serve.wait()
+        await end(serve)
+
+
+async def test_serve_killed_and_started_again_loses_no_session(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """``serve`` is SIGKILLed mid-turn and started again: it finds its remote session (same
+    id), the turn went on on the host meanwhile, and a client that resubscribes from its last
+    ``seq`` sees every event once; the turn can then be cancelled."""
+    from supervisor.client import connect
+
+    config = serve_config(host, tmp_path, detach=30.0)
+    state = tmp_path / "state"
+    seen: list[dict[str, Any]] = []
+
+    async def read(events: Any, deltas: int) -> None:
+        count = 0
+        async for event in events:
+            seen.append(event)
+            if event["event"] == "message.delta":
+                count += 1
+                if count == deltas:
+                    return
+
+    with trio.fail_after(BOUND):
+        first, url = await start_serve(config, state)
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                sid = (await client.start_session("remote-demo"))["session_id"]
+                async with client.subscribe(sid, since_seq=0) as events:
+                    turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
+                    await read(events, 10)
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+    finally:
+        await end(first)
+    with trio.fail_after(BOUND):
+        second, url = await start_serve(config, state)
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                [listed] = await client.sessions()
+                assert (listed["session_id"], listed["host"]) == (sid, "h"), listed
+                async with client.subscribe(sid, since_seq=seen[-1]["seq"]) as events:
+                    await read(events, 20)
+                    receipt = await client.cancel(sid)
+                    assert (receipt["outcome"], receipt["turn_id"]) == ("cancelled", turn)
+                    assert receipt["host"] == "h"
+                    async for event in events:
+                        seen.append(event)
+                        if event["event"] == "turn.ended":
+                            break
+                seqs = [event["seq"] for event in seen]
+                assert seqs == list(range(1, len(seqs) + 1)), seqs  # every event, once
+                assert [e["data"]["turn_id"] for e in seen if e["event"] == "turn.ended"] == [turn]
+                await client.stop(sid)
+    finally:
+        await end(second)
 
 
 async def test_partition_during_a_cancel_gives_an_honest_receipt(host: SshHost) -> None:
