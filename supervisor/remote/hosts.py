@@ -6,7 +6,7 @@ transport = ["ssh", "-p", "2222", "-i", "~/.ssh/agents", "agents@build1", "--"]
 max_sessions = 40
 command = ["agent-supervisor"]      # how agent-supervisor is run there (the default)
 detach_s = 300                      # the node stops its sessions after this long undriven
-state_dir = "/srv/agents/node"      # the node's files there (default ~/.local/state/...)
+state_dir = "/srv/agents/state"     # the node's state there (default ~/.local/state/...)
 
 [agents.claude]
 protocol = "claude"
@@ -73,8 +73,8 @@ class HostSpec:
     command: tuple[str, ...] = field(default=DEFAULT_NODE_COMMAND, converter=_to_args)
     detach_s: float = DEFAULT_DETACH_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    #: the node's directory on the host (None: its user's ``~/.local/state/agent-supervisor``);
-    #: two fronts with two directories drive two nodes of one account
+    #: the node's state directory on the host (its files go in ``STATE_DIR/node``; None: its
+    #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
     state_dir: str | None = None
 
     def bridge_argv(self) -> list[str]:
