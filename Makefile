@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install typecheck demo clean browser bench
+.PHONY: run test install typecheck demo clean browser openssh bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ typecheck: $(STAMP)
 browser:
 	@sh scripts/ensure-chromium.sh
 
-test: $(STAMP) browser
+openssh:
+	@sh scripts/ensure-openssh.sh
+
+test: $(STAMP) browser openssh
 	$(PY) -m mypy supervisor protocols
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

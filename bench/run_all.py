@@ -28,6 +28,7 @@ BENCHMARKS = [
     ("fairness", ["--k", "0,10,100,300", "--rounds", "200"]),
     ("session_cost", ["--sessions", "40", "--cycles", "5", "--rounds", "30"]),
     ("scale", []),
+    ("remote_cancel", ["--rounds", "50"]),
 ]
 
 

@@ -44,10 +44,11 @@ from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.config import builtin_agents, load_agents
 from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
-from supervisor.session import Session, Subscription
+from supervisor.remote.hosts import load_hosts
+from supervisor.session import Subscription
 from supervisor.statefile import default_state_dir
 from supervisor.steering import SteerResult
-from supervisor.supervisor import open_supervisor
+from supervisor.supervisor import AnySession, open_supervisor
 from supervisor.wire import converter
 
 __all__ = [
@@ -792,7 +793,7 @@ class ChatBackend(Protocol):
 class EmbeddedBackend:
     """A session of an in-process supervisor (:func:`open_embedded`)."""
 
-    def __init__(self, session: Session, subscription: Subscription, label: str) -> None:
+    def __init__(self, session: AnySession, subscription: Subscription, label: str) -> None:
         self._session = session
         #: opened before the first prompt, so no event of a turn is missed; closed by the opener
         self.subscription = subscription
@@ -841,8 +842,9 @@ async def open_embedded(agent: str, config: str | None) -> AsyncIterator[Embedde
     """A session of ``agent`` (from ``config`` or the built-ins) in an in-process supervisor;
     leaving stops the session and its whole process tree."""
     agents = load_agents(config) if config else builtin_agents()
+    hosts = load_hosts(config) if config else None
     async with open_supervisor(
-        agents=agents, state_dir=default_state_dir(), gc_policy=True
+        agents=agents, state_dir=default_state_dir(), gc_policy=True, hosts=hosts
     ) as supervisor:
         try:
             session = await supervisor.start_session(agent)

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
     from protocols import events as ev
     from supervisor.receipt import CancelReceipt
-    from supervisor.session import Session, Subscription
-    from supervisor.supervisor import Supervisor
+    from supervisor.remote.hosts import HostSpec
+    from supervisor.session import Subscription
+    from supervisor.supervisor import AnySession, Supervisor
 
 __all__ = ["main"]
 
@@ -63,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supervisor.chat import run_chat
 
             return trio.run(run_chat, args.agent, args.url, args.config)
+        elif args.command == "node":
+            from supervisor.remote.node import main_node
+
+            return main_node(args)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
             for spec in agents.values():
@@ -150,6 +155,9 @@ def _parser() -> argparse.ArgumentParser:
         "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    from supervisor.remote.node import add_node_parser
+
+    add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
     return parser
@@ -244,7 +252,7 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
 
 
 async def _prompt_and_stop(
-    session: Session, printer: _Printer, text: str, words_before_stop: int
+    session: AnySession, printer: _Printer, text: str, words_before_stop: int
 ) -> CancelReceipt:
     from supervisor.wire import receipt_to_wire
 
@@ -283,6 +291,8 @@ class ServeOptions:
     ssl_context: ssl.SSLContext | None
     allow_hosts: tuple[str, ...]
     max_sessions: int | None
+    #: the ``[hosts.NAME]`` of the config file (``supervisor/remote/``)
+    hosts: dict[str, HostSpec] | None = None
     warnings: tuple[str, ...] = ()
 
 
@@ -322,8 +332,15 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         ssl_context=context,
         allow_hosts=tuple(args.allow_host),
         max_sessions=args.max_sessions,
+        hosts=_hosts(args.config) if args.config else None,
         warnings=tuple(warnings),
     )
+
+
+def _hosts(path: str) -> dict[str, HostSpec]:
+    from supervisor.remote.hosts import load_hosts
+
+    return load_hosts(path)
 
 
 def _token(args: argparse.Namespace, warnings: list[str]) -> str | None:
@@ -464,7 +481,10 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         request_timeout_s=settings.request_timeout_s or LIMITS.request_timeout_s,
     )
     async with open_supervisor(
-        agents=options.config.agents, state_dir=default_state_dir(), max_sessions=max_sessions
+        agents=options.config.agents,
+        state_dir=default_state_dir(),
+        max_sessions=max_sessions,
+        hosts=options.hosts,
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(

@@ -102,8 +102,13 @@ class GatewayClient:
         result: list[dict[str, Any]] = (await self.request("agents.list"))["agents"]
         return result
 
-    async def start_session(self, agent: str, cwd: str | None = None) -> dict[str, Any]:
-        payload = {"agent": agent} | ({"cwd": cwd} if cwd else {})
+    async def start_session(
+        self, agent: str, cwd: str | None = None, *, host: str | None = None
+    ) -> dict[str, Any]:
+        """``{"session_id", "state", "host"?}``; ``host``: one of the agent's ``hosts``."""
+        payload = (
+            {"agent": agent} | ({"cwd": cwd} if cwd else {}) | ({"host": host} if host else {})
+        )
         return await self.request("session.start", payload)
 
     async def sessions(self) -> list[dict[str, Any]]:

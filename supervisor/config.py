@@ -128,6 +128,8 @@ class AgentSpec:
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
     max_sessions: int | None = None
+    #: the ``[hosts.NAME]`` this agent may run on (``supervisor/remote/``); empty: this machine
+    hosts: tuple[str, ...] = field(default=(), converter=_to_args)
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -302,6 +304,7 @@ _FIELDS = {
     "env",
     "cwd",
     "max_sessions",
+    "hosts",
 }
 
 
@@ -391,6 +394,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         raise ConfigError(f"{at}: 'description' must be a string")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{at}: 'cwd' must be a string")
+    hosts = table.get("hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
+        raise ConfigError(f"{at}: 'hosts' must be a list of [hosts.NAME] names")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -406,6 +412,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),
+        hosts=hosts,
     )
 
 

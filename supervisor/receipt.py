@@ -19,7 +19,9 @@ __all__ = [
 
 #: Receipt outcomes. ``completed`` is honest: the agent finished before the stop took hold.
 #: ``failed`` only answers a cancel naming a turn that had already failed (the agent crashed).
-OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn", "failed")
+#: ``unreachable``: a remote session's host could not be reached within the node's whole
+#: ladder; what became of the turn is unknown (``supervisor/remote/``).
+OUTCOMES = ("cancelled", "completed", "killed", "no_active_turn", "failed", "unreachable")
 
 #: The escalation vocabulary, in the order the steps can happen.
 ESCALATION_STEPS = (
@@ -81,6 +83,8 @@ class CancelReceipt:
     #: uninterruptible sleep, or not ours to signal). Never empty while a member lives after a
     #: kill: the session then fails instead of starting an agent on top of them.
     survivors: list[dict[str, Any]] = field(factory=list)
+    #: the ``[hosts.NAME]`` whose node stopped the turn (``supervisor/remote/``); None: here
+    host: str | None = None
 
     def summary(self) -> str:
         """One line a person reads: "Killed after 3.0 s grace, session resumed"."""
@@ -90,6 +94,8 @@ class CancelReceipt:
             text = "Turn had already completed"
         elif self.outcome == "failed":
             text = "Turn had already failed"
+        elif self.outcome == "unreachable":
+            text = f"Host {self.host} unreachable: the turn's fate is unknown"
         elif self.outcome == "cancelled":
             text = f"Cancelled in {self.elapsed_ms:.0f} ms"
         else:

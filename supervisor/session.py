@@ -134,6 +134,8 @@ class SessionSummary:
     recycles: int = 0
     #: why, the last time
     recycle_reason: str | None = None
+    #: the ``[hosts.NAME]`` it runs on (``supervisor/remote/``); None: this machine
+    host: str | None = None
 
 
 # -- mailbox calls ---------------------------------------------------------------------------
@@ -319,6 +321,9 @@ class _Turn:
 
 class Session:
     """One agent session. Create it through :class:`supervisor.Supervisor`."""
+
+    #: where it runs: this machine (a remote one is a ``supervisor.remote.RemoteSession``)
+    host: str | None = None
 
     def __init__(
         self,

@@ -256,9 +256,12 @@ class Fanout:
             self._maybe_full = self._maybe_full or subscription._full
         return subscription
 
-    def publish(self, event: ev.Event) -> None:
-        """Append to the history and to every subscriber's buffer; never waits."""
-        payload = event_json(event)
+    def publish(self, event: ev.Event, payload: bytes | None = None) -> None:
+        """Append to the history and to every subscriber's buffer; never waits. ``payload``:
+        the event's wire form when the caller has it already (a remote session's, as the
+        node sent it plus ``host``)."""
+        if payload is None:
+            payload = event_json(event)
         self.history.append(payload)
         self.head_seq = event.seq
         drop = False

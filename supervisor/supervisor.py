@@ -34,10 +34,17 @@ from supervisor.errors import (
 from supervisor.ingest import IngestGate
 from supervisor.link import Launcher
 from supervisor.process import ExitStatus
+from supervisor.remote.front import RemoteHosts
+from supervisor.remote.hosts import HostSpec, check_agent_hosts
+from supervisor.remote.record import RemoteRecord
+from supervisor.remote.session import RemoteSession
 from supervisor.session import Session, SessionSummary
 from supervisor.statefile import StateFile, sweep_orphans
 
-__all__ = ["Supervisor", "apply_gc_policy", "open_supervisor"]
+__all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
+
+#: A session here, or on a ``[hosts.NAME]`` (``supervisor/remote/``): the same API.
+AnySession = Session | RemoteSession
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,8 @@ class Supervisor:
         agents: Mapping[str, AgentSpec] | None = None,
         launcher: Launcher | None = None,
         max_sessions: int | None = None,
+        hosts: Mapping[str, HostSpec] | None = None,
+        remote_record: RemoteRecord | None = None,
     ) -> None:
         self._nursery = nursery
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
@@ -96,7 +105,14 @@ class Supervisor:
         self._launcher = launcher if launcher is not None else ProcessLauncher()
         #: sessions that may run at once (None: no cap); each agent may have its own too
         self.max_sessions = max_sessions
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, AnySession] = {}
+        check_agent_hosts(self.agents, hosts or {})
+        #: the remote hosts and the links to their nodes
+        self.remote = RemoteHosts(nursery, hosts or {}, remote_record)
+        if remote_record is not None:
+            # Sessions a crashed front left on their hosts: ours again, same ids.
+            for session in self.remote.recover(remote_record.adopt(), self.agents):
+                self._sessions[session.id] = session
         self._ids = count(1)
         self._closing = False
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
@@ -110,9 +126,12 @@ class Supervisor:
         *,
         cwd: str | os.PathLike[str] | None = None,
         wait_ready: bool = True,
-    ) -> Session:
+        host: str | None = None,
+    ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
+        An agent with ``hosts`` runs on one of them (``host``, or the one with the most room):
+        its session is a :class:`~supervisor.remote.session.RemoteSession`, the same API.
         Raises :class:`supervisor.errors.AgentNotRunning` (with the agent's own words) when the
         agent cannot start, :class:`BadRequest` for an unknown agent name or a cwd that is not
         a directory (or whose name is not UTF-8: no agent protocol could carry it), and
@@ -121,6 +140,12 @@ class Supervisor:
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
         spec = self._resolve(agent)
+        if host is not None or spec.hosts:
+            remote = await self.remote.start_session(
+                spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
+            )
+            self._sessions[remote.id] = remote
+            return remote
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if isinstance(where, bytes):
             where = os.fsdecode(where)
@@ -170,7 +195,7 @@ class Supervisor:
             # One broken session must not take the others down with it.
             log.exception("session %s crashed", session.id)
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> AnySession:
         try:
             return self._sessions[session_id]
         except KeyError:
@@ -200,7 +225,7 @@ class Supervisor:
                 for session in running:
                     nursery.start_soon(self._cancel_quietly, session, reason)
 
-    async def _cancel_quietly(self, session: Session, reason: str) -> None:
+    async def _cancel_quietly(self, session: AnySession, reason: str) -> None:
         try:
             await session.cancel(reason=reason)
         except SupervisorError:  # stopped or failed meanwhile: nothing left to cancel
@@ -225,10 +250,11 @@ class Supervisor:
                 async with trio.open_nursery() as nursery:
                     for session in list(self._sessions.values()):
                         nursery.start_soon(self._stop_quietly, session)
-        self._stop_scope = None
+            self._stop_scope = None
+            await self.remote.aclose()
         self._nursery.cancel_scope.cancel()
 
-    async def _stop_quietly(self, session: Session) -> None:
+    async def _stop_quietly(self, session: AnySession) -> None:
         try:
             await session.stop()
         except Exception:  # already stopped or failed: its actor still kills the tree on exit
@@ -245,6 +271,7 @@ async def open_supervisor(
     gc_policy: bool = False,
     containment: str | None = None,
     max_sessions: int | None = None,
+    hosts: Mapping[str, HostSpec] | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -256,6 +283,7 @@ async def open_supervisor(
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
+    ``hosts``: the ``[hosts.NAME]`` its agents may run on (a ``config`` file's are read too).
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -270,14 +298,22 @@ async def open_supervisor(
         launcher = ProcessLauncher(state, containment=chosen)
     if config is not None:
         from supervisor.config import load_agents
+        from supervisor.remote.hosts import load_hosts
 
         if agents is not None:
             raise ConfigError("give agents or config, not both")
         agents = load_agents(config)
+        hosts = {**load_hosts(config), **(hosts or {})}
+    record = RemoteRecord(Path(state_dir)) if state_dir is not None and hosts else None
     try:
         async with trio.open_nursery() as nursery:
             supervisor = Supervisor(
-                nursery, agents=agents, launcher=launcher, max_sessions=max_sessions
+                nursery,
+                agents=agents,
+                launcher=launcher,
+                max_sessions=max_sessions,
+                hosts=hosts,
+                remote_record=record,
             )
             try:
                 yield supervisor

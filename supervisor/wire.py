@@ -103,6 +103,8 @@ def event_from_json(payload: bytes) -> Event:
 
 def receipt_to_wire(receipt: CancelReceipt) -> dict[str, Any]:
     result: dict[str, Any] = converter.unstructure(receipt)
+    if result.get("host") is None:
+        result.pop("host", None)  # absent: this machine, as in the configuration
     return result
 
 

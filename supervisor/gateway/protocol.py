@@ -47,7 +47,12 @@ def _str(name: str, required: bool = True) -> _Field:
 #: action -> payload fields. Unknown payload keys are ignored (extend compatibly).
 ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
     "agents.list": (),
-    "session.start": (_str("agent"), _str("cwd", required=False)),
+    "session.start": (
+        _str("agent"),
+        _str("cwd", required=False),
+        _str("host", required=False),  # a [hosts.NAME] the agent may run on
+        _Field("spec", (dict,), required=False),  # the agent's definition: nodes only
+    ),
     "session.list": (),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),

@@ -27,7 +27,8 @@ import h11
 import trio
 from attrs import define, field, frozen
 
-from supervisor.errors import AgentNotRunning, SupervisorError, check_text
+from supervisor.config import AgentSpec
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.gateway.protocol import (
     MAX_FRAME_BYTES,
     Request,
@@ -43,8 +44,8 @@ from supervisor.gateway.websocket import (
     WebSocketClosed,
     text_frame,
 )
-from supervisor.session import Session, Subscription
-from supervisor.supervisor import Supervisor
+from supervisor.session import Subscription
+from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire import dumps, receipt_to_wire, steer_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
@@ -143,8 +144,12 @@ class Gateway:
         limits: GatewayLimits = LIMITS,
         ssl_context: ssl.SSLContext | None = None,
         allow_hosts: Sequence[str] = (),
+        accept_specs: bool = False,
     ) -> None:
         self.supervisor = supervisor
+        #: ``session.start`` may carry the agent's definition (``spec``): a node's gateway,
+        #: driven by a front that already runs commands on this host (``supervisor/remote/``)
+        self.accept_specs = accept_specs
         self.token = token or secrets.token_urlsafe(24)
         self.host = host
         self.port = port
@@ -537,6 +542,7 @@ class Gateway:
                     "turn_id": s.turn_id,
                     "recycles": s.recycles,
                     "recycle_reason": s.recycle_reason,
+                    **({"host": s.host} if s.host is not None else {}),
                 }
                 for s in self.supervisor.list()
             ]
@@ -785,8 +791,11 @@ class _Client:
         if action == "session.list":
             return self.gateway._sessions_result()
         if action == "session.start":
-            session = await sup.start_session(payload["agent"], cwd=payload.get("cwd"))
-            return {"session_id": session.id, "state": session.state}
+            session = await sup.start_session(
+                self._agent(payload), cwd=payload.get("cwd"), host=payload.get("host")
+            )
+            host = {"host": session.host} if session.host is not None else {}
+            return {"session_id": session.id, "state": session.state, **host}
         session = sup.get(payload["session_id"])
         if action == "session.subscribe":
             await self._subscribe(request, session, payload.get("since_seq"))
@@ -816,7 +825,21 @@ class _Client:
             return {"exit_code": status.code if status is not None else None}
         raise AssertionError(f"unhandled action {action}")  # decode_request knows every action
 
-    async def _subscribe(self, request: Request, session: Session, since_seq: int | None) -> None:
+    def _agent(self, payload: dict[str, Any]) -> str | AgentSpec:
+        if "spec" not in payload:
+            return str(payload["agent"])
+        if not self.gateway.accept_specs:
+            raise BadRequest("'spec' is for nodes (agent-supervisor node): name a configured agent")
+        from supervisor.remote.handshake import spec_from_wire
+
+        try:
+            return spec_from_wire(payload["agent"], payload["spec"])
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
+    async def _subscribe(
+        self, request: Request, session: AnySession, since_seq: int | None
+    ) -> None:
         self._unsubscribe(session.id)
         # Shielded (the actor answers a subscribe at once, ahead of agent output): if this
         # connection went away meanwhile, the subscription is closed here, not left to hold

@@ -1,0 +1,199 @@
+"""Remote hosts in the configuration: ``[hosts.NAME]`` tables, beside ``[agents.NAME]``.
+
+```toml
+[hosts.build1]
+transport = ["ssh", "-p", "2222", "-i", "~/.ssh/agents", "agents@build1", "--"]
+max_sessions = 40
+command = ["agent-supervisor"]      # how agent-supervisor is run there (the default)
+detach_s = 300                      # the node stops its sessions after this long undriven
+state_dir = "/srv/agents/state"     # the node's state there (default ~/.local/state/...)
+
+[agents.claude]
+protocol = "claude"
+command = ["claude", "-p", "--output-format", "stream-json", "--input-format", "stream-json"]
+hosts = ["build1"]                  # where this agent may run; absent = this machine
+```
+``transport`` is an argument list that runs a command on the host: what follows it is the
+command. Errors name the file and the key, as for agents.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from attrs import field, frozen
+
+from supervisor.config import AgentSpec, ConfigError
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_DETACH_S",
+    "DEFAULT_NODE_COMMAND",
+    "HostSpec",
+    "check_agent_hosts",
+    "load_hosts",
+    "parse_hosts",
+]
+
+#: A node nobody has driven (no bridge connected) for this long stops every session it owns,
+#: whole trees, and exits: nothing is left running on a host nobody controls. Five minutes
+#: outlasts what a link usually loses (a Wi-Fi hand-over, a VPN reconnecting, a laptop lid
+#: closed for a coffee: seconds to a few minutes); meanwhile a turn goes on and its events wait
+#: in the node's history (10,000 per session) for the front to resubscribe. Longer, and a
+#: front that is gone for good leaves agents spending tokens for longer; it is the same five
+#: minutes the stall watchdog gives a silent model (``DEFAULT_STALL_S``).
+DEFAULT_DETACH_S: Final = 300.0
+#: From starting the transport to a node that answers: an SSH handshake (~0.2 s on a LAN, a
+#: few seconds over a slow VPN), the bridge's start (~0.6 s of Python imports) and, the first
+#: time, the node's own start (~1 s). 30 s is what OpenSSH users commonly set ConnectTimeout to.
+DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
+#: How agent-supervisor is run on the host: the console script of a ``pip install``.
+DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
+
+
+def _to_args(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@frozen(kw_only=True)
+class HostSpec:
+    """How to reach one host, and how much it may hold."""
+
+    name: str
+    #: argv prefix that runs a command on the host (``ssh ... user@host --``)
+    transport: tuple[str, ...] = field(converter=_to_args)
+    #: sessions this front may place there (None: no limit)
+    max_sessions: int | None = None
+    #: agent-supervisor on the host
+    command: tuple[str, ...] = field(default=DEFAULT_NODE_COMMAND, converter=_to_args)
+    detach_s: float = DEFAULT_DETACH_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    #: the node's state directory on the host (its files go in ``STATE_DIR/node``; None: its
+    #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
+    state_dir: str | None = None
+
+    def bridge_argv(self) -> list[str]:
+        """The local command that opens a bridge to this host's node (starting it if need be).
+
+        OpenSSH joins the words after the destination into one shell command line on the
+        host, so for ``ssh`` they are quoted; other transports (``docker exec``, ``kubectl
+        exec``) run an argv as it is."""
+        remote = [*self.command, "node", "--bridge", "--detach", f"{self.detach_s:g}"]
+        if self.state_dir is not None:
+            remote += ["--state-dir", self.state_dir]
+        if self.speaks_shell:
+            import shlex
+
+            remote = [shlex.quote(word) for word in remote]
+        return [*self.local_transport(), *remote]
+
+    def local_transport(self) -> list[str]:
+        return [
+            os.path.expanduser(word) if word.startswith("~/") else word for word in self.transport
+        ]
+
+    @property
+    def speaks_shell(self) -> bool:
+        return bool(self.transport) and os.path.basename(self.transport[0]) == "ssh"
+
+
+def load_hosts(path: str | os.PathLike[str]) -> dict[str, HostSpec]:
+    """Every ``[hosts.NAME]`` table of a TOML file (none: an empty dict)."""
+    source = Path(path)
+    try:
+        with source.open("rb") as file:
+            document = tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"{source}: no such configuration file") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return parse_hosts(document, str(source))
+
+
+_FIELDS = {"transport", "max_sessions", "command", "detach_s", "connect_timeout_s", "state_dir"}
+
+
+def parse_hosts(document: Mapping[str, Any], where: str = "<config>") -> dict[str, HostSpec]:
+    tables = document.get("hosts", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{where}: 'hosts' must be a table of [hosts.NAME] tables")
+    return {name: _parse_host(name, table, where) for name, table in tables.items()}
+
+
+def _argv(value: Any, at: str, key: str) -> list[str]:
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{at}: '{key}' must be a list of arguments, not a shell string"
+            f" (e.g. {value.split()!r})"
+        )
+    if not isinstance(value, list) or not value or not all(isinstance(w, str) for w in value):
+        raise ConfigError(f"{at}: '{key}' must be a non-empty list of strings")
+    return value
+
+
+def _seconds(value: Any, at: str, key: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{at}: '{key}' must be a number of seconds > 0, not {value!r}")
+    return float(value)
+
+
+def _parse_host(name: str, table: Any, where: str) -> HostSpec:
+    at = f"{where}: [hosts.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at} must be a table")
+    unknown = set(table) - _FIELDS
+    if unknown:
+        raise ConfigError(
+            f"{at}: unknown key(s) {', '.join(sorted(unknown))}"
+            f" (allowed: {', '.join(sorted(_FIELDS))})"
+        )
+    if "transport" not in table:
+        raise ConfigError(
+            f"{at}: 'transport' is required: the argv that runs a command on the host,"
+            ' e.g. ["ssh", "user@host", "--"]'
+        )
+    transport = _argv(table["transport"], at, "transport")
+    command = _argv(table.get("command", list(DEFAULT_NODE_COMMAND)), at, "command")
+    max_sessions = table.get("max_sessions")
+    if max_sessions is not None and (
+        isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
+    ):
+        raise ConfigError(f"{at}: 'max_sessions' must be a whole number >= 1, not {max_sessions!r}")
+    state_dir = table.get("state_dir")
+    if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
+        raise ConfigError(f"{at}: 'state_dir' must be a path on the host")
+    return HostSpec(
+        name=name,
+        state_dir=state_dir,
+        transport=transport,
+        max_sessions=max_sessions,
+        command=command,
+        detach_s=_seconds(table.get("detach_s", DEFAULT_DETACH_S), at, "detach_s"),
+        connect_timeout_s=_seconds(
+            table.get("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S), at, "connect_timeout_s"
+        ),
+    )
+
+
+def check_agent_hosts(agents: Mapping[str, AgentSpec], hosts: Mapping[str, HostSpec]) -> None:
+    """Every host an agent names is configured."""
+    for agent in agents.values():
+        missing = [h for h in agent.hosts if h not in hosts]
+        if missing:
+            known = ", ".join(sorted(hosts)) or "none"
+            raise ConfigError(
+                f"agent {agent.name!r} names unknown host(s) {', '.join(missing)}"
+                f" (configured: {known})"
+            )

@@ -1,0 +1,603 @@
+"""The front's link to one host's node: the transport, the bridge, the WebSocket, reconnection.
+
+One link per host. A connection is one transport process (``ssh ... -- agent-supervisor node
+--bridge``): it starts the node if none runs, writes the hello line, then relays; over its
+stdio the front speaks the gateway's WebSocket protocol to the node, as any client would
+(``Host: 127.0.0.1:PORT``, the node's token). Events from the node are handed to their
+:class:`~supervisor.remote.session.RemoteSession` by the reader task itself, in wire order,
+before the next frame is read: a response is only ever seen after the events the node sent
+before it (so a cancel's ``turn.ended`` is published on the front before its receipt returns).
+
+When a connection drops (the transport died, the network went away), the link reconnects with
+backoff for as long as the node would keep its sessions (``detach_s``, and a margin), then
+resubscribes every session from the last ``seq`` it had; only then does it serve requests
+again. A node that answers with another ``instance`` was restarted: its sessions are gone, and
+they fail with that cause. A host unreachable for longer than the node waits fails them too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import trio
+from trio_websocket import (
+    ConnectionClosed,
+    HandshakeError,
+    WebSocketConnection,
+    wrap_client_stream,
+)
+
+from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
+from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost
+from supervisor.remote.handshake import HANDSHAKE, MAX_HELLO_BYTES, Hello, package_version
+from supervisor.remote.hosts import HostSpec
+from supervisor.reply import Reply
+
+if TYPE_CHECKING:
+    from supervisor.remote.session import RemoteSession
+
+__all__ = ["Connection", "NodeLink", "classify_transport_failure"]
+
+log = logging.getLogger(__name__)
+
+#: Frames from a node: an event is small, but a replay or a tool's output may be large.
+MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+#: Kept of the transport's stderr, to name the cause when it fails.
+_STDERR_TAIL_BYTES: Final = 8192
+#: Between reconnection attempts: from this, doubling, to the maximum.
+RECONNECT_FIRST_S: Final = 0.05
+RECONNECT_MAX_S: Final = 2.0
+#: A link keeps trying this much longer than the node keeps its sessions undriven: the two
+#: clocks start apart (the node's when it notices the drop, ours when we do).
+DETACH_MARGIN_S: Final = 5.0
+#: Bounds the transport's exit after its stdout closed, and its kill.
+_EXIT_BOUND_S: Final = 2.0
+#: A link is pinged (a WebSocket ping, answered by the node's gateway) this often, and is
+#: dead when the pong is this late: a partition that leaves the TCP connection open (the
+#: network gone, a peer suspended) is noticed within twice this, then the link reconnects.
+#: SSH's own ServerAliveInterval is off by default.
+KEEPALIVE_S: Final = 10.0
+#: While a request that must not wait for the keepalive (a cancel) waits for its answer, the
+#: link is pinged this often and is dead when a pong is this late. A node answers a ping
+#: whatever its sessions do; a round trip over SSH on a LAN is ~1 ms, over a slow VPN ~300 ms.
+WATCH_INTERVAL_S: Final = 0.5
+WATCH_TIMEOUT_S: Final = 2.0
+
+
+class Connection:
+    """One live transport process and the WebSocket over its stdio."""
+
+    def __init__(self, websocket: WebSocketConnection, hello: Hello, process: trio.Process) -> None:
+        self.websocket = websocket
+        self.hello = hello
+        self.process = process
+        self.closed = trio.Event()
+        #: resubscribed after a reconnect: requests may go
+        self.ready = trio.Event()
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, Reply[dict[str, Any]]] = {}
+        #: the connection's own tasks (its reader, its keepalive, a request's watch)
+        self.nursery: trio.Nursery | None = None
+
+    async def request(
+        self, action: str, payload: dict[str, Any], *, watch: bool = False
+    ) -> dict[str, Any]:
+        """One request; its ``result``, or raises the node's error (:class:`NodeError`), or
+        :class:`LinkLost` when the connection ends before the answer. ``watch``: ping the node
+        while waiting (``WATCH_INTERVAL_S``), and give the connection up (closed, LinkLost)
+        when a pong is later than ``WATCH_TIMEOUT_S``."""
+        if self.closed.is_set():
+            raise LinkLost("the link to the node is down")
+        request_id = f"f{next(self._ids)}"
+        reply: Reply[dict[str, Any]] = Reply()
+        self._waiting[request_id] = reply
+        try:
+            message = {"id": request_id, "action": action, "payload": payload}
+            if watch and self.nursery is not None:
+                self.nursery.start_soon(self._watch, WATCH_INTERVAL_S, WATCH_TIMEOUT_S, reply)
+            try:
+                await self.websocket.send_message(json.dumps(message))
+            except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                self.close()
+                raise LinkLost("the link to the node dropped") from None
+            response = await reply.wait()
+        finally:
+            self._waiting.pop(request_id, None)
+            if not reply.done:
+                reply.fail(LinkLost("abandoned"))  # (ends its watch)
+        if not response.get("ok"):
+            error = response.get("error") or {}
+            raise node_error(str(error.get("code")), str(error.get("message")))
+        result: dict[str, Any] = response["result"]
+        return result
+
+    async def read(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        """Hand every event to ``on_event`` (synchronously, in order) and every response to
+        its request, until the connection ends."""
+        try:
+            while True:
+                message = json.loads(await self.websocket.get_message())
+                if not isinstance(message, dict):
+                    continue
+                if "event" in message:
+                    on_event(message)
+                else:
+                    waiter = self._waiting.pop(str(message.get("id")), None)
+                    if waiter is not None:
+                        waiter.resolve(message)
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.close()
+
+    async def keepalive(self) -> None:
+        await self._watch(KEEPALIVE_S, KEEPALIVE_S)
+
+    async def _watch(
+        self, interval: float, timeout: float, reply: Reply[dict[str, Any]] | None = None
+    ) -> None:
+        """Ping every ``interval`` (until ``reply`` is answered); a pong later than
+        ``timeout`` closes the connection."""
+        while not self.closed.is_set() and (reply is None or not reply.done):
+            with trio.move_on_after(timeout) as late:
+                try:
+                    await self.websocket.ping()
+                except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                    self.close()
+                    return
+            if late.cancelled_caught:
+                log.warning(
+                    "node pid %d: no pong in %g s: the link is given up", self.hello.pid, timeout
+                )
+                self.close()
+                return
+            await trio.sleep(interval)  # the next ping's time, not a wait for state
+
+    def close(self) -> None:
+        self.closed.set()
+        for waiter in self._waiting.values():
+            waiter.fail(LinkLost("the link to the node dropped before it answered"))
+        self._waiting.clear()
+
+
+class NodeError(SupervisorError):
+    """The node answered ``ok: false`` with a code that has no class here."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.node_code = code
+
+
+_NODE_ERRORS: Final[dict[str, type[SupervisorError]]] = {
+    "session_not_found": SessionNotFound,
+    "agent_not_running": AgentNotRunning,
+    "bad_request": BadRequest,
+    "capacity": HostCapacity,
+}
+
+
+def node_error(code: str, message: str) -> SupervisorError:
+    """The node's error as the front raises it: same code, the node's words."""
+    cls = _NODE_ERRORS.get(code)
+    return cls(message) if cls is not None else NodeError(code, message)
+
+
+class NodeLink:
+    """The front's link to one host's node (see the module docstring)."""
+
+    def __init__(
+        self,
+        host: HostSpec,
+        nursery: trio.Nursery,
+        on_forget: Callable[[RemoteSession], None] | None = None,
+    ) -> None:
+        self.host = host
+        self._nursery = nursery
+        self._on_forget = on_forget
+        #: the sessions this front placed on the host, by the node's session id
+        self.sessions: dict[str, RemoteSession] = {}
+        self._conn: Connection | None = None
+        self._lock = trio.Lock()
+        self._changed = trio.Event()
+        self._maintaining = False
+        self._closing = False
+        #: the node we talk to (a new one means the old one and its sessions are gone)
+        self.instance: str | None = None
+        self.node_pid: int | None = None
+        self.last_error: HostUnreachable | None = None
+        #: connections opened so far (the first, then one per reconnect)
+        self.connects = 0
+
+    @property
+    def process(self) -> trio.Process | None:
+        """The live transport process (tests kill it to drop the link)."""
+        return self._conn.process if self._conn is not None else None
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and conn.ready.is_set() and not conn.closed.is_set()
+
+    def _poke(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def connection(self, deadline: float | None = None) -> Connection:
+        """A live, resumed connection: the one there is, else a new one (the first, or after
+        the link went idle), else the one the reconnection brings, waiting until
+        ``deadline`` (default: ``connect_timeout_s`` from now)."""
+        if deadline is None:
+            deadline = trio.current_time() + self.host.connect_timeout_s
+        while True:
+            conn = self._conn
+            if conn is not None and conn.ready.is_set() and not conn.closed.is_set():
+                return conn
+            if self._closing:
+                raise HostUnreachable(self.host.name, "closed", "the supervisor is closing")
+            if not self._maintaining:
+                async with self._lock:
+                    if not self._maintaining and not self.connected:
+                        conn = await self._open(deadline)
+                        conn.ready.set()
+                        self._set(conn)
+                        self._maintaining = True
+                        self._nursery.start_soon(self._maintain, conn)
+                continue
+            changed = self._changed
+            with trio.move_on_at(deadline):
+                await changed.wait()
+                continue
+            raise self.last_error or HostUnreachable(
+                self.host.name, "timeout", "the link is down and did not come back in time"
+            )
+
+    def _set(self, conn: Connection) -> None:
+        if self.instance is not None and conn.hello.instance != self.instance:
+            self._node_replaced(conn.hello)
+        self.instance = conn.hello.instance
+        self.node_pid = conn.hello.pid
+        self._conn = conn
+        self.connects += 1
+        self._poke()
+
+    async def _maintain(self, conn: Connection | None) -> None:
+        """Reconnect whenever the connection drops, while sessions live on the host (None:
+        connect first, for sessions being recovered)."""
+        try:
+            if conn is None:
+                conn = await self._reconnect()
+                if conn is None:
+                    return
+            while True:
+                await conn.closed.wait()
+                self._poke()
+                if self._closing:
+                    return
+                if not self.sessions:
+                    return  # idle: the next request connects anew
+                log.warning("link to %s dropped; reconnecting", self.host.name)
+                reconnected = await self._reconnect()
+                if reconnected is None:
+                    return
+                conn = reconnected
+        finally:
+            self._maintaining = False
+            self._poke()
+
+    async def _reconnect(self) -> Connection | None:
+        dropped_at = trio.current_time()
+        give_up = dropped_at + self.host.detach_s + DETACH_MARGIN_S
+        delay = RECONNECT_FIRST_S
+        while not self._closing:
+            try:
+                async with self._lock:
+                    conn = await self._open(
+                        min(give_up, trio.current_time() + self.host.connect_timeout_s)
+                    )
+            except HostUnreachable as exc:
+                self.last_error = exc
+                self._poke()
+                if exc.cause == "version_mismatch" or trio.current_time() >= give_up:
+                    self._fail_all(
+                        f"host {self.host.name} unreachable for"
+                        f" {trio.current_time() - dropped_at:.0f} s (its node stops undriven"
+                        f" sessions after {self.host.detach_s:g} s): {exc}"
+                    )
+                    return None
+                await trio.sleep(delay)  # backoff between attempts, not a wait for state
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            self._set(conn)
+            await self._resume(conn)
+            conn.ready.set()
+            self._poke()
+            log.info("link to %s is back (connection %d)", self.host.name, self.connects)
+            return conn
+        return None
+
+    async def _resume(self, conn: Connection) -> None:
+        """Resubscribe every session from the last seq it had."""
+        for session in list(self.sessions.values()):
+            try:
+                await session._subscribe_on(conn)
+            except LinkLost:
+                return  # dropped again: the maintainer goes round once more
+            except SessionNotFound:
+                session._fail(f"the node on {self.host.name} no longer has this session")
+            except SupervisorError as exc:
+                session._fail(f"resubscribing on {self.host.name} failed: {exc}")
+
+    def _node_replaced(self, hello: Hello) -> None:
+        self._fail_all(
+            f"the node on {self.host.name} (pid {self.node_pid}) is gone, and its sessions with"
+            f" it (their trees die with their node); a new node (pid {hello.pid}) answers now"
+        )
+
+    def _fail_all(self, cause: str) -> None:
+        for session in list(self.sessions.values()):
+            session._fail(cause)
+
+    def forget(self, session: RemoteSession) -> None:
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+            if self._on_forget is not None:
+                self._on_forget(session)
+
+    def recover(self, instance: str | None, node_pid: int | None) -> None:
+        """Reach the node again for the sessions registered (a front's crash left them to
+        us): in the background, as a reconnection, so requests wait for the resubscription.
+        ``instance``: the node they ran in (another one answering means it is gone)."""
+        self.instance = instance
+        self.node_pid = node_pid
+        if not self._maintaining:
+            self._maintaining = True
+            self._nursery.start_soon(self._maintain, None)
+
+    def _on_event(self, message: dict[str, Any]) -> None:
+        session = self.sessions.get(str(message.get("session_id")))
+        if session is not None:
+            session._on_node_message(message)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        conn = self._conn
+        if conn is not None:
+            conn.close()  # its task ends the transport process
+        self._poke()
+
+    # -- one connection --------------------------------------------------------------------
+
+    async def _open(self, deadline: float) -> Connection:
+        conn: Connection = await self._nursery.start(self._run_connection, deadline)
+        return conn
+
+    async def _run_connection(
+        self, deadline: float, *, task_status: trio.TaskStatus[Connection]
+    ) -> None:
+        argv = self.host.bridge_argv()
+        try:
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # a terminal's Ctrl-C is for the front, not ssh
+            )
+        except OSError as exc:
+            raise HostUnreachable(
+                self.host.name, "transport_failed", f"cannot run {argv[0]!r}: {exc.strerror}"
+            ) from None
+        assert process.stdin is not None and process.stdout is not None
+        assert process.stderr is not None
+        tail = _Tail()
+        conn: Connection | None = None
+        failure: HostUnreachable | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tail.pump, process.stderr)
+                try:
+                    websocket, hello = await self._handshake(nursery, process, tail, deadline)
+                except HostUnreachable as exc:  # (raised below: not from a nursery's body)
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+                else:
+                    conn = Connection(websocket, hello, process)
+                    conn.nursery = nursery
+                    nursery.start_soon(conn.read, self._on_event)
+                    nursery.start_soon(conn.keepalive)
+                    task_status.started(conn)
+                    await conn.closed.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            if conn is not None:
+                conn.close()
+            with trio.CancelScope(shield=True):
+                await _end_process(process)
+        if failure is not None:
+            raise failure
+
+    async def _handshake(
+        self, nursery: trio.Nursery, process: trio.Process, tail: _Tail, deadline: float
+    ) -> tuple[WebSocketConnection, Hello]:
+        """The bridge's hello, the version check, then the WebSocket over the process."""
+        assert process.stdout is not None
+        argv = self.host.bridge_argv()
+        name = self.host.name
+        with trio.move_on_at(deadline):
+            hello, rest = await _read_hello(process.stdout)
+            if hello is None:
+                with trio.move_on_after(_EXIT_BOUND_S):
+                    await process.wait()
+                    await tail.done.wait()
+                raise classify_transport_failure(name, process.returncode, tail.text(), argv)
+            _check_version(name, hello)
+            try:
+                websocket = await wrap_client_stream(
+                    nursery,
+                    cast(trio.SocketStream, _ProcessStream(process, rest)),
+                    f"127.0.0.1:{hello.port}",
+                    f"/ws?token={hello.token}",
+                    max_message_size=MAX_MESSAGE_BYTES,
+                )
+            except (HandshakeError, ConnectionClosed) as exc:
+                raise HostUnreachable(
+                    name, "node_failed", f"the node refused the WebSocket: {exc!r}"
+                ) from None
+            return websocket, hello
+        raise HostUnreachable(
+            name,
+            "timeout",
+            f"no answer from the node in {self.host.connect_timeout_s:g} s"
+            f" ({' '.join(argv)}){_said(tail.text())}",
+        )
+
+
+def _check_version(host: str, hello: Hello) -> None:
+    ours = package_version()
+    if hello.handshake != HANDSHAKE or hello.version != ours:
+        raise HostUnreachable(
+            host,
+            "version_mismatch",
+            f"its agent-supervisor is {hello.version} (handshake {hello.handshake}), this one is"
+            f" {ours} (handshake {HANDSHAKE}): install the same version on both",
+        )
+
+
+async def _end_process(process: trio.Process) -> None:
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            await trio.aclose_forcefully(stream)
+    if process.returncode is None:
+        with trio.move_on_after(_EXIT_BOUND_S):
+            await process.wait()  # its stdin closed: ssh ends the session and exits
+    if process.returncode is None:
+        process.send_signal(signal.SIGKILL)
+        with trio.move_on_after(_EXIT_BOUND_S):
+            await process.wait()
+
+
+async def _read_hello(stdout: trio.abc.ReceiveStream) -> tuple[Hello | None, bytes]:
+    """The hello line, and what came after it; (None, b"") if the transport ended first.
+    Lines before it (a login banner on stdout) are skipped."""
+    buffer = b""
+    while len(buffer) < MAX_HELLO_BYTES:
+        data = await stdout.receive_some(MAX_HELLO_BYTES)
+        if not data:
+            return None, b""
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            hello = Hello.parse(line)
+            if hello is not None:
+                return hello, buffer
+    return None, b""
+
+
+#: What OpenSSH and a shell say, mapped to a cause (checked in order).
+_CAUSES: Final = (
+    (
+        "host_key_mismatch",
+        re.compile(
+            r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key verification failed|"
+            r"No \S+ host key is known|host key for .* has changed",
+            re.I,
+        ),
+        "the host's key is not the one known (Host key verification failed): check the"
+        " host, then its known_hosts entry",
+    ),
+    (
+        "auth_refused",
+        re.compile(r"Permission denied \(|Too many authentication failures", re.I),
+        "authentication refused (Permission denied): check the key and the user",
+    ),
+    (
+        "not_installed",
+        re.compile(
+            r"agent-supervisor: (command )?not found|No module named|not found|"
+            r"No such file or directory",
+            re.I,
+        ),
+        "agent-supervisor is not installed there (or not at the configured command)",
+    ),
+)
+
+
+def classify_transport_failure(
+    host: str, returncode: int | None, stderr: str, argv: list[str]
+) -> HostUnreachable:
+    """Name the cause of a transport that ended before the node said hello."""
+    said = stderr.strip()
+    if returncode == 3 and "agent-supervisor node:" in said:
+        return HostUnreachable(host, "node_failed", f"the node did not start: {said}")
+    for cause, pattern, text in _CAUSES:
+        if pattern.search(said) or (cause == "not_installed" and returncode == 127):
+            return HostUnreachable(host, cause, f"{text}{_said(said)}")
+    status = f"exit {returncode}" if returncode is not None else "no exit status"
+    return HostUnreachable(
+        host,
+        "transport_failed",
+        f"the transport ended before the node answered ({status}: {' '.join(argv)}){_said(said)}",
+    )
+
+
+def _said(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return f" [it said: {' | '.join(lines[-4:])}]" if lines else ""
+
+
+class _Tail:
+    """The last bytes of a stream (the transport's stderr)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self.done = trio.Event()
+
+    async def pump(self, stream: trio.abc.ReceiveStream) -> None:
+        try:
+            while data := await stream.receive_some(4096):
+                self._data += data
+                if len(self._data) > _STDERR_TAIL_BYTES:
+                    del self._data[: len(self._data) - _STDERR_TAIL_BYTES]
+                log.debug("transport: %s", data.decode(errors="replace").rstrip())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.done.set()
+
+    def text(self) -> str:
+        return self._data.decode(errors="replace")
+
+
+class _ProcessStream(trio.abc.Stream):
+    """A process's stdin and stdout as one byte stream, after what was read ahead of it."""
+
+    def __init__(self, process: trio.Process, prefix: bytes) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self._send = process.stdin
+        self._receive = process.stdout
+        self._prefix = prefix
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self._send.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._send.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._prefix:
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:size], self._prefix[size:]
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self._receive.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()

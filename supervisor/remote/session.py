@@ -1,0 +1,391 @@
+"""A session on another host, as the front sees it: the same API as a local ``Session``.
+
+Every call is a request to the host's node (``supervisor/remote/link.py``); the node's session
+does the work (its actor, its ladder, its receipt). The front keeps a mirror: the events the
+node sent, in a :class:`~supervisor.subscription.Fanout` of its own (so the front's
+subscribers replay from the front's history, with ``since_seq``, like a local session's), the
+state and the current turn. Events keep the node's ``seq``: after a reconnect the link
+resubscribes from the last one it has, and what the node replays continues the stream with no
+gap and nothing twice. Each event, receipt and summary carries ``host``; the session's id on
+the front is ``NODE_ID@HOST`` (``s3@build1``), the same however often the front reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from protocols import events as ev
+from supervisor.config import AgentSpec
+from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.process import ExitStatus
+from supervisor.receipt import REASON_USER, CancelReceipt
+from supervisor.remote.errors import HostUnreachable, LinkLost
+from supervisor.session import (
+    DEFAULT_HISTORY,
+    DEFAULT_SUBSCRIBER_BUFFER,
+    SessionSummary,
+    TurnHandle,
+)
+from supervisor.steering import SteerResult
+from supervisor.subscription import Fanout, Subscription
+from supervisor.wire import converter, dumps, event_from_wire, event_to_wire
+
+if TYPE_CHECKING:
+    from supervisor.remote.link import Connection, NodeLink
+
+__all__ = ["RemoteSession"]
+
+log = logging.getLogger(__name__)
+
+#: A cancel whose link is down keeps trying to reach the node this much longer than the
+#: node's own ladder takes (grace, then the kill): past that, the receipt says the host could
+#: not be reached.
+CANCEL_REACH_MARGIN_S: Final = 5.0
+
+
+class RemoteSession:
+    """One session of a node on another host (create it through the ``Supervisor``)."""
+
+    def __init__(
+        self,
+        link: NodeLink,
+        *,
+        node_id: str,
+        spec: AgentSpec,
+        cwd: str | None,
+        state: str,
+        history_size: int = DEFAULT_HISTORY,
+    ) -> None:
+        self.link = link
+        self.node_id = node_id
+        self.host: str = link.host.name
+        self.id = f"{node_id}@{self.host}"
+        self.spec = spec
+        self.cwd = cwd
+        self._state = state
+        self._turn_id: str | None = None
+        self._seq = 0
+        self._fanout = Fanout(history_size)
+        self._done = False
+        self._failure: str | None = None
+        self.exit_status: ExitStatus | None = None
+        self._ended = trio.Event()
+        #: the front's history holds what the node had when we (re)subscribed: a recovered
+        #: session replays the node's history first, and a subscriber waits for it
+        self._caught_up = trio.Event()
+        self._catch_up_to = 0
+        self._caught_up.set()
+
+    # -- the Session API ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    @property
+    def turn_id(self) -> str | None:
+        return self._turn_id
+
+    def summary(self) -> SessionSummary:
+        return SessionSummary(self.id, self.spec.name, self._state, self._turn_id, host=self.host)
+
+    async def prompt(self, text: str) -> TurnHandle:
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("prompt text must be a non-empty string")
+        result = await self._request("agent.prompt", {"text": text})
+        return TurnHandle(str(result["turn_id"]), bool(result["queued"]))
+
+    async def cancel(
+        self, *, turn_id: str | None = None, reason: str | None = None
+    ) -> CancelReceipt:
+        """The node's receipt, plus ``host``: returns once the turn has ended on the host (its
+        ``turn.ended`` is published here first). If the link drops meanwhile, the cancel is
+        sent again, naming the turn, once it is back (the node answers a repeated cancel from
+        the same job, or from the receipt it kept); if the host cannot be reached within the
+        node's whole ladder and a margin, the receipt says so: ``outcome: "unreachable"``,
+        never ``killed`` for a tree nobody saw die."""
+        self._check_running()
+        started = time.monotonic()
+        target = turn_id if turn_id is not None else self._turn_id
+        payload: dict[str, Any] = {"reason": REASON_USER if reason is None else reason}
+        if turn_id is not None:
+            payload["task_id"] = turn_id
+        reach = self.spec.grace_s + self.spec.kill_timeout_s + CANCEL_REACH_MARGIN_S
+        give_up = trio.current_time() + max(reach, self.link.host.connect_timeout_s)
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                conn = await self.link.connection(deadline=give_up)
+                result = await conn.request(
+                    "agent.cancel", {"session_id": self.node_id, **payload}, watch=True
+                )
+            except LinkLost:
+                if target is not None:
+                    payload["task_id"] = target  # never a newer turn than the one we meant
+                continue
+            except HostUnreachable as exc:
+                return self._unreachable_receipt(target, payload["reason"], started, exc)
+            result.pop("success", None)
+            receipt = self._receipt(result)
+            if attempts > 1:
+                receipt = converter.structure(
+                    {
+                        **converter.unstructure(receipt),
+                        "details": {**receipt.details, "link_retries": attempts - 1},
+                    },
+                    CancelReceipt,
+                )
+            return receipt
+
+    async def steer(self, text: str) -> SteerResult:
+        if not isinstance(text, str) or not text.strip():
+            raise BadRequest("steer text must be a non-empty string")
+        result = await self._request("agent.steer", {"text": text})
+        receipt = result.get("receipt")
+        return SteerResult(
+            session_id=self.id,
+            mode=result["mode"],
+            turn_id=str(result["turn_id"]),
+            receipt=self._receipt(receipt) if isinstance(receipt, dict) else None,
+            detail=result.get("detail"),
+        )
+
+    async def respond_permission(
+        self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
+    ) -> None:
+        if (option_id is None) == (not cancelled):
+            raise BadRequest("give exactly one of option_id or cancelled=True")
+        payload: dict[str, Any] = {"request_id": request_id}
+        if option_id is None:
+            payload["cancelled"] = True
+        else:
+            payload["option_id"] = option_id
+        await self._request("permission.respond", payload)
+
+    @asynccontextmanager
+    async def subscribe(
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        stall_s: float | None = None,
+    ) -> AsyncIterator[Subscription]:
+        subscription = await self.open_subscription(
+            since_seq=since_seq, max_buffer=max_buffer, stall_s=stall_s
+        )
+        try:
+            yield subscription
+        finally:
+            subscription.close()
+
+    async def open_subscription(
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        stall_s: float | None = None,
+        wire: bool = False,
+    ) -> Subscription:
+        """Events of the front's mirror. A subscriber that falls behind is cut off
+        (``lagged``) at twice its buffer even with ``stall_s``: the agent it would hold back
+        runs on another host (the node holds it back for the link instead)."""
+        await self._caught_up.wait()
+        return self._fanout.subscribe(
+            since_seq, head_seq=self._seq, max_buffer=max_buffer, stall_s=stall_s, wire=wire
+        )
+
+    async def wait_ready(self) -> None:
+        await trio.lowlevel.checkpoint()
+        self._check_running()
+
+    async def stop(self) -> ExitStatus | None:
+        """End the session on the host (its tree is killed there), then here."""
+        if self._done:
+            await trio.lowlevel.checkpoint()
+            return self.exit_status
+        try:
+            result = await self._request("session.stop", {})
+        except AgentNotRunning:
+            result = {"exit_code": None}
+        code = result.get("exit_code")
+        self.exit_status = ExitStatus(code=code, signal=None) if isinstance(code, int) else None
+        self._finish("stopped")
+        return self.exit_status
+
+    # -- the link's side ---------------------------------------------------------------------
+
+    async def _subscribe_on(self, conn: Connection) -> None:
+        """Subscribe on ``conn`` from the last seq we have (0: from the start)."""
+        result = await conn.request(
+            "session.subscribe", {"session_id": self.node_id, "since_seq": self._seq}
+        )
+        head = result.get("last_seq")
+        self._catch_up_to = head if isinstance(head, int) else 0
+        if self._seq >= self._catch_up_to:
+            self._caught_up.set()
+        if result.get("gap"):
+            log.warning(
+                "session %s: the node's history no longer reaches back to seq %d: events were lost",
+                self.id,
+                self._seq,
+            )
+
+    def _on_node_message(self, message: dict[str, Any]) -> None:
+        """An event (or a subscription notice) from the node, in wire order."""
+        kind = message.get("event")
+        if kind in ("subscription.closed", "subscription.lagged"):
+            self._on_notice(str(kind))
+            return
+        seq = message.get("seq")
+        if not isinstance(seq, int) or seq <= self._seq or self._done:
+            return  # a replay of what we have
+        if seq != self._seq + 1:
+            log.warning("session %s: events %d-%d were lost", self.id, self._seq + 1, seq - 1)
+        message["session_id"] = self.id
+        message["host"] = self.host
+        data = message.get("data")
+        if isinstance(data, dict) and isinstance(data.get("receipt"), dict):
+            data["receipt"] = {**data["receipt"], "session_id": self.id, "host": self.host}
+        try:
+            event = event_from_wire(message)
+        except Exception:  # a kind this front does not know: versions are checked, so a bug
+            log.exception("session %s: cannot read event %r", self.id, message)
+            return
+        self._seq = seq
+        self._track(event)
+        self._fanout.publish(event, dumps(message))
+        self._fanout.flush()
+        if seq >= self._catch_up_to:
+            self._caught_up.set()
+
+    def _recovering(self) -> None:
+        """Created for a session a crashed front left: subscribers wait for the replay."""
+        self._caught_up = trio.Event()
+        self._catch_up_to = 2**62
+
+    def record(self) -> dict[str, Any]:
+        """What the front's record keeps (``supervisor/remote/record.py``)."""
+        return {
+            "session_id": self.id,
+            "host": self.host,
+            "node_id": self.node_id,
+            "agent": self.spec.name,
+            "cwd": self.cwd,
+            "instance": self.link.instance,
+            "node_pid": self.link.node_pid,
+        }
+
+    def _on_notice(self, kind: str) -> None:
+        if kind == "subscription.lagged":
+            # The node cut the link's subscription off (the link did not read for a while):
+            # resubscribe from where we are.
+            self.link._nursery.start_soon(self._resubscribe)
+            return
+        # subscription.closed: the node's session is over (stopped or failed there).
+        self._finish(self._state if self._state in ("stopped", "failed") else "stopped")
+
+    async def _resubscribe(self) -> None:
+        try:
+            conn = await self.link.connection()
+            await self._subscribe_on(conn)
+        except (LinkLost, HostUnreachable):
+            pass  # the link's reconnection resubscribes
+
+    def _track(self, event: ev.Event) -> None:
+        if isinstance(event, ev.SessionState):
+            self._state = event.state
+        elif isinstance(event, ev.TurnStarted):
+            self._turn_id = event.turn_id
+        elif isinstance(event, ev.TurnEnded) and event.turn_id == self._turn_id:
+            self._turn_id = None
+
+    def _fail(self, cause: str) -> None:
+        """The node is gone, or has lost this session: it fails here, with the cause (its
+        turn, if one ran, ends ``failed``: every turn has its ``turn.ended``)."""
+        if self._done:
+            return
+        self._failure = cause
+        now = time.time()
+        if self._turn_id is not None:
+            self._emit(ev.TurnEnded(turn_id=self._turn_id, outcome="failed", error=cause), now)
+            self._turn_id = None
+        self._emit(ev.SessionState(state="failed", detail=cause), now)
+        self._finish("failed")
+
+    def _emit(self, event: ev.Event, timestamp: float) -> None:
+        """An event of the front's own (only once the node can no longer send any)."""
+        self._seq += 1
+        stamped = attrs.evolve(event, session_id=self.id, seq=self._seq, timestamp=timestamp)
+        message = event_to_wire(stamped)
+        message["host"] = self.host
+        self._track(stamped)
+        self._fanout.publish(stamped, dumps(message))
+        self._fanout.flush()
+
+    def _finish(self, state: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._state = state
+        self._fanout.close()
+        self.link.forget(self)
+        self._ended.set()
+        self._caught_up.set()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        if self._done or self._state in ("stopped", "failed"):
+            cause = f": {self._failure}" if self._failure else ""
+            raise AgentNotRunning(f"session {self.id} is {self._state}{cause}")
+
+    async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_running()
+        try:
+            conn = await self.link.connection()
+            return await conn.request(action, {"session_id": self.node_id, **payload})
+        except LinkLost as exc:
+            raise AgentNotRunning(
+                f"session {self.id}: the link to {self.host} dropped before the node answered"
+                f" {action} (whether it acted is unknown): {exc}"
+            ) from None
+        except HostUnreachable as exc:
+            raise AgentNotRunning(f"session {self.id}: {exc}") from None
+
+    def _receipt(self, wire: dict[str, Any]) -> CancelReceipt:
+        receipt: CancelReceipt = converter.structure(
+            {**wire, "session_id": self.id, "host": self.host}, CancelReceipt
+        )
+        return receipt
+
+    def _unreachable_receipt(
+        self, turn_id: str | None, reason: str, started: float, error: HostUnreachable
+    ) -> CancelReceipt:
+        return CancelReceipt(
+            session_id=self.id,
+            turn_id=turn_id,
+            outcome="unreachable",
+            escalation=[],
+            elapsed_ms=(time.monotonic() - started) * 1000,
+            grace_s=self.spec.grace_s,
+            reason=reason,
+            details={
+                "error": str(error),
+                "cause": error.cause,
+                "backstop": f"the node stops sessions nobody drives after"
+                f" {self.link.host.detach_s:g} s",
+            },
+            host=self.host,
+        )

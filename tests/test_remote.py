@@ -1,0 +1,210 @@
+"""Remote hosts without SSH: the configuration, placement, the handshake, the causes named.
+
+The link is also run over the ``env`` transport (a "host" that is this machine, as this user):
+the same bridge, node and WebSocket, without sshd, so it runs wherever Python does. The real
+SSH scenarios are in ``test_remote_ssh.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import AgentSpec, open_supervisor
+from supervisor.config import ConfigError, builtin_agents, parse_agents
+from supervisor.errors import BadRequest
+from supervisor.gateway import Gateway
+from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
+from supervisor.remote.front import RemoteHosts
+from supervisor.remote.handshake import Hello, package_version, spec_from_wire, spec_to_wire
+from supervisor.remote.hosts import DEFAULT_DETACH_S, check_agent_hosts, parse_hosts
+from supervisor.remote.link import classify_transport_failure
+
+BOUND = 60.0
+
+
+def test_hosts_parse_with_defaults_and_agents_name_them() -> None:
+    document = {
+        "hosts": {
+            "b1": {"transport": ["ssh", "agents@b1", "--"], "max_sessions": 40},
+            "b2": {"transport": ["ssh", "b2", "--"], "detach_s": 60, "command": ["/opt/as"]},
+        },
+        "agents": {"c": {"protocol": "acp", "command": ["c"], "hosts": ["b1", "b2"]}},
+    }
+    hosts = parse_hosts(document, "f.toml")
+    assert hosts["b1"].max_sessions == 40 and hosts["b1"].detach_s == DEFAULT_DETACH_S
+    assert hosts["b1"].command == ("agent-supervisor",)
+    assert hosts["b2"].max_sessions is None and hosts["b2"].detach_s == 60.0
+    agents = parse_agents(document, "f.toml")
+    assert agents["c"].hosts == ("b1", "b2")
+    check_agent_hosts(agents, hosts)
+    with pytest.raises(ConfigError, match="unknown host.*b3"):
+        check_agent_hosts({"x": agents["c"].with_options(hosts=("b3",))}, hosts)
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({}, "'transport' is required"),
+        ({"transport": "ssh b1 --"}, "not a shell string"),
+        ({"transport": ["ssh"], "max_sessions": 0}, "'max_sessions' must be a whole number"),
+        ({"transport": ["ssh"], "detach_s": -1}, "'detach_s' must be a number of seconds > 0"),
+        ({"transport": ["ssh"], "ports": 1}, "unknown key"),
+    ],
+)
+def test_bad_host_tables_name_the_key(table: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        parse_hosts({"hosts": {"b1": table}}, "f.toml")
+    assert "f.toml: [hosts.b1]" in str(raised.value)
+
+
+def test_the_bridge_command_is_quoted_for_ssh_only() -> None:
+    ssh = HostSpec(name="a", transport=["ssh", "h", "--"], command=["/opt/a b/as"], detach_s=5)
+    assert ssh.bridge_argv() == [
+        "ssh",
+        "h",
+        "--",
+        "'/opt/a b/as'",
+        "node",
+        "--bridge",
+        "--detach",
+        "5",
+    ]
+    docker = HostSpec(name="a", transport=["docker", "exec", "-i", "c"], command=["/opt/a b/as"])
+    assert docker.bridge_argv()[4] == "/opt/a b/as"
+
+
+def test_placement_goes_to_the_most_room_then_says_capacity() -> None:
+    hosts = {
+        "small": HostSpec(name="small", transport=["x"], max_sessions=1),
+        "big": HostSpec(name="big", transport=["x"], max_sessions=3),
+    }
+    remote = RemoteHosts(nursery=None, hosts=hosts)  # type: ignore[arg-type]
+    spec = AgentSpec(name="a", protocol="acp", command=["a"], hosts=("small", "big"))
+    placed = []
+    for _ in range(4):
+        host = remote.place(spec, None)
+        placed.append(host.name)
+        remote._starting[host.name] = remote._starting.get(host.name, 0) + 1
+    assert placed == ["big", "big", "small", "big"]  # room 3, 2, then 1 each: the fewer sessions
+    with pytest.raises(HostCapacity, match="every host"):
+        remote.place(spec, None)
+    with pytest.raises(HostCapacity, match="holds its max_sessions"):
+        remote.place(spec, "small")
+    with pytest.raises(BadRequest, match="may not run on"):
+        remote.place(spec.with_options(hosts=("big",)), "small")
+    with pytest.raises(BadRequest, match="unknown host"):
+        remote.place(spec, "elsewhere")
+
+
+def test_hello_and_spec_round_trip() -> None:
+    hello = Hello(version="1.2.3", instance="abc", pid=7, port=4000, token="t")
+    assert Hello.parse(hello.line().strip()) == hello
+    assert Hello.parse(b"Welcome to build1!") is None
+    assert Hello.parse(json.dumps({"agent_supervisor_node": 1}).encode()) is None
+    spec = (
+        builtin_agents()["demo"]
+        .with_args("--ignore-cancel")
+        .with_options(grace_s=0.5, env={"A": "b"}, hosts=("b1",))
+    )
+    wire = spec_to_wire(spec)
+    assert "hosts" not in wire
+    assert spec_from_wire("demo", json.loads(json.dumps(wire))) == spec.with_options(hosts=())
+    with pytest.raises(ValueError, match="agent spec 'x'"):
+        spec_from_wire("x", {"protocol": "acp"})
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stderr", "cause"),
+    [
+        (255, "Host key verification failed.\r\n", "host_key_mismatch"),
+        (255, "@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@", "host_key_mismatch"),
+        (255, "agents@b1: Permission denied (publickey).", "auth_refused"),
+        (127, "bash: line 1: agent-supervisor: command not found", "not_installed"),
+        (1, "/usr/bin/python3: No module named supervisor", "not_installed"),
+        (3, "agent-supervisor node: the node exited at start (1): boom", "node_failed"),
+        (255, "ssh: connect to host b1 port 22: Connection refused", "transport_failed"),
+    ],
+)
+def test_transport_failures_are_named(returncode: int, stderr: str, cause: str) -> None:
+    error = classify_transport_failure("b1", returncode, stderr, ["ssh", "b1"])
+    assert error.cause == cause, error
+    assert str(error).startswith("host b1: ")
+
+
+async def test_a_spec_is_refused_by_a_gateway_that_is_not_a_node() -> None:
+    from supervisor.client import GatewayError, connect
+
+    async with open_supervisor() as sup, trio.open_nursery() as nursery:
+        url = await nursery.start(Gateway(sup, port=0).serve)
+        async with connect(url) as client:
+            with pytest.raises(GatewayError, match="'spec' is for nodes") as raised:
+                await client.request(
+                    "session.start", {"agent": "demo", "spec": spec_to_wire(sup.agents["demo"])}
+                )
+            assert raised.value.code == "bad_request"
+        nursery.cancel_scope.cancel()
+
+
+def _fake_bridge(version: str) -> list[str]:
+    hello = Hello(version=version, instance="i", pid=1, port=1, token="t").line().decode()
+    return [sys.executable, "-c", f"import sys; sys.stdout.write({hello!r}); sys.stdin.read()"]
+
+
+async def test_a_node_of_another_version_is_refused() -> None:
+    hosts = {"h": HostSpec(name="h", transport=["env"], command=_fake_bridge("0.0.0-other"))}
+    spec = builtin_agents()["demo"].with_options(hosts=("h",))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
+            with pytest.raises(HostUnreachable) as raised:
+                await sup.start_session("demo")
+    assert raised.value.cause == "version_mismatch"
+    assert "0.0.0-other" in str(raised.value) and package_version() in str(raised.value)
+
+
+async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
+    """The whole path (bridge, node daemon, WebSocket over stdio) with no SSH at all."""
+    hosts = {
+        "here": HostSpec(
+            name="here",
+            transport=["env"],
+            command=[sys.executable, "-m", "supervisor.cli"],
+            detach_s=1.0,
+            state_dir=str(tmp_path / "node"),
+        )
+    }
+    spec = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
+    spec = spec.with_options(hosts=("here",))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
+            session = await sup.start_session("demo", cwd=str(tmp_path))
+            assert isinstance(session, RemoteSession) and session.id == "s1@here"
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("hello words=400")
+                await recorder.wait_kind("message.delta")
+                receipt = await session.cancel()
+                assert (receipt.outcome, receipt.host) == ("cancelled", "here")
+                steer = await session.steer("and now this words=3")
+                assert steer.mode == "started" and steer.turn_id != turn.id
+                ended = await recorder.wait_kind("turn.ended", turn_id=steer.turn_id)
+                assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+            node_pid = session.link.node_pid
+            assert await sup.stop_session(session.id) is not None or session.state == "stopped"
+            assert sup.list() == []
+    # undriven for detach_s, the node exits
+    import psutil
+
+    assert node_pid is not None
+    _, alive = psutil.wait_procs([psutil.Process(node_pid)], timeout=15)
+    assert alive == []

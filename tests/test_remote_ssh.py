@@ -1,0 +1,469 @@
+"""Sessions on another host over real SSH: a real ``sshd`` on 127.0.0.1, a throwaway user.
+
+The "host" is this machine seen through ``ssh user@127.0.0.1``: the node runs as the user
+(``tests/sshd.py``), so what is left running "on the host" is what that user runs, and the
+tree a kill must end is visible here with psutil. Real processes, the real clock, generous
+bounds; waits are on events (or process exits), never on sleeps. Each test gets a node of its
+own (its own ``state_dir`` on the host); whatever the user still runs after a test is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from protocols import events as ev
+from sshd import SshHost, start_ssh_host
+from supervisor import AgentSpec, open_supervisor
+from supervisor.errors import AgentNotRunning
+from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
+from supervisor.supervisor import Supervisor
+
+pytestmark = pytest.mark.real_process
+
+BOUND = 60.0  # generous: a stuck test fails instead of hanging the suite
+GRACE = 1.0
+
+
+@pytest.fixture(scope="module")
+def ssh_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHost]:
+    yield from start_ssh_host(tmp_path_factory.mktemp("sshd"))
+
+
+@pytest.fixture
+def host(ssh_host: SshHost, request: pytest.FixtureRequest) -> Iterator[SshHost]:
+    """The SSH host, with nothing of the user's running before or after the test."""
+    _kill_all(ssh_host)
+    yield ssh_host
+    _kill_all(ssh_host)
+
+
+def _kill_all(host: SshHost) -> None:
+    left = host.processes()
+    for process in left:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
+def host_spec(host: SshHost, name: str = "h", **changes: Any) -> HostSpec:
+    test = os.environ.get("PYTEST_CURRENT_TEST", "test").split(":")[-1].split(" ")[0]
+    fields: dict[str, Any] = {
+        "name": name,
+        "transport": host.transport,
+        "command": host.node_command(),
+        "detach_s": 30.0,
+        "state_dir": str(host.home / "nodes" / test),
+        **changes,
+    }
+    return HostSpec(**fields)
+
+
+def demo_on(
+    host: SshHost, *args: str, hosts: tuple[str, ...] = ("h",), **changes: Any
+) -> AgentSpec:
+    """The demo agent, run on the host by the host's Python."""
+    spec = AgentSpec(
+        name="demo",
+        protocol="acp",
+        command=(
+            host.python,
+            "-m",
+            "supervisor.demo_agent",
+            "--delay",
+            "0.02",
+            "--state-dir",
+            str(host.home / "demo-state"),
+            *args,
+        ),
+        grace_s=GRACE,
+        kill_timeout_s=0.5,
+        hosts=hosts,
+    )
+    return spec.with_options(**changes)
+
+
+@asynccontextmanager
+async def remote_session(
+    host: SshHost, spec: AgentSpec, hosts: dict[str, HostSpec]
+) -> AsyncIterator[tuple[Supervisor, RemoteSession, Recorder]]:
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={spec.name: spec}, hosts=hosts) as sup:
+            session = await sup.start_session(spec.name)
+            assert isinstance(session, RemoteSession)
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield sup, session, recorder
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def node_pid(session: RemoteSession) -> int:
+    conn = session.link._conn
+    assert conn is not None
+    return conn.hello.pid
+
+
+def only_the_node_is_left(host: SshHost, node: int) -> None:
+    """Every process the user runs is the node (the session's tree is gone), within a bound."""
+    others = [p for p in host.processes() if p.pid != node]
+    _, alive = psutil.wait_procs(others, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [_describe(p) for p in alive]
+
+
+def _describe(process: psutil.Process) -> str:
+    try:
+        return f"{process.pid}: {' '.join(process.cmdline())}"
+    except psutil.Error:
+        return str(process.pid)
+
+
+async def test_stream_and_cancel_on_the_host(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (sup, session, rec):
+        assert session.host == "h" and session.id == f"{session.node_id}@h"
+        assert [s.host for s in sup.list()] == ["h"]
+        turn = await session.prompt("hello words=400")
+        await rec.wait_for(is_delta, count=3)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        assert receipt.escalation == ["interrupt"]
+        assert (receipt.host, receipt.session_id) == ("h", session.id)
+        assert receipt.elapsed_ms < GRACE * 1000
+        # terminate-then-respond, across the link: the turn's end was published first
+        ended = [e for e in session._fanout.history if b'"turn.ended"' in e]
+        assert len(ended) == 1 and b'"host":"h"' in ended[0]
+        await rec.catch_up()
+        [turn_ended] = rec.of_kind("turn.ended")
+        assert isinstance(turn_ended, ev.TurnEnded) and turn_ended.receipt is not None
+        assert turn_ended.receipt["host"] == "h" and turn_ended.receipt["session_id"] == session.id
+        # the session goes on
+        again = await session.prompt("again words=3")
+        done = await rec.wait_kind("turn.ended", turn_id=again.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        node = node_pid(session)
+    # Leaving the supervisor stopped the session on the host: only the node is left there.
+    only_the_node_is_left(host, node)
+
+
+async def test_wedged_agent_killed_on_the_host_with_its_setsid_grandchild(host: SshHost) -> None:
+    spec = demo_on(host, "--ignore-cancel")
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        await session.prompt("grandchildren words=10000")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        pids = tool.raw["rawOutput"]["pids"]
+        setsid = tool.raw["rawOutput"]["setsidGrandchild"]
+        leaked = [psutil.Process(pid) for pid in pids]
+        assert all(p.uids().real == host.uid for p in leaked)  # they run on the "host"
+        assert os.getsid(setsid) == setsid  # in a session of its own
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed", receipt
+        assert receipt.host == "h"
+        assert receipt.escalation[:2] == ["interrupt", "grace_expired"], receipt.escalation
+        assert "respawned" in receipt.escalation and receipt.resumed is True
+        assert receipt.survivors == []
+        _, alive = psutil.wait_procs(leaked, timeout=5)
+        assert alive == [], alive
+        again = await session.prompt("again words=3")
+        done = await rec.wait_kind("turn.ended", turn_id=again.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+async def test_ssh_client_killed_mid_turn_events_resume_without_gap(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        turn = await session.prompt("long words=2000")
+        await rec.wait_for(is_delta, count=5)
+        transport = session.link.process
+        assert transport is not None and session.link.connects == 1
+        transport.send_signal(signal.SIGKILL)
+        seen = len(rec.of_kind("message.delta"))
+        # Deltas come again only once the link is back and resubscribed from its last seq.
+        await rec.wait_for(is_delta, count=seen + 20)
+        assert session.link.connects == 2
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        await rec.catch_up()
+        # check_invariants (on the way out): seq contiguous from 1, one turn.ended per turn
+        deltas = [e for e in rec.events if isinstance(e, ev.MessageDelta)]
+        assert len(deltas) == len({e.seq for e in deltas})
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+def serve_config(host: SshHost, tmp_path: Path, detach: float) -> Path:
+    """A front's configuration: host ``h`` (this test's node) and ``remote-demo`` on it."""
+    spec_host = host_spec(host, detach_s=detach)
+    config = tmp_path / "agents.toml"
+    command = ", ".join(f'"{w}"' for w in demo_on(host).command)
+    config.write_text(
+        f"""
+[hosts.h]
+transport = [{", ".join(f'"{w}"' for w in host.transport)}]
+command = [{", ".join(f'"{w}"' for w in host.node_command())}]
+detach_s = {detach}
+state_dir = "{spec_host.state_dir}"
+
+[agents.remote-demo]
+protocol = "acp"
+command = [{command}]
+hosts = ["h"]
+"""
+    )
+    return config
+
+
+async def start_serve(config: Path, state: Path) -> tuple[trio.Process, str]:
+    """``agent-supervisor serve --config`` on a free port, and its URL once ready."""
+    env = {**os.environ, "AGENT_SUPERVISOR_STATE_DIR": str(state)}
+    serve = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "supervisor.cli", "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert serve.stdout is not None
+    line = b""
+    while not line.endswith(b"\n"):
+        data = await serve.stdout.receive_some(1)
+        assert data, "serve exited before it was ready"
+        line += data
+    return serve, line.decode().split()[1]
+
+
+async def end(process: trio.Process) -> None:
+    if process.returncode is None:
+        process.kill()
+    with trio.move_on_after(5):
+        await process.wait()
+
+
+async def test_nobody_reconnects_within_detach_s_nothing_is_left(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A front (``serve``, over the wire) dies mid-turn: its link drops, nobody drives the
+    node, and after ``detach_s`` the node has stopped the session, its tree, and itself."""
+    from supervisor.client import connect
+
+    detach = 2.0
+    config = serve_config(host, tmp_path, detach)
+    with trio.fail_after(BOUND):
+        serve, url = await start_serve(config, tmp_path / "state")
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                started = await client.start_session("remote-demo", host="h")
+                assert started["host"] == "h" and started["session_id"].endswith("@h")
+                sid = started["session_id"]
+                [listed] = await client.sessions()
+                assert listed["host"] == "h"
+                async with client.subscribe(sid, since_seq=0) as events:
+                    await client.prompt(sid, "long words=10000")
+                    async for event in events:
+                        assert event["host"] == "h" and event["session_id"] == sid
+                        if event["event"] == "message.delta":
+                            break
+                # The host runs the node and the agent's tree now.
+                on_host = host.processes()
+                assert len(on_host) >= 3, [_describe(p) for p in on_host]
+                serve.send_signal(signal.SIGKILL)
+        # Nobody drives the node any more: within detach_s (and its ladder), it has stopped
+        # the session, killed the tree and exited.
+        gone, alive = psutil.wait_procs(on_host, timeout=detach + 20)
+        assert alive == [], [_describe(p) for p in alive]
+        assert host.processes() == []
+    finally:
+        await end(serve)
+
+
+async def test_serve_killed_and_started_again_loses_no_session(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """``serve`` is SIGKILLed mid-turn and started again: it finds its remote session (same
+    id), the turn went on on the host meanwhile, and a client that resubscribes from its last
+    ``seq`` sees every event once; the turn can then be cancelled."""
+    from supervisor.client import connect
+
+    config = serve_config(host, tmp_path, detach=30.0)
+    state = tmp_path / "state"
+    seen: list[dict[str, Any]] = []
+
+    async def read(events: Any, deltas: int) -> None:
+        count = 0
+        async for event in events:
+            seen.append(event)
+            if event["event"] == "message.delta":
+                count += 1
+                if count == deltas:
+                    return
+
+    with trio.fail_after(BOUND):
+        first, url = await start_serve(config, state)
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                sid = (await client.start_session("remote-demo"))["session_id"]
+                async with client.subscribe(sid, since_seq=0) as events:
+                    turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
+                    await read(events, 10)
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+    finally:
+        await end(first)
+    with trio.fail_after(BOUND):
+        second, url = await start_serve(config, state)
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                [listed] = await client.sessions()
+                assert (listed["session_id"], listed["host"]) == (sid, "h"), listed
+                async with client.subscribe(sid, since_seq=seen[-1]["seq"]) as events:
+                    await read(events, 20)
+                    receipt = await client.cancel(sid)
+                    assert (receipt["outcome"], receipt["turn_id"]) == ("cancelled", turn)
+                    assert receipt["host"] == "h"
+                    async for event in events:
+                        seen.append(event)
+                        if event["event"] == "turn.ended":
+                            break
+                seqs = [event["seq"] for event in seen]
+                assert seqs == list(range(1, len(seqs) + 1)), seqs  # every event, once
+                assert [e["data"]["turn_id"] for e in seen if e["event"] == "turn.ended"] == [turn]
+                await client.stop(sid)
+    finally:
+        await end(second)
+
+
+async def test_partition_during_a_cancel_gives_an_honest_receipt(host: SshHost) -> None:
+    """The link freezes (the ssh client stopped) and no new one can be made (sshd stopped):
+    the cancel keeps trying within the node's ladder, then says the host was unreachable,
+    never ``killed``. Once the host is back the link resubscribes, the stream goes on with no
+    gap, and a cancel stops the turn."""
+    spec = demo_on(host)
+    hosts = {"h": host_spec(host, connect_timeout_s=3.0)}
+    async with remote_session(host, spec, hosts) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        transport = session.link.process
+        assert transport is not None
+        os.kill(host.sshd_pid, signal.SIGSTOP)
+        try:
+            transport.send_signal(signal.SIGSTOP)
+            receipt = await session.cancel()
+        finally:
+            os.kill(host.sshd_pid, signal.SIGCONT)
+        assert receipt.outcome == "unreachable", receipt
+        assert (receipt.host, receipt.turn_id, receipt.escalation) == ("h", turn.id, [])
+        assert receipt.details["cause"] == "timeout", receipt.details
+        assert "unreachable" in receipt.summary()
+        # The host is back: the link reconnects by itself, and the turn went on there.
+        seen = len(rec.of_kind("message.delta"))
+        await rec.wait_for(is_delta, count=seen + 5)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        node = node_pid(session)
+    only_the_node_is_left(host, node)
+
+
+async def test_a_killed_node_fails_its_sessions_with_the_cause(host: SshHost) -> None:
+    spec = demo_on(host)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        node = psutil.Process(node_pid(session))
+        agents = [p for p in node.children(recursive=True)]
+        assert agents, "the node runs the agent's tree"
+        node.kill()
+        failed = await rec.wait_kind("session.state", state="failed")
+        assert isinstance(failed, ev.SessionState) and failed.detail is not None
+        assert f"pid {node.pid}) is gone" in failed.detail, failed.detail
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        assert session.state == "failed"
+        with pytest.raises(AgentNotRunning, match="is gone"):
+            await session.prompt("anyone there?")
+        # The tree died with its node (the shim's lifeline): only the new node is left.
+        _, alive = psutil.wait_procs(agents, timeout=10)
+        assert alive == [], [_describe(p) for p in alive]
+        new_node = session.link.node_pid
+        assert new_node is not None and new_node != node.pid
+    only_the_node_is_left(host, new_node)
+
+
+def _other_key(directory: Path, name: str) -> Path:
+    path = directory / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
+    return path
+
+
+@pytest.mark.parametrize("case", ["host_key_mismatch", "auth_refused", "not_installed"])
+async def test_errors_name_their_cause(host: SshHost, tmp_path: Path, case: str) -> None:
+    transport = list(host.transport)
+    command = host.node_command()
+    if case == "host_key_mismatch":
+        impostor = _other_key(tmp_path, "impostor").with_suffix(".pub").read_text()
+        known = tmp_path / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{host.port} {impostor}")
+        transport = host.with_option(f"UserKnownHostsFile={known}")
+    elif case == "auth_refused":
+        stranger = _other_key(tmp_path, "stranger")
+        transport = [str(stranger) if w == str(host.key) else w for w in transport]
+    else:
+        command = ["/opt/nowhere/agent-supervisor"]
+    hosts = {"h": host_spec(host, transport=transport, command=command)}
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": demo_on(host)}, hosts=hosts) as sup:
+            with pytest.raises(HostUnreachable) as raised:
+                await sup.start_session("demo")
+    assert raised.value.cause == case, raised.value
+    assert raised.value.code == "host_unreachable"
+    words = {
+        "host_key_mismatch": "Host key verification failed",
+        "auth_refused": "Permission denied",
+        "not_installed": "not installed",
+    }
+    assert words[case] in str(raised.value), raised.value
+
+
+async def test_two_hosts_placement_by_room_then_capacity(host: SshHost) -> None:
+    """Two hosts (two nodes of the one sshd, each in its own directory): sessions go where
+    there is room, and the third gets ``capacity``."""
+    hosts = {
+        "h1": host_spec(host, "h1", max_sessions=1, state_dir=str(host.home / "nodes" / "h1")),
+        "h2": host_spec(host, "h2", max_sessions=1, state_dir=str(host.home / "nodes" / "h2")),
+    }
+    spec = demo_on(host, hosts=("h1", "h2"))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
+            first = await sup.start_session("demo")
+            second = await sup.start_session("demo")
+            assert {first.host, second.host} == {"h1", "h2"}
+            assert isinstance(first, RemoteSession) and isinstance(second, RemoteSession)
+            assert node_pid(first) != node_pid(second)
+            with pytest.raises(HostCapacity, match="every host"):
+                await sup.start_session("demo")
+            await sup.stop_session(first.id)
+            third = await sup.start_session("demo")
+            assert third.host == first.host
