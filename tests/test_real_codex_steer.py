@@ -56,11 +56,20 @@ def _codex_turns(h: Harness) -> list[str]:
     ]
 
 
-async def _command_running(h: Harness, prompt: str, nursery: trio.Nursery) -> tuple[Any, list[Any]]:
-    """A turn whose (approved) command runs; the approvals go on in ``nursery``."""
+async def _command_running(
+    h: Harness, prompt: str, nursery: trio.Nursery, command: str
+) -> tuple[Any, list[Any]]:
+    """A turn whose (approved) ``command`` runs; the approvals go on in ``nursery``. Sampled
+    until a process of the tree runs that very command (the shell that starts it may be seen
+    first, before its command line says what it runs)."""
     turn = await h.session.prompt(prompt)
     nursery.start_soon(approve_permissions, h, turn.id, [])
-    tools = await sample_until(lambda: h.tool_processes(TOOL_LEAF))
+
+    def running() -> list[Any]:
+        tools = h.tool_processes(TOOL_LEAF)
+        return tools if any(command in scenarios.command_of(p) for p in tools) else []
+
+    tools = await sample_until(running)
     return turn, list({p.pid: p for t in tools for p in [t, *family(t)]}.values())
 
 
@@ -121,7 +130,7 @@ async def test_steer_while_a_command_runs_waits_for_it(open_codex: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_codex(keep_bodies=True) as h:
             async with trio.open_nursery() as nursery:
-                turn, tools = await _command_running(h, "briefshell", nursery)
+                turn, tools = await _command_running(h, "briefshell", nursery, BRIEF_SHELL_COMMAND)
                 assert any(BRIEF_SHELL_COMMAND in scenarios.command_of(p) for p in tools), tools
                 steered = await steering.steer(h, STEER_QUICK)
                 assert (steered.result.mode, steered.result.turn_id) == ("injected", turn.id)
@@ -157,7 +166,7 @@ async def test_cancel_after_a_steer_leaves_nothing_running(open_codex: Any) -> N
     with trio.fail_after(BOUND_S):
         async with open_codex(keep_bodies=True) as h:
             async with trio.open_nursery() as nursery:
-                turn, tools = await _command_running(h, "shell", nursery)
+                turn, tools = await _command_running(h, "shell", nursery, SHELL_COMMAND)
                 assert any(SHELL_COMMAND in scenarios.command_of(p) for p in tools), tools
                 steered = await steering.steer(h, STEER_QUICK)
                 assert (steered.result.mode, steered.result.turn_id) == ("injected", turn.id)
