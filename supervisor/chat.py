@@ -850,8 +850,9 @@ async def open_embedded(agent: str, config: str | None) -> AsyncIterator[Embedde
             session = await supervisor.start_session(agent)
         except SupervisorError as exc:
             raise ChatError(f"cannot start {agent}: {exc}") from exc
+        on = f" on {session.host}" if session.host is not None else ""
         backend = EmbeddedBackend(
-            session, await session.open_subscription(), f"{agent} (embedded supervisor)"
+            session, await session.open_subscription(), f"{agent}{on} (embedded supervisor)"
         )
         try:
             yield backend
@@ -984,7 +985,9 @@ async def open_remote(url: str, agent: str) -> AsyncIterator[RemoteBackend]:
             channel = await stack.enter_async_context(client.subscribe(session_id))
         except (GatewayError, ConnectionClosed) as exc:
             raise ChatError(f"cannot follow session {session_id}: {exc}") from exc
-        label = f"{agent} (session {session_id} at {where})"
+        host = started.get("host")
+        on = f" on {host}" if isinstance(host, str) else ""
+        label = f"{agent}{on} (session {session_id} at {where})"
         yield RemoteBackend(client, session_id, channel, label)
 
 

@@ -441,3 +441,33 @@ async def test_piped_stdin_is_read_as_lines(config: str) -> None:
     out = process.stdout.decode()
     assert "\x1b[" not in out  # no colours when nobody looks
     assert re.search(r"■ Cancelled in \d+ ms\n› again words=2\n.*\nHello! I \n", out), out
+
+
+async def test_a_chat_with_a_session_on_another_host_names_the_host(tmp_path: Path) -> None:
+    """An agent placed on a host (here: this machine through the ``env`` transport and a node)
+    is chatted with like a local one, and the chat says where it runs."""
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--delay", "0.01"]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        "[hosts.here]\n"
+        'transport = ["env"]\n'
+        f"command = {json.dumps([sys.executable, '-m', 'supervisor.cli'])}\n"
+        "detach_s = 2.0\n"
+        f"state_dir = {json.dumps(str(tmp_path / 'node'))}\n"
+        "\n"
+        "[agents.demo]\n"
+        'protocol = "acp"\n'
+        f"command = {json.dumps([*demo, '--state-dir', str(tmp_path / 'state')])}\n"
+        'hosts = ["here"]\n'
+    )
+    with trio.fail_after(EXPECT_S * 2):
+        process = await trio.run_process(
+            [sys.executable, "-m", "supervisor.cli", "chat", "--config", str(config)],
+            stdin=b"hello words=2\n",
+            capture_stdout=True,
+            capture_stderr=True,
+            cwd=ROOT,
+        )
+    out = process.stdout.decode()
+    assert "chat with demo on here (embedded supervisor)" in out, out
+    assert re.search(r"Hello! I \n", out), out

@@ -16,6 +16,8 @@ import os
 import queue
 import re
 import shutil
+import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +28,7 @@ import trio
 from supervisor.config import AgentSpec
 from supervisor.demo_agent import DEMO_WORDS
 from supervisor.gateway import Gateway
+from supervisor.remote.hosts import HostSpec
 from supervisor.supervisor import open_supervisor
 
 try:
@@ -104,8 +107,24 @@ class GatewayThread:
             ),
             # The demo agent without steering: a steer makes the turn stop and go first.
             "plain": demo.with_args("--delay", "0.03", "--no-steering").with_options(name="plain"),
+            # On a "host" reached through the env transport: this machine, through a node.
+            "remote-demo": demo.with_args("--delay", "0.03").with_options(
+                name="remote-demo", hosts=("here",)
+            ),
         }
-        async with open_supervisor(agents=agents) as sup, trio.open_nursery() as nursery:
+        hosts = {
+            "here": HostSpec(
+                name="here",
+                transport=["env"],
+                command=[sys.executable, "-m", "supervisor.cli"],
+                detach_s=5.0,
+                state_dir=tempfile.mkdtemp(prefix="web-ui-node-"),
+            )
+        }
+        async with (
+            open_supervisor(agents=agents, hosts=hosts) as sup,
+            trio.open_nursery() as nursery,
+        ):
             server = Gateway(sup, port=0, token=TOKEN)
             self.url = await nursery.start(server.serve)
             self._started.put(None)
@@ -298,6 +317,18 @@ def test_steer_a_running_turn_natively_then_by_interrupting(
     expect(turn(page, 1).get_by_test_id("user-message")).to_contain_text("shorter please")
     expect(turn(page, 1).get_by_test_id("steer-badge")).to_have_text("steered · interrupted")
     expect_completed(page, 1, 5)
+
+
+def test_a_session_on_another_host_shows_its_host(page: Page, server: GatewayThread) -> None:
+    open_app(page, server)
+    page.get_by_test_id("agent-select").select_option("remote-demo")
+    page.get_by_test_id("start-session").click()
+    expect(page.get_by_test_id("status")).to_have_text("ready")
+    current = page.locator("[data-testid=session-item][aria-current=true]")
+    expect(current.get_by_test_id("session-agent")).to_have_text("remote-demo @ here")
+    expect(current).to_have_attribute("aria-label", re.compile(r"\(remote-demo @ here, "))
+    send(page, "hello from afar words=5")
+    expect_completed(page, 0, 5)
 
 
 def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThread) -> None:
