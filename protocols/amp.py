@@ -59,6 +59,7 @@ from protocols.machine import (
     Step,
     TurnFinished,
     check_answer,
+    session_changed,
 )
 
 __all__ = ["AMP_COMMAND", "AmpClient"]
@@ -219,15 +220,15 @@ class AmpClient(AgentProtocol):
         if not isinstance(thread, str) or not thread:
             return _unparsed(message)
         step = Step(events=[ev.SessionInfo(info_kind="init", data=message)])
-        expected = self._thread_id or self._resume
-        if expected is not None and thread != expected:
-            if self._thread_id is None:
-                code = "resume_mismatch"
-                text = f"asked Amp to continue thread {expected!r} but it runs {thread!r}"
-            else:
-                code = "agent_session_changed"
-                text = f"Amp switched from thread {expected!r} to {thread!r}"
-            step.events.append(ev.ErrorEvent(code=code, message=text))
+        changed = session_changed(
+            self._thread_id or self._resume,
+            self._thread_id is not None,
+            thread,
+            agent="Amp",
+            kind="thread",
+        )
+        if changed is not None:
+            step.events.append(changed)
         self._thread_id = thread
         return step
 

@@ -149,6 +149,7 @@ from protocols.machine import (
     SteerAnswered,
     Step,
     TurnFinished,
+    session_changed,
 )
 from protocols.permissions import Held, PermissionDesk
 from protocols.tools import ToolVocabulary
@@ -658,15 +659,15 @@ class ClaudeClient(AgentProtocol):
         if not isinstance(session_id, str) or not session_id:
             return _unparsed(message)
         step = Step(events=[ev.SessionInfo(info_kind="init", data=message)])
-        expected = self._init_session_id or self._resume
-        if expected is not None and session_id != expected:
-            if self._init_session_id is None:
-                code = "resume_mismatch"
-                text = f"asked the CLI to resume session {expected!r} but it runs {session_id!r}"
-            else:
-                code = "agent_session_changed"
-                text = f"the CLI switched from session {expected!r} to {session_id!r}"
-            step.events.append(ev.ErrorEvent(code=code, message=text))
+        changed = session_changed(
+            self._init_session_id or self._resume,
+            self._init_session_id is not None,
+            session_id,
+            agent="the CLI",
+            kind="session",
+        )
+        if changed is not None:
+            step.events.append(changed)
         self._init_session_id = session_id
         if self._turn_id is not None and self._finishing is None:
             self._init_in_turn = True

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from attrs import define, field, frozen
 
+from protocols import events as ev
 from protocols.events import Event
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "TurnFinished",
     "UnknownPermission",
     "check_answer",
+    "session_changed",
 ]
 
 
@@ -51,6 +53,25 @@ def check_answer(request_id: str, offered: Collection[str] | None, option_id: st
             f"option {option_id!r} was not offered for {request_id!r}"
             f" (offered: {', '.join(sorted(offered))})"
         )
+
+
+def session_changed(
+    expected: str | None, confirmed: bool, got: str, *, agent: str, kind: str
+) -> ev.ErrorEvent | None:
+    """The agent names session ``got`` where we expected ``expected``: ``resume_mismatch`` if
+    we asked it to resume ``expected`` and it runs another (not ``confirmed`` yet), else
+    ``agent_session_changed``. None when it is the one expected (or we expected none)."""
+    if expected is None or got == expected:
+        return None
+    if not confirmed:
+        return ev.ErrorEvent(
+            code="resume_mismatch",
+            message=f"asked {agent} to resume {kind} {expected!r} but it runs {got!r}",
+        )
+    return ev.ErrorEvent(
+        code="agent_session_changed",
+        message=f"{agent} switched from {kind} {expected!r} to {got!r}",
+    )
 
 
 @frozen

@@ -231,12 +231,20 @@ def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """The agents (built-ins overlaid with ``[agents.NAME]``) and ``[gateway]`` of a file."""
+    document, where = read_toml(path)
+    agents = {**builtin_agents(), **parse_agents(document, where)}
+    return Config(agents=agents, gateway=parse_gateway(document, where))
+
+
+def read_toml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """A configuration file's document and the name errors give it; every way it can be
+    unreadable is a :class:`ConfigError` that says which."""
     import tomllib  # only with a file: ~3 ms of serve's start otherwise
 
     source = Path(path)
     try:
         with source.open("rb") as file:
-            document = tomllib.load(file)
+            return tomllib.load(file), str(source)
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such configuration file") from None
     except OSError as exc:
@@ -245,8 +253,6 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{source}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    agents = {**builtin_agents(), **parse_agents(document, str(source))}
-    return Config(agents=agents, gateway=parse_gateway(document, str(source)))
 
 
 def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> GatewaySettings:

@@ -93,11 +93,15 @@ async def running(
     assert launcher.violations == []
 
 
+def skip_or_fail(reason: str) -> None:
+    """Skip with ``reason``; in strict mode (``AGENT_SUPERVISOR_STRICT_SKIPS=1``, CI) fail."""
+    if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
+        pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails instead")
+    pytest.skip(reason)
+
+
 def require_cgroups() -> None:
     """Skip (or fail, in strict mode) where agents cannot get a cgroup of their own."""
     found = choose_blocking("auto")
     if found.kind != "cgroup":
-        reason = f"no cgroup containment here: {found.detail}"
-        if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
-            pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails")
-        pytest.skip(reason)
+        skip_or_fail(f"no cgroup containment here: {found.detail}")

@@ -29,6 +29,8 @@ import attrs
 import psutil
 import pytest
 
+from helpers import skip_or_fail
+
 SSHD = "/usr/sbin/sshd"
 #: Bounds the server's start and the first login.
 START_BOUND_S = 20.0
@@ -79,12 +81,6 @@ class SshHost:
             ):
                 found.append(process)
         return found
-
-
-def skip_or_fail(reason: str) -> None:
-    if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
-        pytest.fail(f"{reason}; AGENT_SUPERVISOR_STRICT_SKIPS=1, so this fails instead")
-    pytest.skip(reason)
 
 
 def why_not() -> str | None:

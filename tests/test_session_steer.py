@@ -235,7 +235,7 @@ async def test_codex_steer_before_the_turn_is_named_waits_for_its_id(
         await rec.wait_kind("turn.ended", turn_id=turn.id)
 
 
-async def test_codex_steer_that_finds_the_turn_over_starts_the_next_turn(
+async def test_codex_steer_as_the_turn_ends_starts_the_next_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # One word: the turn is over on the server by the time turn/steer reaches it.

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import math
 import os
-import tomllib
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, Final
 
 from attrs import field, frozen
 
-from supervisor.config import AgentSpec, ConfigError
+from supervisor.config import AgentSpec, ConfigError, read_toml
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
@@ -104,17 +102,8 @@ class HostSpec:
 
 def load_hosts(path: str | os.PathLike[str]) -> dict[str, HostSpec]:
     """Every ``[hosts.NAME]`` table of a TOML file (none: an empty dict)."""
-    source = Path(path)
-    try:
-        with source.open("rb") as file:
-            document = tomllib.load(file)
-    except FileNotFoundError:
-        raise ConfigError(f"{source}: no such configuration file") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return parse_hosts(document, str(source))
+    document, where = read_toml(path)
+    return parse_hosts(document, where)
 
 
 _FIELDS = {"transport", "max_sessions", "command", "detach_s", "connect_timeout_s", "state_dir"}
