@@ -97,8 +97,10 @@ of ours runs makes Codex start turns outside any turn of ours; those are not ado
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -123,10 +125,11 @@ from protocols.machine import (
     Step,
     TurnFinished,
 )
+from protocols.mcp import McpServer, McpUnsupported, check_transports
 from protocols.permissions import Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
-__all__ = ["CLIENT_INFO", "CodexClient"]
+__all__ = ["CLIENT_INFO", "CodexClient", "codex_mcp_table"]
 
 CLIENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version": "0.1.0"}
 
@@ -378,6 +381,31 @@ class CodexClient(AgentProtocol):
     """Our side of one ``codex app-server`` connection, driving one thread."""
 
     name: ClassVar[str] = "codex"
+    #: ``[mcp_servers.NAME]`` takes a ``command`` or a streamable-HTTP ``url``; no SSE
+    mcp_transports: ClassVar[frozenset[str]] = frozenset({"stdio", "http"})
+
+    @classmethod
+    def check_mcp_servers(cls, servers: Sequence[McpServer]) -> None:
+        check_transports(
+            servers, cls.mcp_transports, "Codex", "its mcp_servers take a command or a url"
+        )
+        for server in servers:
+            if not _MCP_NAME.fullmatch(server.name):
+                raise McpUnsupported(
+                    f"Codex cannot take MCP server name {server.name!r}: its mcp_servers"
+                    " names are letters, digits, '_' and '-'"
+                )
+
+    @classmethod
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
+        """One ``-c mcp_servers.NAME={...}`` override per server (a TOML inline table, so
+        nothing of the user's ``config.toml`` is replaced but that one server)."""
+        argv = list(base)
+        for server in mcp_servers:
+            argv += ["-c", f"mcp_servers.{server.name}={codex_mcp_table(server)}"]
+        return argv
 
     _rpc: JsonRpcPeer[_Sent] = field(factory=lambda: JsonRpcPeer(with_version=False))
     _phase: str = "idle"  # idle, initializing, opening, ready, failed
@@ -396,7 +424,9 @@ class CodexClient(AgentProtocol):
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         self._phase = "initializing"
@@ -1267,3 +1297,29 @@ def _offered_decisions(available: Any) -> list[str]:
         if offered:
             return offered
     return list(_DECISIONS)
+
+
+#: Names Codex accepts for ``[mcp_servers.NAME]`` (and that need no quoting in a dotted key).
+_MCP_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def codex_mcp_table(server: McpServer) -> str:
+    """One server as a TOML inline table of Codex's ``[mcp_servers.NAME]``: ``command``,
+    ``args``, ``env`` for stdio; ``url`` and ``http_headers`` for streamable HTTP."""
+    if server.transport == "stdio":
+        entries = {"command": server.command, "args": list(server.args), "env": server.env_dict}
+    else:
+        entries = {"url": server.url, "http_headers": server.headers_dict}
+    return _toml_value(entries)
+
+
+def _toml_value(value: Any) -> str:
+    # A JSON string is a TOML basic string (same escapes; DEL must be escaped in TOML, not in
+    # JSON; \uXXXX surrogate pairs are JSON only, hence no ASCII-only output), and a quoted
+    # key is a key.
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    assert isinstance(value, dict)
+    return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"

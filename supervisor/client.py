@@ -20,13 +20,15 @@ import itertools
 import json
 import math
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+from protocols.mcp import McpServer, mcp_server_to_acp
 
 __all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
 
@@ -103,12 +105,23 @@ class GatewayClient:
         return result
 
     async def start_session(
-        self, agent: str, cwd: str | None = None, *, host: str | None = None
+        self,
+        agent: str,
+        cwd: str | None = None,
+        *,
+        host: str | None = None,
+        mcp_servers: Sequence[McpServer | Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
-        """``{"session_id", "state", "host"?}``; ``host``: one of the agent's ``hosts``."""
-        payload = (
+        """``{"session_id", "state", "host"?}``; ``host``: one of the agent's ``hosts``;
+        ``mcp_servers``: for this session, on top of the agent's own (ACP ``McpServer``
+        objects, or :class:`~protocols.mcp.McpServer`)."""
+        payload: dict[str, Any] = (
             {"agent": agent} | ({"cwd": cwd} if cwd else {}) | ({"host": host} if host else {})
         )
+        if mcp_servers:
+            payload["mcp_servers"] = [
+                mcp_server_to_acp(s) if isinstance(s, McpServer) else dict(s) for s in mcp_servers
+            ]
         return await self.request("session.start", payload)
 
     async def sessions(self) -> list[dict[str, Any]]:

@@ -1624,7 +1624,11 @@ class Session:
         if turn is not None and turn.cancel is not None:
             if "respawned" not in turn.cancel.escalation:  # a fresh retry is the same step
                 turn.cancel.escalation.append("respawned")
-        self._apply(self._machine.start(cwd=self.cwd, resume=self._resume_from))
+        self._apply(
+            self._machine.start(
+                cwd=self.cwd, resume=self._resume_from, mcp_servers=self.spec.mcp_servers
+            )
+        )
 
     def _established(self, established: SessionEstablished) -> None:
         self._establishing = False

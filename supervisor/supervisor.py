@@ -14,13 +14,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from itertools import count
 from pathlib import Path
 
 import trio
 
+from protocols.mcp import McpServer, McpUnsupported
 from supervisor.agent_link import ProcessLauncher
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.containment import choose
@@ -127,6 +128,7 @@ class Supervisor:
         cwd: str | os.PathLike[str] | None = None,
         wait_ready: bool = True,
         host: str | None = None,
+        mcp_servers: Iterable[McpServer] = (),
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -136,10 +138,22 @@ class Supervisor:
         agent cannot start, :class:`BadRequest` for an unknown agent name or a cwd that is not
         a directory (or whose name is not UTF-8: no agent protocol could carry it), and
         :class:`AtCapacity` when ``max_sessions`` (the supervisor's or the agent's) are running.
+
+        ``mcp_servers`` are given to the agent on top of its own (``AgentSpec.mcp_servers``;
+        one of the same name replaces the agent's), the way its protocol takes them, again at
+        every respawn; :class:`BadRequest` names one its protocol cannot take. An ACP agent
+        whose ``mcpCapabilities`` refuse one fails to start, with the reason
+        (:class:`~supervisor.errors.AgentNotRunning`).
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
         spec = self._resolve(agent)
+        extra = tuple(mcp_servers)
+        if extra:
+            try:
+                spec = spec.with_mcp_servers(extra)
+            except McpUnsupported as exc:
+                raise BadRequest(str(exc)) from None
         if host is not None or spec.hosts:
             remote = await self.remote.start_session(
                 spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd

@@ -27,6 +27,7 @@ import h11
 import trio
 from attrs import define, field, frozen
 
+from protocols.mcp import McpServer, mcp_servers_from_acp
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.gateway.protocol import (
@@ -792,7 +793,10 @@ class _Client:
             return self.gateway._sessions_result()
         if action == "session.start":
             session = await sup.start_session(
-                self._agent(payload), cwd=payload.get("cwd"), host=payload.get("host")
+                self._agent(payload),
+                cwd=payload.get("cwd"),
+                host=payload.get("host"),
+                mcp_servers=_mcp_servers(payload),
             )
             host = {"host": session.host} if session.host is not None else {}
             return {"session_id": session.id, "state": session.state, **host}
@@ -887,6 +891,14 @@ _CSP = (
     " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
     " frame-ancestors 'none'"
 )
+
+
+def _mcp_servers(payload: dict[str, Any]) -> tuple[McpServer, ...]:
+    """``session.start``'s ``mcp_servers`` (ACP ``McpServer`` objects), or ``bad_request``."""
+    try:
+        return mcp_servers_from_acp(payload.get("mcp_servers", []))
+    except ValueError as exc:
+        raise BadRequest(f"mcp_servers{exc}") from None
 
 
 def _json(value: Any) -> bytes:
