@@ -12,6 +12,8 @@ was offered to the model, the call reached the server, and its answer went back 
 
 - Claude Code (stream-json, ``--mcp-config`` JSON), with ``ENABLE_TOOL_SEARCH=false``: by
   default it defers MCP tools behind its ``ToolSearch`` tool, and the fake model does not search;
+- OpenCode serve (``OPENCODE_CONFIG_CONTENT``'s ``mcp`` table);
+- Gemini CLI and OpenCode over ACP (``session/new``'s ``mcpServers``);
 - Codex app-server (``-c mcp_servers.marker={...}``): 0.171 always defers MCP tools behind
   ``tool_search``, so the fake model searches first (``tool_search_call``, run by Codex), then
   calls the tool in the namespace the search found; Codex asks before the call with an MCP
@@ -30,11 +32,13 @@ from typing import Any
 
 import pytest
 import trio
+from test_real_opencode_serve import serve_session
 
 from protocols import events as ev
 from protocols.mcp import McpServer, NameValue
 from realagents import install, scenarios
 from realagents.agents import (
+    AGENTS,
     CLAUDE_STREAM_JSON,
     CODEX_APP_SERVER,
     Prepared,
@@ -168,3 +172,39 @@ async def test_codex_app_server_starts_and_calls_a_configured_mcp_server(
             assert_reached(h, marker, "codex")
             # Codex asks first, with an MCP elicitation: a permission request like any other.
             assert approved == ['Allow the marker MCP server to run tool "marker_ping"?']
+
+
+#: ACP agents given the server in ``session/new`` (``mcpServers``). Not Qwen Code 0.24.4: it
+#: started the server, but its first model request listed no tool of it (not even among its
+#: deferred tools), so the model had nothing to call.
+ACP_AGENTS = ("gemini", "opencode")
+
+
+@pytest.mark.parametrize("key", ACP_AGENTS)
+async def test_acp_agents_start_and_call_an_mcp_server_from_session_new(
+    key: str, tmp_path: Path
+) -> None:
+    agent = AGENTS[key]
+    installed = scenarios.ensure_installed(agent.package, key)
+    marker = tmp_path / "marker.jsonl"
+    with trio.fail_after(BOUND_S):
+        async with real_agent_session(
+            agent, tmp_path, installed, spec_of=with_marker(agent.spec, marker), catch_up=True
+        ) as h:
+            ended, approved = await mcp_turn(h)
+            assert ended.outcome == "completed", ended
+            assert_reached(h, marker, "")
+            assert len(approved) <= 1, approved  # asked once, or allowed by its defaults
+
+
+async def test_opencode_serve_starts_and_calls_an_mcp_server_from_its_config_content(
+    tmp_path: Path,
+) -> None:
+    installed = scenarios.ensure_installed(AGENTS["opencode"].package, "opencode-serve")
+    marker = tmp_path / "marker.jsonl"
+    with trio.fail_after(BOUND_S):
+        async with serve_session(tmp_path, installed, mcp_servers=(marker_server(marker),)) as h:
+            ended, approved = await mcp_turn(h)
+            assert ended.outcome == "completed", ended
+            assert_reached(h, marker, "opencode")
+            assert len(approved) <= 1, approved

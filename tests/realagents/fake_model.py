@@ -98,6 +98,8 @@ SCENARIOS = ("quick", "stream", "shell", "briefshell", "permission", "mcpcall")
 #: The tool of the tests' MCP server (``tests/fakes/mcp_server.py``) the ``mcpcall`` scenario calls.
 MCP_TOOL = "marker_ping"
 NO_MCP_TOOL_TEXT = "No MCP tool was offered."
+#: A deferred MCP tool's name as an agent's prompt lists it (Qwen Code: ``mcp__marker__...``).
+_DEFERRED_MCP_TOOL = re.compile(r"mcp__[A-Za-z0-9_-]*" + MCP_TOOL)
 #: Claude Code only (``messages``): its background tasks (see the module docstring).
 CLAUDE_BACKGROUND_SCENARIOS = ("background", "bgagent")
 #: Codex only (``responses``): a sub-agent, a goal (see :meth:`_Writer.codex_call`).
@@ -579,6 +581,14 @@ class _Writer:
             for t in body.get("tools") or []
             if isinstance(t, dict) and isinstance(t.get("function") or t, dict)
         }
+        # Gemini's ``tools``: ``[{"functionDeclarations": [{"name", ...}]}]``
+        self.tool_names |= {
+            str(d.get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+            for d in t.get("functionDeclarations") or []
+            if isinstance(d, dict)
+        }
         self.body = body
         self.chunked = False
         self.sock: socket.socket = handler.connection
@@ -721,7 +731,8 @@ class _Writer:
     def mcp_call(self, api: str, stream: bool) -> None:
         """Call the offered tool named ``...marker_ping`` (see ``mcpcall``). Codex offers its
         MCP tools only through ``tool_search`` (always deferred in 0.171): the model searches
-        first, then calls the tool in the namespace the search output names."""
+        first, then calls the tool in the namespace the search output names. Qwen Code defers
+        them too, naming them in its prompt, and runs one through its ``tool_call`` tool."""
         names = sorted(name for name in self.tool_names if name.endswith(MCP_TOOL))
         call_id = f"call_{self.exchange.id}"
         if names:
@@ -729,6 +740,14 @@ class _Writer:
                 self.exchange, tool_call={"name": names[0], "args": {}, "call_id": call_id}
             )
             _TOOL_WRITERS[api](self, call_id, names[0], {}, stream)
+            return
+        deferred = sorted(set(_DEFERRED_MCP_TOOL.findall(json.dumps(self.body))))
+        if api == "chat" and "tool_call" in self.tool_names and deferred:
+            args: dict[str, Any] = {"name": deferred[0], "arguments": {}}
+            self.model._update(
+                self.exchange, tool_call={"name": deferred[0], "args": args, "call_id": call_id}
+            )
+            _TOOL_WRITERS[api](self, call_id, "tool_call", args, stream)
             return
         if api == "responses":
             found = _searched_tool(self.body, MCP_TOOL)
