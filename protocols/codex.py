@@ -23,7 +23,10 @@ for Codex 0.171.0):
   is answered (the actor's grace timer bounds that wait like any other).
 - Approvals are server→client requests answered ``{"decision": ...}``; the server retracts them
   at turn transitions with ``serverRequest/resolved``. Requests we do not serve are answered
-  -32601 (an MCP elicitation is declined) so the server never waits on us.
+  -32601 so the server never waits on us. An MCP elicitation that asks only for a yes or no
+  (a ``form`` whose schema requires nothing: how Codex asks before a call of an MCP server's
+  tool, ``_meta.codex_approval_kind: "mcp_tool_call"``) is a permission request (accept or
+  decline; cancelled: ``cancel``); any other elicitation (a form to fill, a URL) is declined.
 
 Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
 (``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``),
@@ -171,6 +174,8 @@ _APPROVALS = {
     "execCommandApproval": "legacy",
     "applyPatchApproval": "legacy",
 }
+#: An MCP server's question for the user (Codex asks this way before an MCP tool call, too).
+ELICITATION = "mcpServer/elicitation/request"
 #: What each approval is about, as an ACP tool kind.
 _APPROVAL_KINDS = {
     "item/commandExecution/requestApproval": "execute",
@@ -372,7 +377,7 @@ class _Approval:
     """What answering a server→client approval request takes (its desk ticket)."""
 
     rpc_id: RequestId
-    answer: str  # "decision", "legacy" or "permissions" (see _APPROVALS)
+    answer: str  # "decision", "legacy", "permissions" (see _APPROVALS) or "elicitation"
     requested: dict[str, Any]
 
 
@@ -1135,7 +1140,9 @@ class CodexClient(AgentProtocol):
         params = request.params if isinstance(request.params, dict) else {}
         if answer is not None:
             return self._hold_approval(request, answer, params)
-        if request.method == "mcpServer/elicitation/request":
+        if request.method == ELICITATION:
+            if _yes_or_no(params):
+                return self._hold_approval(request, "elicitation", params)
             return Step(
                 send=[self._rpc.respond(request.id, {"action": "decline", "content": None})]
             )
@@ -1147,6 +1154,8 @@ class CodexClient(AgentProtocol):
     def _hold_approval(self, request: IncomingRequest, answer: str, params: dict[str, Any]) -> Step:
         if answer == "permissions":
             offered = ["accept", "acceptForSession", "decline"]
+        elif answer == "elicitation":
+            offered = ["accept", "decline"]
         else:
             offered = _offered_decisions(params.get("availableDecisions"))
         turn_id = self._turn.turn_id if self._turn is not None else None
@@ -1159,7 +1168,7 @@ class CodexClient(AgentProtocol):
             {
                 "toolCallId": tool_call_id if isinstance(tool_call_id, str) else None,
                 "title": _approval_title(request.method, params),
-                "kind": _APPROVAL_KINDS[request.method],
+                "kind": _APPROVAL_KINDS.get(request.method, "other"),
                 "method": request.method,
                 "params": params,
             },
@@ -1173,6 +1182,9 @@ class CodexClient(AgentProtocol):
         result: dict[str, Any]
         if approval.answer == "legacy":
             result = {"decision": _LEGACY_DECISIONS[decision]}
+        elif approval.answer == "elicitation":
+            # ``cancel`` (ours: cancelled) dismisses it; only an accept carries content.
+            result = {"action": decision, "content": {} if decision == "accept" else None}
         elif approval.answer == "permissions":
             # Only the granted subset matters; an empty profile denies everything.
             granted = {}
@@ -1281,8 +1293,19 @@ def _item_title(item: dict[str, Any]) -> str:
     return kind
 
 
+def _yes_or_no(params: dict[str, Any]) -> bool:
+    """An elicitation answered by accepting or declining alone: a form requiring nothing."""
+    schema = params.get("requestedSchema")
+    return (
+        params.get("mode") == "form"
+        and isinstance(schema, dict)
+        and not schema.get("required")
+        and not schema.get("properties")
+    )
+
+
 def _approval_title(method: str, params: dict[str, Any]) -> str:
-    for key in ("command", "reason"):
+    for key in ("command", "reason", "message"):
         text = _text(params.get(key))
         if text:
             return text
