@@ -335,6 +335,7 @@ class Session:
         history_size: int = DEFAULT_HISTORY,
         max_queued: int = DEFAULT_MAX_QUEUED,
         gate: IngestGate | None = None,
+        resume: str | None = None,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -353,7 +354,8 @@ class Session:
         self._link: AgentLink | None = None
         self._generation = 0
         self._live_generation: int | None = None  # frames from any other one are dropped
-        self._resume_from: str | None = None
+        #: the agent's own session id to resume at the next spawn (``resume``: at the first)
+        self._resume_from: str | None = resume
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
         self._turn_counter = 0
@@ -406,6 +408,15 @@ class Session:
     @property
     def turn_id(self) -> str | None:
         return self._turn.id if self._turn is not None else None
+
+    @property
+    def agent_session_id(self) -> str | None:
+        """The agent's own id of the session (ACP sessionId, Codex thread, Claude session):
+        what ``resume=`` takes to go on with it in another process, later."""
+        machine = self._machine
+        if machine is not None and machine.agent_session_id is not None:
+            return machine.agent_session_id
+        return self._resume_from
 
     def summary(self) -> SessionSummary:
         return SessionSummary(

@@ -1,0 +1,348 @@
+"""``agent-supervisor acp``, the ACP front door, driven by the official ACP SDK clients.
+
+Not our code on the client side: the TypeScript SDK (``@agentclientprotocol/sdk@2.4.0``, its
+``client()`` app, from ``tests/acp_clients/ts_client.mjs`` on the machine's node) and the Python
+SDK (``agent-client-protocol``'s ``ClientSideConnection``). The front door runs as a real process
+behind ``tests/realagents/tee.py``, which logs every line both ways; every message of every
+conversation is then checked against the ACP v1 schema (``tests/test_schemas.py``), ours
+strictly (no member name the schema does not declare), the client's as the schema says.
+
+Behind the front door: the demo agent, ``demo-stubborn`` (it ignores the interrupt, so the
+cancel needs the kill and a respawn), the demo agent crashing mid-turn, and a gateway session
+shared with a WebSocket client. Real clocks and generous bounds: these are real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from test_schemas import AcpSchema, violations, walk_messages
+
+from helpers import skip_or_fail
+from realagents import install
+from served import serve
+from supervisor.client import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+TS_CLIENT = Path(__file__).parent / "acp_clients" / "ts_client.mjs"
+TEE = Path(__file__).parent / "realagents" / "tee.py"
+#: A scenario's whole run, a few agent starts and a 3 s grace included, on a loaded machine.
+SCENARIO_S = 90.0
+#: demo-stubborn's grace (3 s) plus the kill ladder (<= 1 s) and a loaded machine's slack.
+STUBBORN_CANCEL_S = 3.0 + 1.0 + 3.0
+
+
+@pytest.fixture(scope="module")
+def schema() -> AcpSchema:
+    """The ACP v1 schema the TypeScript SDK ships (as ``tests/test_schemas.py`` reads it)."""
+    folder = Path(sdk_entry()).parents[3] / "schema" / "v1"
+    return AcpSchema.load(folder / "schema.json")
+
+
+def sdk_entry() -> str:
+    try:
+        installed = install.ensure("acp-sdk")
+    except install.Unavailable as exc:
+        skip_or_fail(f"the ACP TypeScript SDK is not available: {exc}")
+        raise
+    return os.fspath(installed.package.folder / installed.package.entry)
+
+
+def front_argv(log_dir: Path, *args: str) -> list[str]:
+    """``agent-supervisor acp ARGS`` behind the tee that logs its wire."""
+    return [
+        sys.executable,
+        "-S",
+        "-E",
+        os.fspath(TEE),
+        os.fspath(log_dir),
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; from supervisor.cli import main; sys.exit(main())",
+        "acp",
+        *args,
+    ]
+
+
+def front_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "AGENT_SUPERVISOR_STATE_DIR": os.fspath(tmp_path / "state"),
+        "PYTHONPATH": os.fspath(ROOT),
+    }
+
+
+async def run_ts(tmp_path: Path, scenario: str, *front_args: str) -> dict[str, Any]:
+    node = "node"
+    argv = front_argv(tmp_path / "wire", *front_args)
+    with trio.fail_after(SCENARIO_S):
+        done = await trio.run_process(
+            [node, os.fspath(TS_CLIENT), sdk_entry(), scenario, json.dumps(argv), str(tmp_path)],
+            capture_stdout=True,
+            env=front_env(tmp_path),
+            check=False,
+        )
+    assert done.returncode == 0, f"the TypeScript client failed ({done.returncode})"
+    result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return result
+
+
+def conversations(log_dir: Path) -> list[list[tuple[bool, Any]]]:
+    """The tee's log as conversations (each begins with an ``initialize``): (from the client,
+    message)."""
+    found: list[list[tuple[bool, Any]]] = []
+    for line in (log_dir / "wire.log").read_bytes().splitlines():
+        _, mark, payload = line.split(b" ", 2)
+        message = json.loads(payload)
+        from_client = mark == b">"
+        if from_client and isinstance(message, dict) and message.get("method") == "initialize":
+            found.append([])
+        found[-1].append((from_client, message))
+    return found
+
+
+def check_wire(log_dir: Path, schema: AcpSchema) -> list[dict[str, Any]]:
+    """Every message both ways valid ACP v1; returns the front door's messages."""
+    problems: list[str] = []
+    ours: list[dict[str, Any]] = []
+    talks = conversations(log_dir)
+    assert talks, "nothing on the wire"
+    for number, talk in enumerate(talks):
+        # In the schema's terms the client is "Client" (``ours=True`` in test_schemas' walk,
+        # which was written from the client side), the front door is "Agent".
+        steps = [(step, from_client, message) for step, (from_client, message) in enumerate(talk)]
+        for wire in walk_messages(f"acp-front-{number}.log", steps):
+            checks = schema.checks(wire)
+            if isinstance(checks, str):
+                problems.append(f"{wire.where}: {checks}")
+                continue
+            if wire.ours:  # the client's: valid as the schema says
+                problems += violations(schema.schema, checks, wire, lenient=True)
+            else:  # ours: valid, and no member name the schema never declares
+                for check in checks:
+                    problems += [
+                        f"{wire.where} against {check.label}: {error.message}"
+                        for error in schema.schema.errors(check, wire.message)
+                    ]
+                # Inside a tool's rawInput/rawOutput (free-form, the agent's own) and an error's
+                # data (JSON-RPC's free-form member) any name goes.
+                bare_message = _without_raw(wire.message)
+                if isinstance(bare_message.get("error"), dict):
+                    bare_message["error"].pop("data", None)
+                bare = attrs.evolve(wire, message=bare_message)
+                problems += violations(schema.schema, checks, bare, lenient=False)
+            if not wire.ours:
+                ours.append(wire.message)
+    assert not problems, "\n".join(problems)
+    return ours
+
+
+def _without_raw(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_raw(v) for k, v in value.items() if k not in ("rawInput", "rawOutput")}
+    if isinstance(value, list):
+        return [_without_raw(v) for v in value]
+    return value
+
+
+def updates(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m["params"]["update"] for m in messages if m.get("method") == "session/update"]
+
+
+async def test_ts_client_streams_a_turn(tmp_path: Path, schema: AcpSchema) -> None:
+    result = await run_ts(tmp_path, "basic")
+    init = result["init"]
+    assert init["protocolVersion"] == 1
+    capabilities = init["agentCapabilities"]
+    assert capabilities["loadSession"] is True
+    assert set(capabilities["sessionCapabilities"]) == {"list", "resume", "close"}
+    assert init["authMethods"] == []
+    assert init["_meta"]["steering"]["supported"] is True
+    (option,) = result["session"]["configOptions"]
+    assert option["id"] == "agent" and option["currentValue"] == "demo"
+    assert [o["value"] for o in option["options"]] == ["demo", "demo-stubborn"]
+    assert result["stopReason"] == "end_turn"
+    assert {"agent_message_chunk", "agent_thought_chunk", "plan"} <= set(result["kinds"])
+    assert result["text"].startswith("Hello! I am the demo agent")
+    check_wire(tmp_path / "wire", schema)
+
+
+async def test_ts_client_cancel_that_needs_the_kill(tmp_path: Path, schema: AcpSchema) -> None:
+    """demo-stubborn ignores session/cancel: the prompt still ends ``cancelled`` within the
+    grace plus the kill, and the next prompt works on the respawned, resumed agent."""
+    result = await run_ts(tmp_path, "stubborn")
+    assert result["current"] == "demo-stubborn"
+    assert result["cancelled"]["stopReason"] == "cancelled"
+    assert result["cancelled"]["_meta"]["agentSupervisor"]["outcome"] == "killed"
+    assert 2500 <= result["cancelMs"] <= STUBBORN_CANCEL_S * 1000
+    assert result["next"]["stopReason"] == "end_turn"
+    assert result["nextText"].startswith("Hello!")
+    sent = check_wire(tmp_path / "wire", schema)
+    # The turn's own end (the receipt, after the respawn) reached no second prompt answer.
+    prompt_answers = [m for m in sent if "result" in m and "stopReason" in m["result"]]
+    assert [a["result"]["stopReason"] for a in prompt_answers] == ["cancelled", "end_turn"]
+
+
+async def test_ts_client_permission_round_trip_and_withdrawal(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    result = await run_ts(tmp_path, "permission")
+    assert result["allowed"]["stopReason"] == "end_turn"
+    first, second = result["permissions"]
+    assert first["toolCall"]["toolCallId"] and first["toolCall"]["title"]
+    assert {o["kind"] for o in first["options"]} == {"allow_once", "reject_once"}
+    # The held request was withdrawn ($/cancel_request: the SDK aborted its handler), and the
+    # turn ended cancelled.
+    assert result["withdrawn"] == 1
+    assert result["cancelled"]["stopReason"] == "cancelled"
+    sent = check_wire(tmp_path / "wire", schema)
+    asked = [m for m in sent if m.get("method") == "session/request_permission"]
+    withdrawn = [m for m in sent if m.get("method") == "$/cancel_request"]
+    assert [w["params"]["requestId"] for w in withdrawn] == [asked[1]["id"]]
+
+
+async def test_ts_client_agent_crash_is_told_and_survived(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    result = await run_ts(tmp_path, "crash")
+    assert result["error"]["code"] == -32603
+    assert "exited unexpectedly" in result["error"]["message"]
+    assert result["notices"] == ["agent_exited", "agent_restarted"]
+    assert result["next"]["stopReason"] == "end_turn"
+    check_wire(tmp_path / "wire", schema)
+
+
+async def test_ts_client_sessions_list_load_resume_close(tmp_path: Path, schema: AcpSchema) -> None:
+    """A session closed in one ``acp`` process is listed, loaded with its history and prompted
+    in the next; the agent behind resumes its own session (the demo agent's state dir)."""
+    result = await run_ts(tmp_path, "sessions")
+    created, reopened = result["created"], result["reopened"]
+    assert created["closed"] == {}
+    listed = reopened["listed"]["sessions"]
+    assert [s["sessionId"] for s in listed] == [created["sessionId"]]
+    assert listed[0]["cwd"] == str(tmp_path)
+    assert listed[0]["title"] == "remember banana words=3 fast"
+    replayed = reopened["replayed"]
+    assert replayed[0] == ["user_message_chunk", "remember banana words=3 fast"]
+    assert replayed[1][0] == "agent_message_chunk" and replayed[1][1].startswith("Hello!")
+    assert reopened["next"]["stopReason"] == "end_turn"
+    assert reopened["resumed"] == {"configOptions": reopened["loaded"]["configOptions"]}
+    assert reopened["closed"] == {}
+    check_wire(tmp_path / "wire", schema)
+    record = json.loads(
+        (tmp_path / "state" / "acp-sessions" / f"{created['sessionId']}.json").read_text()
+    )
+    assert record["agent_session_id"], "the agent's own session id is kept for the resume"
+
+
+async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """``--connect URL --session ID``: the editor and a WebSocket client on one gateway
+    session see the same turns; a cancel from either side stops the turn for both."""
+    async with serve(tmp_path) as served, connect(served.url) as client:
+        session_id = (await client.start_session("demo", str(tmp_path)))["session_id"]
+        async with client.subscribe(session_id) as events:
+            async with trio.open_nursery() as nursery:
+                outcome: dict[str, Any] = {}
+
+                async def editor() -> None:
+                    outcome["ts"] = await run_ts(
+                        tmp_path, "shared", "--connect", served.url, "--session", session_id
+                    )
+
+                nursery.start_soon(editor)
+                seen: list[dict[str, Any]] = []
+                with trio.fail_after(SCENARIO_S):
+                    async for message in events:
+                        seen.append(message)
+                        data = message["data"]
+                        if message["event"] == "message.delta" and data["turn_id"] == "t1":
+                            if sum(1 for m in seen if m["event"] == "message.delta") == 1:
+                                receipt = await client.cancel(session_id)
+                                outcome["receipt"] = receipt
+                        if message["event"] == "turn.ended" and data["turn_id"] == "t2":
+                            break
+    result = outcome["ts"]
+    assert result["sessionId"] == session_id
+    assert outcome["receipt"]["outcome"] == "cancelled"
+    assert result["stoppedByOther"]["stopReason"] == "cancelled"
+    assert result["stoppedHere"]["stopReason"] == "cancelled"
+    ended = {m["data"]["turn_id"]: m["data"] for m in seen if m["event"] == "turn.ended"}
+    assert ended["t1"]["outcome"] == "cancelled" and ended["t1"]["reason"] == "user"
+    assert ended["t2"]["outcome"] == "cancelled"
+    started = [m["data"]["text"] for m in seen if m["event"] == "turn.started"]
+    assert started == ["first story slow words=80", "second story slow words=80"]
+    assert session_id in [s["sessionId"] for s in result["listed"]["sessions"]]
+    check_wire(tmp_path / "wire", schema)
+
+
+# -- the Python SDK's client -----------------------------------------------------------------
+
+
+def test_python_sdk_client_prompt_and_stubborn_cancel(tmp_path: Path, schema: AcpSchema) -> None:
+    """The Python SDK (asyncio; this test is not a Trio one) drives the same front door:
+    a turn, then a cancel that demo-stubborn ignores, then the next turn."""
+    from acp import PROTOCOL_VERSION, spawn_agent_process, text_block
+    from acp.schema import AgentMessageChunk
+
+    class Client:
+        def __init__(self) -> None:
+            self.chunks: list[str] = []
+            self.first_chunk = asyncio.Event()
+
+        async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+            if isinstance(update, AgentMessageChunk):
+                self.chunks.append(update.content.text)
+                self.first_chunk.set()
+
+        async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("no permission is asked in these turns")
+
+        def on_connect(self, conn: Any) -> None:
+            pass
+
+    async def scenario() -> dict[str, Any]:
+        client = Client()
+        argv = front_argv(tmp_path / "wire", "--agent", "demo-stubborn")
+        env = front_env(tmp_path)
+        async with spawn_agent_process(client, argv[0], *argv[1:], env=env) as (conn, _):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            sid = session.session_id
+            first = await conn.prompt(session_id=sid, prompt=[text_block("hi words=3 fast")])
+            client.first_chunk.clear()
+            turn = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block("story")]))
+            await client.first_chunk.wait()
+            started = time.monotonic()
+            await conn.cancel(session_id=sid)
+            cancelled = await asyncio.wait_for(turn, STUBBORN_CANCEL_S)
+            elapsed = time.monotonic() - started
+            client.chunks.clear()
+            after = await conn.prompt(session_id=sid, prompt=[text_block("again words=3 fast")])
+            return {
+                "config": session.config_options,
+                "first": first.stop_reason,
+                "cancelled": cancelled.stop_reason,
+                "elapsed": elapsed,
+                "after": after.stop_reason,
+                "after_text": "".join(client.chunks),
+            }
+
+    result = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_S))
+    assert result["first"] == "end_turn"
+    assert result["cancelled"] == "cancelled"
+    assert 2.5 <= result["elapsed"] <= STUBBORN_CANCEL_S
+    assert result["after"] == "end_turn"
+    assert result["after_text"].startswith("Hello!")
+    check_wire(tmp_path / "wire", schema)
