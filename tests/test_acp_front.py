@@ -287,6 +287,19 @@ async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
     check_wire(tmp_path / "wire", schema)
 
 
+async def test_ts_client_steers_a_running_turn(tmp_path: Path, schema: AcpSchema) -> None:
+    """``_session/steering`` joins the running turn (the demo agent injects it); with no turn
+    running and ``idleBehavior: promptRequired`` the answer is ``promptRequired``."""
+    result = await run_ts(tmp_path, "steer")
+    assert result["advertised"] == {"supported": True}
+    assert result["injected"] == {"outcome": "injected"}
+    assert result["ended"]["stopReason"] == "end_turn"
+    assert "Steered: turn left." in result["text"]
+    assert result["userChunks"] == ["turn left"]
+    assert result["idle"] == {"outcome": "promptRequired"}
+    check_wire(tmp_path / "wire", schema)
+
+
 # -- the Python SDK's client -----------------------------------------------------------------
 
 

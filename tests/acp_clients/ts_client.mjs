@@ -229,6 +229,36 @@ scenarios.shared = async (argv) => {
   });
 };
 
+// Steering the way agents advertise it: `_meta.steering` in initialize, `_session/steering`.
+scenarios.steer = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { init, session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const steer = (words) =>
+      ctx.request("_session/steering", {
+        sessionId,
+        prompt: text(words),
+        _meta: { steering: { idleBehavior: "promptRequired" } },
+      });
+    const turn = prompt(ctx, sessionId, "a story words=30 delay=0.05");
+    await nextUpdate(state, (u) => u.sessionUpdate === "agent_message_chunk");
+    const injected = await steer("turn left");
+    const ended = await turn;
+    const idle = await steer("nobody is running");
+    return {
+      advertised: init._meta?.steering ?? null,
+      injected,
+      ended,
+      idle,
+      text: messageText(state.updates),
+      userChunks: state.updates
+        .filter((u) => u.sessionUpdate === "user_message_chunk")
+        .map((u) => u.content.text),
+    };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
