@@ -35,6 +35,7 @@ from supervisor.client import connect
 ROOT = Path(__file__).resolve().parent.parent
 TS_CLIENT = Path(__file__).parent / "acp_clients" / "ts_client.mjs"
 TEE = Path(__file__).parent / "realagents" / "tee.py"
+FAKE_MCP = Path(__file__).parent / "fakes" / "mcp_server.py"
 #: A scenario's whole run, a few agent starts and a 3 s grace included, on a loaded machine.
 SCENARIO_S = 90.0
 #: demo-stubborn's grace (3 s) plus the kill ladder (<= 1 s) and a loaded machine's slack.
@@ -82,14 +83,16 @@ def front_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-async def run_ts(tmp_path: Path, scenario: str, *front_args: str) -> dict[str, Any]:
+async def run_ts(
+    tmp_path: Path, scenario: str, *front_args: str, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     node = "node"
     argv = front_argv(tmp_path / "wire", *front_args)
     with trio.fail_after(SCENARIO_S):
         done = await trio.run_process(
             [node, os.fspath(TS_CLIENT), sdk_entry(), scenario, json.dumps(argv), str(tmp_path)],
             capture_stdout=True,
-            env=front_env(tmp_path),
+            env={**front_env(tmp_path), **(env or {})},
             check=False,
         )
     assert done.returncode == 0, f"the TypeScript client failed ({done.returncode})"
@@ -297,6 +300,30 @@ async def test_ts_client_steers_a_running_turn(tmp_path: Path, schema: AcpSchema
     assert "Steered: turn left." in result["text"]
     assert result["userChunks"] == ["turn left"]
     assert result["idle"] == {"outcome": "promptRequired"}
+    check_wire(tmp_path / "wire", schema)
+
+
+async def test_ts_client_mcp_servers_reach_the_agent_behind(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """The editor's ``mcpServers`` go through the front door to the agent, which starts the
+    server (``tests/fakes/mcp_server.py``, with the env it was given) and calls its tool."""
+    marker = tmp_path / "mcp-marker.jsonl"
+    server = {
+        "name": "fake",
+        "command": sys.executable,
+        "args": [os.fspath(FAKE_MCP), os.fspath(marker)],
+        "env": [{"name": "FAKE_MCP_WORD", "value": "banana"}],
+    }
+    env = {"ACP_TEST_MCP_SERVERS": json.dumps([server])}
+    result = await run_ts(tmp_path, "mcp", env=env)
+    # What the agent's protocol can pass (ACP: all three; the agent's own mcpCapabilities are
+    # checked when it starts, and a kind it refuses fails session/new with its reason).
+    assert result["mcp"] == {"http": True, "sse": True}
+    assert result["answer"]["stopReason"] == "end_turn"
+    assert "pong banana" in result["text"]
+    started = [json.loads(line) for line in marker.read_text().splitlines()]
+    assert started and started[0]["word"] == "banana"
     check_wire(tmp_path / "wire", schema)
 
 

@@ -18,9 +18,10 @@ import cattrs
 import trio
 from trio_websocket import ConnectionClosed
 
+from protocols import PROTOCOLS
 from protocols import events as ev
+from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
-from supervisor.config import AgentSpec
 from supervisor.errors import SupervisorError
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import AnySession, Supervisor
@@ -89,6 +90,10 @@ class Backend(Protocol):
     def persistent_ids(self) -> bool:
         """Whether the front door mints (and records) its own session ids, for ``session/list``
         and ``session/load`` after this process ended; else the backend's ids are used."""
+        ...
+
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        """The kinds of MCP server ``agent`` can be given (``stdio``, ``http``, ``sse``)."""
         ...
 
     async def start(
@@ -198,6 +203,11 @@ class EmbeddedSessions:
             raise BackendError(f"cannot start {agent}: {exc}") from exc
         return EmbeddedSession(session, subscription)
 
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        spec = self._supervisor.agents.get(agent) if agent is not None else None
+        protocol = PROTOCOLS.get(spec.protocol) if spec is not None else None
+        return protocol.mcp_transports if protocol is not None else frozenset({"stdio"})
+
     async def attach(self, session_id: str) -> EmbeddedSession:
         raise BackendError(f"no session {session_id!r}")
 
@@ -212,21 +222,13 @@ async def _start_with_mcp(
     resume: str | None,
     mcp_servers: Sequence[dict[str, Any]],
 ) -> AnySession:
-    """MCP FORWARDING: the client's ``mcpServers`` go to the agent behind here, and only here.
-
-    ``Supervisor.start_session(..., mcp_servers=...)`` comes with the ``mcp-servers`` branch
-    (each protocol passes them its own way); until it is merged, servers the client sent are
-    not forwarded, and the session says so in the log rather than pretend.
-    """
-    spec: AgentSpec | str = agent
-    if mcp_servers:
-        log.warning(
-            "%d MCP server(s) from the client not forwarded to %s: this build's supervisor"
-            " does not take mcp_servers yet",
-            len(mcp_servers),
-            agent,
-        )
-    return await supervisor.start_session(spec, cwd=cwd, resume=resume)
+    """The client's ``mcpServers`` reach the agent behind, on top of its own, the way its
+    protocol takes them (``Supervisor.start_session(mcp_servers=...)``)."""
+    try:
+        servers = mcp_servers_from_acp(list(mcp_servers))
+    except ValueError as exc:
+        raise BackendError(f"mcpServers{exc}") from None
+    return await supervisor.start_session(agent, cwd=cwd, resume=resume, mcp_servers=servers)
 
 
 # -- a gateway ------------------------------------------------------------------------------
@@ -316,6 +318,11 @@ class GatewaySessions:
         self.client = client
         self.agents = list(agents)
 
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        """The gateway's agents are known by name and protocol only: stdio servers, which
+        every protocol takes (the gateway refuses, with the reason, what it cannot pass)."""
+        return frozenset({"stdio"})
+
     @classmethod
     async def open(cls, client: GatewayClient) -> GatewaySessions:
         try:
@@ -333,10 +340,8 @@ class GatewaySessions:
         mcp_servers: Sequence[dict[str, Any]] = (),
         resume: str | None = None,
     ) -> GatewaySession:
-        if mcp_servers:
-            log.warning("MCP servers from the client are not sent to a gateway's session")
         try:
-            started = await self.client.start_session(agent, cwd)
+            started = await self.client.start_session(agent, cwd, mcp_servers=mcp_servers)
         except GatewayError as exc:
             raise BackendError(f"cannot start {agent}: {exc.message}") from exc
         return await self._follow(str(started["session_id"]), agent, cwd)

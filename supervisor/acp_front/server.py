@@ -82,7 +82,11 @@ class AcpFront:
         self.records = records if records is not None else Records(None)
         #: a gateway session every ``session/new`` joins instead of starting one
         self.attach_to = attach_to
-        self.machine = AcpAgentSide(agent_info=dict(AGENT_INFO))
+        kinds = backend.mcp_transports(self.default_agent)
+        self.machine = AcpAgentSide(
+            agent_info=dict(AGENT_INFO),
+            mcp_capabilities={"http": "http" in kinds, "sse": "sse" in kinds},
+        )
         self._live: dict[str, _Live] = {}
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._nursery: trio.Nursery | None = None

@@ -259,6 +259,19 @@ scenarios.steer = async (argv) => {
   });
 };
 
+// The client's mcpServers (from ACP_TEST_MCP_SERVERS) reach the agent behind, which starts
+// them; its `mcp` reply says what each one's first tool answered.
+scenarios.mcp = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const init = await ctx.request(methods.agent.initialize, { protocolVersion: acp.PROTOCOL_VERSION });
+    const mcpServers = JSON.parse(process.env.ACP_TEST_MCP_SERVERS);
+    const session = await ctx.request(methods.agent.session.new, { cwd, mcpServers });
+    const answer = await prompt(ctx, session.sessionId, "mcp");
+    return { mcp: init.agentCapabilities.mcpCapabilities, answer, text: messageText(state.updates) };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
