@@ -136,6 +136,8 @@ class SessionSummary:
     recycle_reason: str | None = None
     #: the ``[hosts.NAME]`` it runs on (``supervisor/remote/``); None: this machine
     host: str | None = None
+    #: the agent's working directory (None: not known here)
+    cwd: str | None = None
 
 
 # -- mailbox calls ---------------------------------------------------------------------------
@@ -426,6 +428,7 @@ class Session:
             self.turn_id,
             recycles=self._recycles,
             recycle_reason=self._recycle_reason,
+            cwd=self.cwd,
         )
 
     async def prompt(self, text: str) -> TurnHandle:

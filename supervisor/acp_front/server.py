@@ -242,9 +242,11 @@ class AcpFront:
                 if summary.get("state") in ("stopped", "failed"):
                     continue
                 cwd = summary.get("cwd")
+                if not isinstance(cwd, str) or not cwd.startswith("/"):
+                    continue  # ACP needs its cwd: a gateway too old to say it lists none
                 info: dict[str, Any] = {
                     "sessionId": str(summary.get("session_id")),
-                    "cwd": cwd if isinstance(cwd, str) else "/",
+                    "cwd": cwd,
                     "title": f"{summary.get('agent')} ({summary.get('session_id')})",
                     "_meta": {"agentSupervisor": {"agent": summary.get("agent")}},
                 }
