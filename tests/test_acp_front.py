@@ -84,13 +84,20 @@ def front_env(tmp_path: Path) -> dict[str, str]:
 
 
 async def run_ts(
-    tmp_path: Path, scenario: str, *front_args: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    scenario: str,
+    *front_args: str,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> dict[str, Any]:
+    """Run ``scenario`` of the TypeScript client against ``acp FRONT_ARGS``; the ACP session's
+    cwd is ``cwd`` (default: ``tmp_path``)."""
     node = "node"
     argv = front_argv(tmp_path / "wire", *front_args)
+    where = cwd or str(tmp_path)
     with trio.fail_after(SCENARIO_S):
         done = await trio.run_process(
-            [node, os.fspath(TS_CLIENT), sdk_entry(), scenario, json.dumps(argv), str(tmp_path)],
+            [node, os.fspath(TS_CLIENT), sdk_entry(), scenario, json.dumps(argv), where],
             capture_stdout=True,
             env={**front_env(tmp_path), **(env or {})},
             check=False,

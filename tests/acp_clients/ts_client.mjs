@@ -272,6 +272,28 @@ scenarios.mcp = async (argv) => {
   });
 };
 
+// A real agent behind the front door, against the tests' fake model: a quick turn, a turn
+// cancelled while the model streams, another quick turn.
+scenarios.real = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const quick = await prompt(ctx, sessionId, "quick");
+    const quickText = messageText(state.updates);
+    state.updates.length = 0;
+    const turn = prompt(ctx, sessionId, "stream");
+    await nextUpdate(state, (u) => u.sessionUpdate === "agent_message_chunk");
+    const started = performance.now();
+    await ctx.notify(methods.agent.session.cancel, { sessionId });
+    const cancelled = await turn;
+    const cancelMs = performance.now() - started;
+    state.updates.length = 0;
+    const again = await prompt(ctx, sessionId, "quick");
+    return { quick, quickText, cancelled, cancelMs, again, againText: messageText(state.updates) };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
