@@ -218,6 +218,7 @@ class _SessionView:
     running_turn: str | None = None
     cancelling: bool = False  # a cancel is under way (ours, or anyone's on a shared session)
     restarting: bool = False  # the agent died unasked: the next ``ready`` is told
+    resuming: bool = False  # started to resume an earlier session: a refusal is told
     #: client-held permission requests: universal request id -> our JSON-RPC id
     permissions: dict[str, RequestId] = field(factory=dict)
 
@@ -397,8 +398,55 @@ class AcpAgentSide:
         out.send.append(self._rpc.respond(rpc_id, result))
         return out
 
-    def session_closed(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+    def session_ended(
+        self, session_id: str, *, error: str | None = None, forget: bool = True
+    ) -> Output:
+        """The session behind ``session_id`` is gone (closed, replaced by another agent's, or
+        lost): each prompt still waiting is answered (``cancelled``, or ``error``), each
+        permission request the client holds withdrawn; ``forget``: the ACP session too."""
+        view = self._view(session_id)
+        out = Output()
+        for rpc_id in view.turns.values():
+            out.send.append(self._ended_answer(rpc_id, error))
+        for rpc_id in view.permissions.values():
+            self._rpc.forget(rpc_id)
+            out.send.append(self._rpc.notify("$/cancel_request", {"requestId": rpc_id}))
+        view.turns.clear()
+        view.permissions.clear()
+        view.ended.clear()
+        view.running_turn = None
+        view.cancelling = False
+        if forget:
+            self._sessions.pop(session_id, None)
+        return out
+
+    def turn_abandoned(
+        self,
+        rpc_id: RequestId,
+        session_id: str,
+        text: str,
+        turn_id: str,
+        *,
+        error: str | None = None,
+    ) -> Output:
+        """A prompt accepted by a session that was gone by then (closed, replaced)."""
+        view = self._view(session_id)
+        if text in view.pending_texts:
+            view.pending_texts.remove(text)
+        view.turns.pop(turn_id, None)
+        view.ended.pop(turn_id, None)
+        return Output(send=[self._ended_answer(rpc_id, error)])
+
+    def expect_resume(self, session_id: str) -> None:
+        """The session was started to resume an earlier one: a ``ready`` with a reason (the
+        agent refused the resume and started afresh) is told to the client."""
+        self._view(session_id).resuming = True
+
+    def _ended_answer(self, rpc_id: RequestId, error: str | None) -> dict[str, Any]:
+        if error is not None:
+            return self._rpc.respond_error(rpc_id, INTERNAL_ERROR, error)
+        meta = {META_KEY: {"outcome": "cancelled", "reason": "session_closed"}}
+        return self._rpc.respond(rpc_id, {"stopReason": "cancelled", "_meta": meta})
 
     def respond(self, rpc_id: RequestId, result: dict[str, Any]) -> Output:
         return Output(send=[self._rpc.respond(rpc_id, result)])
@@ -540,6 +588,11 @@ class AcpAgentSide:
     def _state(self, session_id: str, view: _SessionView, event: ev.SessionState) -> Output:
         if event.state == "cancelling":
             view.cancelling = True
+        if event.state == "ready" and view.resuming:
+            view.resuming = False
+            if event.detail:
+                text = f"the agent could not resume its session, it starts afresh: {event.detail}"
+                return Output(send=[self._notice(session_id, text, "resume_failed")])
         if event.state == "ready" and view.restarting:
             view.restarting = False
             text = "the agent is back" + (

@@ -221,3 +221,43 @@ def test_tool_calls_and_plans_in_acp_shape_whatever_the_agent_said() -> None:
     assert plan["params"]["update"]["entries"] == [
         {"content": "read", "priority": "medium", "status": "in_progress"}
     ]
+
+
+def test_a_closed_session_answers_its_waiting_prompts_and_withdraws_its_requests() -> None:
+    m = machine()
+    action = prompt(m, 7, "x")
+    m.prompt_accepted(action.rpc_id, "S", "x", "t1")
+    option = ev.PermissionOption(option_id="ok", name="Allow", option_kind="allow_once")
+    (asked,) = m.event(
+        "S", ev.PermissionRequested(turn_id="t1", request_id="p1", options=[option])
+    ).send
+    answer, withdrawn = m.session_ended("S").send
+    assert answer["id"] == 7 and answer["result"]["stopReason"] == "cancelled"
+    assert withdrawn["method"] == "$/cancel_request"
+    assert withdrawn["params"] == {"requestId": asked["id"]}
+    # Lost rather than closed: an error, not a stop reason.
+    action = prompt(m, 8, "y")
+    m.prompt_accepted(action.rpc_id, "S", "y", "t2")
+    (lost,) = m.session_ended("S", error="gone").send
+    assert lost["error"]["message"] == "gone"
+
+
+def test_a_prompt_accepted_by_a_session_already_replaced_is_answered_at_once() -> None:
+    m = machine()
+    action = prompt(m, 9, "x")
+    (answer,) = m.turn_abandoned(action.rpc_id, "S", "x", "t1").send
+    assert answer["result"]["stopReason"] == "cancelled"
+    # Its text no longer counts as ours: the same words from another client are shown.
+    assert m.event("S", ev.TurnStarted(turn_id="t2", text="x")).send != []
+
+
+def test_a_refused_resume_is_told_once() -> None:
+    m = machine()
+    m.expect_resume("S")
+    (notice,) = m.event("S", ev.SessionState(state="ready", detail="session/load failed")).send
+    update = notice["params"]["update"]
+    assert update["_meta"]["agentSupervisor"]["notice"] == "resume_failed"
+    assert "session/load failed" in update["content"]["text"]
+    assert m.event("S", ev.SessionState(state="ready", detail="later")).send == []
+    m.expect_resume("R")
+    assert m.event("R", ev.SessionState(state="ready")).send == []  # resumed: nothing to say

@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
+import psutil
 import pytest
 import trio
 from test_schemas import AcpSchema, violations, walk_messages
@@ -393,3 +396,71 @@ def test_python_sdk_client_prompt_and_stubborn_cancel(tmp_path: Path, schema: Ac
     assert result["after"] == "end_turn"
     assert result["after_text"].startswith("Hello!")
     check_wire(tmp_path / "wire", schema)
+
+
+# -- the process ------------------------------------------------------------------------------
+
+
+async def test_sigterm_mid_turn_answers_the_prompt_and_leaves_no_agent_process(
+    tmp_path: Path,
+) -> None:
+    """An editor closing its agent server sends SIGTERM: the running turn is stopped, its
+    prompt answered, every agent tree stopped, exit 0. (Raw lines here: this is about the
+    process, not the protocol.)"""
+    argv = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
+    process = await trio.lowlevel.open_process(
+        [*argv, "acp"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=front_env(tmp_path),
+    )
+    assert process.stdin is not None and process.stdout is not None
+    lines = LineReader(process.stdout)
+
+    async def send(message: dict[str, Any]) -> None:
+        assert process.stdin is not None
+        await process.stdin.send_all((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+
+    with trio.fail_after(SCENARIO_S):
+        await send({"id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+        await lines.until(lambda m: m.get("id") == 0)
+        await send(
+            {"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}}
+        )
+        session_id = (await lines.until(lambda m: m.get("id") == 1))["result"]["sessionId"]
+        text = [{"type": "text", "text": "a long story slow"}]
+        await send(
+            {
+                "id": 2,
+                "method": "session/prompt",
+                "params": {"sessionId": session_id, "prompt": text},
+            }
+        )
+        await lines.until(lambda m: "agent_message_chunk" in json.dumps(m))
+        tree = psutil.Process(process.pid).children(recursive=True)
+        assert tree, "the agent runs under the front door"
+        process.send_signal(signal.SIGTERM)
+        answer = await lines.until(lambda m: m.get("id") == 2)
+        assert answer["result"]["stopReason"] == "cancelled"
+        assert await process.wait() == 0
+    alive = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+
+
+class LineReader:
+    """JSON lines from a stream, kept in order."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+
+    async def until(self, predicate: Any) -> dict[str, Any]:
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if predicate(message):
+                    return dict(message)
+            data = await self.stream.receive_some(65536)
+            assert data, "the front door closed its stdout"
+            self.buffer += data

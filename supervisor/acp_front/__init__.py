@@ -12,6 +12,7 @@ this process or on a gateway (``backends``), and what is kept for ``session/list
 
 from __future__ import annotations
 
+import signal
 from contextlib import AsyncExitStack
 
 import trio
@@ -56,5 +57,19 @@ async def run_acp(
             )
             backend = EmbeddedSessions(supervisor)
             front = AcpFront(backend, default_agent=agent, records=Records(records_dir(state_dir)))
-        await front.serve(receive, send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_shut_down_on_signal, front)
+            await front.serve(receive, send)
+            nursery.cancel_scope.cancel()
     return 0
+
+
+async def _shut_down_on_signal(front: AcpFront) -> None:
+    """SIGTERM or SIGINT (an editor closing its agent server, Ctrl-C): a graceful end, every
+    session's tree stopped through its ladder; a second one kills at once (the default)."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            front.shutdown()
+            break
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -198,7 +198,8 @@ class EmbeddedSessions:
     ) -> EmbeddedSession:
         try:
             session = await _start_with_mcp(self._supervisor, agent, cwd, resume, mcp_servers)
-            subscription = await session.open_subscription()
+            # From its first event: how its start went (a resume refused) is told too.
+            subscription = await session.open_subscription(since_seq=0)
         except SupervisorError as exc:
             raise BackendError(f"cannot start {agent}: {exc}") from exc
         return EmbeddedSession(session, subscription)

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 AGENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version": "0.1.0"}
 #: Sessions in one ``session/list`` page.
 LIST_PAGE = 50
+#: For the last messages to reach the client when we shut down (it may have stopped reading).
+FLUSH_BOUND_S = 2.0
 #: How much of a stream one read takes.
 _READ_BYTES = 65536
 
@@ -90,16 +92,29 @@ class AcpFront:
         self._live: dict[str, _Live] = {}
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
+        self._read_scope = trio.CancelScope()
+
+    def shutdown(self) -> None:
+        """Stop reading the client, stop every session here, and return from :meth:`serve`
+        (SIGTERM, Ctrl-C): the same end as the client closing stdin."""
+        self._read_scope.cancel()
 
     async def serve(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
         """Until the client closes its end (EOF), then every session here is stopped."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write, send)
-                await self._read(receive)
+                written = trio.Event()
+                nursery.start_soon(self._write, send, written)
+                with self._read_scope:
+                    await self._read(receive)
                 with trio.CancelScope(shield=True):
                     await self._close_all()
+                    # What the ends of the sessions said (their prompts' answers) goes out
+                    # before we do, if the client still reads.
+                    self._out_send.close()
+                    with trio.move_on_after(FLUSH_BOUND_S):
+                        await written.wait()
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
@@ -127,7 +142,13 @@ class AcpFront:
                 elif isinstance(frame, Message):
                     self._apply(self.machine.receive(frame.payload))
 
-    async def _write(self, send: trio.abc.SendStream) -> None:
+    async def _write(self, send: trio.abc.SendStream, written: trio.Event) -> None:
+        try:
+            await self._write_all(send)
+        finally:
+            written.set()
+
+    async def _write_all(self, send: trio.abc.SendStream) -> None:
         async for message in self._out:
             try:
                 line = encode_message(message)
@@ -144,7 +165,10 @@ class AcpFront:
 
     def _apply(self, out: Output) -> None:
         for message in out.send:
-            self._out_send.send_nowait(message)
+            try:
+                self._out_send.send_nowait(message)
+            except trio.ClosedResourceError:  # shutting down: nobody reads any more
+                break
         for action in out.actions:
             assert self._nursery is not None
             self._nursery.start_soon(self._act, action)
@@ -214,6 +238,8 @@ class AcpFront:
                     resume=record.agent_session_id,
                 )
                 record.cwd = action.cwd
+                if record.agent_session_id is not None:
+                    self.machine.expect_resume(action.session_id)
             else:
                 front = await self.backend.attach(action.session_id)
                 record = Record(action.session_id, front.agent, front.cwd or action.cwd)
@@ -264,7 +290,7 @@ class AcpFront:
         live = self._live.pop(action.session_id, None)
         if live is not None:
             await self._stop(live)
-        self.machine.session_closed(action.session_id)
+        self._apply(self.machine.session_ended(action.session_id))
         self._apply(self.machine.respond(action.rpc_id, {}))
 
     async def _set_agent(self, action: SetAgent) -> None:
@@ -285,6 +311,7 @@ class AcpFront:
             front = await self.backend.start(action.agent, live.record.cwd)
             old = self._live.pop(action.session_id)
             await self._stop(old)
+            self._apply(self.machine.session_ended(action.session_id, forget=False))
             record = old.record
             record.agent, record.agent_session_id = action.agent, None
             live = self._adopt(action.session_id, front, record)
@@ -309,6 +336,12 @@ class AcpFront:
         except BackendError as exc:
             out = self.machine.prompt_failed(
                 action.rpc_id, action.session_id, action.text, str(exc)
+            )
+            self._apply(out)
+            return
+        if self._live.get(action.session_id) is not live:  # closed or replaced meanwhile
+            out = self.machine.turn_abandoned(
+                action.rpc_id, action.session_id, action.text, turn_id
             )
             self._apply(out)
             return
@@ -347,6 +380,11 @@ class AcpFront:
             async for event in live.front.events():
                 self._remember(live, event)
                 self._apply(self.machine.event(live.acp_id, event))
+        if not live.scope.cancel_called and self._live.get(live.acp_id) is live:
+            # Its events ended without us closing it: a gateway connection lost, say. The
+            # prompts still waiting would wait for ever: they are answered now.
+            why = "the session behind this one ended (its events stopped)"
+            self._apply(self.machine.session_ended(live.acp_id, error=why, forget=False))
 
     def _remember(self, live: _Live, event: ev.Event) -> None:
         record = live.record
@@ -378,6 +416,8 @@ class AcpFront:
         async with trio.open_nursery() as nursery:
             for live in lives:
                 nursery.start_soon(self._stop, live)
+        for live in lives:
+            self._apply(self.machine.session_ended(live.acp_id))
 
 
 def _session_info(record: Record) -> dict[str, Any]:
