@@ -337,6 +337,32 @@ async def test_ts_client_mcp_servers_reach_the_agent_behind(
     check_wire(tmp_path / "wire", schema)
 
 
+async def test_ts_client_loads_a_gateway_session_with_its_history(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """``--connect``: a session the WebSocket client started and talked to is listed, and
+    ``session/load`` replays what was said before it answers; then the editor prompts too."""
+    async with serve(tmp_path) as served, connect(served.url) as client:
+        session_id = (await client.start_session("demo", str(tmp_path)))["session_id"]
+        async with client.subscribe(session_id) as events:
+            await client.prompt(session_id, "before words=3 fast")
+            with trio.fail_after(SCENARIO_S):
+                async for message in events:
+                    if message["event"] == "turn.ended":
+                        break
+        env = {"ACP_TEST_SESSION": session_id}
+        result = await run_ts(tmp_path, "attachload", "--connect", served.url, env=env)
+    listed = {s["sessionId"]: s for s in result["listed"]["sessions"]}
+    assert listed[session_id]["cwd"] == str(tmp_path)
+    assert result["replayed"][0] == ["user_message_chunk", "before words=3 fast"]
+    assert result["replayed"][1][0] == "agent_message_chunk"
+    assert result["replayed"][1][1].startswith("Hello!")
+    assert len(result["replayed"]) == 2
+    assert result["next"]["stopReason"] == "end_turn"
+    assert result["nextText"].startswith("Hello!")
+    check_wire(tmp_path / "wire", schema)
+
+
 # -- the Python SDK's client -----------------------------------------------------------------
 
 

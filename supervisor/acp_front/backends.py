@@ -39,6 +39,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: For a gateway to replay a session's history (``session/load`` on ``--connect``): at most
+#: 10,000 events of ~100 bytes, well under a second on loopback.
+HISTORY_BOUND_S = 30.0
 #: Bound on stopping one session (its turn's ladder, the agent's exit) when the front closes.
 STOP_BOUND_S = 10.0
 
@@ -53,6 +56,8 @@ class FrontSession(Protocol):
     id: str  # the backend's own id (a gateway's ``s3``)
     agent: str
     cwd: str
+    #: what it said so far, when the backend keeps it (``attach(history=True)``): role, text
+    transcript: list[list[str]]
 
     async def prompt(self, text: str) -> str:
         """Returns the turn id once the session accepted the prompt."""
@@ -105,8 +110,9 @@ class Backend(Protocol):
         resume: str | None = None,
     ) -> FrontSession: ...
 
-    async def attach(self, session_id: str) -> FrontSession:
-        """A session that runs already (a gateway's), followed from now on."""
+    async def attach(self, session_id: str, *, history: bool = False) -> FrontSession:
+        """A session that runs already (a gateway's), followed from now on; ``history``: its
+        transcript so far is read first (``FrontSession.transcript``)."""
         ...
 
     async def list(self) -> list[dict[str, Any]]:
@@ -124,6 +130,7 @@ class EmbeddedSession:
         self.id = session.id
         self.agent = session.spec.name
         self.cwd: str = session.cwd or ""
+        self.transcript: list[list[str]] = []  # kept by the front door's records instead
 
     @property
     def agent_session_id(self) -> str | None:
@@ -209,7 +216,7 @@ class EmbeddedSessions:
         protocol = PROTOCOLS.get(spec.protocol) if spec is not None else None
         return protocol.mcp_transports if protocol is not None else frozenset({"stdio"})
 
-    async def attach(self, session_id: str) -> EmbeddedSession:
+    async def attach(self, session_id: str, *, history: bool = False) -> EmbeddedSession:
         raise BackendError(f"no session {session_id!r}")
 
     async def list(self) -> list[dict[str, Any]]:
@@ -254,8 +261,34 @@ class GatewaySession:
         self.cwd = cwd
         self._channel = channel
         self._stack = stack
+        self._last_seq: int | None = None
+        #: what ``session/load`` replays (``read_history``)
+        self.transcript: list[list[str]] = []
 
     agent_session_id = None
+
+    async def read_history(self, head: int) -> None:
+        """Take the replayed events up to ``head`` (the newest when subscribed) off the
+        channel, as a transcript (``[role, text]``); what comes after is the live stream."""
+        self.transcript = []
+        while (self._last_seq or 0) < head:
+            try:
+                message = await self._channel.receive()
+            except trio.EndOfChannel:
+                raise BackendError("the session ended while its history was read") from None
+            if message.get("event") in ("subscription.lagged", "subscription.closed"):
+                raise BackendError(f"the gateway cut the replay short ({message.get('event')})")
+            event = _decode(message)
+            if event is None:
+                continue
+            self._last_seq = event.seq
+            if isinstance(event, ev.TurnStarted):
+                self.transcript.append(["user", event.text])
+            elif isinstance(event, ev.MessageDelta) and event.role != "user" and event.text:
+                if self.transcript and self.transcript[-1][0] == "agent":
+                    self.transcript[-1][1] += event.text
+                else:
+                    self.transcript.append(["agent", event.text])
 
     async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -283,31 +316,37 @@ class GatewaySession:
         await self._request("permission.respond", payload)
 
     async def events(self) -> AsyncIterator[ev.Event]:
-        last_seq: int | None = None
         async for message in self._channel:
             kind = message.get("event")
             if kind == "subscription.lagged":  # cut off for falling behind: catch up
                 try:
-                    payload = {} if last_seq is None else {"since_seq": last_seq}
+                    since = self._last_seq
+                    payload = {} if since is None else {"since_seq": since}
                     await self._request("session.subscribe", payload)
                 except BackendError:
                     return
                 continue
             if kind == "subscription.closed":
                 return
-            try:
-                event = event_from_wire(message)
-            except (KeyError, TypeError, ValueError, cattrs.BaseValidationError):
+            event = _decode(message)
+            if event is None:
                 continue  # a kind or shape this version does not know
-            if last_seq is not None and event.seq <= last_seq:
+            if self._last_seq is not None and event.seq <= self._last_seq:
                 continue
-            last_seq = event.seq
+            self._last_seq = event.seq
             yield event
 
     async def stop(self) -> None:
         """Stop following: the session is the gateway's, and its other clients keep it."""
         with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
             await self._stack.aclose()
+
+
+def _decode(message: dict[str, Any]) -> ev.Event | None:
+    try:
+        return event_from_wire(message)
+    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError):
+        return None
 
 
 class GatewaySessions:
@@ -347,7 +386,9 @@ class GatewaySessions:
             raise BackendError(f"cannot start {agent}: {exc.message}") from exc
         return await self._follow(str(started["session_id"]), agent, cwd)
 
-    async def attach(self, session_id: str) -> GatewaySession:
+    async def attach(self, session_id: str, *, history: bool = False) -> GatewaySession:
+        """Follow ``session_id``; with ``history``, its transcript so far is read first (the
+        gateway replays its events from the start) for ``session/load`` to show."""
         try:
             listed = await self.client.sessions()
         except GatewayError as exc:
@@ -355,17 +396,31 @@ class GatewaySessions:
         for summary in listed:
             if summary.get("session_id") == session_id:
                 agent = str(summary.get("agent"))
-                return await self._follow(session_id, agent, str(summary.get("cwd") or ""))
+                cwd = str(summary.get("cwd") or "")
+                return await self._follow(session_id, agent, cwd, history=history)
         raise BackendError(f"the gateway has no session {session_id!r}")
 
-    async def _follow(self, session_id: str, agent: str, cwd: str) -> GatewaySession:
+    async def _follow(
+        self, session_id: str, agent: str, cwd: str, *, history: bool = False
+    ) -> GatewaySession:
         stack = AsyncExitStack()
         try:
-            channel = await stack.enter_async_context(self.client.subscribe(session_id))
+            channel = await stack.enter_async_context(
+                self.client.subscribe(session_id, since_seq=0 if history else None)
+            )
         except (GatewayError, ConnectionClosed) as exc:
             await stack.aclose()
             raise BackendError(f"cannot follow session {session_id}: {exc}") from exc
-        return GatewaySession(self, session_id, agent, cwd, channel, stack)
+        session = GatewaySession(self, session_id, agent, cwd, channel, stack)
+        if history:
+            head = int(self.client.subscribed.get(session_id, {}).get("last_seq") or 0)
+            try:
+                with trio.fail_after(HISTORY_BOUND_S):
+                    await session.read_history(head)
+            except (trio.TooSlowError, BackendError) as exc:
+                await stack.aclose()
+                raise BackendError(f"cannot read the history of {session_id}: {exc}") from exc
+        return session
 
     async def list(self) -> list[dict[str, Any]]:
         try:

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -161,7 +160,7 @@ class AcpFront:
                 return
 
     def _emit_raw(self, message: dict[str, Any]) -> None:
-        self._out_send.send_nowait(message)
+        self._apply(Output(send=[message]))
 
     def _apply(self, out: Output) -> None:
         for message in out.send:
@@ -201,6 +200,11 @@ class AcpFront:
                 self._apply(self.machine.fail(rpc_id, str(exc)))
             else:
                 log.info("%s: %s", type(action).__name__, exc)
+        except Exception as exc:  # a bug must answer the client, not end the connection
+            log.exception("error handling %s", type(action).__name__)
+            rpc_id = getattr(action, "rpc_id", None)
+            if rpc_id is not None:
+                self._apply(self.machine.fail(rpc_id, f"internal error: {exc!r}"))
 
     def _config_options(self, agent: str) -> list[dict[str, Any]]:
         return [agent_config_option(agent, self.backend.agents)]
@@ -241,8 +245,9 @@ class AcpFront:
                 if record.agent_session_id is not None:
                     self.machine.expect_resume(action.session_id)
             else:
-                front = await self.backend.attach(action.session_id)
+                front = await self.backend.attach(action.session_id, history=action.replay)
                 record = Record(action.session_id, front.agent, front.cwd or action.cwd)
+                record.transcript = [list(entry) for entry in front.transcript]
             live = self._adopt(action.session_id, front, record)
         replay = [(role, text) for role, text in live.record.transcript] if action.replay else []
         self._apply(
@@ -377,9 +382,12 @@ class AcpFront:
 
     async def _pump(self, live: _Live) -> None:
         with live.scope:
-            async for event in live.front.events():
-                self._remember(live, event)
-                self._apply(self.machine.event(live.acp_id, event))
+            try:
+                async for event in live.front.events():
+                    self._remember(live, event)
+                    self._apply(self.machine.event(live.acp_id, event))
+            except BackendError as exc:
+                log.warning("session %s: its events stopped: %s", live.acp_id, exc)
         if not live.scope.cancel_called and self._live.get(live.acp_id) is live:
             # Its events ended without us closing it: a gateway connection lost, say. The
             # prompts still waiting would wait for ever: they are answered now.
@@ -392,10 +400,10 @@ class AcpFront:
             record.add("user", event.text)
         elif isinstance(event, ev.MessageDelta) and event.role != "user":
             record.add("agent", event.text)
-        elif isinstance(event, ev.TurnEnded | ev.SessionState) and not (
-            isinstance(event, ev.SessionState) and event.state != "ready"
+        elif isinstance(event, ev.TurnEnded) or (
+            isinstance(event, ev.SessionState) and event.state == "ready"
         ):
-            self._save(live)
+            self._save(live)  # the agent's session id may be new (a refused resume)
 
     def _save(self, live: _Live) -> None:
         if not self.backend.persistent_ids:
@@ -443,7 +451,3 @@ async def stdio_streams() -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStrea
     stdout = trio.lowlevel.FdStream(os.dup(1))
     os.dup2(2, 1)
     return stdin, stdout
-
-
-def agent_names(agents: Sequence[tuple[str, str]]) -> list[str]:
-    return [name for name, _ in agents]

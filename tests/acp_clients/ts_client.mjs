@@ -294,6 +294,22 @@ scenarios.real = async (argv) => {
   });
 };
 
+// A gateway session someone else started (ACP_TEST_SESSION), found with session/list and
+// joined with session/load: its history replayed first, then a prompt of our own.
+scenarios.attachload = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    await ctx.request(methods.agent.initialize, { protocolVersion: acp.PROTOCOL_VERSION });
+    const sessionId = process.env.ACP_TEST_SESSION;
+    const listed = await ctx.request(methods.agent.session.list, {});
+    const loaded = await ctx.request(methods.agent.session.load, { sessionId, cwd, mcpServers: [] });
+    const replayed = state.updates.map((u) => [u.sessionUpdate, u.content?.text ?? null]);
+    state.updates.length = 0;
+    const next = await prompt(ctx, sessionId, "more words=3 fast");
+    return { listed, loaded, replayed, next, nextText: messageText(state.updates) };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
