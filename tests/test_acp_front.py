@@ -206,6 +206,15 @@ async def test_ts_client_cancel_that_needs_the_kill(tmp_path: Path, schema: AcpS
     assert [a["result"]["stopReason"] for a in prompt_answers] == ["cancelled", "end_turn"]
 
 
+async def test_ts_client_cancel_right_behind_its_prompt(tmp_path: Path, schema: AcpSchema) -> None:
+    """The cancel leaves the client right after the prompt: the front door hands the session
+    the prompt first, so the cancel stops that turn rather than finding none."""
+    result = await run_ts(tmp_path, "immediate")
+    assert result["stops"] == ["cancelled"] * 5
+    assert result["after"]["stopReason"] == "end_turn"
+    check_wire(tmp_path / "wire", schema)
+
+
 async def test_ts_client_permission_round_trip_and_withdrawal(
     tmp_path: Path, schema: AcpSchema
 ) -> None:

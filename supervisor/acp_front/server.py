@@ -48,10 +48,33 @@ log = logging.getLogger(__name__)
 AGENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version": "0.1.0"}
 #: Sessions in one ``session/list`` page.
 LIST_PAGE = 50
+#: How long a cancel waits for the prompts sent before it to reach their session (a mailbox
+#: round trip, or one to a gateway: milliseconds; a session still starting takes the prompt
+#: into its queue at once too).
+SENDING_BOUND_S = 10.0
 #: For the last messages to reach the client when we shut down (it may have stopped reading).
 FLUSH_BOUND_S = 2.0
 #: How much of a stream one read takes.
 _READ_BYTES = 65536
+
+
+class _Sending:
+    """Prompts sent to one session and not yet accepted (or refused) by it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.done = trio.Event()
+        self.done.set()
+
+    def begin(self) -> None:
+        if self.count == 0:
+            self.done = trio.Event()
+        self.count += 1
+
+    def end(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self.done.set()
 
 
 @define
@@ -92,6 +115,8 @@ class AcpFront:
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._nursery: trio.Nursery | None = None
         self._read_scope = trio.CancelScope()
+        #: prompts on their way to each session (ACP session id -> count)
+        self._sending: dict[str, _Sending] = {}
 
     def shutdown(self) -> None:
         """Stop reading the client, stop every session here, and return from :meth:`serve`
@@ -170,6 +195,10 @@ class AcpFront:
                 break
         for action in out.actions:
             assert self._nursery is not None
+            if isinstance(action, PromptRequested):
+                # Counted now, in the order the client sent it: a cancel that follows waits
+                # until the session has the prompt (whichever task runs first).
+                self._sending.setdefault(action.session_id, _Sending()).begin()
             self._nursery.start_soon(self._act, action)
 
     # -- actions ----------------------------------------------------------------------------
@@ -328,6 +357,13 @@ class AcpFront:
         )
 
     async def _prompt(self, action: PromptRequested) -> None:
+        sending = self._sending[action.session_id]
+        try:
+            await self._send_prompt(action)
+        finally:
+            sending.end()
+
+    async def _send_prompt(self, action: PromptRequested) -> None:
         live = self._live.get(action.session_id)
         if live is None:
             self._apply(
@@ -355,6 +391,10 @@ class AcpFront:
         )
 
     async def _cancel(self, action: CancelRequested) -> None:
+        sending = self._sending.get(action.session_id)
+        if sending is not None:
+            with trio.move_on_after(SENDING_BOUND_S):
+                await sending.done.wait()
         live = self._live.get(action.session_id)
         if live is not None:
             await live.front.cancel()  # the prompt's answer comes with its turn's end

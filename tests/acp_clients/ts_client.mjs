@@ -310,6 +310,24 @@ scenarios.attachload = async (argv) => {
   });
 };
 
+// A cancel sent right behind its prompt, before any word of the turn: it still stops that
+// turn (five times over), and the session goes on.
+scenarios.immediate = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const stops = [];
+    for (let i = 0; i < 5; i++) {
+      const turn = prompt(ctx, sessionId, `story ${i} slow words=50`);
+      await ctx.notify(methods.agent.session.cancel, { sessionId });
+      stops.push((await turn).stopReason);
+    }
+    const after = await prompt(ctx, sessionId, "after words=3 fast");
+    return { stops, after };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
