@@ -499,3 +499,24 @@ class LineReader:
             data = await self.stream.receive_some(65536)
             assert data, "the front door closed its stdout"
             self.buffer += data
+
+
+async def test_a_front_door_that_cannot_serve_says_why(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
+    cases = {
+        ("acp", "--agent", "nope"): "unknown agent 'nope' (known: demo, demo-stubborn)",
+        ("acp", "--connect", "http://127.0.0.1:1/?token=secret"): "cannot connect to 127.0.0.1:1",
+    }
+    for args, said in cases.items():
+        with trio.fail_after(SCENARIO_S):
+            done = await trio.run_process(
+                [*argv, *args],
+                stdin=b"",
+                capture_stdout=True,
+                capture_stderr=True,
+                env=front_env(tmp_path),
+                check=False,
+            )
+        assert done.returncode == 2, args
+        assert said in done.stderr.decode(), done.stderr.decode()
+        assert b"secret" not in done.stderr and done.stdout == b""

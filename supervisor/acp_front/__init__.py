@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import signal
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import trio
 
 from supervisor.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
 from supervisor.acp_front.records import Records
 from supervisor.acp_front.server import AcpFront, records_dir, stdio_streams
+
+if TYPE_CHECKING:
+    from supervisor.client import GatewayClient
 
 __all__ = ["AcpFront", "BackendError", "run_acp"]
 
@@ -38,9 +43,7 @@ async def run_acp(
         receive, send = await stdio_streams()
     async with AsyncExitStack() as stack:
         if connect is not None:
-            from supervisor.client import connect as connect_gateway
-
-            client = await stack.enter_async_context(connect_gateway(connect))
+            client = await _connect(stack, connect)
             backend: EmbeddedSessions | GatewaySessions = await GatewaySessions.open(client)
             front = AcpFront(backend, default_agent=agent, attach_to=session)
         else:
@@ -62,6 +65,25 @@ async def run_acp(
             await front.serve(receive, send)
             nursery.cancel_scope.cancel()
     return 0
+
+
+async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
+    """The gateway's client, or :class:`BackendError` saying why not (never its token)."""
+    from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+
+    from supervisor.client import connect
+
+    where = urlsplit(url).netloc or url
+    try:
+        return await stack.enter_async_context(connect(url))
+    except ConnectionRejected as exc:
+        body = (exc.body or b"").decode("utf-8", errors="replace")
+        raise BackendError(
+            f"{where} refused the connection (HTTP {exc.status_code}): {body}"
+        ) from exc
+    except (OSError, HandshakeError, ConnectionClosed) as exc:
+        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+        raise BackendError(f"cannot connect to {where}: {why}") from exc
 
 
 async def _shut_down_on_signal(front: AcpFront) -> None:
