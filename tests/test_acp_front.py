@@ -520,3 +520,64 @@ async def test_a_front_door_that_cannot_serve_says_why(tmp_path: Path) -> None:
         assert done.returncode == 2, args
         assert said in done.stderr.decode(), done.stderr.decode()
         assert b"secret" not in done.stderr and done.stdout == b""
+
+
+def test_python_sdk_client_permission_and_crash(tmp_path: Path, schema: AcpSchema) -> None:
+    """The Python SDK's client answers a permission request (the tool runs, the turn ends),
+    then sees a crash fail its turn (a JSON-RPC error), the notice, and the next turn work."""
+    from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+    from acp.schema import AgentMessageChunk, AllowedOutcome, RequestPermissionResponse
+
+    class Client:
+        def __init__(self) -> None:
+            self.asked: list[list[str]] = []
+            self.notices: list[str] = []
+
+        async def session_update(self, session_id: str, update: Any, **kwargs: Any) -> None:
+            meta = getattr(update, "field_meta", None) or {}
+            if isinstance(update, AgentMessageChunk) and "agentSupervisor" in meta:
+                self.notices.append(meta["agentSupervisor"]["notice"])
+
+        async def request_permission(
+            self, session_id: str, tool_call: Any, options: list[Any], **kwargs: Any
+        ) -> RequestPermissionResponse:
+            self.asked.append([o.kind for o in options])
+            allow = next(o for o in options if o.kind == "allow_once")
+            return RequestPermissionResponse(
+                outcome=AllowedOutcome(outcome="selected", option_id=allow.option_id)
+            )
+
+        def on_connect(self, conn: Any) -> None:
+            pass
+
+    async def scenario() -> dict[str, Any]:
+        client = Client()
+        argv = front_argv(tmp_path / "wire")
+        env = front_env(tmp_path)
+        async with spawn_agent_process(client, argv[0], *argv[1:], env=env) as (conn, _):
+            await conn.initialize(protocol_version=PROTOCOL_VERSION)
+            sid = (await conn.new_session(cwd=str(tmp_path), mcp_servers=[])).session_id
+            allowed = await conn.prompt(
+                session_id=sid, prompt=[text_block("permission words=3 fast")]
+            )
+            try:
+                await conn.prompt(session_id=sid, prompt=[text_block("crash")])
+                crash = None
+            except RequestError as exc:
+                crash = str(exc)
+            after = await conn.prompt(session_id=sid, prompt=[text_block("after words=3 fast")])
+            return {
+                "allowed": allowed.stop_reason,
+                "asked": client.asked,
+                "crash": crash,
+                "notices": client.notices,
+                "after": after.stop_reason,
+            }
+
+    result = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_S))
+    assert result["allowed"] == "end_turn"
+    assert result["asked"] == [["allow_once", "reject_once"]]
+    assert result["crash"] is not None and "exited unexpectedly" in result["crash"]
+    assert result["notices"][:1] == ["agent_exited"]
+    assert result["after"] == "end_turn"
+    check_wire(tmp_path / "wire", schema)
