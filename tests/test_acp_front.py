@@ -267,6 +267,27 @@ async def test_ts_client_sessions_list_load_resume_close(tmp_path: Path, schema:
     assert record["agent_session_id"], "the agent's own session id is kept for the resume"
 
 
+async def test_ts_client_is_told_when_the_agent_cannot_resume(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """``session/load`` after the agent lost its session (its state gone): the transcript is
+    still replayed, the editor is told the agent starts afresh, and the next prompt works."""
+    demo_state = tmp_path / "demo-state"
+    config = tmp_path / "agents.toml"
+    command = [sys.executable, "-m", "supervisor.demo_agent", "--state-dir", str(demo_state)]
+    config.write_text(f'[agents.demo]\nprotocol = "acp"\ncommand = {json.dumps(command)}\n')
+    first = await run_ts(tmp_path, "basic", "--config", os.fspath(config))
+    session_id = first["session"]["sessionId"]
+    for saved in demo_state.iterdir():  # the agent forgets every session it had
+        saved.unlink()
+    env = {"ACP_TEST_SESSION": session_id}
+    result = await run_ts(tmp_path, "reload", "--config", os.fspath(config), env=env)
+    assert result["replayed"] == 2  # the prompt and the reply
+    assert result["notices"] == ["resume_failed"]
+    assert result["next"]["stopReason"] == "end_turn"
+    check_wire(tmp_path / "wire", schema)
+
+
 async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
     tmp_path: Path, schema: AcpSchema
 ) -> None:

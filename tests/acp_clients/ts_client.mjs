@@ -328,6 +328,20 @@ scenarios.immediate = async (argv) => {
   });
 };
 
+// session/load of a recorded session (ACP_TEST_SESSION) in a new process: the replay, what
+// the front door told (notices), and a prompt.
+scenarios.reload = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    await ctx.request(methods.agent.initialize, { protocolVersion: acp.PROTOCOL_VERSION });
+    const sessionId = process.env.ACP_TEST_SESSION;
+    await ctx.request(methods.agent.session.load, { sessionId, cwd, mcpServers: [] });
+    const replayed = state.updates.filter((u) => !u._meta?.agentSupervisor).length;
+    const next = await prompt(ctx, sessionId, "again words=3 fast");
+    return { replayed, next, notices: notices(state.updates) };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
