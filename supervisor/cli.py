@@ -13,6 +13,7 @@ import stat
 import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TextIO
 
 import attrs
@@ -64,6 +65,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supervisor.chat import run_chat
 
             return trio.run(run_chat, args.agent, args.url, args.config)
+        elif args.command == "acp":
+            if args.connect and args.config:
+                parser.error("--config is for the embedded supervisor; a gateway has its own")
+            if args.session and not args.connect:
+                parser.error("--session names a gateway's session: give --connect too")
+            _log_to_stderr()
+            from supervisor.acp_front import BackendError, run_acp
+
+            try:
+                return trio.run(
+                    partial(
+                        run_acp,
+                        agent=args.agent,
+                        config=args.config,
+                        connect=args.connect,
+                        session=args.session,
+                    )
+                )
+            except BackendError as exc:
+                print(f"agent-supervisor acp: {exc}", file=sys.stderr)
+                return 2
         elif args.command == "node":
             from supervisor.remote.node import main_node
 
@@ -155,6 +177,22 @@ def _parser() -> argparse.ArgumentParser:
         "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp = commands.add_parser(
+        "acp", help="be an ACP agent on stdin/stdout (for Zed and any ACP client)"
+    )
+    acp.add_argument(
+        "--agent", help="agent behind it (default: the first configured; a session option too)"
+    )
+    acp.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp.add_argument(
+        "--connect",
+        metavar="URL",
+        help="a running gateway (the `ready` URL of serve): its sessions, shared with the"
+        " web UI and the chat; default: an embedded supervisor",
+    )
+    acp.add_argument(
+        "--session", metavar="ID", help="with --connect: every session/new joins this session"
+    )
     from supervisor.remote.node import add_node_parser
 
     add_node_parser(commands)

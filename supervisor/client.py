@@ -60,6 +60,9 @@ class GatewayClient:
         self._ids = itertools.count(1)
         self._waiting: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
         self._events: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
+        #: the last ``session.subscribe`` answer of each session (``last_seq``: the newest
+        #: event then, so a replay from ``since_seq`` is over once that one has come)
+        self.subscribed: dict[str, dict[str, Any]] = {}
         self.closed = trio.Event()
 
     async def _read(self) -> None:
@@ -169,7 +172,7 @@ class GatewayClient:
         if since_seq is not None:
             payload["since_seq"] = since_seq
         try:
-            await self.request("session.subscribe", payload)
+            self.subscribed[session_id] = await self.request("session.subscribe", payload)
             yield receive
         finally:
             if self._events.get(session_id) is send:

@@ -129,6 +129,7 @@ class Supervisor:
         wait_ready: bool = True,
         host: str | None = None,
         mcp_servers: Iterable[McpServer] = (),
+        resume: str | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -144,6 +145,8 @@ class Supervisor:
         every respawn; :class:`BadRequest` names one its protocol cannot take. An ACP agent
         whose ``mcpCapabilities`` refuse one fails to start, with the reason
         (:class:`~supervisor.errors.AgentNotRunning`).
+        ``resume``: the agent's own id of an earlier session (``Session.agent_session_id``) to go
+        on with, the way a respawn does (a refused resume starts afresh, and says so).
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -155,6 +158,8 @@ class Supervisor:
             except McpUnsupported as exc:
                 raise BadRequest(str(exc)) from None
         if host is not None or spec.hosts:
+            if resume is not None:
+                raise BadRequest("resuming a session on another host is not supported")
             remote = await self.remote.start_session(
                 spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
             )
@@ -168,7 +173,12 @@ class Supervisor:
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec)
         session = Session(
-            f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher, gate=self.gate
+            f"s{next(self._ids)}",
+            spec,
+            cwd=where,
+            launcher=self._launcher,
+            gate=self.gate,
+            resume=resume,
         )
         self._sessions[session.id] = session
         await self._nursery.start(self._run_session, session)

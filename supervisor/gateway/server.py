@@ -544,6 +544,7 @@ class Gateway:
                     "recycles": s.recycles,
                     "recycle_reason": s.recycle_reason,
                     **({"host": s.host} if s.host is not None else {}),
+                    **({"cwd": s.cwd} if s.cwd is not None else {}),
                 }
                 for s in self.supervisor.list()
             ]

@@ -98,7 +98,9 @@ class RemoteSession:
         return self._turn_id
 
     def summary(self) -> SessionSummary:
-        return SessionSummary(self.id, self.spec.name, self._state, self._turn_id, host=self.host)
+        return SessionSummary(
+            self.id, self.spec.name, self._state, self._turn_id, host=self.host, cwd=self.cwd
+        )
 
     async def prompt(self, text: str) -> TurnHandle:
         if not isinstance(text, str) or not text.strip():
