@@ -42,7 +42,10 @@ if TYPE_CHECKING:
     from supervisor.session import Subscription
     from supervisor.supervisor import AnySession, Supervisor
 
-__all__ = ["main"]
+__all__ = ["LOCAL_NODE", "main"]
+
+#: The host name of ``serve --local-node``'s node (this machine).
+LOCAL_NODE = "local"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,6 +149,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sessions running at once (default: [gateway] max_sessions, else one per 512 MiB"
         " of memory)",
+    )
+    serve.add_argument(
+        "--local-node",
+        action="store_true",
+        help="run the sessions of this machine in a node here (host 'local'), so that they"
+        " outlive a restart of serve",
+    )
+    serve.add_argument(
+        "--stop-node-sessions",
+        action="store_true",
+        help="on exit, stop the sessions that run in nodes too (default: leave them running"
+        " there, for the next serve to find)",
     )
     chat = commands.add_parser(
         "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
@@ -293,6 +308,10 @@ class ServeOptions:
     max_sessions: int | None
     #: the ``[hosts.NAME]`` of the config file (``supervisor/remote/``)
     hosts: dict[str, HostSpec] | None = None
+    #: run this machine's sessions in a node here (``--local-node``)
+    local_node: bool = False
+    #: on exit, leave the sessions that run in nodes running there (no ``--stop-node-sessions``)
+    keep_node_sessions: bool = True
     warnings: tuple[str, ...] = ()
 
 
@@ -324,6 +343,12 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
             raise ConfigError(f"--allow-host {name!r}: a host name, or NAME:PORT")
     if args.max_sessions is not None and args.max_sessions < 1:
         raise ConfigError("--max-sessions must be a whole number >= 1")
+    hosts = _hosts(args.config) if args.config else None
+    if args.local_node and hosts and LOCAL_NODE in hosts:
+        raise ConfigError(
+            f"--local-node runs a node named {LOCAL_NODE!r}: [hosts.{LOCAL_NODE}] is taken;"
+            " rename it"
+        )
     return ServeOptions(
         config=config,
         host=args.host,
@@ -332,7 +357,9 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         ssl_context=context,
         allow_hosts=tuple(args.allow_host),
         max_sessions=args.max_sessions,
-        hosts=_hosts(args.config) if args.config else None,
+        hosts=hosts,
+        local_node=args.local_node,
+        keep_node_sessions=not args.stop_node_sessions,
         warnings=tuple(warnings),
     )
 
@@ -480,11 +507,23 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         max_connections=settings.max_connections or LIMITS.max_connections,
         request_timeout_s=settings.request_timeout_s or LIMITS.request_timeout_s,
     )
+    agents, hosts = options.config.agents, options.hosts
+    if options.local_node:
+        from supervisor.remote.hosts import local_node
+
+        local = local_node(LOCAL_NODE, state_dir=default_state_dir(), max_sessions=max_sessions)
+        hosts = {**(hosts or {}), LOCAL_NODE: local}
+        agents = {
+            name: spec if spec.hosts else spec.with_options(hosts=(LOCAL_NODE,))
+            for name, spec in agents.items()
+        }
+        _say(f"local sessions run in a node here (host {LOCAL_NODE!r}), and outlive a restart")
     async with open_supervisor(
-        agents=options.config.agents,
+        agents=agents,
         state_dir=default_state_dir(),
         max_sessions=max_sessions,
-        hosts=options.hosts,
+        hosts=hosts,
+        keep_node_sessions=options.keep_node_sessions,
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(

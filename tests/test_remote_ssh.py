@@ -9,6 +9,7 @@ own (its own ``state_dir`` on the host); whatever the user still runs after a te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -298,12 +299,14 @@ async def test_nobody_reconnects_within_detach_s_nothing_is_left(
         await end(serve)
 
 
-async def test_serve_killed_and_started_again_loses_no_session(
-    host: SshHost, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+async def test_serve_stopped_and_started_again_loses_no_session(
+    host: SshHost, tmp_path: Path, stop: str
 ) -> None:
-    """``serve`` is SIGKILLed mid-turn and started again: it finds its remote session (same
-    id), the turn went on on the host meanwhile, and a client that resubscribes from its last
-    ``seq`` sees every event once; the turn can then be cancelled."""
+    """``serve`` is SIGKILLed, or stopped cleanly (SIGTERM: it leaves its node sessions to
+    their node), mid-turn and started again: it finds its remote session (same id), the turn
+    went on on the host meanwhile, and a client that resubscribes from its last ``seq`` sees
+    every event once; the turn can then be cancelled."""
     from supervisor.client import connect
 
     config = serve_config(host, tmp_path, detach=30.0)
@@ -328,8 +331,14 @@ async def test_serve_killed_and_started_again_loses_no_session(
                 async with client.subscribe(sid, since_seq=0) as events:
                     turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
                     await read(events, 10)
-            first.send_signal(signal.SIGKILL)
+            on_host = _node_and_agents(host)
+            assert any("demo_agent" in line for line in on_host.values()), on_host
+            first.send_signal(getattr(signal, stop))
             await first.wait()
+            if stop == "SIGTERM":
+                assert first.returncode == 0
+            # the node and the agent's tree run on, on the host
+            assert _node_and_agents(host) == on_host
     finally:
         await end(first)
     with trio.fail_after(BOUND):
@@ -354,6 +363,17 @@ async def test_serve_killed_and_started_again_loses_no_session(
                 await client.stop(sid)
     finally:
         await end(second)
+
+
+def _node_and_agents(host: SshHost) -> dict[int, str]:
+    """The node and the agents' processes the user runs (not sshd's, nor the bridges)."""
+    found = {}
+    for process in host.processes():
+        with contextlib.suppress(psutil.Error):
+            line = " ".join(process.cmdline())
+            if " node --detach " in line or "demo_agent" in line:
+                found[process.pid] = line
+    return found
 
 
 async def test_partition_during_a_cancel_gives_an_honest_receipt(host: SshHost) -> None:

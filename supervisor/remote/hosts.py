@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_DETACH_S",
     "DEFAULT_NODE_COMMAND",
     "HostSpec",
+    "local_node",
     "check_agent_hosts",
     "load_hosts",
     "parse_hosts",
@@ -75,8 +76,10 @@ class HostSpec:
     #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
     state_dir: str | None = None
 
-    def bridge_argv(self) -> list[str]:
-        """The local command that opens a bridge to this host's node (starting it if need be).
+    def bridge_argv(self, instance: str | None = None) -> list[str]:
+        """The local command that opens a bridge to this host's node (starting it if need be);
+        ``instance``: to that node while it lives (the front has sessions there), else to the
+        host's current one.
 
         OpenSSH joins the words after the destination into one shell command line on the
         host, so for ``ssh`` they are quoted; other transports (``docker exec``, ``kubectl
@@ -84,6 +87,8 @@ class HostSpec:
         remote = [*self.command, "node", "--bridge", "--detach", f"{self.detach_s:g}"]
         if self.state_dir is not None:
             remote += ["--state-dir", self.state_dir]
+        if instance is not None:
+            remote += ["--instance", instance]
         if self.speaks_shell:
             import shlex
 
@@ -98,6 +103,23 @@ class HostSpec:
     @property
     def speaks_shell(self) -> bool:
         return bool(self.transport) and os.path.basename(self.transport[0]) == "ssh"
+
+
+def local_node(
+    name: str, *, state_dir: str | os.PathLike[str] | None, max_sessions: int | None = None
+) -> HostSpec:
+    """A node on this machine, reached with no transport at all (the bridge is run directly,
+    by this Python): ``serve --local-node`` runs its local sessions there, so they outlive a
+    restart of ``serve``."""
+    import sys
+
+    return HostSpec(
+        name=name,
+        transport=(),
+        command=(sys.executable, "-m", "supervisor"),
+        max_sessions=max_sessions,
+        state_dir=os.fspath(state_dir) if state_dir is not None else None,
+    )
 
 
 def load_hosts(path: str | os.PathLike[str]) -> dict[str, HostSpec]:
