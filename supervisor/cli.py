@@ -461,9 +461,16 @@ class _Shutdown:
         async for signum in signals:
             name = signal.Signals(signum).name
             if not self.requested.is_set():
+                kept = self.supervisor is not None and self.supervisor.keep_node_sessions
                 _say(
                     f"{name}: shutting down: stopping the running turns, then the agents"
                     f" ({name} again kills them at once)"
+                    + (
+                        "; sessions in nodes go on there, for the next serve to find"
+                        " (--stop-node-sessions stops them too)"
+                        if kept and self.supervisor is not None and self.supervisor.remote.hosts
+                        else ""
+                    )
                 )
                 self.requested.set()
             elif not self.forced:

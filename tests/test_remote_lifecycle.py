@@ -316,3 +316,42 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
                 assert await client.sessions() == []
     finally:
         await end(second, signal.SIGTERM)
+
+
+async def test_serve_stop_node_sessions_stops_them_at_a_clean_exit(nodes: Path) -> None:
+    """``serve --local-node --stop-node-sessions``: SIGTERM stops the node's sessions too
+    (their trees are gone, the node has nothing left to run), and the next ``serve`` finds
+    none."""
+    from supervisor.client import connect
+
+    state = nodes / "state"
+    config = _config(nodes)
+    args = ("--local-node", "--config", str(config))
+    with trio.fail_after(BOUND):
+        first, url = await start_serve(state, *args, "--stop-node-sessions")
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                sid = (await client.start_session("demo"))["session_id"]
+                async with client.subscribe(sid) as events:
+                    await client.prompt(sid, "long words=3000")
+                    async for event in events:
+                        if event["event"] == "message.delta":
+                            break
+            [node] = _node_pids(state)
+            agents = psutil.Process(node).children(recursive=True)
+            assert agents, "the node runs the agent"
+        await end(first, signal.SIGTERM)
+        assert first.returncode == 0
+    finally:
+        await end(first)
+    _, alive = psutil.wait_procs(agents, timeout=20)
+    assert alive == [], alive
+    with trio.fail_after(BOUND):
+        second, url = await start_serve(state, *args)
+    try:
+        with trio.fail_after(BOUND):
+            async with connect(url) as client:
+                assert await client.sessions() == []
+    finally:
+        await end(second, signal.SIGTERM)

@@ -487,3 +487,49 @@ async def test_two_hosts_placement_by_room_then_capacity(host: SshHost) -> None:
             await sup.stop_session(first.id)
             third = await sup.start_session("demo")
             assert third.host == first.host
+
+
+async def test_an_upgrade_on_the_host_drains_the_old_node(host: SshHost, tmp_path: Path) -> None:
+    """The host's package is "upgraded" while a node of the old one (``0.0.1-old``, the same
+    wire: the test variable, through ``env`` on the host) runs a session: the next front
+    adopts and drives the old session there, its new session goes to a new node of the new
+    version beside it, and the old node exits once its last session ends."""
+    from supervisor.remote.version import TEST_VERSION_VARIABLE, package_version
+
+    old_command = ["env", f"{TEST_VERSION_VARIABLE}=0.0.1-old", *host.node_command()]
+    spec = demo_on(host)
+    state = tmp_path / "front"
+    with trio.fail_after(BOUND):
+        old_hosts = {"h": host_spec(host, command=old_command)}
+        async with open_supervisor(
+            agents={"demo": spec}, hosts=old_hosts, state_dir=state, keep_node_sessions=True
+        ) as sup:
+            old = await sup.start_session("demo")
+            assert isinstance(old, RemoteSession)
+            assert (await old.link.connection()).hello.version == "0.0.1-old"
+            turn = await old.prompt("long words=5000")
+            old_id, old_node = old.id, node_pid(old)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(
+            agents={"demo": spec}, hosts={"h": host_spec(host)}, state_dir=state
+        ) as sup:
+            adopted = sup.get(old_id)
+            assert isinstance(adopted, RemoteSession)
+            async with adopted.subscribe(since_seq=0) as events:
+                async for event in events:
+                    if is_delta(event):
+                        break
+            receipt = await adopted.cancel()
+            assert (receipt.outcome, receipt.turn_id, receipt.host) == ("cancelled", turn.id, "h")
+            assert node_pid(adopted) == old_node
+            new = await sup.start_session("demo")
+            assert isinstance(new, RemoteSession)
+            assert new.id != old_id and node_pid(new) != old_node
+            assert (await new.link.connection()).hello.version == package_version()
+            await sup.stop_session(old_id)
+            _, alive = psutil.wait_procs([psutil.Process(old_node)], timeout=20)
+            assert alive == [], "the retired node did not exit after its last session"
+            again = await new.prompt("on the new node words=3")
+            assert again.id
+            new_node = node_pid(new)
+    only_the_node_is_left(host, new_node)

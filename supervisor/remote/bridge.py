@@ -108,8 +108,8 @@ def main_bridge(argv: Sequence[str]) -> int:
 def run_bridge(
     *, config: str | None, state_dir: Path | None, detach_s: float, instance: str | None = None
 ) -> int:
-    directory = private_dir(node_dir(state_dir))
     try:
+        directory = private_dir(node_dir(state_dir))
         line, sock = _reach(directory, config, state_dir, detach_s, instance)
     except (NodeStartFailed, OSError) as exc:
         print(f"agent-supervisor node: {exc}", file=sys.stderr, flush=True)

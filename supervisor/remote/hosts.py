@@ -48,8 +48,9 @@ __all__ = [
 #: minutes the stall watchdog gives a silent model (``DEFAULT_STALL_S``).
 DEFAULT_DETACH_S: Final = 300.0
 #: From starting the transport to a node that answers: an SSH handshake (~0.2 s on a LAN, a
-#: few seconds over a slow VPN), the bridge's start (~0.6 s of Python imports) and, the first
-#: time, the node's own start (~1 s). 30 s is what OpenSSH users commonly set ConnectTimeout to.
+#: few seconds over a slow VPN), the bridge's start (~0.05 s: the standard library only) and,
+#: the first time, the node's own start (~0.5-1 s). 30 s is what OpenSSH users commonly set
+#: ConnectTimeout to.
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 #: How agent-supervisor is run on the host: the console script of a ``pip install``.
 DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
