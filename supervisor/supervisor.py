@@ -290,6 +290,9 @@ class Supervisor:
                         if not self._kept(session):
                             nursery.start_soon(self._stop_quietly, session)
             self._stop_scope = None
+            for session in self._sessions.values():
+                if isinstance(session, RemoteSession) and self._kept(session):
+                    session.release()
             await self.remote.aclose(release=self.keep_node_sessions)
         self._nursery.cancel_scope.cancel()
 

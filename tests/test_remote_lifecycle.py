@@ -102,7 +102,12 @@ async def test_a_front_that_keeps_its_node_sessions_hands_them_to_the_next(
                     if len([e for e in seen if is_delta(e)]) == 10:
                         break
             sid, node = session.id, session.link.node_pid
-    # The session and its agent live on in the node.
+            lingering = await session.open_subscription()
+    # A subscriber of the front that is gone sees its stream end...
+    with trio.fail_after(5):
+        async for _ in lingering:
+            pass
+    # ... while the session and its agent live on in the node.
     assert node is not None and psutil.pid_exists(node)
     assert psutil.Process(node).children(recursive=True)
     with trio.fail_after(BOUND):

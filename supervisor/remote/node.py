@@ -149,11 +149,11 @@ def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -
     except KeyboardInterrupt:
         return 130
     finally:
+        holder.release(directory, instance)  # (no longer the current node: a bridge may start one)
         for name in (f"{instance}.sock", f"{instance}.json", f"{instance}.lock"):
             with contextlib.suppress(FileNotFoundError):
                 (directory / name).unlink()
         mine.close()
-        holder.release(directory, instance)
     return 0
 
 
