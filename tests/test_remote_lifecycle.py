@@ -309,12 +309,13 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
                     async for event in events:
                         if event["event"] == "tool.call":
                             pids = event["data"]["raw"]["rawOutput"]["pids"]
+                            leaked = [psutil.Process(pid) for pid in pids]
                             break
                     killed = await client.cancel(stubborn)
                 assert killed["outcome"] == "killed", killed
                 assert killed["escalation"][:2] == ["interrupt", "grace_expired"], killed
                 assert "respawned" in killed["escalation"] and killed["resumed"] is True
-                _, alive = psutil.wait_procs([psutil.Process(p) for p in pids], timeout=10)
+                _, alive = psutil.wait_procs(leaked, timeout=10)
                 assert alive == []
                 await client.stop(sid)
                 await client.stop(stubborn)
