@@ -154,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
         "--local-node",
         action="store_true",
         help="run the sessions of this machine in a node here (host 'local'), so that they"
-        " outlive a restart of serve",
+        " outlive a restart of serve (also: [gateway] local_node = true)",
     )
     serve.add_argument(
         "--stop-node-sessions",
@@ -344,9 +344,11 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     if args.max_sessions is not None and args.max_sessions < 1:
         raise ConfigError("--max-sessions must be a whole number >= 1")
     hosts = _hosts(args.config) if args.config else None
-    if args.local_node and hosts and LOCAL_NODE in hosts:
+    local = args.local_node or config.gateway.local_node
+    if local and hosts and LOCAL_NODE in hosts:
         raise ConfigError(
-            f"--local-node runs a node named {LOCAL_NODE!r}: [hosts.{LOCAL_NODE}] is taken;"
+            f"--local-node ([gateway] local_node) runs a node named {LOCAL_NODE!r}:"
+            f" [hosts.{LOCAL_NODE}] is taken;"
             " rename it"
         )
     return ServeOptions(
@@ -358,7 +360,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         allow_hosts=tuple(args.allow_host),
         max_sessions=args.max_sessions,
         hosts=hosts,
-        local_node=args.local_node,
+        local_node=local,
         keep_node_sessions=not args.stop_node_sessions,
         warnings=tuple(warnings),
     )

@@ -361,3 +361,23 @@ async def test_serve_stop_node_sessions_stops_them_at_a_clean_exit(nodes: Path) 
                 assert await client.sessions() == []
     finally:
         await end(second, signal.SIGTERM)
+
+
+def test_local_node_is_a_flag_and_a_gateway_key(tmp_path: Path) -> None:
+    from supervisor.cli import _parser, serve_options
+    from supervisor.config import ConfigError, parse_gateway
+
+    assert parse_gateway({"gateway": {"local_node": True}}).local_node is True
+    assert parse_gateway({}).local_node is False
+    with pytest.raises(ConfigError, match="'local_node' must be true or false"):
+        parse_gateway({"gateway": {"local_node": "yes"}})
+    config = tmp_path / "a.toml"
+    config.write_text("[gateway]\nlocal_node = true\n")
+    options = serve_options(_parser().parse_args(["serve", "--config", str(config)]))
+    assert (options.local_node, options.keep_node_sessions) == (True, True)
+    options = serve_options(_parser().parse_args(["serve", "--local-node", "--stop-node-sessions"]))
+    assert (options.local_node, options.keep_node_sessions) == (True, False)
+    assert serve_options(_parser().parse_args(["serve"])).local_node is False
+    config.write_text('[gateway]\nlocal_node = true\n[hosts.local]\ntransport = ["ssh", "x"]\n')
+    with pytest.raises(ConfigError, match=r"\[hosts.local\] is taken"):
+        serve_options(_parser().parse_args(["serve", "--config", str(config)]))
