@@ -348,8 +348,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     if local and hosts and LOCAL_NODE in hosts:
         raise ConfigError(
             f"--local-node ([gateway] local_node) runs a node named {LOCAL_NODE!r}:"
-            f" [hosts.{LOCAL_NODE}] is taken;"
-            " rename it"
+            f" [hosts.{LOCAL_NODE}] is taken; rename it"
         )
     return ServeOptions(
         config=config,
@@ -463,23 +462,25 @@ class _Shutdown:
         async for signum in signals:
             name = signal.Signals(signum).name
             if not self.requested.is_set():
-                kept = self.supervisor is not None and self.supervisor.keep_node_sessions
                 _say(
                     f"{name}: shutting down: stopping the running turns, then the agents"
-                    f" ({name} again kills them at once)"
-                    + (
-                        "; sessions in nodes go on there, for the next serve to find"
-                        " (--stop-node-sessions stops them too)"
-                        if kept and self.supervisor is not None and self.supervisor.remote.hosts
-                        else ""
-                    )
+                    f" ({name} again kills them at once){self._nodes_note()}"
                 )
                 self.requested.set()
             elif not self.forced:
-                _say(f"{name} again: killing every agent now")
+                _say(f"{name} again: killing every agent now{self._nodes_note()}")
                 self.forced = True
                 if self.supervisor is not None:
                     await self.supervisor.kill()
+
+    def _nodes_note(self) -> str:
+        sup = self.supervisor
+        if sup is None or not sup.keep_node_sessions or not sup.remote.hosts:
+            return ""
+        return (
+            "; sessions in nodes go on there, for the next serve to find"
+            " (--stop-node-sessions stops them too)"
+        )
 
 
 async def run_serve(options: ServeOptions) -> int:

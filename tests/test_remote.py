@@ -237,6 +237,17 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
         async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
             session = await sup.start_session("demo", cwd=str(tmp_path))
             assert isinstance(session, RemoteSession) and session.id == "s1@here"
+            # The node listens on a socket only its user can reach, and on no TCP port.
+            import stat
+
+            import psutil
+
+            directory = tmp_path / "node" / "node"
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            sock = directory / f"{session.link.instance}.sock"
+            assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o600
+            node = psutil.Process(session.link.node_pid)
+            assert [c for c in node.net_connections(kind="inet") if c.status == "LISTEN"] == []
             recorder = Recorder(session)  # type: ignore[arg-type]
             async with trio.open_nursery() as nursery:
                 await nursery.start(recorder.run)
@@ -259,3 +270,26 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
     assert node_pid is not None
     _, alive = psutil.wait_procs([psutil.Process(node_pid)], timeout=15)
     assert alive == []
+
+
+def test_a_node_socket_deeper_than_a_socket_address_allows(tmp_path: Path) -> None:
+    """A socket path longer than ``sun_path`` (107 bytes) is bound and reached by its base
+    name from its directory; the working directory is as it was."""
+    from supervisor.remote.bridge import bind_unix, connect_unix
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = deep / "0123456789abcdef.sock"
+    assert len(str(path)) > 107
+    here = Path.cwd()
+    server = bind_unix(path)
+    try:
+        client = connect_unix(path)
+        accepted, _ = server.accept()
+        client.sendall(b"ping")
+        assert accepted.recv(4) == b"ping"
+        client.close()
+        accepted.close()
+    finally:
+        server.close()
+    assert Path.cwd() == here

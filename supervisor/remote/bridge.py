@@ -341,7 +341,7 @@ def bind_unix(path: Path) -> socket.socket:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    mask = os.umask(0o077)
+    mask = os.umask(0o177)  # a socket is made 0777 & ~umask: 0600
     try:
         with _short_path(path) as name:
             sock.bind(name)
