@@ -26,7 +26,8 @@ headers = [{ name = "Authorization", value = "Bearer ..." }]
 ```
 
 The ``[gateway]`` table holds the settings of ``agent-supervisor serve`` (:class:`GatewaySettings`:
-``max_sessions``, ``max_connections``, ``request_timeout_s``); ``load_config`` reads both.
+``max_sessions``, ``max_connections``, ``request_timeout_s``, ``local_node``); ``load_config`` reads
+both.
 """
 
 from __future__ import annotations
@@ -218,6 +219,8 @@ class GatewaySettings:
     max_connections: int | None = None
     #: for a request's head and body to arrive (``GatewayLimits.request_timeout_s``)
     request_timeout_s: float | None = None
+    #: run this machine's sessions in a node here, so they outlive a restart (``--local-node``)
+    local_node: bool = False
 
 
 @frozen(kw_only=True)
@@ -291,7 +294,7 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
     at = f"{where}: [gateway]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    allowed = {"max_sessions", "max_connections", "request_timeout_s"}
+    allowed = {"max_sessions", "max_connections", "request_timeout_s", "local_node"}
     unknown = set(table) - allowed
     if unknown:
         raise ConfigError(
@@ -306,7 +309,11 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
         or timeout <= 0
     ):
         raise ConfigError(f"{at}: 'request_timeout_s' must be a number of seconds > 0")
+    local_node = table.get("local_node", False)
+    if not isinstance(local_node, bool):
+        raise ConfigError(f"{at}: 'local_node' must be true or false, not {local_node!r}")
     return GatewaySettings(
+        local_node=local_node,
         max_sessions=_count(table, "max_sessions", at),
         max_connections=_count(table, "max_connections", at),
         request_timeout_s=float(timeout) if timeout is not None else None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from itertools import count
 from pathlib import Path
@@ -99,8 +99,13 @@ class Supervisor:
         max_sessions: int | None = None,
         hosts: Mapping[str, HostSpec] | None = None,
         remote_record: RemoteRecord | None = None,
+        keep_node_sessions: bool = False,
+        session_ids: Callable[[], str] | None = None,
     ) -> None:
         self._nursery = nursery
+        #: leaving leaves the sessions that run in a node running there, recorded for the
+        #: next front (``open_supervisor``'s ``keep_node_sessions``)
+        self.keep_node_sessions = keep_node_sessions
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
         # Its own by default: ``kill`` kills what this launcher started, nobody else's.
         self._launcher = launcher if launcher is not None else ProcessLauncher()
@@ -114,9 +119,14 @@ class Supervisor:
             # Sessions a crashed front left on their hosts: ours again, same ids.
             for session in self.remote.recover(remote_record.adopt(), self.agents):
                 self._sessions[session.id] = session
-        self._ids = count(1)
+        ids = count(1)
+        #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
+        self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
         self._closing = False
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
+        #: raised by ``start_session`` instead of starting one (``refuse_new_sessions``)
+        self._refusal: SupervisorError | None = None
+        self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
         nursery.start_soon(self.gate.run)
@@ -150,6 +160,8 @@ class Supervisor:
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
+        if self._refusal is not None:
+            raise self._refusal
         spec = self._resolve(agent)
         extra = tuple(mcp_servers)
         if extra:
@@ -173,7 +185,7 @@ class Supervisor:
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec)
         session = Session(
-            f"s{next(self._ids)}",
+            self._new_id(),
             spec,
             cwd=where,
             launcher=self._launcher,
@@ -218,6 +230,26 @@ class Supervisor:
         except Exception:
             # One broken session must not take the others down with it.
             log.exception("session %s crashed", session.id)
+        finally:
+            self._poke()
+
+    def _poke(self) -> None:
+        self._sessions_changed.set()
+        self._sessions_changed = trio.Event()
+
+    def refuse_new_sessions(self, error: SupervisorError) -> None:
+        """From now on ``start_session`` raises ``error`` (a retired node's ``node_retired``);
+        the sessions there are go on."""
+        self._refusal = error
+
+    def live_sessions(self) -> int:
+        """Sessions that hold an agent (neither stopped nor failed)."""
+        return sum(1 for s in self._sessions.values() if s.state not in _ENDED)
+
+    async def wait_no_live_sessions(self) -> None:
+        """Return once every session has stopped or failed (a retired node's drain)."""
+        while self.live_sessions() > 0:
+            await self._sessions_changed.wait()
 
     def get(self, session_id: str) -> AnySession:
         try:
@@ -232,7 +264,12 @@ class Supervisor:
         session = self.get(session_id)
         status = await session.stop()
         self._sessions.pop(session_id, None)
+        self._poke()
         return status
+
+    def _kept(self, session: AnySession) -> bool:
+        """Left running in its node when this supervisor closes (``keep_node_sessions``)."""
+        return self.keep_node_sessions and isinstance(session, RemoteSession)
 
     async def cancel_turns(self, reason: str = "shutdown") -> None:
         """Cancel every running turn through its ladder, concurrently, and refuse new sessions
@@ -240,7 +277,9 @@ class Supervisor:
         after the longest grace plus kill ladder of those agents: it never waits for a respawn
         that a stop would undo anyway."""
         self._closing = True
-        running = [s for s in self._sessions.values() if s.turn_id is not None]
+        running = [
+            s for s in self._sessions.values() if s.turn_id is not None and not self._kept(s)
+        ]
         if not running:
             return
         bound = max(s.spec.grace_s + s.spec.kill_timeout_s for s in running) + _SHUTDOWN_MARGIN_S
@@ -267,15 +306,20 @@ class Supervisor:
         self._nursery.cancel_scope.cancel()  # each actor kills what is left of its tree
 
     async def aclose(self) -> None:
-        """Stop every session at once; bounded, and safe to call while being cancelled."""
+        """Stop every session at once (but those kept in their nodes: ``keep_node_sessions``);
+        bounded, and safe to call while being cancelled."""
         self._closing = True
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_STOP_BOUND_S) as self._stop_scope:
                 async with trio.open_nursery() as nursery:
                     for session in list(self._sessions.values()):
-                        nursery.start_soon(self._stop_quietly, session)
+                        if not self._kept(session):
+                            nursery.start_soon(self._stop_quietly, session)
             self._stop_scope = None
-            await self.remote.aclose()
+            for session in self._sessions.values():
+                if isinstance(session, RemoteSession) and self._kept(session):
+                    session.release()
+            await self.remote.aclose(release=self.keep_node_sessions)
         self._nursery.cancel_scope.cancel()
 
     async def _stop_quietly(self, session: AnySession) -> None:
@@ -296,6 +340,8 @@ async def open_supervisor(
     containment: str | None = None,
     max_sessions: int | None = None,
     hosts: Mapping[str, HostSpec] | None = None,
+    keep_node_sessions: bool = False,
+    session_ids: Callable[[], str] | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -308,6 +354,13 @@ async def open_supervisor(
     the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
     ``hosts``: the ``[hosts.NAME]`` its agents may run on (a ``config`` file's are read too).
+    With a ``state_dir``, the sessions it places in nodes are recorded there, and the next
+    supervisor with that ``state_dir`` (in this process or another) finds them again.
+    ``keep_node_sessions``: leaving the block stops every session (the default), or, True,
+    leaves the sessions that run in a node running there, their turns going on, for the next
+    supervisor to adopt (their node stops them after its ``detach_s`` if none comes); needs a
+    ``state_dir``. Sessions without a node are stopped either way.
+    ``session_ids``: names new sessions (default ``s1``, ``s2``, ...).
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -329,6 +382,10 @@ async def open_supervisor(
         agents = load_agents(config)
         hosts = {**load_hosts(config), **(hosts or {})}
     record = RemoteRecord(Path(state_dir)) if state_dir is not None and hosts else None
+    if keep_node_sessions and state_dir is None:
+        raise ConfigError(
+            "keep_node_sessions needs a state_dir: that is where the next supervisor finds them"
+        )
     try:
         async with trio.open_nursery() as nursery:
             supervisor = Supervisor(
@@ -338,6 +395,8 @@ async def open_supervisor(
                 max_sessions=max_sessions,
                 hosts=hosts,
                 remote_record=record,
+                keep_node_sessions=keep_node_sessions,
+                session_ids=session_ids,
             )
             try:
                 yield supervisor

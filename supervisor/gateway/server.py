@@ -183,8 +183,6 @@ class Gateway:
         sockets = await trio.open_tcp_listeners(self.port, host=self.host)
         sockname = sockets[0].socket.getsockname()
         self.port = int(sockname[1])
-        self._allowed_hosts = self._host_names()
-        self._allowed_origins = {f"{self.scheme}://{name}" for name in self._allowed_hosts}
         listeners: list[trio.abc.Listener[Any]] = list(sockets)
         if self.ssl_context is not None:
             # The handshake happens on the first read, inside the request's deadline.
@@ -192,6 +190,17 @@ class Gateway:
                 trio.SSLListener(listener, self.ssl_context, https_compatible=True)
                 for listener in sockets
             ]
+        await self.serve_listeners(listeners, task_status=task_status)
+
+    async def serve_listeners(
+        self,
+        listeners: list[trio.abc.Listener[Any]],
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on listeners made elsewhere (a node's Unix socket), with ``port`` as given."""
+        self._allowed_hosts = self._host_names()
+        self._allowed_origins = {f"{self.scheme}://{name}" for name in self._allowed_hosts}
         async with trio.open_nursery() as nursery:
             await nursery.start(self._accept, listeners, nursery)
             task_status.started(self.url)

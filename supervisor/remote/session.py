@@ -336,6 +336,15 @@ class RemoteSession:
         self._fanout.publish(stamped, dumps(message))
         self._fanout.flush()
 
+    def release(self) -> None:
+        """The front closes and leaves this session running in its node
+        (``keep_node_sessions``): its subscribers here see their stream end; its record stays,
+        for the next front."""
+        self._done = True
+        self._fanout.close()
+        self._ended.set()
+        self._caught_up.set()
+
     def _finish(self, state: str) -> None:
         if self._done:
             return
