@@ -119,9 +119,9 @@ def box(
 
 @asynccontextmanager
 async def remote_session(
-    box: Box, **host_changes: Any
+    box: Box, spec: AgentSpec | None = None, **host_changes: Any
 ) -> AsyncIterator[tuple[Supervisor, RemoteSession, Recorder]]:
-    spec = box.demo()
+    spec = spec if spec is not None else box.demo()
     with trio.fail_after(BOUND):
         async with open_supervisor(
             agents={spec.name: spec}, hosts={CONTAINER: box.host_spec(**host_changes)}
@@ -197,6 +197,33 @@ async def test_stream_and_cancel_in_a_container(box: Box) -> None:
     only_the_node_is_left(box, node)
 
 
+async def test_the_engine_keeps_a_command_running_when_its_client_is_killed(box: Box) -> None:
+    """The caveat itself, with the real CLI: killed, it leaves its command running in the
+    container, whose stdin is closed (moby#9098, kubernetes#89031); nothing signals it."""
+    fifo = box.home / "stdin-closed"
+    os.mkfifo(fifo)
+    script = f'cat; echo closed > "{fifo}"; exec sleep 600'
+    client = await trio.lowlevel.open_process(
+        [*box.transport, "sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    try:
+        with trio.fail_after(BOUND):
+            while not box.engine.started:  # nothing to wait on but the engine's own record
+                await trio.sleep(0.05)
+            [command] = box.engine.started
+            client.kill()
+            await client.wait()
+            said = await trio.to_thread.run_sync(fifo.read_text)  # blocks until sh writes
+        assert said == "closed\n"  # its stdin closed when the client went away
+        process = psutil.Process(command.process.pid)  # (sh, or the sleep it became)
+        assert process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        assert command.exit_code is None
+        assert [p.pid for p in box.processes()] == [process.pid]  # still running, alone
+    finally:
+        if client.returncode is None:
+            client.kill()
+
+
 async def test_client_cli_killed_mid_turn_events_resume_without_gap(box: Box) -> None:
     async with remote_session(box) as (_, session, rec):
         turn = await session.prompt("long words=2000")
@@ -222,6 +249,30 @@ async def test_client_cli_killed_mid_turn_events_resume_without_gap(box: Box) ->
         # check_invariants (on the way out): seq contiguous from 1, one turn.ended per turn
         deltas = [e for e in rec.events if isinstance(e, ev.MessageDelta)]
         assert len(deltas) == len({e.seq for e in deltas})
+    assert node is not None
+    only_the_node_is_left(box, node)
+
+
+async def test_wedged_agent_killed_in_the_container_with_its_setsid_grandchild(box: Box) -> None:
+    async with remote_session(box, box.demo().with_args("--ignore-cancel")) as (_, session, rec):
+        await session.prompt("grandchildren words=10000")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        leaked = [psutil.Process(pid) for pid in tool.raw["rawOutput"]["pids"]]
+        setsid = tool.raw["rawOutput"]["setsidGrandchild"]
+        in_box = {p.pid for p in box.processes()}
+        assert {p.pid for p in leaked} <= in_box and setsid in in_box
+        assert os.getsid(setsid) == setsid  # in a session of its own
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed" and receipt.host == CONTAINER, receipt
+        assert receipt.escalation[:2] == ["interrupt", "grace_expired"], receipt.escalation
+        assert receipt.survivors == [] and receipt.resumed is True
+        _, alive = psutil.wait_procs(leaked, timeout=10)
+        assert alive == [], [_describe(p) for p in alive]
+        again = await session.prompt("again words=3")
+        done = await rec.wait_kind("turn.ended", turn_id=again.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        node = session.link.node_pid
     assert node is not None
     only_the_node_is_left(box, node)
 
