@@ -277,6 +277,34 @@ async def test_wedged_agent_killed_in_the_container_with_its_setsid_grandchild(b
     only_the_node_is_left(box, node)
 
 
+async def test_partition_during_a_cancel_gives_an_honest_receipt(box: Box) -> None:
+    """The client CLI freezes (SIGSTOP) and the engine answers no new connection: the cancel
+    keeps trying within the node's ladder, then says the container was unreachable, never
+    ``killed``. Once the engine answers again the link comes back by itself, the stream goes
+    on with no gap, and a cancel stops the turn."""
+    async with remote_session(box, connect_timeout_s=3.0) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        client = session.link.process
+        assert client is not None
+        box.engine.pause()
+        try:
+            client.send_signal(signal.SIGSTOP)
+            receipt = await session.cancel()
+        finally:
+            box.engine.resume()
+        assert receipt.outcome == "unreachable", receipt
+        assert (receipt.host, receipt.turn_id, receipt.escalation) == (CONTAINER, turn.id, [])
+        assert receipt.details["cause"] == "timeout", receipt.details
+        seen = len(rec.of_kind("message.delta"))
+        await rec.wait_for(is_delta, count=seen + 5)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        node = session.link.node_pid
+    assert node is not None
+    only_the_node_is_left(box, node)
+
+
 def serve_config(box: Box, tmp_path: Path, detach: float) -> Path:
     """A front's configuration: the container as host ``box``, ``remote-demo`` in it."""
     host = box.host_spec(detach_s=detach)

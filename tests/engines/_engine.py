@@ -203,6 +203,9 @@ class Engine:
         self.started: list[Exec] = []  # every command exec'd, in order (for tests)
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
+        #: cleared while the engine is "unreachable": new connections wait, unanswered
+        self.answering = threading.Event()
+        self.answering.set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -218,6 +221,7 @@ class Engine:
 
     def _serve(self, sock: socket.socket) -> None:
         try:
+            self.answering.wait()
             self.handle(sock)
         except OSError:
             pass
@@ -252,9 +256,18 @@ class Engine:
                     found.append(process)
         return found
 
+    def pause(self) -> None:
+        """Answer no new connection (a daemon hung, an API server partitioned away) until
+        :meth:`resume`; connections already open go on."""
+        self.answering.clear()
+
+    def resume(self) -> None:
+        self.answering.set()
+
     def close(self, containers: Sequence[str] = ()) -> None:
         """Stop serving, drop every connection, and kill what the containers still run
         (what removing a container does)."""
+        self.answering.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
