@@ -10,10 +10,10 @@ Point the real CLI at it with a kubeconfig of the test's own (:meth:`FakeKube.ku
 - ``GET /api/v1/namespaces/{ns}/pods/{name}``: the pod kubectl reads first (one container,
   ``main``, phase ``Running``; 404 ``NotFound`` Status for a pod it does not know);
 - ``GET /api/v1/namespaces/{ns}/pods/{name}/exec?command=...&stdin=true&...`` upgraded to a
-  WebSocket with the ``v5.channel.k8s.io`` subprotocol (what kubectl 1.30+ tries first;
-  ``v4.channel.k8s.io`` too): binary messages whose first byte is the channel, 0 stdin,
+  WebSocket with the ``v5.channel.k8s.io`` subprotocol (what kubectl 1.30+ tries first and
+  the only one it offers: v4 cannot close stdin; an older server gets SPDY): binary messages whose first byte is the channel, 0 stdin,
   1 stdout, 2 stderr, 3 the exit status (a ``Status`` JSON: ``Success``, or ``Failure`` with
-  reason ``NonZeroExitCode`` and the code), and, in v5, ``[255, N]`` closing stream N (the
+  reason ``NonZeroExitCode`` and the code), and ``[255, N]`` closing stream N (the
   client closing stdin). The socket closes once the command has exited; pings are answered.
 
 A "pod" is a name, an environment and a working directory on this machine; its commands run
@@ -44,7 +44,7 @@ from engines._engine import Engine, Exec, Reader, Request, response, runtime_err
 
 __all__ = ["FakeKube", "start_fake_kube"]
 
-PROTOCOLS: Final = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+PROTOCOLS: Final = ("v5.channel.k8s.io",)
 CONTAINER: Final = "main"
 _STDIN, _STDOUT, _STDERR, _STATUS, _CLOSE = 0, 1, 2, 3, 255
 
