@@ -147,9 +147,16 @@ def only_the_node_is_left(box: Box, node: int) -> None:
     keeper = {p.pid for p in box.processes() if _is_keeper_of(p, node)}
     others = [p for p in box.processes() if p.pid != node and p.pid not in keeper]
     _, alive = psutil.wait_procs(others, timeout=10)
-    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    alive = [p for p in alive if _running(p)]
     assert alive == [], [_describe(p) for p in alive]
     assert {p.pid for p in box.processes()} == {node, *keeper}
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _is_keeper_of(process: psutil.Process, node: int) -> bool:
@@ -277,6 +284,16 @@ async def test_wedged_agent_killed_in_the_container_with_its_setsid_grandchild(b
     only_the_node_is_left(box, node)
 
 
+async def freeze(process: trio.Process) -> None:
+    """SIGSTOP, and return once the whole process has stopped (``waitid`` reports the group
+    stop to its parent): a Go client's other threads could otherwise still relay the bytes
+    written next, and the cancel would reach the node after all."""
+    process.send_signal(signal.SIGSTOP)
+    await trio.to_thread.run_sync(
+        os.waitid, os.P_PID, process.pid, os.WSTOPPED | os.WNOWAIT, abandon_on_cancel=True
+    )
+
+
 async def test_partition_during_a_cancel_gives_an_honest_receipt(box: Box) -> None:
     """The client CLI freezes (SIGSTOP) and the engine answers no new connection: the cancel
     keeps trying within the node's ladder, then says the container was unreachable, never
@@ -289,7 +306,7 @@ async def test_partition_during_a_cancel_gives_an_honest_receipt(box: Box) -> No
         assert client is not None
         box.engine.pause()
         try:
-            client.send_signal(signal.SIGSTOP)
+            await freeze(client)
             receipt = await session.cancel()
         finally:
             box.engine.resume()

@@ -40,7 +40,7 @@ from typing import Any, Final
 
 import attrs
 
-from engines._engine import Engine, Exec, Reader, Request, response, runtime_error
+from engines._engine import Engine, Exec, Reader, response, runtime_error
 
 __all__ = ["API_VERSION", "FakeDocker", "start_fake_docker"]
 
@@ -105,7 +105,7 @@ class FakeDocker(Engine):
             elif len(parts) == 3 and parts[0] == "exec" and parts[2] == "json":
                 sock.sendall(self._exec_inspect(parts[1]))
             elif len(parts) == 3 and parts[0] == "exec" and parts[2] == "start":
-                self._start(sock, reader, request, parts[1])
+                self._start(sock, reader, parts[1])
                 return  # the connection was hijacked, and is over
             else:
                 sock.sendall(_not_found(f"the fake engine has no {request.method} {path}"))
@@ -158,7 +158,7 @@ class FakeDocker(Engine):
         }
         return response("200 OK", json.dumps(body).encode())
 
-    def _start(self, sock: socket.socket, reader: Reader, request: Request, exec_id: str) -> None:
+    def _start(self, sock: socket.socket, reader: Reader, exec_id: str) -> None:
         created = self.execs.get(exec_id)
         if created is None or created.running is not None:
             sock.sendall(_not_found(f"No such exec instance: {exec_id}"))
