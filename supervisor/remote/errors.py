@@ -11,7 +11,8 @@ __all__ = ["HostCapacity", "HostUnreachable", "LinkLost", "NodeRetired"]
 
 class HostUnreachable(SupervisorError):
     """The host's node could not be reached; ``cause`` says why, in one stable word:
-    ``host_key_mismatch``, ``auth_refused``, ``not_installed``, ``version_mismatch``,
+    ``host_key_mismatch``, ``auth_refused``, ``no_container`` (docker/kubectl: no such
+    container or pod, or it is not running), ``not_installed``, ``version_mismatch``,
     ``transport_failed`` (the transport exited: its own words are in the message),
     ``timeout`` (no answer within ``connect_timeout_s``) or ``node_failed`` (the node did
     not start)."""

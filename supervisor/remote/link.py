@@ -531,10 +531,20 @@ _CAUSES: Final = (
         "authentication refused (Permission denied): check the key and the user",
     ),
     (
+        # docker exec, kubectl exec: the target itself is missing (before "not found" below,
+        # which kubectl's 'pods "x" not found' would match)
+        "no_container",
+        re.compile(
+            r"No such container|Error from server \(NotFound\)|container \S+ is not running",
+            re.I,
+        ),
+        "the container or pod is not there, or not running: check its name and its state",
+    ),
+    (
         "not_installed",
         re.compile(
             r"agent-supervisor: (command )?not found|No module named|not found|"
-            r"No such file or directory",
+            r"No such file or directory|command terminated with exit code 12[67]",
             re.I,
         ),
         "agent-supervisor is not installed there (or not at the configured command)",
