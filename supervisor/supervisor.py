@@ -127,6 +127,7 @@ class Supervisor:
         cwd: str | os.PathLike[str] | None = None,
         wait_ready: bool = True,
         host: str | None = None,
+        at_most: int | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -136,6 +137,9 @@ class Supervisor:
         agent cannot start, :class:`BadRequest` for an unknown agent name or a cwd that is not
         a directory (or whose name is not UTF-8: no agent protocol could carry it), and
         :class:`AtCapacity` when ``max_sessions`` (the supervisor's or the agent's) are running.
+        ``at_most``: :class:`AtCapacity` too unless fewer than this many sessions are live here
+        (a node applies a front's ``[hosts.NAME] max_sessions`` with it: checked and counted
+        in one step, so two fronts racing for the last place cannot both win).
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -152,7 +156,7 @@ class Supervisor:
         check_text("cwd", where)
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
-        self._check_capacity(spec)
+        self._check_capacity(spec, at_most)
         session = Session(
             f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher, gate=self.gate
         )
@@ -162,8 +166,12 @@ class Supervisor:
             await session.wait_ready()
         return session
 
-    def _check_capacity(self, spec: AgentSpec) -> None:
+    def _check_capacity(self, spec: AgentSpec, at_most: int | None = None) -> None:
         live = [s for s in self._sessions.values() if s.state not in _ENDED]
+        if at_most is not None and len(live) >= at_most:
+            raise AtCapacity(
+                f"{len(live)} sessions are live here, its max_sessions for this host is {at_most}"
+            )
         if self.max_sessions is not None and len(live) >= self.max_sessions:
             raise AtCapacity(
                 f"{len(live)} sessions are running, the most this supervisor runs at once"

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -109,6 +110,15 @@ class Presence:
         self._changed.set()
         self._changed = trio.Event()
 
+    @contextlib.asynccontextmanager
+    async def driving(self) -> AsyncIterator[None]:
+        """One driver (the gateway's ``client_scope``: an authenticated WebSocket client)."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
     async def wait_abandoned(self, detach_s: float) -> None:
         """Return once no connection has been open for ``detach_s`` in a row."""
         while True:
@@ -122,19 +132,21 @@ class Presence:
 
 
 def _node_gateway(supervisor: Any, presence: Presence) -> Any:
-    from supervisor.gateway import Gateway
+    """The gateway, counting who drives it and taking agent definitions from fronts."""
+    import attrs
 
-    class NodeGateway(Gateway):
-        """The gateway, counting who drives it and taking agent definitions from fronts."""
+    from supervisor.gateway import LIMITS, Gateway
 
-        async def _handle_stream(self, stream: trio.abc.Stream) -> None:
-            presence.enter()
-            try:
-                await super()._handle_stream(stream)
-            finally:
-                presence.leave()
-
-    return NodeGateway(supervisor, host="127.0.0.1", port=0, accept_specs=True)
+    # Flow control for the link (design/remote.md, "Flow control across the link").
+    limits = attrs.evolve(LIMITS, send_buffer_bytes=65536, flight_bytes=65536, write_events=256)
+    return Gateway(
+        supervisor,
+        host="127.0.0.1",
+        port=0,
+        accept_specs=True,
+        limits=limits,
+        client_scope=presence.driving,
+    )
 
 
 def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -> int:
@@ -251,6 +263,7 @@ def run_bridge(*, config: str | None, state_dir: Path | None, detach_s: float) -
         print(f"agent-supervisor node: {exc}", file=sys.stderr, flush=True)
         return EXIT_NODE_FAILED
     sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     try:
         _write_all(1, hello.line())
     except OSError:
