@@ -14,6 +14,8 @@ import json
 from typing import Any, cast
 
 import attrs
+import trio
+import trio.testing
 
 from protocols import events as ev
 from supervisor.gateway import Gateway, GatewayLimits
@@ -222,3 +224,66 @@ def test_an_ended_subscription_already_drained_is_closed_before_the_answer() -> 
     session.fanout.close()
     c._send({"id": "stop", "ok": True, "result": {}}, "s1")
     assert drain(c) == [["subscription.closed", "stop"]]
+
+
+class PingingSocket:
+    """The writer's side of a WebSocket, in memory: the writes it made, the pings it sent,
+    and pongs the test hands back (as a client answers once it has read up to the ping)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.writes: list[list[bytes]] = []
+        self.pings_sent = 0
+        self.pongs_seen = 0
+        self.pong_lot = trio.lowlevel.ParkingLot()
+
+    async def send_frames(self, frames: list[bytes]) -> None:
+        self.writes.append(frames)
+        await trio.lowlevel.checkpoint()
+
+    async def ping(self) -> int:
+        self.pings_sent += 1
+        await trio.lowlevel.checkpoint()
+        return self.pings_sent
+
+    def pong(self, number: int) -> None:
+        self.pongs_seen = number
+        self.pong_lot.unpark_all()
+
+
+async def test_flight_bytes_paces_events_by_pongs_but_never_an_answer() -> None:
+    """The writer pings after each quarter of ``flight_bytes``; with four pings unanswered it
+    writes no more events, but an answer (with the events of its own session it must follow)
+    still goes at once; a pong lets events go again; a reader waiting for the writer to drain
+    its answers (it reads no pong then) lets everything go."""
+    limits = GatewayLimits()
+    limits.batch_events, limits.write_events, limits.flight_bytes = 4, 4, 2400
+    socket = PingingSocket()
+    c = _Client(Gateway(cast(Supervisor, None), limits=limits), cast(ServerWebSocket, socket))
+    flooder, quiet = Session("s1"), Session("s2")
+    subscribe(c, quiet)
+    subscribe(c, flooder)
+    for _ in range(200):
+        flooder.delta("x" * 100)  # ~150 bytes a frame: 4 a write, a ping each write
+    async with trio.open_nursery() as nursery:
+        c._nursery = nursery
+        nursery.start_soon(c._writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert socket.pings_sent == 4 and socket.pongs_seen == 0
+        held = len(socket.writes)
+        c._notify()  # more events announced: still held
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) == held
+        quiet.publish(ev.TurnEnded(turn_id="t1", outcome="cancelled"))
+        c._send({"id": "receipt", "ok": True, "result": {}}, "s2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) == held + 1
+        assert wire(socket.writes[-1]) == ["turn.ended:1", "receipt"]
+        socket.pong(socket.pings_sent)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) > held + 1 and socket.pings_sent - socket.pongs_seen == 4
+        c._reader_parked = True
+        socket.pong_lot.unpark_all()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sum(len(write) for write in socket.writes) == 2 + 1 + 1 + 200
+        nursery.cancel_scope.cancel()

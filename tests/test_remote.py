@@ -136,7 +136,7 @@ def test_transport_failures_are_named(returncode: int, stderr: str, cause: str) 
     assert str(error).startswith("host b1: ")
 
 
-async def test_a_spec_is_refused_by_a_gateway_that_is_not_a_node() -> None:
+async def test_a_spec_or_a_host_limit_is_refused_by_a_gateway_that_is_not_a_node() -> None:
     from supervisor.client import GatewayError, connect
 
     async with open_supervisor() as sup, trio.open_nursery() as nursery:
@@ -147,6 +147,9 @@ async def test_a_spec_is_refused_by_a_gateway_that_is_not_a_node() -> None:
                     "session.start", {"agent": "demo", "spec": spec_to_wire(sup.agents["demo"])}
                 )
             assert raised.value.code == "bad_request"
+            with pytest.raises(GatewayError, match="'max_sessions' is for nodes"):
+                await client.request("session.start", {"agent": "demo", "max_sessions": 1})
+            assert sup.list() == []
         nursery.cancel_scope.cancel()
 
 

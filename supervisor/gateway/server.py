@@ -81,9 +81,10 @@ class GatewayLimits:
     #: queued meanwhile waits behind one piece, not one batch of every subscription;
     #: subscriptions take turns being first
     write_events: int = 1024
-    #: flow control above TCP (None: off): at most about this many bytes written and not yet
-    #: read by the client. The writer pings after each half of it and waits for the pong
-    #: (a client answers a ping once it has read what came before) before writing more. For
+    #: flow control above TCP (None: off): at most about this many bytes of events written and
+    #: not yet read by the client. The writer pings after each quarter of it, and while four
+    #: pings are unanswered (a client answers a ping once it has read what came before) it
+    #: writes only answers to requests (and the events their barriers need), no more events. For
     #: a node's gateway, whose one client (a front's link) sits behind pipes and an SSH
     #: channel that buffer megabytes TCP knows nothing of: without it a quiet session's
     #: receipt queues behind all of that (``design/remote.md``, "Flow control")
@@ -608,6 +609,9 @@ class Gateway:
                     nursery.start_soon(client.leave)
 
 
+#: Flow-control pings per ``flight_bytes``: finer steps keep the pipe fuller for the same bound.
+_FLIGHT_PINGS: Final = 4
+
 #: Where each subscription of a connection stood when a response was queued: (session id, its
 #: subscription, :attr:`Subscription.offered` then). The response goes out after those events.
 _Barrier = tuple[tuple[str, Subscription, int], ...]
@@ -702,6 +706,8 @@ class _Client:
         )
         self._responses.append((text_frame(_json(message)), barrier))
         self._notify()
+        if self.limits.flight_bytes is not None:
+            self.websocket.pong_lot.unpark_all()  # a writer held by flow control sends answers
 
     def _notify(self) -> None:
         self._ready = True
@@ -716,7 +722,17 @@ class _Client:
                 while not self._ready:
                     await self._wake.park()
                 self._ready = False
-                await self._wait_for_room()
+                if self._window_full():
+                    # Flow control: only answers go now (a receipt must not wait for the
+                    # client to read a whole allowance of other sessions' events); events
+                    # wait for a pong. A new answer wakes us too (``_send``).
+                    frames = self._collect(events=False)
+                    if frames:
+                        await self.websocket.send_frames(frames)
+                        await self._count_flight(frames)
+                    self._ready = True
+                    await self.websocket.pong_lot.park()
+                    continue
                 frames = self._collect()
                 if frames:
                     await self.websocket.send_frames(frames)
@@ -731,30 +747,30 @@ class _Client:
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()
 
-    async def _wait_for_room(self) -> None:
-        """Flow control (``GatewayLimits.flight_bytes``): wait while two pings, each sent after
-        half the allowance, are unanswered (the client has not read a whole allowance)."""
+    def _window_full(self) -> bool:
+        """Flow control (``GatewayLimits.flight_bytes``): a ping goes after each quarter of the
+        allowance; with four unanswered, the client has not read a whole allowance yet. Never
+        while the reader waits for us to drain its answers (it reads no pong meanwhile)."""
         websocket = self.websocket
-        while len(self._marks) >= 2 and not self._reader_parked and not websocket.closed:
-            if websocket.pongs_seen >= self._marks[0]:
-                self._marks.popleft()
-                continue
-            await websocket.pong_lot.park()
         while self._marks and websocket.pongs_seen >= self._marks[0]:
             self._marks.popleft()
+        return (
+            len(self._marks) >= _FLIGHT_PINGS and not self._reader_parked and not websocket.closed
+        )
 
     async def _count_flight(self, frames: list[bytes]) -> None:
         flight = self.limits.flight_bytes
         if flight is None:
             return
         self._unacked += sum(len(frame) for frame in frames)
-        if self._unacked >= flight // 2:
+        if self._unacked >= flight // _FLIGHT_PINGS:
             self._unacked = 0
             self._marks.append(await self.websocket.ping())
 
-    def _collect(self) -> list[bytes]:
+    def _collect(self, *, events: bool = True) -> list[bytes]:
         """What to send next, in causal order: each queued response after the events of its
-        session its barrier names, then up to ``batch_events`` events of each subscription.
+        session its barrier names, then (``events``) up to ``batch_events`` events of each
+        subscription.
         A barrier more than a batch away is reached over several writes; meanwhile a response
         of another session goes ahead of it (a response of the same session cannot: its mark
         is at least as far), so one session's backlog holds up no other session's answers."""
@@ -788,6 +804,8 @@ class _Client:
             self._drained.unpark_all()
         if waiting:
             self._ready = True
+        if not events:
+            return frames
         ended: list[str] = []
         room = self.limits.write_events
         subscriptions = list(self._subscriptions.items())

@@ -250,14 +250,21 @@ def _no_host(
     (its cause; every host's in the message when there were several)."""
     if len(failures) == 1:
         return failures[0][1]
-    said = "; ".join(f"{host.name}: {exc}" for host, exc in failures)
+    said = "; ".join(
+        f"{host.name} unreachable ({exc.cause}): {exc}"
+        if isinstance(exc, HostUnreachable)
+        else f"{host.name}: {exc}"
+        for host, exc in failures
+    )
     unreachable = [exc for _, exc in failures if isinstance(exc, HostUnreachable)]
     if len(unreachable) == len(failures) and unreachable:
         first = unreachable[0]
         return HostUnreachable(
             first.host, first.cause, f"no host of agent {spec.name!r} answered ({said})"
         )
-    return HostCapacity(f"no host of agent {spec.name!r} has room ({said})")
+    if unreachable:
+        return HostCapacity(f"every host of agent {spec.name!r} is full or did not answer ({said})")
+    return HostCapacity(f"every host of agent {spec.name!r} holds its max_sessions ({said})")
 
 
 def _is_builtin(spec: AgentSpec) -> bool:

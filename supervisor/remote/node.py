@@ -92,7 +92,7 @@ def main_node(args: argparse.Namespace) -> int:
 
 
 class Presence:
-    """Who drives the node: connections open now, and a wait for nobody for ``detach_s``."""
+    """Who drives the node: clients connected now, and a wait for nobody for ``detach_s``."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -138,7 +138,7 @@ def _node_gateway(supervisor: Any, presence: Presence) -> Any:
     from supervisor.gateway import LIMITS, Gateway
 
     # Flow control for the link (design/remote.md, "Flow control across the link").
-    limits = attrs.evolve(LIMITS, send_buffer_bytes=65536, flight_bytes=65536, write_events=256)
+    limits = attrs.evolve(LIMITS, send_buffer_bytes=65536, flight_bytes=32768, write_events=64)
     return Gateway(
         supervisor,
         host="127.0.0.1",
@@ -263,7 +263,8 @@ def run_bridge(*, config: str | None, state_dir: Path | None, detach_s: float) -
         print(f"agent-supervisor node: {exc}", file=sys.stderr, flush=True)
         return EXIT_NODE_FAILED
     sock.settimeout(None)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    # Small frames both ways (a cancel, a pong): no Nagle delay behind a delayed ACK (~40 ms).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         _write_all(1, hello.line())
     except OSError:
