@@ -176,3 +176,47 @@ async def test_an_unreachable_host_is_skipped_and_named_when_none_fits(tmp_path:
             message = str(raised.value)
             assert "h holds 1 sessions, its max_sessions is 1" in message, message
             assert "gone unreachable (not_installed)" in message, message
+
+
+async def test_a_front_that_stops_reading_is_resubscribed_from_seq_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """The front reads nothing for longer than the node waits for a stalled subscriber
+    (``subscriber_stall_s``, 5 s): the node holds the agent back meanwhile (its buffer for the
+    link is full), then cuts the link's subscription off (``subscription.lagged``) rather than
+    grow; the front resubscribes from the last seq it has, on the same connection, and the
+    node's history fills the hole: every word once, seq contiguous, one ``turn.ended``."""
+    words = 8000  # within the node's history (10,000): what was not sent is still there
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents=_agents("h"), hosts={"h": _host("h", tmp_path)}) as sup:
+            session = await sup.start_session("flood", cwd="/")
+            assert isinstance(session, RemoteSession)
+            notices: list[str] = []
+            on_notice = session._on_notice
+
+            def spy(kind: str) -> None:
+                notices.append(kind)
+                on_notice(kind)
+
+            session._on_notice = spy  # type: ignore[method-assign]
+            async with session.subscribe() as events:
+                turn = await session.prompt(f"flood words={words}")
+                async for event in events:
+                    if event.kind == "message.delta":
+                        break
+            # A front that does not run at all (a stopped process, a starved CPU): the whole
+            # event loop blocks, so the link reads nothing. This sleep is the fault itself.
+            time.sleep(6.5)  # noqa: ASYNC251
+            async with session.subscribe(since_seq=0) as events:
+                async for event in events:
+                    if event.kind == "turn.ended" and event.turn_id == turn.id:
+                        break
+            async with session.subscribe(since_seq=0) as replay:
+                seen = []
+                while len(seen) < session.last_seq:
+                    seen.append(await replay.__anext__())
+            assert notices == ["subscription.lagged"]
+            assert session.link.connects == 1  # no reconnection: the same link converged
+            assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+            assert sum(e.kind == "message.delta" for e in seen) == words
+            assert sum(e.kind == "turn.ended" for e in seen) == 1

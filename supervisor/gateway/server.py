@@ -672,6 +672,8 @@ class _Client:
         """Send what is buffered (a shutdown's last ``turn.ended``, say), then close."""
         self._leaving = True
         self._notify()
+        if self.limits.flight_bytes is not None:
+            self.websocket.pong_lot.unpark_all()  # a goodbye is not paced: it is bounded
         await self._left.wait()
 
     def _on_frame(self, frame: str | bytes) -> None:
@@ -750,12 +752,16 @@ class _Client:
     def _window_full(self) -> bool:
         """Flow control (``GatewayLimits.flight_bytes``): a ping goes after each quarter of the
         allowance; with four unanswered, the client has not read a whole allowance yet. Never
-        while the reader waits for us to drain its answers (it reads no pong meanwhile)."""
+        while the reader waits for us to drain its answers (it reads no pong meanwhile), nor
+        once the server says goodbye (what is buffered goes, within the shutdown's bound)."""
         websocket = self.websocket
         while self._marks and websocket.pongs_seen >= self._marks[0]:
             self._marks.popleft()
         return (
-            len(self._marks) >= _FLIGHT_PINGS and not self._reader_parked and not websocket.closed
+            len(self._marks) >= _FLIGHT_PINGS
+            and not self._reader_parked
+            and not self._leaving
+            and not websocket.closed
         )
 
     async def _count_flight(self, frames: list[bytes]) -> None:
