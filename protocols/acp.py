@@ -25,6 +25,7 @@ ends that turn with its one response.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from attrs import define, field, frozen
@@ -49,6 +50,7 @@ from protocols.machine import (
     Step,
     TurnFinished,
 )
+from protocols.mcp import McpServer, McpUnsupported, check_transports, mcp_server_to_acp
 from protocols.permissions import Held, PermissionDesk
 
 __all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
@@ -93,6 +95,8 @@ class AcpClient(AgentProtocol):
     _phase: str = "idle"  # idle, initializing, opening, ready, failed
     _cwd: str = "."
     _resume: str | None = None
+    #: ``mcpServers`` of every ``session/new``, ``load`` and ``resume`` (ACP form)
+    _mcp_servers: tuple[McpServer, ...] = ()
     _session_id: str | None = None
     _can_load: bool = False
     _can_resume: bool = False
@@ -111,12 +115,15 @@ class AcpClient(AgentProtocol):
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         self._phase = "initializing"
         self._cwd = cwd
         self._resume = resume
+        self._mcp_servers = tuple(mcp_servers)
         _, message = self._rpc.request(
             "initialize",
             {
@@ -277,6 +284,10 @@ class AcpClient(AgentProtocol):
         meta = result.get("_meta")
         steering = meta.get("steering") if isinstance(meta, dict) else None
         self._steering = isinstance(steering, dict) and steering.get("supported") is True
+        try:
+            check_transports(self._mcp_servers, self.mcp_kinds, _agent_name(self.agent_info))
+        except McpUnsupported as exc:
+            return self._fail(f"{exc}: its mcpCapabilities do not advertise it")
         self._phase = "opening"
         if self._resume is not None and self._can_resume:
             return self._open("session/resume", {"sessionId": self._resume})
@@ -284,8 +295,17 @@ class AcpClient(AgentProtocol):
             return self._open("session/load", {"sessionId": self._resume})
         return self._open("session/new", {})
 
+    @property
+    def mcp_kinds(self) -> frozenset[str]:
+        """The MCP servers the agent takes: ``stdio`` always (every ACP agent must), ``http``
+        and ``sse`` only where its ``initialize`` result's ``mcpCapabilities`` says so."""
+        capabilities = self.agent_capabilities.get("mcpCapabilities")
+        capabilities = capabilities if isinstance(capabilities, dict) else {}
+        return frozenset({"stdio"} | {k for k in ("http", "sse") if capabilities.get(k) is True})
+
     def _open(self, method: str, extra: dict[str, Any]) -> Step:
-        params = {**extra, "cwd": self._cwd, "mcpServers": []}
+        servers = [mcp_server_to_acp(server) for server in self._mcp_servers]
+        params = {**extra, "cwd": self._cwd, "mcpServers": servers}
         _, message = self._rpc.request(method, params, None)
         return Step(send=[message])
 
@@ -443,6 +463,11 @@ class AcpClient(AgentProtocol):
             outcome = {"outcome": "selected", "optionId": option_id}
         reply = self._rpc.respond(held.ticket, {"outcome": outcome})
         return Step(send=[reply], events=[PermissionDesk.resolved(held, option_id, by=by)])
+
+
+def _agent_name(info: dict[str, Any]) -> str:
+    name = info.get("name")
+    return f"ACP agent {name!r}" if isinstance(name, str) and name else "the ACP agent"
 
 
 def _opt_str(value: Any) -> str | None:

@@ -43,6 +43,7 @@ Amp server (``tests/realagents/fake_amp.py``, ``tests/test_real_amp.py``):
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final
@@ -61,8 +62,9 @@ from protocols.machine import (
     check_answer,
     session_changed,
 )
+from protocols.mcp import McpServer
 
-__all__ = ["AMP_COMMAND", "AmpClient"]
+__all__ = ["AMP_COMMAND", "AmpClient", "amp_mcp_config"]
 
 #: The command line (after the ``amp`` executable): stream JSON both ways, and keep a new
 #: thread when the run ends (by default ``--execute`` archives it at exit, and an archived
@@ -106,6 +108,8 @@ class AmpClient(AgentProtocol):
     """Our side of one ``amp --execute --stream-json --stream-json-input`` process."""
 
     name: ClassVar[str] = "amp"
+    #: ``amp.mcpServers`` entries take a ``command`` or a ``url``; no transport to choose SSE
+    mcp_transports: ClassVar[frozenset[str]] = frozenset({"stdio", "http"})
 
     _phase: str = "idle"  # idle, ready, exiting
     _resume: str | None = None
@@ -114,14 +118,19 @@ class AmpClient(AgentProtocol):
     _interrupt_sent: bool = False
 
     @classmethod
-    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
         """``amp --execute ...`` becomes ``amp threads continue T-... --execute ...``.
 
         The subcommand goes just before ``--execute`` (``-x``), which this mode needs, so a
         wrapper and its own options stay in front (``nsenter --net=... -- amp --execute``,
         ``node amp.js --execute``); without it, before the first option after the program.
+        MCP servers go last, as ``--mcp-config JSON`` (merged with Amp's own settings).
         """
         argv = list(base)
+        if mcp_servers:
+            argv += ["--mcp-config", json.dumps(amp_mcp_config(mcp_servers))]
         if resume is None:
             return argv
         flags = [i for i, arg in enumerate(argv) if i > 0 and arg in ("--execute", "-x")]
@@ -131,7 +140,9 @@ class AmpClient(AgentProtocol):
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         # cwd: the launcher starts the CLI there; the protocol has no field for it.
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
@@ -336,3 +347,19 @@ def _describe(result: dict[str, Any]) -> str:
     words = _error_text(result)
     text = f"{cause}: {words}" if words else str(cause)
     return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 1] + "…"
+
+
+def amp_mcp_config(servers: Sequence[McpServer]) -> dict[str, Any]:
+    """``--mcp-config``'s JSON, shaped like the ``amp.mcpServers`` setting: ``NAME ->
+    {command, args, env}`` for a program, ``{url, headers}`` for a remote server."""
+    entries: dict[str, Any] = {}
+    for server in servers:
+        if server.transport == "stdio":
+            entries[server.name] = {
+                "command": server.command,
+                "args": list(server.args),
+                "env": server.env_dict,
+            }
+        else:
+            entries[server.name] = {"url": server.url, "headers": server.headers_dict}
+    return entries

@@ -133,6 +133,7 @@ background shell (its ``task_notification`` 20-70 ms after the cancel).
 
 from __future__ import annotations
 
+import json
 import secrets
 import uuid
 from collections.abc import Callable, Sequence
@@ -151,10 +152,17 @@ from protocols.machine import (
     TurnFinished,
     session_changed,
 )
+from protocols.mcp import McpServer
 from protocols.permissions import Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
-__all__ = ["CLAUDE_COMMAND", "INTERRUPTED_REASONS", "PERMISSION_OPTIONS", "ClaudeClient"]
+__all__ = [
+    "CLAUDE_COMMAND",
+    "INTERRUPTED_REASONS",
+    "PERMISSION_OPTIONS",
+    "ClaudeClient",
+    "claude_mcp_config",
+]
 
 #: The command line the Python SDK builds (``subprocess_cli.py``), plus partial messages for
 #: live deltas and ``stdio`` so permission prompts come to us as ``can_use_tool``.
@@ -301,15 +309,24 @@ class ClaudeClient(AgentProtocol):
     _open_tools: set[str] = field(factory=set)
 
     @classmethod
-    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
+        """``--mcp-config JSON`` adds the servers to those Claude Code finds itself (its
+        settings, ``.mcp.json``); a configured ``--strict-mcp-config`` makes them the only
+        ones. Then ``--resume``: an option, so it also ends ``--mcp-config``'s value list."""
         argv = list(base)
+        if mcp_servers:
+            argv += ["--mcp-config", json.dumps(claude_mcp_config(mcp_servers))]
         if resume is not None:
             argv += ["--resume", resume]
         return argv
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         # cwd: the launcher starts the CLI there; the protocol has no field for it.
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
@@ -897,3 +914,24 @@ def _describe(result: dict[str, Any]) -> str:
         words = [result[key] for key in ("result", "error") if isinstance(result.get(key), str)][:1]
     text = f"{cause}: {'; '.join(words)}" if words else cause
     return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 1] + "…"
+
+
+def claude_mcp_config(servers: Sequence[McpServer]) -> dict[str, Any]:
+    """The ``{"mcpServers": {NAME: ...}}`` document ``--mcp-config`` reads: ``stdio``
+    (``command``, ``args``, ``env``), ``http`` and ``sse`` (``url``, ``headers``)."""
+    entries: dict[str, Any] = {}
+    for server in servers:
+        if server.transport == "stdio":
+            entries[server.name] = {
+                "type": "stdio",
+                "command": server.command,
+                "args": list(server.args),
+                "env": server.env_dict,
+            }
+        else:
+            entries[server.name] = {
+                "type": server.transport,
+                "url": server.url,
+                "headers": server.headers_dict,
+            }
+    return {"mcpServers": entries}

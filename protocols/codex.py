@@ -23,7 +23,10 @@ for Codex 0.171.0):
   is answered (the actor's grace timer bounds that wait like any other).
 - Approvals are server→client requests answered ``{"decision": ...}``; the server retracts them
   at turn transitions with ``serverRequest/resolved``. Requests we do not serve are answered
-  -32601 (an MCP elicitation is declined) so the server never waits on us.
+  -32601 so the server never waits on us. An MCP elicitation that asks only for a yes or no
+  (a ``form`` whose schema requires nothing: how Codex asks before a call of an MCP server's
+  tool, ``_meta.codex_approval_kind: "mcp_tool_call"``) is a permission request (accept or
+  decline; cancelled: ``cancel``); any other elicitation (a form to fill, a URL) is declined.
 
 Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
 (``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``),
@@ -97,8 +100,10 @@ of ours runs makes Codex start turns outside any turn of ours; those are not ado
 
 from __future__ import annotations
 
+import json
 import re
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -123,10 +128,11 @@ from protocols.machine import (
     Step,
     TurnFinished,
 )
+from protocols.mcp import McpServer, McpUnsupported, check_transports
 from protocols.permissions import Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
-__all__ = ["CLIENT_INFO", "CodexClient"]
+__all__ = ["CLIENT_INFO", "CodexClient", "codex_mcp_table"]
 
 CLIENT_INFO = {"name": "agent-supervisor", "title": "agent-supervisor", "version": "0.1.0"}
 
@@ -168,6 +174,8 @@ _APPROVALS = {
     "execCommandApproval": "legacy",
     "applyPatchApproval": "legacy",
 }
+#: An MCP server's question for the user (Codex asks this way before an MCP tool call, too).
+ELICITATION = "mcpServer/elicitation/request"
 #: What each approval is about, as an ACP tool kind.
 _APPROVAL_KINDS = {
     "item/commandExecution/requestApproval": "execute",
@@ -369,7 +377,7 @@ class _Approval:
     """What answering a server→client approval request takes (its desk ticket)."""
 
     rpc_id: RequestId
-    answer: str  # "decision", "legacy" or "permissions" (see _APPROVALS)
+    answer: str  # "decision", "legacy", "permissions" (see _APPROVALS) or "elicitation"
     requested: dict[str, Any]
 
 
@@ -378,6 +386,31 @@ class CodexClient(AgentProtocol):
     """Our side of one ``codex app-server`` connection, driving one thread."""
 
     name: ClassVar[str] = "codex"
+    #: ``[mcp_servers.NAME]`` takes a ``command`` or a streamable-HTTP ``url``; no SSE
+    mcp_transports: ClassVar[frozenset[str]] = frozenset({"stdio", "http"})
+
+    @classmethod
+    def check_mcp_servers(cls, servers: Sequence[McpServer]) -> None:
+        check_transports(
+            servers, cls.mcp_transports, "Codex", "its mcp_servers take a command or a url"
+        )
+        for server in servers:
+            if not _MCP_NAME.fullmatch(server.name):
+                raise McpUnsupported(
+                    f"Codex cannot take MCP server name {server.name!r}: its mcp_servers"
+                    " names are letters, digits, '_' and '-'"
+                )
+
+    @classmethod
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
+        """One ``-c mcp_servers.NAME={...}`` override per server (a TOML inline table, so
+        nothing of the user's ``config.toml`` is replaced but that one server)."""
+        argv = list(base)
+        for server in mcp_servers:
+            argv += ["-c", f"mcp_servers.{server.name}={codex_mcp_table(server)}"]
+        return argv
 
     _rpc: JsonRpcPeer[_Sent] = field(factory=lambda: JsonRpcPeer(with_version=False))
     _phase: str = "idle"  # idle, initializing, opening, ready, failed
@@ -396,7 +429,9 @@ class CodexClient(AgentProtocol):
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         self._phase = "initializing"
@@ -1105,7 +1140,9 @@ class CodexClient(AgentProtocol):
         params = request.params if isinstance(request.params, dict) else {}
         if answer is not None:
             return self._hold_approval(request, answer, params)
-        if request.method == "mcpServer/elicitation/request":
+        if request.method == ELICITATION:
+            if _yes_or_no(params):
+                return self._hold_approval(request, "elicitation", params)
             return Step(
                 send=[self._rpc.respond(request.id, {"action": "decline", "content": None})]
             )
@@ -1117,6 +1154,8 @@ class CodexClient(AgentProtocol):
     def _hold_approval(self, request: IncomingRequest, answer: str, params: dict[str, Any]) -> Step:
         if answer == "permissions":
             offered = ["accept", "acceptForSession", "decline"]
+        elif answer == "elicitation":
+            offered = ["accept", "decline"]
         else:
             offered = _offered_decisions(params.get("availableDecisions"))
         turn_id = self._turn.turn_id if self._turn is not None else None
@@ -1129,7 +1168,7 @@ class CodexClient(AgentProtocol):
             {
                 "toolCallId": tool_call_id if isinstance(tool_call_id, str) else None,
                 "title": _approval_title(request.method, params),
-                "kind": _APPROVAL_KINDS[request.method],
+                "kind": _APPROVAL_KINDS.get(request.method, "other"),
                 "method": request.method,
                 "params": params,
             },
@@ -1143,6 +1182,9 @@ class CodexClient(AgentProtocol):
         result: dict[str, Any]
         if approval.answer == "legacy":
             result = {"decision": _LEGACY_DECISIONS[decision]}
+        elif approval.answer == "elicitation":
+            # ``cancel`` (ours: cancelled) dismisses it; only an accept carries content.
+            result = {"action": decision, "content": {} if decision == "accept" else None}
         elif approval.answer == "permissions":
             # Only the granted subset matters; an empty profile denies everything.
             granted = {}
@@ -1251,8 +1293,19 @@ def _item_title(item: dict[str, Any]) -> str:
     return kind
 
 
+def _yes_or_no(params: dict[str, Any]) -> bool:
+    """An elicitation answered by accepting or declining alone: a form requiring nothing."""
+    schema = params.get("requestedSchema")
+    return (
+        params.get("mode") == "form"
+        and isinstance(schema, dict)
+        and not schema.get("required")
+        and not schema.get("properties")
+    )
+
+
 def _approval_title(method: str, params: dict[str, Any]) -> str:
-    for key in ("command", "reason"):
+    for key in ("command", "reason", "message"):
         text = _text(params.get(key))
         if text:
             return text
@@ -1267,3 +1320,29 @@ def _offered_decisions(available: Any) -> list[str]:
         if offered:
             return offered
     return list(_DECISIONS)
+
+
+#: Names Codex accepts for ``[mcp_servers.NAME]`` (and that need no quoting in a dotted key).
+_MCP_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def codex_mcp_table(server: McpServer) -> str:
+    """One server as a TOML inline table of Codex's ``[mcp_servers.NAME]``: ``command``,
+    ``args``, ``env`` for stdio; ``url`` and ``http_headers`` for streamable HTTP."""
+    if server.transport == "stdio":
+        entries = {"command": server.command, "args": list(server.args), "env": server.env_dict}
+    else:
+        entries = {"url": server.url, "http_headers": server.headers_dict}
+    return _toml_value(entries)
+
+
+def _toml_value(value: Any) -> str:
+    # A JSON string is a TOML basic string (same escapes; DEL must be escaped in TOML, not in
+    # JSON; \uXXXX surrogate pairs are JSON only, hence no ASCII-only output), and a quoted
+    # key is a key.
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    assert isinstance(value, dict)
+    return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"

@@ -10,13 +10,14 @@ knows about time, processes or trio, so each protocol is tested with lists of di
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from attrs import define, field, frozen
 
 from protocols import events as ev
 from protocols.events import Event
+from protocols.mcp import MCP_TRANSPORTS, McpServer, check_transports
 
 __all__ = [
     "AgentExiting",
@@ -179,25 +180,48 @@ class AgentProtocol(ABC):
     #: how messages reach the agent: ``stdio`` (a JSON object per line on stdin/stdout), or
     #: ``http`` (the agent is a local HTTP server; messages are request/response envelopes)
     transport: ClassVar[str] = "stdio"
+    #: the kinds of MCP server (``protocols.mcp``) this protocol can hand its agent
+    mcp_transports: ClassVar[frozenset[str]] = frozenset(MCP_TRANSPORTS)
 
     @classmethod
-    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+    def check_mcp_servers(cls, servers: Sequence[McpServer]) -> None:
+        """Raise :class:`~protocols.mcp.McpUnsupported` for a server this protocol cannot give
+        its agent, before anything starts (ACP checks the agent's own word again later)."""
+        check_transports(servers, cls.mcp_transports, f"protocol {cls.name!r}")
+
+    @classmethod
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
         """The argv to start the agent with; protocols that resume by flag add it here
-        (Claude Code's ``--resume <session_id>``). ``resume`` is None for a first start."""
+        (Claude Code's ``--resume <session_id>``), and those that take MCP servers by flag add
+        them (``resume`` is None for a first start)."""
         return list(base)
 
     @classmethod
-    def environment(cls, secret: str) -> dict[str, str]:
-        """Variables to add to the agent's environment, over the configured ones.
+    def environment(
+        cls,
+        secret: str,
+        *,
+        mcp_servers: Sequence[McpServer] = (),
+        configured: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """Variables to add to the agent's environment, over the ``configured`` ones.
 
         ``secret`` is a fresh random token for this one process; its link knows it too and
         nothing else does (an HTTP server's password: OpenCode's ``OPENCODE_SERVER_PASSWORD``).
-        It must never reach an event, a log line or a receipt. None by default."""
+        It must never reach an event, a log line or a receipt. Protocols that take MCP servers
+        in the environment add them here (OpenCode's ``OPENCODE_CONFIG_CONTENT``). None by
+        default."""
         return {}
 
     @abstractmethod
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
-        """Begin the handshake; ``resume`` is the agent session id to restore, if any."""
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
+        """Begin the handshake; ``resume`` is the agent session id to restore, if any.
+        ``mcp_servers``: for protocols that hand them over in the handshake (ACP); the others
+        took them in :meth:`command` or :meth:`environment`."""
 
     @abstractmethod
     def receive(self, message: dict[str, Any]) -> Step:

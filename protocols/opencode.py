@@ -66,8 +66,9 @@ against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Final
 from urllib.parse import quote
 
 from attrs import define, field, frozen
@@ -80,10 +81,17 @@ from protocols.machine import (
     Step,
     TurnFinished,
 )
+from protocols.mcp import McpServer, McpUnsupported
 from protocols.permissions import Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
-__all__ = ["SERVER_USERNAME", "OpenCodeClient"]
+__all__ = [
+    "CONFIG_CONTENT_VAR",
+    "SERVER_USERNAME",
+    "OpenCodeClient",
+    "opencode_config_content",
+    "opencode_mcp_config",
+]
 
 #: ``opencode serve`` 1.18.33 asks every request for HTTP basic auth once
 #: ``OPENCODE_SERVER_PASSWORD`` is set (401 ``WWW-Authenticate: Basic realm="Secure Area"``
@@ -239,7 +247,9 @@ class OpenCodeClient(AgentProtocol):
     server_info: dict[str, Any] = field(factory=dict)
 
     @classmethod
-    def command(cls, base: Sequence[str], resume: str | None) -> list[str]:
+    def command(
+        cls, base: Sequence[str], resume: str | None, *, mcp_servers: Sequence[McpServer] = ()
+    ) -> list[str]:
         """``opencode serve`` on a free port of the loopback interface, unless configured."""
         argv = list(base)
         if not any(arg == "--port" or arg.startswith("--port=") for arg in argv):
@@ -249,14 +259,29 @@ class OpenCodeClient(AgentProtocol):
         return argv
 
     @classmethod
-    def environment(cls, secret: str) -> dict[str, str]:
+    def environment(
+        cls,
+        secret: str,
+        *,
+        mcp_servers: Sequence[McpServer] = (),
+        configured: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         """A server password of its own for every process: without one the server answers any
-        local process (it warns "server is unsecured"). The link sends it as basic auth."""
-        return {"OPENCODE_SERVER_USERNAME": SERVER_USERNAME, "OPENCODE_SERVER_PASSWORD": secret}
+        local process (it warns "server is unsecured"). The link sends it as basic auth.
+
+        MCP servers go in ``OPENCODE_CONFIG_CONTENT`` (a config document OpenCode merges over
+        its global and project ones), merged into one the agent's ``env`` already sets."""
+        env = {"OPENCODE_SERVER_USERNAME": SERVER_USERNAME, "OPENCODE_SERVER_PASSWORD": secret}
+        if mcp_servers:
+            existing = (configured or {}).get(CONFIG_CONTENT_VAR)
+            env[CONFIG_CONTENT_VAR] = opencode_config_content(mcp_servers, existing)
+        return env
 
     # -- calls from the actor -------------------------------------------------------------
 
-    def start(self, *, cwd: str, resume: str | None = None) -> Step:
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         # The server's directory is its working directory, where the process was started.
@@ -896,3 +921,50 @@ def _plan(todos: Any) -> list[dict[str, Any]]:
                 entry["priority"] = todo["priority"]
             entries.append(entry)
     return entries
+
+
+#: The variable OpenCode reads one more config document from, over the global and project ones.
+CONFIG_CONTENT_VAR: Final = "OPENCODE_CONFIG_CONTENT"
+
+
+def opencode_mcp_config(servers: Sequence[McpServer]) -> dict[str, Any]:
+    """The config's ``mcp`` table: ``local`` (``command`` is the argv, ``environment``) or
+    ``remote`` (``url``, ``headers``; OpenCode tries streamable HTTP, then SSE)."""
+    entries: dict[str, Any] = {}
+    for server in servers:
+        if server.transport == "stdio":
+            assert server.command is not None
+            entries[server.name] = {
+                "type": "local",
+                "command": [server.command, *server.args],
+                "environment": server.env_dict,
+                "enabled": True,
+            }
+        else:
+            entries[server.name] = {
+                "type": "remote",
+                "url": server.url,
+                "headers": server.headers_dict,
+                "enabled": True,
+            }
+    return entries
+
+
+def opencode_config_content(servers: Sequence[McpServer], existing: str | None = None) -> str:
+    """``OPENCODE_CONFIG_CONTENT`` with the servers in its ``mcp`` table, over ``existing`` (the
+    agent's configured value, kept: :class:`McpUnsupported` if it is not a JSON object)."""
+    document: dict[str, Any] = {}
+    if existing:
+        try:
+            loaded = json.loads(existing)
+        except ValueError:
+            loaded = None
+        if not isinstance(loaded, dict):
+            raise McpUnsupported(
+                f"{CONFIG_CONTENT_VAR} in the agent's env is not a JSON object: cannot add"
+                " MCP servers to it"
+            )
+        document = loaded
+    mcp = document.get("mcp")
+    document["mcp"] = {**(mcp if isinstance(mcp, dict) else {}), **opencode_mcp_config(servers)}
+    return json.dumps(document)

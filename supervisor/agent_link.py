@@ -276,11 +276,11 @@ class ProcessLauncher:
         nursery: trio.Nursery,
     ) -> AgentLink:
         protocol = PROTOCOLS[spec.protocol]
-        argv = protocol.command(spec.command, resume)
+        argv = protocol.command(spec.command, resume, mcp_servers=spec.mcp_servers)
         env = spec.process_env()
         # One secret per process, for the protocol's environment and the link alone.
         secret = secrets.token_urlsafe(32)
-        env.update(protocol.environment(secret))
+        env.update(protocol.environment(secret, mcp_servers=spec.mcp_servers, configured=env))
         containment = self.containment
         if not isinstance(containment, Containment):
             containment = await choose(containment)  # cheap once detected

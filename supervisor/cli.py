@@ -13,6 +13,7 @@ import stat
 import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TextIO
 
 import attrs
@@ -42,7 +43,10 @@ if TYPE_CHECKING:
     from supervisor.session import Subscription
     from supervisor.supervisor import AnySession, Supervisor
 
-__all__ = ["main"]
+__all__ = ["LOCAL_NODE", "main"]
+
+#: The host name of ``serve --local-node``'s node (this machine).
+LOCAL_NODE = "local"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,6 +68,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supervisor.chat import run_chat
 
             return trio.run(run_chat, args.agent, args.url, args.config)
+        elif args.command == "acp":
+            if args.connect and args.config:
+                parser.error("--config is for the embedded supervisor; a gateway has its own")
+            if args.session and not args.connect:
+                parser.error("--session names a gateway's session: give --connect too")
+            _log_to_stderr()
+            from supervisor.acp_front import BackendError, run_acp
+
+            try:
+                return trio.run(
+                    partial(
+                        run_acp,
+                        agent=args.agent,
+                        config=args.config,
+                        connect=args.connect,
+                        session=args.session,
+                    )
+                )
+            except BackendError as exc:
+                print(f"agent-supervisor acp: {exc}", file=sys.stderr)
+                return 2
         elif args.command == "node":
             from supervisor.remote.node import main_node
 
@@ -147,6 +172,18 @@ def _parser() -> argparse.ArgumentParser:
         help="sessions running at once (default: [gateway] max_sessions, else one per 512 MiB"
         " of memory)",
     )
+    serve.add_argument(
+        "--local-node",
+        action="store_true",
+        help="run the sessions of this machine in a node here (host 'local'), so that they"
+        " outlive a restart of serve (also: [gateway] local_node = true)",
+    )
+    serve.add_argument(
+        "--stop-node-sessions",
+        action="store_true",
+        help="on exit, stop the sessions that run in nodes too (default: leave them running"
+        " there, for the next serve to find)",
+    )
     chat = commands.add_parser(
         "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
     )
@@ -155,6 +192,22 @@ def _parser() -> argparse.ArgumentParser:
         "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp = commands.add_parser(
+        "acp", help="be an ACP agent on stdin/stdout (for Zed and any ACP client)"
+    )
+    acp.add_argument(
+        "--agent", help="agent behind it (default: the first configured; a session option too)"
+    )
+    acp.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp.add_argument(
+        "--connect",
+        metavar="URL",
+        help="a running gateway (the `ready` URL of serve): its sessions, shared with the"
+        " web UI and the chat; default: an embedded supervisor",
+    )
+    acp.add_argument(
+        "--session", metavar="ID", help="with --connect: every session/new joins this session"
+    )
     from supervisor.remote.node import add_node_parser
 
     add_node_parser(commands)
@@ -293,6 +346,10 @@ class ServeOptions:
     max_sessions: int | None
     #: the ``[hosts.NAME]`` of the config file (``supervisor/remote/``)
     hosts: dict[str, HostSpec] | None = None
+    #: run this machine's sessions in a node here (``--local-node``)
+    local_node: bool = False
+    #: on exit, leave the sessions that run in nodes running there (no ``--stop-node-sessions``)
+    keep_node_sessions: bool = True
     warnings: tuple[str, ...] = ()
 
 
@@ -324,6 +381,13 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
             raise ConfigError(f"--allow-host {name!r}: a host name, or NAME:PORT")
     if args.max_sessions is not None and args.max_sessions < 1:
         raise ConfigError("--max-sessions must be a whole number >= 1")
+    hosts = _hosts(args.config) if args.config else None
+    local = args.local_node or config.gateway.local_node
+    if local and hosts and LOCAL_NODE in hosts:
+        raise ConfigError(
+            f"--local-node ([gateway] local_node) runs a node named {LOCAL_NODE!r}:"
+            f" [hosts.{LOCAL_NODE}] is taken; rename it"
+        )
     return ServeOptions(
         config=config,
         host=args.host,
@@ -332,7 +396,9 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         ssl_context=context,
         allow_hosts=tuple(args.allow_host),
         max_sessions=args.max_sessions,
-        hosts=_hosts(args.config) if args.config else None,
+        hosts=hosts,
+        local_node=local,
+        keep_node_sessions=not args.stop_node_sessions,
         warnings=tuple(warnings),
     )
 
@@ -436,14 +502,23 @@ class _Shutdown:
             if not self.requested.is_set():
                 _say(
                     f"{name}: shutting down: stopping the running turns, then the agents"
-                    f" ({name} again kills them at once)"
+                    f" ({name} again kills them at once){self._nodes_note()}"
                 )
                 self.requested.set()
             elif not self.forced:
-                _say(f"{name} again: killing every agent now")
+                _say(f"{name} again: killing every agent now{self._nodes_note()}")
                 self.forced = True
                 if self.supervisor is not None:
                     await self.supervisor.kill()
+
+    def _nodes_note(self) -> str:
+        sup = self.supervisor
+        if sup is None or not sup.keep_node_sessions or not sup.remote.hosts:
+            return ""
+        return (
+            "; sessions in nodes go on there, for the next serve to find"
+            " (--stop-node-sessions stops them too)"
+        )
 
 
 async def run_serve(options: ServeOptions) -> int:
@@ -480,11 +555,23 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         max_connections=settings.max_connections or LIMITS.max_connections,
         request_timeout_s=settings.request_timeout_s or LIMITS.request_timeout_s,
     )
+    agents, hosts = options.config.agents, options.hosts
+    if options.local_node:
+        from supervisor.remote.hosts import local_node
+
+        local = local_node(LOCAL_NODE, state_dir=default_state_dir(), max_sessions=max_sessions)
+        hosts = {**(hosts or {}), LOCAL_NODE: local}
+        agents = {
+            name: spec if spec.hosts else spec.with_options(hosts=(LOCAL_NODE,))
+            for name, spec in agents.items()
+        }
+        _say(f"local sessions run in a node here (host {LOCAL_NODE!r}), and outlive a restart")
     async with open_supervisor(
-        agents=options.config.agents,
+        agents=agents,
         state_dir=default_state_dir(),
         max_sessions=max_sessions,
-        hosts=options.hosts,
+        hosts=hosts,
+        keep_node_sessions=options.keep_node_sessions,
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(

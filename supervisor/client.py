@@ -20,13 +20,15 @@ import itertools
 import json
 import math
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+
+from protocols.mcp import McpServer, mcp_server_to_acp
 
 __all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
 
@@ -58,6 +60,9 @@ class GatewayClient:
         self._ids = itertools.count(1)
         self._waiting: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
         self._events: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
+        #: the last ``session.subscribe`` answer of each session (``last_seq``: the newest
+        #: event then, so a replay from ``since_seq`` is over once that one has come)
+        self.subscribed: dict[str, dict[str, Any]] = {}
         self.closed = trio.Event()
 
     async def _read(self) -> None:
@@ -103,12 +108,23 @@ class GatewayClient:
         return result
 
     async def start_session(
-        self, agent: str, cwd: str | None = None, *, host: str | None = None
+        self,
+        agent: str,
+        cwd: str | None = None,
+        *,
+        host: str | None = None,
+        mcp_servers: Sequence[McpServer | Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
-        """``{"session_id", "state", "host"?}``; ``host``: one of the agent's ``hosts``."""
-        payload = (
+        """``{"session_id", "state", "host"?}``; ``host``: one of the agent's ``hosts``;
+        ``mcp_servers``: for this session, on top of the agent's own (ACP ``McpServer``
+        objects, or :class:`~protocols.mcp.McpServer`)."""
+        payload: dict[str, Any] = (
             {"agent": agent} | ({"cwd": cwd} if cwd else {}) | ({"host": host} if host else {})
         )
+        if mcp_servers:
+            payload["mcp_servers"] = [
+                mcp_server_to_acp(s) if isinstance(s, McpServer) else dict(s) for s in mcp_servers
+            ]
         return await self.request("session.start", payload)
 
     async def sessions(self) -> list[dict[str, Any]]:
@@ -156,7 +172,7 @@ class GatewayClient:
         if since_seq is not None:
             payload["since_seq"] = since_seq
         try:
-            await self.request("session.subscribe", payload)
+            self.subscribed[session_id] = await self.request("session.subscribe", payload)
             yield receive
         finally:
             if self._events.get(session_id) is send:

@@ -9,8 +9,25 @@ env = { CODEX_HOME = "~/.codex" }
 ```
 ``command`` is an argument list, never a shell string. Errors name the file and the key.
 
+MCP servers the agent gets in every session, in ACP's ``McpServer`` shape
+(``protocols/mcp.py``), passed the way its protocol takes them:
+```toml
+[[agents.codex.mcp_servers]]
+name = "files"
+command = "/usr/local/bin/mcp-files"
+args = ["--root", "/srv"]
+env = [{ name = "LOG", value = "debug" }]
+
+[[agents.codex.mcp_servers]]
+type = "http"
+name = "docs"
+url = "https://mcp.example.com/mcp"
+headers = [{ name = "Authorization", value = "Bearer ..." }]
+```
+
 The ``[gateway]`` table holds the settings of ``agent-supervisor serve`` (:class:`GatewaySettings`:
-``max_sessions``, ``max_connections``, ``request_timeout_s``); ``load_config`` reads both.
+``max_sessions``, ``max_connections``, ``request_timeout_s``, ``local_node``); ``load_config`` reads
+both.
 """
 
 from __future__ import annotations
@@ -26,6 +43,7 @@ import attrs
 from attrs import field, frozen
 
 from protocols import PROTOCOLS
+from protocols.mcp import McpServer, McpUnsupported, mcp_servers_from_acp, merge_mcp_servers
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -102,6 +120,10 @@ def _freeze_env(value: Mapping[str, str]) -> dict[str, str]:
     return dict(value)
 
 
+def _to_servers(value: Iterable[McpServer]) -> tuple[McpServer, ...]:
+    return tuple(value)
+
+
 @frozen(kw_only=True)
 class AgentSpec:
     """How to start one kind of agent."""
@@ -130,6 +152,8 @@ class AgentSpec:
     max_sessions: int | None = None
     #: the ``[hosts.NAME]`` this agent may run on (``supervisor/remote/``); empty: this machine
     hosts: tuple[str, ...] = field(default=(), converter=_to_args)
+    #: MCP servers the agent is given in every session (a session may add its own)
+    mcp_servers: tuple[McpServer, ...] = field(default=(), converter=_to_servers)
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -149,6 +173,14 @@ class AgentSpec:
     def with_options(self, **changes: Any) -> AgentSpec:
         """The same agent with other settings, e.g. ``grace_s=0.5``."""
         return attrs.evolve(self, **changes)
+
+    def with_mcp_servers(self, extra: Iterable[McpServer]) -> AgentSpec:
+        """The same agent with a session's MCP servers on top of its own: one of the same name
+        replaces the agent's. Raises :class:`~protocols.mcp.McpUnsupported` for a server its
+        protocol cannot take."""
+        merged = merge_mcp_servers(self.mcp_servers, tuple(extra))
+        PROTOCOLS[self.protocol].check_mcp_servers(merged)
+        return attrs.evolve(self, mcp_servers=merged)
 
     def process_env(self) -> dict[str, str]:
         """The environment to start the agent with: ours, plus the spec's (``~`` expanded)."""
@@ -187,6 +219,8 @@ class GatewaySettings:
     max_connections: int | None = None
     #: for a request's head and body to arrive (``GatewayLimits.request_timeout_s``)
     request_timeout_s: float | None = None
+    #: run this machine's sessions in a node here, so they outlive a restart (``--local-node``)
+    local_node: bool = False
 
 
 @frozen(kw_only=True)
@@ -260,7 +294,7 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
     at = f"{where}: [gateway]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    allowed = {"max_sessions", "max_connections", "request_timeout_s"}
+    allowed = {"max_sessions", "max_connections", "request_timeout_s", "local_node"}
     unknown = set(table) - allowed
     if unknown:
         raise ConfigError(
@@ -275,7 +309,11 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
         or timeout <= 0
     ):
         raise ConfigError(f"{at}: 'request_timeout_s' must be a number of seconds > 0")
+    local_node = table.get("local_node", False)
+    if not isinstance(local_node, bool):
+        raise ConfigError(f"{at}: 'local_node' must be true or false, not {local_node!r}")
     return GatewaySettings(
+        local_node=local_node,
         max_sessions=_count(table, "max_sessions", at),
         max_connections=_count(table, "max_connections", at),
         request_timeout_s=float(timeout) if timeout is not None else None,
@@ -311,6 +349,7 @@ _FIELDS = {
     "cwd",
     "max_sessions",
     "hosts",
+    "mcp_servers",
 }
 
 
@@ -403,6 +442,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     hosts = table.get("hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
         raise ConfigError(f"{at}: 'hosts' must be a list of [hosts.NAME] names")
+    mcp_servers = _parse_mcp_servers(protocol, table.get("mcp_servers", []), at)
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -419,7 +459,23 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),
         hosts=hosts,
+        mcp_servers=mcp_servers,
     )
+
+
+def _parse_mcp_servers(protocol: str, raw: Any, at: str) -> tuple[McpServer, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{at}: 'mcp_servers' must be a list of [[...mcp_servers]] tables")
+    try:
+        servers = mcp_servers_from_acp(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{at}: mcp_servers{exc}") from None  # "[i]: ..." names the entry
+    if servers:
+        try:
+            PROTOCOLS[protocol].check_mcp_servers(servers)
+        except McpUnsupported as exc:
+            raise ConfigError(f"{at}: {exc}") from None
+    return servers
 
 
 def _known() -> str:

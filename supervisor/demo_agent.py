@@ -34,10 +34,20 @@ break one turn and check that the next one works:
     Use a delay of 0.3 s / 0.005 s per word.
 ``ignore-cancel``
     Ignore ``session/cancel`` for this turn.
+``mcp``
+    Reply with the session's MCP servers instead of the sentence: for each, whether it
+    started, its ``serverInfo``, its tools, and the text its first tool answered (called with
+    no arguments).
 ``words=N``, ``delay=S``, ``stop-delay=S``
     Per-turn overrides of the matching command-line options.
 
 The command-line switches (see ``--help``) apply to every turn.
+
+MCP: it takes stdio servers only (``mcpCapabilities`` says ``http`` and ``sse`` are not
+supported) and really starts them at ``session/new`` and ``session/load``: it runs each command
+with its args and env, does the MCP ``initialize`` handshake and lists its tools. A server that
+fails to start is reported in the ``mcp`` reply and on stderr; the session opens anyway, as
+real agents do.
 
 Steering: it advertises ``_meta.steering.supported`` (unless ``--no-steering``) and answers
 ``_session/steering`` like claude-agent-acp: ``injected`` while a prompt runs (the reply then
@@ -93,6 +103,11 @@ CRASH_AFTER_WORDS = 3
 SLOW_DELAY = 0.3
 FAST_DELAY = 0.005
 HANG_LOG_INTERVAL = 0.1  # a hung turn's "still waiting" lines on stderr
+#: The MCP revision we ask for; servers answer with the one they speak.
+MCP_PROTOCOL_VERSION = "2025-06-18"
+#: For an MCP server to start and answer ``initialize`` and ``tools/list`` (Codex waits 10 s,
+#: Claude Code 30 s; an interpreter on a loaded machine can take seconds to start).
+MCP_START_TIMEOUT = 20.0
 
 PERMISSION_OPTIONS: list[dict[str, str]] = [
     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
@@ -204,6 +219,7 @@ class TurnPlan:
     mute: bool = False
     hang: bool = False
     tool: float | None = None
+    mcp: bool = False
 
 
 def _non_negative_float(text: str) -> float | None:
@@ -260,6 +276,8 @@ def parse_directives(text: str, options: Options) -> TurnPlan:
             plan.mute = True
         elif key == "hang":
             plan.hang = True
+        elif key == "mcp":
+            plan.mcp = True
         elif key == "slow":
             plan.delay = SLOW_DELAY
         elif key == "fast":
@@ -296,6 +314,107 @@ class Turn:
         self.steers: list[str] = []
 
 
+class McpLink:
+    """One stdio MCP server this agent started: newline-delimited JSON-RPC on its pipes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status = "starting"
+        self.server_info = ""
+        self.tools: list[str] = []
+        self.process: trio.Process | None = None
+        self._buffer = bytearray()
+        self._next_id = 1
+
+    async def start(self, command: str, args: list[str], env: dict[str, str]) -> None:
+        """Start the server and do the handshake; never raises: ``status`` says how it went."""
+        try:
+            with trio.fail_after(MCP_START_TIMEOUT):
+                self.process = await trio.lowlevel.open_process(
+                    [command, *args],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env={**os.environ, **env},
+                )
+                info = await self.request(
+                    "initialize",
+                    {
+                        "protocolVersion": MCP_PROTOCOL_VERSION,
+                        "capabilities": {},
+                        "clientInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
+                    },
+                )
+                server = info.get("serverInfo") if isinstance(info, dict) else None
+                if isinstance(server, dict):
+                    self.server_info = f"{server.get('name')} {server.get('version')}"
+                await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                listed = await self.request("tools/list", {})
+                tools = listed.get("tools") if isinstance(listed, dict) else None
+                self.tools = [
+                    str(t.get("name")) for t in tools or [] if isinstance(t, dict) and "name" in t
+                ]
+            self.status = "connected"
+        except trio.TooSlowError:
+            self.status = f"failed: no answer within {MCP_START_TIMEOUT:g} s"
+        except (OSError, RpcError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.status = f"failed: {exc}"
+        log(f"MCP server {self.name}: {self.status}")
+
+    async def call_first_tool(self) -> str:
+        """The text the first tool answers when called with no arguments."""
+        if self.status != "connected" or not self.tools:
+            return "no tool called"
+        try:
+            with trio.fail_after(MCP_START_TIMEOUT):
+                result = await self.request("tools/call", {"name": self.tools[0], "arguments": {}})
+        except (trio.TooSlowError, OSError, RpcError, trio.BrokenResourceError) as exc:
+            return f"{self.tools[0]} failed: {exc or 'no answer'}"
+        content = result.get("content") if isinstance(result, dict) else None
+        texts = [c.get("text", "") for c in content or [] if isinstance(c, dict)]
+        return f"{self.tools[0]} said {' '.join(str(t) for t in texts)!r}"
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        request_id = self._next_id
+        self._next_id += 1
+        await self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        while True:  # the server's own requests and notifications are not for this demo
+            message = await self._read()
+            if message.get("id") == request_id and "method" not in message:
+                error = message.get("error")
+                if isinstance(error, dict):
+                    raise RpcError(int(error.get("code", 0)), str(error.get("message")))
+                return message.get("result")
+
+    async def _write(self, message: dict[str, Any]) -> None:
+        assert self.process is not None and self.process.stdin is not None
+        await self.process.stdin.send_all(_encode(message))
+
+    async def _read(self) -> dict[str, Any]:
+        assert self.process is not None and self.process.stdout is not None
+        while b"\n" not in self._buffer:
+            data = await self.process.stdout.receive_some(65536)
+            if not data:
+                raise OSError("the server closed its stdout")
+            self._buffer += data
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return {}
+        return message if isinstance(message, dict) else {}
+
+    async def close(self) -> None:
+        if self.process is not None and self.process.stdin is not None:
+            with trio.CancelScope(shield=True):
+                await self.process.stdin.aclose()  # stdio servers exit on EOF
+            self.process = None
+
+    def summary(self) -> str:
+        detail = f" ({self.server_info}; tools: {', '.join(self.tools) or 'none'})"
+        return f"{self.name} {self.status}{detail if self.status == 'connected' else ''}"
+
+
 @dataclass
 class Session:
     """A session: its id, cwd and history of prompts and replies."""
@@ -304,6 +423,7 @@ class Session:
     cwd: str
     history: list[HistoryEntry] = field(default_factory=list)
     turn: Turn | None = None
+    mcp: list[McpLink] = field(default_factory=list)
 
 
 @dataclass
@@ -572,7 +692,7 @@ class DemoAgent:
             if method == "initialize":
                 await self.respond(request_id, self._initialize(params))
             elif method == "session/new":
-                await self.respond(request_id, self._session_new(params))
+                await self.respond(request_id, await self._session_new(params))
             elif method == "session/load":
                 await self._session_load(request_id, params)
             elif method == "session/prompt":
@@ -595,6 +715,7 @@ class DemoAgent:
             "agentCapabilities": {
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+                "mcpCapabilities": {"http": False, "sse": False},
             },
             "agentInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
             "authMethods": [],
@@ -620,10 +741,45 @@ class DemoAgent:
         cwd = params.get("cwd")
         if not isinstance(cwd, str):
             raise RpcError(INVALID_PARAMS, "Invalid params: cwd must be a string")
-        servers = params.get("mcpServers", [])
-        if not isinstance(servers, list):
-            raise RpcError(INVALID_PARAMS, "Invalid params: mcpServers must be a list")
         return cwd
+
+    @staticmethod
+    def _mcp_servers(params: dict[str, Any]) -> list[dict[str, Any]]:
+        servers = params.get("mcpServers", [])
+        if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
+            raise RpcError(INVALID_PARAMS, "Invalid params: mcpServers must be a list of objects")
+        for server in servers:
+            if server.get("type", "stdio") != "stdio":
+                raise RpcError(
+                    INVALID_PARAMS,
+                    f"Invalid params: MCP server {server.get('name')!r} is"
+                    f" {server.get('type')}; this agent takes stdio servers only",
+                )
+            env = server.get("env", [])
+            if (
+                not isinstance(server.get("name"), str)
+                or not isinstance(server.get("command"), str)
+                or not isinstance(server.get("args", []), list)
+                or not isinstance(env, list)
+                or not all(isinstance(e, dict) for e in env)
+            ):
+                raise RpcError(INVALID_PARAMS, "Invalid params: a malformed stdio MCP server")
+        return servers
+
+    async def _connect_mcp(self, session: Session, servers: list[dict[str, Any]]) -> None:
+        """Start every server of ``session`` (again, after a load), at once."""
+        for link in session.mcp:
+            await link.close()
+        session.mcp = [McpLink(str(server["name"])) for server in servers]
+        async with trio.open_nursery() as nursery:
+            for link, server in zip(session.mcp, servers, strict=True):
+                env = {str(e.get("name")): str(e.get("value")) for e in server.get("env", [])}
+                args = [str(a) for a in server.get("args", [])]
+                nursery.start_soon(link.start, str(server["command"]), args, env)
+        assert self._nursery is not None
+        for link in session.mcp:
+            if link.process is not None:
+                self._nursery.start_soon(link.process.wait)  # reap it when it exits
 
     def _session_id(self, params: dict[str, Any]) -> str:
         session_id = params.get("sessionId")
@@ -631,9 +787,11 @@ class DemoAgent:
             raise RpcError(INVALID_PARAMS, f"Invalid params: bad sessionId {session_id!r}")
         return session_id
 
-    def _session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _session_new(self, params: dict[str, Any]) -> dict[str, Any]:
         cwd = self._cwd(params)
+        servers = self._mcp_servers(params)
         session = Session(session_id=f"demo-{secrets.token_hex(8)}", cwd=cwd)
+        await self._connect_mcp(session, servers)
         self.sessions[session.session_id] = session
         self.save(session)
         log(f"new session {session.session_id}")
@@ -641,11 +799,13 @@ class DemoAgent:
 
     async def _session_load(self, request_id: Any, params: dict[str, Any]) -> None:
         cwd = self._cwd(params)
+        servers = self._mcp_servers(params)
         session_id = self._session_id(params)
         session = self.sessions.get(session_id) or self.load(session_id, cwd)
         if session is None:
             raise RpcError(INVALID_PARAMS, f"Invalid params: unknown session {session_id}")
         session.cwd = cwd
+        await self._connect_mcp(session, servers)
         self.sessions[session_id] = session
         log(f"loading session {session_id}: replaying {len(session.history)} messages")
         for entry in list(session.history):
@@ -786,12 +946,20 @@ class DemoAgent:
 
     async def _stream(self, turn: Turn) -> None:
         plan = turn.plan
-        for index in range(plan.words):
+        words = DEMO_WORDS
+        count = plan.words
+        if plan.mcp:
+            parts = []
+            for link in turn.session.mcp:
+                parts.append(f"{link.summary()}, {await link.call_first_tool()}.")
+            words = tuple(f"MCP servers: {' '.join(parts) or 'none.'}".split())
+            count = len(words)
+        for index in range(count):
             if plan.flood:
                 await trio.sleep(0)
             else:
                 await trio.sleep(plan.delay)
-            word = DEMO_WORDS[index % len(DEMO_WORDS)] + " "
+            word = words[index % len(words)] + " "
             while turn.steers:
                 word = f"Steered: {turn.steers.pop(0)}. " + word
             await self.update(
@@ -1015,7 +1183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         prog="python -m supervisor.demo_agent",
         description="Demo ACP v1 agent on stdio (no keys, no network). "
         "Prompt directives: permission crash grandchildren garbage huge flood fail mute "
-        "hang slow fast ignore-cancel words=N delay=S stop-delay=S tool=S.",
+        "hang mcp slow fast ignore-cancel words=N delay=S stop-delay=S tool=S.",
     )
     parser.add_argument(
         "--words", type=int, default=defaults.words, help="words per reply (default 40)"

@@ -136,6 +136,8 @@ class SessionSummary:
     recycle_reason: str | None = None
     #: the ``[hosts.NAME]`` it runs on (``supervisor/remote/``); None: this machine
     host: str | None = None
+    #: the agent's working directory (None: not known here)
+    cwd: str | None = None
 
 
 # -- mailbox calls ---------------------------------------------------------------------------
@@ -335,6 +337,7 @@ class Session:
         history_size: int = DEFAULT_HISTORY,
         max_queued: int = DEFAULT_MAX_QUEUED,
         gate: IngestGate | None = None,
+        resume: str | None = None,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -353,7 +356,8 @@ class Session:
         self._link: AgentLink | None = None
         self._generation = 0
         self._live_generation: int | None = None  # frames from any other one are dropped
-        self._resume_from: str | None = None
+        #: the agent's own session id to resume at the next spawn (``resume``: at the first)
+        self._resume_from: str | None = resume
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
         self._turn_counter = 0
@@ -407,6 +411,15 @@ class Session:
     def turn_id(self) -> str | None:
         return self._turn.id if self._turn is not None else None
 
+    @property
+    def agent_session_id(self) -> str | None:
+        """The agent's own id of the session (ACP sessionId, Codex thread, Claude session):
+        what ``resume=`` takes to go on with it in another process, later."""
+        machine = self._machine
+        if machine is not None and machine.agent_session_id is not None:
+            return machine.agent_session_id
+        return self._resume_from
+
     def summary(self) -> SessionSummary:
         return SessionSummary(
             self.id,
@@ -415,6 +428,7 @@ class Session:
             self.turn_id,
             recycles=self._recycles,
             recycle_reason=self._recycle_reason,
+            cwd=self.cwd,
         )
 
     async def prompt(self, text: str) -> TurnHandle:
@@ -1624,7 +1638,11 @@ class Session:
         if turn is not None and turn.cancel is not None:
             if "respawned" not in turn.cancel.escalation:  # a fresh retry is the same step
                 turn.cancel.escalation.append("respawned")
-        self._apply(self._machine.start(cwd=self.cwd, resume=self._resume_from))
+        self._apply(
+            self._machine.start(
+                cwd=self.cwd, resume=self._resume_from, mcp_servers=self.spec.mcp_servers
+            )
+        )
 
     def _established(self, established: SessionEstablished) -> None:
         self._establishing = False

@@ -14,13 +14,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from itertools import count
 from pathlib import Path
 
 import trio
 
+from protocols.mcp import McpServer, McpUnsupported
 from supervisor.agent_link import ProcessLauncher
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.containment import choose
@@ -98,8 +99,13 @@ class Supervisor:
         max_sessions: int | None = None,
         hosts: Mapping[str, HostSpec] | None = None,
         remote_record: RemoteRecord | None = None,
+        keep_node_sessions: bool = False,
+        session_ids: Callable[[], str] | None = None,
     ) -> None:
         self._nursery = nursery
+        #: leaving leaves the sessions that run in a node running there, recorded for the
+        #: next front (``open_supervisor``'s ``keep_node_sessions``)
+        self.keep_node_sessions = keep_node_sessions
         self.agents: dict[str, AgentSpec] = dict(agents if agents is not None else builtin_agents())
         # Its own by default: ``kill`` kills what this launcher started, nobody else's.
         self._launcher = launcher if launcher is not None else ProcessLauncher()
@@ -113,9 +119,14 @@ class Supervisor:
             # Sessions a crashed front left on their hosts: ours again, same ids.
             for session in self.remote.recover(remote_record.adopt(), self.agents):
                 self._sessions[session.id] = session
-        self._ids = count(1)
+        ids = count(1)
+        #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
+        self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
         self._closing = False
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
+        #: raised by ``start_session`` instead of starting one (``refuse_new_sessions``)
+        self._refusal: SupervisorError | None = None
+        self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
         nursery.start_soon(self.gate.run)
@@ -127,6 +138,8 @@ class Supervisor:
         cwd: str | os.PathLike[str] | None = None,
         wait_ready: bool = True,
         host: str | None = None,
+        mcp_servers: Iterable[McpServer] = (),
+        resume: str | None = None,
         at_most: int | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
@@ -137,14 +150,32 @@ class Supervisor:
         agent cannot start, :class:`BadRequest` for an unknown agent name or a cwd that is not
         a directory (or whose name is not UTF-8: no agent protocol could carry it), and
         :class:`AtCapacity` when ``max_sessions`` (the supervisor's or the agent's) are running.
+
+        ``mcp_servers`` are given to the agent on top of its own (``AgentSpec.mcp_servers``;
+        one of the same name replaces the agent's), the way its protocol takes them, again at
+        every respawn; :class:`BadRequest` names one its protocol cannot take. An ACP agent
+        whose ``mcpCapabilities`` refuse one fails to start, with the reason
+        (:class:`~supervisor.errors.AgentNotRunning`).
+        ``resume``: the agent's own id of an earlier session (``Session.agent_session_id``) to go
+        on with, the way a respawn does (a refused resume starts afresh, and says so).
         ``at_most``: :class:`AtCapacity` too unless fewer than this many sessions are live here
         (a node applies a front's ``[hosts.NAME] max_sessions`` with it: checked and counted
         in one step, so two fronts racing for the last place cannot both win).
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
+        if self._refusal is not None:
+            raise self._refusal
         spec = self._resolve(agent)
+        extra = tuple(mcp_servers)
+        if extra:
+            try:
+                spec = spec.with_mcp_servers(extra)
+            except McpUnsupported as exc:
+                raise BadRequest(str(exc)) from None
         if host is not None or spec.hosts:
+            if resume is not None:
+                raise BadRequest("resuming a session on another host is not supported")
             remote = await self.remote.start_session(
                 spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
             )
@@ -158,7 +189,12 @@ class Supervisor:
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec, at_most)
         session = Session(
-            f"s{next(self._ids)}", spec, cwd=where, launcher=self._launcher, gate=self.gate
+            self._new_id(),
+            spec,
+            cwd=where,
+            launcher=self._launcher,
+            gate=self.gate,
+            resume=resume,
         )
         self._sessions[session.id] = session
         await self._nursery.start(self._run_session, session)
@@ -202,6 +238,26 @@ class Supervisor:
         except Exception:
             # One broken session must not take the others down with it.
             log.exception("session %s crashed", session.id)
+        finally:
+            self._poke()
+
+    def _poke(self) -> None:
+        self._sessions_changed.set()
+        self._sessions_changed = trio.Event()
+
+    def refuse_new_sessions(self, error: SupervisorError) -> None:
+        """From now on ``start_session`` raises ``error`` (a retired node's ``node_retired``);
+        the sessions there are go on."""
+        self._refusal = error
+
+    def live_sessions(self) -> int:
+        """Sessions that hold an agent (neither stopped nor failed)."""
+        return sum(1 for s in self._sessions.values() if s.state not in _ENDED)
+
+    async def wait_no_live_sessions(self) -> None:
+        """Return once every session has stopped or failed (a retired node's drain)."""
+        while self.live_sessions() > 0:
+            await self._sessions_changed.wait()
 
     def get(self, session_id: str) -> AnySession:
         try:
@@ -216,7 +272,12 @@ class Supervisor:
         session = self.get(session_id)
         status = await session.stop()
         self._sessions.pop(session_id, None)
+        self._poke()
         return status
+
+    def _kept(self, session: AnySession) -> bool:
+        """Left running in its node when this supervisor closes (``keep_node_sessions``)."""
+        return self.keep_node_sessions and isinstance(session, RemoteSession)
 
     async def cancel_turns(self, reason: str = "shutdown") -> None:
         """Cancel every running turn through its ladder, concurrently, and refuse new sessions
@@ -224,7 +285,9 @@ class Supervisor:
         after the longest grace plus kill ladder of those agents: it never waits for a respawn
         that a stop would undo anyway."""
         self._closing = True
-        running = [s for s in self._sessions.values() if s.turn_id is not None]
+        running = [
+            s for s in self._sessions.values() if s.turn_id is not None and not self._kept(s)
+        ]
         if not running:
             return
         bound = max(s.spec.grace_s + s.spec.kill_timeout_s for s in running) + _SHUTDOWN_MARGIN_S
@@ -251,15 +314,20 @@ class Supervisor:
         self._nursery.cancel_scope.cancel()  # each actor kills what is left of its tree
 
     async def aclose(self) -> None:
-        """Stop every session at once; bounded, and safe to call while being cancelled."""
+        """Stop every session at once (but those kept in their nodes: ``keep_node_sessions``);
+        bounded, and safe to call while being cancelled."""
         self._closing = True
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_STOP_BOUND_S) as self._stop_scope:
                 async with trio.open_nursery() as nursery:
                     for session in list(self._sessions.values()):
-                        nursery.start_soon(self._stop_quietly, session)
+                        if not self._kept(session):
+                            nursery.start_soon(self._stop_quietly, session)
             self._stop_scope = None
-            await self.remote.aclose()
+            for session in self._sessions.values():
+                if isinstance(session, RemoteSession) and self._kept(session):
+                    session.release()
+            await self.remote.aclose(release=self.keep_node_sessions)
         self._nursery.cancel_scope.cancel()
 
     async def _stop_quietly(self, session: AnySession) -> None:
@@ -280,6 +348,8 @@ async def open_supervisor(
     containment: str | None = None,
     max_sessions: int | None = None,
     hosts: Mapping[str, HostSpec] | None = None,
+    keep_node_sessions: bool = False,
+    session_ids: Callable[[], str] | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -292,6 +362,13 @@ async def open_supervisor(
     the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
     ``hosts``: the ``[hosts.NAME]`` its agents may run on (a ``config`` file's are read too).
+    With a ``state_dir``, the sessions it places in nodes are recorded there, and the next
+    supervisor with that ``state_dir`` (in this process or another) finds them again.
+    ``keep_node_sessions``: leaving the block stops every session (the default), or, True,
+    leaves the sessions that run in a node running there, their turns going on, for the next
+    supervisor to adopt (their node stops them after its ``detach_s`` if none comes); needs a
+    ``state_dir``. Sessions without a node are stopped either way.
+    ``session_ids``: names new sessions (default ``s1``, ``s2``, ...).
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -313,6 +390,10 @@ async def open_supervisor(
         agents = load_agents(config)
         hosts = {**load_hosts(config), **(hosts or {})}
     record = RemoteRecord(Path(state_dir)) if state_dir is not None and hosts else None
+    if keep_node_sessions and state_dir is None:
+        raise ConfigError(
+            "keep_node_sessions needs a state_dir: that is where the next supervisor finds them"
+        )
     try:
         async with trio.open_nursery() as nursery:
             supervisor = Supervisor(
@@ -322,6 +403,8 @@ async def open_supervisor(
                 max_sessions=max_sessions,
                 hosts=hosts,
                 remote_record=record,
+                keep_node_sessions=keep_node_sessions,
+                session_ids=session_ids,
             )
             try:
                 yield supervisor

@@ -23,6 +23,7 @@ import pytest
 
 from protocols import events as ev
 from protocols.machine import AgentProtocol, Control, Step, UnknownPermission
+from protocols.mcp import mcp_servers_from_acp
 
 CALLS = {
     "start",
@@ -82,7 +83,10 @@ def run_step(client: AgentProtocol, step: dict[str, Any]) -> Step:
     if "agent" in step:
         return client.receive(copy.deepcopy(step["agent"]))
     method = getattr(client, step["call"])
-    result: Step = method(**step.get("args", {}))
+    args = dict(step.get("args", {}))
+    if "mcp_servers" in args:  # written in their ACP form, as a client sends them
+        args["mcp_servers"] = mcp_servers_from_acp(args["mcp_servers"])
+    result: Step = method(**args)
     return result
 
 

@@ -57,7 +57,7 @@ class SshHost:
 
     def node_command(self) -> list[str]:
         """agent-supervisor on the host: this checkout's, by absolute path."""
-        return [self.python, "-m", "supervisor.cli"]
+        return [self.python, "-m", "supervisor"]
 
     def run(self, *command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         import shlex

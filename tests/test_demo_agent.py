@@ -203,6 +203,7 @@ async def test_initialize_and_new_session(spawn: Spawn) -> None:
             "agentCapabilities": {
                 "loadSession": True,
                 "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+                "mcpCapabilities": {"http": False, "sse": False},
             },
             "agentInfo": {"name": "demo-agent", "version": "0.1"},
             "authMethods": [],

@@ -169,6 +169,7 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
                     k: v for k, v in receipt.items() if k != "success"
                 }
                 [session] = await bob.sessions()
+                assert isinstance(session.pop("cwd"), str)
                 assert session == {
                     "session_id": session_id,
                     "agent": "fake",

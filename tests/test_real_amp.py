@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -50,6 +51,7 @@ from protocols import events as ev
 from protocols.amp import AMP_COMMAND, AmpClient
 from protocols.framing import Message, decode_line
 from protocols.machine import AgentExiting, Step, TurnFinished
+from protocols.mcp import McpServer, NameValue
 from realagents import install, scenarios
 from realagents.agents import AMP, TEE_VARIABLE, Prepared, amp_spec
 from realagents.conftest import GRACE_S, noted_namespace, record
@@ -78,6 +80,10 @@ CLOCK_TICK_S = 0.01
 AMP_BINARY = "cli-linux-x64/amp"
 
 _summary_hook = scenarios.summary_hook
+
+
+#: The tests' own stdio MCP server.
+FAKE_MCP = Path(__file__).parent / "fakes" / "mcp_server.py"
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +132,20 @@ class AmpHarness:
 
 @pytest.fixture
 def open_amp(amp_install: install.Installed, tmp_path: Path) -> Any:
-    """``async with open_amp(grace_s=...) as h:`` the real CLI under a supervisor, its fake
-    server serving in the CLI's network namespace."""
+    """``async with open_amp(grace_s=..., mcp_servers=...) as h:`` the real CLI under a
+    supervisor, its fake server serving in the CLI's network namespace."""
 
     @asynccontextmanager
-    async def opener(*, grace_s: float = GRACE_S) -> AsyncIterator[AmpHarness]:
+    async def opener(
+        *, grace_s: float = GRACE_S, mcp_servers: tuple[McpServer, ...] = ()
+    ) -> AsyncIterator[AmpHarness]:
         with noted_namespace() as namespace:
             listener = namespace.listener if namespace is not None else None
             with FakeAmp(listener) as server:
                 prepared = AMP.prepare(amp_install.argv, tmp_path, server.base_url)
                 tee = tmp_path / "wire" if os.environ.get(TEE_VARIABLE) == "1" else None
                 spec = amp_spec(prepared, grace_s=grace_s, tee_dir=tee)
+                spec = spec.with_options(mcp_servers=mcp_servers)
                 if namespace is not None:
                     spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
                 async with open_supervisor(agents={spec.name: spec}) as sup:
@@ -215,6 +224,29 @@ async def test_turns_end_at_end_turn_on_one_process(open_amp: Any) -> None:
             assert [t.thread for t in h.server.find_turns(lambda t: True)] == [thread, thread]
             assert first.turn_id != second.turn_id
             assert h.recorder.of_kind("error") == []
+
+
+async def test_a_configured_mcp_server_is_started(open_amp: Any, tmp_path: Path) -> None:
+    """``--mcp-config`` (``protocols/amp.py``): the CLI starts the tests' own stdio MCP server
+    (``tests/fakes/mcp_server.py``) with the env it was given, and says so in ``system/init``.
+    (The fake server leases no MCP tool to the CLI, so nothing calls it here.)"""
+    marker = tmp_path / "marker.jsonl"
+    server = McpServer(
+        name="marker",
+        command=sys.executable,
+        args=(str(FAKE_MCP), str(marker)),
+        env=(NameValue("FAKE_MCP_WORD", "amp-word"),),
+    )
+    with trio.fail_after(BOUND_S):
+        async with open_amp(mcp_servers=(server,)) as h:
+            await completes(h, "quick: hello")
+            # The CLI connects its MCP servers beside the thread, with no event of ours to wait
+            # on: sample the marker file, bounded.
+            while not marker.exists() or "initialize" not in marker.read_text():
+                await trio.sleep(0.05)
+    initialize = json.loads(marker.read_text().splitlines()[0])
+    assert initialize["word"] == "amp-word", initialize
+    assert "amp" in json.dumps(initialize["client"]).lower(), initialize
 
 
 async def test_shell_tool_really_runs(open_amp: Any) -> None:

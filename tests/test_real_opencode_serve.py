@@ -55,6 +55,7 @@ from test_opencode_process import (
 )
 
 from protocols import events as ev
+from protocols.mcp import McpServer
 from realagents import install, scenarios
 from realagents.agents import AGENTS
 from realagents.conftest import GRACE_S, Harness, noted_namespace, supervised
@@ -102,9 +103,10 @@ async def serve_session(
     grace_s: float = GRACE_S,
     keep_bodies: bool = False,
     config: dict[str, Any] | None = None,
+    mcp_servers: tuple[McpServer, ...] = (),
 ) -> AsyncIterator[Harness]:
     """Like ``realagents.conftest.real_agent_session``, with ``opencode serve`` and the bridge;
-    ``config``: keys added to the test's ``opencode.json``."""
+    ``config``: keys added to the test's ``opencode.json``; ``mcp_servers``: the agent's."""
     with noted_namespace("setns bridge") as namespace:
         # Entering a user namespace's network needs its privileges: only a root-made one.
         isolated = namespace is not None and not namespace.user
@@ -127,6 +129,7 @@ async def serve_session(
                 grace_s=grace_s,
                 kill_timeout_s=1.0,
                 start_timeout_s=90.0,
+                mcp_servers=mcp_servers,
             )
             # The adapter must understand every event the server sent, and no request fail.
             async with supervised(

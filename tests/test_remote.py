@@ -26,6 +26,7 @@ from supervisor.remote.front import RemoteHosts, rank
 from supervisor.remote.handshake import Hello, package_version, spec_from_wire, spec_to_wire
 from supervisor.remote.hosts import DEFAULT_DETACH_S, check_agent_hosts, parse_hosts
 from supervisor.remote.link import classify_transport_failure
+from supervisor.remote.version import TEST_VERSION_VARIABLE, TEST_WIRE_VARIABLE, WIRE
 
 BOUND = 60.0
 
@@ -102,7 +103,7 @@ def test_placement_goes_to_the_most_room_then_says_capacity() -> None:
 
 
 def test_hello_and_spec_round_trip() -> None:
-    hello = Hello(version="1.2.3", instance="abc", pid=7, port=4000, token="t")
+    hello = Hello(version="1.2.3", instance="abc", pid=7, token="t")
     assert Hello.parse(hello.line().strip()) == hello
     assert Hello.parse(b"Welcome to build1!") is None
     assert Hello.parse(json.dumps({"agent_supervisor_node": 1}).encode()) is None
@@ -153,20 +154,70 @@ async def test_a_spec_or_a_host_limit_is_refused_by_a_gateway_that_is_not_a_node
         nursery.cancel_scope.cancel()
 
 
-def _fake_bridge(version: str) -> list[str]:
-    hello = Hello(version=version, instance="i", pid=1, port=1, token="t").line().decode()
-    return [sys.executable, "-c", f"import sys; sys.stdout.write({hello!r}); sys.stdin.read()"]
-
-
-async def test_a_node_of_another_version_is_refused() -> None:
-    hosts = {"h": HostSpec(name="h", transport=["env"], command=_fake_bridge("0.0.0-other"))}
+async def test_a_node_of_another_wire_is_refused_naming_both(tmp_path: Path) -> None:
+    """A real node that speaks another wire (the test variable, in its environment through
+    the ``env`` transport): ``version_mismatch``, naming both versions and both wires."""
+    hosts = {
+        "h": HostSpec(
+            name="h",
+            transport=["env", f"{TEST_WIRE_VARIABLE}=99", f"{TEST_VERSION_VARIABLE}=9.9.9"],
+            command=[sys.executable, "-m", "supervisor"],
+            detach_s=1.0,
+            state_dir=str(tmp_path / "node"),
+        )
+    }
     spec = builtin_agents()["demo"].with_options(hosts=("h",))
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
             with pytest.raises(HostUnreachable) as raised:
                 await sup.start_session("demo")
     assert raised.value.cause == "version_mismatch"
-    assert "0.0.0-other" in str(raised.value) and package_version() in str(raised.value)
+    message = str(raised.value)
+    assert "9.9.9 (wire 99)" in message, message
+    assert f"{package_version()} (wire {WIRE})" in message, message
+
+
+def test_the_bridge_imports_only_the_standard_library(tmp_path: Path) -> None:
+    """``node --bridge``, as a front runs it, with ``-X importtime``: no third-party module
+    (the node it starts is another process, and imports the runtime there)."""
+    import subprocess
+
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "supervisor", "node", "--bridge"]
+        + ["--detach", "1", "--state-dir", str(state)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=BOUND,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    hello = Hello.parse(done.stdout.splitlines()[0])
+    assert hello is not None and hello.wire == WIRE
+    imported = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in done.stderr.decode().splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "json" in imported and "supervisor" in imported  # (the output is what we think)
+    heavy = imported & {"trio", "attrs", "cattrs", "psutil", "h11", "wsproto", "trio_websocket"}
+    assert heavy == set(), heavy
+    supervisor_modules = {
+        line.split("|")[-1].strip()
+        for line in done.stderr.decode().splitlines()
+        if line.split("|")[-1].strip().startswith("supervisor")
+    }
+    assert supervisor_modules <= {
+        "supervisor",
+        "supervisor.__main__",
+        "supervisor.remote",
+        "supervisor.remote.bridge",
+        "supervisor.remote.version",
+    }, supervisor_modules
+    import psutil
+
+    if psutil.pid_exists(hello.pid):
+        _, alive = psutil.wait_procs([psutil.Process(hello.pid)], timeout=30)  # detach_s: 1
+        assert alive == []
 
 
 async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
@@ -175,7 +226,7 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
         "here": HostSpec(
             name="here",
             transport=["env"],
-            command=[sys.executable, "-m", "supervisor.cli"],
+            command=[sys.executable, "-m", "supervisor"],
             detach_s=1.0,
             state_dir=str(tmp_path / "node"),
         )
@@ -186,6 +237,17 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
         async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
             session = await sup.start_session("demo", cwd=str(tmp_path))
             assert isinstance(session, RemoteSession) and session.id == "s1@here"
+            # The node listens on a socket only its user can reach, and on no TCP port.
+            import stat
+
+            import psutil
+
+            directory = tmp_path / "node" / "node"
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+            sock = directory / f"{session.link.instance}.sock"
+            assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o600
+            node = psutil.Process(session.link.node_pid)
+            assert [c for c in node.net_connections(kind="inet") if c.status == "LISTEN"] == []
             recorder = Recorder(session)  # type: ignore[arg-type]
             async with trio.open_nursery() as nursery:
                 await nursery.start(recorder.run)
@@ -208,3 +270,26 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
     assert node_pid is not None
     _, alive = psutil.wait_procs([psutil.Process(node_pid)], timeout=15)
     assert alive == []
+
+
+def test_a_node_socket_deeper_than_a_socket_address_allows(tmp_path: Path) -> None:
+    """A socket path longer than ``sun_path`` (107 bytes) is bound and reached by its base
+    name from its directory; the working directory is as it was."""
+    from supervisor.remote.bridge import bind_unix, connect_unix
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = deep / "0123456789abcdef.sock"
+    assert len(str(path)) > 107
+    here = Path.cwd()
+    server = bind_unix(path)
+    try:
+        client = connect_unix(path)
+        accepted, _ = server.accept()
+        client.sendall(b"ping")
+        assert accepted.recv(4) == b"ping"
+        client.close()
+        accepted.close()
+    finally:
+        server.close()
+    assert Path.cwd() == here

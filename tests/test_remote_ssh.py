@@ -9,6 +9,7 @@ own (its own ``state_dir`` on the host); whatever the user still runs after a te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -298,12 +299,14 @@ async def test_nobody_reconnects_within_detach_s_nothing_is_left(
         await end(serve)
 
 
-async def test_serve_killed_and_started_again_loses_no_session(
-    host: SshHost, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGTERM"])
+async def test_serve_stopped_and_started_again_loses_no_session(
+    host: SshHost, tmp_path: Path, stop: str
 ) -> None:
-    """``serve`` is SIGKILLed mid-turn and started again: it finds its remote session (same
-    id), the turn went on on the host meanwhile, and a client that resubscribes from its last
-    ``seq`` sees every event once; the turn can then be cancelled."""
+    """``serve`` is SIGKILLed, or stopped cleanly (SIGTERM: it leaves its node sessions to
+    their node), mid-turn and started again: it finds its remote session (same id), the turn
+    went on on the host meanwhile, and a client that resubscribes from its last ``seq`` sees
+    every event once; the turn can then be cancelled."""
     from supervisor.client import connect
 
     config = serve_config(host, tmp_path, detach=30.0)
@@ -328,8 +331,14 @@ async def test_serve_killed_and_started_again_loses_no_session(
                 async with client.subscribe(sid, since_seq=0) as events:
                     turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
                     await read(events, 10)
-            first.send_signal(signal.SIGKILL)
+            on_host = _node_and_agents(host)
+            assert any("demo_agent" in line for line in on_host.values()), on_host
+            first.send_signal(getattr(signal, stop))
             await first.wait()
+            if stop == "SIGTERM":
+                assert first.returncode == 0
+            # the node and the agent's tree run on, on the host
+            assert _node_and_agents(host) == on_host
     finally:
         await end(first)
     with trio.fail_after(BOUND):
@@ -354,6 +363,17 @@ async def test_serve_killed_and_started_again_loses_no_session(
                 await client.stop(sid)
     finally:
         await end(second)
+
+
+def _node_and_agents(host: SshHost) -> dict[int, str]:
+    """The node and the agents' processes the user runs (not sshd's, nor the bridges)."""
+    found = {}
+    for process in host.processes():
+        with contextlib.suppress(psutil.Error):
+            line = " ".join(process.cmdline())
+            if " node --detach " in line or "demo_agent" in line:
+                found[process.pid] = line
+    return found
 
 
 async def test_partition_during_a_cancel_gives_an_honest_receipt(host: SshHost) -> None:
@@ -467,3 +487,49 @@ async def test_two_hosts_placement_by_room_then_capacity(host: SshHost) -> None:
             await sup.stop_session(first.id)
             third = await sup.start_session("demo")
             assert third.host == first.host
+
+
+async def test_an_upgrade_on_the_host_drains_the_old_node(host: SshHost, tmp_path: Path) -> None:
+    """The host's package is "upgraded" while a node of the old one (``0.0.1-old``, the same
+    wire: the test variable, through ``env`` on the host) runs a session: the next front
+    adopts and drives the old session there, its new session goes to a new node of the new
+    version beside it, and the old node exits once its last session ends."""
+    from supervisor.remote.version import TEST_VERSION_VARIABLE, package_version
+
+    old_command = ["env", f"{TEST_VERSION_VARIABLE}=0.0.1-old", *host.node_command()]
+    spec = demo_on(host)
+    state = tmp_path / "front"
+    with trio.fail_after(BOUND):
+        old_hosts = {"h": host_spec(host, command=old_command)}
+        async with open_supervisor(
+            agents={"demo": spec}, hosts=old_hosts, state_dir=state, keep_node_sessions=True
+        ) as sup:
+            old = await sup.start_session("demo")
+            assert isinstance(old, RemoteSession)
+            assert (await old.link.connection()).hello.version == "0.0.1-old"
+            turn = await old.prompt("long words=5000")
+            old_id, old_node = old.id, node_pid(old)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(
+            agents={"demo": spec}, hosts={"h": host_spec(host)}, state_dir=state
+        ) as sup:
+            adopted = sup.get(old_id)
+            assert isinstance(adopted, RemoteSession)
+            async with adopted.subscribe(since_seq=0) as events:
+                async for event in events:
+                    if is_delta(event):
+                        break
+            receipt = await adopted.cancel()
+            assert (receipt.outcome, receipt.turn_id, receipt.host) == ("cancelled", turn.id, "h")
+            assert node_pid(adopted) == old_node
+            new = await sup.start_session("demo")
+            assert isinstance(new, RemoteSession)
+            assert new.id != old_id and node_pid(new) != old_node
+            assert (await new.link.connection()).hello.version == package_version()
+            await sup.stop_session(old_id)
+            _, alive = psutil.wait_procs([psutil.Process(old_node)], timeout=20)
+            assert alive == [], "the retired node did not exit after its last session"
+            again = await new.prompt("on the new node words=3")
+            assert again.id
+            new_node = node_pid(new)
+    only_the_node_is_left(host, new_node)

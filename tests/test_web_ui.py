@@ -116,7 +116,7 @@ class GatewayThread:
             "here": HostSpec(
                 name="here",
                 transport=["env"],
-                command=[sys.executable, "-m", "supervisor.cli"],
+                command=[sys.executable, "-m", "supervisor"],
                 detach_s=5.0,
                 state_dir=tempfile.mkdtemp(prefix="web-ui-node-"),
             )

@@ -52,6 +52,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _str("cwd", required=False),
         _str("host", required=False),  # a [hosts.NAME] the agent may run on
         _Field("spec", (dict,), required=False),  # the agent's definition: nodes only
+        # ACP ``McpServer`` objects, on top of the agent's own (``protocols/mcp.py``)
+        _Field("mcp_servers", (list,), required=False),
         # nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
         _Field("max_sessions", (int,), required=False),
     ),

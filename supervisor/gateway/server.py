@@ -28,6 +28,7 @@ import h11
 import trio
 from attrs import define, field, frozen
 
+from protocols.mcp import McpServer, mcp_servers_from_acp
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.gateway.protocol import (
@@ -205,8 +206,6 @@ class Gateway:
         sockets = await trio.open_tcp_listeners(self.port, host=self.host)
         sockname = sockets[0].socket.getsockname()
         self.port = int(sockname[1])
-        self._allowed_hosts = self._host_names()
-        self._allowed_origins = {f"{self.scheme}://{name}" for name in self._allowed_hosts}
         listeners: list[trio.abc.Listener[Any]] = list(sockets)
         if self.ssl_context is not None:
             # The handshake happens on the first read, inside the request's deadline.
@@ -214,6 +213,17 @@ class Gateway:
                 trio.SSLListener(listener, self.ssl_context, https_compatible=True)
                 for listener in sockets
             ]
+        await self.serve_listeners(listeners, task_status=task_status)
+
+    async def serve_listeners(
+        self,
+        listeners: list[trio.abc.Listener[Any]],
+        *,
+        task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on listeners made elsewhere (a node's Unix socket), with ``port`` as given."""
+        self._allowed_hosts = self._host_names()
+        self._allowed_origins = {f"{self.scheme}://{name}" for name in self._allowed_hosts}
         async with trio.open_nursery() as nursery:
             await nursery.start(self._accept, listeners, nursery)
             task_status.started(self.url)
@@ -566,6 +576,7 @@ class Gateway:
                     "recycles": s.recycles,
                     "recycle_reason": s.recycle_reason,
                     **({"host": s.host} if s.host is not None else {}),
+                    **({"cwd": s.cwd} if s.cwd is not None else {}),
                 }
                 for s in self.supervisor.list()
             ]
@@ -890,6 +901,7 @@ class _Client:
                 self._agent(payload),
                 cwd=payload.get("cwd"),
                 host=payload.get("host"),
+                mcp_servers=_mcp_servers(payload),
                 at_most=at_most,
             )
             host = {"host": session.host} if session.host is not None else {}
@@ -985,6 +997,14 @@ _CSP = (
     " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
     " frame-ancestors 'none'"
 )
+
+
+def _mcp_servers(payload: dict[str, Any]) -> tuple[McpServer, ...]:
+    """``session.start``'s ``mcp_servers`` (ACP ``McpServer`` objects), or ``bad_request``."""
+    try:
+        return mcp_servers_from_acp(payload.get("mcp_servers", []))
+    except ValueError as exc:
+        raise BadRequest(f"mcp_servers{exc}") from None
 
 
 def _json(value: Any) -> bytes:

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from supervisor.errors import SupervisorError
 
-__all__ = ["HostCapacity", "HostUnreachable", "LinkLost"]
+__all__ = ["HostCapacity", "HostUnreachable", "LinkLost", "NodeRetired"]
 
 
 class HostUnreachable(SupervisorError):
@@ -35,3 +35,10 @@ class LinkLost(SupervisorError):
     on it is unknown (a cancel is sent again once the link is back)."""
 
     code: ClassVar[str] = "host_unreachable"
+
+
+class NodeRetired(SupervisorError):
+    """The node was retired (a bridge of a newer package started one beside it): it serves the
+    sessions it has, and the front starts new ones on the host's current node."""
+
+    code: ClassVar[str] = "node_retired"

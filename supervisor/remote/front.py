@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from typing import Final
 
@@ -23,7 +24,7 @@ import trio
 
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.errors import BadRequest, SupervisorError
-from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost
+from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
 from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.remote.link import NodeLink
@@ -52,6 +53,8 @@ class RemoteHosts:
         #: where this front keeps its remote sessions for the one after a crash
         self.record = record
         self._links: dict[str, NodeLink] = {}
+        #: links to retired nodes (an upgrade on the host): they serve the sessions there
+        self._retired: list[NodeLink] = []
         self._starting: dict[str, int] = {}  # sessions being placed, not yet started
 
     def link(self, host: str) -> NodeLink:
@@ -66,6 +69,14 @@ class RemoteHosts:
     def _forgotten(self, session: RemoteSession) -> None:
         if self.record is not None:
             self.record.remove(session.id)
+
+    def _retire(self, link: NodeLink) -> None:
+        """``link``'s node was retired: it keeps driving the sessions there, and the host's
+        next session goes through a new link, to the host's current node."""
+        if self._links.get(link.host.name) is link:
+            del self._links[link.host.name]
+            self._retired = [old for old in self._retired if old.sessions]
+            self._retired.append(link)
 
     def candidates(self, spec: AgentSpec, host: str | None) -> list[HostSpec]:
         """The hosts ``spec`` may start on now: ``host`` (checked), else every one it lists."""
@@ -100,7 +111,10 @@ class RemoteHosts:
                 for s in (sessions if isinstance(sessions, list) else [])
                 if isinstance(s, dict) and s.get("state") not in ("stopped", "failed")
             ]
-            return len(live) + self._starting.get(host.name, 0)
+            # A retired node (an upgrade on the host) still holds ours; other fronts' there
+            # are not counted (the current node enforces max_sessions on its own).
+            retired = sum(len(old.sessions) for old in self._retired if old.host.name == host.name)
+            return len(live) + retired + self._starting.get(host.name, 0)
         raise HostUnreachable(
             host.name, "timeout", f"no answer to how many sessions it holds in {timeout:g} s"
         )
@@ -143,9 +157,10 @@ class RemoteHosts:
 
     async def _start_on(self, chosen: HostSpec, spec: AgentSpec, cwd: str | None) -> RemoteSession:
         name = chosen.name
+        if cwd is None and not chosen.transport:
+            cwd = os.getcwd()  # this machine, with no transport: where a local session starts
         self._starting[name] = self._starting.get(name, 0) + 1
         try:
-            link = self.link(name)
             payload: dict[str, object] = {"agent": spec.name}
             if cwd is not None:
                 payload["cwd"] = cwd
@@ -153,8 +168,17 @@ class RemoteHosts:
                 payload["spec"] = spec_to_wire(spec)
             if chosen.max_sessions is not None:
                 payload["max_sessions"] = chosen.max_sessions  # the node decides, for all fronts
-            conn = await link.connection()
-            result = await conn.request("session.start", payload)
+            for attempt in range(3):
+                link = self.link(name)
+                conn = await link.connection()
+                try:
+                    result = await conn.request("session.start", payload)
+                    break
+                except NodeRetired:
+                    if attempt == 2:
+                        raise
+                    log.info("host %s: node pid %d is retired: a new link", name, link.node_pid)
+                    self._retire(link)
             session = RemoteSession(
                 link,
                 node_id=str(result["session_id"]),
@@ -178,7 +202,8 @@ class RemoteHosts:
         seq 0 (the node's history rebuilds ours). Entries naming a host or an agent this
         front does not have are dropped (their node stops them after its ``detach_s``)."""
         sessions: list[RemoteSession] = []
-        per_link: dict[str, tuple[object, object]] = {}
+        # One link per node: after an upgrade on a host, an old node and a new one.
+        per_node: dict[tuple[str, object], tuple[NodeLink, object]] = {}
         for entry in entries:
             host, agent = entry.get("host"), entry.get("agent")
             if not isinstance(host, str) or host not in self.hosts:
@@ -190,7 +215,16 @@ class RemoteHosts:
                 log.warning("not recovering %s: agent %r is not configured", entry, agent)
                 self._drop(entry)
                 continue
-            link = self.link(host)
+            instance = entry.get("instance")
+            known = per_node.get((host, instance))
+            if known is not None:
+                link = known[0]
+            elif host not in self._links:
+                link = self.link(host)
+            else:
+                link = NodeLink(self.hosts[host], self._nursery, on_forget=self._forgotten)
+                self._retired.append(link)
+            per_node[(host, instance)] = (link, entry.get("node_pid"))
             cwd = entry.get("cwd")
             session = RemoteSession(
                 link,
@@ -201,10 +235,9 @@ class RemoteHosts:
             )
             session._recovering()
             link.sessions[session.node_id] = session
-            per_link[host] = (entry.get("instance"), entry.get("node_pid"))
             sessions.append(session)
-        for host, (instance, pid) in per_link.items():
-            self.link(host).recover(
+        for (_, instance), (link, pid) in per_node.items():
+            link.recover(
                 instance if isinstance(instance, str) else None,
                 pid if isinstance(pid, int) else None,
             )
@@ -214,11 +247,13 @@ class RemoteHosts:
         if self.record is not None:
             self.record.remove(str(entry.get("session_id")))
 
-    async def aclose(self) -> None:
-        for link in self._links.values():
+    async def aclose(self, *, release: bool = False) -> None:
+        """Close every link; ``release``: the sessions left are kept in their nodes, and
+        their record is left for the next front (in this process or another) to adopt."""
+        for link in [*self._links.values(), *self._retired]:
             await link.aclose()
         if self.record is not None:
-            self.record.close()
+            self.record.close(release=release)
 
 
 def rank(

@@ -1,41 +1,34 @@
-"""What the bridge says first, before the WebSocket: who the node is, where, and its version.
+"""What the bridge says first, before the WebSocket: who the node is, its wire and version.
 
 The bridge (``agent-supervisor node --bridge``, on the host) writes one JSON line on its stdout
-and then relays bytes both ways between its stdio and the node's gateway socket::
+and then relays bytes both ways between its stdio and the node's Unix socket::
 
-    {"agent_supervisor_node": 1, "version": "0.1.0", "instance": "...", "pid": 4242,
-     "port": 40123, "token": "..."}
+    {"agent_supervisor_node": 2, "version": "0.1.0", "instance": "...", "pid": 4242,
+     "port": 0, "token": "..."}
 
-``agent_supervisor_node`` is the version of this handshake (and of the wire protocol spoken
-over it); ``instance`` is new for every node process, so a front tells a node that restarted
-(its sessions are gone) from a link that only dropped. The front refuses a node of another
-``version``: front and node are the same program, and their events must mean the same.
+``agent_supervisor_node`` is the wire's number (``supervisor/remote/version.py``): a front
+refuses a node of another one (``version_mismatch``, naming both) and works with a node of
+any package ``version`` that speaks its wire. ``instance`` is new for every node process, so a
+front tells a node that restarted (its sessions are gone) from a link that only dropped.
+``port`` is 0: the node listens on a Unix socket, and the front's WebSocket handshake names
+``127.0.0.1:0`` as its ``Host``.
 """
 
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from typing import Any, Final
 
 import cattrs
 from attrs import frozen
 
 from supervisor.config import AgentSpec
+from supervisor.remote.version import WIRE, package_version, wire
 
-__all__ = ["HANDSHAKE", "Hello", "package_version", "spec_from_wire", "spec_to_wire"]
+__all__ = ["WIRE", "Hello", "package_version", "spec_from_wire", "spec_to_wire", "wire"]
 
-#: Bump when the bridge's handshake or what the front asks of a node changes.
-HANDSHAKE: Final = 1
 #: The longest hello line we read: it is ~200 bytes.
 MAX_HELLO_BYTES: Final = 4096
-
-
-def package_version() -> str:
-    try:
-        return metadata.version("agent-supervisor")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
 
 
 @frozen(kw_only=True)
@@ -43,15 +36,17 @@ class Hello:
     version: str
     instance: str
     pid: int
-    port: int
     token: str
-    handshake: int = HANDSHAKE
+    #: the wire's number (``supervisor/remote/version.py``)
+    wire: int = WIRE
+    #: 0: the node listens on a Unix socket (the bridge connects there)
+    port: int = 0
 
     def line(self) -> bytes:
         return (
             json.dumps(
                 {
-                    "agent_supervisor_node": self.handshake,
+                    "agent_supervisor_node": self.wire,
                     "version": self.version,
                     "instance": self.instance,
                     "pid": self.pid,
@@ -73,11 +68,11 @@ class Hello:
             return None
         try:
             return cls(
-                handshake=int(message["agent_supervisor_node"]),
+                wire=int(message["agent_supervisor_node"]),
                 version=str(message["version"]),
                 instance=str(message["instance"]),
                 pid=int(message["pid"]),
-                port=int(message["port"]),
+                port=int(message.get("port", 0)),
                 token=str(message["token"]),
             )
         except (KeyError, TypeError, ValueError):

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_DETACH_S",
     "DEFAULT_NODE_COMMAND",
     "HostSpec",
+    "local_node",
     "check_agent_hosts",
     "load_hosts",
     "parse_hosts",
@@ -47,8 +48,9 @@ __all__ = [
 #: minutes the stall watchdog gives a silent model (``DEFAULT_STALL_S``).
 DEFAULT_DETACH_S: Final = 300.0
 #: From starting the transport to a node that answers: an SSH handshake (~0.2 s on a LAN, a
-#: few seconds over a slow VPN), the bridge's start (~0.6 s of Python imports) and, the first
-#: time, the node's own start (~1 s). 30 s is what OpenSSH users commonly set ConnectTimeout to.
+#: few seconds over a slow VPN), the bridge's start (~0.05 s: the standard library only) and,
+#: the first time, the node's own start (~0.5-1 s). 30 s is what OpenSSH users commonly set
+#: ConnectTimeout to.
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 #: How agent-supervisor is run on the host: the console script of a ``pip install``.
 DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
@@ -75,8 +77,10 @@ class HostSpec:
     #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
     state_dir: str | None = None
 
-    def bridge_argv(self) -> list[str]:
-        """The local command that opens a bridge to this host's node (starting it if need be).
+    def bridge_argv(self, instance: str | None = None) -> list[str]:
+        """The local command that opens a bridge to this host's node (starting it if need be);
+        ``instance``: to that node while it lives (the front has sessions there), else to the
+        host's current one.
 
         OpenSSH joins the words after the destination into one shell command line on the
         host, so for ``ssh`` they are quoted; other transports (``docker exec``, ``kubectl
@@ -84,6 +88,8 @@ class HostSpec:
         remote = [*self.command, "node", "--bridge", "--detach", f"{self.detach_s:g}"]
         if self.state_dir is not None:
             remote += ["--state-dir", self.state_dir]
+        if instance is not None:
+            remote += ["--instance", instance]
         if self.speaks_shell:
             import shlex
 
@@ -98,6 +104,23 @@ class HostSpec:
     @property
     def speaks_shell(self) -> bool:
         return bool(self.transport) and os.path.basename(self.transport[0]) == "ssh"
+
+
+def local_node(
+    name: str, *, state_dir: str | os.PathLike[str] | None, max_sessions: int | None = None
+) -> HostSpec:
+    """A node on this machine, reached with no transport at all (the bridge is run directly,
+    by this Python): ``serve --local-node`` runs its local sessions there, so they outlive a
+    restart of ``serve``."""
+    import sys
+
+    return HostSpec(
+        name=name,
+        transport=(),
+        command=(sys.executable, "-m", "supervisor"),
+        max_sessions=max_sessions,
+        state_dir=os.fspath(state_dir) if state_dir is not None else None,
+    )
 
 
 def load_hosts(path: str | os.PathLike[str]) -> dict[str, HostSpec]:

@@ -35,8 +35,8 @@ from trio_websocket import (
 )
 
 from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
-from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost
-from supervisor.remote.handshake import HANDSHAKE, MAX_HELLO_BYTES, Hello, package_version
+from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
+from supervisor.remote.handshake import MAX_HELLO_BYTES, Hello, package_version, wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.reply import Reply
 
@@ -187,6 +187,7 @@ _NODE_ERRORS: Final[dict[str, type[SupervisorError]]] = {
     "agent_not_running": AgentNotRunning,
     "bad_request": BadRequest,
     "capacity": HostCapacity,
+    "node_retired": NodeRetired,
 }
 
 
@@ -388,7 +389,7 @@ class NodeLink:
     async def _run_connection(
         self, deadline: float, *, task_status: trio.TaskStatus[Connection]
     ) -> None:
-        argv = self.host.bridge_argv()
+        argv = self.host.bridge_argv(instance=self.instance)
         try:
             process = await trio.lowlevel.open_process(
                 argv,
@@ -435,7 +436,7 @@ class NodeLink:
     ) -> tuple[WebSocketConnection, Hello]:
         """The bridge's hello, the version check, then the WebSocket over the process."""
         assert process.stdout is not None
-        argv = self.host.bridge_argv()
+        argv = self.host.bridge_argv(instance=self.instance)
         name = self.host.name
         with trio.move_on_at(deadline):
             hello, rest = await _read_hello(process.stdout)
@@ -469,13 +470,25 @@ class NodeLink:
 
 
 def _check_version(host: str, hello: Hello) -> None:
-    ours = package_version()
-    if hello.handshake != HANDSHAKE or hello.version != ours:
+    """Same wire, or ``version_mismatch`` naming both; the package versions may differ."""
+    ours = wire()
+    if hello.wire != ours:
         raise HostUnreachable(
             host,
             "version_mismatch",
-            f"its agent-supervisor is {hello.version} (handshake {hello.handshake}), this one is"
-            f" {ours} (handshake {HANDSHAKE}): install the same version on both",
+            f"its agent-supervisor is {hello.version} (wire {hello.wire}), this one is"
+            f" {package_version()} (wire {ours}): they do not speak the same wire; install a"
+            f" version of wire {ours} there (or here, one of wire {hello.wire})",
+        )
+    if hello.version != package_version():
+        log.info(
+            "host %s: node %s (pid %d) is agent-supervisor %s, this front %s (wire %d both)",
+            host,
+            hello.instance,
+            hello.pid,
+            hello.version,
+            package_version(),
+            ours,
         )
 
 

@@ -9,11 +9,16 @@ crash-safety sweep), reconnects to their hosts and resubscribes each session fro
 node's history rebuilds the front's, under the same ids and the same ``seq``, so a client that
 reconnects resubscribes from its last ``seq`` and sees every event once. A session the node no
 longer has, or a node that was replaced meanwhile, fails with that cause.
+
+A front that exits cleanly but keeps its node sessions (``keep_node_sessions``: ``serve``'s
+default) *releases* its record: ``remote-released-PID-N.json``, adoptable by the next front at
+once, even one in the same process. A record is claimed by renaming it (one front wins).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -26,6 +31,8 @@ __all__ = ["RemoteRecord"]
 
 log = logging.getLogger(__name__)
 
+_names = itertools.count(1)
+
 
 class RemoteRecord:
     def __init__(self, directory: Path) -> None:
@@ -36,8 +43,8 @@ class RemoteRecord:
         self._sessions: dict[str, dict[str, Any]] = {}
 
     def adopt(self) -> list[dict[str, Any]]:
-        """The sessions of fronts that are gone (their files are taken over: removed, and
-        what they held is ours now)."""
+        """The sessions of fronts that are gone, or that released them at a clean exit (their
+        files are taken over: claimed, removed, and what they held is ours now)."""
         found: list[dict[str, Any]] = []
         if not self.directory.is_dir():
             return found
@@ -50,11 +57,16 @@ class RemoteRecord:
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning("ignoring unreadable remote-session record %s", path)
                 continue
-            if _alive(owner):
+            if not data.get("released") and _alive(owner):
                 continue  # another front, running beside us: its sessions are its own
+            claimed = self.directory / f"claimed-{os.getpid()}-{next(_names)}.tmp"
+            try:
+                os.rename(path, claimed)  # one front wins the record
+            except FileNotFoundError:
+                continue
             found.extend(s for s in sessions if isinstance(s, dict))
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                claimed.unlink()
         for entry in found:
             self._sessions[str(entry.get("session_id"))] = entry
         if found:
@@ -69,25 +81,34 @@ class RemoteRecord:
         if self._sessions.pop(session_id, None) is not None:
             self._write()
 
-    def close(self) -> None:
-        """At a clean exit every remote session was stopped: nothing for anyone to adopt."""
-        if not self._sessions:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-
-    def _write(self) -> None:
+    def close(self, *, release: bool = False) -> None:
+        """At a clean exit every remote session was stopped (nothing for anyone to adopt), or,
+        ``release``, kept in its node: the record is handed to the next front."""
         if not self._sessions:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             return
-        data = {"front": self._me, "sessions": list(self._sessions.values())}
-        temporary = self.path.with_suffix(".tmp")
+        if release:
+            released = self.directory / f"remote-released-{os.getpid()}-{next(_names)}.json"
+            self._write(released, released=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            self._sessions.clear()
+
+    def _write(self, path: Path | None = None, *, released: bool = False) -> None:
+        path = path if path is not None else self.path
+        if not self._sessions:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+        data = {"front": self._me, "released": released, "sessions": list(self._sessions.values())}
+        temporary = path.with_suffix(".tmp")
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             temporary.write_text(json.dumps(data))
-            os.replace(temporary, self.path)
+            os.replace(temporary, path)
         except OSError as exc:  # best effort, like the crash-safety state file
-            log.warning("cannot write %s: %s", self.path, exc)
+            log.warning("cannot write %s: %s", path, exc)
 
 
 def _alive(owner: Any) -> bool:

@@ -98,7 +98,9 @@ class RemoteSession:
         return self._turn_id
 
     def summary(self) -> SessionSummary:
-        return SessionSummary(self.id, self.spec.name, self._state, self._turn_id, host=self.host)
+        return SessionSummary(
+            self.id, self.spec.name, self._state, self._turn_id, host=self.host, cwd=self.cwd
+        )
 
     async def prompt(self, text: str) -> TurnHandle:
         if not isinstance(text, str) or not text.strip():
@@ -333,6 +335,15 @@ class RemoteSession:
         self._track(stamped)
         self._fanout.publish(stamped, dumps(message))
         self._fanout.flush()
+
+    def release(self) -> None:
+        """The front closes and leaves this session running in its node
+        (``keep_node_sessions``): its subscribers here see their stream end; its record stays,
+        for the next front."""
+        self._done = True
+        self._fanout.close()
+        self._ended.set()
+        self._caught_up.set()
 
     def _finish(self, state: str) -> None:
         if self._done:

@@ -18,6 +18,9 @@ that appears in it), so a test steers the model by its prompt:
   seconds (exit 124): for a turn that must get past its tool call (a steer that waits for it);
 - ``permission``: a tool call running :data:`PERMISSION_COMMAND`, which each agent's
   configuration leaves needing approval (Codex: ``sandbox_permissions: require_escalated``).
+- ``mcpcall``: a call, with no arguments, of the offered tool whose name ends with
+  :data:`MCP_TOOL` (the tests' own MCP server's, ``tests/fakes/mcp_server.py``, as the agent
+  names it: ``mcp__SERVER__marker_ping``); a short text saying so when no such tool is offered.
 - ``background`` (Anthropic Messages only): a ``Bash`` call with ``run_in_background: true``
   running :data:`BACKGROUND_COMMAND`; ``bgagent``: an ``Agent`` call (``Task`` on CLIs that
   name it so) with ``run_in_background: true`` whose prompt is ``stream``, so the sub-agent
@@ -61,6 +64,7 @@ import trio
 __all__ = [
     "BACKGROUND_COMMAND",
     "BRIEF_SHELL_COMMAND",
+    "MCP_TOOL",
     "PERMISSION_COMMAND",
     "SHELL_COMMAND",
     "Exchange",
@@ -90,7 +94,12 @@ STREAM_INTERVAL_S = 0.2
 STREAM_DURATION_S = 60.0
 QUICK_TEXT = "Quick answer from the fake model."
 AFTER_TOOL_TEXT = "The command finished."
-SCENARIOS = ("quick", "stream", "shell", "briefshell", "permission")
+SCENARIOS = ("quick", "stream", "shell", "briefshell", "permission", "mcpcall")
+#: The tool of the tests' MCP server (``tests/fakes/mcp_server.py``) the ``mcpcall`` scenario calls.
+MCP_TOOL = "marker_ping"
+NO_MCP_TOOL_TEXT = "No MCP tool was offered."
+#: A deferred MCP tool's name as an agent's prompt lists it (Qwen Code: ``mcp__marker__...``).
+_DEFERRED_MCP_TOOL = re.compile(r"mcp__[A-Za-z0-9_-]*" + MCP_TOOL)
 #: Claude Code only (``messages``): its background tasks (see the module docstring).
 CLAUDE_BACKGROUND_SCENARIOS = ("background", "bgagent")
 #: Codex only (``responses``): a sub-agent, a goal (see :meth:`_Writer.codex_call`).
@@ -295,6 +304,8 @@ class FakeModel:
                 writer.stream_tokens(api, stream)
             elif scenario in ("shell", "briefshell", "permission"):
                 writer.tool_call(api, scenario, stream)
+            elif scenario == "mcpcall":
+                writer.mcp_call(api, stream)
             elif scenario in CLAUDE_BACKGROUND_SCENARIOS and api == "messages":
                 writer.background_call(scenario, body, stream)
             elif scenario in (*CODEX_SCENARIOS, "wait_agent", "update_goal") and api == "responses":
@@ -570,6 +581,15 @@ class _Writer:
             for t in body.get("tools") or []
             if isinstance(t, dict) and isinstance(t.get("function") or t, dict)
         }
+        # Gemini's ``tools``: ``[{"functionDeclarations": [{"name", ...}]}]``
+        self.tool_names |= {
+            str(d.get("name"))
+            for t in body.get("tools") or []
+            if isinstance(t, dict)
+            for d in t.get("functionDeclarations") or []
+            if isinstance(d, dict)
+        }
+        self.body = body
         self.chunked = False
         self.sock: socket.socket = handler.connection
 
@@ -707,6 +727,45 @@ class _Writer:
             self.exchange, tool_call={"name": name, "args": args, "call_id": call_id}
         )
         _TOOL_WRITERS[api](self, call_id, name, args, stream)
+
+    def mcp_call(self, api: str, stream: bool) -> None:
+        """Call the offered tool named ``...marker_ping`` (see ``mcpcall``). Codex offers its
+        MCP tools only through ``tool_search`` (always deferred in 0.171): the model searches
+        first, then calls the tool in the namespace the search output names. Qwen Code defers
+        them too, naming them in its prompt, and runs one through its ``tool_call`` tool."""
+        names = sorted(name for name in self.tool_names if name.endswith(MCP_TOOL))
+        call_id = f"call_{self.exchange.id}"
+        if names:
+            self.model._update(
+                self.exchange, tool_call={"name": names[0], "args": {}, "call_id": call_id}
+            )
+            _TOOL_WRITERS[api](self, call_id, names[0], {}, stream)
+            return
+        deferred = sorted(set(_DEFERRED_MCP_TOOL.findall(json.dumps(self.body))))
+        if api == "chat" and "tool_call" in self.tool_names and deferred:
+            args: dict[str, Any] = {"name": deferred[0], "arguments": {}}
+            self.model._update(
+                self.exchange, tool_call={"name": deferred[0], "args": args, "call_id": call_id}
+            )
+            _TOOL_WRITERS[api](self, call_id, "tool_call", args, stream)
+            return
+        if api == "responses":
+            found = _searched_tool(self.body, MCP_TOOL)
+            if found is not None:
+                namespace, name = found
+                self.model._update(
+                    self.exchange,
+                    tool_call={"name": f"{namespace}{name}", "args": {}, "call_id": call_id},
+                )
+                _responses_tool(self, call_id, name, {}, stream, namespace or None)
+                return
+            if any(
+                isinstance(t, dict) and t.get("type") == "tool_search"
+                for t in self.body.get("tools") or []
+            ):
+                _responses_search(self, call_id, MCP_TOOL)
+                return
+        self.answer(api, NO_MCP_TOOL_TEXT, stream)
 
     def codex_call(self, scenario: str, stream: bool) -> None:
         """Codex 0.171 app-server tools: ``subagent`` spawns a child whose task is ``stream``
@@ -889,6 +948,60 @@ def _responses_tool(
     done = {**item, "arguments": json.dumps(args), "status": "completed"}
     w.event(
         {"type": "response.output_item.done", "output_index": 0, "item": done},
+        "response.output_item.done",
+    )
+    w.event(
+        {
+            "type": "response.completed",
+            "response": {"id": rid, "status": "completed", "usage": _usage_responses()},
+        },
+        "response.completed",
+    )
+    w.end_sse()
+
+
+def _searched_tool(body: dict[str, Any], suffix: str) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a tool ending with ``suffix`` that a ``tool_search_output`` in
+    the request's input (or a ``namespace`` tool it offers) holds."""
+    holders = [i for i in body.get("input") or [] if isinstance(i, dict)]
+    holders = [i for i in holders if i.get("type") == "tool_search_output"]
+    holders.append({"tools": body.get("tools") or []})
+    for holder in holders:
+        for tool in holder.get("tools") or []:
+            if not isinstance(tool, dict):
+                continue
+            inner = tool.get("tools") if tool.get("type") == "namespace" else [tool]
+            for item in inner or []:
+                name = item.get("name") if isinstance(item, dict) else None
+                if isinstance(name, str) and name.endswith(suffix):
+                    namespace = tool.get("name") if tool.get("type") == "namespace" else ""
+                    return str(namespace or ""), name
+    return None
+
+
+def _responses_search(w: _Writer, call_id: str, query: str) -> None:
+    """A ``tool_search_call`` item (``execution: client``: Codex runs the search itself)."""
+    rid = f"resp_{w.exchange.id}"
+    item = {
+        "type": "tool_search_call",
+        "id": f"ts_{w.exchange.id}",
+        "call_id": call_id,
+        "execution": "client",
+        "status": "completed",
+        "arguments": {"query": query, "limit": 8},
+    }
+    w.model._update(w.exchange, tool_call={"name": "tool_search", "args": item["arguments"]})
+    w.start_sse()
+    w.event(
+        {"type": "response.created", "response": {"id": rid, "status": "in_progress"}},
+        "response.created",
+    )
+    w.event(
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        "response.output_item.added",
+    )
+    w.event(
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
         "response.output_item.done",
     )
     w.event(

@@ -1,0 +1,822 @@
+"""ACP v1, agent side, as a sans-IO machine: the supervisor as an ACP agent to an editor.
+
+``protocols/acp.py`` drives ACP agents; this is the other end. An editor (the *client*) sends
+us JSON-RPC; :meth:`AcpAgentSide.receive` answers what it can itself (``initialize``, errors)
+and turns the rest into :data:`Action` objects for the I/O layer (start a session, prompt,
+cancel, ...). The I/O layer feeds back what happened: a session opened, a prompt accepted, and
+every universal event of the sessions (:meth:`AcpAgentSide.event`), which become
+``session/update`` notifications, ``session/request_permission`` requests and, once a turn has
+really ended, the ``session/prompt`` response with its stop reason.
+
+What the protocol asks of an agent, and how this machine keeps it:
+
+- the prompt response comes only once the turn is over: its ``turn.ended``, or the agent's
+  process gone during a cancel (a turn whose tree was killed has ended; the session is
+  respawned and resumed after the client heard back, and a prompt sent meanwhile waits);
+- ``stopReason`` is honest: ``cancelled`` for a turn cancelled or killed, the agent's own reason
+  for a turn that completed (``end_turn`` when it gave none we can name), and a failed turn is
+  a JSON-RPC error (ACP has no stop reason for failure);
+- a permission request the client still holds when it stops being pending (a cancel answered it,
+  the agent withdrew it, another client answered it) is withdrawn with ``$/cancel_request``; its
+  late answer is then ignored;
+- steering (``_session/steering``, advertised as ``_meta.steering.supported``): the same shape
+  claude-agent-acp offers and ``protocols/acp.py`` consumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from attrs import define, field, frozen
+
+from protocols import events as ev
+from protocols.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    IncomingNotification,
+    IncomingRequest,
+    IncomingResponse,
+    JsonRpcPeer,
+    RequestId,
+)
+from protocols.tools import TOOL_KINDS, TOOL_STATUSES
+
+__all__ = [
+    "ACP_PROTOCOL_VERSION",
+    "AGENT_CONFIG_ID",
+    "Action",
+    "AcpAgentSide",
+    "CancelRequested",
+    "CloseSession",
+    "ListSessions",
+    "NewSession",
+    "OpenSession",
+    "Output",
+    "PermissionAnswered",
+    "PromptRequested",
+    "SetAgent",
+    "SteerRequested",
+    "agent_config_option",
+]
+
+ACP_PROTOCOL_VERSION: Final = 1
+#: The session config option an editor picks the agent behind with.
+AGENT_CONFIG_ID: Final = "agent"
+STEER_METHOD: Final = "_session/steering"
+#: ACP v1 ``StopReason`` values; any other word from an agent becomes ``end_turn``.
+STOP_REASONS: Final = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal"})
+PLAN_PRIORITIES: Final = frozenset({"high", "medium", "low"})
+PLAN_STATUSES: Final = frozenset({"pending", "in_progress", "completed"})
+PERMISSION_KINDS: Final = frozenset({"allow_once", "allow_always", "reject_once", "reject_always"})
+#: Session info an agent reports that goes to the client as it is: ACP v1 update kinds that
+#: describe the session (a ``config_option_update`` or ``current_mode_update`` of the agent
+#: behind would contradict the options and modes *we* advertise, so those are not passed on).
+PASSED_UPDATES: Final = frozenset(
+    {"available_commands_update", "session_info_update", "usage_update"}
+)
+#: Turn outcomes remembered for a prompt whose acceptance had not been told yet.
+_ENDED_KEPT: Final = 64
+#: ``_meta`` key under which our own details travel.
+META_KEY: Final = "agentSupervisor"
+
+
+# -- actions: what the I/O layer must do ----------------------------------------------------
+
+
+@frozen
+class NewSession:
+    rpc_id: RequestId
+    cwd: str
+    mcp_servers: list[dict[str, Any]]
+
+
+@frozen
+class OpenSession:
+    """``session/load`` (``replay``: the history is sent as updates first) or ``session/resume``."""
+
+    rpc_id: RequestId
+    session_id: str
+    cwd: str
+    mcp_servers: list[dict[str, Any]]
+    replay: bool
+
+
+@frozen
+class ListSessions:
+    rpc_id: RequestId
+    cwd: str | None
+    cursor: str | None
+
+
+@frozen
+class CloseSession:
+    rpc_id: RequestId
+    session_id: str
+
+
+@frozen
+class SetAgent:
+    """``session/set_config_option`` of :data:`AGENT_CONFIG_ID`: another agent behind."""
+
+    rpc_id: RequestId
+    session_id: str
+    agent: str
+
+
+@frozen
+class PromptRequested:
+    rpc_id: RequestId
+    session_id: str
+    text: str
+
+
+@frozen
+class CancelRequested:
+    session_id: str
+
+
+@frozen
+class SteerRequested:
+    rpc_id: RequestId
+    session_id: str
+    text: str
+
+
+@frozen
+class PermissionAnswered:
+    """The client answered a permission request: an option, or ``None`` (cancelled)."""
+
+    session_id: str
+    request_id: str
+    option_id: str | None
+
+
+Action = (
+    NewSession
+    | OpenSession
+    | ListSessions
+    | CloseSession
+    | SetAgent
+    | PromptRequested
+    | CancelRequested
+    | SteerRequested
+    | PermissionAnswered
+)
+
+
+@define
+class Output:
+    """Messages to write to the client, in order, and actions for the I/O layer."""
+
+    send: list[dict[str, Any]] = field(factory=list)
+    actions: list[Action] = field(factory=list)
+
+    def extend(self, other: Output) -> None:
+        self.send.extend(other.send)
+        self.actions.extend(other.actions)
+
+
+def agent_config_option(current: str, agents: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The ``select`` config option listing the configured agents (name, description)."""
+    return {
+        "id": AGENT_CONFIG_ID,
+        "name": "Agent",
+        "description": "The agent behind the supervisor (changing it starts a new session of it)",
+        "category": "model",
+        "type": "select",
+        "currentValue": current,
+        "options": [
+            {"value": name, "name": name, **({"description": text} if text else {})}
+            for name, text in agents
+        ],
+    }
+
+
+@frozen
+class _Permission:
+    """A ``session/request_permission`` we sent, waiting for the client."""
+
+    session_id: str
+    request_id: str  # the universal one, what the session is answered with
+    option_ids: frozenset[str]
+
+
+@define
+class _SessionView:
+    """What the machine keeps of one ACP session."""
+
+    #: prompts accepted by the session: turn id -> the ``session/prompt`` to answer
+    turns: dict[str, RequestId] = field(factory=dict)
+    #: prompts sent to the session, not accepted yet: their texts (a TurnStarted of one of
+    #: these is ours, not a prompt from another client to echo)
+    pending_texts: list[str] = field(factory=list)
+    #: turns that ended before their acceptance was told: turn id -> the ended event
+    ended: dict[str, ev.TurnEnded] = field(factory=dict)
+    running_turn: str | None = None
+    cancelling: bool = False  # a cancel is under way (ours, or anyone's on a shared session)
+    restarting: bool = False  # the agent died unasked: the next ``ready`` is told
+    resuming: bool = False  # started to resume an earlier session: a refusal is told
+    #: client-held permission requests: universal request id -> our JSON-RPC id
+    permissions: dict[str, RequestId] = field(factory=dict)
+
+
+@define
+class AcpAgentSide:
+    """Our side of one ACP connection, where we are the agent."""
+
+    agent_info: dict[str, Any]
+    #: what ``promptCapabilities`` we advertise (the prompts we can carry to any agent)
+    prompt_capabilities: dict[str, Any] = field(
+        factory=lambda: {"image": False, "audio": False, "embeddedContext": True}
+    )
+    mcp_capabilities: dict[str, Any] = field(factory=lambda: {"http": False, "sse": False})
+    steering: bool = True
+    _rpc: JsonRpcPeer[_Permission | None] = field(factory=lambda: JsonRpcPeer(with_version=True))
+    _sessions: dict[str, _SessionView] = field(factory=dict)
+    initialized: bool = False
+    client_capabilities: dict[str, Any] = field(factory=dict)
+    client_info: dict[str, Any] = field(factory=dict)
+
+    # -- from the client --------------------------------------------------------------------
+
+    def receive(self, message: Any) -> Output:
+        if not isinstance(message, dict):
+            return Output(send=[self._rpc.respond_error(None, INVALID_REQUEST, "not an object")])
+        incoming = self._rpc.receive(message)
+        if isinstance(incoming, IncomingRequest):
+            return self._on_request(incoming)
+        if isinstance(incoming, IncomingNotification):
+            return self._on_notification(incoming)
+        if isinstance(incoming, IncomingResponse):
+            return self._on_response(incoming)
+        # A response to a request we withdrew (a late permission answer), a stray, or junk: a
+        # notification-like message gets no reply; a request we cannot read gets an error.
+        if "method" in message and "id" in message:
+            return Output(send=[self._rpc.respond_error(None, INVALID_REQUEST, "bad request")])
+        return Output()
+
+    def _on_request(self, request: IncomingRequest) -> Output:
+        params = request.params if isinstance(request.params, dict) else {}
+        method = request.method
+        rid = request.id
+        if method == "initialize":
+            return Output(send=[self._initialize(rid, params)])
+        if method == "authenticate":
+            # No built-in agent needs it; an agent behind that does logs in by its own means.
+            return Output(send=[self._rpc.respond(rid, {})])
+        if method == "session/new":
+            cwd, mcp = _cwd(params), _mcp(params)
+            if cwd is None:
+                return self._invalid(rid, "cwd must be an absolute path")
+            return Output(actions=[NewSession(rid, cwd, mcp)])
+        if method in ("session/load", "session/resume"):
+            session_id, cwd = params.get("sessionId"), _cwd(params)
+            if not isinstance(session_id, str) or cwd is None:
+                return self._invalid(rid, "needs a sessionId and an absolute cwd")
+            replay = method == "session/load"
+            return Output(actions=[OpenSession(rid, session_id, cwd, _mcp(params), replay)])
+        if method == "session/list":
+            cwd = params.get("cwd")
+            cursor = params.get("cursor")
+            return Output(
+                actions=[
+                    ListSessions(
+                        rid,
+                        cwd if isinstance(cwd, str) else None,
+                        cursor if isinstance(cursor, str) else None,
+                    )
+                ]
+            )
+        session_id = params.get("sessionId")
+        if not isinstance(session_id, str):
+            if method in ("session/close", "session/prompt", "session/set_config_option"):
+                return self._invalid(rid, "needs a sessionId")
+            return Output(send=[self._not_found(rid, method)])
+        if method == "session/close":
+            return Output(actions=[CloseSession(rid, session_id)])
+        if method == "session/set_config_option":
+            value = params.get("value")
+            if params.get("configId") != AGENT_CONFIG_ID or not isinstance(value, str):
+                return self._invalid(rid, f"the only config option is {AGENT_CONFIG_ID!r}")
+            return Output(actions=[SetAgent(rid, session_id, value)])
+        if method == "session/prompt":
+            text = prompt_text(params.get("prompt"))
+            if isinstance(text, _Refused):
+                return self._invalid(rid, text.why)
+            self._view(session_id).pending_texts.append(text)
+            return Output(actions=[PromptRequested(rid, session_id, text)])
+        if method == STEER_METHOD and self.steering:
+            text = prompt_text(params.get("prompt"))
+            if isinstance(text, _Refused):
+                return self._invalid(rid, text.why)
+            view = self._view(session_id)
+            if _idle_behavior(params) == "promptRequired" and view.running_turn is None:
+                return Output(send=[self._rpc.respond(rid, {"outcome": "promptRequired"})])
+            return Output(actions=[SteerRequested(rid, session_id, text)])
+        return Output(send=[self._not_found(rid, method)])
+
+    def _initialize(self, rid: RequestId, params: dict[str, Any]) -> dict[str, Any]:
+        self.initialized = True
+        capabilities = params.get("clientCapabilities")
+        self.client_capabilities = capabilities if isinstance(capabilities, dict) else {}
+        info = params.get("clientInfo")
+        self.client_info = info if isinstance(info, dict) else {}
+        result: dict[str, Any] = {
+            # We speak 1; a client asking for another gets 1 and decides (the spec's rule).
+            "protocolVersion": ACP_PROTOCOL_VERSION,
+            "agentCapabilities": {
+                "loadSession": True,
+                "promptCapabilities": dict(self.prompt_capabilities),
+                "mcpCapabilities": dict(self.mcp_capabilities),
+                "sessionCapabilities": {"list": {}, "resume": {}, "close": {}},
+            },
+            "authMethods": [],
+            "agentInfo": dict(self.agent_info),
+        }
+        if self.steering:
+            result["_meta"] = {"steering": {"supported": True}}
+        return self._rpc.respond(rid, result)
+
+    def _on_notification(self, note: IncomingNotification) -> Output:
+        params = note.params if isinstance(note.params, dict) else {}
+        if note.method == "session/cancel":
+            session_id = params.get("sessionId")
+            if not isinstance(session_id, str):
+                return Output()
+            view = self._view(session_id)
+            if view.running_turn is None and not view.turns and not view.pending_texts:
+                return Output()  # nothing of ours runs: a cancel after the end is a no-op
+            view.cancelling = True
+            return Output(actions=[CancelRequested(session_id)])
+        # ``$/cancel_request`` of one of the client's requests: each is answered once its work
+        # ends (a prompt's once its turn is over), so there is nothing to cut short; others
+        # (unknown notifications) are ignored as the spec asks.
+        return Output()
+
+    def _on_response(self, response: IncomingResponse[_Permission | None]) -> Output:
+        held = response.context
+        if held is None:
+            return Output()
+        view = self._view(held.session_id)
+        if view.permissions.pop(held.request_id, None) is None:
+            return Output()  # withdrawn meanwhile
+        option_id: str | None = None
+        result = response.result if isinstance(response.result, dict) else {}
+        outcome = result.get("outcome") if isinstance(result.get("outcome"), dict) else {}
+        assert isinstance(outcome, dict)
+        if response.error is None and outcome.get("outcome") == "selected":
+            chosen = outcome.get("optionId")
+            if isinstance(chosen, str) and chosen in held.option_ids:
+                option_id = chosen
+        return Output(actions=[PermissionAnswered(held.session_id, held.request_id, option_id)])
+
+    # -- from the I/O layer -----------------------------------------------------------------
+
+    def session_opened(
+        self,
+        rpc_id: RequestId,
+        session_id: str,
+        *,
+        config_options: list[dict[str, Any]],
+        new: bool,
+        replay: Sequence[tuple[str, str]] = (),
+    ) -> Output:
+        """The session behind ``session_id`` takes prompts: answer ``session/new`` (``new``),
+        or ``session/load`` after replaying its history (``role``, ``text``) as updates, or
+        ``session/resume``."""
+        self._view(session_id)
+        out = Output()
+        for role, text in replay:
+            kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
+            out.send.append(self._update(session_id, {"sessionUpdate": kind, **_text(text)}))
+        result: dict[str, Any] = {"configOptions": config_options}
+        if new:
+            result["sessionId"] = session_id
+        out.send.append(self._rpc.respond(rpc_id, result))
+        return out
+
+    def session_ended(
+        self, session_id: str, *, error: str | None = None, forget: bool = True
+    ) -> Output:
+        """The session behind ``session_id`` is gone (closed, replaced by another agent's, or
+        lost): each prompt still waiting is answered (``cancelled``, or ``error``), each
+        permission request the client holds withdrawn; ``forget``: the ACP session too."""
+        view = self._view(session_id)
+        out = Output()
+        for rpc_id in view.turns.values():
+            out.send.append(self._ended_answer(rpc_id, error))
+        for rpc_id in view.permissions.values():
+            self._rpc.forget(rpc_id)
+            out.send.append(self._rpc.notify("$/cancel_request", {"requestId": rpc_id}))
+        view.turns.clear()
+        view.permissions.clear()
+        view.ended.clear()
+        view.running_turn = None
+        view.cancelling = False
+        if forget:
+            self._sessions.pop(session_id, None)
+        return out
+
+    def turn_abandoned(
+        self,
+        rpc_id: RequestId,
+        session_id: str,
+        text: str,
+        turn_id: str,
+        *,
+        error: str | None = None,
+    ) -> Output:
+        """A prompt accepted by a session that was gone by then (closed, replaced)."""
+        view = self._view(session_id)
+        if text in view.pending_texts:
+            view.pending_texts.remove(text)
+        view.turns.pop(turn_id, None)
+        view.ended.pop(turn_id, None)
+        return Output(send=[self._ended_answer(rpc_id, error)])
+
+    def expect_resume(self, session_id: str) -> None:
+        """The session was started to resume an earlier one: a ``ready`` with a reason (the
+        agent refused the resume and started afresh) is told to the client."""
+        self._view(session_id).resuming = True
+
+    def _ended_answer(self, rpc_id: RequestId, error: str | None) -> dict[str, Any]:
+        if error is not None:
+            return self._rpc.respond_error(rpc_id, INTERNAL_ERROR, error)
+        meta = {META_KEY: {"outcome": "cancelled", "reason": "session_closed"}}
+        return self._rpc.respond(rpc_id, {"stopReason": "cancelled", "_meta": meta})
+
+    def respond(self, rpc_id: RequestId, result: dict[str, Any]) -> Output:
+        return Output(send=[self._rpc.respond(rpc_id, result)])
+
+    def fail(
+        self, rpc_id: RequestId, message: str, *, code: int = INTERNAL_ERROR, data: Any = None
+    ) -> Output:
+        return Output(send=[self._rpc.respond_error(rpc_id, code, message, data)])
+
+    def prompt_failed(self, rpc_id: RequestId, session_id: str, text: str, message: str) -> Output:
+        """The session refused the prompt (stopped, failed, too many queued)."""
+        view = self._view(session_id)
+        if text in view.pending_texts:
+            view.pending_texts.remove(text)
+        return self.fail(rpc_id, message)
+
+    def prompt_accepted(
+        self, rpc_id: RequestId, session_id: str, text: str, turn_id: str
+    ) -> Output:
+        """The session took the prompt as turn ``turn_id``; its response waits for its end."""
+        view = self._view(session_id)
+        if text in view.pending_texts:
+            view.pending_texts.remove(text)
+        ended = view.ended.pop(turn_id, None)
+        if ended is not None:
+            return Output(send=[self._prompt_answer(rpc_id, ended)])
+        view.turns[turn_id] = rpc_id
+        return Output()
+
+    def steer_answered(self, rpc_id: RequestId, session_id: str, mode: str) -> Output:
+        """What became of a ``_session/steering``: ``injected`` joined the running turn; any
+        other way started a turn the client did not prompt (its events still come)."""
+        outcome = "injected" if mode == "injected" else "startedNewTurn"
+        return Output(send=[self._rpc.respond(rpc_id, {"outcome": outcome})])
+
+    def notice(self, session_id: str, text: str, kind: str) -> Output:
+        """Something the person should see (an agent restarted, a session not resumed)."""
+        return Output(send=[self._notice(session_id, text, kind)])
+
+    def event(self, session_id: str, event: ev.Event) -> Output:
+        """One universal event of the session behind ``session_id``."""
+        view = self._view(session_id)
+        out = Output()
+        if isinstance(event, ev.MessageDelta):
+            kind = "user_message_chunk" if event.role == "user" else "agent_message_chunk"
+            if event.text:
+                out.send.append(
+                    self._update(session_id, {"sessionUpdate": kind, **_text(event.text)})
+                )
+        elif isinstance(event, ev.ThoughtDelta):
+            if event.text:
+                update = {"sessionUpdate": "agent_thought_chunk", **_text(event.text)}
+                out.send.append(self._update(session_id, update))
+        elif isinstance(event, ev.ToolCall):
+            out.send.append(self._update(session_id, _tool_call(event)))
+        elif isinstance(event, ev.ToolUpdate):
+            out.send.append(self._update(session_id, _tool_update(event)))
+        elif isinstance(event, ev.Plan):
+            update = {"sessionUpdate": "plan", "entries": _plan_entries(event.entries)}
+            out.send.append(self._update(session_id, update))
+        elif isinstance(event, ev.PermissionRequested):
+            out.send.append(self._ask_permission(session_id, view, event))
+        elif isinstance(event, ev.PermissionResolved):
+            rpc_id = view.permissions.pop(event.request_id, None)
+            if rpc_id is not None:
+                self._rpc.forget(rpc_id)
+                out.send.append(self._rpc.notify("$/cancel_request", {"requestId": rpc_id}))
+        elif isinstance(event, ev.TurnStarted):
+            view.running_turn = event.turn_id
+            view.cancelling = False
+            if event.text in view.pending_texts or event.turn_id in view.turns:
+                pass  # ours: the client has it already
+            else:  # another client's prompt on a shared session
+                update = {"sessionUpdate": "user_message_chunk", **_text(event.text)}
+                out.send.append(self._update(session_id, update))
+        elif isinstance(event, ev.TurnSteered):
+            update = {"sessionUpdate": "user_message_chunk", **_text(event.text)}
+            out.send.append(self._update(session_id, update))
+        elif isinstance(event, ev.TurnEnded):
+            out.extend(self._turn_ended(view, event))
+        elif isinstance(event, ev.SessionState):
+            out.extend(self._state(session_id, view, event))
+        elif isinstance(event, ev.AgentExited):
+            out.extend(self._agent_exited(session_id, view, event))
+        elif isinstance(event, ev.SessionRecycled):
+            text = f"the agent is being restarted ({event.reason}); the session will be resumed"
+            out.send.append(self._notice(session_id, text, "recycled"))
+        elif isinstance(event, ev.TurnStalled):
+            text = f"the agent said nothing for {event.silent_s:.0f} s: stopping the turn"
+            out.send.append(self._notice(session_id, text, "stalled"))
+        elif isinstance(event, ev.ErrorEvent) and event.code == "resume_failed":
+            text = f"the agent could not resume its session, it starts afresh: {event.message}"
+            out.send.append(self._notice(session_id, text, "resume_failed"))
+        elif isinstance(event, ev.SessionInfo):
+            if (
+                event.info_kind in PASSED_UPDATES
+                and event.data.get("sessionUpdate") == event.info_kind
+            ):
+                out.send.append(self._update(session_id, dict(event.data)))
+        return out
+
+    # -- turns ------------------------------------------------------------------------------
+
+    def _turn_ended(self, view: _SessionView, event: ev.TurnEnded) -> Output:
+        if view.running_turn == event.turn_id:
+            view.running_turn = None
+            view.cancelling = False
+        rpc_id = view.turns.pop(event.turn_id, None)
+        if rpc_id is not None:
+            return Output(send=[self._prompt_answer(rpc_id, event)])
+        if view.pending_texts:  # a prompt of ours whose acceptance is not told yet
+            view.ended[event.turn_id] = event
+            while len(view.ended) > _ENDED_KEPT:
+                view.ended.pop(next(iter(view.ended)))
+        return Output()
+
+    def _agent_exited(self, session_id: str, view: _SessionView, event: ev.AgentExited) -> Output:
+        out = Output()
+        turn = view.running_turn
+        if view.cancelling and turn is not None:
+            # The tree of a turn being cancelled is dead: the turn is over. The client hears
+            # now; the session is respawned and resumed behind its back (turn.ended follows).
+            rpc_id = view.turns.pop(turn, None)
+            view.running_turn = None
+            view.cancelling = False
+            if rpc_id is not None:
+                meta = {META_KEY: {"outcome": "killed", "turnId": turn}}
+                answer = {"stopReason": "cancelled", "_meta": meta}
+                out.send.append(self._rpc.respond(rpc_id, answer))
+        if not event.expected:
+            view.restarting = True
+            how = f"exit code {event.exit_code}" if event.exit_code is not None else "a signal"
+            if event.signal is not None:
+                how = f"signal {event.signal}"
+            text = f"the agent exited unexpectedly ({how}): restarting it and resuming the session"
+            out.send.append(self._notice(session_id, text, "agent_exited"))
+        return out
+
+    def _state(self, session_id: str, view: _SessionView, event: ev.SessionState) -> Output:
+        if event.state == "cancelling":
+            view.cancelling = True
+        if event.state == "ready" and view.resuming:
+            view.resuming = False
+            if event.detail:
+                text = f"the agent could not resume its session, it starts afresh: {event.detail}"
+                return Output(send=[self._notice(session_id, text, "resume_failed")])
+        if event.state == "ready" and view.restarting:
+            view.restarting = False
+            text = "the agent is back" + (
+                f" ({event.detail})" if event.detail else ", session resumed"
+            )
+            return Output(send=[self._notice(session_id, text, "agent_restarted")])
+        if event.state == "failed":
+            out = Output()
+            for turn_id, rpc_id in list(view.turns.items()):
+                del view.turns[turn_id]
+                out.send.append(
+                    self._rpc.respond_error(
+                        rpc_id, INTERNAL_ERROR, f"the session failed: {event.detail}"
+                    )
+                )
+            out.send.append(
+                self._notice(session_id, f"the session failed: {event.detail}", "failed")
+            )
+            return out
+        if event.state == "stopped":
+            out = Output()
+            for turn_id, rpc_id in list(view.turns.items()):
+                del view.turns[turn_id]
+                out.send.append(self._rpc.respond(rpc_id, {"stopReason": "cancelled"}))
+            return out
+        return Output()
+
+    def _prompt_answer(self, rpc_id: RequestId, event: ev.TurnEnded) -> dict[str, Any]:
+        meta: dict[str, Any] = {"outcome": event.outcome, "turnId": event.turn_id}
+        if event.reason is not None:
+            meta["reason"] = event.reason
+        if event.receipt is not None:
+            meta["receipt"] = event.receipt
+        if event.outcome in ("cancelled", "killed"):
+            return self._rpc.respond(rpc_id, {"stopReason": "cancelled", "_meta": {META_KEY: meta}})
+        if event.outcome == "failed":
+            why = event.error or "the agent ended the turn with an error"
+            return self._rpc.respond_error(rpc_id, INTERNAL_ERROR, f"the turn failed: {why}", meta)
+        reason = event.stop_reason if event.stop_reason in STOP_REASONS else "end_turn"
+        if event.stop_reason == "cancelled":
+            reason = "cancelled"
+        return self._rpc.respond(rpc_id, {"stopReason": reason, "_meta": {META_KEY: meta}})
+
+    # -- permissions ------------------------------------------------------------------------
+
+    def _ask_permission(
+        self, session_id: str, view: _SessionView, event: ev.PermissionRequested
+    ) -> dict[str, Any]:
+        options = [
+            {
+                "optionId": option.option_id,
+                "name": option.name or option.option_id,
+                "kind": _permission_kind(option),
+            }
+            for option in event.options
+        ]
+        held = _Permission(
+            session_id, event.request_id, frozenset(o.option_id for o in event.options)
+        )
+        tool = event.tool_call
+        tool_call: dict[str, Any] = {
+            "toolCallId": str(tool.get("toolCallId") or event.request_id),
+        }
+        for key in ("title", "content", "locations", "rawInput"):
+            if key in tool and tool[key] is not None:
+                tool_call[key] = tool[key]
+        if tool.get("kind") in TOOL_KINDS:
+            tool_call["kind"] = tool["kind"]
+        if tool.get("status") in TOOL_STATUSES:
+            tool_call["status"] = tool["status"]
+        if "title" not in tool_call:
+            title = tool.get("name") or tool.get("command") or tool.get("tool_name")
+            if isinstance(title, str):
+                tool_call["title"] = title
+        params = {"sessionId": session_id, "toolCall": tool_call, "options": options}
+        rpc_id, message = self._rpc.request("session/request_permission", params, held)
+        view.permissions[event.request_id] = rpc_id
+        return message
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _view(self, session_id: str) -> _SessionView:
+        view = self._sessions.get(session_id)
+        if view is None:
+            view = self._sessions[session_id] = _SessionView()
+        return view
+
+    def _update(self, session_id: str, update: dict[str, Any]) -> dict[str, Any]:
+        return self._rpc.notify("session/update", {"sessionId": session_id, "update": update})
+
+    def _notice(self, session_id: str, text: str, kind: str) -> dict[str, Any]:
+        update = {
+            "sessionUpdate": "agent_message_chunk",
+            **_text(f"\n\n[agent-supervisor] {text}\n\n"),
+            "_meta": {META_KEY: {"notice": kind}},
+        }
+        return self._update(session_id, update)
+
+    def _invalid(self, rid: RequestId, why: str) -> Output:
+        return Output(send=[self._rpc.respond_error(rid, INVALID_PARAMS, why)])
+
+    def _not_found(self, rid: RequestId, method: str) -> dict[str, Any]:
+        return self._rpc.respond_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
+
+
+# -- content ---------------------------------------------------------------------------------
+
+
+@frozen
+class _Refused:
+    why: str
+
+
+def prompt_text(blocks: Any) -> str | _Refused:
+    """A prompt's content blocks as the one text every agent behind can take.
+
+    Text as it is; a resource link as ``@name <uri>``; an embedded text resource (what
+    ``embeddedContext`` allows) inline, fenced with its URI. Images and audio are refused (we
+    do not advertise them: the session's prompt is text)."""
+    if not isinstance(blocks, list) or not blocks:
+        return _Refused("prompt must be a non-empty list of content blocks")
+    parts: list[str] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            return _Refused("a content block is not an object")
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            name = block.get("name") if isinstance(block.get("name"), str) else block["uri"]
+            parts.append(f"@{name} <{block['uri']}>")
+        elif kind == "resource" and isinstance(block.get("resource"), dict):
+            resource = block["resource"]
+            uri = str(resource.get("uri", ""))
+            if not isinstance(resource.get("text"), str):
+                return _Refused(f"embedded resource {uri} has no text (blobs are not supported)")
+            parts.append(f'<context uri="{uri}">\n{resource["text"]}\n</context>')
+        else:
+            return _Refused(f"content blocks of type {kind!r} are not supported")
+    text = "\n".join(parts)
+    if not text.strip():
+        return _Refused("the prompt is empty")
+    return text
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"content": {"type": "text", "text": text}}
+
+
+def _cwd(params: Mapping[str, Any]) -> str | None:
+    cwd = params.get("cwd")
+    return cwd if isinstance(cwd, str) and cwd.startswith("/") else None
+
+
+def _mcp(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    servers = params.get("mcpServers")
+    return [s for s in servers if isinstance(s, dict)] if isinstance(servers, list) else []
+
+
+def _idle_behavior(params: Mapping[str, Any]) -> str | None:
+    meta = params.get("_meta")
+    steering = meta.get("steering") if isinstance(meta, dict) else None
+    behavior = steering.get("idleBehavior") if isinstance(steering, dict) else None
+    return behavior if isinstance(behavior, str) else None
+
+
+def _permission_kind(option: ev.PermissionOption) -> str:
+    if option.option_kind in PERMISSION_KINDS:
+        return option.option_kind
+    words = f"{option.option_id} {option.name}".lower()
+    allow = any(w in words for w in ("allow", "accept", "approve", "yes"))
+    return ("allow" if allow else "reject") + ("_always" if "always" in words else "_once")
+
+
+#: Members of an ACP agent's own tool call objects that go on as they are.
+_TOOL_PASSED = ("content", "locations", "rawInput", "rawOutput")
+
+
+def _acp_raw(raw: Mapping[str, Any]) -> bool:
+    return raw.get("sessionUpdate") in ("tool_call", "tool_call_update")
+
+
+def _tool_call(event: ev.ToolCall) -> dict[str, Any]:
+    update: dict[str, Any] = {
+        "sessionUpdate": "tool_call",
+        "toolCallId": event.tool_call_id,
+        "title": event.title or event.tool_kind or "tool",
+    }
+    if event.tool_kind in TOOL_KINDS:
+        update["kind"] = event.tool_kind
+    if event.status in TOOL_STATUSES:
+        update["status"] = event.status
+    if _acp_raw(event.raw):
+        update.update({k: event.raw[k] for k in _TOOL_PASSED if event.raw.get(k) is not None})
+    return update
+
+
+def _tool_update(event: ev.ToolUpdate) -> dict[str, Any]:
+    update: dict[str, Any] = {"sessionUpdate": "tool_call_update", "toolCallId": event.tool_call_id}
+    if event.status in TOOL_STATUSES:
+        update["status"] = event.status
+    if _acp_raw(event.raw):
+        for key in ("title", *_TOOL_PASSED):
+            if event.raw.get(key) is not None:
+                update[key] = event.raw[key]
+        if event.raw.get("kind") in TOOL_KINDS:
+            update["kind"] = event.raw["kind"]
+    return update
+
+
+def _plan_entries(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Plan entries in ACP's shape, whatever words the agent behind used."""
+    out = []
+    for entry in entries:
+        content = entry.get("content") or entry.get("step") or entry.get("text") or ""
+        priority = entry.get("priority")
+        status = entry.get("status")
+        if status == "inProgress":
+            status = "in_progress"
+        out.append(
+            {
+                "content": str(content),
+                "priority": priority if priority in PLAN_PRIORITIES else "medium",
+                "status": status if status in PLAN_STATUSES else "pending",
+            }
+        )
+    return out

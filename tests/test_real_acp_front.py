@@ -1,0 +1,105 @@
+"""Tier 4: real agents that speak no ACP, behind ``agent-supervisor acp``, driven by the
+official TypeScript SDK client: the Codex app-server (protocol ``codex``) and Claude Code in
+stream-json mode (protocol ``claude``), each against the tests' fake model
+(``tests/realagents/fake_model.py``) in its own loopback-only network namespace where the host
+allows one. A quick turn, a turn cancelled while the model streams (the prompt answered
+``cancelled``), another quick turn; every message both ways valid ACP v1.
+
+Installed by ``tests/realagents/install.py`` (a skip with the reason when that is impossible, a
+failure under ``AGENT_SUPERVISOR_STRICT_SKIPS=1``). Real clock, generous bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_acp_front import AcpSchema, check_wire, run_ts
+from test_acp_front import schema as schema  # the fixture
+
+from realagents import install
+from realagents.agents import (
+    CLAUDE_STREAM_JSON,
+    CODEX_APP_SERVER,
+    RealAgent,
+    claude_stream_json_spec,
+    codex_app_server_spec,
+)
+from realagents.conftest import GRACE_S, noted_namespace, record, skip_or_fail
+from realagents.fake_model import FakeModel
+from realagents.scenarios import installed_as
+from supervisor.config import AgentSpec
+
+pytestmark = pytest.mark.real_process
+
+AGENTS: dict[str, tuple[RealAgent, Callable[..., AgentSpec]]] = {
+    "codex-app-server": (CODEX_APP_SERVER, codex_app_server_spec),
+    "claude-stream-json": (CLAUDE_STREAM_JSON, claude_stream_json_spec),
+}
+
+
+def config_toml(spec: AgentSpec, path: Path) -> Path:
+    """``spec`` as an ``[agents.NAME]`` table (JSON strings are TOML basic strings)."""
+    env = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in spec.env.items())
+    lines = [
+        f'[agents."{spec.name}"]',
+        f"protocol = {json.dumps(spec.protocol)}",
+        f"command = {json.dumps(list(spec.command))}",
+        f"env = {{ {env} }}",
+        f"grace_s = {spec.grace_s}",
+        f"kill_timeout_s = {spec.kill_timeout_s}",
+        f"start_timeout_s = {spec.start_timeout_s}",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("key", sorted(AGENTS))
+async def test_real_agent_through_the_front_door(
+    key: str, tmp_path: Path, schema: AcpSchema
+) -> None:
+    agent, spec_of = AGENTS[key]
+    try:
+        installed = install.ensure(agent.package)
+    except install.Unavailable as exc:
+        skip_or_fail(f"{key} is not available: {exc}")
+        raise
+    with noted_namespace() as namespace:
+        listener = namespace.listener if namespace is not None else None
+        with FakeModel(listener) as model:
+            prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
+            spec = spec_of(prepared, grace_s=GRACE_S)
+            if namespace is not None:
+                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+            config = config_toml(spec, tmp_path / "agents.toml")
+            result: dict[str, Any] = await run_ts(
+                tmp_path,
+                "real",
+                "--config",
+                os.fspath(config),
+                "--agent",
+                key,
+                cwd=os.fspath(prepared.cwd),
+            )
+    assert result["quick"]["stopReason"] == "end_turn", result
+    assert result["quickText"].strip(), "the quick turn said something"
+    assert result["cancelled"]["stopReason"] == "cancelled"
+    meta = result["cancelled"]["_meta"]["agentSupervisor"]
+    assert meta["outcome"] == "cancelled"
+    record(
+        agent=key,
+        install=installed_as(agent.package),
+        scenario="acp front door: cancel while streaming",
+        outcome=meta["outcome"],
+        elapsed_ms=meta["receipt"]["elapsed_ms"],
+        namespace=namespace is not None,
+        notes=f"ACP client heard stopReason cancelled {result['cancelMs']:.0f} ms after its cancel",
+    )
+    assert result["cancelMs"] < (GRACE_S + 2.0) * 1000
+    assert result["again"]["stopReason"] == "end_turn"
+    print(f"{key}: cancel heard by the ACP client in {result['cancelMs']:.0f} ms")
+    check_wire(tmp_path / "wire", schema)
