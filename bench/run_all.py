@@ -2,7 +2,8 @@
 
 Each benchmark runs in its own interpreter and prints its figures as a JSON line (``--json``);
 this collects them into one table a reader can trust: the ratios are measured in the same run,
-the absolute times are reported but are only this machine's.
+the absolute times are reported but are only this machine's. ``--only NAME`` runs one of them
+again and replaces its section, keeping the others.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ BENCHMARKS = [
     ("session_cost", ["--sessions", "40", "--cycles", "5", "--rounds", "30"]),
     ("scale", []),
     ("remote_cancel", ["--rounds", "50"]),
+    ("remote_fairness", ["--k", "0,10,50", "--rounds", "100"]),
 ]
 
 
@@ -43,9 +45,22 @@ def run(name: str, args: list[str]) -> tuple[dict[str, object], str]:
     return figures, text
 
 
+def section(name: str, figures: dict[str, object], text: str, load: str) -> list[str]:
+    body = [f"## {name}", "", "```", text, "```", "", load, ""]
+    body += ["| figure | value |", "|---|---|"]
+    for key, value in figures.items():
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        body.append(f"| {key} | {shown} |")
+    body.append("")
+    return body
+
+
 def main() -> None:
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     sections = []
     for name, args in BENCHMARKS:
+        if only is not None and name != only:
+            continue
         print(f"running bench/{name}.py ...", flush=True)
         before, free = os.getloadavg()[0], free_cpu()
         figures, text = run(name, args)
@@ -65,14 +80,23 @@ def main() -> None:
         "there (both sides of a ratio share the same conditions; absolute figures do not).",
         "",
     ]
+    if only is not None:
+        # One benchmark again (``--only NAME``): its section replaced (or added), the rest kept.
+        results = (HERE / "results.md").read_text()
+        name, figures, text, load = sections[0]
+        new = "\n".join(section(name, figures, text, load))
+        start = results.find(f"## {name}\n")
+        if start < 0:
+            results = results.rstrip("\n") + "\n\n" + new
+        else:
+            end = results.find("\n## ", start + 1)
+            results = results[:start] + new + (results[end:] if end >= 0 else "\n")
+        (HERE / "results.md").write_text(results)
+        print(f"updated {name} in {HERE / 'results.md'}")
+        return
     body = []
     for name, figures, text, load in sections:
-        body += [f"## {name}", "", "```", text, "```", "", load, ""]
-        body += ["| figure | value |", "|---|---|"]
-        for key, value in figures.items():
-            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-            body.append(f"| {key} | {shown} |")
-        body.append("")
+        body += section(name, figures, text, load)
     (HERE / "results.md").write_text("\n".join(header + body))
     print(f"wrote {HERE / 'results.md'}")
 

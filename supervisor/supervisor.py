@@ -140,6 +140,7 @@ class Supervisor:
         host: str | None = None,
         mcp_servers: Iterable[McpServer] = (),
         resume: str | None = None,
+        at_most: int | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -157,6 +158,9 @@ class Supervisor:
         (:class:`~supervisor.errors.AgentNotRunning`).
         ``resume``: the agent's own id of an earlier session (``Session.agent_session_id``) to go
         on with, the way a respawn does (a refused resume starts afresh, and says so).
+        ``at_most``: :class:`AtCapacity` too unless fewer than this many sessions are live here
+        (a node applies a front's ``[hosts.NAME] max_sessions`` with it: checked and counted
+        in one step, so two fronts racing for the last place cannot both win).
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -183,7 +187,7 @@ class Supervisor:
         check_text("cwd", where)
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
-        self._check_capacity(spec)
+        self._check_capacity(spec, at_most)
         session = Session(
             self._new_id(),
             spec,
@@ -198,8 +202,12 @@ class Supervisor:
             await session.wait_ready()
         return session
 
-    def _check_capacity(self, spec: AgentSpec) -> None:
+    def _check_capacity(self, spec: AgentSpec, at_most: int | None = None) -> None:
         live = [s for s in self._sessions.values() if s.state not in _ENDED]
+        if at_most is not None and len(live) >= at_most:
+            raise AtCapacity(
+                f"{len(live)} sessions are live here, its max_sessions for this host is {at_most}"
+            )
         if self.max_sessions is not None and len(live) >= self.max_sessions:
             raise AtCapacity(
                 f"{len(live)} sessions are running, the most this supervisor runs at once"

@@ -3,7 +3,8 @@ event its session had buffered for the connection before the response was queued
 
 Deterministic and without sockets or agents: a :class:`Fanout` stands in for a session (the
 actor's ``publish``, without its announcements), and the writer's next socket write is what
-``_collect`` returns. The same order over real processes and sockets, for every protocol, is
+``_collect`` returns. Causal order is per session: a response waits for the events of the
+session its request named, never for another session's. The same order over real processes and sockets, for every protocol, is
 ``tests/faults/test_wire_order.py``.
 """
 
@@ -13,6 +14,8 @@ import json
 from typing import Any, cast
 
 import attrs
+import trio
+import trio.testing
 
 from protocols import events as ev
 from supervisor.gateway import Gateway, GatewayLimits
@@ -101,7 +104,7 @@ def test_a_response_follows_the_events_buffered_before_it() -> None:
     assert drain(c) == [["sub-s1"]]
     session.delta()
     session.publish(ev.TurnEnded(turn_id="t1", outcome="cancelled"))
-    c._send({"id": "cancel", "ok": True, "result": {}})
+    c._send({"id": "cancel", "ok": True, "result": {}}, "s1")
     assert drain(c) == [["message.delta:1", "turn.ended:2", "cancel"]]
 
 
@@ -123,47 +126,67 @@ def test_events_after_a_response_are_not_held_back_by_it() -> None:
     subscribe(c, session)
     drain(c)
     session.delta()
-    c._send({"id": "prompt", "ok": True, "result": {}})
+    c._send({"id": "prompt", "ok": True, "result": {}}, "s1")
     session.delta()
     assert drain(c) == [["message.delta:1", "prompt", "message.delta:2"]]
 
 
-def test_each_response_waits_only_for_its_own_barrier_and_subscriptions() -> None:
+def test_each_response_waits_only_for_its_own_sessions_events() -> None:
+    """Another session's backlog is no barrier: a quiet session's answer goes at once."""
     c = client()
     one, two = Session("s1"), Session("s2")
     subscribe(c, one)
     subscribe(c, two)
     drain(c)
     one.delta()
-    c._send({"id": "a", "ok": True, "result": {}})
+    c._send({"id": "a", "ok": True, "result": {}}, "s1")
     two.delta()
     one.delta()
-    c._send({"id": "b", "ok": True, "result": {}})
+    c._send({"id": "b", "ok": True, "result": {}}, "s2")
     two.delta()
+    c._send({"id": "list", "ok": True, "result": {}})  # names no session: no barrier
     assert drain(c) == [
-        ["message.delta:1", "a", "message.delta:2", "message.delta:1", "b", "message.delta:2"]
-    ]
+        ["message.delta:1", "a", "message.delta:1", "b", "list", "message.delta:2",
+         "message.delta:2"]
+    ]  # fmt: skip
 
 
-def test_a_barrier_beyond_one_batch_spreads_over_writes_and_keeps_the_order() -> None:
-    """Batching stays bounded (``batch_events`` per subscription per write); a subscribe answer
-    queued behind a waiting response still precedes its subscription's events."""
+def test_a_barrier_beyond_one_batch_spreads_over_writes_and_others_pass_it() -> None:
+    """Batching stays bounded (``batch_events`` per subscription per write); while a response
+    waits for its session's backlog, another session's answer and events go ahead of it."""
     c = client(batch_events=4)
     one, two = Session("s1"), Session("s2")
     subscribe(c, one)
     drain(c)
     for _ in range(10):
         one.delta()
-    c._send({"id": "cancel", "ok": True, "result": {}})
+    c._send({"id": "cancel", "ok": True, "result": {}}, "s1")
     two.delta()
     subscribe(c, two, since_seq=0)
+    c._send({"id": "quiet", "ok": True, "result": {}}, "s2")
     one.delta()
     assert drain(c) == [
-        ["message.delta:1", "message.delta:2", "message.delta:3", "message.delta:4"],
+        ["message.delta:1", "message.delta:2", "message.delta:3", "message.delta:4",
+         "sub-s2", "message.delta:1", "quiet"],
         ["message.delta:5", "message.delta:6", "message.delta:7", "message.delta:8"],
-        ["message.delta:9", "message.delta:10", "cancel", "sub-s2", "message.delta:11",
-         "message.delta:1"],
+        ["message.delta:9", "message.delta:10", "cancel", "message.delta:11"],
     ]  # fmt: skip
+
+
+def test_one_write_is_bounded_across_subscriptions_and_they_take_turns() -> None:
+    c = client(batch_events=4)
+    c.limits.write_events = 6
+    sessions = [Session(f"s{i}") for i in range(3)]
+    for session in sessions:
+        subscribe(c, session)
+    drain(c)
+    for session in sessions:
+        for _ in range(4):
+            session.delta(session.id)
+    first, second = ([json.loads(_payload(f))["data"]["text"] for f in c._collect()] for _ in "12")
+    assert len(first) == len(second) == 6 and drain(c) == []  # two bounded writes, all sent
+    assert sorted(first + second) == ["s0"] * 4 + ["s1"] * 4 + ["s2"] * 4
+    assert first[0] != second[0]  # the next write starts with the next subscription
 
 
 def test_a_closed_subscription_does_not_hold_a_response() -> None:
@@ -173,7 +196,7 @@ def test_a_closed_subscription_does_not_hold_a_response() -> None:
     subscribe(c, session)
     drain(c)
     session.delta()
-    c._send({"id": "prompt", "ok": True, "result": {}})
+    c._send({"id": "prompt", "ok": True, "result": {}}, "s1")
     c._unsubscribe(session.id)
     assert drain(c) == [["prompt"]]
 
@@ -187,7 +210,7 @@ def test_a_subscription_that_ended_is_closed_before_the_answer_that_followed() -
     drain(c)
     session.delta()
     session.fanout.close()
-    c._send({"id": "stop", "ok": True, "result": {}})
+    c._send({"id": "stop", "ok": True, "result": {}}, "s1")
     assert drain(c) == [["message.delta:1", "subscription.closed", "stop"]]
     assert c._subscriptions == {}
 
@@ -199,5 +222,68 @@ def test_an_ended_subscription_already_drained_is_closed_before_the_answer() -> 
     session.delta()
     assert drain(c) == [["sub-s1", "message.delta:1"]]
     session.fanout.close()
-    c._send({"id": "stop", "ok": True, "result": {}})
+    c._send({"id": "stop", "ok": True, "result": {}}, "s1")
     assert drain(c) == [["subscription.closed", "stop"]]
+
+
+class PingingSocket:
+    """The writer's side of a WebSocket, in memory: the writes it made, the pings it sent,
+    and pongs the test hands back (as a client answers once it has read up to the ping)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.writes: list[list[bytes]] = []
+        self.pings_sent = 0
+        self.pongs_seen = 0
+        self.pong_lot = trio.lowlevel.ParkingLot()
+
+    async def send_frames(self, frames: list[bytes]) -> None:
+        self.writes.append(frames)
+        await trio.lowlevel.checkpoint()
+
+    async def ping(self) -> int:
+        self.pings_sent += 1
+        await trio.lowlevel.checkpoint()
+        return self.pings_sent
+
+    def pong(self, number: int) -> None:
+        self.pongs_seen = number
+        self.pong_lot.unpark_all()
+
+
+async def test_flight_bytes_paces_events_by_pongs_but_never_an_answer() -> None:
+    """The writer pings after each quarter of ``flight_bytes``; with four pings unanswered it
+    writes no more events, but an answer (with the events of its own session it must follow)
+    still goes at once; a pong lets events go again; a reader waiting for the writer to drain
+    its answers (it reads no pong then) lets everything go."""
+    limits = GatewayLimits()
+    limits.batch_events, limits.write_events, limits.flight_bytes = 4, 4, 2400
+    socket = PingingSocket()
+    c = _Client(Gateway(cast(Supervisor, None), limits=limits), cast(ServerWebSocket, socket))
+    flooder, quiet = Session("s1"), Session("s2")
+    subscribe(c, quiet)
+    subscribe(c, flooder)
+    for _ in range(200):
+        flooder.delta("x" * 100)  # ~150 bytes a frame: 4 a write, a ping each write
+    async with trio.open_nursery() as nursery:
+        c._nursery = nursery
+        nursery.start_soon(c._writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert socket.pings_sent == 4 and socket.pongs_seen == 0
+        held = len(socket.writes)
+        c._notify()  # more events announced: still held
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) == held
+        quiet.publish(ev.TurnEnded(turn_id="t1", outcome="cancelled"))
+        c._send({"id": "receipt", "ok": True, "result": {}}, "s2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) == held + 1
+        assert wire(socket.writes[-1]) == ["turn.ended:1", "receipt"]
+        socket.pong(socket.pings_sent)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(socket.writes) > held + 1 and socket.pings_sent - socket.pongs_seen == 4
+        c._reader_parked = True
+        socket.pong_lot.unpark_all()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sum(len(write) for write in socket.writes) == 2 + 1 + 1 + 200
+        nursery.cancel_scope.cancel()

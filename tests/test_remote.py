@@ -21,8 +21,8 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError, builtin_agents, parse_agents
 from supervisor.errors import BadRequest
 from supervisor.gateway import Gateway
-from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
-from supervisor.remote.front import RemoteHosts
+from supervisor.remote import HostSpec, HostUnreachable, RemoteSession
+from supervisor.remote.front import RemoteHosts, rank
 from supervisor.remote.handshake import Hello, package_version, spec_from_wire, spec_to_wire
 from supervisor.remote.hosts import DEFAULT_DETACH_S, check_agent_hosts, parse_hosts
 from supervisor.remote.link import classify_transport_failure
@@ -83,26 +83,23 @@ def test_the_bridge_command_is_quoted_for_ssh_only() -> None:
 
 
 def test_placement_goes_to_the_most_room_then_says_capacity() -> None:
-    hosts = {
-        "small": HostSpec(name="small", transport=["x"], max_sessions=1),
-        "big": HostSpec(name="big", transport=["x"], max_sessions=3),
-    }
-    remote = RemoteHosts(nursery=None, hosts=hosts)  # type: ignore[arg-type]
+    """Ranking from the counts the nodes gave (sessions of every front)."""
+    small = HostSpec(name="small", transport=["x"], max_sessions=1)
+    big = HostSpec(name="big", transport=["x"], max_sessions=3)
+    endless = HostSpec(name="endless", transport=["x"])
+    assert rank([small, big], {"small": 0, "big": 0}) == ([big, small], [])
+    assert rank([small, big], {"small": 0, "big": 2}) == ([small, big], [])  # ties: fewer
+    assert rank([small, big], {"small": 1, "big": 1}) == ([big], [small])
+    assert rank([small, big], {"small": 1, "big": 3}) == ([], [small, big])
+    assert rank([small, endless], {"small": 0, "endless": 9}) == ([endless, small], [])
+    remote = RemoteHosts(nursery=None, hosts={"small": small, "big": big})  # type: ignore[arg-type]
     spec = AgentSpec(name="a", protocol="acp", command=["a"], hosts=("small", "big"))
-    placed = []
-    for _ in range(4):
-        host = remote.place(spec, None)
-        placed.append(host.name)
-        remote._starting[host.name] = remote._starting.get(host.name, 0) + 1
-    assert placed == ["big", "big", "small", "big"]  # room 3, 2, then 1 each: the fewer sessions
-    with pytest.raises(HostCapacity, match="every host"):
-        remote.place(spec, None)
-    with pytest.raises(HostCapacity, match="holds its max_sessions"):
-        remote.place(spec, "small")
+    assert remote.candidates(spec, None) == [small, big]
+    assert remote.candidates(spec, "small") == [small]
     with pytest.raises(BadRequest, match="may not run on"):
-        remote.place(spec.with_options(hosts=("big",)), "small")
+        remote.candidates(spec.with_options(hosts=("big",)), "small")
     with pytest.raises(BadRequest, match="unknown host"):
-        remote.place(spec, "elsewhere")
+        remote.candidates(spec, "elsewhere")
 
 
 def test_hello_and_spec_round_trip() -> None:
@@ -140,7 +137,7 @@ def test_transport_failures_are_named(returncode: int, stderr: str, cause: str) 
     assert str(error).startswith("host b1: ")
 
 
-async def test_a_spec_is_refused_by_a_gateway_that_is_not_a_node() -> None:
+async def test_a_spec_or_a_host_limit_is_refused_by_a_gateway_that_is_not_a_node() -> None:
     from supervisor.client import GatewayError, connect
 
     async with open_supervisor() as sup, trio.open_nursery() as nursery:
@@ -151,6 +148,9 @@ async def test_a_spec_is_refused_by_a_gateway_that_is_not_a_node() -> None:
                     "session.start", {"agent": "demo", "spec": spec_to_wire(sup.agents["demo"])}
                 )
             assert raised.value.code == "bad_request"
+            with pytest.raises(GatewayError, match="'max_sessions' is for nodes"):
+                await client.request("session.start", {"agent": "demo", "max_sessions": 1})
+            assert sup.list() == []
         nursery.cancel_scope.cancel()
 
 

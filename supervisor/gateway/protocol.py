@@ -54,6 +54,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("spec", (dict,), required=False),  # the agent's definition: nodes only
         # ACP ``McpServer`` objects, on top of the agent's own (``protocols/mcp.py``)
         _Field("mcp_servers", (list,), required=False),
+        # nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
+        _Field("max_sessions", (int,), required=False),
     ),
     "session.list": (),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),

@@ -18,7 +18,8 @@ import secrets
 import socket
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from http import HTTPStatus
 from typing import Any, Final
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -76,6 +77,19 @@ class GatewayLimits:
     subscriber_stall_s: float = 5.0
     #: events taken from one subscription for one socket write (several frames, one write)
     batch_events: int = 256
+    #: events of all subscriptions in one socket write (beyond a response's own barrier): a
+    #: connection subscribed to many flooding sessions writes in bounded pieces, so a response
+    #: queued meanwhile waits behind one piece, not one batch of every subscription;
+    #: subscriptions take turns being first
+    write_events: int = 1024
+    #: flow control above TCP (None: off): at most about this many bytes of events written and
+    #: not yet read by the client. The writer pings after each quarter of it, and while four
+    #: pings are unanswered (a client answers a ping once it has read what came before) it
+    #: writes only answers to requests (and the events their barriers need), no more events. For
+    #: a node's gateway, whose one client (a front's link) sits behind pipes and an SSH
+    #: channel that buffer megabytes TCP knows nothing of: without it a quiet session's
+    #: receipt queues behind all of that (``design/remote.md``, "Flow control")
+    flight_bytes: int | None = None
     #: the transport's hard frame limit; frames between MAX_FRAME_BYTES and this get too_large
     hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
     #: an HTTP request head, and a body for the small API
@@ -133,7 +147,14 @@ class _Incoming:
 class Gateway:
     """The server. ``ssl_context`` serves HTTPS and WSS (``--tls-cert``/``--tls-key``);
     ``allow_hosts`` are more names clients may reach it by (the ``Host`` check: a DNS-rebinding
-    guard), ``NAME`` (this port) or ``NAME:PORT``."""
+    guard), ``NAME`` (this port) or ``NAME:PORT``.
+
+    ``client_scope``: a hook for an embedding program, called for each WebSocket client once
+    it has shown the token and completed the handshake; the async context manager it returns
+    is entered before the client's first request is read and exited when the client is gone
+    (it closed, broke, or the server stopped). A node counts its drivers with it
+    (``supervisor/remote/node.py``). An exception it raises on entry refuses the client
+    (the connection closes)."""
 
     def __init__(
         self,
@@ -146,8 +167,10 @@ class Gateway:
         ssl_context: ssl.SSLContext | None = None,
         allow_hosts: Sequence[str] = (),
         accept_specs: bool = False,
+        client_scope: Callable[[], AbstractAsyncContextManager[object]] | None = None,
     ) -> None:
         self.supervisor = supervisor
+        self.client_scope = client_scope
         #: ``session.start`` may carry the agent's definition (``spec``): a node's gateway,
         #: driven by a front that already runs commands on this host (``supervisor/remote/``)
         self.accept_specs = accept_specs
@@ -578,11 +601,13 @@ class Gateway:
             await self._respond(conn, stream, 400, _json_error("bad_request", str(exc)), close=True)
             return
         client = _Client(self, websocket)
-        self._clients.add(client)
-        try:
-            await client.run()
-        finally:
-            self._clients.discard(client)
+        scope = self.client_scope() if self.client_scope is not None else nullcontext()
+        async with scope:
+            self._clients.add(client)
+            try:
+                await client.run()
+            finally:
+                self._clients.discard(client)
 
     async def close_connections(self, timeout: float = 2.0) -> None:
         """Stop accepting, and tell every WebSocket client goodbye: what is buffered for it is
@@ -594,6 +619,9 @@ class Gateway:
                 for client in list(self._clients):
                     nursery.start_soon(client.leave)
 
+
+#: Flow-control pings per ``flight_bytes``: finer steps keep the pipe fuller for the same bound.
+_FLIGHT_PINGS: Final = 4
 
 #: Where each subscription of a connection stood when a response was queued: (session id, its
 #: subscription, :attr:`Subscription.offered` then). The response goes out after those events.
@@ -615,6 +643,10 @@ class _Client:
         self._wake = trio.lowlevel.ParkingLot()  # the writer waits here for work
         self._ready = False  # there is work: a response, or events a subscription announced
         self._drained = trio.lowlevel.ParkingLot()  # the reader waits here for the writer
+        self._reader_parked = False  # (then no pong can be read: the writer must not wait)
+        self._unacked = 0  # bytes written since the last flow-control ping
+        self._marks: deque[int] = deque()  # flow-control pings not answered yet
+        self._first = 0  # the subscription that goes first in the next write
         self._pending = 0
         self._nursery: trio.Nursery | None = None
         self._leaving = False  # the server shuts down: send what is buffered, then close
@@ -628,7 +660,14 @@ class _Client:
                 while True:
                     message = await self.websocket.get_message()
                     while len(self._responses) >= self.limits.outgoing_buffer:
-                        await self._drained.park()  # it does not read its answers: wait
+                        # It does not read its answers: wait (and let the writer go on
+                        # without flow-control pongs, which only this task could read).
+                        self._reader_parked = True
+                        self.websocket.pong_lot.unpark_all()
+                        try:
+                            await self._drained.park()
+                        finally:
+                            self._reader_parked = False
                     self._on_frame(message)
             except WebSocketClosed:
                 pass
@@ -644,6 +683,8 @@ class _Client:
         """Send what is buffered (a shutdown's last ``turn.ended``, say), then close."""
         self._leaving = True
         self._notify()
+        if self.limits.flight_bytes is not None:
+            self.websocket.pong_lot.unpark_all()  # a goodbye is not paced: it is bounded
         await self._left.wait()
 
     def _on_frame(self, frame: str | bytes) -> None:
@@ -664,16 +705,22 @@ class _Client:
         self._pending += 1
         self._nursery.start_soon(self._serve, decoded)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        """Queue a response or notice for the writer, behind every event already buffered for
-        this connection (bounded: the reader waits when full). A cancel's answer is queued
-        once its session has emitted the turn's ``turn.ended``: the wire keeps that order."""
-        barrier = tuple(
-            (session_id, subscription, subscription.offered)
-            for session_id, subscription in self._subscriptions.items()
+    def _send(self, message: dict[str, Any], session_id: str | None = None) -> None:
+        """Queue a response or notice for the writer, behind every event of ``session_id``
+        (the session the request named) already buffered for this connection (bounded: the
+        reader waits when full). A cancel's answer is queued once its session has emitted the
+        turn's ``turn.ended``: the wire keeps that order. Other sessions' events are no
+        barrier: a quiet session's receipt does not wait behind a flooding one's backlog."""
+        subscription = self._subscriptions.get(session_id) if session_id is not None else None
+        barrier: _Barrier = (
+            ((session_id, subscription, subscription.offered),)
+            if session_id is not None and subscription is not None
+            else ()
         )
         self._responses.append((text_frame(_json(message)), barrier))
         self._notify()
+        if self.limits.flight_bytes is not None:
+            self.websocket.pong_lot.unpark_all()  # a writer held by flow control sends answers
 
     def _notify(self) -> None:
         self._ready = True
@@ -688,9 +735,21 @@ class _Client:
                 while not self._ready:
                     await self._wake.park()
                 self._ready = False
+                if self._window_full():
+                    # Flow control: only answers go now (a receipt must not wait for the
+                    # client to read a whole allowance of other sessions' events); events
+                    # wait for a pong. A new answer wakes us too (``_send``).
+                    frames = self._collect(events=False)
+                    if frames:
+                        await self.websocket.send_frames(frames)
+                        await self._count_flight(frames)
+                    self._ready = True
+                    await self.websocket.pong_lot.park()
+                    continue
                 frames = self._collect()
                 if frames:
                     await self.websocket.send_frames(frames)
+                    await self._count_flight(frames)
                 if self._leaving and not self._ready:
                     await self.websocket.close(CLOSE_GOING_AWAY, "the server is shutting down")
                     self._left.set()
@@ -701,20 +760,45 @@ class _Client:
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()
 
-    def _collect(self) -> list[bytes]:
-        """What to send next, in causal order: each queued response after the events its
-        barrier names, then up to ``batch_events`` events of each subscription. A barrier more
-        than a batch away is reached over several writes, and nothing queued behind it goes
-        first (a subscribe answer is queued before its subscription exists, so it precedes the
-        replay)."""
+    def _window_full(self) -> bool:
+        """Flow control (``GatewayLimits.flight_bytes``): a ping goes after each quarter of the
+        allowance; with four unanswered, the client has not read a whole allowance yet. Never
+        while the reader waits for us to drain its answers (it reads no pong meanwhile), nor
+        once the server says goodbye (what is buffered goes, within the shutdown's bound)."""
+        websocket = self.websocket
+        while self._marks and websocket.pongs_seen >= self._marks[0]:
+            self._marks.popleft()
+        return (
+            len(self._marks) >= _FLIGHT_PINGS
+            and not self._reader_parked
+            and not self._leaving
+            and not websocket.closed
+        )
+
+    async def _count_flight(self, frames: list[bytes]) -> None:
+        flight = self.limits.flight_bytes
+        if flight is None:
+            return
+        self._unacked += sum(len(frame) for frame in frames)
+        if self._unacked >= flight // _FLIGHT_PINGS:
+            self._unacked = 0
+            self._marks.append(await self.websocket.ping())
+
+    def _collect(self, *, events: bool = True) -> list[bytes]:
+        """What to send next, in causal order: each queued response after the events of its
+        session its barrier names, then (``events``) up to ``batch_events`` events of each
+        subscription.
+        A barrier more than a batch away is reached over several writes; meanwhile a response
+        of another session goes ahead of it (a response of the same session cannot: its mark
+        is at least as far), so one session's backlog holds up no other session's answers."""
         frames: list[bytes] = []
         batch = self.limits.batch_events
         sent: dict[Subscription, int] = {}  # events taken per subscription for this write
-        responses = self._responses
+        waiting: deque[tuple[bytes, _Barrier]] = deque()
         answered = 0
-        blocked = False
-        while responses and not blocked:
-            frame, barrier = responses[0]
+        while self._responses:
+            frame, barrier = self._responses.popleft()
+            reached = True
             for session_id, subscription, mark in barrier:
                 behind = mark - subscription.taken
                 if behind > 0:
@@ -723,22 +807,29 @@ class _Client:
                     sent[subscription] = done
                 if subscription.pending:
                     if subscription.taken < mark:
-                        blocked = True  # this write's batch is used up: the rest goes next
+                        reached = False  # this write's batch is used up: the rest goes next
                 elif subscription.ended:
                     self._finish(session_id, subscription, frames)
                 # (Nothing pending short of the mark: the subscriber closed, its events are gone.)
-            if not blocked:
-                responses.popleft()
+            if reached:
                 frames.append(frame)
                 answered += 1
+            else:
+                waiting.append((frame, barrier))
+        self._responses = waiting
         if answered:
             self._drained.unpark_all()
-        if blocked:
+        if waiting:
             self._ready = True
+        if not events:
             return frames
         ended: list[str] = []
-        for session_id, subscription in self._subscriptions.items():
-            self._take(subscription, batch - sent.get(subscription, 0), frames)
+        room = self.limits.write_events
+        subscriptions = list(self._subscriptions.items())
+        first = self._first % len(subscriptions) if subscriptions else 0
+        self._first = first + 1
+        for session_id, subscription in subscriptions[first:] + subscriptions[:first]:
+            room -= self._take(subscription, min(room, batch - sent.get(subscription, 0)), frames)
             if subscription.pending:
                 self._ready = True  # more than one batch: go on after this write
             elif subscription.ended:
@@ -791,7 +882,8 @@ class _Client:
             response = ok_response(request.id, result)
         finally:
             self._pending -= 1
-        self._send(response)
+        session_id = request.payload.get("session_id")
+        self._send(response, session_id if isinstance(session_id, str) else None)
 
     async def _dispatch(self, request: Request) -> dict[str, Any] | None:
         payload = request.payload
@@ -802,11 +894,15 @@ class _Client:
         if action == "session.list":
             return self.gateway._sessions_result()
         if action == "session.start":
+            at_most = payload.get("max_sessions")
+            if at_most is not None and not self.gateway.accept_specs:
+                raise BadRequest("'max_sessions' is for nodes (agent-supervisor node)")
             session = await sup.start_session(
                 self._agent(payload),
                 cwd=payload.get("cwd"),
                 host=payload.get("host"),
                 mcp_servers=_mcp_servers(payload),
+                at_most=at_most,
             )
             host = {"host": session.host} if session.host is not None else {}
             return {"session_id": session.id, "state": session.state, **host}

@@ -23,6 +23,7 @@ from wsproto.events import (
     CloseConnection,
     Message,
     Ping,
+    Pong,
     Request,
     TextMessage,
 )
@@ -84,6 +85,12 @@ class ServerWebSocket:
         self.closed = False
         #: why it closed (a WebSocket close code), once it has
         self.close_code: int | None = None
+        #: pings we sent (numbered 1, 2, ...) and the highest one the peer answered: a peer
+        #: answers a ping once it has read everything sent before it (flow control)
+        self.pings_sent = 0
+        self.pongs_seen = 0
+        #: woken by each pong, and when the connection closes
+        self.pong_lot = trio.lowlevel.ParkingLot()
 
     async def accept(self, request: bytes) -> None:
         """Complete the handshake for an upgrade request already read (its raw bytes)."""
@@ -111,6 +118,13 @@ class ServerWebSocket:
     async def send_frames(self, frames: list[bytes]) -> None:
         """Send complete frames (from :func:`text_frame`) with one transport write."""
         await self._send(b"".join(frames) if len(frames) > 1 else frames[0], data_frames=True)
+
+    async def ping(self) -> int:
+        """Send a numbered ping; its number (``pongs_seen`` reaches it when answered)."""
+        self.pings_sent += 1
+        number = self.pings_sent
+        await self._send(self._ws.send(Ping(payload=str(number).encode())), data_frames=True)
+        return number
 
     async def close(self, code: int, reason: str = "") -> None:
         """Start the close handshake; nothing more is sent after it."""
@@ -140,12 +154,21 @@ class ServerWebSocket:
             elif isinstance(event, Ping):
                 if self._ws.state is ConnectionState.OPEN:
                     reply += self._ws.send(event.response())
+            elif isinstance(event, Pong):
+                try:
+                    number = int(bytes(event.payload))
+                except ValueError:
+                    continue  # not ours (an unsolicited pong)
+                if self.pongs_seen < number <= self.pings_sent:
+                    self.pongs_seen = number
+                    self.pong_lot.unpark_all()
             elif isinstance(event, CloseConnection):
                 # The peer closed (answer it), or sent something invalid (close with its code).
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:
                     reply += self._ws.send(event.response())
                     self.closed = True
                     self.close_code = event.code
+                    self.pong_lot.unpark_all()
                 else:
                     reply += self._close(event.code, event.reason or "")
                 break
@@ -154,6 +177,7 @@ class ServerWebSocket:
 
     def _close(self, code: int, reason: str) -> bytes:
         self.closed = True
+        self.pong_lot.unpark_all()
         self.close_code = code
         if self._ws.state is ConnectionState.OPEN:
             return self._ws.send(CloseConnection(code=code, reason=reason))
@@ -167,4 +191,5 @@ class ServerWebSocket:
                 await self._stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.closed = True
+                self.pong_lot.unpark_all()
                 raise WebSocketClosed(self.close_code) from None

@@ -2,10 +2,14 @@
 
 The :class:`~supervisor.Supervisor` owns one :class:`RemoteHosts`; ``start_session`` hands it
 every session whose agent lists ``hosts`` (or that names a ``host``). Placement: the host
-asked for, which must be one of the agent's; else the agent's host with the most room
-(``max_sessions`` minus the sessions this front has there; no limit counts as endless room;
-ties go to the fewer sessions, then the order of the agent's list); ``capacity`` when none
-has room.
+asked for, which must be one of the agent's; else the agent's host with the most room, as
+the nodes count it: each candidate's node is asked how many sessions it holds, from every
+front (``max_sessions`` minus that; no limit counts as endless room; ties go to the fewer
+sessions, then the order of the agent's list; a host that does not answer in
+``PROBE_TIMEOUT_S`` is skipped with its cause). The node is the authority: ``session.start``
+carries the host's ``max_sessions`` and the node refuses a start over it (``capacity``), so two
+fronts racing for its last place cannot both win; the loser tries its next host. ``capacity``
+when none has room; the unreachable host's error when none answered.
 """
 
 from __future__ import annotations
@@ -14,21 +18,27 @@ import logging
 import math
 import os
 from collections.abc import Mapping
+from typing import Final
 
 import trio
 
 from supervisor.config import AgentSpec, builtin_agents
-from supervisor.errors import BadRequest
-from supervisor.remote.errors import HostCapacity, NodeRetired
+from supervisor.errors import BadRequest, SupervisorError
+from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
 from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.remote.link import NodeLink
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 
-__all__ = ["RemoteHosts"]
+__all__ = ["PROBE_TIMEOUT_S", "RemoteHosts", "rank"]
 
 log = logging.getLogger(__name__)
+
+#: Placement asks each candidate's node how many sessions it holds, waiting at most this long
+#: (or the host's ``connect_timeout_s`` if shorter): a first connection, the node starting,
+#: takes ~1-2 s here; a host that does not answer in time is skipped with its cause.
+PROBE_TIMEOUT_S: Final = 10.0
 
 
 class RemoteHosts:
@@ -60,11 +70,6 @@ class RemoteHosts:
         if self.record is not None:
             self.record.remove(session.id)
 
-    def sessions_on(self, host: str) -> int:
-        links = [self._links.get(host), *(old for old in self._retired if old.host.name == host)]
-        held = sum(len(link.sessions) for link in links if link is not None)
-        return held + self._starting.get(host, 0)
-
     def _retire(self, link: NodeLink) -> None:
         """``link``'s node was retired: it keeps driving the sessions there, and the host's
         next session goes through a new link, to the host's current node."""
@@ -73,7 +78,8 @@ class RemoteHosts:
             self._retired = [old for old in self._retired if old.sessions]
             self._retired.append(link)
 
-    def place(self, spec: AgentSpec, host: str | None) -> HostSpec:
+    def candidates(self, spec: AgentSpec, host: str | None) -> list[HostSpec]:
+        """The hosts ``spec`` may start on now: ``host`` (checked), else every one it lists."""
         if host is not None:
             if host not in self.hosts:
                 known = ", ".join(sorted(self.hosts)) or "none"
@@ -81,34 +87,75 @@ class RemoteHosts:
             if host not in spec.hosts:
                 where = ", ".join(spec.hosts) or "this machine only"
                 raise BadRequest(f"agent {spec.name!r} may not run on {host} (its hosts: {where})")
-            if self._room(self.hosts[host]) <= 0:
-                raise HostCapacity(
-                    f"host {host} holds its max_sessions ({self.hosts[host].max_sessions})"
-                )
-            return self.hosts[host]
+            return [self.hosts[host]]
         candidates = [self.hosts[name] for name in spec.hosts if name in self.hosts]
         if not candidates:
             raise BadRequest(f"agent {spec.name!r} lists no configured host")
-        best = max(
-            enumerate(candidates),
-            key=lambda item: (self._room(item[1]), -self.sessions_on(item[1].name), -item[0]),
-        )[1]
-        if self._room(best) <= 0:
-            raise HostCapacity(
-                f"every host of agent {spec.name!r} holds its max_sessions"
-                f" ({', '.join(f'{h.name}: {h.max_sessions}' for h in candidates)})"
-            )
-        return best
+        return candidates
 
-    def _room(self, host: HostSpec) -> float:
-        if host.max_sessions is None:
-            return math.inf
-        return host.max_sessions - self.sessions_on(host.name)
+    async def count(self, host: HostSpec) -> int:
+        """How many sessions the host's node holds now, from every front (bounded by
+        ``PROBE_TIMEOUT_S``; raises :class:`HostUnreachable`), plus ours still being placed
+        there (the node counts a session once it started)."""
+        link = self.link(host.name)
+        timeout = min(PROBE_TIMEOUT_S, host.connect_timeout_s)
+        with trio.move_on_after(timeout):
+            try:
+                conn = await link.connection(deadline=trio.current_time() + timeout)
+                result = await conn.request("session.list", {})
+            except LinkLost as exc:
+                raise HostUnreachable(host.name, "transport_failed", str(exc)) from None
+            sessions = result.get("sessions")
+            live = [
+                s
+                for s in (sessions if isinstance(sessions, list) else [])
+                if isinstance(s, dict) and s.get("state") not in ("stopped", "failed")
+            ]
+            # A retired node (an upgrade on the host) still holds ours; other fronts' there
+            # are not counted (the current node enforces max_sessions on its own).
+            retired = sum(len(old.sessions) for old in self._retired if old.host.name == host.name)
+            return len(live) + retired + self._starting.get(host.name, 0)
+        raise HostUnreachable(
+            host.name, "timeout", f"no answer to how many sessions it holds in {timeout:g} s"
+        )
 
     async def start_session(
         self, spec: AgentSpec, *, host: str | None, cwd: str | None
     ) -> RemoteSession:
-        chosen = self.place(spec, host)
+        """Place and start a session: on the host asked for, else on the agent's host with
+        the most room as its node counts it (see :func:`rank`); a node refuses a start over
+        its ``max_sessions`` itself (``capacity``), and the next host is tried."""
+        candidates = self.candidates(spec, host)
+        failures: list[tuple[HostSpec, SupervisorError]] = []
+        if len(candidates) > 1:
+            counts: dict[str, int] = {}
+
+            async def probe(candidate: HostSpec) -> None:
+                try:
+                    counts[candidate.name] = await self.count(candidate)
+                except HostUnreachable as exc:
+                    failures.append((candidate, exc))
+
+            async with trio.open_nursery() as nursery:
+                for candidate in candidates:
+                    nursery.start_soon(probe, candidate)
+            for candidate, exc in failures:
+                log.warning(
+                    "placing a session of %r: skipping %s: %s", spec.name, candidate.name, exc
+                )
+            ordered, full = rank([c for c in candidates if c.name in counts], counts)
+            failures += [(c, HostCapacity(_full(c, counts[c.name]))) for c in full]
+        else:
+            ordered = candidates
+        for chosen in ordered:
+            try:
+                return await self._start_on(chosen, spec, cwd)
+            except (HostCapacity, HostUnreachable) as exc:
+                failures.append((chosen, exc))  # (another front took the last place meanwhile)
+                log.info("placing a session of %r: %s refused: %s", spec.name, chosen.name, exc)
+        raise _no_host(spec, candidates, failures)
+
+    async def _start_on(self, chosen: HostSpec, spec: AgentSpec, cwd: str | None) -> RemoteSession:
         name = chosen.name
         if cwd is None and not chosen.transport:
             cwd = os.getcwd()  # this machine, with no transport: where a local session starts
@@ -119,6 +166,8 @@ class RemoteHosts:
                 payload["cwd"] = cwd
             if not _is_builtin(spec):
                 payload["spec"] = spec_to_wire(spec)
+            if chosen.max_sessions is not None:
+                payload["max_sessions"] = chosen.max_sessions  # the node decides, for all fronts
             for attempt in range(3):
                 link = self.link(name)
                 conn = await link.connection()
@@ -205,6 +254,52 @@ class RemoteHosts:
             await link.aclose()
         if self.record is not None:
             self.record.close(release=release)
+
+
+def rank(
+    candidates: list[HostSpec], counts: Mapping[str, int]
+) -> tuple[list[HostSpec], list[HostSpec]]:
+    """(the hosts with room, best first; the full ones), from the sessions each node holds:
+    the most room first (``max_sessions`` minus its count; no limit is endless room), ties to
+    the fewer sessions, then the order of the agent's list."""
+
+    def room(host: HostSpec) -> float:
+        if host.max_sessions is None:
+            return math.inf
+        return host.max_sessions - counts[host.name]
+
+    ordered = sorted(
+        enumerate(candidates), key=lambda item: (-room(item[1]), counts[item[1].name], item[0])
+    )
+    return [h for _, h in ordered if room(h) > 0], [h for _, h in ordered if room(h) <= 0]
+
+
+def _full(host: HostSpec, count: int) -> str:
+    return f"host {host.name} holds {count} sessions, its max_sessions is {host.max_sessions}"
+
+
+def _no_host(
+    spec: AgentSpec, candidates: list[HostSpec], failures: list[tuple[HostSpec, SupervisorError]]
+) -> SupervisorError:
+    """No host took the session: ``capacity`` if one was full, else the host unreachable
+    (its cause; every host's in the message when there were several)."""
+    if len(failures) == 1:
+        return failures[0][1]
+    said = "; ".join(
+        f"{host.name} unreachable ({exc.cause}): {exc}"
+        if isinstance(exc, HostUnreachable)
+        else f"{host.name}: {exc}"
+        for host, exc in failures
+    )
+    unreachable = [exc for _, exc in failures if isinstance(exc, HostUnreachable)]
+    if len(unreachable) == len(failures) and unreachable:
+        first = unreachable[0]
+        return HostUnreachable(
+            first.host, first.cause, f"no host of agent {spec.name!r} answered ({said})"
+        )
+    if unreachable:
+        return HostCapacity(f"every host of agent {spec.name!r} is full or did not answer ({said})")
+    return HostCapacity(f"every host of agent {spec.name!r} holds its max_sessions ({said})")
 
 
 def _is_builtin(spec: AgentSpec) -> bool:

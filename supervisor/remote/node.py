@@ -27,6 +27,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,7 +80,7 @@ def main_node(args: argparse.Namespace) -> int:
 
 
 class Presence:
-    """Who drives the node: connections open now, and a wait for nobody for ``detach_s``."""
+    """Who drives the node: clients connected now, and a wait for nobody for ``detach_s``."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -97,6 +98,15 @@ class Presence:
         self._changed.set()
         self._changed = trio.Event()
 
+    @contextlib.asynccontextmanager
+    async def driving(self) -> AsyncIterator[None]:
+        """One driver (the gateway's ``client_scope``: an authenticated WebSocket client)."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
     async def wait_abandoned(self, detach_s: float) -> None:
         """Return once no connection has been open for ``detach_s`` in a row."""
         while True:
@@ -110,19 +120,21 @@ class Presence:
 
 
 def _node_gateway(supervisor: Any, presence: Presence, listener: trio.SocketListener) -> Any:
-    from supervisor.gateway import Gateway
+    """The gateway, counting who drives it and taking agent definitions from fronts."""
+    import attrs
 
-    class NodeGateway(Gateway):
-        """The gateway, counting who drives it and taking agent definitions from fronts."""
+    from supervisor.gateway import LIMITS, Gateway
 
-        async def _handle_stream(self, stream: trio.abc.Stream) -> None:
-            presence.enter()
-            try:
-                await super()._handle_stream(stream)
-            finally:
-                presence.leave()
-
-    return NodeGateway(supervisor, host="127.0.0.1", port=0, accept_specs=True)
+    # Flow control for the link (design/remote.md, "Flow control across the link").
+    limits = attrs.evolve(LIMITS, send_buffer_bytes=65536, flight_bytes=32768, write_events=64)
+    return Gateway(
+        supervisor,
+        host="127.0.0.1",
+        port=0,
+        accept_specs=True,
+        limits=limits,
+        client_scope=presence.driving,
+    )
 
 
 def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -> int:
