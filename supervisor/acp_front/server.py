@@ -125,6 +125,7 @@ class AcpFront:
 
     async def serve(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
         """Until the client closes its end (EOF), then every session here is stopped."""
+        self._prune()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -256,6 +257,7 @@ class AcpFront:
             )
         )
         self._save(live)
+        self._prune()
 
     async def _open(self, action: OpenSession) -> None:
         live = self._live.get(action.session_id)
@@ -444,6 +446,11 @@ class AcpFront:
             isinstance(event, ev.SessionState) and event.state == "ready"
         ):
             self._save(live)  # the agent's session id may be new (a refused resume)
+
+    def _prune(self) -> None:
+        """Keep ``acp-sessions/`` bounded (``Records.prune``); the sessions open here stay."""
+        if self.backend.persistent_ids:
+            self.records.prune(keep=self._live.keys())
 
     def _save(self, live: _Live) -> None:
         if not self.backend.persistent_ids:
