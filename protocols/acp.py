@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, to_acp
 from protocols.jsonrpc import (
     METHOD_NOT_FOUND,
     REQUEST_CANCELLED,
@@ -139,15 +140,27 @@ class AcpClient(AgentProtocol):
         )
         return Step(send=[message])
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    @property
+    def carries(self) -> frozenset[str]:
+        """Links always (every ACP agent takes them); images, audio and embedded resources as
+        the agent's ``promptCapabilities`` advertise them."""
+        caps = self.agent_capabilities.get("promptCapabilities")
+        caps = caps if isinstance(caps, dict) else {}
+        words = {"resource_link"}
+        words.update(word for word in ("image", "audio") if caps.get(word) is True)
+        if caps.get("embeddedContext") is True:
+            words.add("resource")
+        return frozenset(words)
+
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         if self._phase != "ready" or self._turn_id is not None:
             raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
         self._turn_id = turn_id
         self._cancel_sent = False
+        carries = self.carries
+        blocks = [to_acp(part, carries) for part in parts] or [{"type": "text", "text": text}]
         request_id, message = self._rpc.request(
-            "session/prompt",
-            {"sessionId": self._session_id, "prompt": [{"type": "text", "text": text}]},
-            turn_id,
+            "session/prompt", {"sessionId": self._session_id, "prompt": blocks}, turn_id
         )
         self._prompt_rpc_id = request_id
         return Step(send=[message])

@@ -31,6 +31,7 @@ from typing import Any, Final
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, parts_from_acp, parts_text
 from protocols.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -128,9 +129,13 @@ class SetAgent:
 
 @frozen
 class PromptRequested:
+    """``parts``: the prompt's content when it is more than text (``protocols.content``),
+    else empty; ``text`` is the whole of it as text either way."""
+
     rpc_id: RequestId
     session_id: str
     text: str
+    parts: tuple[Part, ...] = ()
 
 
 @frozen
@@ -228,7 +233,8 @@ class AcpAgentSide:
     """Our side of one ACP connection, where we are the agent."""
 
     agent_info: dict[str, Any]
-    #: what ``promptCapabilities`` we advertise (the prompts we can carry to any agent)
+    #: what ``promptCapabilities`` we advertise: what the agent behind takes (``image``,
+    #: ``audio``), and embedded resources, which we carry as such or inline as text
     prompt_capabilities: dict[str, Any] = field(
         factory=lambda: {"image": False, "audio": False, "embeddedContext": True}
     )
@@ -303,19 +309,25 @@ class AcpAgentSide:
                 return self._invalid(rid, f"the only config option is {AGENT_CONFIG_ID!r}")
             return Output(actions=[SetAgent(rid, session_id, value)])
         if method == "session/prompt":
-            text = prompt_text(params.get("prompt"))
-            if isinstance(text, _Refused):
-                return self._invalid(rid, text.why)
+            parts = parts_from_acp(params.get("prompt"))
+            if isinstance(parts, str):
+                return self._invalid(rid, parts)
+            text = parts_text(parts)
+            if not text.strip():
+                return self._invalid(rid, "the prompt is empty")
+            only_text = all(part.kind == "text" for part in parts)
             self._view(session_id).pending_texts.append(text)
-            return Output(actions=[PromptRequested(rid, session_id, text)])
+            return Output(
+                actions=[PromptRequested(rid, session_id, text, () if only_text else parts)]
+            )
         if method == STEER_METHOD and self.steering:
-            text = prompt_text(params.get("prompt"))
-            if isinstance(text, _Refused):
-                return self._invalid(rid, text.why)
+            steer = prompt_text(params.get("prompt"))
+            if isinstance(steer, _Refused):
+                return self._invalid(rid, steer.why)
             view = self._view(session_id)
             if _idle_behavior(params) == "promptRequired" and view.running_turn is None:
                 return Output(send=[self._rpc.respond(rid, {"outcome": "promptRequired"})])
-            return Output(actions=[SteerRequested(rid, session_id, text)])
+            return Output(actions=[SteerRequested(rid, session_id, steer)])
         return Output(send=[self._not_found(rid, method)])
 
     def _initialize(self, rid: RequestId, params: dict[str, Any]) -> dict[str, Any]:
@@ -456,12 +468,21 @@ class AcpAgentSide:
     ) -> Output:
         return Output(send=[self._rpc.respond_error(rpc_id, code, message, data)])
 
-    def prompt_failed(self, rpc_id: RequestId, session_id: str, text: str, message: str) -> Output:
-        """The session refused the prompt (stopped, failed, too many queued)."""
+    def prompt_failed(
+        self,
+        rpc_id: RequestId,
+        session_id: str,
+        text: str,
+        message: str,
+        *,
+        code: int = INTERNAL_ERROR,
+    ) -> Output:
+        """The session refused the prompt (stopped, failed, too many queued; ``INVALID_PARAMS``:
+        content the agent behind cannot take)."""
         view = self._view(session_id)
         if text in view.pending_texts:
             view.pending_texts.remove(text)
-        return self.fail(rpc_id, message)
+        return self.fail(rpc_id, message, code=code)
 
     def prompt_accepted(
         self, rpc_id: RequestId, session_id: str, text: str, turn_id: str
@@ -707,32 +728,16 @@ class _Refused:
 
 
 def prompt_text(blocks: Any) -> str | _Refused:
-    """A prompt's content blocks as the one text every agent behind can take.
-
-    Text as it is; a resource link as ``@name <uri>``; an embedded text resource (what
-    ``embeddedContext`` allows) inline, fenced with its URI. Images and audio are refused (we
-    do not advertise them: the session's prompt is text)."""
-    if not isinstance(blocks, list) or not blocks:
-        return _Refused("prompt must be a non-empty list of content blocks")
-    parts: list[str] = []
-    for block in blocks:
-        if not isinstance(block, dict):
-            return _Refused("a content block is not an object")
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            parts.append(block["text"])
-        elif kind == "resource_link" and isinstance(block.get("uri"), str):
-            name = block.get("name") if isinstance(block.get("name"), str) else block["uri"]
-            parts.append(f"@{name} <{block['uri']}>")
-        elif kind == "resource" and isinstance(block.get("resource"), dict):
-            resource = block["resource"]
-            uri = str(resource.get("uri", ""))
-            if not isinstance(resource.get("text"), str):
-                return _Refused(f"embedded resource {uri} has no text (blobs are not supported)")
-            parts.append(f'<context uri="{uri}">\n{resource["text"]}\n</context>')
-        else:
-            return _Refused(f"content blocks of type {kind!r} are not supported")
-    text = "\n".join(parts)
+    """A steer's content blocks as one text (a steer joins a running turn as text, for every
+    agent that can take one): text, links and embedded text resources; anything that needs
+    more (an image, a blob) is refused."""
+    parts = parts_from_acp(blocks)
+    if isinstance(parts, str):
+        return _Refused(parts)
+    for part in parts:
+        if part.needs is not None:
+            return _Refused(f"a steer is text: content of type {part.kind!r} cannot join a turn")
+    text = parts_text(parts)
     if not text.strip():
         return _Refused("the prompt is empty")
     return text

@@ -60,6 +60,7 @@ and trio, never other modules of the ``supervisor`` package.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -196,6 +197,8 @@ class Options:
     ignore_sigterm: bool = False
     permission_watches_cancel: bool = False
     steering: bool = True
+    #: advertise images, audio and embedded resources in prompts, and say what came
+    content: bool = False
     state_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
     )
@@ -303,6 +306,8 @@ class Turn:
         self.session = session
         self.plan = plan
         self.text = text
+        #: what came in the prompt besides text, described (``--content``)
+        self.received: list[str] = []
         self.scope = trio.CancelScope()
         self.cancel_requested = False
         self.outcome_cancelled = False
@@ -437,6 +442,24 @@ class _Pending:
 def _encode(message: dict[str, Any]) -> bytes:
     """Serialise a message as one ASCII JSON line."""
     return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def _received(prompt: list[Any]) -> list[str]:
+    """The prompt's blocks other than text, each in a few words: what ``--content`` says it
+    got (a test reads it back)."""
+    said: list[str] = []
+    for block in prompt:
+        kind = block.get("type")
+        if kind in ("image", "audio"):
+            size = len(base64.b64decode(block.get("data") or "", validate=False))
+            said.append(f"{kind} {block.get('mimeType')} {size} bytes")
+        elif kind == "resource_link":
+            said.append(f"link {block.get('name')} {block.get('uri')}")
+        elif kind == "resource":
+            resource = block.get("resource") or {}
+            body = "text" if isinstance(resource.get("text"), str) else "blob"
+            said.append(f"resource {resource.get('uri')} ({body})")
+    return said
 
 
 def _text_of(prompt: Any) -> str:
@@ -714,7 +737,11 @@ class DemoAgent:
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": True,
-                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+                "promptCapabilities": {
+                    "image": self.options.content,
+                    "audio": self.options.content,
+                    "embeddedContext": self.options.content,
+                },
                 "mcpCapabilities": {"http": False, "sse": False},
             },
             "agentInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
@@ -822,6 +849,14 @@ class DemoAgent:
         if session is None:
             raise RpcError(INVALID_PARAMS, f"Invalid params: unknown session {session_id!r}")
         text = _text_of(params.get("prompt"))
+        received = _received(params["prompt"])
+        if not self.options.content:
+            for block in params["prompt"]:
+                if block.get("type") in ("image", "audio", "resource"):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"Invalid params: {block.get('type')} content is not advertised",
+                    )
         if session.turn is not None:
             raise RpcError(
                 INVALID_PARAMS,
@@ -830,6 +865,7 @@ class DemoAgent:
         # Register the turn now, before reading the next line, so that a
         # session/cancel sent right after the prompt finds it.
         turn = Turn(request_id, session, parse_directives(text, self.options), text)
+        turn.received = received
         session.turn = turn
         self.turns.add(turn)
         session.history.append(HistoryEntry("user", text))
@@ -910,6 +946,12 @@ class DemoAgent:
         plan = turn.plan
         sid = turn.session.session_id
         shown = turn.text if len(turn.text) <= 200 else turn.text[:200] + "..."
+        if turn.received:
+            said = "received: " + "; ".join(turn.received) + "\n"
+            await self.update(
+                sid,
+                {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": said}},
+            )
         await self.update(
             sid,
             {
@@ -1216,6 +1258,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="do not advertise or answer _session/steering (the supervisor then interrupts)",
     )
     parser.add_argument(
+        "--content",
+        action="store_true",
+        help="take images, audio and embedded resources in prompts (and say what came)",
+    )
+    parser.add_argument(
         "--state-dir",
         default=defaults.state_dir,
         help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
@@ -1231,6 +1278,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ignore_sigterm=ns.ignore_sigterm,
         permission_watches_cancel=ns.permission_watches_cancel,
         steering=not ns.no_steering,
+        content=ns.content,
         state_dir=ns.state_dir,
     )
 

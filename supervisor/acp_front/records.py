@@ -135,6 +135,44 @@ class Records:
         except OSError as exc:
             log.warning("cannot record ACP session %s: %s", record.session_id, exc)
 
+    @property
+    def _carries_path(self) -> Path | None:
+        return self.directory / "prompt-carries.json" if self.directory is not None else None
+
+    def carries(self, agent: str) -> frozenset[str] | None:
+        """What a session of ``agent`` last said it takes in a prompt besides text (an ACP
+        agent says it only once it runs), or None if none ran here yet."""
+        path = self._carries_path
+        if path is None:
+            return None
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        words = known.get(agent) if isinstance(known, dict) else None
+        if not isinstance(words, list):
+            return None
+        return frozenset(word for word in words if isinstance(word, str))
+
+    def remember_carries(self, agent: str, carries: frozenset[str]) -> None:
+        path = self._carries_path
+        if path is None or self.carries(agent) == carries:
+            return
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        known[agent] = sorted(carries)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            scratch = path.with_suffix(f".tmp{os.getpid()}")
+            scratch.write_text(json.dumps(known))
+            os.replace(scratch, path)
+        except OSError as exc:
+            log.warning("cannot record what %s takes in a prompt: %s", agent, exc)
+
     def load(self, session_id: str) -> Record | None:
         path = self._path(session_id)
         if path is None:

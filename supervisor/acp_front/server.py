@@ -37,8 +37,8 @@ from protocols.acp_agent import (
     agent_config_option,
 )
 from protocols.framing import FramingError, LineDecoder, Message, encode_message
-from protocols.jsonrpc import INVALID_PARAMS, PARSE_ERROR
-from supervisor.acp_front.backends import Backend, BackendError, FrontSession
+from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR
+from supervisor.acp_front.backends import Backend, BackendError, BackendRefused, FrontSession
 from supervisor.acp_front.records import Record, Records, new_session_id
 
 __all__ = ["AGENT_INFO", "AcpFront", "LIST_PAGE"]
@@ -107,9 +107,16 @@ class AcpFront:
         #: a gateway session every ``session/new`` joins instead of starting one
         self.attach_to = attach_to
         kinds = backend.mcp_transports(self.default_agent)
+        carries = self.prompt_carries(self.default_agent)
         self.machine = AcpAgentSide(
             agent_info=dict(AGENT_INFO),
             mcp_capabilities={"http": "http" in kinds, "sse": "sse" in kinds},
+            prompt_capabilities={
+                "image": "image" in carries,
+                "audio": "audio" in carries,
+                # Carried as such where the agent takes them, else a text one inline.
+                "embeddedContext": True,
+            },
         )
         self._live: dict[str, _Live] = {}
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
@@ -117,6 +124,15 @@ class AcpFront:
         self._read_scope = trio.CancelScope()
         #: prompts on their way to each session (ACP session id -> count)
         self._sending: dict[str, _Sending] = {}
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        """What ``initialize`` can honestly promise of ``agent``'s prompts: what its last
+        session here said it takes (an ACP agent's ``promptCapabilities``), else its
+        protocol's word (an ACP agent not run here yet: text and resources only)."""
+        remembered = self.records.carries(agent) if agent is not None else None
+        if remembered is not None and self.backend.persistent_ids:
+            return remembered
+        return self.backend.prompt_carries(agent)
 
     def shutdown(self) -> None:
         """Stop reading the client, stop every session here, and return from :meth:`serve`
@@ -375,10 +391,11 @@ class AcpFront:
             )
             return
         try:
-            turn_id = await live.front.prompt(action.text)
+            turn_id = await live.front.prompt(action.text, action.parts)
         except BackendError as exc:
+            code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
             out = self.machine.prompt_failed(
-                action.rpc_id, action.session_id, action.text, str(exc)
+                action.rpc_id, action.session_id, action.text, str(exc), code=code
             )
             self._apply(out)
             return
@@ -416,6 +433,8 @@ class AcpFront:
     # -- sessions ---------------------------------------------------------------------------
 
     def _adopt(self, acp_id: str, front: FrontSession, record: Record) -> _Live:
+        if self.backend.persistent_ids:  # for the next initialize's promptCapabilities
+            self.records.remember_carries(front.agent, front.prompt_carries)
         live = _Live(acp_id, front, record)
         self._live[acp_id] = live
         assert self._nursery is not None
