@@ -1,6 +1,7 @@
-"""Tier 4: real agents that speak no ACP, behind ``agent-supervisor acp``, driven by the
-official TypeScript SDK client: the Codex app-server (protocol ``codex``) and Claude Code in
-stream-json mode (protocol ``claude``), each against the tests' fake model
+"""Tier 4: real agents behind ``agent-supervisor acp``, driven by the official TypeScript SDK
+client: two that speak no ACP, the Codex app-server (protocol ``codex``) and Claude Code in
+stream-json mode (protocol ``claude``), and two that do, Gemini CLI and Qwen Code (``--acp``),
+each against the tests' fake model
 (``tests/realagents/fake_model.py``) in its own loopback-only network namespace where the host
 allows one. A quick turn, a turn cancelled while the model streams (the prompt answered
 ``cancelled``), another quick turn; every message both ways valid ACP v1.
@@ -23,6 +24,9 @@ from test_acp_front import schema as schema  # the fixture
 
 from realagents import install
 from realagents.agents import (
+    AGENTS as ACP_AGENTS,
+)
+from realagents.agents import (
     CLAUDE_STREAM_JSON,
     CODEX_APP_SERVER,
     RealAgent,
@@ -39,6 +43,8 @@ pytestmark = pytest.mark.real_process
 AGENTS: dict[str, tuple[RealAgent, Callable[..., AgentSpec]]] = {
     "codex-app-server": (CODEX_APP_SERVER, codex_app_server_spec),
     "claude-stream-json": (CLAUDE_STREAM_JSON, claude_stream_json_spec),
+    # Real ACP agents behind the front door: ACP on both sides, the ladder in between.
+    **{key: (ACP_AGENTS[key], ACP_AGENTS[key].spec) for key in ("gemini", "qwen")},
 }
 
 
