@@ -59,6 +59,7 @@ __all__ = [
     "PermissionAnswered",
     "PromptRequested",
     "SetAgent",
+    "SetMode",
     "SteerRequested",
     "agent_config_option",
 ]
@@ -73,10 +74,11 @@ PLAN_PRIORITIES: Final = frozenset({"high", "medium", "low"})
 PLAN_STATUSES: Final = frozenset({"pending", "in_progress", "completed"})
 PERMISSION_KINDS: Final = frozenset({"allow_once", "allow_always", "reject_once", "reject_always"})
 #: Session info an agent reports that goes to the client as it is: ACP v1 update kinds that
-#: describe the session (a ``config_option_update`` or ``current_mode_update`` of the agent
-#: behind would contradict the options and modes *we* advertise, so those are not passed on).
+#: describe the session (a ``config_option_update`` of the agent behind would contradict the
+#: options *we* advertise, so it is not passed on; its modes are offered as they are, so its
+#: ``current_mode_update`` is).
 PASSED_UPDATES: Final = frozenset(
-    {"available_commands_update", "session_info_update", "usage_update"}
+    {"available_commands_update", "session_info_update", "usage_update", "current_mode_update"}
 )
 #: Turn outcomes remembered for a prompt whose acceptance had not been told yet.
 _ENDED_KEPT: Final = 64
@@ -128,6 +130,15 @@ class SetAgent:
 
 
 @frozen
+class SetMode:
+    """``session/set_mode``: the agent behind offers modes (its own, passed on)."""
+
+    rpc_id: RequestId
+    session_id: str
+    mode_id: str
+
+
+@frozen
 class PromptRequested:
     """``parts``: the prompt's content when it is more than text (``protocols.content``),
     else empty; ``text`` is the whole of it as text either way."""
@@ -165,6 +176,7 @@ Action = (
     | ListSessions
     | CloseSession
     | SetAgent
+    | SetMode
     | PromptRequested
     | CancelRequested
     | SteerRequested
@@ -298,11 +310,21 @@ class AcpAgentSide:
             )
         session_id = params.get("sessionId")
         if not isinstance(session_id, str):
-            if method in ("session/close", "session/prompt", "session/set_config_option"):
+            if method in (
+                "session/close",
+                "session/prompt",
+                "session/set_config_option",
+                "session/set_mode",
+            ):
                 return self._invalid(rid, "needs a sessionId")
             return Output(send=[self._not_found(rid, method)])
         if method == "session/close":
             return Output(actions=[CloseSession(rid, session_id)])
+        if method == "session/set_mode":
+            mode_id = params.get("modeId")
+            if not isinstance(mode_id, str) or not mode_id:
+                return self._invalid(rid, "needs a modeId")
+            return Output(actions=[SetMode(rid, session_id, mode_id)])
         if method == "session/set_config_option":
             value = params.get("value")
             if params.get("configId") != AGENT_CONFIG_ID or not isinstance(value, str):
@@ -395,16 +417,19 @@ class AcpAgentSide:
         config_options: list[dict[str, Any]],
         new: bool,
         replay: Sequence[tuple[str, str]] = (),
+        modes: Mapping[str, Any] | None = None,
     ) -> Output:
         """The session behind ``session_id`` takes prompts: answer ``session/new`` (``new``),
         or ``session/load`` after replaying its history (``role``, ``text``) as updates, or
-        ``session/resume``."""
+        ``session/resume``; ``modes``: the agent's own (``SessionModeState``), offered on."""
         self._view(session_id)
         out = Output()
         for role, text in replay:
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
             out.send.append(self._update(session_id, {"sessionUpdate": kind, **_text(text)}))
         result: dict[str, Any] = {"configOptions": config_options}
+        if modes is not None:
+            result["modes"] = dict(modes)
         if new:
             result["sessionId"] = session_id
         out.send.append(self._rpc.respond(rpc_id, result))

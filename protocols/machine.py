@@ -24,6 +24,7 @@ __all__ = [
     "AgentExiting",
     "AgentProtocol",
     "Control",
+    "ModeSet",
     "Output",
     "ProtocolError",
     "SessionEstablished",
@@ -118,6 +119,14 @@ class TurnFinished(Control):
     error: str | None = None
     #: protocol facts worth a line in the receipt (e.g. background terminals cleaned)
     details: dict[str, Any] = field(factory=dict)
+
+
+@frozen
+class ModeSet(Control):
+    """The agent's answer to :meth:`AgentProtocol.set_mode`: ``error`` None when it took it."""
+
+    mode_id: str
+    error: str | None = None
 
 
 @frozen
@@ -251,6 +260,19 @@ class AgentProtocol(ABC):
         Must not wait for any reply: the actor races its grace timer against
         :class:`TurnFinished`.
         """
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The session's modes as the agent gave them (ACP's ``SessionModeState``:
+        ``currentModeId`` and ``availableModes``), or None: the agent has none (every protocol
+        but ACP, and ACP agents that advertise none)."""
+        return None
+
+    def set_mode(self, mode_id: str) -> Step:
+        """Ask the agent to switch the session to ``mode_id`` (one of :attr:`modes`).
+        Answered with exactly one :class:`ModeSet`, in this step or a later one (unless the
+        process dies first). Only called when established and :attr:`modes` is not None."""
+        raise NotImplementedError(f"{self.name} has no session modes")
 
     @property
     def can_steer(self) -> bool:

@@ -199,6 +199,8 @@ class Options:
     steering: bool = True
     #: advertise images, audio and embedded resources in prompts, and say what came
     content: bool = False
+    #: offer session modes (``ask``, ``code``) and say in each turn's thought which one runs
+    modes: bool = False
     state_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
     )
@@ -429,6 +431,7 @@ class Session:
     history: list[HistoryEntry] = field(default_factory=list)
     turn: Turn | None = None
     mcp: list[McpLink] = field(default_factory=list)
+    mode: str = "ask"  # --modes
 
 
 @dataclass
@@ -561,6 +564,7 @@ class DemoAgent:
                 "sessionId": session.session_id,
                 "cwd": session.cwd,
                 "history": [{"role": e.role, "text": e.text} for e in session.history],
+                "mode": session.mode,
             }
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(data, fh)
@@ -579,7 +583,8 @@ class DemoAgent:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log(f"no usable saved state for session {session_id}: {exc!r}")
             return None
-        return Session(session_id=session_id, cwd=cwd, history=history)
+        mode = data.get("mode") if data.get("mode") in ("ask", "code") else "ask"
+        return Session(session_id=session_id, cwd=cwd, history=history, mode=mode)
 
     # ----------------------------------------------------------- input
 
@@ -722,6 +727,8 @@ class DemoAgent:
                 self._session_prompt(request_id, params)
             elif method == "_session/steering" and self.options.steering:
                 await self.respond(request_id, self._steer(params))
+            elif method == "session/set_mode" and self.options.modes:
+                await self.respond(request_id, self._set_mode(params))
             else:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         except RpcError as exc:
@@ -822,7 +829,28 @@ class DemoAgent:
         self.sessions[session.session_id] = session
         self.save(session)
         log(f"new session {session.session_id}")
-        return {"sessionId": session.session_id}
+        return {"sessionId": session.session_id, **self._modes(session)}
+
+    def _modes(self, session: Session) -> dict[str, Any]:
+        if not self.options.modes:
+            return {}
+        available = [
+            {"id": "ask", "name": "Ask", "description": "Answer, change nothing"},
+            {"id": "code", "name": "Code"},
+        ]
+        return {"modes": {"currentModeId": session.mode, "availableModes": available}}
+
+    def _set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.get(self._session_id(params))
+        if session is None:
+            raise RpcError(INVALID_PARAMS, "Invalid params: unknown session")
+        mode = params.get("modeId")
+        if mode not in ("ask", "code"):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: no mode {mode!r}")
+        session.mode = mode
+        self.save(session)
+        log(f"session {session.session_id} in mode {mode}")
+        return {}
 
     async def _session_load(self, request_id: Any, params: dict[str, Any]) -> None:
         cwd = self._cwd(params)
@@ -841,7 +869,7 @@ class DemoAgent:
                 session_id,
                 {"sessionUpdate": kind, "content": {"type": "text", "text": entry.text}},
             )
-        await self.respond(request_id, {})
+        await self.respond(request_id, self._modes(session))
 
     def _session_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
         session_id = params.get("sessionId")
@@ -946,6 +974,8 @@ class DemoAgent:
         plan = turn.plan
         sid = turn.session.session_id
         shown = turn.text if len(turn.text) <= 200 else turn.text[:200] + "..."
+        if self.options.modes:
+            shown = f"[mode {turn.session.mode}] {shown}"
         if turn.received:
             said = "received: " + "; ".join(turn.received) + "\n"
             await self.update(
@@ -1263,6 +1293,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="take images, audio and embedded resources in prompts (and say what came)",
     )
     parser.add_argument(
+        "--modes",
+        action="store_true",
+        help="offer session modes ask and code (session/set_mode); thoughts name the mode",
+    )
+    parser.add_argument(
         "--state-dir",
         default=defaults.state_dir,
         help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
@@ -1279,6 +1314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         permission_watches_cancel=ns.permission_watches_cancel,
         steering=not ns.no_steering,
         content=ns.content,
+        modes=ns.modes,
         state_dir=ns.state_dir,
     )
 

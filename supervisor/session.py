@@ -32,6 +32,7 @@ from protocols.machine import (
     AgentExiting,
     AgentProtocol,
     Control,
+    ModeSet,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -165,6 +166,12 @@ class _Steer:
 
 
 @frozen
+class _SetMode:
+    mode_id: str
+    reply: Reply[None]
+
+
+@frozen
 class _RespondPermission:
     request_id: str
     option_id: str | None
@@ -190,7 +197,7 @@ class _Stop:
     reply: Reply[ExitStatus | None]
 
 
-_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _Subscribe | _WaitReady | _Stop
+_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _SetMode | _Subscribe | _WaitReady | _Stop
 
 
 # -- inbox items from the session's own child tasks ------------------------------------------
@@ -362,6 +369,8 @@ class Session:
         self._resume_from: str | None = resume
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
+        #: ``set_mode`` calls waiting for the agent's answer (``ModeSet``), in the order sent
+        self._mode_replies: deque[Reply[None]] = deque()
         #: the content parts of queued prompts that have more than text, by turn id
         self._parts: dict[str, tuple[Part, ...]] = {}
         #: what the agent takes in a prompt natively (``AgentProtocol.carries``): the
@@ -456,6 +465,20 @@ class Session:
                 raise BadRequest("prompt parts must be protocols.content.Part")
             check_text("prompt content", parts_text(parts))
         return await self._call(lambda reply: _Prompt(text, parts, reply))
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The session's modes as the agent gives them (ACP's ``SessionModeState``), or None
+        (the agent has none, or is not running)."""
+        return self._machine.modes if self._machine is not None else None
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Switch the agent's session to mode ``mode_id`` (one of :attr:`modes`); returns once
+        the agent took it (:class:`BadRequest` with its reason if it refused)."""
+        if not isinstance(mode_id, str) or not mode_id:
+            raise BadRequest("mode_id must be a non-empty string")
+        check_text("mode_id", mode_id)
+        return await self._call(lambda reply: _SetMode(mode_id, reply))
 
     @property
     def prompt_carries(self) -> frozenset[str]:
@@ -742,8 +765,31 @@ class Session:
             self._steer(call)
         elif isinstance(call, _RespondPermission):
             self._respond_permission(call)
+        elif isinstance(call, _SetMode):
+            self._set_mode(call)
         elif isinstance(call, _Stop):
             self._stop(call.reply)
+
+    def _set_mode(self, call: _SetMode) -> None:
+        machine = self._machine
+        modes = machine.modes if machine is not None and self._state != "starting" else None
+        if machine is None or modes is None:
+            raise BadRequest(f"agent {self.spec.name!r} offers no session modes")
+        known = [m.get("id") for m in modes.get("availableModes", [])]
+        if call.mode_id not in known:
+            raise BadRequest(f"unknown mode {call.mode_id!r} (known: {', '.join(map(str, known))})")
+        step = machine.set_mode(call.mode_id)
+        self._mode_replies.append(call.reply)
+        self._apply(step)
+
+    def _mode_set(self, answer: ModeSet) -> None:
+        if not self._mode_replies:
+            return
+        reply = self._mode_replies.popleft()
+        if answer.error is None:
+            reply.resolve(None)
+        else:
+            reply.fail(BadRequest(f"the agent refused mode {answer.mode_id!r}: {answer.error}"))
 
     def _accept_prompt(self, text: str, parts: tuple[Part, ...] = ()) -> TurnHandle:
         if len(self._queue) >= self._max_queued:
@@ -1136,6 +1182,8 @@ class Session:
             self._turn_finished(control)
         elif isinstance(control, SteerAnswered):
             self._steer_answered(control)
+        elif isinstance(control, ModeSet):
+            self._mode_set(control)
         elif isinstance(control, AgentExiting):
             self._agent_exiting(control)
 
@@ -1469,6 +1517,10 @@ class Session:
         cancel had asked of sub-agents or tasks (they never confirmed)."""
         machine, self._machine = self._machine, None
         self._exiting = self._exit_deadline = None  # whatever it said, it is gone now
+        while self._mode_replies:  # never answered: the process that was to answer is gone
+            self._mode_replies.popleft().fail(
+                AgentNotRunning(f"the agent of session {self.id} exited before it took the mode")
+            )
         turn = self._turn
         if machine is None or turn is None or turn.cancel is None:
             return

@@ -35,6 +35,7 @@ CALLS = {
     "close",
     "respond_permission",
     "cancel_permissions",
+    "set_mode",
 }
 EXCEPTIONS: dict[str, type[Exception]] = {
     "UnknownPermission": UnknownPermission,

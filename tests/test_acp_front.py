@@ -327,6 +327,33 @@ async def test_ts_client_prompt_content_reaches_the_agents_that_take_it(
     assert capabilities == {"image": True, "audio": True, "embeddedContext": True}
 
 
+async def test_ts_client_sets_the_mode_of_an_agent_that_offers_modes(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """The demo agent with ``--modes`` offers ``ask`` and ``code``: the front door offers them
+    on in ``session/new``, ``session/set_mode`` reaches the agent (its next turn runs in that
+    mode), an unknown mode is refused with the reason; the plain demo agent offers none."""
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--state-dir", str(tmp_path / "d")]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        f'[agents.demo-modes]\nprotocol = "acp"\ncommand = {json.dumps([*demo, "--modes"])}\n'
+        f'[agents.demo]\nprotocol = "acp"\ncommand = {json.dumps(demo)}\n'
+    )
+    front = ("--config", os.fspath(config), "--agent", "demo-modes")
+    result = await run_ts(tmp_path, "modes", *front)
+    assert result["modes"]["currentModeId"] == "ask"
+    assert [m["id"] for m in result["modes"]["availableModes"]] == ["ask", "code"]
+    assert result["set"] == {}
+    assert result["answer"]["stopReason"] == "end_turn"
+    assert result["thought"].startswith("Thinking about: [mode code] hi words=3 fast")
+    assert result["refused"]["code"] == -32602
+    assert "unknown mode 'plan' (known: ask, code)" in result["refused"]["message"]
+    assert result["modeUpdates"][-1] == "code"
+    check_wire(tmp_path / "wire", schema)
+    plain = await run_ts(tmp_path, "basic", "--config", os.fspath(config), "--agent", "demo")
+    assert "modes" not in plain["session"]
+
+
 async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
     tmp_path: Path, schema: AcpSchema
 ) -> None:

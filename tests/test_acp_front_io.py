@@ -37,6 +37,10 @@ class SlowSession:
         self._send.send_nowait(attrs.evolve(event, seq=self._seq))
 
     prompt_carries: frozenset[str] = frozenset()
+    modes = None
+
+    async def set_mode(self, mode_id: str) -> None:
+        raise AssertionError("no modes offered")
 
     async def prompt(self, text: str, parts: Sequence[Any] = ()) -> str:
         await trio.sleep(0.5)

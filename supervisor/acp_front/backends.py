@@ -85,6 +85,15 @@ class FrontSession(Protocol):
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None: ...
 
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The agent's session modes (ACP's ``SessionModeState``), or None: it has none."""
+        ...
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Returns once the agent took the mode (:class:`BackendRefused` if it did not)."""
+        ...
+
     def events(self) -> AsyncIterator[ev.Event]:
         """Events from when the session was opened here, in order, until it ends."""
         ...
@@ -158,6 +167,20 @@ class EmbeddedSession:
     @property
     def prompt_carries(self) -> frozenset[str]:
         return self._session.prompt_carries
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._session.modes if isinstance(self._session, Session) else None
+
+    async def set_mode(self, mode_id: str) -> None:
+        if not isinstance(self._session, Session):
+            raise BackendRefused(f"a session on host {self._session.host!r} offers no modes")
+        try:
+            await self._session.set_mode(mode_id)
+        except BadRequest as exc:
+            raise BackendRefused(str(exc)) from exc
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
         try:
@@ -330,6 +353,11 @@ class GatewaySession:
 
     #: the gateway's ``agent.prompt`` carries text: nothing more goes through it (yet)
     prompt_carries: frozenset[str] = frozenset()
+    #: the gateway offers no way to set an agent's mode (yet): none are offered on
+    modes = None
+
+    async def set_mode(self, mode_id: str) -> None:
+        raise BackendRefused("a session through --connect offers no modes")
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
         why = refusal(parts, self.prompt_carries, "a session through --connect")

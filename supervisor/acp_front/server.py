@@ -33,6 +33,7 @@ from protocols.acp_agent import (
     PermissionAnswered,
     PromptRequested,
     SetAgent,
+    SetMode,
     SteerRequested,
     agent_config_option,
 )
@@ -232,6 +233,8 @@ class AcpFront:
                 await self._close(action)
             elif isinstance(action, SetAgent):
                 await self._set_agent(action)
+            elif isinstance(action, SetMode):
+                await self._set_mode(action)
             elif isinstance(action, PromptRequested):
                 await self._prompt(action)
             elif isinstance(action, CancelRequested):
@@ -269,7 +272,11 @@ class AcpFront:
         live = self._adopt(acp_id, front, record)
         self._apply(
             self.machine.session_opened(
-                action.rpc_id, acp_id, config_options=self._config_options(front.agent), new=True
+                action.rpc_id,
+                acp_id,
+                config_options=self._config_options(front.agent),
+                new=True,
+                modes=front.modes,
             )
         )
         self._save(live)
@@ -304,6 +311,7 @@ class AcpFront:
                 config_options=self._config_options(live.front.agent),
                 new=False,
                 replay=replay,
+                modes=live.front.modes,
             )
         )
 
@@ -373,6 +381,17 @@ class AcpFront:
                 action.rpc_id, {"configOptions": self._config_options(action.agent)}
             )
         )
+
+    async def _set_mode(self, action: SetMode) -> None:
+        live = self._live.get(action.session_id)
+        if live is None:
+            raise BackendError(f"no session {action.session_id!r}")
+        try:
+            await live.front.set_mode(action.mode_id)
+        except BackendRefused as exc:
+            self._apply(self.machine.fail(action.rpc_id, str(exc), code=INVALID_PARAMS))
+            return
+        self._apply(self.machine.respond(action.rpc_id, {}))
 
     async def _prompt(self, action: PromptRequested) -> None:
         sending = self._sending[action.session_id]

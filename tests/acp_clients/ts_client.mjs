@@ -391,6 +391,51 @@ scenarios.content = async (argv) => {
   });
 };
 
+// Session modes of the agent behind, offered on: set one, a turn runs in it (the demo agent's
+// thought names it), an unknown one is refused.
+scenarios.modes = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const set = await ctx.request(methods.agent.session.setMode, { sessionId, modeId: "code" });
+    const answer = await prompt(ctx, sessionId, "hi words=3 fast");
+    let refused = null;
+    try {
+      await ctx.request(methods.agent.session.setMode, { sessionId, modeId: "plan" });
+    } catch (exc) {
+      refused = { code: exc.code, message: exc.message };
+    }
+    const thought = state.updates
+      .filter((u) => u.sessionUpdate === "agent_thought_chunk")
+      .map((u) => u.content.text)
+      .join("");
+    const modeUpdates = state.updates
+      .filter((u) => u.sessionUpdate === "current_mode_update")
+      .map((u) => u.currentModeId);
+    return { modes: session.modes, set, answer, refused, thought, modeUpdates };
+  });
+};
+
+// A real agent behind: a quick turn whose prompt carries an image (ACP_TEST_IMAGE, a PNG in
+// base64); the test looks for it in what the agent sent the fake model.
+scenarios.realimage = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { init, session } = await open(ctx);
+    const image = { type: "image", data: process.env.ACP_TEST_IMAGE, mimeType: "image/png" };
+    const answer = await ctx.request(methods.agent.session.prompt, {
+      sessionId: session.sessionId,
+      prompt: [...text("quick"), image],
+    });
+    return {
+      promptCapabilities: init.agentCapabilities.promptCapabilities,
+      answer,
+      text: messageText(state.updates),
+    };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);
