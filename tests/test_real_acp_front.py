@@ -64,6 +64,50 @@ def config_toml(spec: AgentSpec, path: Path) -> Path:
     return path
 
 
+#: A 1x1 PNG: a real image, for the agents that check what they are given.
+PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+@pytest.mark.parametrize("key", ["claude-stream-json", "codex-app-server", "gemini"])
+async def test_an_image_in_the_prompt_reaches_the_model(
+    key: str, tmp_path: Path, schema: AcpSchema
+) -> None:
+    """An image the editor puts in its prompt goes through the front door and the agent's own
+    protocol (Claude's image block, Codex's data: URL input item, the ACP block to Gemini)
+    to the model: the fake model finds its bytes in the request the agent made."""
+    agent, spec_of = AGENTS[key]
+    try:
+        installed = install.ensure(agent.package)
+    except install.Unavailable as exc:
+        skip_or_fail(f"{key} is not available: {exc}")
+        raise
+    with noted_namespace() as namespace:
+        listener = namespace.listener if namespace is not None else None
+        with FakeModel(listener, keep_bodies=True) as model:
+            prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
+            spec = spec_of(prepared, grace_s=GRACE_S)
+            if namespace is not None:
+                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+            config = config_toml(spec, tmp_path / "agents.toml")
+            result: dict[str, Any] = await run_ts(
+                tmp_path,
+                "realimage",
+                "--config",
+                os.fspath(config),
+                "--agent",
+                key,
+                cwd=os.fspath(prepared.cwd),
+                env={"ACP_TEST_IMAGE": PNG_1X1},
+            )
+            bodies = [json.dumps(e.body) for e in model.snapshot() if e.body is not None]
+    assert result["answer"]["stopReason"] == "end_turn", result
+    assert result["text"].strip(), "the turn said something"
+    assert any(PNG_1X1 in body for body in bodies), "the image never reached the model"
+    if key != "gemini":  # an ACP agent's own word is known only once it ran here
+        assert result["promptCapabilities"]["image"] is True
+    check_wire(tmp_path / "wire", schema)
+
+
 @pytest.mark.parametrize("key", sorted(AGENTS))
 async def test_real_agent_through_the_front_door(
     key: str, tmp_path: Path, schema: AcpSchema
