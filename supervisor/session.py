@@ -699,6 +699,8 @@ class Session:
         for waiter in self._ready_waiters:
             waiter.fail(exc)
         self._ready_waiters.clear()
+        while self._mode_replies:
+            self._mode_replies.popleft().fail(exc)
         if self._turn is not None and self._turn.cancel is not None:
             for cancel_waiter in self._turn.cancel.waiters:
                 cancel_waiter.fail(exc)
