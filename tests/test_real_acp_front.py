@@ -1,7 +1,7 @@
 """Tier 4: real agents behind ``agent-supervisor acp``, driven by the official TypeScript SDK
 client: two that speak no ACP, the Codex app-server (protocol ``codex``) and Claude Code in
-stream-json mode (protocol ``claude``), and two that do, Gemini CLI and Qwen Code (``--acp``),
-each against the tests' fake model
+stream-json mode (protocol ``claude``), and four that do, Gemini CLI and Qwen Code (``--acp``),
+codex-acp and claude-agent-acp, each against the tests' fake model
 (``tests/realagents/fake_model.py``) in its own loopback-only network namespace where the host
 allows one. A quick turn, a turn cancelled while the model streams (the prompt answered
 ``cancelled``), another quick turn; every message both ways valid ACP v1.
@@ -44,7 +44,10 @@ AGENTS: dict[str, tuple[RealAgent, Callable[..., AgentSpec]]] = {
     "codex-app-server": (CODEX_APP_SERVER, codex_app_server_spec),
     "claude-stream-json": (CLAUDE_STREAM_JSON, claude_stream_json_spec),
     # Real ACP agents behind the front door: ACP on both sides, the ladder in between.
-    **{key: (ACP_AGENTS[key], ACP_AGENTS[key].spec) for key in ("gemini", "qwen")},
+    **{
+        key: (ACP_AGENTS[key], ACP_AGENTS[key].spec)
+        for key in ("gemini", "qwen", "codex-acp", "claude-agent-acp")
+    },
 }
 
 
@@ -68,13 +71,16 @@ def config_toml(spec: AgentSpec, path: Path) -> Path:
 PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 
-@pytest.mark.parametrize("key", ["claude-stream-json", "codex-app-server", "gemini"])
+@pytest.mark.parametrize(
+    "key", ["claude-stream-json", "codex-app-server", "gemini", "codex-acp", "claude-agent-acp"]
+)
 async def test_an_image_in_the_prompt_reaches_the_model(
     key: str, tmp_path: Path, schema: AcpSchema
 ) -> None:
     """An image the editor puts in its prompt goes through the front door and the agent's own
-    protocol (Claude's image block, Codex's data: URL input item, the ACP block to Gemini)
-    to the model: the fake model finds its bytes in the request the agent made."""
+    protocol (Claude's image block, Codex's data: URL input item, the ACP block to Gemini,
+    codex-acp and claude-agent-acp) to the model: the fake model finds its bytes in the
+    request the agent made."""
     agent, spec_of = AGENTS[key]
     try:
         installed = install.ensure(agent.package)
@@ -103,7 +109,8 @@ async def test_an_image_in_the_prompt_reaches_the_model(
     assert result["answer"]["stopReason"] == "end_turn", result
     assert result["text"].strip(), "the turn said something"
     assert any(PNG_1X1 in body for body in bodies), "the image never reached the model"
-    if key != "gemini":  # an ACP agent's own word is known only once it ran here
+    if key in ("claude-stream-json", "codex-app-server"):  # an ACP agent's own word comes
+        # only once it ran here (then it is remembered for the next initialize)
         assert result["promptCapabilities"]["image"] is True
     check_wire(tmp_path / "wire", schema)
 

@@ -53,6 +53,7 @@ class Behaviour(BaseBehaviour):
     silent_after: int | None = None  # words said before the agent goes silent (a stall)
     tool: float | None = None  # seconds a tool call runs, silent, before the second word
     modes: bool = False  # offers session modes "ask" and "code"
+    images: bool = False  # promptCapabilities: image and embeddedContext
     mode_answer: str = "ok"  # or "refuse", "exit" (dies before it answers session/set_mode)
 
     TOKENS = {
@@ -132,7 +133,14 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
                 return
             result: dict[str, Any] = {
                 "protocolVersion": 1,
-                "agentCapabilities": {"loadSession": self.behaviour.load_session},
+                "agentCapabilities": {
+                    "loadSession": self.behaviour.load_session,
+                    **(
+                        {"promptCapabilities": {"image": True, "embeddedContext": True}}
+                        if self.behaviour.images
+                        else {}
+                    ),
+                },
                 "agentInfo": {"name": "fake", "version": "1"},
                 "authMethods": [],
             }
