@@ -93,9 +93,7 @@ def refusal(parts: Sequence[Part], carried: Collection[str], who: str) -> str | 
             continue
         if part.kind == "resource" and need == "image" and "resource" in carried:
             continue
-        what = "an embedded binary resource" if part.kind == "resource" else f"an {part.kind}"
-        if part.kind == "image":
-            what = "an image"
+        what = {"image": "an image", "audio": "audio"}.get(part.kind, "an embedded binary resource")
         mime = f" ({part.mime_type})" if part.mime_type else ""
         return f"{who} does not take {what}{mime} in a prompt"
     return None

@@ -67,7 +67,7 @@ def test_what_cannot_go_as_text_is_refused_by_an_agent_that_does_not_take_it() -
     assert refusal(rich, set(), "amp") == "amp does not take an image (image/png) in a prompt"
     assert refusal(parts(LINK, TEXT_RESOURCE), set(), "amp") is None  # text stands in
     audio = parts({"type": "audio", "data": "AAAA", "mimeType": "audio/wav"})
-    assert refusal(audio, {"image"}, "x") == "x does not take an audio (audio/wav) in a prompt"
+    assert refusal(audio, {"image"}, "x") == "x does not take audio (audio/wav) in a prompt"
     assert "embedded binary resource" in (refusal(parts(BLOB), {"image"}, "x") or "")
     assert refusal(parts(BLOB), {"resource"}, "x") is None
     # An image blob goes as an image to an agent that takes images, or as a resource.
