@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, to_acp
 from protocols.jsonrpc import (
     METHOD_NOT_FOUND,
     REQUEST_CANCELLED,
@@ -44,6 +45,7 @@ from protocols.jsonrpc import (
 )
 from protocols.machine import (
     AgentProtocol,
+    ModeSet,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -75,6 +77,13 @@ _INFO_UPDATES = frozenset(
 
 
 @frozen
+class _ModeSent:
+    """What a ``session/set_mode`` request asked; handed back with its response."""
+
+    mode_id: str
+
+
+@frozen
 class _SteerSent:
     """What a ``_session/steering`` request was about; handed back with its response."""
 
@@ -89,7 +98,7 @@ class AcpClient(AgentProtocol):
     name: ClassVar[str] = "acp"
 
     #: a request's context: the turn a ``session/prompt`` runs, or a steer
-    _rpc: JsonRpcPeer[str | _SteerSent | None] = field(
+    _rpc: JsonRpcPeer[str | _SteerSent | _ModeSent | None] = field(
         factory=lambda: JsonRpcPeer(with_version=True)
     )
     _phase: str = "idle"  # idle, initializing, opening, ready, failed
@@ -112,6 +121,8 @@ class AcpClient(AgentProtocol):
     _steering: bool = False
     agent_info: dict[str, Any] = field(factory=dict)
     agent_capabilities: dict[str, Any] = field(factory=dict)
+    #: the session's modes (``SessionModeState``) from the last ``session/new|load|resume``
+    _modes: dict[str, Any] | None = None
 
     # -- calls from the actor -------------------------------------------------------------
 
@@ -139,15 +150,27 @@ class AcpClient(AgentProtocol):
         )
         return Step(send=[message])
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    @property
+    def carries(self) -> frozenset[str]:
+        """Links always (every ACP agent takes them); images, audio and embedded resources as
+        the agent's ``promptCapabilities`` advertise them."""
+        caps = self.agent_capabilities.get("promptCapabilities")
+        caps = caps if isinstance(caps, dict) else {}
+        words = {"resource_link"}
+        words.update(word for word in ("image", "audio") if caps.get(word) is True)
+        if caps.get("embeddedContext") is True:
+            words.add("resource")
+        return frozenset(words)
+
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         if self._phase != "ready" or self._turn_id is not None:
             raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
         self._turn_id = turn_id
         self._cancel_sent = False
+        carries = self.carries
+        blocks = [to_acp(part, carries) for part in parts] or [{"type": "text", "text": text}]
         request_id, message = self._rpc.request(
-            "session/prompt",
-            {"sessionId": self._session_id, "prompt": [{"type": "text", "text": text}]},
-            turn_id,
+            "session/prompt", {"sessionId": self._session_id, "prompt": blocks}, turn_id
         )
         self._prompt_rpc_id = request_id
         return Step(send=[message])
@@ -157,6 +180,28 @@ class AcpClient(AgentProtocol):
             return Step()
         self._cancel_sent = True
         return Step(send=[self._rpc.notify("session/cancel", {"sessionId": self._session_id})])
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._modes
+
+    def set_mode(self, mode_id: str) -> Step:
+        if self._phase != "ready" or self._modes is None:
+            raise RuntimeError(f"set_mode() while {self._phase} with modes {self._modes}")
+        params = {"sessionId": self._session_id, "modeId": mode_id}
+        _, message = self._rpc.request("session/set_mode", params, _ModeSent(mode_id))
+        return Step(send=[message])
+
+    def _on_mode_set(
+        self, sent: _ModeSent, response: IncomingResponse[str | _SteerSent | _ModeSent | None]
+    ) -> Step:
+        if response.error is not None:
+            return Step(events=[ModeSet(sent.mode_id, response.error.describe())])
+        if self._modes is not None:
+            self._modes = {**self._modes, "currentModeId": sent.mode_id}
+        update = {"sessionUpdate": "current_mode_update", "currentModeId": sent.mode_id}
+        info = ev.SessionInfo(info_kind="current_mode_update", data=update)
+        return Step(events=[ModeSet(sent.mode_id), info])
 
     @property
     def can_steer(self) -> bool:
@@ -230,7 +275,9 @@ class AcpClient(AgentProtocol):
         assert isinstance(incoming, InvalidMessage)
         return Step(events=[ev.AgentUnparsed(raw=message)])
 
-    def _on_response(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+    def _on_response(self, response: IncomingResponse[str | _SteerSent | _ModeSent | None]) -> Step:
+        if isinstance(response.context, _ModeSent):
+            return self._on_mode_set(response.context, response)
         if isinstance(response.context, _SteerSent):
             self._steer_requests.pop(response.context.steer_id, None)
             return self._on_steered(response.context, response)
@@ -243,7 +290,7 @@ class AcpClient(AgentProtocol):
         return Step()
 
     def _on_steered(
-        self, sent: _SteerSent, response: IncomingResponse[str | _SteerSent | None]
+        self, sent: _SteerSent, response: IncomingResponse[str | _SteerSent | _ModeSent | None]
     ) -> Step:
         if response.error is not None:
             answer = SteerAnswered(
@@ -263,7 +310,9 @@ class AcpClient(AgentProtocol):
         answer = SteerAnswered(sent.steer_id, sent.turn_id, False, detail=detail)
         return Step(events=[answer, ev.SessionInfo(info_kind="steering", data=result)])
 
-    def _on_initialized(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+    def _on_initialized(
+        self, response: IncomingResponse[str | _SteerSent | _ModeSent | None]
+    ) -> Step:
         if response.error is not None:
             return self._fail(f"initialize failed: {response.error.describe()}")
         result = response.result if isinstance(response.result, dict) else {}
@@ -309,7 +358,11 @@ class AcpClient(AgentProtocol):
         _, message = self._rpc.request(method, params, None)
         return Step(send=[message])
 
-    def _on_session_opened(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+    def _on_session_opened(
+        self, response: IncomingResponse[str | _SteerSent | _ModeSent | None]
+    ) -> Step:
+        if response.error is None and isinstance(response.result, dict):
+            self._modes = _mode_state(response.result.get("modes"))
         if response.method == "session/resume":
             if response.error is not None:
                 self._load_error = f"session/resume failed: {response.error.describe()}"
@@ -343,13 +396,24 @@ class AcpClient(AgentProtocol):
     def _established(self, *, resumed: bool | None, detail: str | None = None) -> Step:
         self._phase = "ready"
         assert self._session_id is not None
-        return Step(events=[SessionEstablished(self._session_id, resumed, detail)])
+        step = Step(events=[SessionEstablished(self._session_id, resumed, detail)])
+        if self._modes is not None:
+            # The mode the (re)started session is in, for whoever shows it (a respawned agent
+            # may not be in the one it was asked for before).
+            update = {
+                "sessionUpdate": "current_mode_update",
+                "currentModeId": self._modes["currentModeId"],
+            }
+            step.events.append(ev.SessionInfo(info_kind="current_mode_update", data=update))
+        return step
 
     def _fail(self, message: str) -> Step:
         self._phase = "failed"
         return Step(events=[StartFailed(message)])
 
-    def _on_prompt_answered(self, response: IncomingResponse[str | _SteerSent | None]) -> Step:
+    def _on_prompt_answered(
+        self, response: IncomingResponse[str | _SteerSent | _ModeSent | None]
+    ) -> Step:
         turn_id = response.context
         if not isinstance(turn_id, str) or turn_id != self._turn_id:
             return Step()
@@ -433,6 +497,9 @@ class AcpClient(AgentProtocol):
                 else [],
             )
         elif isinstance(kind, str) and kind in _INFO_UPDATES:
+            mode = update.get("currentModeId")
+            if kind == "current_mode_update" and self._modes is not None and isinstance(mode, str):
+                self._modes = {**self._modes, "currentModeId": mode}  # the agent switched
             event = ev.SessionInfo(info_kind=kind, data=update)
         else:
             event = ev.AgentUnparsed(raw=raw)
@@ -495,3 +562,21 @@ def _permission_options(raw: Any) -> list[ev.PermissionOption]:
                 )
             )
     return options
+
+
+def _mode_state(modes: Any) -> dict[str, Any] | None:
+    """A ``SessionModeState`` we can offer on: a current mode id and the modes, each with an
+    id and a name; anything else is no modes."""
+    if not isinstance(modes, dict) or not isinstance(modes.get("currentModeId"), str):
+        return None
+    available = modes.get("availableModes")
+    if not isinstance(available, list) or not available:
+        return None
+    kept = [
+        {k: m[k] for k in ("id", "name", "description") if isinstance(m.get(k), str)}
+        for m in available
+        if isinstance(m, dict) and isinstance(m.get("id"), str) and isinstance(m.get("name"), str)
+    ]
+    if not kept:
+        return None
+    return {"currentModeId": modes["currentModeId"], "availableModes": kept}

@@ -31,6 +31,7 @@ from typing import Any, Final
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, parts_from_acp, parts_text
 from protocols.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -58,6 +59,7 @@ __all__ = [
     "PermissionAnswered",
     "PromptRequested",
     "SetAgent",
+    "SetMode",
     "SteerRequested",
     "agent_config_option",
 ]
@@ -72,10 +74,11 @@ PLAN_PRIORITIES: Final = frozenset({"high", "medium", "low"})
 PLAN_STATUSES: Final = frozenset({"pending", "in_progress", "completed"})
 PERMISSION_KINDS: Final = frozenset({"allow_once", "allow_always", "reject_once", "reject_always"})
 #: Session info an agent reports that goes to the client as it is: ACP v1 update kinds that
-#: describe the session (a ``config_option_update`` or ``current_mode_update`` of the agent
-#: behind would contradict the options and modes *we* advertise, so those are not passed on).
+#: describe the session (a ``config_option_update`` of the agent behind would contradict the
+#: options *we* advertise, so it is not passed on; its modes are offered as they are, so its
+#: ``current_mode_update`` is).
 PASSED_UPDATES: Final = frozenset(
-    {"available_commands_update", "session_info_update", "usage_update"}
+    {"available_commands_update", "session_info_update", "usage_update", "current_mode_update"}
 )
 #: Turn outcomes remembered for a prompt whose acceptance had not been told yet.
 _ENDED_KEPT: Final = 64
@@ -127,10 +130,23 @@ class SetAgent:
 
 
 @frozen
+class SetMode:
+    """``session/set_mode``: the agent behind offers modes (its own, passed on)."""
+
+    rpc_id: RequestId
+    session_id: str
+    mode_id: str
+
+
+@frozen
 class PromptRequested:
+    """``parts``: the prompt's content when it is more than text (``protocols.content``),
+    else empty; ``text`` is the whole of it as text either way."""
+
     rpc_id: RequestId
     session_id: str
     text: str
+    parts: tuple[Part, ...] = ()
 
 
 @frozen
@@ -160,6 +176,7 @@ Action = (
     | ListSessions
     | CloseSession
     | SetAgent
+    | SetMode
     | PromptRequested
     | CancelRequested
     | SteerRequested
@@ -228,7 +245,8 @@ class AcpAgentSide:
     """Our side of one ACP connection, where we are the agent."""
 
     agent_info: dict[str, Any]
-    #: what ``promptCapabilities`` we advertise (the prompts we can carry to any agent)
+    #: what ``promptCapabilities`` we advertise: what the agent behind takes (``image``,
+    #: ``audio``), and embedded resources, which we carry as such or inline as text
     prompt_capabilities: dict[str, Any] = field(
         factory=lambda: {"image": False, "audio": False, "embeddedContext": True}
     )
@@ -292,30 +310,46 @@ class AcpAgentSide:
             )
         session_id = params.get("sessionId")
         if not isinstance(session_id, str):
-            if method in ("session/close", "session/prompt", "session/set_config_option"):
+            if method in (
+                "session/close",
+                "session/prompt",
+                "session/set_config_option",
+                "session/set_mode",
+            ):
                 return self._invalid(rid, "needs a sessionId")
             return Output(send=[self._not_found(rid, method)])
         if method == "session/close":
             return Output(actions=[CloseSession(rid, session_id)])
+        if method == "session/set_mode":
+            mode_id = params.get("modeId")
+            if not isinstance(mode_id, str) or not mode_id:
+                return self._invalid(rid, "needs a modeId")
+            return Output(actions=[SetMode(rid, session_id, mode_id)])
         if method == "session/set_config_option":
             value = params.get("value")
             if params.get("configId") != AGENT_CONFIG_ID or not isinstance(value, str):
                 return self._invalid(rid, f"the only config option is {AGENT_CONFIG_ID!r}")
             return Output(actions=[SetAgent(rid, session_id, value)])
         if method == "session/prompt":
-            text = prompt_text(params.get("prompt"))
-            if isinstance(text, _Refused):
-                return self._invalid(rid, text.why)
+            parts = parts_from_acp(params.get("prompt"))
+            if isinstance(parts, str):
+                return self._invalid(rid, parts)
+            text = parts_text(parts)
+            if not text.strip():
+                return self._invalid(rid, "the prompt is empty")
+            only_text = all(part.kind == "text" for part in parts)
             self._view(session_id).pending_texts.append(text)
-            return Output(actions=[PromptRequested(rid, session_id, text)])
+            return Output(
+                actions=[PromptRequested(rid, session_id, text, () if only_text else parts)]
+            )
         if method == STEER_METHOD and self.steering:
-            text = prompt_text(params.get("prompt"))
-            if isinstance(text, _Refused):
-                return self._invalid(rid, text.why)
+            steer = prompt_text(params.get("prompt"))
+            if isinstance(steer, _Refused):
+                return self._invalid(rid, steer.why)
             view = self._view(session_id)
             if _idle_behavior(params) == "promptRequired" and view.running_turn is None:
                 return Output(send=[self._rpc.respond(rid, {"outcome": "promptRequired"})])
-            return Output(actions=[SteerRequested(rid, session_id, text)])
+            return Output(actions=[SteerRequested(rid, session_id, steer)])
         return Output(send=[self._not_found(rid, method)])
 
     def _initialize(self, rid: RequestId, params: dict[str, Any]) -> dict[str, Any]:
@@ -383,16 +417,19 @@ class AcpAgentSide:
         config_options: list[dict[str, Any]],
         new: bool,
         replay: Sequence[tuple[str, str]] = (),
+        modes: Mapping[str, Any] | None = None,
     ) -> Output:
         """The session behind ``session_id`` takes prompts: answer ``session/new`` (``new``),
         or ``session/load`` after replaying its history (``role``, ``text``) as updates, or
-        ``session/resume``."""
+        ``session/resume``; ``modes``: the agent's own (``SessionModeState``), offered on."""
         self._view(session_id)
         out = Output()
         for role, text in replay:
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
             out.send.append(self._update(session_id, {"sessionUpdate": kind, **_text(text)}))
         result: dict[str, Any] = {"configOptions": config_options}
+        if modes is not None:
+            result["modes"] = dict(modes)
         if new:
             result["sessionId"] = session_id
         out.send.append(self._rpc.respond(rpc_id, result))
@@ -456,12 +493,21 @@ class AcpAgentSide:
     ) -> Output:
         return Output(send=[self._rpc.respond_error(rpc_id, code, message, data)])
 
-    def prompt_failed(self, rpc_id: RequestId, session_id: str, text: str, message: str) -> Output:
-        """The session refused the prompt (stopped, failed, too many queued)."""
+    def prompt_failed(
+        self,
+        rpc_id: RequestId,
+        session_id: str,
+        text: str,
+        message: str,
+        *,
+        code: int = INTERNAL_ERROR,
+    ) -> Output:
+        """The session refused the prompt (stopped, failed, too many queued; ``INVALID_PARAMS``:
+        content the agent behind cannot take)."""
         view = self._view(session_id)
         if text in view.pending_texts:
             view.pending_texts.remove(text)
-        return self.fail(rpc_id, message)
+        return self.fail(rpc_id, message, code=code)
 
     def prompt_accepted(
         self, rpc_id: RequestId, session_id: str, text: str, turn_id: str
@@ -707,32 +753,16 @@ class _Refused:
 
 
 def prompt_text(blocks: Any) -> str | _Refused:
-    """A prompt's content blocks as the one text every agent behind can take.
-
-    Text as it is; a resource link as ``@name <uri>``; an embedded text resource (what
-    ``embeddedContext`` allows) inline, fenced with its URI. Images and audio are refused (we
-    do not advertise them: the session's prompt is text)."""
-    if not isinstance(blocks, list) or not blocks:
-        return _Refused("prompt must be a non-empty list of content blocks")
-    parts: list[str] = []
-    for block in blocks:
-        if not isinstance(block, dict):
-            return _Refused("a content block is not an object")
-        kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
-            parts.append(block["text"])
-        elif kind == "resource_link" and isinstance(block.get("uri"), str):
-            name = block.get("name") if isinstance(block.get("name"), str) else block["uri"]
-            parts.append(f"@{name} <{block['uri']}>")
-        elif kind == "resource" and isinstance(block.get("resource"), dict):
-            resource = block["resource"]
-            uri = str(resource.get("uri", ""))
-            if not isinstance(resource.get("text"), str):
-                return _Refused(f"embedded resource {uri} has no text (blobs are not supported)")
-            parts.append(f'<context uri="{uri}">\n{resource["text"]}\n</context>')
-        else:
-            return _Refused(f"content blocks of type {kind!r} are not supported")
-    text = "\n".join(parts)
+    """A steer's content blocks as one text (a steer joins a running turn as text, for every
+    agent that can take one): text, links and embedded text resources; anything that needs
+    more (an image, a blob) is refused."""
+    parts = parts_from_acp(blocks)
+    if isinstance(parts, str):
+        return _Refused(parts)
+    for part in parts:
+        if part.needs is not None:
+            return _Refused(f"a steer is text: content of type {part.kind!r} cannot join a turn")
+    text = parts_text(parts)
     if not text.strip():
         return _Refused("the prompt is empty")
     return text

@@ -51,6 +51,7 @@ from typing import Any, ClassVar, Final
 from attrs import define
 
 from protocols import events as ev
+from protocols.content import Part
 from protocols.machine import (
     AgentExiting,
     AgentProtocol,
@@ -152,7 +153,9 @@ class AmpClient(AgentProtocol):
             events=[SessionEstablished(resume, resumed=True if resume is not None else None)]
         )
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
+        # Text only (``prompt_carries`` is empty): the session refused any part that needs
+        # more, so ``text`` says all of it.
         if self._phase != "ready" or self._turn_id is not None:
             raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
         self._turn_id = turn_id

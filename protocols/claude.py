@@ -143,6 +143,7 @@ import attrs
 from attrs import define, field
 
 from protocols import events as ev
+from protocols.content import Part
 from protocols.machine import (
     AgentProtocol,
     SessionEstablished,
@@ -270,6 +271,7 @@ class ClaudeClient(AgentProtocol):
     """Our side of one ``claude -p --input-format stream-json`` process."""
 
     name: ClassVar[str] = "claude"
+    prompt_carries: ClassVar[frozenset[str]] = frozenset({"image"})
 
     #: the random part of our request ids (``req_<n>_<hex>``, as the SDKs write them);
     #: tests pass a constant
@@ -334,7 +336,7 @@ class ClaudeClient(AgentProtocol):
         self._resume = resume
         return Step(send=[self._request({"subtype": "initialize", "hooks": None})])
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         if self._phase != "ready" or self._turn_id is not None:
             raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
         self._turn_id = turn_id
@@ -351,7 +353,7 @@ class ClaudeClient(AgentProtocol):
             send=[
                 {
                     "type": "user",
-                    "message": {"role": "user", "content": text},
+                    "message": {"role": "user", "content": _content(text, parts)},
                     "parent_tool_use_id": None,
                     "session_id": self.agent_session_id or "default",
                 }
@@ -935,3 +937,18 @@ def claude_mcp_config(servers: Sequence[McpServer]) -> dict[str, Any]:
                 "headers": server.headers_dict,
             }
     return {"mcpServers": entries}
+
+
+def _content(text: str, parts: Sequence[Part]) -> str | list[dict[str, Any]]:
+    """The user message's content: the text, or (images in it) the Messages API's blocks, an
+    image as a base64 ``source``; links and text resources as text."""
+    if not parts:
+        return text
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        if part.needs == "image":
+            source = {"type": "base64", "media_type": part.mime_type, "data": part.data}
+            blocks.append({"type": "image", "source": source})
+        else:
+            blocks.append({"type": "text", "text": part.as_text()})
+    return blocks

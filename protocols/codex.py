@@ -110,6 +110,7 @@ import attrs
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, data_url
 from protocols.jsonrpc import (
     METHOD_NOT_FOUND,
     IncomingNotification,
@@ -386,6 +387,7 @@ class CodexClient(AgentProtocol):
     """Our side of one ``codex app-server`` connection, driving one thread."""
 
     name: ClassVar[str] = "codex"
+    prompt_carries: ClassVar[frozenset[str]] = frozenset({"image"})
     #: ``[mcp_servers.NAME]`` takes a ``command`` or a streamable-HTTP ``url``; no SSE
     mcp_transports: ClassVar[frozenset[str]] = frozenset({"stdio", "http"})
 
@@ -444,14 +446,14 @@ class CodexClient(AgentProtocol):
         )
         return Step(send=[message])
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         if self._phase != "ready" or self._turn is not None:
             turn = self._turn.turn_id if self._turn else None
             raise RuntimeError(f"prompt() while {self._phase} with turn {turn}")
         self._turn = _Turn(turn_id)
         _, message = self._rpc.request(
             "turn/start",
-            {"threadId": self._thread_id, "input": [{"type": "text", "text": text}]},
+            {"threadId": self._thread_id, "input": _input(text, parts)},
             _Sent(turn_id),
         )
         return Step(send=[message])
@@ -1346,3 +1348,17 @@ def _toml_value(value: Any) -> str:
         return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     assert isinstance(value, dict)
     return "{" + ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+
+
+def _input(text: str, parts: Sequence[Part]) -> list[dict[str, Any]]:
+    """``turn/start``'s input items: text, and an image as a ``data:`` URL (its
+    ``ImageUserInput``); links and text resources as text."""
+    if not parts:
+        return [{"type": "text", "text": text}]
+    items: list[dict[str, Any]] = []
+    for part in parts:
+        if part.needs == "image":
+            items.append({"type": "image", "url": data_url(part)})
+        else:
+            items.append({"type": "text", "text": part.as_text()})
+    return items

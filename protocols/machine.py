@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part
 from protocols.events import Event
 from protocols.mcp import MCP_TRANSPORTS, McpServer, check_transports
 
@@ -23,6 +24,7 @@ __all__ = [
     "AgentExiting",
     "AgentProtocol",
     "Control",
+    "ModeSet",
     "Output",
     "ProtocolError",
     "SessionEstablished",
@@ -120,6 +122,14 @@ class TurnFinished(Control):
 
 
 @frozen
+class ModeSet(Control):
+    """The agent's answer to :meth:`AgentProtocol.set_mode`: ``error`` None when it took it."""
+
+    mode_id: str
+    error: str | None = None
+
+
+@frozen
 class SteerAnswered(Control):
     """The agent's answer to :meth:`AgentProtocol.steer` number ``steer_id``.
 
@@ -182,6 +192,15 @@ class AgentProtocol(ABC):
     transport: ClassVar[str] = "stdio"
     #: the kinds of MCP server (``protocols.mcp``) this protocol can hand its agent
     mcp_transports: ClassVar[frozenset[str]] = frozenset(MCP_TRANSPORTS)
+    #: what its agents take in a prompt natively besides text (``protocols.content``'s carry
+    #: words); the rest is written as text or refused (``content.refusal``)
+    prompt_carries: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def carries(self) -> frozenset[str]:
+        """What this agent takes in a prompt natively: the protocol's, or (ACP) what the
+        agent advertised once it is initialized."""
+        return self.prompt_carries
 
     @classmethod
     def check_mcp_servers(cls, servers: Sequence[McpServer]) -> None:
@@ -228,8 +247,11 @@ class AgentProtocol(ABC):
         """Feed one decoded message from the agent."""
 
     @abstractmethod
-    def prompt(self, turn_id: str, text: str) -> Step:
-        """Start a turn. Only called when established and no turn is running."""
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
+        """Start a turn. Only called when established and no turn is running. ``parts``: the
+        prompt's content in order when it is more than ``text`` (an image, a resource), each
+        written in the protocol's own form where :attr:`carries` says it can be, else as its
+        text; empty: ``text`` is the whole prompt."""
 
     @abstractmethod
     def cancel(self) -> Step:
@@ -238,6 +260,19 @@ class AgentProtocol(ABC):
         Must not wait for any reply: the actor races its grace timer against
         :class:`TurnFinished`.
         """
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The session's modes as the agent gave them (ACP's ``SessionModeState``:
+        ``currentModeId`` and ``availableModes``), or None: the agent has none (every protocol
+        but ACP, and ACP agents that advertise none)."""
+        return None
+
+    def set_mode(self, mode_id: str) -> Step:
+        """Ask the agent to switch the session to ``mode_id`` (one of :attr:`modes`).
+        Answered with exactly one :class:`ModeSet`, in this step or a later one (unless the
+        process dies first). Only called when established and :attr:`modes` is not None."""
+        raise NotImplementedError(f"{self.name} has no session modes")
 
     @property
     def can_steer(self) -> bool:

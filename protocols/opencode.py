@@ -74,6 +74,7 @@ from urllib.parse import quote
 from attrs import define, field, frozen
 
 from protocols import events as ev
+from protocols.content import Part, data_url
 from protocols.machine import (
     AgentProtocol,
     SessionEstablished,
@@ -227,6 +228,7 @@ class OpenCodeClient(AgentProtocol):
     """Our side of one ``opencode serve`` process, driving one session."""
 
     name: ClassVar[str] = "opencode"
+    prompt_carries: ClassVar[frozenset[str]] = frozenset({"image"})
     transport: ClassVar[str] = "http"
 
     _next_id: int = 0
@@ -289,13 +291,13 @@ class OpenCodeClient(AgentProtocol):
         self._resume = resume
         return Step()  # nothing until the event stream is open
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         if self._phase != "ready" or self._turn is not None:
             turn = self._turn.turn_id if self._turn else None
             raise RuntimeError(f"prompt() while {self._phase} with turn {turn}")
         assert self._session_id is not None
         self._turn = _Turn(turn_id)
-        body = {"parts": [{"type": "text", "text": text}]}
+        body = {"parts": _parts(text, parts)}
         sent = _Sent("prompt", turn_id)
         return Step(send=[self._request("POST", self._path("prompt_async"), sent, body)])
 
@@ -968,3 +970,21 @@ def opencode_config_content(servers: Sequence[McpServer], existing: str | None =
     mcp = document.get("mcp")
     document["mcp"] = {**(mcp if isinstance(mcp, dict) else {}), **opencode_mcp_config(servers)}
     return json.dumps(document)
+
+
+def _parts(text: str, parts: Sequence[Part]) -> list[dict[str, Any]]:
+    """The prompt's parts in OpenCode's form: text, and an image as a ``file`` part (its
+    ``mime`` and a ``data:`` URL); links and text resources as text."""
+    if not parts:
+        return [{"type": "text", "text": text}]
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if part.needs == "image":
+            file: dict[str, Any] = {"type": "file", "mime": part.mime_type, "url": data_url(part)}
+            name = (part.uri or "").rsplit("/", 1)[-1]
+            if name:
+                file["filename"] = name
+            out.append(file)
+        else:
+            out.append({"type": "text", "text": part.as_text()})
+    return out

@@ -60,6 +60,7 @@ and trio, never other modules of the ``supervisor`` package.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -196,6 +197,10 @@ class Options:
     ignore_sigterm: bool = False
     permission_watches_cancel: bool = False
     steering: bool = True
+    #: advertise images, audio and embedded resources in prompts, and say what came
+    content: bool = False
+    #: offer session modes (``ask``, ``code``) and say in each turn's thought which one runs
+    modes: bool = False
     state_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
     )
@@ -303,6 +308,8 @@ class Turn:
         self.session = session
         self.plan = plan
         self.text = text
+        #: what came in the prompt besides text, described (``--content``)
+        self.received: list[str] = []
         self.scope = trio.CancelScope()
         self.cancel_requested = False
         self.outcome_cancelled = False
@@ -424,6 +431,7 @@ class Session:
     history: list[HistoryEntry] = field(default_factory=list)
     turn: Turn | None = None
     mcp: list[McpLink] = field(default_factory=list)
+    mode: str = "ask"  # --modes
 
 
 @dataclass
@@ -437,6 +445,24 @@ class _Pending:
 def _encode(message: dict[str, Any]) -> bytes:
     """Serialise a message as one ASCII JSON line."""
     return json.dumps(message, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def _received(prompt: list[Any]) -> list[str]:
+    """The prompt's blocks other than text, each in a few words: what ``--content`` says it
+    got (a test reads it back)."""
+    said: list[str] = []
+    for block in prompt:
+        kind = block.get("type")
+        if kind in ("image", "audio"):
+            size = len(base64.b64decode(block.get("data") or "", validate=False))
+            said.append(f"{kind} {block.get('mimeType')} {size} bytes")
+        elif kind == "resource_link":
+            said.append(f"link {block.get('name')} {block.get('uri')}")
+        elif kind == "resource":
+            resource = block.get("resource") or {}
+            body = "text" if isinstance(resource.get("text"), str) else "blob"
+            said.append(f"resource {resource.get('uri')} ({body})")
+    return said
 
 
 def _text_of(prompt: Any) -> str:
@@ -538,6 +564,7 @@ class DemoAgent:
                 "sessionId": session.session_id,
                 "cwd": session.cwd,
                 "history": [{"role": e.role, "text": e.text} for e in session.history],
+                "mode": session.mode,
             }
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(data, fh)
@@ -556,7 +583,8 @@ class DemoAgent:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log(f"no usable saved state for session {session_id}: {exc!r}")
             return None
-        return Session(session_id=session_id, cwd=cwd, history=history)
+        mode = data.get("mode") if data.get("mode") in ("ask", "code") else "ask"
+        return Session(session_id=session_id, cwd=cwd, history=history, mode=mode)
 
     # ----------------------------------------------------------- input
 
@@ -699,6 +727,8 @@ class DemoAgent:
                 self._session_prompt(request_id, params)
             elif method == "_session/steering" and self.options.steering:
                 await self.respond(request_id, self._steer(params))
+            elif method == "session/set_mode" and self.options.modes:
+                await self.respond(request_id, self._set_mode(params))
             else:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         except RpcError as exc:
@@ -714,7 +744,11 @@ class DemoAgent:
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
                 "loadSession": True,
-                "promptCapabilities": {"image": False, "audio": False, "embeddedContext": False},
+                "promptCapabilities": {
+                    "image": self.options.content,
+                    "audio": self.options.content,
+                    "embeddedContext": self.options.content,
+                },
                 "mcpCapabilities": {"http": False, "sse": False},
             },
             "agentInfo": {"name": AGENT_NAME, "version": AGENT_VERSION},
@@ -795,7 +829,28 @@ class DemoAgent:
         self.sessions[session.session_id] = session
         self.save(session)
         log(f"new session {session.session_id}")
-        return {"sessionId": session.session_id}
+        return {"sessionId": session.session_id, **self._modes(session)}
+
+    def _modes(self, session: Session) -> dict[str, Any]:
+        if not self.options.modes:
+            return {}
+        available = [
+            {"id": "ask", "name": "Ask", "description": "Answer, change nothing"},
+            {"id": "code", "name": "Code"},
+        ]
+        return {"modes": {"currentModeId": session.mode, "availableModes": available}}
+
+    def _set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.get(self._session_id(params))
+        if session is None:
+            raise RpcError(INVALID_PARAMS, "Invalid params: unknown session")
+        mode = params.get("modeId")
+        if mode not in ("ask", "code"):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: no mode {mode!r}")
+        session.mode = mode
+        self.save(session)
+        log(f"session {session.session_id} in mode {mode}")
+        return {}
 
     async def _session_load(self, request_id: Any, params: dict[str, Any]) -> None:
         cwd = self._cwd(params)
@@ -814,7 +869,7 @@ class DemoAgent:
                 session_id,
                 {"sessionUpdate": kind, "content": {"type": "text", "text": entry.text}},
             )
-        await self.respond(request_id, {})
+        await self.respond(request_id, self._modes(session))
 
     def _session_prompt(self, request_id: Any, params: dict[str, Any]) -> None:
         session_id = params.get("sessionId")
@@ -822,6 +877,14 @@ class DemoAgent:
         if session is None:
             raise RpcError(INVALID_PARAMS, f"Invalid params: unknown session {session_id!r}")
         text = _text_of(params.get("prompt"))
+        received = _received(params["prompt"])
+        if not self.options.content:
+            for block in params["prompt"]:
+                if block.get("type") in ("image", "audio", "resource"):
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"Invalid params: {block.get('type')} content is not advertised",
+                    )
         if session.turn is not None:
             raise RpcError(
                 INVALID_PARAMS,
@@ -830,6 +893,7 @@ class DemoAgent:
         # Register the turn now, before reading the next line, so that a
         # session/cancel sent right after the prompt finds it.
         turn = Turn(request_id, session, parse_directives(text, self.options), text)
+        turn.received = received
         session.turn = turn
         self.turns.add(turn)
         session.history.append(HistoryEntry("user", text))
@@ -910,6 +974,14 @@ class DemoAgent:
         plan = turn.plan
         sid = turn.session.session_id
         shown = turn.text if len(turn.text) <= 200 else turn.text[:200] + "..."
+        if self.options.modes:
+            shown = f"[mode {turn.session.mode}] {shown}"
+        if turn.received:
+            said = "received: " + "; ".join(turn.received) + "\n"
+            await self.update(
+                sid,
+                {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": said}},
+            )
         await self.update(
             sid,
             {
@@ -1216,6 +1288,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="do not advertise or answer _session/steering (the supervisor then interrupts)",
     )
     parser.add_argument(
+        "--content",
+        action="store_true",
+        help="take images, audio and embedded resources in prompts (and say what came)",
+    )
+    parser.add_argument(
+        "--modes",
+        action="store_true",
+        help="offer session modes ask and code (session/set_mode); thoughts name the mode",
+    )
+    parser.add_argument(
         "--state-dir",
         default=defaults.state_dir,
         help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
@@ -1231,6 +1313,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ignore_sigterm=ns.ignore_sigterm,
         permission_watches_cancel=ns.permission_watches_cancel,
         steering=not ns.no_steering,
+        content=ns.content,
+        modes=ns.modes,
         state_dir=ns.state_dir,
     )
 

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -24,13 +24,15 @@ import attrs
 import trio
 from attrs import define, field, frozen
 
+from protocols import PROTOCOLS, new_machine
 from protocols import events as ev
-from protocols import new_machine
+from protocols.content import Part, parts_text, refusal
 from protocols.framing import Frame, FramingError, Message, decode_line
 from protocols.machine import (
     AgentExiting,
     AgentProtocol,
     Control,
+    ModeSet,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -146,6 +148,7 @@ class SessionSummary:
 @frozen
 class _Prompt:
     text: str
+    parts: tuple[Part, ...]
     reply: Reply[TurnHandle]
 
 
@@ -160,6 +163,12 @@ class _Cancel:
 class _Steer:
     text: str
     reply: Reply[SteerResult]
+
+
+@frozen
+class _SetMode:
+    mode_id: str
+    reply: Reply[None]
 
 
 @frozen
@@ -188,7 +197,7 @@ class _Stop:
     reply: Reply[ExitStatus | None]
 
 
-_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _Subscribe | _WaitReady | _Stop
+_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _SetMode | _Subscribe | _WaitReady | _Stop
 
 
 # -- inbox items from the session's own child tasks ------------------------------------------
@@ -360,6 +369,16 @@ class Session:
         self._resume_from: str | None = resume
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
+        #: ``set_mode`` calls waiting for the agent's answer (``ModeSet``), in the order sent
+        self._mode_replies: deque[Reply[None]] = deque()
+        #: the content parts of queued prompts that have more than text, by turn id
+        self._parts: dict[str, tuple[Part, ...]] = {}
+        #: what the agent takes in a prompt natively (``AgentProtocol.carries``): the
+        #: protocol's, then what the agent itself said once it was up (ACP)
+        protocol = PROTOCOLS.get(spec.protocol)
+        self._carries: frozenset[str] = (
+            protocol.prompt_carries if protocol is not None else frozenset()
+        )
         self._turn_counter = 0
         self._steer_counter = 0
         #: why the agent is to be restarted once the running turn is over (its memory)
@@ -431,12 +450,41 @@ class Session:
             cwd=self.cwd,
         )
 
-    async def prompt(self, text: str) -> TurnHandle:
-        """Queue a prompt; returns once the session accepted it (not when the turn ends)."""
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
+        """Queue a prompt; returns once the session accepted it (not when the turn ends).
+
+        ``parts``: its content when it is more than text (images, resources, in order;
+        ``protocols.content``); ``text`` is then what events and receipts show of it. A part
+        the agent cannot take is refused here (:class:`BadRequest`), before anything is sent."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("prompt text must be a non-empty string")
         check_text("prompt text", text)  # the agent's protocol could not carry it
-        return await self._call(lambda reply: _Prompt(text, reply))
+        parts = tuple(parts)
+        if parts:
+            if not all(isinstance(part, Part) for part in parts):
+                raise BadRequest("prompt parts must be protocols.content.Part")
+            check_text("prompt content", parts_text(parts))
+        return await self._call(lambda reply: _Prompt(text, parts, reply))
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The session's modes as the agent gives them (ACP's ``SessionModeState``), or None
+        (the agent has none, or is not running)."""
+        return self._machine.modes if self._machine is not None else None
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Switch the agent's session to mode ``mode_id`` (one of :attr:`modes`); returns once
+        the agent took it (:class:`BadRequest` with its reason if it refused)."""
+        if not isinstance(mode_id, str) or not mode_id:
+            raise BadRequest("mode_id must be a non-empty string")
+        check_text("mode_id", mode_id)
+        return await self._call(lambda reply: _SetMode(mode_id, reply))
+
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the agent takes in a prompt besides text (``protocols.content``'s words): its
+        protocol's, or what the agent advertised when it last started (ACP)."""
+        return self._carries
 
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None
@@ -651,6 +699,8 @@ class Session:
         for waiter in self._ready_waiters:
             waiter.fail(exc)
         self._ready_waiters.clear()
+        while self._mode_replies:
+            self._mode_replies.popleft().fail(exc)
         if self._turn is not None and self._turn.cancel is not None:
             for cancel_waiter in self._turn.cancel.waiters:
                 cancel_waiter.fail(exc)
@@ -710,21 +760,49 @@ class Session:
         elif self._state in ("stopped", "failed") or self._stopping:
             call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
         elif isinstance(call, _Prompt):
-            call.reply.resolve(self._accept_prompt(call.text))
+            call.reply.resolve(self._accept_prompt(call.text, call.parts))
         elif isinstance(call, _Cancel):
             self._cancel(call)
         elif isinstance(call, _Steer):
             self._steer(call)
         elif isinstance(call, _RespondPermission):
             self._respond_permission(call)
+        elif isinstance(call, _SetMode):
+            self._set_mode(call)
         elif isinstance(call, _Stop):
             self._stop(call.reply)
 
-    def _accept_prompt(self, text: str) -> TurnHandle:
+    def _set_mode(self, call: _SetMode) -> None:
+        machine = self._machine
+        modes = machine.modes if machine is not None and self._state != "starting" else None
+        if machine is None or modes is None:
+            raise BadRequest(f"agent {self.spec.name!r} offers no session modes")
+        known = [m.get("id") for m in modes.get("availableModes", [])]
+        if call.mode_id not in known:
+            raise BadRequest(f"unknown mode {call.mode_id!r} (known: {', '.join(map(str, known))})")
+        step = machine.set_mode(call.mode_id)
+        self._mode_replies.append(call.reply)
+        self._apply(step)
+
+    def _mode_set(self, answer: ModeSet) -> None:
+        if not self._mode_replies:
+            return
+        reply = self._mode_replies.popleft()
+        if answer.error is None:
+            reply.resolve(None)
+        else:
+            reply.fail(BadRequest(f"the agent refused mode {answer.mode_id!r}: {answer.error}"))
+
+    def _accept_prompt(self, text: str, parts: tuple[Part, ...] = ()) -> TurnHandle:
         if len(self._queue) >= self._max_queued:
             raise BadRequest(f"too many queued prompts (at most {self._max_queued})")
+        why = refusal(parts, self._carries, f"agent {self.spec.name!r}")
+        if why is not None:
+            raise BadRequest(why)
         self._turn_counter += 1
         turn_id = f"t{self._turn_counter}"
+        if parts:
+            self._parts[turn_id] = parts
         if self._state == "ready" and self._turn is None:
             self._start_turn(turn_id, text)
             return TurnHandle(turn_id, queued=False)
@@ -733,7 +811,13 @@ class Session:
 
     def _start_turn(self, turn_id: str, text: str) -> None:
         assert self._machine is not None
-        step = self._machine.prompt(turn_id, text)
+        parts = self._parts.pop(turn_id, ())
+        # A part the agent restarted since cannot take any more is written as its text.
+        step = (
+            self._machine.prompt(turn_id, text, parts)
+            if parts
+            else self._machine.prompt(turn_id, text)
+        )
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
         # the session is not left ``running`` a turn the agent never got).
         self._deliver(step)
@@ -907,6 +991,7 @@ class Session:
 
     def _drop(self, prompt: DroppedPrompt, reason: str | None) -> CancelReceipt:
         """A queued prompt that will never run: its own receipt, its one ``turn.ended``."""
+        self._parts.pop(prompt.turn_id, None)
         receipt = CancelReceipt(
             session_id=self.id,
             turn_id=prompt.turn_id,
@@ -1099,6 +1184,8 @@ class Session:
             self._turn_finished(control)
         elif isinstance(control, SteerAnswered):
             self._steer_answered(control)
+        elif isinstance(control, ModeSet):
+            self._mode_set(control)
         elif isinstance(control, AgentExiting):
             self._agent_exiting(control)
 
@@ -1432,6 +1519,10 @@ class Session:
         cancel had asked of sub-agents or tasks (they never confirmed)."""
         machine, self._machine = self._machine, None
         self._exiting = self._exit_deadline = None  # whatever it said, it is gone now
+        while self._mode_replies:  # never answered: the process that was to answer is gone
+            self._mode_replies.popleft().fail(
+                AgentNotRunning(f"the agent of session {self.id} exited before it took the mode")
+            )
         turn = self._turn
         if machine is None or turn is None or turn.cancel is None:
             return
@@ -1646,6 +1737,8 @@ class Session:
 
     def _established(self, established: SessionEstablished) -> None:
         self._establishing = False
+        if self._machine is not None:
+            self._carries = self._machine.carries
         self._start_deadline = None
         refused, self._resume_refused = self._resume_refused, None
         resumed = False if refused is not None else established.resumed

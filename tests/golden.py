@@ -22,6 +22,7 @@ import attrs
 import pytest
 
 from protocols import events as ev
+from protocols.content import Part
 from protocols.machine import AgentProtocol, Control, Step, UnknownPermission
 from protocols.mcp import mcp_servers_from_acp
 
@@ -34,6 +35,7 @@ CALLS = {
     "close",
     "respond_permission",
     "cancel_permissions",
+    "set_mode",
 }
 EXCEPTIONS: dict[str, type[Exception]] = {
     "UnknownPermission": UnknownPermission,
@@ -86,6 +88,8 @@ def run_step(client: AgentProtocol, step: dict[str, Any]) -> Step:
     args = dict(step.get("args", {}))
     if "mcp_servers" in args:  # written in their ACP form, as a client sends them
         args["mcp_servers"] = mcp_servers_from_acp(args["mcp_servers"])
+    if "parts" in args:  # a prompt's content parts, their fields as written
+        args["parts"] = tuple(Part(**part) for part in args["parts"])
     result: Step = method(**args)
     return result
 

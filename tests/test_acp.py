@@ -46,6 +46,7 @@ CHECKS = {
     "agent_info",
     "agent_capabilities",
     "can_steer",
+    "modes",
 }
 
 

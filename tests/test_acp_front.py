@@ -288,6 +288,72 @@ async def test_ts_client_is_told_when_the_agent_cannot_resume(
     check_wire(tmp_path / "wire", schema)
 
 
+async def test_ts_client_prompt_content_reaches_the_agents_that_take_it(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """An image, a resource link and an embedded resource reach an ACP agent that advertises
+    them (the demo agent with ``--content`` says what came), as ACP blocks; the text-only demo
+    agent (switched to in the same session) refuses an image with a clear error and gets an
+    embedded text resource inline. ``initialize`` promises images only once a session of the
+    default agent has said it takes them (its ``promptCapabilities``, remembered)."""
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--state-dir", str(tmp_path / "d")]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        f'[agents.demo-content]\nprotocol = "acp"\ncommand = {json.dumps([*demo, "--content"])}\n'
+        f'[agents.demo]\nprotocol = "acp"\ncommand = {json.dumps(demo)}\n'
+    )
+    env = {"ACP_TEST_TEXT_AGENT": "demo"}
+    front = ("--config", os.fspath(config), "--agent", "demo-content")
+    result = await run_ts(tmp_path, "content", *front, env=env)
+    # Nothing known of demo-content yet: no promise of images (ACP agents say it when run).
+    assert result["promptCapabilities"] == {"image": False, "audio": False, "embeddedContext": True}
+    assert result["taken"]["stopReason"] == "end_turn"
+    assert result["takenText"].startswith(
+        "received: image image/png 8 bytes; link a.py file:///w/a.py;"
+        " resource file:///w/b.md (text)\n"
+    )
+    assert result["refused"]["code"] == -32602
+    assert "agent 'demo' does not take an image (image/png)" in result["refused"]["message"]
+    assert result["inlined"]["stopReason"] == "end_turn"
+    # The link went to the agent as a link (every ACP agent takes them), the text resource
+    # inline: the demo agent thinks about its text blocks, joined.
+    assert result["thought"] == (
+        'Thinking about: read words=3 fast<context uri="file:///w/b.md">\n# B\n</context>'
+    )
+    sent = check_wire(tmp_path / "wire", schema)
+    assert not any(m.get("error", {}).get("code") == -32603 for m in sent)
+    again = await run_ts(tmp_path, "basic", *front)
+    capabilities = again["init"]["agentCapabilities"]["promptCapabilities"]
+    assert capabilities == {"image": True, "audio": True, "embeddedContext": True}
+
+
+async def test_ts_client_sets_the_mode_of_an_agent_that_offers_modes(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """The demo agent with ``--modes`` offers ``ask`` and ``code``: the front door offers them
+    on in ``session/new``, ``session/set_mode`` reaches the agent (its next turn runs in that
+    mode), an unknown mode is refused with the reason; the plain demo agent offers none."""
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--state-dir", str(tmp_path / "d")]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        f'[agents.demo-modes]\nprotocol = "acp"\ncommand = {json.dumps([*demo, "--modes"])}\n'
+        f'[agents.demo]\nprotocol = "acp"\ncommand = {json.dumps(demo)}\n'
+    )
+    front = ("--config", os.fspath(config), "--agent", "demo-modes")
+    result = await run_ts(tmp_path, "modes", *front)
+    assert result["modes"]["currentModeId"] == "ask"
+    assert [m["id"] for m in result["modes"]["availableModes"]] == ["ask", "code"]
+    assert result["set"] == {}
+    assert result["answer"]["stopReason"] == "end_turn"
+    assert result["thought"].startswith("Thinking about: [mode code] hi words=3 fast")
+    assert result["refused"]["code"] == -32602
+    assert "unknown mode 'plan' (known: ask, code)" in result["refused"]["message"]
+    assert result["modeUpdates"][-1] == "code"
+    check_wire(tmp_path / "wire", schema)
+    plain = await run_ts(tmp_path, "basic", "--config", os.fspath(config), "--agent", "demo")
+    assert "modes" not in plain["session"]
+
+
 async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
     tmp_path: Path, schema: AcpSchema
 ) -> None:

@@ -36,7 +36,13 @@ class SlowSession:
         self._seq += 1
         self._send.send_nowait(attrs.evolve(event, seq=self._seq))
 
-    async def prompt(self, text: str) -> str:
+    prompt_carries: frozenset[str] = frozenset()
+    modes = None
+
+    async def set_mode(self, mode_id: str) -> None:
+        raise AssertionError("no modes offered")
+
+    async def prompt(self, text: str, parts: Sequence[Any] = ()) -> str:
         await trio.sleep(0.5)
         self.running = "t1"
         self._emit(ev.TurnStarted(turn_id="t1", text=text))
@@ -71,6 +77,9 @@ class OneSession:
 
     def mcp_transports(self, agent: str | None) -> frozenset[str]:
         return frozenset({"stdio"})
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        return frozenset()
 
     async def start(self, agent: str, cwd: str, **_: Any) -> SlowSession:
         return self.session

@@ -1,6 +1,7 @@
-"""Tier 4: real agents that speak no ACP, behind ``agent-supervisor acp``, driven by the
-official TypeScript SDK client: the Codex app-server (protocol ``codex``) and Claude Code in
-stream-json mode (protocol ``claude``), each against the tests' fake model
+"""Tier 4: real agents behind ``agent-supervisor acp``, driven by the official TypeScript SDK
+client: two that speak no ACP, the Codex app-server (protocol ``codex``) and Claude Code in
+stream-json mode (protocol ``claude``), and four that do, Gemini CLI and Qwen Code (``--acp``),
+codex-acp and claude-agent-acp, each against the tests' fake model
 (``tests/realagents/fake_model.py``) in its own loopback-only network namespace where the host
 allows one. A quick turn, a turn cancelled while the model streams (the prompt answered
 ``cancelled``), another quick turn; every message both ways valid ACP v1.
@@ -23,6 +24,9 @@ from test_acp_front import schema as schema  # the fixture
 
 from realagents import install
 from realagents.agents import (
+    AGENTS as ACP_AGENTS,
+)
+from realagents.agents import (
     CLAUDE_STREAM_JSON,
     CODEX_APP_SERVER,
     RealAgent,
@@ -39,6 +43,11 @@ pytestmark = pytest.mark.real_process
 AGENTS: dict[str, tuple[RealAgent, Callable[..., AgentSpec]]] = {
     "codex-app-server": (CODEX_APP_SERVER, codex_app_server_spec),
     "claude-stream-json": (CLAUDE_STREAM_JSON, claude_stream_json_spec),
+    # Real ACP agents behind the front door: ACP on both sides, the ladder in between.
+    **{
+        key: (ACP_AGENTS[key], ACP_AGENTS[key].spec)
+        for key in ("gemini", "qwen", "codex-acp", "claude-agent-acp")
+    },
 }
 
 
@@ -56,6 +65,54 @@ def config_toml(spec: AgentSpec, path: Path) -> Path:
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+#: A 1x1 PNG: a real image, for the agents that check what they are given.
+PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+
+
+@pytest.mark.parametrize(
+    "key", ["claude-stream-json", "codex-app-server", "gemini", "codex-acp", "claude-agent-acp"]
+)
+async def test_an_image_in_the_prompt_reaches_the_model(
+    key: str, tmp_path: Path, schema: AcpSchema
+) -> None:
+    """An image the editor puts in its prompt goes through the front door and the agent's own
+    protocol (Claude's image block, Codex's data: URL input item, the ACP block to Gemini,
+    codex-acp and claude-agent-acp) to the model: the fake model finds its bytes in the
+    request the agent made."""
+    agent, spec_of = AGENTS[key]
+    try:
+        installed = install.ensure(agent.package)
+    except install.Unavailable as exc:
+        skip_or_fail(f"{key} is not available: {exc}")
+        raise
+    with noted_namespace() as namespace:
+        listener = namespace.listener if namespace is not None else None
+        with FakeModel(listener, keep_bodies=True) as model:
+            prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
+            spec = spec_of(prepared, grace_s=GRACE_S)
+            if namespace is not None:
+                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+            config = config_toml(spec, tmp_path / "agents.toml")
+            result: dict[str, Any] = await run_ts(
+                tmp_path,
+                "realimage",
+                "--config",
+                os.fspath(config),
+                "--agent",
+                key,
+                cwd=os.fspath(prepared.cwd),
+                env={"ACP_TEST_IMAGE": PNG_1X1},
+            )
+            bodies = [json.dumps(e.body) for e in model.snapshot() if e.body is not None]
+    assert result["answer"]["stopReason"] == "end_turn", result
+    assert result["text"].strip(), "the turn said something"
+    assert any(PNG_1X1 in body for body in bodies), "the image never reached the model"
+    if key in ("claude-stream-json", "codex-app-server"):  # an ACP agent's own word comes
+        # only once it ran here (then it is remembered for the next initialize)
+        assert result["promptCapabilities"]["image"] is True
+    check_wire(tmp_path / "wire", schema)
 
 
 @pytest.mark.parametrize("key", sorted(AGENTS))

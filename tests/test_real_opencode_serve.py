@@ -55,6 +55,7 @@ from test_opencode_process import (
 )
 
 from protocols import events as ev
+from protocols.content import Part, parts_text
 from protocols.mcp import McpServer
 from realagents import install, scenarios
 from realagents.agents import AGENTS
@@ -116,7 +117,7 @@ async def serve_session(
             prepared = AGENT.prepare(installed.argv, root, model.base_url)
             if config:
                 settings = prepared.cwd / "opencode.json"
-                settings.write_text(json.dumps({**json.loads(settings.read_text()), **config}))
+                settings.write_text(json.dumps(_merged(json.loads(settings.read_text()), config)))
             command = [*installed.argv, "serve"]
             if isolated and namespace is not None:
                 command = [sys.executable, __file__, "bridge", namespace.path, "--", *command]
@@ -142,6 +143,18 @@ async def serve_session(
                 checks=scenarios.understood_everything,
             ) as h:
                 yield h
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra``'s keys over ``base``'s, objects merged key by key (a model's options added
+    to the test's provider keep its URL)."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def row(h: Harness, scenario: str, receipt: Any, **extra: Any) -> None:
@@ -273,6 +286,32 @@ async def test_killed_turn_resumes_session(open_serve: Any) -> None:
 
             await second_prompt_completes(h)
             scenarios.assert_history_kept(h)
+
+
+async def test_an_image_in_the_prompt_reaches_the_model(open_serve: Any) -> None:
+    """A prompt with an image (``Session.prompt(text, parts)``): ``prompt_async`` gets it as a
+    ``file`` part with a ``data:`` URL, and the server passes its bytes to a model configured
+    to take images (one that is not gets OpenCode's own "this model does not support image
+    input" text in its place: seen here with the test's plain fake model)."""
+    image_model = {
+        "attachment": True,
+        "modalities": {"input": ["text", "image"], "output": ["text"]},
+    }
+    config = {"provider": {"fake": {"models": {"fake-model": image_model}}}}
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    parts = (
+        Part("text", text="quick"),
+        Part("image", data=png, mime_type="image/png", uri="file:///w/dot.png"),
+    )
+    with trio.fail_after(BOUND_S):
+        async with open_serve(keep_bodies=True, config=config) as h:
+            assert "image" in h.session.prompt_carries
+            turn = await h.session.prompt(parts_text(parts), parts)
+            ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
+            assert isinstance(ended, ev.TurnEnded)
+            assert ended.outcome == "completed", (ended, h.model.describe())
+            bodies = [json.dumps(e.body) for e in h.model.snapshot() if e.body is not None]
+            assert any(png in body for body in bodies), "the image never reached the model"
 
 
 async def test_prompts_failing_after_an_early_abort_are_failed(

@@ -20,9 +20,10 @@ from trio_websocket import ConnectionClosed
 
 from protocols import PROTOCOLS
 from protocols import events as ev
+from protocols.content import Part, refusal
 from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
-from supervisor.errors import SupervisorError
+from supervisor.errors import BadRequest, SupervisorError
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire import event_from_wire
@@ -30,6 +31,7 @@ from supervisor.wire import event_from_wire
 __all__ = [
     "Backend",
     "BackendError",
+    "BackendRefused",
     "EmbeddedSession",
     "EmbeddedSessions",
     "FrontSession",
@@ -50,6 +52,10 @@ class BackendError(Exception):
     """A call on a session failed; the message is for the person in the editor."""
 
 
+class BackendRefused(BackendError):
+    """The session refused what it was asked, as asked (content the agent cannot take)."""
+
+
 class FrontSession(Protocol):
     """One session behind the front door."""
 
@@ -59,8 +65,14 @@ class FrontSession(Protocol):
     #: what it said so far, when the backend keeps it (``attach(history=True)``): role, text
     transcript: list[list[str]]
 
-    async def prompt(self, text: str) -> str:
-        """Returns the turn id once the session accepted the prompt."""
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        """Returns the turn id once the session accepted the prompt; ``parts``: its content
+        when it is more than text (:class:`BackendRefused` if the agent cannot take it)."""
+        ...
+
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the agent behind takes in a prompt besides text (``protocols.content``)."""
         ...
 
     async def cancel(self) -> None:
@@ -72,6 +84,15 @@ class FrontSession(Protocol):
         ...
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None: ...
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The agent's session modes (ACP's ``SessionModeState``), or None: it has none."""
+        ...
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Returns once the agent took the mode (:class:`BackendRefused` if it did not)."""
+        ...
 
     def events(self) -> AsyncIterator[ev.Event]:
         """Events from when the session was opened here, in order, until it ends."""
@@ -99,6 +120,11 @@ class Backend(Protocol):
 
     def mcp_transports(self, agent: str | None) -> frozenset[str]:
         """The kinds of MCP server ``agent`` can be given (``stdio``, ``http``, ``sse``)."""
+        ...
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        """What ``agent`` takes in a prompt besides text as far as is known before a session
+        of it runs (its protocol's word; an ACP agent's own comes when it starts)."""
         ...
 
     async def start(
@@ -138,9 +164,29 @@ class EmbeddedSession:
             return self._session.agent_session_id
         return None
 
-    async def prompt(self, text: str) -> str:
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        return self._session.prompt_carries
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._session.modes if isinstance(self._session, Session) else None
+
+    async def set_mode(self, mode_id: str) -> None:
+        if not isinstance(self._session, Session):
+            raise BackendRefused(f"a session on host {self._session.host!r} offers no modes")
         try:
-            return (await self._session.prompt(text)).id
+            await self._session.set_mode(mode_id)
+        except BadRequest as exc:
+            raise BackendRefused(str(exc)) from exc
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        try:
+            return (await self._session.prompt(text, parts)).id
+        except BadRequest as exc:
+            raise BackendRefused(str(exc)) from exc
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
 
@@ -215,6 +261,13 @@ class EmbeddedSessions:
         spec = self._supervisor.agents.get(agent) if agent is not None else None
         protocol = PROTOCOLS.get(spec.protocol) if spec is not None else None
         return protocol.mcp_transports if protocol is not None else frozenset({"stdio"})
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        spec = self._supervisor.agents.get(agent) if agent is not None else None
+        if spec is None or spec.hosts:
+            return frozenset()  # a host's session takes text (RemoteSession)
+        protocol = PROTOCOLS.get(spec.protocol)
+        return protocol.prompt_carries if protocol is not None else frozenset()
 
     async def attach(self, session_id: str, *, history: bool = False) -> EmbeddedSession:
         raise BackendError(f"no session {session_id!r}")
@@ -298,7 +351,18 @@ class GatewaySession:
         except ConnectionClosed as exc:
             raise BackendError("the connection to the gateway is closed") from exc
 
-    async def prompt(self, text: str) -> str:
+    #: the gateway's ``agent.prompt`` carries text: nothing more goes through it (yet)
+    prompt_carries: frozenset[str] = frozenset()
+    #: the gateway offers no way to set an agent's mode (yet): none are offered on
+    modes = None
+
+    async def set_mode(self, mode_id: str) -> None:
+        raise BackendRefused("a session through --connect offers no modes")
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        why = refusal(parts, self.prompt_carries, "a session through --connect")
+        if why is not None:
+            raise BackendRefused(why)
         return str((await self._request("agent.prompt", {"text": text}))["turn_id"])
 
     async def cancel(self) -> None:
@@ -362,6 +426,9 @@ class GatewaySessions:
         """The gateway's agents are known by name and protocol only: stdio servers, which
         every protocol takes (the gateway refuses, with the reason, what it cannot pass)."""
         return frozenset({"stdio"})
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        return GatewaySession.prompt_carries
 
     @classmethod
     async def open(cls, client: GatewayClient) -> GatewaySessions:

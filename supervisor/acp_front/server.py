@@ -33,12 +33,13 @@ from protocols.acp_agent import (
     PermissionAnswered,
     PromptRequested,
     SetAgent,
+    SetMode,
     SteerRequested,
     agent_config_option,
 )
 from protocols.framing import FramingError, LineDecoder, Message, encode_message
-from protocols.jsonrpc import INVALID_PARAMS, PARSE_ERROR
-from supervisor.acp_front.backends import Backend, BackendError, FrontSession
+from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR
+from supervisor.acp_front.backends import Backend, BackendError, BackendRefused, FrontSession
 from supervisor.acp_front.records import Record, Records, new_session_id
 
 __all__ = ["AGENT_INFO", "AcpFront", "LIST_PAGE"]
@@ -107,9 +108,16 @@ class AcpFront:
         #: a gateway session every ``session/new`` joins instead of starting one
         self.attach_to = attach_to
         kinds = backend.mcp_transports(self.default_agent)
+        carries = self.prompt_carries(self.default_agent)
         self.machine = AcpAgentSide(
             agent_info=dict(AGENT_INFO),
             mcp_capabilities={"http": "http" in kinds, "sse": "sse" in kinds},
+            prompt_capabilities={
+                "image": "image" in carries,
+                "audio": "audio" in carries,
+                # Carried as such where the agent takes them, else a text one inline.
+                "embeddedContext": True,
+            },
         )
         self._live: dict[str, _Live] = {}
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
@@ -118,6 +126,15 @@ class AcpFront:
         #: prompts on their way to each session (ACP session id -> count)
         self._sending: dict[str, _Sending] = {}
 
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        """What ``initialize`` can honestly promise of ``agent``'s prompts: what its last
+        session here said it takes (an ACP agent's ``promptCapabilities``), else its
+        protocol's word (an ACP agent not run here yet: text and resources only)."""
+        remembered = self.records.carries(agent) if agent is not None else None
+        if remembered is not None and self.backend.persistent_ids:
+            return remembered
+        return self.backend.prompt_carries(agent)
+
     def shutdown(self) -> None:
         """Stop reading the client, stop every session here, and return from :meth:`serve`
         (SIGTERM, Ctrl-C): the same end as the client closing stdin."""
@@ -125,6 +142,7 @@ class AcpFront:
 
     async def serve(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
         """Until the client closes its end (EOF), then every session here is stopped."""
+        self._prune()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -215,6 +233,8 @@ class AcpFront:
                 await self._close(action)
             elif isinstance(action, SetAgent):
                 await self._set_agent(action)
+            elif isinstance(action, SetMode):
+                await self._set_mode(action)
             elif isinstance(action, PromptRequested):
                 await self._prompt(action)
             elif isinstance(action, CancelRequested):
@@ -252,10 +272,15 @@ class AcpFront:
         live = self._adopt(acp_id, front, record)
         self._apply(
             self.machine.session_opened(
-                action.rpc_id, acp_id, config_options=self._config_options(front.agent), new=True
+                action.rpc_id,
+                acp_id,
+                config_options=self._config_options(front.agent),
+                new=True,
+                modes=front.modes,
             )
         )
         self._save(live)
+        self._prune()
 
     async def _open(self, action: OpenSession) -> None:
         live = self._live.get(action.session_id)
@@ -286,6 +311,7 @@ class AcpFront:
                 config_options=self._config_options(live.front.agent),
                 new=False,
                 replay=replay,
+                modes=live.front.modes,
             )
         )
 
@@ -356,6 +382,17 @@ class AcpFront:
             )
         )
 
+    async def _set_mode(self, action: SetMode) -> None:
+        live = self._live.get(action.session_id)
+        if live is None:
+            raise BackendError(f"no session {action.session_id!r}")
+        try:
+            await live.front.set_mode(action.mode_id)
+        except BackendRefused as exc:
+            self._apply(self.machine.fail(action.rpc_id, str(exc), code=INVALID_PARAMS))
+            return
+        self._apply(self.machine.respond(action.rpc_id, {}))
+
     async def _prompt(self, action: PromptRequested) -> None:
         sending = self._sending[action.session_id]
         try:
@@ -373,10 +410,11 @@ class AcpFront:
             )
             return
         try:
-            turn_id = await live.front.prompt(action.text)
+            turn_id = await live.front.prompt(action.text, action.parts)
         except BackendError as exc:
+            code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
             out = self.machine.prompt_failed(
-                action.rpc_id, action.session_id, action.text, str(exc)
+                action.rpc_id, action.session_id, action.text, str(exc), code=code
             )
             self._apply(out)
             return
@@ -414,6 +452,8 @@ class AcpFront:
     # -- sessions ---------------------------------------------------------------------------
 
     def _adopt(self, acp_id: str, front: FrontSession, record: Record) -> _Live:
+        if self.backend.persistent_ids:  # for the next initialize's promptCapabilities
+            self.records.remember_carries(front.agent, front.prompt_carries)
         live = _Live(acp_id, front, record)
         self._live[acp_id] = live
         assert self._nursery is not None
@@ -444,6 +484,11 @@ class AcpFront:
             isinstance(event, ev.SessionState) and event.state == "ready"
         ):
             self._save(live)  # the agent's session id may be new (a refused resume)
+
+    def _prune(self) -> None:
+        """Keep ``acp-sessions/`` bounded (``Records.prune``); the sessions open here stay."""
+        if self.backend.persistent_ids:
+            self.records.prune(keep=self._live.keys())
 
     def _save(self, live: _Live) -> None:
         if not self.backend.persistent_ids:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from protocols import events as ev
+from protocols.content import Part, refusal
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.process import ExitStatus
@@ -102,9 +103,15 @@ class RemoteSession:
             self.id, self.spec.name, self._state, self._turn_id, host=self.host, cwd=self.cwd
         )
 
-    async def prompt(self, text: str) -> TurnHandle:
+    #: a host's session takes text prompts only (the node's ``agent.prompt`` carries text)
+    prompt_carries: frozenset[str] = frozenset()
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("prompt text must be a non-empty string")
+        why = refusal(parts, self.prompt_carries, f"a session on host {self.host!r}")
+        if why is not None:
+            raise BadRequest(why)
         result = await self._request("agent.prompt", {"text": text})
         return TurnHandle(str(result["turn_id"]), bool(result["queued"]))
 

@@ -342,6 +342,100 @@ scenarios.reload = async (argv) => {
   });
 };
 
+// Prompts with more than text: an image, a link and an embedded resource reach an agent that
+// takes them (demo-content says what came); the text-only demo refuses the image, saying
+// why, and takes an embedded text resource inline.
+scenarios.content = async (argv) => {
+  const state = newState();
+  const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]).toString("base64");
+  const image = { type: "image", data: png, mimeType: "image/png" };
+  const link = { type: "resource_link", uri: "file:///w/a.py", name: "a.py" };
+  const resource = {
+    type: "resource",
+    resource: { uri: "file:///w/b.md", text: "# B", mimeType: "text/markdown" },
+  };
+  const ask = (sessionId, blocks) =>
+    ctxRef.request(methods.agent.session.prompt, { sessionId, prompt: blocks });
+  let ctxRef;
+  return withAgent(argv, state, async (ctx) => {
+    ctxRef = ctx;
+    const { init, session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const taken = await ask(sessionId, [...text("look words=3 fast"), image, link, resource]);
+    const takenText = messageText(state.updates);
+    await ctx.request(methods.agent.session.setConfigOption, {
+      sessionId,
+      configId: "agent",
+      value: process.env.ACP_TEST_TEXT_AGENT,
+    });
+    let refused = null;
+    try {
+      await ask(sessionId, [...text("look words=3 fast"), image]);
+    } catch (exc) {
+      refused = { code: exc.code, message: exc.message };
+    }
+    state.updates.length = 0;
+    const inlined = await ask(sessionId, [...text("read words=3 fast"), link, resource]);
+    const thought = state.updates
+      .filter((u) => u.sessionUpdate === "agent_thought_chunk")
+      .map((u) => u.content.text)
+      .join("");
+    return {
+      promptCapabilities: init.agentCapabilities.promptCapabilities,
+      taken,
+      takenText,
+      refused,
+      inlined,
+      thought,
+    };
+  });
+};
+
+// Session modes of the agent behind, offered on: set one, a turn runs in it (the demo agent's
+// thought names it), an unknown one is refused.
+scenarios.modes = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { session } = await open(ctx);
+    const sessionId = session.sessionId;
+    const set = await ctx.request(methods.agent.session.setMode, { sessionId, modeId: "code" });
+    const answer = await prompt(ctx, sessionId, "hi words=3 fast");
+    let refused = null;
+    try {
+      await ctx.request(methods.agent.session.setMode, { sessionId, modeId: "plan" });
+    } catch (exc) {
+      refused = { code: exc.code, message: exc.message };
+    }
+    const thought = state.updates
+      .filter((u) => u.sessionUpdate === "agent_thought_chunk")
+      .map((u) => u.content.text)
+      .join("");
+    const modeUpdates = state.updates
+      .filter((u) => u.sessionUpdate === "current_mode_update")
+      .map((u) => u.currentModeId);
+    return { modes: session.modes, set, answer, refused, thought, modeUpdates };
+  });
+};
+
+// A real agent behind: a quick turn whose prompt carries an image (ACP_TEST_IMAGE, a PNG in
+// base64); the test looks for it in what the agent sent the fake model.
+scenarios.realimage = async (argv) => {
+  const state = newState();
+  return withAgent(argv, state, async (ctx) => {
+    const { init, session } = await open(ctx);
+    const image = { type: "image", data: process.env.ACP_TEST_IMAGE, mimeType: "image/png" };
+    const answer = await ctx.request(methods.agent.session.prompt, {
+      sessionId: session.sessionId,
+      prompt: [...text("quick"), image],
+    });
+    return {
+      promptCapabilities: init.agentCapabilities.promptCapabilities,
+      answer,
+      text: messageText(state.updates),
+    };
+  });
+};
+
 const result = await scenarios[scenario](JSON.parse(argvJson));
 process.stdout.write(JSON.stringify(result) + "\n");
 process.exit(0);

@@ -7,11 +7,13 @@ machine remembers the cancel and sends it when it can.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from attrs import define
 
 from protocols.acp import AcpClient
+from protocols.content import Part
 from protocols.machine import Step
 
 
@@ -21,10 +23,10 @@ class DeferredAcp(AcpClient):
     _identified: bool = False
     _cancel_wanted: bool = False
 
-    def prompt(self, turn_id: str, text: str) -> Step:
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
         self._identified = False
         self._cancel_wanted = False
-        return super().prompt(turn_id, text)
+        return super().prompt(turn_id, text, parts)
 
     def cancel(self) -> Step:
         if not self._identified:

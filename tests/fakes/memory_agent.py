@@ -52,6 +52,9 @@ class Behaviour(BaseBehaviour):
     steer_answer: str = "injected"  # or "refuse", "silent"
     silent_after: int | None = None  # words said before the agent goes silent (a stall)
     tool: float | None = None  # seconds a tool call runs, silent, before the second word
+    modes: bool = False  # offers session modes "ask" and "code"
+    images: bool = False  # promptCapabilities: image and embeddedContext
+    mode_answer: str = "ok"  # or "refuse", "exit" (dies before it answers session/set_mode)
 
     TOKENS = {
         **BaseBehaviour.TOKENS,
@@ -108,6 +111,13 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             }
         )
 
+    def _modes(self) -> dict[str, Any]:
+        """``modes`` of a session/new or session/load answer (a new process starts in "ask")."""
+        if not self.behaviour.modes:
+            return {}
+        available = [{"id": "ask", "name": "Ask"}, {"id": "code", "name": "Code"}]
+        return {"modes": {"currentModeId": "ask", "availableModes": available}}
+
     async def handle(self, message: dict[str, Any], nursery: trio.Nursery) -> None:
         method = message.get("method")
         params = message.get("params") or {}
@@ -123,7 +133,14 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
                 return
             result: dict[str, Any] = {
                 "protocolVersion": 1,
-                "agentCapabilities": {"loadSession": self.behaviour.load_session},
+                "agentCapabilities": {
+                    "loadSession": self.behaviour.load_session,
+                    **(
+                        {"promptCapabilities": {"image": True, "embeddedContext": True}}
+                        if self.behaviour.images
+                        else {}
+                    ),
+                },
                 "agentInfo": {"name": "fake", "version": "1"},
                 "authMethods": [],
             }
@@ -134,7 +151,14 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
             self.store.counter += 1
             self.session_id = f"fake-{self.store.counter}"
             self.store.sessions[self.session_id] = []
-            await self.reply(request_id, {"sessionId": self.session_id})
+            await self.reply(request_id, {"sessionId": self.session_id, **self._modes()})
+        elif method == "session/set_mode" and self.behaviour.modes:
+            if self.behaviour.mode_answer == "exit":
+                await self.exit(1)
+            elif self.behaviour.mode_answer == "refuse":
+                await self.error(request_id, -32602, "not in this session")
+            else:
+                await self.reply(request_id, {})
         elif method == "session/load":
             session_id = params.get("sessionId")
             if session_id not in self.store.sessions:
@@ -148,7 +172,7 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
                         "content": {"type": "text", "text": text},
                     }
                 )
-            await self.reply(request_id, None)
+            await self.reply(request_id, self._modes() or None)
         elif method == "session/prompt":
             text = "".join(block.get("text", "") for block in params.get("prompt", []))
             self.turns.append(text)
