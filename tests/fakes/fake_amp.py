@@ -9,7 +9,8 @@ the last with ``stop_reason: end_turn``, and no ``result`` per turn. SIGINT or S
 the ``error_during_execution`` result ("User cancelled (SIGINT/SIGTERM)") and exits 0; stdin EOF
 writes the ``success`` result and exits 0. ``--ignore-sigint`` makes it ignore SIGINT (SIGTERM
 still ends it, as above). ``threads continue`` with a thread it does not know exits 1 at start,
-with Amp's words on stderr. Prompt words: ``words=N``; ``shell`` starts a helper in its own
+with Amp's words on stderr. Prompt words: ``words=N``; ``init-delay=S`` (the first ``system/init`` S seconds
+late); ``shell`` starts a helper in its own
 session first (as Amp's shell tool would) and reports its pid in a ``tool_use``.
 
 Fault modes (for ``tests/faults``): ``--ignore-sigterm`` ignores SIGTERM from the start; prompt
@@ -106,14 +107,17 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         message = json.loads(line)
         text = "".join(b.get("text", "") for b in message["message"]["content"])
-        words = 30
+        words, init_delay = 30, 0.0
         for token in text.split():
             if token.startswith("words="):
                 words = int(token[6:])
+            elif token.startswith("init-delay="):
+                init_delay = float(token[11:])
         tokens = text.split()
         if "mute" in tokens:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         if run.turns == 0:
+            time.sleep(init_delay)  # a thread named late: a cancel before it finds no thread
             run.emit({"type": "system", "subtype": "init", "session_id": thread, "tools": []})
         run.emit({"type": "user", "message": message["message"], "session_id": thread})
         if "shell" in tokens:

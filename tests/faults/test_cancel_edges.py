@@ -183,7 +183,7 @@ async def test_stop_during_a_cancel_receipt_agrees_with_turn_ended(tmp_path: Pat
         # Killed before its system/init: the CLI never named its session.
         ("claude", "init-delay=2 ignore-interrupt words=100000"),
         # SIGINT (Amp's interrupt) before its system/init: the thread was never named.
-        ("amp", "words=100000"),
+        ("amp", "init-delay=2 words=100000"),
     ],
 )
 async def test_a_respawn_that_cannot_resume_says_so(
