@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for make test (the suite mostly waits on real processes: 2 on 2 cores)
+TEST_WORKERS ?= 2
 
 .PHONY: run test install typecheck demo clean browser openssh bench
 
@@ -33,7 +35,7 @@ test: $(STAMP) browser openssh
 	$(PY) -m mypy supervisor protocols
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,34 @@ from helpers import require_cgroups  # noqa: E402
 from supervisor.containment import CONTAINMENT_VARIABLE  # noqa: E402
 
 CONTAINMENTS = ("cgroup", "shim")
+
+
+# -- the tier-4 latency table, once per run: a worker of a parallel run (``make test`` runs
+# pytest-xdist) sends its rows to the controller, which prints them all.
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from realagents import conftest as tier4
+
+        workeroutput["tier4"] = tier4.worker_report()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    output = getattr(node, "workeroutput", {}).get("tier4")
+    if output:
+        from realagents import conftest as tier4
+
+        tier4.take_worker_report(output)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not hasattr(terminalreporter.config, "workeroutput"):
+        from realagents import conftest as tier4
+
+        tier4.print_summary(terminalreporter)
 
 
 @pytest.fixture(params=CONTAINMENTS)

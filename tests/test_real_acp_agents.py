@@ -73,9 +73,6 @@ def open_agent(key: str, tmp_path: Path) -> Any:
     return agent_opener(key, tmp_path)
 
 
-_summary_hook = scenarios.summary_hook
-
-
 def _option_id(requested: ev.PermissionRequested, option: ev.PermissionOption) -> str:
     return option.option_id
 

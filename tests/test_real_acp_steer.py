@@ -46,8 +46,6 @@ BOUND_S = 120.0
 STEERING = "claude-agent-acp"
 NOT_STEERING = "gemini"
 
-_summary_hook = scenarios.summary_hook
-
 
 @pytest.fixture
 def open_steering(tmp_path: Path) -> Any:

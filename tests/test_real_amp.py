@@ -79,8 +79,6 @@ CLOCK_TICK_S = 0.01
 #: The binary, as it shows in a process's command line.
 AMP_BINARY = "cli-linux-x64/amp"
 
-_summary_hook = scenarios.summary_hook
-
 
 #: The tests' own stdio MCP server.
 FAKE_MCP = Path(__file__).parent / "fakes" / "mcp_server.py"

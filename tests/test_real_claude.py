@@ -70,9 +70,6 @@ def claude_install() -> install.Installed:
     return scenarios.ensure_installed(CLAUDE_STREAM_JSON.package, KEY)
 
 
-_summary_hook = scenarios.summary_hook
-
-
 @pytest.fixture
 def open_claude(claude_install: install.Installed, tmp_path: Path) -> Any:
     """``async with open_claude(grace_s=..., keep_bodies=...) as h:`` the CLI with the

@@ -51,7 +51,6 @@ pytestmark = pytest.mark.real_process
 #: The fixtures of ``test_real_claude.py`` (pytest finds them by these names).
 claude_install = test_real_claude.claude_install
 open_claude = test_real_claude.open_claude
-_summary_hook = test_real_claude._summary_hook
 
 KEY = test_real_claude.KEY
 

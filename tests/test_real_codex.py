@@ -83,9 +83,6 @@ def codex_install() -> install.Installed:
     return scenarios.ensure_installed(CODEX_APP_SERVER.package, KEY)
 
 
-_summary_hook = scenarios.summary_hook
-
-
 @pytest.fixture
 def open_codex(codex_install: install.Installed, tmp_path: Path) -> Any:
     """``async with open_codex(grace_s=..., keep_bodies=..., tee=..., features=...) as h:``"""

@@ -37,8 +37,6 @@ KEY = "codex-acp"
 BOUND_S = 60.0
 STEER_MARKER = "marker-s7eer"
 
-_summary_hook = scenarios.summary_hook
-
 
 @pytest.fixture
 def open_agent(tmp_path: Path) -> Any:

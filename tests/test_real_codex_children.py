@@ -76,7 +76,6 @@ pytestmark = pytest.mark.real_process
 # test_real_codex.py's fixtures, shared: pytest finds them as attributes of this module.
 codex_install = base.codex_install
 open_codex = base.open_codex
-_summary_hook = base._summary_hook
 
 #: How long a goal turn Codex starts by itself may take to show up after a turn completes:
 #: measured ~50 ms; without the pause it came every time well within this.

@@ -42,7 +42,6 @@ pytestmark = pytest.mark.real_process
 # test_real_codex.py's fixtures, shared: pytest finds them as attributes of this module.
 codex_install = base.codex_install
 open_codex = base.open_codex
-_summary_hook = base._summary_hook
 
 KEY = base.KEY
 

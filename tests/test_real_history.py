@@ -73,8 +73,6 @@ REMEMBERS: dict[str, tuple[bool, bool, str | None]] = {
     "opencode-serve": (True, True, None),
 }
 
-_summary_hook = scenarios.summary_hook
-
 
 def _opener(key: str, root: Path) -> Callable[..., AbstractAsyncContextManager[Harness]]:
     if key in AGENTS:

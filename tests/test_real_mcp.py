@@ -56,8 +56,6 @@ FAKE_MCP = Path(__file__).parent / "fakes" / "mcp_server.py"
 BOUND_S = 90.0
 WORD = "tier4-word"
 
-_summary_hook = scenarios.summary_hook
-
 
 @pytest.fixture(scope="module")
 def claude_install() -> install.Installed:

@@ -87,9 +87,6 @@ def opencode_install() -> install.Installed:
     return scenarios.ensure_installed(AGENT.package, "opencode-ai")
 
 
-_summary_hook = scenarios.summary_hook
-
-
 @pytest.fixture
 def open_serve(opencode_install: install.Installed, tmp_path: Path) -> Any:
     """``async with open_serve(grace_s=..., keep_bodies=..., config=...) as h:``"""

@@ -308,8 +308,9 @@ async def test_the_token_may_come_from_a_file_only_its_owner_reads(tmp_path: Pat
     token_file.chmod(0o640)
     code, stdout, stderr = await refused(tmp_path, "--token-file", str(token_file))
     assert (code, stdout) == (2, "")
-    [line] = stderr.splitlines()
-    assert "group or others" in line and "chmod 600" in line
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr  # the reason alone, no traceback
+    assert "group or others" in lines[0] and "chmod 600" in lines[0]
 
 
 async def test_a_token_on_the_command_line_works_with_a_warning(tmp_path: Path) -> None:

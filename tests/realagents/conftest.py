@@ -1,9 +1,8 @@
 """Tier-4 test support: installs, skips, the per-test harness, the latency table.
 
 The ``tests/test_real_*.py`` modules use these, as do the scenario steps of ``scenarios.py`` (this
-folder holds no tests of its own). The terminal summary hook below runs when pytest loads this
-file: during collection of ``tests/``, or when a test module registers it
-(``scenarios.summary_hook``: running a module alone skips this folder).
+folder holds no tests of its own). The latency table is printed by ``tests/conftest.py``'s
+hooks, which pytest loads for every run (serial or parallel, one module or all).
 """
 
 from __future__ import annotations
@@ -187,25 +186,66 @@ def agent_opener(key: str, root: Path) -> Callable[..., AbstractAsyncContextMana
     return lambda **options: real_agent_session(AGENTS[key], root, result, **options)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not results and not _installs:
+#: What workers of a parallel run (pytest-xdist, ``make test``) sent back, merged on the
+#: controller: the table is printed once, for the whole run.
+_from_workers: list[dict[str, Any]] = []
+
+
+def _report() -> dict[str, Any]:
+    """This process's installs, namespace note and rows, as plain JSON-able data."""
+    return {
+        "installs": {
+            key: attrs.asdict(r, filter=lambda a, _: a.name != "package")
+            | {"package": r.package.npm}
+            if isinstance(r, install.Installed)
+            else {"unavailable": str(r)}
+            for key, r in _installs.items()
+        },
+        "namespace": _namespace_note[0] if _namespace_note else None,
+        "results": results,
+    }
+
+
+def worker_report() -> str:
+    """What a worker of a parallel run sends its controller (``tests/conftest.py``)."""
+    return json.dumps(_report(), default=str)
+
+
+def take_worker_report(output: str) -> None:
+    _from_workers.append(json.loads(output))
+
+
+def _merged() -> dict[str, Any]:
+    merged = json.loads(json.dumps(_report(), default=str))
+    for part in _from_workers:
+        merged["installs"].update(part["installs"])
+        merged["namespace"] = merged["namespace"] or part["namespace"]
+        merged["results"].extend(part["results"])
+    return merged
+
+
+def print_summary(terminalreporter: Any) -> None:
+    """The latency table of the whole run, and ``.cache/tier4-results.json``."""
+    report = _merged()
+    if not report["results"] and not report["installs"]:
         return
     write = terminalreporter.write_line
     terminalreporter.section("tier 4: real agents")
-    for key, result in sorted(_installs.items()):
-        if isinstance(result, install.Installed):
-            how = "installed now" if result.fresh else "cached"
-            write(
-                f"install {key:18} {how:13} took {result.seconds:5.1f} s  {result.bytes / 1e6:5.0f} MB"
-            )
-        else:
-            write(f"install {key:18} UNAVAILABLE: {result}")
-    if _namespace_note:
-        write(f"network namespace: {_namespace_note[0]}")
+    for key, result in sorted(report["installs"].items()):
+        if "unavailable" in result:
+            write(f"install {key:18} UNAVAILABLE: {result['unavailable']}")
+            continue
+        how = "installed now" if result["fresh"] else "cached"
+        write(
+            f"install {key:18} {how:13} took {result['seconds']:5.1f} s"
+            f"  {result['bytes'] / 1e6:5.0f} MB"
+        )
+    if report["namespace"]:
+        write(f"network namespace: {report['namespace']}")
     header = f"{'agent':18} {'scenario':10} {'outcome':10} {'cancel ms':>9} {'ready s':>7} {'model gone ms':>13}  notes"
     write(header)
     write("-" * len(header))
-    for row in results:
+    for row in report["results"]:
         gone = row.get("model_gone_ms")
         write(
             f"{row['agent']:18} {row['scenario']:10} {row.get('outcome') or '-':10}"
@@ -213,22 +253,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f" {gone if gone is not None else '-':>13}  {row.get('notes', '')}"
         )
     RESULTS_FILE.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_FILE.write_text(
-        json.dumps(
-            {
-                "installs": {
-                    key: attrs.asdict(r, filter=lambda a, _: a.name != "package")
-                    | {"package": r.package.npm}
-                    if isinstance(r, install.Installed)
-                    else {"unavailable": str(r)}
-                    for key, r in _installs.items()
-                },
-                "namespace": _namespace_note[0] if _namespace_note else None,
-                "results": results,
-            },
-            indent=2,
-            default=str,
-        )
-        + "\n"
-    )
+    RESULTS_FILE.write_text(json.dumps(report, indent=2, default=str) + "\n")
     write(f"(written to {RESULTS_FILE.relative_to(install.REPO_ROOT)})")

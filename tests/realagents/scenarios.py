@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 import trio
 
 from helpers import Recorder
 from protocols import events as ev
-from realagents import conftest as realagents_conftest
 from realagents import install
-from realagents.conftest import Harness, record, skip_or_fail
+from realagents.conftest import Harness, record, results, skip_or_fail
 from realagents.fake_model import Exchange
 
 #: How long a tool process may take to vanish after the receipt before we call it leaked
@@ -42,17 +40,6 @@ RESUME_MARKER = "marker-7f3a9"  # in the turn before a kill: the resumed session
 KILLED_MARKER = "marker-k1113"  # in the killed turn's prompt: kept by some agents, not all
 #: What the shell scenario's tool runs (its leaf process).
 TOOL_LEAF = "tail -f /dev/null"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def summary_hook(request: pytest.FixtureRequest) -> None:
-    """The latency table is printed by ``realagents/conftest.py``'s terminal summary hook.
-    pytest loads that conftest only when it walks into ``tests/realagents/``, which running one
-    test module alone does not do: register it then (once; never twice). A module takes it as
-    ``_summary_hook = scenarios.summary_hook``."""
-    plugins = request.config.pluginmanager
-    if not plugins.is_registered(realagents_conftest):
-        plugins.register(realagents_conftest, "realagents-tier4-summary")
 
 
 def ensure_installed(package: str, name: str) -> install.Installed:
@@ -359,7 +346,7 @@ def assert_history_kept(h: Harness, what: str = "session") -> None:
 
 def note_result(note: str) -> None:
     """Append to the notes of the newest row of the table."""
-    row = realagents_conftest.results[-1]
+    row = results[-1]
     row["notes"] = f"{row.get('notes', '')} {note}".strip()
 
 
