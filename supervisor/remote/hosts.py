@@ -116,11 +116,16 @@ class HostSpec:
 
 
 def local_node(
-    name: str, *, state_dir: str | os.PathLike[str] | None, max_sessions: int | None = None
+    name: str,
+    *,
+    state_dir: str | os.PathLike[str] | None,
+    max_sessions: int | None = None,
+    detach_s: float | None = None,
 ) -> HostSpec:
     """A node on this machine, reached with no transport at all (the bridge is run directly,
     by this Python): ``serve --local-node`` runs its local sessions there, so they outlive a
-    restart of ``serve``."""
+    restart of ``serve``. ``detach_s``: how long its node keeps them once no ``serve``
+    drives it (``[gateway] local_node_detach_s``; None: the default)."""
     import sys
 
     return HostSpec(
@@ -129,6 +134,7 @@ def local_node(
         command=(sys.executable, "-m", "supervisor"),
         max_sessions=max_sessions,
         state_dir=os.fspath(state_dir) if state_dir is not None else None,
+        detach_s=detach_s if detach_s is not None else DEFAULT_DETACH_S,
     )
 
 

@@ -177,6 +177,7 @@ def run_daemon(
     instance = secrets.token_hex(8)
     mine = try_lock(directory / f"{instance}.lock")
     assert mine is not None  # a new name
+    sweep_dead_nodes(directory, keep=instance)
     holder = _Held(lock)
     try:
         trio.run(_serve_node, config, state_dir, detach_s, directory, instance, holder, history)
@@ -189,6 +190,44 @@ def run_daemon(
                 (directory / name).unlink()
         mine.close()
     return 0
+
+
+#: A node's lock file younger than this is never swept: its node may be between creating the
+#: file and locking it (microseconds apart); a live node holds its lock for its whole life.
+SWEEP_MIN_AGE_S = 60.0
+
+
+def sweep_dead_nodes(
+    directory: Path, *, keep: str | None = None, min_age_s: float = SWEEP_MIN_AGE_S
+) -> list[str]:
+    """Remove the files of nodes that died without cleaning up (SIGKILL): ``I.json``,
+    ``I.sock`` and ``I.lock`` of every instance ``I`` whose lock nobody holds and whose lock
+    file is older than ``min_age_s``. The lock is taken before anything goes, so a live node
+    (which holds its lock) is never touched. Returns the instances swept."""
+    swept: list[str] = []
+    now = time.time()
+    for path in directory.glob("*.lock"):
+        instance = path.stem
+        if instance in ("daemon", "start", keep) or not instance.isalnum():
+            continue
+        try:
+            if now - path.stat().st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        held = try_lock(path)
+        if held is None:
+            continue  # its node lives
+        try:
+            for name in (f"{instance}.json", f"{instance}.sock", f"{instance}.lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
+        finally:
+            held.close()
+        swept.append(instance)
+    if swept:
+        log.info("swept the files of %d dead node(s): %s", len(swept), ", ".join(swept))
+    return swept
 
 
 class _Held:
