@@ -162,3 +162,18 @@ async def test_a_replay_that_cannot_reach_back_opens_with_a_stream_gap(
             assert [e.seq for e in rest] == list(range(oldest + 1, head + 1))
             assert again.last_seq == head
             again.close()
+
+
+async def test_a_retired_nodes_drain_counts_a_failed_session(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """A session that failed (its agent never started) keeps its actor, but it holds no
+    agent: ``wait_no_live_sessions`` (a retired node's drain) returns for it at once; it
+    waited for a stop, or the detach timer, before."""
+    mock_clock.autojump_threshold = IDLE
+    launcher = MemoryLauncher(Behaviour(fail_start=True))
+    async with open_supervisor(agents={"fake": spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/", wait_ready=False)
+        with trio.fail_after(1):  # virtual: the drain must not wait for anything more
+            await sup.wait_no_live_sessions()
+        assert session.state == "failed" and sup.live_sessions() == 0
