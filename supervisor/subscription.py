@@ -258,9 +258,8 @@ class Fanout:
         self.hold_unacknowledged = hold_unacknowledged
         #: every event up to this seq is held for good by whoever drives us (a node's front)
         self.acked_seq = 0
-        #: times the session held the agent back for unacknowledged events (a diagnostic)
+        #: waits of the session held back for unacknowledged events (a diagnostic)
         self.ack_holds = 0
-        self._held_for_ack = False
         self._subscriptions: list[Subscription] = []
         self._room = trio.Event()
         #: while holding the agent back: when the stall window ends, and what each full
@@ -355,10 +354,11 @@ class Fanout:
         seq = min(seq, self.head_seq)
         if seq <= self.acked_seq:
             return
+        was_full = self._unacknowledged_full
         self.acked_seq = seq
         self._trim()
-        if self._held_for_ack and self.head_seq - seq < self.history_size:
-            self._room.set()
+        if was_full and not self._unacknowledged_full:
+            self._room.set()  # (also when held for a full subscriber too: it looks again)
 
     def _trim(self) -> None:
         """Forget acknowledged events beyond ``history_size``; unacknowledged ones only past
@@ -398,15 +398,10 @@ class Fanout:
         if not full and self._unacknowledged_full:
             # Held for the front, not for a subscriber: no stall window (a front away for
             # good is bounded by the node's detach_s). An acknowledgement or a call wakes us.
-            if not self._held_for_ack:
-                self._held_for_ack = True
-                self.ack_holds += 1
+            self.ack_holds += 1
             if self._room.is_set():
                 self._room = trio.Event()
-            try:
-                await self._room.wait()
-            finally:
-                self._held_for_ack = False
+            await self._room.wait()
             return
         if self._window is None:
             self.holds += 1
