@@ -26,6 +26,7 @@ __all__ = [
     "SessionInfo",
     "SessionRecycled",
     "SessionState",
+    "StreamGap",
     "ThoughtDelta",
     "ToolCall",
     "ToolUpdate",
@@ -225,6 +226,18 @@ class ErrorEvent(Event):
 
 
 @frozen(kw_only=True)
+class StreamGap(Event):
+    """Events ``from_seq`` to ``to_seq`` are lost for good (``cause``: why, e.g. the node's
+    history no longer reached back to them): never a silent jump in ``seq``. It takes the seq
+    of the last one lost (``to_seq``), so the stream goes on contiguous after it."""
+
+    kind: ClassVar[str] = "stream.gap"
+    from_seq: int
+    to_seq: int
+    cause: str
+
+
+@frozen(kw_only=True)
 class AgentUnparsed(Event):
     """An agent message we do not understand: passed on, never a crash."""
 
@@ -252,6 +265,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AgentStderr,
         AgentExited,
         ErrorEvent,
+        StreamGap,
         AgentUnparsed,
     )
 }

@@ -662,6 +662,11 @@ class ChatCore:
                 self._status(f"agent exited unexpectedly ({how})")
         elif isinstance(event, ev.ErrorEvent):
             self._status(f"error: {_clean(event.message)}")
+        elif isinstance(event, ev.StreamGap):
+            lost = event.to_seq - event.from_seq + 1
+            self._status(
+                f"{lost} event(s) lost ({event.from_seq}-{event.to_seq}): {_clean(event.cause)}"
+            )
 
     def _ask_permission(self, request: ev.PermissionRequested) -> None:
         self._end_line()

@@ -559,7 +559,12 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     if options.local_node:
         from supervisor.remote.hosts import local_node
 
-        local = local_node(LOCAL_NODE, state_dir=default_state_dir(), max_sessions=max_sessions)
+        local = local_node(
+            LOCAL_NODE,
+            state_dir=default_state_dir(),
+            max_sessions=max_sessions,
+            detach_s=settings.local_node_detach_s,
+        )
         hosts = {**(hosts or {}), LOCAL_NODE: local}
         agents = {
             name: spec if spec.hosts else spec.with_options(hosts=(LOCAL_NODE,))

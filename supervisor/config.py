@@ -26,7 +26,8 @@ headers = [{ name = "Authorization", value = "Bearer ..." }]
 ```
 
 The ``[gateway]`` table holds the settings of ``agent-supervisor serve`` (:class:`GatewaySettings`:
-``max_sessions``, ``max_connections``, ``request_timeout_s``, ``local_node``); ``load_config`` reads
+``max_sessions``, ``max_connections``, ``request_timeout_s``, ``local_node``,
+``local_node_detach_s``); ``load_config`` reads
 both.
 """
 
@@ -221,6 +222,9 @@ class GatewaySettings:
     request_timeout_s: float | None = None
     #: run this machine's sessions in a node here, so they outlive a restart (``--local-node``)
     local_node: bool = False
+    #: how long that node keeps its sessions once no ``serve`` drives it (None: the node's
+    #: default, ``DEFAULT_DETACH_S``)
+    local_node_detach_s: float | None = None
 
 
 @frozen(kw_only=True)
@@ -294,7 +298,13 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
     at = f"{where}: [gateway]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    allowed = {"max_sessions", "max_connections", "request_timeout_s", "local_node"}
+    allowed = {
+        "max_sessions",
+        "max_connections",
+        "request_timeout_s",
+        "local_node",
+        "local_node_detach_s",
+    }
     unknown = set(table) - allowed
     if unknown:
         raise ConfigError(
@@ -309,11 +319,20 @@ def parse_gateway(document: Mapping[str, Any], where: str = "<config>") -> Gatew
         or timeout <= 0
     ):
         raise ConfigError(f"{at}: 'request_timeout_s' must be a number of seconds > 0")
+    detach = table.get("local_node_detach_s")
+    if detach is not None and (
+        isinstance(detach, bool)
+        or not isinstance(detach, int | float)
+        or not math.isfinite(detach)
+        or detach <= 0
+    ):
+        raise ConfigError(f"{at}: 'local_node_detach_s' must be a number of seconds > 0")
     local_node = table.get("local_node", False)
     if not isinstance(local_node, bool):
         raise ConfigError(f"{at}: 'local_node' must be true or false, not {local_node!r}")
     return GatewaySettings(
         local_node=local_node,
+        local_node_detach_s=float(detach) if detach is not None else None,
         max_sessions=_count(table, "max_sessions", at),
         max_connections=_count(table, "max_connections", at),
         request_timeout_s=float(timeout) if timeout is not None else None,

@@ -347,6 +347,7 @@ class Session:
         max_queued: int = DEFAULT_MAX_QUEUED,
         gate: IngestGate | None = None,
         resume: str | None = None,
+        hold_unacknowledged: bool = False,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -387,7 +388,9 @@ class Session:
         self._failing = False  # the session is failing: nothing more may start
         self._ended: dict[str, CancelReceipt] = {}
         self._seq = 0
-        self._fanout = Fanout(history_size)  # the history and the subscribers
+        # The history and the subscribers; a node's sessions keep what their front has not
+        # acknowledged, holding the agent back rather than drop it (design/remote.md).
+        self._fanout = Fanout(history_size, hold_unacknowledged=hold_unacknowledged)
         self._ready_waiters: list[Reply[None]] = []
         self._stop_waiters: list[Reply[ExitStatus | None]] = []
         self._stopping = False
@@ -414,6 +417,8 @@ class Session:
         self._batch_generation = 0
         self._batch_at = 0
         self._credit = 0  # a share the gate granted, not spent yet
+        #: called (from the actor, must not block) when the session is stopped or failed
+        self.on_ended: Callable[[], None] | None = None
 
     # -- public API (any task) ---------------------------------------------------------------
 
@@ -606,15 +611,17 @@ class Session:
             if self._done:
                 return
             if self._batch is not None:
-                if self._state == "running" and self._fanout.must_wait():
+                if self._holding():
                     await self._hold_back()  # as below: a full subscriber first
                 else:
                     await self._work_through_batch()
                 continue
-            if self._state == "running" and self._fanout.must_wait():
-                # A subscriber asked for backpressure and its buffer is full: read no agent
+            if self._holding():
+                # A subscriber asked for backpressure and its buffer is full (or, in a node,
+                # the history holds all its front has not acknowledged it may): read no agent
                 # output (the agent blocks on its pipe) until it makes room, a call comes in,
-                # or it stalls and is cut off. Never while cancelling: a cancel waits for no one.
+                # or it stalls and is cut off. Never while cancelling or stopping: a cancel
+                # waits for no one, and a stop must hear the agent go.
                 await self._hold_back()
                 continue
             deadline = self._next_deadline()
@@ -660,6 +667,9 @@ class Session:
         with trio.move_on_at(watch):
             return await self._inbox.receive()
         return _STALL_DUE
+
+    def _holding(self) -> bool:
+        return self._state == "running" and not self._stopping and self._fanout.must_wait()
 
     async def _hold_back(self) -> None:
         """Read no agent output until a full subscriber makes room. The agent is not silent
@@ -1892,6 +1902,8 @@ class Session:
             return
         self._state = state
         self._emit(ev.SessionState(state=state, detail=detail))
+        if state in ("stopped", "failed") and self.on_ended is not None:
+            self.on_ended()  # a failed session's actor may live on: its owner hears it now
 
     def _emit(self, event: ev.Event) -> None:
         turn = self._turn

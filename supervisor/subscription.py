@@ -14,10 +14,18 @@ with ``since_seq`` and the history replays what it missed) or, if it asked for b
 (``stall_s``), holds the agent back: the actor stops reading the agent's output (so the agent
 blocks on its stdout pipe) until that subscriber has made room again, or has taken nothing for
 ``stall_s`` and is cut off after all. See ``design/gateway.md``, "Nothing lost under a flood".
+
+A node's sessions keep what their front has not acknowledged (``hold_unacknowledged``): the
+history drops only events the front acknowledged (:meth:`Subscription.acknowledge`, or a
+resubscribe from ``since_seq``), and once ``history_size`` events are unacknowledged the actor
+stops reading the agent, as for a full subscriber, until the front is back and catches up.
+See ``design/remote.md``, "Nothing lost across a partition".
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +33,7 @@ from typing import Any
 import trio
 
 from protocols import events as ev
-from supervisor.wire import event_from_json, event_json
+from supervisor.wire import dumps, event_from_json, event_json, event_to_wire
 
 __all__ = ["Fanout", "Subscription"]
 
@@ -38,6 +46,36 @@ _HARD_LIMIT_FACTOR = 2
 #: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
 #: events: a flood reaches the writer in batches, and a single event is not delayed at all.
 _ANNOUNCE_EVERY = 64
+
+
+def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
+    """A ``stream.gap`` for events ``from_seq``-``to_seq``, in the wire form of ``first`` (the
+    oldest event kept: its session id, and its host if it has one)."""
+    kept = json.loads(first)
+    gap = ev.StreamGap(
+        session_id=str(kept.get("session_id", "")),
+        seq=to_seq,
+        timestamp=time.time(),
+        from_seq=from_seq,
+        to_seq=to_seq,
+        cause="the session's history no longer reached back to them",
+    )
+    message = event_to_wire(gap)
+    if "host" in kept:
+        message["host"] = kept["host"]
+    return dumps(message)
+
+
+def _covers(first: bytes, from_seq: int) -> bool:
+    """``first`` (the oldest event kept) is a ``stream.gap`` that already says events from
+    ``from_seq`` on were lost (a remote session's mirror opens with the node's gap)."""
+    if b'"stream.gap"' not in first:
+        return False
+    kept = json.loads(first)
+    data = kept.get("data") or {}
+    return bool(
+        kept.get("event") == "stream.gap" and data.get("from_seq", from_seq + 1) <= from_seq
+    )
 
 
 class Subscription:
@@ -59,6 +97,7 @@ class Subscription:
         max_buffer: int,
         stall_s: float | None = None,
         on_room: Callable[[], None] | None = None,
+        on_ack: Callable[[int], None] | None = None,
         wire: bool = False,
     ):
         #: buffered events: objects, or (``wire``) their JSON
@@ -70,6 +109,7 @@ class Subscription:
         self._low_water = self.capacity // 2
         self.stall_s = stall_s
         self._on_room = on_room
+        self._on_ack = on_ack
         self._lot = trio.lowlevel.ParkingLot()
         self._listener: Callable[[], object] | None = None
         self._unannounced = 0  # events buffered since the subscriber was last told
@@ -150,6 +190,12 @@ class Subscription:
         """The session will send nothing more (it is done, or cut us off: see :attr:`lagged`)."""
         return self._ended
 
+    def acknowledge(self, seq: int) -> None:
+        """The subscriber holds every event up to ``seq`` for good (a node's gateway says so
+        once its front answered a ping sent after them): the session may forget them."""
+        if self._on_ack is not None:
+            self._on_ack(seq)
+
     def set_listener(self, listener: Callable[[], object] | None) -> None:
         """Call ``listener()`` (from the session's task, so it must not block) when new events
         are buffered (in batches: see ``_ANNOUNCE_EVERY``) or the stream ends: a writer that
@@ -203,10 +249,17 @@ class Subscription:
 class Fanout:
     """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
 
-    def __init__(self, history_size: int) -> None:
+    def __init__(self, history_size: int, *, hold_unacknowledged: bool = False) -> None:
         #: the newest events, in wire form; the last one has seq :attr:`head_seq`
-        self.history: deque[bytes] = deque(maxlen=history_size)
+        self.history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
         self.head_seq = 0
+        self.history_size = max(1, history_size)
+        #: keep what is not acknowledged, and hold the agent back once that fills the history
+        self.hold_unacknowledged = hold_unacknowledged
+        #: every event up to this seq is held for good by whoever drives us (a node's front)
+        self.acked_seq = 0
+        #: waits of the session held back for unacknowledged events (a diagnostic)
+        self.ack_holds = 0
         self._subscriptions: list[Subscription] = []
         self._room = trio.Event()
         #: while holding the agent back: when the stall window ends, and what each full
@@ -230,6 +283,8 @@ class Fanout:
         gap = False
         last_seq = head_seq
         if since_seq is not None:
+            if self.hold_unacknowledged:
+                self.acknowledge(since_seq)  # a resubscribe from since_seq: the front has it
             history = self.history
             oldest = self.head_seq - len(history) + 1  # the seq of history[0]
             gap = since_seq + 1 < oldest
@@ -237,6 +292,10 @@ class Fanout:
             last_seq = start - 1
             skip = start - oldest
             replay = [history[index] for index in range(skip, len(history))]
+            if gap and replay and not _covers(replay[0], since_seq + 1):
+                # Never a silent jump: the replay opens with what was lost, and why.
+                replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
+                last_seq = oldest - 2
             if not wire:
                 replay = [event_from_json(payload) for payload in replay]
         subscription = Subscription(
@@ -247,6 +306,7 @@ class Fanout:
             max_buffer=max_buffer,
             stall_s=stall_s,
             on_room=self._on_room if stall_s is not None else None,
+            on_ack=self.acknowledge if self.hold_unacknowledged else None,
             wire=wire,
         )
         if self._closed:
@@ -262,8 +322,11 @@ class Fanout:
         node sent it plus ``host``)."""
         if payload is None:
             payload = event_json(event)
-        self.history.append(payload)
+        history = self.history
+        history.append(payload)
         self.head_seq = event.seq
+        if self.hold_unacknowledged and len(history) > self.history_size:
+            self._trim()
         drop = False
         full = False
         for subscription in self._subscriptions:
@@ -285,8 +348,39 @@ class Fanout:
             if subscription._unannounced:
                 subscription._announce()
 
+    def acknowledge(self, seq: int) -> None:
+        """Events up to ``seq`` are held by the front for good: the history may drop them, and
+        a session held back for them goes on once the unacknowledged part has room again."""
+        seq = min(seq, self.head_seq)
+        if seq <= self.acked_seq:
+            return
+        was_full = self._unacknowledged_full
+        self.acked_seq = seq
+        self._trim()
+        if was_full and not self._unacknowledged_full:
+            self._room.set()  # (also when held for a full subscriber too: it looks again)
+
+    def _trim(self) -> None:
+        """Forget acknowledged events beyond ``history_size``; unacknowledged ones only past
+        twice that (what a cancel, read at full speed, may add while held: then the front
+        is told of a gap, ``stream.gap``)."""
+        history = self.history
+        size = self.history_size
+        oldest = self.head_seq - len(history) + 1
+        while len(history) > size and (oldest <= self.acked_seq or len(history) > 2 * size):
+            history.popleft()
+            oldest += 1
+
+    @property
+    def _unacknowledged_full(self) -> bool:
+        return self.hold_unacknowledged and self.head_seq - self.acked_seq >= self.history_size
+
     def must_wait(self) -> bool:
-        """A backpressured subscriber's buffer is full: the session should not read the agent."""
+        """A backpressured subscriber's buffer is full, or (``hold_unacknowledged``) the
+        history holds all the front has not acknowledged it can: the session should not read
+        the agent."""
+        if self._unacknowledged_full:
+            return True
         if not self._maybe_full:
             return False
         if any(s.stall_s is not None and s._full and not s._closed for s in self._subscriptions):
@@ -301,6 +395,14 @@ class Fanout:
         subscriber that took nothing during it."""
         self.flush()
         full = [s for s in self._subscriptions if s.stall_s is not None and s._full]
+        if not full and self._unacknowledged_full:
+            # Held for the front, not for a subscriber: no stall window (a front away for
+            # good is bounded by the node's detach_s). An acknowledgement or a call wakes us.
+            self.ack_holds += 1
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+            return
         if self._window is None:
             self.holds += 1
             stall = min((s.stall_s for s in full if s.stall_s is not None), default=0.0)

@@ -39,7 +39,7 @@ from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
-from supervisor.session import Session, SessionSummary
+from supervisor.session import DEFAULT_HISTORY, Session, SessionSummary
 from supervisor.statefile import StateFile, sweep_orphans
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
@@ -101,8 +101,14 @@ class Supervisor:
         remote_record: RemoteRecord | None = None,
         keep_node_sessions: bool = False,
         session_ids: Callable[[], str] | None = None,
+        history_size: int = DEFAULT_HISTORY,
+        hold_unacknowledged: bool = False,
     ) -> None:
         self._nursery = nursery
+        #: events of history each session keeps (for a resubscribe with ``since_seq``)
+        self.history_size = history_size
+        #: a node's: sessions keep what the front has not acknowledged (``open_supervisor``)
+        self.hold_unacknowledged = hold_unacknowledged
         #: leaving leaves the sessions that run in a node running there, recorded for the
         #: next front (``open_supervisor``'s ``keep_node_sessions``)
         self.keep_node_sessions = keep_node_sessions
@@ -195,8 +201,11 @@ class Supervisor:
             launcher=self._launcher,
             gate=self.gate,
             resume=resume,
+            history_size=self.history_size,
+            hold_unacknowledged=self.hold_unacknowledged,
         )
         self._sessions[session.id] = session
+        session.on_ended = self._poke  # a retired node's drain counts a failed session too
         await self._nursery.start(self._run_session, session)
         if wait_ready:
             await session.wait_ready()
@@ -350,6 +359,8 @@ async def open_supervisor(
     hosts: Mapping[str, HostSpec] | None = None,
     keep_node_sessions: bool = False,
     session_ids: Callable[[], str] | None = None,
+    history_size: int = DEFAULT_HISTORY,
+    hold_unacknowledged: bool = False,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -369,6 +380,9 @@ async def open_supervisor(
     supervisor to adopt (their node stops them after its ``detach_s`` if none comes); needs a
     ``state_dir``. Sessions without a node are stopped either way.
     ``session_ids``: names new sessions (default ``s1``, ``s2``, ...).
+    ``history_size``: events each session keeps for a resubscribe with ``since_seq``.
+    ``hold_unacknowledged`` (a node's): a session drops no event its driver has not
+    acknowledged; with ``history_size`` of them it stops reading its agent until they are.
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
     """
@@ -405,6 +419,8 @@ async def open_supervisor(
                 remote_record=record,
                 keep_node_sessions=keep_node_sessions,
                 session_ids=session_ids,
+                history_size=history_size,
+                hold_unacknowledged=hold_unacknowledged,
             )
             try:
                 yield supervisor

@@ -293,3 +293,36 @@ def test_a_node_socket_deeper_than_a_socket_address_allows(tmp_path: Path) -> No
     finally:
         server.close()
     assert Path.cwd() == here
+
+
+def test_a_dead_nodes_files_are_swept_but_never_a_live_or_young_ones(tmp_path: Path) -> None:
+    """What a SIGKILLed node leaves (``I.lock``, ``I.json``, ``I.sock``): swept by the next
+    node once nobody holds the lock, never a live node's (held lock), nor a lock file so young
+    that its node may be about to lock it."""
+    import os
+    import time
+
+    from supervisor.remote.bridge import try_lock
+    from supervisor.remote.node import sweep_dead_nodes
+
+    old = time.time() - 3600
+    for instance in ("dead", "live", "young"):
+        for suffix in (".lock", ".json", ".sock"):
+            (tmp_path / f"{instance}{suffix}").write_bytes(b"")
+    for instance in ("dead", "live"):
+        os.utime(tmp_path / f"{instance}.lock", (old, old))
+    (tmp_path / "daemon.lock").write_bytes(b"")
+    os.utime(tmp_path / "daemon.lock", (old, old))
+    live = try_lock(tmp_path / "live.lock")
+    assert live is not None
+    try:
+        assert sweep_dead_nodes(tmp_path) == ["dead"]
+    finally:
+        live.close()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(
+        [
+            "daemon.lock",
+            *(f"{i}{s}" for i in ("live", "young") for s in (".lock", ".json", ".sock")),
+        ]
+    )

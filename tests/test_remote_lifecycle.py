@@ -381,3 +381,23 @@ def test_local_node_is_a_flag_and_a_gateway_key(tmp_path: Path) -> None:
     config.write_text('[gateway]\nlocal_node = true\n[hosts.local]\ntransport = ["ssh", "x"]\n')
     with pytest.raises(ConfigError, match=r"\[hosts.local\] is taken"):
         serve_options(_parser().parse_args(["serve", "--config", str(config)]))
+
+
+def test_the_local_node_detach_s_is_a_gateway_key(tmp_path: Path) -> None:
+    """``[gateway] local_node_detach_s``: how long ``serve --local-node``'s node keeps its
+    sessions after a ``serve`` that never comes back (the node's ``--detach``)."""
+    from supervisor.cli import _parser, serve_options
+    from supervisor.config import ConfigError, parse_gateway
+    from supervisor.remote.hosts import DEFAULT_DETACH_S, local_node
+
+    assert parse_gateway({}).local_node_detach_s is None
+    with pytest.raises(ConfigError, match="'local_node_detach_s' must be a number of seconds"):
+        parse_gateway({"gateway": {"local_node_detach_s": 0}})
+    config = tmp_path / "a.toml"
+    config.write_text("[gateway]\nlocal_node = true\nlocal_node_detach_s = 42.5\n")
+    options = serve_options(_parser().parse_args(["serve", "--config", str(config)]))
+    assert options.config.gateway.local_node_detach_s == 42.5
+    node = local_node("local", state_dir=tmp_path, detach_s=42.5)
+    argv = node.bridge_argv()
+    assert argv[argv.index("--detach") + 1] == "42.5"
+    assert local_node("local", state_dir=tmp_path).detach_s == DEFAULT_DETACH_S

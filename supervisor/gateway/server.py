@@ -646,6 +646,9 @@ class _Client:
         self._reader_parked = False  # (then no pong can be read: the writer must not wait)
         self._unacked = 0  # bytes written since the last flow-control ping
         self._marks: deque[int] = deque()  # flow-control pings not answered yet
+        #: pings not answered yet, each with where every subscription stood when it went: once
+        #: answered, the client holds those events (``Subscription.acknowledge``)
+        self._acks: deque[tuple[int, list[tuple[Subscription, int]]]] = deque()
         self._first = 0  # the subscription that goes first in the next write
         self._pending = 0
         self._nursery: trio.Nursery | None = None
@@ -656,6 +659,8 @@ class _Client:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._writer)
+            if self.limits.flight_bytes is not None:
+                nursery.start_soon(self._acknowledger)
             try:
                 while True:
                     message = await self.websocket.get_message()
@@ -749,7 +754,7 @@ class _Client:
                 frames = self._collect()
                 if frames:
                     await self.websocket.send_frames(frames)
-                    await self._count_flight(frames)
+                    await self._count_flight(frames, idle=not self._ready)
                 if self._leaving and not self._ready:
                     await self.websocket.close(CLOSE_GOING_AWAY, "the server is shutting down")
                     self._left.set()
@@ -775,14 +780,34 @@ class _Client:
             and not websocket.closed
         )
 
-    async def _count_flight(self, frames: list[bytes]) -> None:
+    async def _count_flight(self, frames: list[bytes], *, idle: bool = False) -> None:
+        """A flow-control ping after each quarter of ``flight_bytes``, and (``idle``: nothing
+        more to write now) one that only acknowledges the events written, so a node's session
+        held back for its front's acknowledgement (``design/remote.md``) is never left
+        waiting for events of a write too small to be paced."""
         flight = self.limits.flight_bytes
         if flight is None:
             return
         self._unacked += sum(len(frame) for frame in frames)
-        if self._unacked >= flight // _FLIGHT_PINGS:
-            self._unacked = 0
-            self._marks.append(await self.websocket.ping())
+        paced = self._unacked >= flight // _FLIGHT_PINGS
+        if not paced and not (idle and self._unacked):
+            return
+        self._unacked = 0
+        number = await self.websocket.ping()
+        if paced:
+            self._marks.append(number)
+        positions = [(sub, sub.last_seq) for sub in self._subscriptions.values()]
+        self._acks.append((number, positions))
+
+    async def _acknowledger(self) -> None:
+        """Each pong: the client holds every event written before its ping."""
+        websocket = self.websocket
+        while not websocket.closed:
+            acks = self._acks
+            while acks and websocket.pongs_seen >= acks[0][0]:
+                for subscription, seq in acks.popleft()[1]:
+                    subscription.acknowledge(seq)
+            await websocket.pong_lot.park()
 
     def _collect(self, *, events: bool = True) -> list[bytes]:
         """What to send next, in causal order: each queued response after the events of its

@@ -85,7 +85,8 @@ def private_dir(directory: Path) -> Path:
 
 
 def main_bridge(argv: Sequence[str]) -> int:
-    """``node --bridge [--detach S] [--state-dir D] [--config F] [--instance I]``: options it
+    """``node --bridge [--detach S] [--history N] [--state-dir D] [--config F] [--instance I]``:
+    options it
     does not know are ignored, so a newer front can open an older host's bridge."""
     parser = argparse.ArgumentParser(prog="agent-supervisor node --bridge", add_help=False)
     parser.add_argument("--bridge", action="store_true")
@@ -93,6 +94,7 @@ def main_bridge(argv: Sequence[str]) -> int:
     parser.add_argument("--state-dir")
     parser.add_argument("--config")
     parser.add_argument("--instance")
+    parser.add_argument("--history", type=int)
     args, _ = parser.parse_known_args(argv)
     if args.detach <= 0:
         print("agent-supervisor node: --detach must be > 0", file=sys.stderr)
@@ -102,15 +104,21 @@ def main_bridge(argv: Sequence[str]) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else None,
         detach_s=args.detach,
         instance=args.instance,
+        history=args.history,
     )
 
 
 def run_bridge(
-    *, config: str | None, state_dir: Path | None, detach_s: float, instance: str | None = None
+    *,
+    config: str | None,
+    state_dir: Path | None,
+    detach_s: float,
+    instance: str | None = None,
+    history: int | None = None,
 ) -> int:
     try:
         directory = private_dir(node_dir(state_dir))
-        line, sock = _reach(directory, config, state_dir, detach_s, instance)
+        line, sock = _reach(directory, config, state_dir, detach_s, instance, history)
     except (NodeStartFailed, OSError) as exc:
         print(f"agent-supervisor node: {exc}", file=sys.stderr, flush=True)
         return EXIT_NODE_FAILED
@@ -128,6 +136,7 @@ def _reach(
     state_dir: Path | None,
     detach_s: float,
     instance: str | None,
+    history: int | None = None,
 ) -> tuple[bytes, socket.socket]:
     """The hello line and a connected socket: node ``instance`` if it lives, else the current
     node (started if need be). A node that dies between reading its hello and connecting is
@@ -138,7 +147,9 @@ def _reach(
             pinned = _connect_node(directory, instance)
             if pinned is not None:
                 return pinned
-        line = ensure_node(directory, config=config, state_dir=state_dir, detach_s=detach_s)
+        line = ensure_node(
+            directory, config=config, state_dir=state_dir, detach_s=detach_s, history=history
+        )
         found = _connect_node(directory, str(json.loads(line)["instance"]))
         if found is not None:
             return found
@@ -169,7 +180,12 @@ def retire_other_version(directory: Path) -> None:
 
 
 def ensure_node(
-    directory: Path, *, config: str | None, state_dir: Path | None, detach_s: float
+    directory: Path,
+    *,
+    config: str | None,
+    state_dir: Path | None,
+    detach_s: float,
+    history: int | None = None,
 ) -> bytes:
     """The current node's hello line; retires a current node of another version and starts
     one of ours when none is current."""
@@ -183,7 +199,9 @@ def ensure_node(
         if current is None:
             with contextlib.suppress(FileNotFoundError):
                 info.unlink()
-            process = _start_node(directory, config=config, state_dir=state_dir, detach_s=detach_s)
+            process = _start_node(
+                directory, config=config, state_dir=state_dir, detach_s=detach_s, history=history
+            )
             _wait_for(info, deadline, directory, process)
             current = _current(directory)
         if current is None:
@@ -263,9 +281,16 @@ def _locked(path: Path, deadline: float) -> Iterator[None]:
 
 
 def _start_node(
-    directory: Path, *, config: str | None, state_dir: Path | None, detach_s: float
+    directory: Path,
+    *,
+    config: str | None,
+    state_dir: Path | None,
+    detach_s: float,
+    history: int | None = None,
 ) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "supervisor", "node", "--detach", f"{detach_s:g}"]
+    if history is not None:
+        argv += ["--history", str(history)]
     if config:
         argv += ["--config", config]
     if state_dir is not None:

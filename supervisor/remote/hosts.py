@@ -6,6 +6,7 @@ transport = ["ssh", "-p", "2222", "-i", "~/.ssh/agents", "agents@build1", "--"]
 max_sessions = 40
 command = ["agent-supervisor"]      # how agent-supervisor is run there (the default)
 detach_s = 300                      # the node stops its sessions after this long undriven
+history = 10000                     # events a session keeps that this front has not seen
 state_dir = "/srv/agents/state"     # the node's state there (default ~/.local/state/...)
 
 [agents.claude]
@@ -54,6 +55,9 @@ DEFAULT_DETACH_S: Final = 300.0
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 #: How agent-supervisor is run on the host: the console script of a ``pip install``.
 DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
+#: events of history per node session (``supervisor.session.DEFAULT_HISTORY``, not imported:
+#: the node's CLI reads it before it loads the runtime)
+DEFAULT_HISTORY: Final = 10_000
 
 
 def _to_args(value: Iterable[str]) -> tuple[str, ...]:
@@ -76,6 +80,9 @@ class HostSpec:
     #: the node's state directory on the host (its files go in ``STATE_DIR/node``; None: its
     #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
     state_dir: str | None = None
+    #: events each of the node's sessions keeps that the front has not acknowledged; with that
+    #: many the node holds the agent back (None: the node's default; the first bridge's wins)
+    history: int | None = None
 
     def bridge_argv(self, instance: str | None = None) -> list[str]:
         """The local command that opens a bridge to this host's node (starting it if need be);
@@ -88,6 +95,8 @@ class HostSpec:
         remote = [*self.command, "node", "--bridge", "--detach", f"{self.detach_s:g}"]
         if self.state_dir is not None:
             remote += ["--state-dir", self.state_dir]
+        if self.history is not None:
+            remote += ["--history", str(self.history)]
         if instance is not None:
             remote += ["--instance", instance]
         if self.speaks_shell:
@@ -107,11 +116,16 @@ class HostSpec:
 
 
 def local_node(
-    name: str, *, state_dir: str | os.PathLike[str] | None, max_sessions: int | None = None
+    name: str,
+    *,
+    state_dir: str | os.PathLike[str] | None,
+    max_sessions: int | None = None,
+    detach_s: float | None = None,
 ) -> HostSpec:
     """A node on this machine, reached with no transport at all (the bridge is run directly,
     by this Python): ``serve --local-node`` runs its local sessions there, so they outlive a
-    restart of ``serve``."""
+    restart of ``serve``. ``detach_s``: how long its node keeps them once no ``serve``
+    drives it (``[gateway] local_node_detach_s``; None: the default)."""
     import sys
 
     return HostSpec(
@@ -120,6 +134,7 @@ def local_node(
         command=(sys.executable, "-m", "supervisor"),
         max_sessions=max_sessions,
         state_dir=os.fspath(state_dir) if state_dir is not None else None,
+        detach_s=detach_s if detach_s is not None else DEFAULT_DETACH_S,
     )
 
 
@@ -129,7 +144,15 @@ def load_hosts(path: str | os.PathLike[str]) -> dict[str, HostSpec]:
     return parse_hosts(document, where)
 
 
-_FIELDS = {"transport", "max_sessions", "command", "detach_s", "connect_timeout_s", "state_dir"}
+_FIELDS = {
+    "transport",
+    "max_sessions",
+    "command",
+    "detach_s",
+    "connect_timeout_s",
+    "state_dir",
+    "history",
+}
 
 
 def parse_hosts(document: Mapping[str, Any], where: str = "<config>") -> dict[str, HostSpec]:
@@ -183,12 +206,18 @@ def _parse_host(name: str, table: Any, where: str) -> HostSpec:
         isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1
     ):
         raise ConfigError(f"{at}: 'max_sessions' must be a whole number >= 1, not {max_sessions!r}")
+    history = table.get("history")
+    if history is not None and (
+        isinstance(history, bool) or not isinstance(history, int) or history < 1
+    ):
+        raise ConfigError(f"{at}: 'history' must be a whole number >= 1, not {history!r}")
     state_dir = table.get("state_dir")
     if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
         raise ConfigError(f"{at}: 'state_dir' must be a path on the host")
     return HostSpec(
         name=name,
         state_dir=state_dir,
+        history=history,
         transport=transport,
         max_sessions=max_sessions,
         command=command,

@@ -35,7 +35,7 @@ import trio
 
 from supervisor.remote.bridge import bind_unix, node_dir, private_dir, run_bridge, try_lock
 from supervisor.remote.handshake import Hello, package_version, wire
-from supervisor.remote.hosts import DEFAULT_DETACH_S
+from supervisor.remote.hosts import DEFAULT_DETACH_S, DEFAULT_HISTORY
 
 __all__ = ["add_node_parser", "main_node", "node_dir"]
 
@@ -57,6 +57,13 @@ def add_node_parser(commands: Any) -> None:
         default=DEFAULT_DETACH_S,
         help=f"stop every session after this long undriven (s, default {DEFAULT_DETACH_S:g})",
     )
+    node.add_argument(
+        "--history",
+        type=int,
+        default=DEFAULT_HISTORY,
+        help="events each session keeps that its front has not acknowledged; with that many"
+        f" the agent is held back until the front catches up (default {DEFAULT_HISTORY})",
+    )
     node.add_argument("--config", help="agents TOML file on this host (the front sends its own)")
     node.add_argument("--state-dir", help="default: $XDG_STATE_HOME/agent-supervisor")
     node.add_argument(
@@ -69,11 +76,20 @@ def main_node(args: argparse.Namespace) -> int:
     if args.detach <= 0:
         print("agent-supervisor node: --detach must be > 0", file=sys.stderr)
         return 2
+    if args.history < 1:
+        print("agent-supervisor node: --history must be >= 1", file=sys.stderr)
+        return 2
     if args.bridge:
         return run_bridge(
-            config=args.config, state_dir=state_dir, detach_s=args.detach, instance=args.instance
+            config=args.config,
+            state_dir=state_dir,
+            detach_s=args.detach,
+            instance=args.instance,
+            history=args.history,
         )
-    return run_daemon(config=args.config, state_dir=state_dir, detach_s=args.detach)
+    return run_daemon(
+        config=args.config, state_dir=state_dir, detach_s=args.detach, history=args.history
+    )
 
 
 # -- the node --------------------------------------------------------------------------------
@@ -137,7 +153,13 @@ def _node_gateway(supervisor: Any, presence: Presence, listener: trio.SocketList
     )
 
 
-def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -> int:
+def run_daemon(
+    *,
+    config: str | None,
+    state_dir: Path | None,
+    detach_s: float,
+    history: int = DEFAULT_HISTORY,
+) -> int:
     directory = private_dir(node_dir(state_dir))
     # A bridge probing whether a node runs holds the lock for a moment: try for a little while.
     lock = None
@@ -155,9 +177,10 @@ def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -
     instance = secrets.token_hex(8)
     mine = try_lock(directory / f"{instance}.lock")
     assert mine is not None  # a new name
+    sweep_dead_nodes(directory, keep=instance)
     holder = _Held(lock)
     try:
-        trio.run(_serve_node, config, state_dir, detach_s, directory, instance, holder)
+        trio.run(_serve_node, config, state_dir, detach_s, directory, instance, holder, history)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -167,6 +190,44 @@ def run_daemon(*, config: str | None, state_dir: Path | None, detach_s: float) -
                 (directory / name).unlink()
         mine.close()
     return 0
+
+
+#: A node's lock file younger than this is never swept: its node may be between creating the
+#: file and locking it (microseconds apart); a live node holds its lock for its whole life.
+SWEEP_MIN_AGE_S = 60.0
+
+
+def sweep_dead_nodes(
+    directory: Path, *, keep: str | None = None, min_age_s: float = SWEEP_MIN_AGE_S
+) -> list[str]:
+    """Remove the files of nodes that died without cleaning up (SIGKILL): ``I.json``,
+    ``I.sock`` and ``I.lock`` of every instance ``I`` whose lock nobody holds and whose lock
+    file is older than ``min_age_s``. The lock is taken before anything goes, so a live node
+    (which holds its lock) is never touched. Returns the instances swept."""
+    swept: list[str] = []
+    now = time.time()
+    for path in directory.glob("*.lock"):
+        instance = path.stem
+        if instance in ("daemon", "start", keep) or not instance.isalnum():
+            continue
+        try:
+            if now - path.stat().st_mtime < min_age_s:
+                continue
+        except OSError:
+            continue
+        held = try_lock(path)
+        if held is None:
+            continue  # its node lives
+        try:
+            for name in (f"{instance}.json", f"{instance}.sock", f"{instance}.lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
+        finally:
+            held.close()
+        swept.append(instance)
+    if swept:
+        log.info("swept the files of %d dead node(s): %s", len(swept), ", ".join(swept))
+    return swept
 
 
 class _Held:
@@ -195,6 +256,7 @@ async def _serve_node(
     directory: Path,
     instance: str,
     held: _Held,
+    history: int = DEFAULT_HISTORY,
 ) -> None:
     from supervisor.config import builtin_agents, load_agents
     from supervisor.remote.errors import NodeRetired
@@ -215,6 +277,9 @@ async def _serve_node(
                     state_dir=state_dir if state_dir is not None else default_state_dir(),
                     gc_policy=True,
                     session_ids=_HostIds(directory / "session-ids"),
+                    # Nothing the front has not acknowledged is dropped: the agent waits.
+                    history_size=history,
+                    hold_unacknowledged=True,
                 ) as supervisor,
                 trio.open_nursery() as nursery,
             ):

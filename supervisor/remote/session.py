@@ -51,6 +51,17 @@ log = logging.getLogger(__name__)
 CANCEL_REACH_MARGIN_S: Final = 5.0
 
 
+def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
+    """The node's event is a ``stream.gap`` that covers what we lack from ``from_seq`` on."""
+    data = message.get("data")
+    return (
+        message.get("event") == "stream.gap"
+        and isinstance(data, dict)
+        and isinstance(data.get("from_seq"), int)
+        and data["from_seq"] <= from_seq
+    )
+
+
 class RemoteSession:
     """One session of a node on another host (create it through the ``Supervisor``)."""
 
@@ -260,8 +271,8 @@ class RemoteSession:
         seq = message.get("seq")
         if not isinstance(seq, int) or seq <= self._seq or self._done:
             return  # a replay of what we have
-        if seq != self._seq + 1:
-            log.warning("session %s: events %d-%d were lost", self.id, self._seq + 1, seq - 1)
+        if seq != self._seq + 1 and not _announces_gap(message, self._seq + 1):
+            self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         message["session_id"] = self.id
         message["host"] = self.host
         data = message.get("data")
@@ -278,6 +289,31 @@ class RemoteSession:
         self._fanout.flush()
         if seq >= self._catch_up_to:
             self._caught_up.set()
+
+    def _gap(self, seq: int) -> None:
+        """The node's next event is ``seq``, and we have up to ``self._seq``: what lies between
+        is lost for good (the node's history no longer reached back: the node holds its agent
+        rather than drop what we have not acknowledged, so only a cancel's overflow, or a front
+        whose own history is gone, comes here). Subscribers are told, with an event of its own
+        that takes the last lost seq, so the stream goes on contiguous."""
+        first, last = self._seq + 1, seq - 1
+        cause = (
+            f"the node on {self.host} no longer had events {first}-{last} when this front"
+            " subscribed again"
+        )
+        log.warning("session %s: events %d-%d were lost: %s", self.id, first, last, cause)
+        gap = ev.StreamGap(
+            session_id=self.id,
+            seq=last,
+            timestamp=time.time(),
+            from_seq=first,
+            to_seq=last,
+            cause=cause,
+        )
+        message = event_to_wire(gap)
+        message["host"] = self.host
+        self._seq = last
+        self._fanout.publish(gap, dumps(message))
 
     def _recovering(self) -> None:
         """Created for a session a crashed front left: subscribers wait for the replay."""
