@@ -870,6 +870,17 @@ async def open_embedded(agent: str, config: str | None) -> AsyncIterator[Embedde
                     pass  # already stopped or failed
 
 
+@contextmanager
+def _gateway_errors() -> Iterator[None]:
+    """A failed gateway call as a :class:`ChatError` for the person at the terminal."""
+    try:
+        yield
+    except GatewayError as exc:
+        raise ChatError(exc.message if exc.code == "connection_closed" else str(exc)) from exc
+    except ConnectionClosed as exc:
+        raise ChatError("the connection to the gateway is closed") from exc
+
+
 class RemoteBackend:
     """A session on a gateway (:func:`open_remote`); events arrive as wire dicts."""
 
@@ -886,12 +897,8 @@ class RemoteBackend:
         self.label = label
 
     async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
-        try:
+        with _gateway_errors():
             return await self._client.request(action, {"session_id": self._session_id, **payload})
-        except GatewayError as exc:
-            raise ChatError(exc.message if exc.code == "connection_closed" else str(exc)) from exc
-        except ConnectionClosed as exc:
-            raise ChatError("the connection to the gateway is closed") from exc
 
     async def prompt(self, text: str) -> str:
         result = await self._request("agent.prompt", {"text": text})
@@ -912,48 +919,11 @@ class RemoteBackend:
             raise ChatError(f"the gateway sent a steer answer we cannot read: {result!r}") from exc
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
-        payload: dict[str, Any] = {"request_id": request_id}
-        if option_id is None:
-            payload["cancelled"] = True
-        else:
-            payload["option_id"] = option_id
-        await self._request("permission.respond", payload)
+        with _gateway_errors():
+            await self._client.respond_permission(self._session_id, request_id, option_id)
 
-    async def events(self) -> AsyncIterator[ev.Event]:
-        last_seq = 0
-        async for message in self._channel:
-            kind = message.get("event")
-            if kind == "subscription.lagged":  # cut off for falling behind: catch up
-                try:
-                    await self._request("session.subscribe", {"since_seq": last_seq})
-                except ChatError:
-                    return
-                continue
-            if kind == "subscription.closed":
-                return
-            event = _event_from_wire(message)
-            if event is None or event.seq <= last_seq:
-                continue
-            last_seq = event.seq
-            yield event
-
-
-def _event_from_wire(message: dict[str, Any]) -> ev.Event | None:
-    """A wire event as its attrs class; ``None`` for kinds and shapes we do not know."""
-    cls = ev.EVENT_TYPES.get(str(message.get("event")))
-    data = message.get("data")
-    if cls is None or not isinstance(data, dict) or not isinstance(message.get("seq"), int):
-        return None
-    stamp = {
-        "session_id": str(message.get("session_id", "")),
-        "seq": message["seq"],
-        "timestamp": float(message.get("timestamp") or 0.0),
-    }
-    try:
-        event: ev.Event = converter.structure({**data, **stamp}, cls)
-    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError):
-        return None
-    return event
+    def events(self) -> AsyncIterator[ev.Event]:
+        return self._client.events(self._session_id, self._channel, after_seq=0)
 
 
 @asynccontextmanager

@@ -28,7 +28,9 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
+from protocols import events as ev
 from protocols.mcp import McpServer, mcp_server_to_acp
+from supervisor.wire import known_event
 
 __all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
 
@@ -185,6 +187,36 @@ class GatewayClient:
                         await self.request("session.unsubscribe", {"session_id": session_id})
                     except (GatewayError, ConnectionClosed):
                         pass
+
+    async def events(
+        self,
+        session_id: str,
+        channel: trio.MemoryReceiveChannel[dict[str, Any]],
+        *,
+        after_seq: int | None = None,
+    ) -> AsyncIterator[ev.Event]:
+        """The events of a :meth:`subscribe` channel as event objects, each once, in order,
+        after ``after_seq``: a subscription cut off for falling behind is renewed from the
+        last one given; kinds this version does not know are skipped. Ends with the
+        subscription, or when it cannot be renewed."""
+        async for message in channel:
+            kind = message.get("event")
+            if kind == "subscription.lagged":
+                payload: dict[str, Any] = {"session_id": session_id}
+                if after_seq is not None:
+                    payload["since_seq"] = after_seq
+                try:
+                    await self.request("session.subscribe", payload)
+                except (GatewayError, ConnectionClosed):
+                    return
+                continue
+            if kind == "subscription.closed":
+                return
+            event = known_event(message)
+            if event is None or (after_seq is not None and event.seq <= after_seq):
+                continue
+            after_seq = event.seq
+            yield event
 
 
 @asynccontextmanager

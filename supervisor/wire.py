@@ -25,6 +25,7 @@ __all__ = [
     "dumps",
     "event_from_json",
     "event_from_wire",
+    "known_event",
     "event_json",
     "event_to_wire",
     "receipt_to_wire",
@@ -91,6 +92,15 @@ def event_from_wire(message: dict[str, Any]) -> Event:
         "timestamp": message["timestamp"],
     }
     return converter.structure(fields, cls)
+
+
+def known_event(message: dict[str, Any]) -> Event | None:
+    """The event a wire message describes, or None for a kind or shape this version does not
+    know (a newer gateway's): what a client skips rather than fails on."""
+    try:
+        return event_from_wire(message)
+    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError):
+        return None
 
 
 def event_from_json(payload: bytes) -> Event:

@@ -10,11 +10,10 @@ event objects, in order, with no gaps (a subscriber cut off for falling behind c
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any, Protocol
 
-import cattrs
 import trio
 from trio_websocket import ConnectionClosed
 
@@ -26,7 +25,7 @@ from supervisor.client import GatewayClient, GatewayError
 from supervisor.errors import BadRequest, SupervisorError
 from supervisor.session import Session, Subscription
 from supervisor.supervisor import AnySession, Supervisor
-from supervisor.wire import event_from_wire
+from supervisor.wire import known_event
 
 __all__ = [
     "Backend",
@@ -331,7 +330,7 @@ class GatewaySession:
                 raise BackendError("the session ended while its history was read") from None
             if message.get("event") in ("subscription.lagged", "subscription.closed"):
                 raise BackendError(f"the gateway cut the replay short ({message.get('event')})")
-            event = _decode(message)
+            event = known_event(message)
             if event is None:
                 continue
             self._last_seq = event.seq
@@ -344,12 +343,8 @@ class GatewaySession:
                     self.transcript.append(["agent", event.text])
 
     async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
-        try:
+        with _gateway_errors():
             return await self._client.request(action, {"session_id": self.id, **payload})
-        except GatewayError as exc:
-            raise BackendError(exc.message) from exc
-        except ConnectionClosed as exc:
-            raise BackendError("the connection to the gateway is closed") from exc
 
     #: the gateway's ``agent.prompt`` carries text: nothing more goes through it (yet)
     prompt_carries: frozenset[str] = frozenset()
@@ -372,31 +367,12 @@ class GatewaySession:
         return str((await self._request("agent.steer", {"text": text}))["mode"])
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
-        payload: dict[str, Any] = {"request_id": request_id}
-        if option_id is None:
-            payload["cancelled"] = True
-        else:
-            payload["option_id"] = option_id
-        await self._request("permission.respond", payload)
+        with _gateway_errors():
+            await self._client.respond_permission(self.id, request_id, option_id)
 
     async def events(self) -> AsyncIterator[ev.Event]:
-        async for message in self._channel:
-            kind = message.get("event")
-            if kind == "subscription.lagged":  # cut off for falling behind: catch up
-                try:
-                    since = self._last_seq
-                    payload = {} if since is None else {"since_seq": since}
-                    await self._request("session.subscribe", payload)
-                except BackendError:
-                    return
-                continue
-            if kind == "subscription.closed":
-                return
-            event = _decode(message)
-            if event is None:
-                continue  # a kind or shape this version does not know
-            if self._last_seq is not None and event.seq <= self._last_seq:
-                continue
+        # From where the history read (``read_history``) left off.
+        async for event in self._client.events(self.id, self._channel, after_seq=self._last_seq):
             self._last_seq = event.seq
             yield event
 
@@ -406,11 +382,15 @@ class GatewaySession:
             await self._stack.aclose()
 
 
-def _decode(message: dict[str, Any]) -> ev.Event | None:
+@contextmanager
+def _gateway_errors() -> Iterator[None]:
+    """A failed gateway call as a :class:`BackendError` for the person in the editor."""
     try:
-        return event_from_wire(message)
-    except (KeyError, TypeError, ValueError, cattrs.BaseValidationError):
-        return None
+        yield
+    except GatewayError as exc:
+        raise BackendError(exc.message) from exc
+    except ConnectionClosed as exc:
+        raise BackendError("the connection to the gateway is closed") from exc
 
 
 class GatewaySessions:
