@@ -51,6 +51,7 @@ import trio
 from bench.cancel_overhead import percentile
 from bench.machine import free_cpu, load_average, raise_fd_limit
 from supervisor import AgentSpec, Session, Supervisor, open_supervisor
+from supervisor.supervisor import AnySession
 
 HERE = Path(__file__).resolve().parent
 LIGHT_AGENT = [sys.executable, "-S", str(HERE / "fake_light_agent.py")]
@@ -118,7 +119,7 @@ async def start_flooding(sup: Supervisor, count: int) -> list[Session]:
     return sessions
 
 
-async def quiet_round(session: Session, log: CancelLog) -> tuple[float, float]:
+async def quiet_round(session: AnySession, log: CancelLog) -> tuple[float, float]:
     """One turn of the quiet session, cancelled: (receipt, interrupt delivery) in seconds."""
     async with session.subscribe() as events:
         await session.prompt("go")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from bench.remote_cancel import AGENT_ARGS, _p, one_cancel
+from bench.remote_cancel import AGENT_ARGS, interleaved
 from supervisor import AgentSpec, open_supervisor
 from supervisor.remote.hosts import local_node
 
@@ -36,23 +35,10 @@ async def measure(rounds: int, state: Path) -> dict[str, Any]:
     in_node = direct.with_options(name="in-node", hosts=("local",))
     # (undriven for 5 s once the benchmark is done, the node stops and exits)
     hosts = {"local": attrs.evolve(local_node("local", state_dir=state), detach_s=5.0)}
-    times: dict[str, list[float]] = {"direct": [], "node": [], "direct_r": [], "node_r": []}
     async with open_supervisor(agents={"demo": direct, "in-node": in_node}, hosts=hosts) as sup:
         here = await sup.start_session("demo", cwd=str(state))
         there = await sup.start_session("in-node", cwd=str(state))
-        for _ in range(3):  # warm-up
-            await one_cancel(here)
-            await one_cancel(there)
-        for _ in range(rounds):
-            for name, session in (("direct", here), ("node", there)):
-                waited, elapsed = await one_cancel(session)
-                times[name].append(waited)
-                times[f"{name}_r"].append(elapsed)
-    figures: dict[str, Any] = {"rounds": rounds}
-    for name in ("direct", "node"):
-        figures[f"{name}_wait_p50_ms"] = statistics.median(times[name])
-        figures[f"{name}_wait_p99_ms"] = _p(times[name], 0.99)
-        figures[f"{name}_receipt_elapsed_p50_ms"] = statistics.median(times[f"{name}_r"])
+        figures = await interleaved({"direct": here, "node": there}, rounds)
     figures["node_adds_p50_ms"] = figures["node_wait_p50_ms"] - figures["direct_wait_p50_ms"]
     return figures
 

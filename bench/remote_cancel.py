@@ -31,6 +31,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
+from bench.cancel_overhead import percentile  # noqa: E402
 from supervisor import AgentSpec, open_supervisor  # noqa: E402
 from supervisor.remote import HostSpec  # noqa: E402
 from supervisor.supervisor import AnySession  # noqa: E402
@@ -51,9 +52,26 @@ async def one_cancel(session: AnySession) -> tuple[float, float]:
     return waited, receipt.elapsed_ms
 
 
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+async def interleaved(sessions: dict[str, AnySession], rounds: int) -> dict[str, Any]:
+    """Cancel each session in turn, round after round (3 warm-up rounds first), so machine
+    noise hits them alike: per name, the caller's wait p50/p99 and the receipt's
+    ``elapsed_ms`` p50."""
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    elapsed: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(3):
+        for session in sessions.values():
+            await one_cancel(session)
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            waited, took = await one_cancel(session)
+            times[name].append(waited)
+            elapsed[name].append(took)
+    figures: dict[str, Any] = {"rounds": rounds}
+    for name in sessions:
+        figures[f"{name}_wait_p50_ms"] = statistics.median(times[name])
+        figures[f"{name}_wait_p99_ms"] = percentile(times[name], 0.99)
+        figures[f"{name}_receipt_elapsed_p50_ms"] = statistics.median(elapsed[name])
+    return figures
 
 
 async def measure(rounds: int, host: Any) -> dict[str, Any]:
@@ -79,24 +97,11 @@ async def measure(rounds: int, host: Any) -> dict[str, Any]:
             state_dir=str(host.home / "bench-node"),
         )
     }
-    times: dict[str, list[float]] = {"local": [], "remote": [], "local_r": [], "remote_r": []}
     async with open_supervisor(agents={"demo": local, "remote": remote}, hosts=hosts) as sup:
         with tempfile.TemporaryDirectory() as workdir:
             here = await sup.start_session("demo", cwd=workdir)
             there = await sup.start_session("remote")
-            for _ in range(3):  # warm-up
-                await one_cancel(here)
-                await one_cancel(there)
-            for _ in range(rounds):
-                for name, session in (("local", here), ("remote", there)):
-                    waited, elapsed = await one_cancel(session)
-                    times[name].append(waited)
-                    times[f"{name}_r"].append(elapsed)
-    figures: dict[str, Any] = {"rounds": rounds}
-    for name in ("local", "remote"):
-        figures[f"{name}_wait_p50_ms"] = statistics.median(times[name])
-        figures[f"{name}_wait_p99_ms"] = _p(times[name], 0.99)
-        figures[f"{name}_receipt_elapsed_p50_ms"] = statistics.median(times[f"{name}_r"])
+            figures = await interleaved({"local": here, "remote": there}, rounds)
     figures["link_adds_p50_ms"] = figures["remote_wait_p50_ms"] - figures["local_wait_p50_ms"]
     figures["ratio_remote_over_local_p50"] = (
         figures["remote_wait_p50_ms"] / figures["local_wait_p50_ms"]

@@ -42,7 +42,7 @@ from typing import Any
 import trio
 
 from bench.cancel_overhead import percentile
-from bench.fairness import LIGHT_AGENT, QUIET_INTERVAL_S, CancelLog
+from bench.fairness import LIGHT_AGENT, QUIET_INTERVAL_S, CancelLog, quiet_round
 from bench.machine import free_cpu, load_average, raise_fd_limit
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.remote import HostSpec
@@ -75,21 +75,6 @@ async def stop_all(sup: Supervisor, sessions: list[AnySession]) -> None:
     async with trio.open_nursery() as nursery:
         for session in sessions:
             nursery.start_soon(sup.stop_session, session.id)
-
-
-async def quiet_round(session: AnySession, log: CancelLog) -> tuple[float, float]:
-    """One turn of the quiet session, cancelled: (receipt, interrupt delivery) in seconds."""
-    async with session.subscribe() as events:
-        await session.prompt("go")
-        async for event in events:
-            if event.kind == "message.delta":
-                break
-        began = time.monotonic()
-        receipt = await session.cancel()
-        ended = time.monotonic()
-    if receipt.outcome != "cancelled":
-        raise RuntimeError(f"the quiet turn was not cancelled: {receipt}")
-    return ended - began, log.next_read_at() - began
 
 
 async def level(
