@@ -4,14 +4,17 @@ an exec'd command run as a "container" process that outlives the client.
 A real engine's exec does not kill the command when its client goes away (moby#9098,
 kubernetes#89031): it closes the command's stdin and keeps draining its output. So does
 :class:`Exec` here: the command runs in a session (process group) of its own, marked with
-``FAKE_ENGINE_CONTAINER=NAME`` in its environment so a test can find whatever the
-"container" still runs; only :meth:`Engine.close` (a container removed) kills it.
+``FAKE_ENGINE_CONTAINER=NAME@ENGINE`` in its environment (``ENGINE`` this engine's own random
+id, so engines of tests running side by side never see each other's containers) so a test can
+find whatever the "container" still runs; only :meth:`Engine.close` (a container removed)
+kills it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -119,9 +122,9 @@ class Exec:
     and dropped, so the command never blocks on a full pipe, and is never signalled."""
 
     def __init__(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, container: str
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, marker: str
     ) -> None:
-        environment = {**os.environ, **env, CONTAINER_VARIABLE: container}
+        environment = {**os.environ, **env, CONTAINER_VARIABLE: marker}
         self.process = subprocess.Popen(
             list(argv),
             stdin=subprocess.PIPE,
@@ -199,6 +202,8 @@ class Engine:
 
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
+        #: tells this engine's containers from those of another engine with the same names
+        self.instance = secrets.token_hex(6)
         self.requests: list[str] = []  # "METHOD target", every request served (for tests)
         self.started: list[Exec] = []  # every command exec'd, in order (for tests)
         self._connections: set[socket.socket] = set()
@@ -236,7 +241,7 @@ class Engine:
     def run(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, container: str
     ) -> Exec:
-        running = Exec(argv, env, cwd, container)
+        running = Exec(argv, env, cwd, self._marker(container))
         with self._lock:
             self.started.append(running)
         return running
@@ -245,14 +250,17 @@ class Engine:
         with self._lock:
             self.requests.append(f"{request.method} {request.target}")
 
+    def _marker(self, container: str) -> str:
+        return f"{container}@{self.instance}"
+
     def container_processes(self, container: str) -> list[psutil.Process]:
         """Every live process the container runs (marked in its environment)."""
-        found = []
+        marker, found = self._marker(container), []
         for process in psutil.process_iter(["status"]):
             if process.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             with contextlib.suppress(psutil.Error):
-                if process.environ().get(CONTAINER_VARIABLE) == container:
+                if process.environ().get(CONTAINER_VARIABLE) == marker:
                     found.append(process)
         return found
 

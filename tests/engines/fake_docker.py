@@ -17,7 +17,7 @@ test's own). It implements, of the Engine API (docs.docker.com/reference/api/eng
 
 A "container" is a name, an environment and a working directory on this machine; its
 commands run as this user, each in a process group of its own, marked with
-``FAKE_ENGINE_CONTAINER=NAME``. As on the real engine (moby#9098), a client that goes away
+``FAKE_ENGINE_CONTAINER=NAME@ENGINE``. As on the real engine (moby#9098), a client that goes away
 (``docker exec`` killed, its connection dropped) does not kill the command: its stdin closes,
 its output is drained and dropped, and it runs on.
 

@@ -17,7 +17,7 @@ Point the real CLI at it with a kubeconfig of the test's own (:meth:`FakeKube.ku
   client closing stdin). The socket closes once the command has exited; pings are answered.
 
 A "pod" is a name, an environment and a working directory on this machine; its commands run
-as this user, each in a process group of its own, marked with ``FAKE_ENGINE_CONTAINER=POD``.
+as this user, each in a process group of its own, marked with ``FAKE_ENGINE_CONTAINER=POD@ENGINE``.
 As on a real kubelet (kubernetes#89031), a client that goes away (``kubectl`` killed, its
 connection dropped) does not kill the command: its stdin closes and it runs on.
 
