@@ -357,7 +357,10 @@ class Session:
         #: the agent-output allowance this session shares with the others (``ingest.py``)
         self._gate = gate if gate is not None else Unlimited()
         self._task: trio.lowlevel.Task | None = None  # the actor's, once it runs
-        self._mailbox_send, self._mailbox = trio.open_memory_channel[_Call](math.inf)
+        #: calls, in order; unbounded, never awaited: the actor drains it before every inbox
+        #: item (a deque, not a channel: draining an empty one raises nothing)
+        self._mailbox: deque[_Call] = deque()
+        self._mailbox_open = True
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
         # Everything below is owned by the actor task.
         self._state = "starting"
@@ -569,10 +572,9 @@ class Session:
 
     async def _call(self, make: Callable[[Reply[T]], _Call]) -> T:
         reply: Reply[T] = Reply()
-        try:
-            self._mailbox_send.send_nowait(make(reply))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise AgentNotRunning(f"session {self.id} is {self._state}") from None
+        if not self._mailbox_open:
+            raise AgentNotRunning(f"session {self.id} is {self._state}")
+        self._mailbox.append(make(reply))
         try:
             self._inbox_send.send_nowait(_WAKE)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -683,11 +685,9 @@ class Session:
             turn.heard_at += trio.current_time() - held_at
 
     def _serve_mailbox(self) -> None:
-        while True:
-            try:
-                call = self._mailbox.receive_nowait()
-            except trio.WouldBlock:
-                return
+        mailbox = self._mailbox
+        while mailbox:
+            call = mailbox.popleft()
             try:
                 self._on_call(call)
             except SupervisorError as exc:  # the caller's mistake: answered, not logged
@@ -698,13 +698,10 @@ class Session:
                 call.reply.fail(exc)
 
     def _close_mailbox(self) -> None:
-        while True:
-            try:
-                call = self._mailbox.receive_nowait()
-            except (trio.WouldBlock, trio.ClosedResourceError):
-                break
+        self._mailbox_open = False
+        while self._mailbox:
+            call = self._mailbox.popleft()
             call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
-        self._mailbox.close()
         exc = AgentNotRunning(f"session {self.id} is {self._state}")
         for waiter in self._ready_waiters:
             waiter.fail(exc)
