@@ -23,6 +23,7 @@ Usage: ``python -m bench.cancel_overhead [--rounds 200]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -33,6 +34,7 @@ from typing import Any
 
 import trio
 
+from bench.opcount import OpCount
 from protocols.framing import LineDecoder, Message, encode_message
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.client import GatewayClient, connect
@@ -116,7 +118,9 @@ async def gateway_cancel(client: GatewayClient, session_id: str) -> float:
     return elapsed
 
 
-async def supervisor_cancel(session: Session, settle: float = 0.0) -> float:
+async def supervisor_cancel(
+    session: Session, settle: float = 0.0, count: OpCount | None = None
+) -> float:
     async with session.subscribe() as events:
         await session.prompt("go")
         async for event in events:
@@ -125,7 +129,8 @@ async def supervisor_cancel(session: Session, settle: float = 0.0) -> float:
         if settle:
             await trio.sleep(settle)
         start = time.perf_counter()
-        receipt = await session.cancel()
+        with count or contextlib.nullcontext():
+            receipt = await session.cancel()
         elapsed = time.perf_counter() - start
     assert receipt.outcome == "cancelled", receipt
     return elapsed

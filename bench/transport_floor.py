@@ -9,19 +9,25 @@ alike; each round is a prompt, its first word, a pause of ``SETTLE_S``, then the
   directly, driven with blocking ``os.write``/``os.read`` from this process (no event loop),
   from writing ``session/cancel`` to having parsed the ``session/prompt`` response;
 - **floor on trio**: the same exchange through trio's pipe streams: what an event loop adds;
+- **the shape alone**: the supervisor's shape with nothing in it: a caller posts the cancel to
+  an actor task's mailbox and waits on a reply slot; the actor writes the line itself; a reader
+  task posts what it reads to the actor's inbox; the actor parses it and answers the caller.
+  The same tasks and hops as ours, the floor's JSON, no protocol machine, no events, no
+  receipt: what the actor shape costs by itself, so that ours/shape is what our own work costs;
 - **ours**: ``await session.cancel()`` until the receipt, against the same light agent, under
   the supervisor (containment, actor, ACP machine, receipt, the session ready again).
 
 The pause puts the agent to sleep in ``select`` before the cancel arrives, as it is in real use,
 so every side pays the same wake-ups (the agent's, then the reader's). Left out: starting the
 turn and the agent's start-up. Last line: the ratios ours/floor and ours/floor on trio, p50
-(target: <= 1.5x the floor).
+(target: <= 1.5x the floor), and ours/the shape alone.
 Usage: ``python -m bench.transport_floor [--rounds 200]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -34,7 +40,9 @@ from typing import Any
 import trio
 
 from bench.cancel_overhead import percentile, supervisor_cancel
+from bench.opcount import OpCount
 from supervisor import AgentSpec, open_supervisor
+from supervisor.reply import Reply
 
 #: The agent: replies to ``session/cancel`` at once; one word, then silence.
 LIGHT_AGENT = [
@@ -120,16 +128,17 @@ class BlockingFloor:
             pass
         return reply
 
-    def one_cancel(self) -> float:
+    def one_cancel(self, count: OpCount | None = None) -> float:
         request_id = self.next_id = self.next_id + 1
         os.write(self.stdin, Lines.encode(_prompt(request_id, self.session_id)))
         while not _is_chunk(self.receive()):
             pass
         time.sleep(SETTLE_S)
         start = time.perf_counter()
-        os.write(self.stdin, Lines.encode(_cancel(self.session_id)))
-        while not _answers(self.receive(), request_id):
-            pass
+        with count or contextlib.nullcontext():
+            os.write(self.stdin, Lines.encode(_cancel(self.session_id)))
+            while not _answers(self.receive(), request_id):
+                pass
         return time.perf_counter() - start
 
     def close(self) -> None:
@@ -171,16 +180,17 @@ class TrioFloor:
             pass
         return reply
 
-    async def one_cancel(self) -> float:
+    async def one_cancel(self, count: OpCount | None = None) -> float:
         request_id = self.next_id = self.next_id + 1
         await self.stdin.send_all(Lines.encode(_prompt(request_id, self.session_id)))
         while not _is_chunk(await self.receive()):
             pass
         await trio.sleep(SETTLE_S)
         start = time.perf_counter()
-        await self.stdin.send_all(Lines.encode(_cancel(self.session_id)))
-        while not _answers(await self.receive(), request_id):
-            pass
+        with count or contextlib.nullcontext():
+            await self.stdin.send_all(Lines.encode(_cancel(self.session_id)))
+            while not _answers(await self.receive(), request_id):
+                pass
         return time.perf_counter() - start
 
     async def aclose(self) -> None:
@@ -188,23 +198,130 @@ class TrioFloor:
         await self.process.wait()
 
 
-async def main(rounds: int) -> dict[str, Any]:
+class ShapeFloor:
+    """The supervisor's shape with nothing in it (see the module docstring): caller, mailbox,
+    actor, reader task, inbox, reply slot. Prompts and cancels only, no failure handling."""
+
+    def __init__(self, process: trio.Process) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process, self.stdout = process, process.stdout
+        self.stdin_fd = process.stdin.fileno()  # non-blocking, like every trio pipe
+        #: (message to send or None, its reply slot, what the slot waits for: "" its answer)
+        self.mailbox: deque[tuple[dict[str, Any] | None, Reply[dict[str, Any]], str]] = deque()
+        self.inbox_send, self.inbox = trio.open_memory_channel[list[bytes]](16)
+        self.waiting: dict[str, Reply[dict[str, Any]]] = {}
+        self.next_id = 0
+        self.session_id = ""
+
+    @classmethod
+    async def start(cls, argv: list[str], nursery: trio.Nursery) -> ShapeFloor:
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+        shape = cls(process)
+        nursery.start_soon(shape.read)
+        nursery.start_soon(shape.act)
+        await shape.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        reply = await shape.call("session/new", {"cwd": "/", "mcpServers": []})
+        shape.session_id = reply["result"]["sessionId"]
+        return shape
+
+    async def read(self) -> None:
+        """The reader task: one inbox item per read."""
+        buffer = b""
+        while data := await self.stdout.receive_some(65536):
+            *complete, buffer = (buffer + data).split(b"\n")
+            await self.inbox_send.send(complete)
+
+    async def act(self) -> None:
+        """The actor task: the mailbox first, then one inbox item."""
+        while True:
+            while self.mailbox:
+                message, reply, waits_for = self.mailbox.popleft()
+                if waits_for:
+                    self.waiting[waits_for] = reply
+                elif message is not None:
+                    self.next_id += 1
+                    message = {**message, "id": self.next_id}
+                    self.waiting[str(self.next_id)] = reply
+                if message is not None:
+                    os.write(self.stdin_fd, Lines.encode(message))
+            for line in await self.inbox.receive():
+                if not line:
+                    continue
+                message = json.loads(line)
+                if _is_chunk(message):
+                    waiter = self.waiting.pop("chunk", None)
+                elif "id" in message and "method" not in message:
+                    waiter = self.waiting.pop(str(message["id"]), None)
+                    cancel = self.waiting.pop("cancel", None)
+                    if cancel is not None and message.get("result", {}).get("stopReason"):
+                        cancel.resolve(message)
+                else:
+                    waiter = None
+                if waiter is not None:
+                    waiter.resolve(message)
+
+    async def post(self, message: dict[str, Any], waits_for: str = "") -> dict[str, Any]:
+        reply: Reply[dict[str, Any]] = Reply()
+        self.mailbox.append((message, reply, waits_for))
+        with contextlib.suppress(trio.WouldBlock):
+            self.inbox_send.send_nowait([])  # wake the actor, as a session's caller does
+        return await reply.wait()
+
+    async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        return await self.post({"jsonrpc": "2.0", "id": 0, "method": method, "params": params})
+
+    async def one_cancel(self, count: OpCount | None = None) -> float:
+        chunk: Reply[dict[str, Any]] = Reply()
+        answered: Reply[dict[str, Any]] = Reply()
+        self.mailbox.append((None, chunk, "chunk"))  # wait for the first word
+        self.mailbox.append((_prompt(0, self.session_id), answered, ""))
+        with contextlib.suppress(trio.WouldBlock):
+            self.inbox_send.send_nowait([])
+        await chunk.wait()
+        await trio.sleep(SETTLE_S)
+        start = time.perf_counter()
+        with count or contextlib.nullcontext():
+            await self.post(_cancel(self.session_id), "cancel")
+        elapsed = time.perf_counter() - start
+        await answered.wait()
+        return elapsed
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
     spec = AgentSpec(name="light", protocol="acp", command=LIGHT_AGENT)
-    times: dict[str, list[float]] = {"floor": [], "floor_trio": [], "light": []}
+    times: dict[str, list[float]] = {"floor": [], "floor_trio": [], "shape": [], "light": []}
+    ops: dict[str, list[int]] = {name: [] for name in times}
     blocking = BlockingFloor(LIGHT_AGENT)
     on_trio = await TrioFloor.start(LIGHT_AGENT)
     try:
-        async with open_supervisor(agents={"light": spec}) as sup:
+        async with open_supervisor(agents={"light": spec}) as sup, trio.open_nursery() as nursery:
+            shape = await ShapeFloor.start(LIGHT_AGENT, nursery)
             session = await sup.start_session("light", cwd="/")
             for warm_up in [True] * 5 + [False] * rounds:
                 figures = (
                     blocking.one_cancel(),
                     await on_trio.one_cancel(),
+                    await shape.one_cancel(),
                     await supervisor_cancel(session, SETTLE_S),
                 )
                 if not warm_up:
                     for name, value in zip(times, figures, strict=True):
                         times[name].append(value)
+            for _ in range(ops_rounds):  # untimed: tracing is slow
+                counts = [OpCount() for _ in times]
+                blocking.one_cancel(counts[0])
+                await on_trio.one_cancel(counts[1])
+                await shape.one_cancel(counts[2])
+                await supervisor_cancel(session, SETTLE_S, counts[3])
+                for name, count in zip(times, counts, strict=True):
+                    ops[name].append(count.ops)
+            shape.kill()
+            nursery.cancel_scope.cancel()
     finally:
         blocking.close()
         await on_trio.aclose()
@@ -215,15 +332,24 @@ async def main(rounds: int) -> dict[str, Any]:
     result["ratio_floor_p50"] = result["light_p50_ms"] / result["floor_p50_ms"]
     result["ratio_floor_p99"] = result["light_p99_ms"] / result["floor_p99_ms"]
     result["ratio_floor_trio_p50"] = result["light_p50_ms"] / result["floor_trio_p50_ms"]
+    result["ratio_shape_p50"] = result["light_p50_ms"] / result["shape_p50_ms"]
+    result["shape_floor_trio_p50"] = result["shape_p50_ms"] / result["floor_trio_p50_ms"]
+    if ops_rounds:
+        result["ops_rounds"] = ops_rounds
+        for name, counted in ops.items():
+            result[f"{name}_ops_p50"] = percentile([float(n) for n in counted], 0.5)
     return result
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument(
+        "--ops", type=int, default=0, metavar="N", help="also count bytecodes over N rounds"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    f = trio.run(main, args.rounds)
+    f = trio.run(main, args.rounds, args.ops)
     print(f"transport floor over {f['rounds']} cancels (light agent, answers at once)")
     print(
         f"  floor  (a JSON-RPC line each way, blocking): p50 {f['floor_p50_ms']:.3f} ms  p99 {f['floor_p99_ms']:.3f} ms"
@@ -232,11 +358,22 @@ if __name__ == "__main__":
         f"  floor on trio (the same, trio pipes):       p50 {f['floor_trio_p50_ms']:.3f} ms  p99 {f['floor_trio_p99_ms']:.3f} ms"
     )
     print(
+        f"  the shape alone (tasks and hops, no work):  p50 {f['shape_p50_ms']:.3f} ms  p99 {f['shape_p99_ms']:.3f} ms"
+    )
+    print(
         f"  ours   (session.cancel -> receipt):         p50 {f['light_p50_ms']:.3f} ms  p99 {f['light_p99_ms']:.3f} ms"
     )
+    if args.ops:
+        print(
+            f"  Python bytecodes per cancel, p50 of {f['ops_rounds']} untimed rounds: blocking floor"
+            f" {f['floor_ops_p50']:.0f}, on trio {f['floor_trio_ops_p50']:.0f}, the shape alone"
+            f" {f['shape_ops_p50']:.0f}, ours {f['light_ops_p50']:.0f}"
+        )
     if args.json:
         print(json.dumps(f))
     print(
         f"ratio ours/floor p50 {f['ratio_floor_p50']:.2f} (p99 {f['ratio_floor_p99']:.2f}),"
-        f" ours/floor on trio p50 {f['ratio_floor_trio_p50']:.2f} (target <= 1.5)"
+        f" ours/floor on trio p50 {f['ratio_floor_trio_p50']:.2f} (target <= 1.5);"
+        f" ours/the shape alone {f['ratio_shape_p50']:.2f}"
+        f" (the shape alone/floor on trio {f['shape_floor_trio_p50']:.2f})"
     )
