@@ -40,6 +40,7 @@ from protocols.machine import (
     TurnFinished,
     UnknownPermission,
 )
+from supervisor.alarm import Alarm
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.ingest import IngestGate, Unlimited, cost_of
@@ -357,6 +358,8 @@ class Session:
         #: the agent-output allowance this session shares with the others (``ingest.py``)
         self._gate = gate if gate is not None else Unlimited()
         self._task: trio.lowlevel.Task | None = None  # the actor's, once it runs
+        #: wakes the actor when its next deadline passes (its waits have no cancel scope)
+        self._alarm = Alarm(self._wake_actor)
         #: calls, in order; unbounded, never awaited: the actor drains it before every inbox
         #: item (a deque, not a channel: draining an empty one raises nothing)
         self._mailbox: deque[_Call] = deque()
@@ -575,6 +578,11 @@ class Session:
         if not self._mailbox_open:
             raise AgentNotRunning(f"session {self.id} is {self._state}")
         self._mailbox.append(make(reply))
+        self._wake_actor()
+        return await reply.wait()
+
+    def _wake_actor(self) -> None:
+        """Something came for the actor (a call, a deadline passed): wake it wherever it waits."""
         try:
             self._inbox_send.send_nowait(_WAKE)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -582,7 +590,6 @@ class Session:
         self._fanout.wake()  # or held back by a subscriber: it serves the mailbox at once
         if self._task is not None:
             self._gate.wake(self._task)  # or waiting for its share of agent output: at once too
-        return await reply.wait()
 
     # -- the actor -------------------------------------------------------------------------
 
@@ -592,6 +599,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._alarm.run)
                 self._spawn()
                 task_status.started()
                 try:
@@ -612,6 +620,10 @@ class Session:
             self._serve_mailbox()
             if self._done:
                 return
+            if self._alarm.rang:  # a deadline passed (the watchdog's is seen by _receive)
+                self._alarm.rang = False
+                self._on_deadline()
+                continue
             if self._batch is not None:
                 if self._holding():
                     await self._hold_back()  # as below: a full subscriber first
@@ -626,15 +638,9 @@ class Session:
                 # waits for no one, and a stop must hear the agent go.
                 await self._hold_back()
                 continue
-            deadline = self._next_deadline()
-            if deadline == math.inf:  # no timer running: skip the cancel scope (hot path)
-                item = await self._receive(self._watch())
-            else:
-                with trio.move_on_at(deadline) as scope:
-                    item = await self._receive()
-                if scope.cancelled_caught:
-                    self._on_deadline()
-                    continue
+            watch = self._watch()
+            self._alarm.set(min(self._next_deadline(), watch))
+            item = await self._receive(watch)
             # Calls that came while we waited go before what woke us: a second cancel posted
             # as the agent's answer to the first came in joins it, and shares its receipt.
             self._serve_mailbox()
@@ -647,8 +653,8 @@ class Session:
         empty for just a moment (the agent's pump is between two posts) does not count.
 
         ``watch``: the stall watchdog's deadline; once it has passed, :data:`_STALL_DUE` comes
-        instead of an item. Read on the clock while items come (a cancel scope per item, ~6 us,
-        is too dear for a streaming turn), the deadline of the wait when none does."""
+        instead of an item. Read on the clock while items come; when none does, the alarm
+        (``supervisor/alarm.py``) wakes the actor at it, as at every other deadline."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if watch != math.inf and trio.current_time() >= watch:
             return _STALL_DUE
@@ -664,11 +670,7 @@ class Session:
             await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
             return item
         self._fanout.flush()
-        if watch == math.inf:
-            return await self._inbox.receive()
-        with trio.move_on_at(watch):
-            return await self._inbox.receive()
-        return _STALL_DUE
+        return await self._inbox.receive()
 
     def _holding(self) -> bool:
         return self._state == "running" and not self._stopping and self._fanout.must_wait()
