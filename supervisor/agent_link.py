@@ -186,16 +186,23 @@ class ProcessLink(AgentLink):
                 await self.process.close_stdin()
 
     async def read_stdout(self) -> None:
+        """One :class:`AgentLines` per read, then a pass for the actor, then the pipe is read
+        again at once if it holds more, else waited on: two steps a read, where
+        ``receive_some`` and ``send`` take three (each checkpoints first)."""
         decoder = LineDecoder()
+        stdout = self.process.stdout
         try:
             while True:
-                try:
-                    data = await self.process.stdout.receive_some(_READ_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                lines = decoder.feed_lines(bytes(data)) if data else decoder.end_lines()
+                data = await read_pipe(stdout)
+                lines = decoder.feed_lines(data) if data else decoder.end_lines()
                 if lines:
-                    await self._inbox.send(AgentLines(self.generation, lines))
+                    item = AgentLines(self.generation, lines)
+                    try:
+                        self._inbox.send_nowait(item)
+                    except trio.WouldBlock:
+                        await self._inbox.send(item)  # full: the agent waits on its pipe
+                    else:
+                        await trio.lowlevel.checkpoint()  # the actor's turn, then ours
                 if not data:
                     break
             with trio.move_on_after(1.0):
@@ -311,6 +318,31 @@ class ProcessLauncher:
 async def _kill_now(process: AgentProcess) -> None:
     with contextlib.suppress(KillError):  # whoever waits on the link reports survivors
         await process.kill_tree(0)
+
+
+async def read_pipe(stream: trio.abc.ReceiveStream) -> bytes:
+    """The next bytes of an agent's output pipe, ``b""`` at its end or once it is closed.
+    Unlike ``receive_some``, what the pipe already holds is read without waiting a pass of the
+    run loop first (the reader has just had one)."""
+    if not isinstance(stream, trio.lowlevel.FdStream):
+        try:
+            return bytes(await stream.receive_some(_READ_SIZE))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return b""
+    while True:
+        fd = stream.fileno()  # -1 once closed: never a number some other file reuses
+        if fd < 0:
+            return b""
+        try:
+            return os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            pass
+        except OSError:
+            return b""  # the pipe broke: as its end
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        except trio.ClosedResourceError:
+            return b""
 
 
 #: How each transport (``AgentProtocol.transport``) talks to its process.

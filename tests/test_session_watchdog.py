@@ -378,4 +378,6 @@ async def test_a_real_tool_call_longer_than_stall_s_is_spared(tmp_path: object) 
         assert end.outcome == "completed" and rec.of_kind("turn.stalled") == []
         [call] = rec.of_kind("tool.call")
         [done] = [e for e in rec.events if isinstance(e, ev.ToolUpdate) and e.status == "completed"]
-        assert done.timestamp - call.timestamp >= 4 * REAL_STALL
+        # The tool ran 4 x stall_s; the events are stamped when the supervisor reads them, so
+        # under load the call's stamp can be late by more than the completion's: 3 x is proof.
+        assert done.timestamp - call.timestamp >= 3 * REAL_STALL
