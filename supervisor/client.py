@@ -133,8 +133,18 @@ class GatewayClient:
         result: list[dict[str, Any]] = (await self.request("session.list"))["sessions"]
         return result
 
-    async def prompt(self, session_id: str, text: str) -> dict[str, Any]:
-        return await self.request("agent.prompt", {"session_id": session_id, "text": text})
+    async def prompt(
+        self, session_id: str, text: str, *, content: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """``content``: the prompt as ACP content blocks when it is more than text (images,
+        resources); ``text`` is then what events show of it."""
+        payload: dict[str, Any] = {"session_id": session_id, "text": text}
+        if content:
+            payload["content"] = content
+        return await self.request("agent.prompt", payload)
+
+    async def set_mode(self, session_id: str, mode_id: str) -> None:
+        await self.request("agent.set_mode", {"session_id": session_id, "mode_id": mode_id})
 
     async def steer(self, session_id: str, text: str) -> dict[str, Any]:
         """``{"mode", "turn_id", "receipt"?}``: see :class:`supervisor.steering.SteerResult`."""

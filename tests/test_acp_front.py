@@ -354,6 +354,38 @@ async def test_ts_client_sets_the_mode_of_an_agent_that_offers_modes(
     assert "modes" not in plain["session"]
 
 
+async def test_ts_client_content_and_modes_through_a_gateway(
+    tmp_path: Path, schema: AcpSchema
+) -> None:
+    """``--connect``: an image reaches the gateway's agent that takes it (what it takes comes
+    with the subscribe), the text-only agent refuses it with the reason, and the modes of an
+    agent that offers them are offered on and set through the gateway (``agent.set_mode``)."""
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--state-dir", str(tmp_path / "d")]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        f'[agents.demo-content]\nprotocol = "acp"\ncommand = {json.dumps([*demo, "--content"])}\n'
+        f'[agents.demo-modes]\nprotocol = "acp"\ncommand = {json.dumps([*demo, "--modes"])}\n'
+    )
+    async with serve(tmp_path, "--config", os.fspath(config)) as served:
+        connect_to = ("--connect", served.url)
+        env = {"ACP_TEST_TEXT_AGENT": "demo"}
+        result = await run_ts(tmp_path, "content", *connect_to, "--agent", "demo-content", env=env)
+        assert result["taken"]["stopReason"] == "end_turn"
+        assert result["takenText"].startswith(
+            "received: image image/png 8 bytes; link a.py file:///w/a.py;"
+            " resource file:///w/b.md (text)\n"
+        )
+        assert result["refused"]["code"] == -32602
+        assert "agent 'demo' does not take an image (image/png)" in result["refused"]["message"]
+        assert result["inlined"]["stopReason"] == "end_turn"
+        moded = await run_ts(tmp_path, "modes", *connect_to, "--agent", "demo-modes")
+    assert [m["id"] for m in moded["modes"]["availableModes"]] == ["ask", "code"]
+    assert moded["set"] == {}
+    assert moded["thought"].startswith("Thinking about: [mode code] hi words=3 fast")
+    assert "unknown mode 'plan' (known: ask, code)" in moded["refused"]["message"]
+    check_wire(tmp_path / "wire", schema)
+
+
 async def test_ts_client_shares_a_gateway_session_with_a_websocket_client(
     tmp_path: Path, schema: AcpSchema
 ) -> None:

@@ -98,7 +98,9 @@ async def test_ready_url_and_http_routes() -> None:
         assert status == 200
         status, body = await http(url, "GET", "/v1/agents?token=secret-token")
         assert status == 200 and isinstance(body, dict)
-        assert body["agents"] == [{"name": "fake", "protocol": "acp", "description": ""}]
+        assert body["agents"] == [
+            {"name": "fake", "protocol": "acp", "description": "", "prompt_carries": []}
+        ]
         status, body = await http(url, "GET", "/?token=secret-token")
         assert status == 200 and "<html" in str(body).lower()
         status, _ = await http(url, "GET", "/nope?token=secret-token")

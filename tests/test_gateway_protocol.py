@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from supervisor.gateway.protocol import (
     ACTIONS,
     MAX_FRAME_BYTES,
+    MAX_PROMPT_FRAME_BYTES,
     Request,
     RequestError,
     decode_request,
@@ -97,10 +98,35 @@ def test_the_frame_limit_counts_utf8_bytes_not_characters() -> None:
     )
     assert len(frame) < MAX_FRAME_BYTES < len(frame.encode())
     result = decode_request(frame)
-    # Too large, and answered with its id (read from the frame's start, without parsing it).
-    assert result == RequestError("c1", "too_large", f"frame exceeds {MAX_FRAME_BYTES} bytes")
+    # Too large (only a prompt's content may be bigger), and answered with its id.
+    assert isinstance(result, RequestError) and (result.id, result.code) == ("c1", "too_large")
+    assert result.message.startswith(f"frame exceeds {MAX_FRAME_BYTES} bytes")
     fits = decode_request(frame.replace(emoji * 300_000, emoji * 200_000))
     assert isinstance(fits, Request) and fits.size == len(frame.encode()) - 400_000
+
+
+def test_only_a_prompt_with_content_may_exceed_the_frame_limit() -> None:
+    def prompt(**payload: object) -> str:
+        return json.dumps({"id": "c2", "action": "agent.prompt", "payload": payload})
+
+    image = {"type": "image", "data": "A" * (2 * MAX_FRAME_BYTES), "mimeType": "image/png"}
+    taken = decode_request(prompt(session_id="s1", content=[image]))
+    assert isinstance(taken, Request) and taken.payload["content"] == [image]
+    for frame in (
+        prompt(session_id="s1", text="x" * (2 * MAX_FRAME_BYTES)),  # a big text: no content
+        json.dumps({"id": "c2", "action": "session.list", "payload": {"x": image}}),
+        # Beyond the content limit, nothing is parsed: the id is read from the frame's start.
+        prompt(session_id="s1", content=[{**image, "data": "A" * MAX_PROMPT_FRAME_BYTES}]),
+    ):
+        refused = decode_request(frame)
+        assert isinstance(refused, RequestError) and (refused.id, refused.code) == (
+            "c2",
+            "too_large",
+        )
+    missing = decode_request(prompt(session_id="s1"))
+    assert (
+        isinstance(missing, RequestError) and missing.message == "payload needs 'text' or 'content'"
+    )
 
 
 @pytest.mark.parametrize(

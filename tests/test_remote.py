@@ -326,3 +326,57 @@ def test_a_dead_nodes_files_are_swept_but_never_a_live_or_young_ones(tmp_path: P
             *(f"{i}{s}" for i in ("live", "young") for s in (".lock", ".json", ".sock")),
         ]
     )
+
+
+async def test_a_host_session_takes_content_and_modes_its_agent_offers(tmp_path: Path) -> None:
+    """What the agent on the host takes (an image) and its modes reach the front through the
+    node's subscribe answer; an image goes through as such, and a mode switches there."""
+    from protocols.content import Part, parts_text
+
+    hosts = {
+        "here": HostSpec(
+            name="here",
+            transport=["env"],
+            command=[sys.executable, "-m", "supervisor"],
+            detach_s=1.0,
+            state_dir=str(tmp_path / "node"),
+        )
+    }
+    spec = builtin_agents()["demo"].with_args(
+        "--state-dir", str(tmp_path / "demo"), "--content", "--modes"
+    )
+    spec = spec.with_options(hosts=("here",))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"demo": spec}, hosts=hosts) as sup:
+            session = await sup.start_session("demo", cwd=str(tmp_path))
+            assert isinstance(session, RemoteSession)
+            assert {"image", "resource"} <= session.prompt_carries
+            assert session.modes is not None and session.modes["currentModeId"] == "ask"
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                parts = (
+                    Part("text", text="look words=3 fast"),
+                    Part("image", data="iVBORw0KGgo=", mime_type="image/png"),
+                )
+                turn = await session.prompt(parts_text(parts), parts)
+                await recorder.wait_kind("turn.ended", turn_id=turn.id)
+                said = "".join(
+                    e.text
+                    for e in recorder.of_kind("message.delta")
+                    if isinstance(e, ev.MessageDelta) and e.turn_id == turn.id
+                )
+                assert said.startswith("received: image image/png 8 bytes")
+                await session.set_mode("code")
+                assert session.modes["currentModeId"] == "code"
+                turn = await session.prompt("hi words=3 fast")
+                await recorder.wait_kind("turn.ended", turn_id=turn.id)
+                thought = "".join(
+                    e.text
+                    for e in recorder.of_kind("thought.delta")
+                    if isinstance(e, ev.ThoughtDelta) and e.turn_id == turn.id
+                )
+                assert thought.startswith("Thinking about: [mode code] hi")
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+            await sup.stop_session(session.id)

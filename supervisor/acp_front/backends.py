@@ -19,7 +19,7 @@ from trio_websocket import ConnectionClosed
 
 from protocols import PROTOCOLS
 from protocols import events as ev
-from protocols.content import Part, refusal
+from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
 from supervisor.errors import BadRequest, SupervisorError
@@ -316,6 +316,8 @@ class GatewaySession:
         self._last_seq: int | None = None
         #: what ``session/load`` replays (``read_history``)
         self.transcript: list[list[str]] = []
+        modes = self._client.subscribed.get(session_id, {}).get("modes")
+        self._modes: dict[str, Any] | None = modes if isinstance(modes, dict) else None
 
     agent_session_id = None
 
@@ -346,19 +348,44 @@ class GatewaySession:
         with _gateway_errors():
             return await self._client.request(action, {"session_id": self.id, **payload})
 
-    #: the gateway's ``agent.prompt`` carries text: nothing more goes through it (yet)
-    prompt_carries: frozenset[str] = frozenset()
-    #: the gateway offers no way to set an agent's mode (yet): none are offered on
-    modes = None
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the gateway's session takes besides text, as its subscribe said (an older
+        gateway says nothing: text only)."""
+        carries = self._client.subscribed.get(self.id, {}).get("prompt_carries")
+        return frozenset(carries) & CARRY_WORDS if isinstance(carries, list) else frozenset()
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._modes
 
     async def set_mode(self, mode_id: str) -> None:
-        raise BackendRefused("a session through --connect offers no modes")
+        if self._modes is None:
+            raise BackendRefused(f"agent {self.agent!r} offers no modes")
+        try:
+            await self._client.set_mode(self.id, mode_id)
+        except GatewayError as exc:
+            if exc.code == "bad_request":
+                raise BackendRefused(exc.message) from exc
+            raise BackendError(exc.message) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc
+        self._modes = {**self._modes, "currentModeId": mode_id}
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
-        why = refusal(parts, self.prompt_carries, "a session through --connect")
+        why = refusal(parts, self.prompt_carries, f"agent {self.agent!r}")
         if why is not None:
             raise BackendRefused(why)
-        return str((await self._request("agent.prompt", {"text": text}))["turn_id"])
+        content = [to_acp(part, CARRY_WORDS) for part in parts]  # each as such
+        try:
+            result = await self._client.prompt(self.id, text, content=content)
+        except GatewayError as exc:
+            if exc.code == "bad_request":
+                raise BackendRefused(exc.message) from exc  # what the agent cannot take
+            raise BackendError(exc.message) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc
+        return str(result["turn_id"])
 
     async def cancel(self) -> None:
         await self._request("agent.cancel", {"reason": "user"})
@@ -398,9 +425,16 @@ class GatewaySessions:
 
     persistent_ids = False
 
-    def __init__(self, client: GatewayClient, agents: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        client: GatewayClient,
+        agents: Sequence[tuple[str, str]],
+        carries: dict[str, frozenset[str]] | None = None,
+    ) -> None:
         self.client = client
         self.agents = list(agents)
+        #: what each agent's protocol takes besides text, as the gateway lists it
+        self._carries = carries or {}
 
     def mcp_transports(self, agent: str | None) -> frozenset[str]:
         """The gateway's agents are known by name and protocol only: stdio servers, which
@@ -408,7 +442,7 @@ class GatewaySessions:
         return frozenset({"stdio"})
 
     def prompt_carries(self, agent: str | None) -> frozenset[str]:
-        return GatewaySession.prompt_carries
+        return self._carries.get(agent or "", frozenset())
 
     @classmethod
     async def open(cls, client: GatewayClient) -> GatewaySessions:
@@ -417,7 +451,12 @@ class GatewaySessions:
         except GatewayError as exc:
             raise BackendError(f"the gateway does not list its agents: {exc}") from exc
         agents = [(str(a.get("name")), str(a.get("description") or "")) for a in listed]
-        return cls(client, agents)
+        carries = {
+            str(a.get("name")): frozenset(a["prompt_carries"]) & CARRY_WORDS
+            for a in listed
+            if isinstance(a.get("prompt_carries"), list)
+        }
+        return cls(client, agents, carries)
 
     async def start(
         self,

@@ -17,6 +17,7 @@ from attrs import field, frozen
 __all__ = [
     "ACTIONS",
     "MAX_FRAME_BYTES",
+    "MAX_PROMPT_FRAME_BYTES",
     "Request",
     "RequestError",
     "decode_request",
@@ -29,6 +30,9 @@ __all__ = [
 #: keeps one connection's memory small. Larger frames get ``too_large`` (up to the transport's
 #: hard limit, beyond which the WebSocket is closed with 1009).
 MAX_FRAME_BYTES: Final = 1024 * 1024
+#: An ``agent.prompt`` with ``content`` (a pasted screenshot is a few MB of base64) may be up to
+#: this big; any other request larger than :data:`MAX_FRAME_BYTES` is still ``too_large``.
+MAX_PROMPT_FRAME_BYTES: Final = 8 * MAX_FRAME_BYTES
 #: Longest id we echo back: ids are correlation tokens, not payloads.
 MAX_ID_CHARS: Final = 128
 
@@ -60,7 +64,14 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
     "session.list": (),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),
-    "agent.prompt": (_str("session_id"), _str("text")),
+    "agent.prompt": (
+        _str("session_id"),
+        _str("text", required=False),  # what events show of it; from ``content`` if absent
+        # the prompt's content when it is more than text: ACP ``ContentBlock`` objects (text,
+        # image, audio, resource_link, resource), in order (``protocols/content.py``)
+        _Field("content", (list,), required=False),
+    ),
+    "agent.set_mode": (_str("session_id"), _str("mode_id")),
     "agent.steer": (_str("session_id"), _str("text")),
     "agent.cancel": (
         _str("session_id"),
@@ -131,10 +142,24 @@ def _leading_id(frame: str | bytes) -> str | int | None:
 
 def decode_request(frame: str | bytes) -> Request | RequestError:
     # Characters first (never more than the bytes), then the bytes.
-    size = len(frame) if len(frame) > MAX_FRAME_BYTES else frame_bytes(frame)
-    if size > MAX_FRAME_BYTES:
-        message = f"frame exceeds {MAX_FRAME_BYTES} bytes"
+    size = len(frame) if len(frame) > MAX_PROMPT_FRAME_BYTES else frame_bytes(frame)
+    if size > MAX_PROMPT_FRAME_BYTES:
+        message = f"frame exceeds {MAX_PROMPT_FRAME_BYTES} bytes"
         return RequestError(_leading_id(frame), "too_large", message)
+    decoded = _decode(frame, size)
+    if size > MAX_FRAME_BYTES and (
+        not isinstance(decoded, Request)
+        or decoded.action != "agent.prompt"
+        or "content" not in decoded.payload
+    ):
+        # Only a prompt's content may be this big (a request not even read is no better).
+        request_id = decoded.id if decoded.id is not None else _leading_id(frame)
+        message = f"frame exceeds {MAX_FRAME_BYTES} bytes (a prompt with content may have"
+        return RequestError(request_id, "too_large", f"{message} {MAX_PROMPT_FRAME_BYTES})")
+    return decoded
+
+
+def _decode(frame: str | bytes, size: int) -> Request | RequestError:
     try:
         message = json.loads(frame)
     except (ValueError, RecursionError) as exc:
@@ -182,6 +207,8 @@ def decode_request(frame: str | bytes) -> Request | RequestError:
                 f"payload {spec.name!r} is not valid Unicode text: it holds a lone surrogate"
                 " (\\ud800-\\udfff), which UTF-8, so no agent, can carry",
             )
+    if action == "agent.prompt" and payload.get("text") is None and not payload.get("content"):
+        return RequestError(request_id, "bad_request", "payload needs 'text' or 'content'")
     if action == "permission.respond":
         has_option = payload.get("option_id") is not None
         if has_option == bool(payload.get("cancelled")):

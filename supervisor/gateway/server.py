@@ -28,6 +28,8 @@ import h11
 import trio
 from attrs import define, field, frozen
 
+from protocols import PROTOCOLS
+from protocols.content import Part, parts_from_acp, parts_text
 from protocols.mcp import McpServer, mcp_servers_from_acp
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
@@ -585,7 +587,14 @@ class Gateway:
     def _agents_result(self) -> dict[str, Any]:
         return {
             "agents": [
-                {"name": name, "protocol": a.protocol, "description": a.description}
+                {
+                    "name": name,
+                    "protocol": a.protocol,
+                    "description": a.description,
+                    # what its protocol takes in a prompt besides text, before a session runs
+                    # (an ACP agent's own comes with its session's subscribe)
+                    "prompt_carries": sorted(_static_carries(a)),
+                }
                 for name, a in self.supervisor.agents.items()
             ]
         }
@@ -939,8 +948,12 @@ class _Client:
             self._unsubscribe(session.id)
             return {}
         if action == "agent.prompt":
-            turn = await session.prompt(payload["text"])
+            parts = _prompt_parts(payload)
+            turn = await session.prompt(payload.get("text") or parts_text(parts), parts)
             return {"turn_id": turn.id, "queued": turn.queued}
+        if action == "agent.set_mode":
+            await session.set_mode(payload["mode_id"])
+            return {}
         if action == "agent.steer":
             return steer_to_wire(await session.steer(payload["text"]))
         if action == "agent.cancel":
@@ -997,9 +1010,15 @@ class _Client:
         self._unsubscribe(session.id)  # two subscribes to one session at once: the last wins
         # The answer first, then the events: its barrier does not name this subscription, and
         # the writer sends no subscription's events while a response waits for its barrier.
-        self._send(
-            ok_response(request.id, {"last_seq": subscription.head_seq, "gap": subscription.gap})
-        )
+        # What the session takes now: a client (the ACP front door, a front's mirror of a
+        # node's session) learns it here, where it also learns where the stream stands.
+        result = {
+            "last_seq": subscription.head_seq,
+            "gap": subscription.gap,
+            "prompt_carries": sorted(session.prompt_carries),
+            "modes": session.modes,
+        }
+        self._send(ok_response(request.id, result))
         self._subscriptions[session.id] = subscription
         subscription.set_listener(self._notify)
 
@@ -1022,6 +1041,23 @@ _CSP = (
     " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
     " frame-ancestors 'none'"
 )
+
+
+def _static_carries(spec: AgentSpec) -> frozenset[str]:
+    protocol = PROTOCOLS.get(spec.protocol)
+    if spec.hosts or protocol is None:
+        return frozenset()  # a host's session says what it takes when subscribed
+    return protocol.prompt_carries
+
+
+def _prompt_parts(payload: dict[str, Any]) -> tuple[Part, ...]:
+    """``agent.prompt``'s ``content`` (ACP content blocks) as parts, or ``bad_request``."""
+    if "content" not in payload:
+        return ()
+    parts = parts_from_acp(payload["content"])
+    if isinstance(parts, str):
+        raise BadRequest(f"content: {parts}")
+    return parts
 
 
 def _mcp_servers(payload: dict[str, Any]) -> tuple[McpServer, ...]:

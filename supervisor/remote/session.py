@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from protocols import events as ev
-from protocols.content import Part, refusal
+from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.process import ExitStatus
@@ -94,6 +94,9 @@ class RemoteSession:
         self._caught_up = trio.Event()
         self._catch_up_to = 0
         self._caught_up.set()
+        #: what the agent takes and its modes, as the node says when we subscribe
+        self._carries: frozenset[str] = frozenset()
+        self._modes: dict[str, Any] | None = None
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -114,17 +117,38 @@ class RemoteSession:
             self.id, self.spec.name, self._state, self._turn_id, host=self.host, cwd=self.cwd
         )
 
-    #: a host's session takes text prompts only (the node's ``agent.prompt`` carries text)
-    prompt_carries: frozenset[str] = frozenset()
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the agent on the host takes in a prompt besides text, as its node said when
+        we last subscribed (nothing from a node too old to say: text only)."""
+        return self._carries
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The agent's modes (ACP ``SessionModeState``) as its node last said, or None."""
+        return self._modes
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("prompt text must be a non-empty string")
-        why = refusal(parts, self.prompt_carries, f"a session on host {self.host!r}")
+        parts = tuple(parts)
+        why = refusal(parts, self._carries, f"the agent on host {self.host!r}")
         if why is not None:
             raise BadRequest(why)
-        result = await self._request("agent.prompt", {"text": text})
+        payload: dict[str, Any] = {"text": text}
+        if parts:
+            # Every part as such: the node's session writes each in its agent's own form.
+            payload["content"] = [to_acp(part, CARRY_WORDS) for part in parts]
+        result = await self._request("agent.prompt", payload)
         return TurnHandle(str(result["turn_id"]), bool(result["queued"]))
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Switch the agent's session on the host to mode ``mode_id``; returns once it took it."""
+        if not isinstance(mode_id, str) or not mode_id:
+            raise BadRequest("mode_id must be a non-empty string")
+        await self._request("agent.set_mode", {"mode_id": mode_id})
+        if self._modes is not None:
+            self._modes = {**self._modes, "currentModeId": mode_id}
 
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None
@@ -253,6 +277,11 @@ class RemoteSession:
         )
         head = result.get("last_seq")
         self._catch_up_to = head if isinstance(head, int) else 0
+        carries = result.get("prompt_carries")
+        if isinstance(carries, list):
+            self._carries = frozenset(word for word in carries if word in CARRY_WORDS)
+        modes = result.get("modes")
+        self._modes = modes if isinstance(modes, dict) else None
         if self._seq >= self._catch_up_to:
             self._caught_up.set()
         if result.get("gap"):
@@ -355,6 +384,10 @@ class RemoteSession:
             self._turn_id = event.turn_id
         elif isinstance(event, ev.TurnEnded) and event.turn_id == self._turn_id:
             self._turn_id = None
+        elif isinstance(event, ev.SessionInfo) and event.info_kind == "current_mode_update":
+            mode = event.data.get("currentModeId")
+            if self._modes is not None and isinstance(mode, str):
+                self._modes = {**self._modes, "currentModeId": mode}  # the agent switched
 
     def _fail(self, cause: str) -> None:
         """The node is gone, or has lost this session: it fails here, with the cause (its
