@@ -169,11 +169,9 @@ class EmbeddedSession:
 
     @property
     def modes(self) -> dict[str, Any] | None:
-        return self._session.modes if isinstance(self._session, Session) else None
+        return self._session.modes
 
     async def set_mode(self, mode_id: str) -> None:
-        if not isinstance(self._session, Session):
-            raise BackendRefused(f"a session on host {self._session.host!r} offers no modes")
         try:
             await self._session.set_mode(mode_id)
         except BadRequest as exc:
