@@ -612,14 +612,17 @@ class AcpAgentSide:
     def _agent_exited(self, session_id: str, view: _SessionView, event: ev.AgentExited) -> Output:
         out = Output()
         turn = view.running_turn
-        if view.cancelling and turn is not None:
+        if view.cancelling and turn is not None and (event.killed or not event.expected):
             # The tree of a turn being cancelled is dead: the turn is over. The client hears
             # now; the session is respawned and resumed behind its back (turn.ended follows).
+            # An agent that ends its process as its way of stopping (Amp) is another matter:
+            # its turn's own end says how it went, once the next process runs.
             rpc_id = view.turns.pop(turn, None)
             view.running_turn = None
             view.cancelling = False
             if rpc_id is not None:
-                meta = {META_KEY: {"outcome": "killed", "turnId": turn}}
+                outcome = "killed" if event.killed else "cancelled"  # else: it crashed
+                meta = {META_KEY: {"outcome": outcome, "turnId": turn}}
                 answer = {"stopReason": "cancelled", "_meta": meta}
                 out.send.append(self._rpc.respond(rpc_id, answer))
         if not event.expected:

@@ -208,12 +208,16 @@ class AgentStderr(Event):
 
 @frozen(kw_only=True)
 class AgentExited(Event):
-    """The agent process is gone; ``expected`` is false when nobody asked it to go."""
+    """The agent process is gone; ``expected`` is false when nobody asked it to go, ``killed``
+    true when the supervisor killed its tree (the kill ladder, a stop's, or what was left once
+    its shim died), false when it ended by itself (Amp ends its run on the SIGINT that stops
+    its turn)."""
 
     kind: ClassVar[str] = "agent.exited"
     exit_code: int | None
     signal: int | None = None
     expected: bool = False
+    killed: bool = False
 
 
 @frozen(kw_only=True)

@@ -1544,7 +1544,7 @@ class Session:
         turn = self._turn
         if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
             turn.cancel.escalation.extend(done.steps)
-        self._emit(ev.AgentExited(exit_code=None, expected=True))
+        self._emit(ev.AgentExited(exit_code=None, expected=True, killed=True))
         if done.survivors:
             self._tree_survived(done.survivors)
             return
@@ -1567,7 +1567,10 @@ class Session:
         self._drop_machine()
         self._emit(
             ev.AgentExited(
-                exit_code=status.code, signal=status.signal, expected=exiting is not None
+                exit_code=status.code,
+                signal=status.signal,
+                expected=exiting is not None,
+                killed="containment_lost" in gone.steps,
             )
         )
         if "containment_lost" in gone.steps:
@@ -1815,6 +1818,7 @@ class Session:
                 exit_code=status.code if status else None,
                 signal=status.signal if status else None,
                 expected=True,
+                killed=bool(closed.steps),  # what the close had to do: sigterm, sigkill
             )
         )
         self._set_state("stopped")

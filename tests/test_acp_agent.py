@@ -111,10 +111,28 @@ def test_a_killed_turn_is_answered_when_its_tree_is_gone_not_after_the_respawn()
     m.prompt_accepted(action.rpc_id, "S", "x", "t1")
     out = m.receive({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "S"}})
     assert out.actions == [CancelRequested("S")]
-    (answer,) = m.event("S", ev.AgentExited(exit_code=None, expected=True)).send
+    (answer,) = m.event("S", ev.AgentExited(exit_code=None, expected=True, killed=True)).send
     assert answer["id"] == 3 and answer["result"]["stopReason"] == "cancelled"
+    assert answer["result"]["_meta"]["agentSupervisor"]["outcome"] == "killed"
     # The turn's own end, after the respawn and resume: nothing more to answer.
     assert m.event("S", ev.TurnEnded(turn_id="t1", outcome="killed")).send == []
+
+
+def test_an_agent_that_exits_as_its_way_of_stopping_is_answered_by_its_turn_end() -> None:
+    """Amp ends its process on the SIGINT that stops its turn: that exit is no kill, and the
+    answer waits for the turn's end (once the next process runs), with its outcome."""
+    m = machine()
+    action = prompt(m, 3, "x")
+    m.event("S", ev.TurnStarted(turn_id="t1", text="x"))
+    m.prompt_accepted(action.rpc_id, "S", "x", "t1")
+    m.receive({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "S"}})
+    m.event("S", ev.SessionState(state="cancelling"))
+    assert m.event("S", ev.AgentExited(exit_code=0, expected=True)).send == []
+    (answer,) = m.event(
+        "S", ev.TurnEnded(turn_id="t1", outcome="cancelled", stop_reason="cancelled")
+    ).send
+    assert answer["id"] == 3 and answer["result"]["stopReason"] == "cancelled"
+    assert answer["result"]["_meta"]["agentSupervisor"]["outcome"] == "cancelled"
 
 
 def test_a_withdrawn_permission_is_cancelled_at_the_client_and_its_late_answer_ignored() -> None:

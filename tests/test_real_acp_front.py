@@ -1,10 +1,11 @@
 """Tier 4: real agents behind ``agent-supervisor acp``, driven by the official TypeScript SDK
-client: two that speak no ACP, the Codex app-server (protocol ``codex``) and Claude Code in
-stream-json mode (protocol ``claude``), and four that do, Gemini CLI and Qwen Code (``--acp``),
-codex-acp and claude-agent-acp, each against the tests' fake model
-(``tests/realagents/fake_model.py``) in its own loopback-only network namespace where the host
-allows one. A quick turn, a turn cancelled while the model streams (the prompt answered
-``cancelled``), another quick turn; every message both ways valid ACP v1.
+client: three that speak no ACP, the Codex app-server (protocol ``codex``), Claude Code in
+stream-json mode (protocol ``claude``) and Amp (protocol ``amp``, against the tests' fake Amp
+server), and five that do, Gemini CLI and Qwen Code (``--acp``), codex-acp, claude-agent-acp
+and OpenCode (``acp``), each against the tests' fake model (``tests/realagents/fake_model.py``)
+in its own loopback-only network namespace where the host allows one. A quick turn, a turn
+cancelled while the model streams (the prompt answered ``cancelled``), another quick turn;
+every message both ways valid ACP v1.
 
 Installed by ``tests/realagents/install.py`` (a skip with the reason when that is impossible, a
 failure under ``AGENT_SUPERVISOR_STRICT_SKIPS=1``). Real clock, generous bounds.
@@ -27,13 +28,16 @@ from realagents.agents import (
     AGENTS as ACP_AGENTS,
 )
 from realagents.agents import (
+    AMP,
     CLAUDE_STREAM_JSON,
     CODEX_APP_SERVER,
     RealAgent,
+    amp_spec,
     claude_stream_json_spec,
     codex_app_server_spec,
 )
 from realagents.conftest import GRACE_S, noted_namespace, record, skip_or_fail
+from realagents.fake_amp import FakeAmp
 from realagents.fake_model import FakeModel
 from realagents.scenarios import installed_as
 from supervisor.config import AgentSpec
@@ -43,10 +47,12 @@ pytestmark = pytest.mark.real_process
 AGENTS: dict[str, tuple[RealAgent, Callable[..., AgentSpec]]] = {
     "codex-app-server": (CODEX_APP_SERVER, codex_app_server_spec),
     "claude-stream-json": (CLAUDE_STREAM_JSON, claude_stream_json_spec),
+    # Amp's agent loop is on its server: the fake Amp server stands in for the fake model.
+    "amp": (AMP, amp_spec),
     # Real ACP agents behind the front door: ACP on both sides, the ladder in between.
     **{
         key: (ACP_AGENTS[key], ACP_AGENTS[key].spec)
-        for key in ("gemini", "qwen", "codex-acp", "claude-agent-acp")
+        for key in ("gemini", "qwen", "codex-acp", "claude-agent-acp", "opencode")
     },
 }
 
@@ -71,15 +77,32 @@ def config_toml(spec: AgentSpec, path: Path) -> Path:
 PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 
+def take_images(path: Path) -> None:
+    """OpenCode passes an image to a model its config says takes images; to the test's plain
+    fake model it sends its own "this model does not support image input" text instead."""
+    config = json.loads(path.read_text())
+    model = config["provider"]["fake"]["models"]["fake-model"]
+    model.update(attachment=True, modalities={"input": ["text", "image"], "output": ["text"]})
+    path.write_text(json.dumps(config, indent=2))
+
+
 @pytest.mark.parametrize(
-    "key", ["claude-stream-json", "codex-app-server", "gemini", "codex-acp", "claude-agent-acp"]
+    "key",
+    [
+        "claude-stream-json",
+        "codex-app-server",
+        "gemini",
+        "codex-acp",
+        "claude-agent-acp",
+        "opencode",
+    ],
 )
 async def test_an_image_in_the_prompt_reaches_the_model(
     key: str, tmp_path: Path, schema: AcpSchema
 ) -> None:
     """An image the editor puts in its prompt goes through the front door and the agent's own
     protocol (Claude's image block, Codex's data: URL input item, the ACP block to Gemini,
-    codex-acp and claude-agent-acp) to the model: the fake model finds its bytes in the
+    codex-acp, claude-agent-acp and OpenCode) to the model: the fake model finds its bytes in the
     request the agent made."""
     agent, spec_of = AGENTS[key]
     try:
@@ -91,6 +114,8 @@ async def test_an_image_in_the_prompt_reaches_the_model(
         listener = namespace.listener if namespace is not None else None
         with FakeModel(listener, keep_bodies=True) as model:
             prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
+            if key == "opencode":
+                take_images(prepared.cwd / "opencode.json")
             spec = spec_of(prepared, grace_s=GRACE_S)
             if namespace is not None:
                 spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
@@ -127,7 +152,7 @@ async def test_real_agent_through_the_front_door(
         raise
     with noted_namespace() as namespace:
         listener = namespace.listener if namespace is not None else None
-        with FakeModel(listener) as model:
+        with (FakeAmp if key == "amp" else FakeModel)(listener) as model:
             prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
             spec = spec_of(prepared, grace_s=GRACE_S)
             if namespace is not None:
@@ -141,7 +166,13 @@ async def test_real_agent_through_the_front_door(
                 "--agent",
                 key,
                 cwd=os.fspath(prepared.cwd),
+                env={"ACP_TEST_CANCEL_AFTER_MS": "3000"} if key == "amp" else None,
             )
+            if isinstance(model, FakeAmp):
+                # Amp says nothing until a message is whole: its server says it was streaming
+                # when the cancel came, and that the turn was cancelled, not finished.
+                [stream] = model.find_turns(lambda t: t.scenario == "stream")
+                assert stream.outcome == "cancelled" and stream.tokens_sent > 0, stream
     assert result["quick"]["stopReason"] == "end_turn", result
     assert result["quickText"].strip(), "the quick turn said something"
     assert result["cancelled"]["stopReason"] == "cancelled"
