@@ -475,9 +475,10 @@ class AcpClient(AgentProtocol):
         turn = self._turn_id
         event: ev.Event
         if kind == "agent_message_chunk":
-            # The stream itself: its step built with no default to fill in.
+            # The stream itself: its step built with no default to fill in and no keyword
+            # to match (send, events, signals: ~0.15 us of the ~1.5 a chunk costs here).
             event = ev.MessageDelta(turn_id=turn, text=_content_text(update.get("content")))
-            return Step(send=[], events=[event], signals=[])
+            return Step([], [event], [])
         if kind == "user_message_chunk":
             event = ev.MessageDelta(
                 turn_id=turn, text=_content_text(update.get("content")), role="user"
