@@ -140,6 +140,7 @@ def _compile_wire(cls: type[Event]) -> Callable[[Any], dict[str, Any]]:
         " 'seq': event.seq, 'timestamp': event.timestamp,"
         f" 'data': {{{', '.join(items)}}}}}\n"
     )
+    # Generated and compiled once, as attrs and cattrs generate their own methods.
     exec(compile(source, f"<wire form of {cls.__qualname__}>", "exec"), namespace)
     wire: Callable[[Any], dict[str, Any]] = namespace["wire"]
     return wire
