@@ -256,16 +256,6 @@ class AcpClient(AgentProtocol):
     # -- messages from the agent ----------------------------------------------------------
 
     def receive(self, message: dict[str, Any]) -> Step:
-        if (
-            message.get("method") == "session/update"
-            and "id" not in message
-            and message.get("jsonrpc") == "2.0"
-        ):
-            # The stream, once per chunk: a notification, which the JSON-RPC peer would only
-            # classify (it keeps no state for one), taken straight to what
-            # _on_notification does with it.
-            params = message.get("params")
-            return self._on_update(params if isinstance(params, dict) else {}, message)
         incoming = self._rpc.receive(message)
         if isinstance(incoming, IncomingResponse):
             return self._on_response(incoming)
@@ -475,11 +465,8 @@ class AcpClient(AgentProtocol):
         turn = self._turn_id
         event: ev.Event
         if kind == "agent_message_chunk":
-            # The stream itself: its step built with no default to fill in and no keyword
-            # to match (send, events, signals: ~0.15 us of the ~1.5 a chunk costs here).
             event = ev.MessageDelta(turn_id=turn, text=_content_text(update.get("content")))
-            return Step([], [event], [])
-        if kind == "user_message_chunk":
+        elif kind == "user_message_chunk":
             event = ev.MessageDelta(
                 turn_id=turn, text=_content_text(update.get("content")), role="user"
             )
@@ -557,9 +544,8 @@ def _opt_str(value: Any) -> str | None:
 def _content_text(content: Any) -> str:
     """The text of a ContentBlock; other blocks become a short placeholder like ``[image]``."""
     if isinstance(content, dict):
-        text = content.get("text")
-        if isinstance(text, str) and content.get("type") == "text":
-            return text if type(text) is str else str(text)
+        if content.get("type") == "text" and isinstance(content.get("text"), str):
+            return str(content["text"])
         return f"[{content.get('type', 'content')}]"
     return ""
 

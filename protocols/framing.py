@@ -30,7 +30,6 @@ __all__ = [
     "Message",
     "RawLine",
     "decode_line",
-    "decode_payload",
     "encode_message",
 ]
 
@@ -152,8 +151,6 @@ class LineDecoder:
             if data:
                 raise RuntimeError("LineDecoder.feed() called with data after end_of_input()")
             return []
-        if not self._skipping and len(self._partial) + len(data) <= self._max:
-            return self._split(data)
         lines: list[RawLine] = []
         start = 0
         newline = data.find(b"\n")
@@ -165,24 +162,6 @@ class LineDecoder:
             newline = data.find(b"\n", start)
         self._hold(data, start)
         return lines
-
-    def _split(self, data: bytes) -> list[RawLine]:
-        """:meth:`feed_lines` when no line can be oversize (the line in progress and the
-        whole chunk fit in the limit: every read of a pipe but a runaway line's): the chunk
-        split in C, then each line's ``\r`` and blank check, with no call per line."""
-        parts = data.split(b"\n")
-        tail = parts.pop()  # what follows the last newline: the next line's start
-        carriage_returns = b"\r" in data
-        if self._partial and parts:
-            self._partial += parts[0]
-            parts[0] = bytes(self._partial)
-            self._partial.clear()
-            carriage_returns = carriage_returns or parts[0].endswith(b"\r")
-        if tail:
-            self._partial += tail
-        if carriage_returns:  # one dropped from the end of each line that has one
-            parts = [part[:-1] if part.endswith(b"\r") else part for part in parts]
-        return [part for part in parts if part and not part.isspace()]
 
     def end_lines(self) -> list[RawLine]:
         """Like :meth:`end_of_input`, undecoded."""
@@ -284,26 +263,6 @@ def decode_line(line: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> Frame | No
     if not isinstance(payload, dict):
         return _decode_slowly(line)
     return Message(payload)
-
-
-def decode_payload(
-    line: bytes, max_line_bytes: int = MAX_LINE_BYTES
-) -> dict[str, Any] | FramingError | None:
-    """Like :func:`decode_line`, with a JSON object returned as the dict itself rather than
-    wrapped in a :class:`Message`: what a consumer that handles each object at once (the
-    session, once per streamed line) takes, one allocation less per line. Anything else
-    comes back as :func:`decode_line` says it (a :class:`FramingError`, or None for a blank
-    line)."""
-    if len(line) <= max_line_bytes:
-        try:
-            payload = _FAST_DECODE(line)
-        except (msgspec.DecodeError, RecursionError):
-            pass
-        else:
-            if type(payload) is dict:
-                return payload
-    frame = decode_line(line, max_line_bytes)
-    return frame.payload if isinstance(frame, Message) else frame
 
 
 def _decode_slowly(line: bytes) -> Frame | None:

@@ -26,12 +26,12 @@ allowance every pass.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import outcome
 import trio
 
-__all__ = ["IngestGate", "Unlimited", "cost_of", "cost_of_run", "share"]
+__all__ = ["IngestGate", "Unlimited", "cost_of"]
 
 #: Work units per pass for all sessions together. A unit is one agent line through decoding,
 #: the protocol machine and the fan-out: 5-10 us here, so a pass stays near 1-2 ms.
@@ -47,40 +47,6 @@ BYTES_PER_UNIT = 8192
 def cost_of(size: int) -> int:
     """Work units for a line of ``size`` bytes."""
     return 1 + size // BYTES_PER_UNIT
-
-
-def _cost_of_item(item: object) -> int:
-    """A line's units; anything else a batch holds (a frame, a framing error) is one."""
-    return cost_of(len(item)) if isinstance(item, bytes | str) else 1
-
-
-def cost_of_run(items: Sequence[object]) -> int:
-    """The units of a run of a batch's items."""
-    return sum(map(_cost_of_item, items))
-
-
-def share(items: Sequence[object], start: int, allowed: int) -> tuple[int, int]:
-    """How far a share of ``allowed`` units reaches into ``items`` from ``start``: the end
-    of the run it covers, and the units that run costs. The first item always goes, even one
-    that costs more than the share (a big line is not held back for ever). Worked out once
-    per run, not once per line: a run of lines shorter than ``BYTES_PER_UNIT`` (a stream's
-    chunks) costs one unit each, found with one pass in C."""
-    end = min(len(items), start + max(allowed, 1))
-    try:
-        longest = max(map(len, items[start:end]))  # type: ignore[arg-type]
-    except TypeError:  # a framing error or a frame among them: item by item
-        longest = BYTES_PER_UNIT
-    except ValueError:  # nothing from start on
-        return start, 0
-    if longest < BYTES_PER_UNIT:
-        return end, end - start
-    spent = 0
-    for index in range(start, len(items)):
-        cost = _cost_of_item(items[index])
-        if spent and spent + cost > allowed:
-            return index, spent
-        spent += cost
-    return len(items), spent
 
 
 class _Ticket:

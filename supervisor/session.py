@@ -27,7 +27,7 @@ from attrs import define, field, frozen
 from protocols import PROTOCOLS, new_machine
 from protocols import events as ev
 from protocols.content import Part, parts_text, refusal
-from protocols.framing import Frame, FramingError, Message, decode_payload
+from protocols.framing import Frame, FramingError, Message, decode_line
 from protocols.machine import (
     AgentExiting,
     AgentProtocol,
@@ -43,7 +43,7 @@ from protocols.machine import (
 from supervisor.alarm import Alarm
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
-from supervisor.ingest import IngestGate, Unlimited, cost_of_run, share
+from supervisor.ingest import IngestGate, Unlimited, cost_of
 from supervisor.link import (
     AgentFrame,
     AgentGone,
@@ -1117,35 +1117,25 @@ class Session:
             # share is kept for after it.
             self._credit = await self._gate.acquire(want)
             return
-        # The run of lines the share covers, worked out once; each line is handled in full
-        # before the next, and what one does (a kill, a stop) may end the batch: the rest
-        # is then left, and only what was done is charged.
-        start = self._batch_at
-        end, spent = share(lines, start, allowed)
+        spent = 0
         kind = self._batch_kind
-        generation = self._batch_generation
-        index = start
-        while (
-            index < end
-            and self._batch is lines
-            and generation == self._live_generation
-            and not self._done
-        ):
-            line = lines[index]
-            index += 1
-            self._batch_at = index
+        while self._batch is lines and self._batch_at < len(lines):
+            if self._batch_generation != self._live_generation or self._done:
+                break
+            line = lines[self._batch_at]
+            cost = cost_of(len(line)) if isinstance(line, bytes | str) else 1
+            if spent and spent + cost > allowed:
+                break
+            self._batch_at += 1
+            spent += cost
             if kind == "lines":
-                payload = line if isinstance(line, FramingError) else decode_payload(line)
-                if isinstance(payload, dict):
-                    self._on_message(payload)
-                elif payload is not None:
-                    self._on_frame(payload)
+                frame = line if isinstance(line, FramingError) else decode_line(line)
+                if frame is not None:
+                    self._on_frame(frame)
             elif kind == "frames":
                 self._on_frame(line)
             else:
                 self._emit(ev.AgentStderr(line=line))
-        if index < end:
-            spent = cost_of_run(lines[start:index])
         # What was done, against what was taken: a big line may take more than the share; a
         # batch that ended early gives the rest back.
         self._gate.charge(spent if urgent else spent - allowed)
@@ -1153,8 +1143,8 @@ class Session:
             self._batch = None
 
     def _on_frame(self, frame: Frame) -> None:
+        self._heard_from_live = True
         if isinstance(frame, FramingError):
-            self._heard_from_live = True
             self._emit(
                 ev.ErrorEvent(
                     code=f"agent_{frame.kind}",
@@ -1163,32 +1153,19 @@ class Session:
                 )
             )
             return
-        assert isinstance(frame, Message)
-        self._on_message(frame.payload)
-
-    def _on_message(self, payload: dict[str, Any]) -> None:
-        """One message from the live agent, through its protocol machine."""
-        self._heard_from_live = True
-        machine = self._machine
-        assert machine is not None
+        assert isinstance(frame, Message) and self._machine is not None
         try:
-            step = machine.receive(payload)
+            step = self._machine.receive(frame.payload)
         except Exception:
-            log.exception("session %s: protocol machine failed on %r", self.id, payload)
-            self._emit(ev.AgentUnparsed(raw=payload))
+            log.exception("session %s: protocol machine failed on %r", self.id, frame.payload)
+            self._emit(ev.AgentUnparsed(raw=frame.payload))
             return
         self._apply(step)
 
     def _apply(self, step: Step) -> None:
-        """Send what the machine wants sent, then act on what it says happened. (A streamed
-        chunk has nothing to send: its step costs the emit of its event and nothing else.)"""
-        if step.send or step.signals:
-            self._deliver(step)
-        for output in step.events:
-            if isinstance(output, Control):
-                self._on_control(output)
-            else:
-                self._emit(output)
+        """Send what the machine wants sent, then act on what it says happened."""
+        self._deliver(step)
+        self._apply_events(step)
 
     def _deliver(self, step: Step) -> None:
         if self._link is not None and self._live_generation is not None:
@@ -1933,24 +1910,10 @@ class Session:
 
     def _emit(self, event: ev.Event) -> None:
         turn = self._turn
-        if turn is not None:
-            if type(event) in _STREAM_EVENTS:
-                if self._watchdog:
-                    turn.heard = True  # what _heard does for the stream, without the call
-            elif type(event) in _TURN_EVENTS:
-                self._heard(turn, event)
-        # The stamp. Machines make a fresh, unstamped event for each thing that happens and
-        # hand it over: that one is stamped in place (a frozen instance nobody else has seen
-        # yet; ``attrs.evolve`` would build a second one per event). One already stamped is
-        # copied, never changed.
-        self._seq = seq = self._seq + 1
-        if event.seq:
-            event = attrs.evolve(event, session_id=self.id, seq=seq, timestamp=time.time())
-        else:
-            _set_field(event, "session_id", self.id)
-            _set_field(event, "seq", seq)
-            _set_field(event, "timestamp", time.time())
-        self._fanout.publish(event)
+        if turn is not None and type(event) in _TURN_EVENTS:
+            self._heard(turn, event)
+        self._seq += 1
+        self._fanout.publish(_stamp(event, self.id, self._seq, time.time()))
 
 
 def _survivors_text(survivors: list[dict[str, Any]]) -> str:
@@ -1959,3 +1922,16 @@ def _survivors_text(survivors: list[dict[str, Any]]) -> str:
 
 
 _set_field = object.__setattr__
+
+
+def _stamp(event: ev.Event, session_id: str, seq: int, timestamp: float) -> ev.Event:
+    """The event with its stamp. Machines make a fresh, unstamped event for each thing that
+    happens and hand it over: that one is stamped in place (a frozen instance nobody else has
+    seen yet; ``attrs.evolve`` would build a second one per event). One already stamped is
+    copied, never changed."""
+    if event.seq:
+        return attrs.evolve(event, session_id=session_id, seq=seq, timestamp=timestamp)
+    _set_field(event, "session_id", session_id)
+    _set_field(event, "seq", seq)
+    _set_field(event, "timestamp", timestamp)
+    return event

@@ -45,10 +45,7 @@ _HARD_LIMIT_FACTOR = 2
 #: A listener (a batching writer, :meth:`Subscription.set_listener`) is told of new events when
 #: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
 #: events: a flood reaches the writer in batches, and a single event is not delayed at all.
-#: As many as a gateway write takes of one subscription (``GatewayLimits.batch_events``): told
-#: every 64, the writer woke and wrote ~4 times per 256 events (bench/throughput.py: ~0.3 us
-#: more server CPU per event, one subscriber).
-_ANNOUNCE_EVERY = 256
+_ANNOUNCE_EVERY = 64
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -111,12 +108,9 @@ class Subscription:
         self.capacity = max(1, max_buffer) + len(replay)
         self._low_water = self.capacity // 2
         self.stall_s = stall_s
-        #: buffered events past which the session cuts us off (``_offer``)
-        self._limit = self.capacity if stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
         self._on_room = on_room
         self._on_ack = on_ack
         self._lot = trio.lowlevel.ParkingLot()
-        self._receiving = 0  # tasks parked in receive() (the lot's own count is a call away)
         self._listener: Callable[[], object] | None = None
         self._unannounced = 0  # events buffered since the subscriber was last told
         self._ended = False  # by the session: it is done, or cut us off
@@ -149,11 +143,7 @@ class Subscription:
                 raise trio.ClosedResourceError
             if self._ended:
                 raise trio.EndOfChannel
-            self._receiving += 1
-            try:
-                await self._lot.park()
-            finally:
-                self._receiving -= 1
+            await self._lot.park()
         return self.take(1)[0]
 
     def take(self, limit: int) -> list[ev.Event]:
@@ -227,10 +217,11 @@ class Subscription:
     def _offer(self, event: ev.Event, payload: bytes) -> bool:
         """Buffer one event; False if we are over the limit (the caller cuts us off)."""
         events = self._events
-        if len(events) >= self._limit:
+        limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
+        if len(events) >= limit:
             return False
         events.append(payload if self.wire else event)
-        if self._receiving:
+        if self._lot:
             self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
         self._unannounced += 1
         if self._unannounced >= _ANNOUNCE_EVERY:
@@ -344,10 +335,7 @@ class Fanout:
             elif not subscription._offer(event, payload):
                 subscription._end(lagged=True)
                 drop = True
-            elif (
-                subscription.stall_s is not None
-                and len(subscription._events) >= subscription.capacity  # _full, inline
-            ):
+            elif subscription.stall_s is not None and subscription._full:
                 full = True
         if drop:
             self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]

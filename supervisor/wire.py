@@ -10,12 +10,9 @@ and :func:`event_from_json` turns it back into the event for a replay.
 from __future__ import annotations
 
 import json
-import types
-import typing
 from collections.abc import Callable
 from typing import Any, Final
 
-import attrs
 import cattrs
 import msgspec
 
@@ -31,7 +28,6 @@ __all__ = [
     "known_event",
     "event_json",
     "event_to_wire",
-    "event_to_wire_by_converter",
     "receipt_to_wire",
     "steer_to_wire",
 ]
@@ -52,12 +48,8 @@ _FAST_ENCODE: Final = msgspec.json.Encoder().encode
 _FAST_DECODE: Final = msgspec.json.Decoder().decode
 _SLOW_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), default=repr)
 
-#: Each event class's wire function (:func:`_compile_wire`), built on first use.
-_WIRE: dict[type[Event], Callable[[Any], dict[str, Any]]] = {}
-#: Field types cattrs hands back as they are (primitives are never converted on the way out,
-#: and the JSON fields have the pass-through hook above): the compiled wire function reads
-#: these straight off the event.
-_PLAIN: Final = frozenset({str, int, float, bool, type(None), *_JSON_FIELDS})
+#: Each event class's generated unstructure function, looked up once.
+_HOOKS: dict[type[Event], Callable[[Any], dict[str, Any]]] = {}
 
 
 def dumps(value: Any) -> bytes:
@@ -69,29 +61,11 @@ def dumps(value: Any) -> bytes:
 
 
 def event_to_wire(event: Event) -> dict[str, Any]:
-    """``{"event", "session_id", "seq", "timestamp", "data"}``: what the converter makes of the
-    event, the stamp moved out of ``data``."""
-    wire = _WIRE.get(type(event))
-    if wire is None:
-        wire = _WIRE[type(event)] = _compile_wire(type(event))
-    return wire(event)
-
-
-def event_json(event: Event) -> bytes:
-    """The event's wire form, serialized (once per event: the hot path of a stream)."""
-    wire = _WIRE.get(type(event))
-    if wire is None:
-        wire = _WIRE[type(event)] = _compile_wire(type(event))
-    try:
-        return _FAST_ENCODE(wire(event))
-    except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
-        return _SLOW_ENCODER.encode(wire(event)).encode()
-
-
-def event_to_wire_by_converter(event: Event) -> dict[str, Any]:
-    """The wire form the slow way, through the converter's generic hook: the definition the
-    compiled functions are checked against (``tests/test_wire.py``)."""
-    data: dict[str, Any] = converter.unstructure(event)
+    cls = type(event)
+    hook = _HOOKS.get(cls)
+    if hook is None:
+        hook = _HOOKS[cls] = converter.get_unstructure_hook(cls)
+    data = hook(event)
     for key in _STAMP:
         data.pop(key, None)
     return {
@@ -103,47 +77,9 @@ def event_to_wire_by_converter(event: Event) -> dict[str, Any]:
     }
 
 
-def _passes_through(field_type: Any) -> bool:
-    """cattrs unstructures a value of this type into itself (a primitive, JSON already, or an
-    optional one of those)."""
-    if field_type in _PLAIN:
-        return True
-    if isinstance(field_type, types.UnionType) or typing.get_origin(field_type) is typing.Union:
-        return all(_passes_through(member) for member in typing.get_args(field_type))
-    return False
-
-
-def _compile_wire(cls: type[Event]) -> Callable[[Any], dict[str, Any]]:
-    """One function per event class that builds its wire dict in a single expression, as the
-    converter would (the same keys, in the same order): the generic path took a hook call, an
-    optional's hook per field and three pops per event, a third of an event's fan-out cost.
-    Fields whose type the converter does convert (a list of attrs options, say) go through
-    the converter's own hook for that type, looked up here once."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except (NameError, TypeError):  # an annotation that does not resolve here
-        return event_to_wire_by_converter
-    fields = [f for f in attrs.fields(cls) if f.name not in _STAMP]
-    if any(not f.name.isidentifier() or f.name.startswith("_") for f in fields):
-        return event_to_wire_by_converter  # a shape this generator does not know: the slow way
-    namespace: dict[str, Any] = {}
-    items = []
-    for f in fields:
-        if _passes_through(hints[f.name]):
-            items.append(f"{f.name!r}: event.{f.name}")
-        else:
-            namespace[f"hook_{f.name}"] = converter.get_unstructure_hook(hints[f.name])
-            items.append(f"{f.name!r}: hook_{f.name}(event.{f.name})")
-    source = (
-        "def wire(event):\n"
-        f"    return {{'event': {cls.kind!r}, 'session_id': event.session_id,"
-        " 'seq': event.seq, 'timestamp': event.timestamp,"
-        f" 'data': {{{', '.join(items)}}}}}\n"
-    )
-    # Generated and compiled once, as attrs and cattrs generate their own methods.
-    exec(compile(source, f"<wire form of {cls.__qualname__}>", "exec"), namespace)
-    wire: Callable[[Any], dict[str, Any]] = namespace["wire"]
-    return wire
+def event_json(event: Event) -> bytes:
+    """The event's wire form, serialized."""
+    return dumps(event_to_wire(event))
 
 
 def event_from_wire(message: dict[str, Any]) -> Event:

@@ -35,15 +35,7 @@ from hypothesis import strategies as st
 
 import golden
 from golden import event_to_dict
-from protocols import events as ev
 from protocols.acp import AcpClient
-from protocols.jsonrpc import (
-    METHOD_NOT_FOUND,
-    IncomingNotification,
-    IncomingRequest,
-    InvalidMessage,
-)
-from protocols.machine import Step
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "acp"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
@@ -294,55 +286,3 @@ def test_update_without_session_id_before_the_session_exists_is_unparsed() -> No
     }
     step = client.receive(copy.deepcopy(message))
     assert [event_to_dict(e) for e in step.events] == [{"kind": "agent.unparsed", "raw": message}]
-
-
-def _chunk(**changes: Any) -> dict[str, Any]:
-    message: dict[str, Any] = {
-        "jsonrpc": "2.0",
-        "method": "session/update",
-        "params": {
-            "sessionId": "sess-1",
-            "update": {
-                "sessionUpdate": "agent_message_chunk",
-                "content": {"type": "text", "text": "w0 "},
-            },
-        },
-    }
-    message.update(changes)
-    return {key: value for key, value in message.items() if value is not None}
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        _chunk(),
-        _chunk(params={"sessionId": "sess-1", "update": {"sessionUpdate": "plan"}}),
-        _chunk(params={"sessionId": "other", "update": {"sessionUpdate": "plan"}}),
-        _chunk(params=["not", "a", "dict"]),
-        _chunk(params=None),
-        _chunk(params={"sessionId": "sess-1", "update": {"sessionUpdate": "tool_call"}}),
-        _chunk(params={"sessionId": "sess-1", "update": {"content": {"type": "image"}}}),
-        _chunk(id=7),  # a request named session/update: not ours to serve
-        _chunk(id=None, jsonrpc="1.0"),
-        _chunk(jsonrpc=None),
-    ],
-    ids=repr,
-)
-def test_the_stream_shortcut_decides_as_the_peer_does(message: dict[str, Any]) -> None:
-    """``receive`` takes ``session/update`` notifications straight to their handler; anything
-    it gives the JSON-RPC peer instead, and what it decides, is what the peer's classification
-    and ``_on_notification`` decide."""
-    fast, slow = established(), established()
-    fast._turn_id = slow._turn_id = "t1"
-    incoming = slow._rpc.receive(copy.deepcopy(message))
-    if isinstance(incoming, IncomingNotification):
-        expected = slow._on_notification(incoming, copy.deepcopy(message))
-    elif isinstance(incoming, IncomingRequest):
-        expected = slow._on_request(incoming)
-        assert expected.send[0]["error"]["code"] == METHOD_NOT_FOUND
-    else:
-        assert isinstance(incoming, InvalidMessage)
-        expected = Step(events=[ev.AgentUnparsed(raw=message)])
-    step = fast.receive(copy.deepcopy(message))
-    assert step.send == expected.send and step.signals == expected.signals
-    assert [event_to_dict(e) for e in step.events] == [event_to_dict(e) for e in expected.events]

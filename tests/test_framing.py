@@ -462,17 +462,3 @@ def test_arbitrary_bytes_in_any_chunking(
     for frame in frames:
         if isinstance(frame, FramingError):
             assert len(frame.excerpt) <= EXCERPT_CHARS
-
-
-@settings(max_examples=300, deadline=None)
-@given(stream=streams, data=st.data())
-def test_chunks_that_fit_the_limit_frame_as_any_other(stream: bytes, data: st.DataObject) -> None:
-    """A limit no line reaches: every chunk takes the split-in-one-go path (the common case of
-    a pipe read), a CR and a line in progress carried across chunks included."""
-    decoder = LineDecoder(max_line_bytes=100_000)
-    frames: list[Frame] = []
-    for chunk in data.draw(chunkings(stream)):
-        frames += decoder.feed(chunk)
-    frames += decoder.end_of_input()
-    assert frames == decode(stream, 100_000)
-    assert [(kinds([f])[0], _size(f)) for f in frames] == reference_frames(stream, 100_000)

@@ -19,7 +19,7 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
 from supervisor.gateway.protocol import MAX_FRAME_BYTES
-from supervisor.gateway.websocket import text_frame, text_frames
+from supervisor.gateway.websocket import text_frame
 from supervisor.session import DEFAULT_HISTORY
 from supervisor.subscription import Fanout
 
@@ -486,12 +486,6 @@ def test_event_frames_are_what_wsproto_would_send(size: int) -> None:
     server.send(AcceptConnection())
     payload = "é" * (size // 2) + "a" * (size % 2)
     assert text_frame(payload.encode()) == server.send(TextMessage(data=payload))
-    # A batch framed at once (the events of one write) is the same frames, in order.
-    others = [b"x" * n for n in (1, 124, 127, 300)]
-    assert text_frames([payload.encode(), *others]) == [
-        server.send(TextMessage(data=payload)),
-        *(server.send(TextMessage(data=other.decode())) for other in others),
-    ]
 
 
 async def test_ping_is_answered_and_close_is_a_handshake() -> None:

@@ -36,7 +36,6 @@ __all__ = [
     "ServerWebSocket",
     "WebSocketClosed",
     "text_frame",
-    "text_frames",
 ]
 
 #: RFC 6455 section 7.4.1: "the message is too big to process".
@@ -62,22 +61,6 @@ def text_frame(payload: bytes) -> bytes:
     if size < 65536:
         return struct.pack("!BBH", 0x81, 126, size) + payload
     return struct.pack("!BBQ", 0x81, 127, size) + payload
-
-
-#: Frame headers: one per size below 126, and the packer of the 2-byte length that follows 126.
-_SHORT_HEADERS: Final = tuple(bytes((0x81, size)) for size in range(126))
-_MEDIUM_HEADER: Final = struct.Struct("!BBH").pack
-
-
-def text_frames(payloads: list[bytes]) -> list[bytes]:
-    """:func:`text_frame` of each payload, with no call per frame (the gateway frames every
-    event it sends: one line of a stream is ~150 bytes, a 4-byte header)."""
-    return [
-        (_SHORT_HEADERS[size] if size < 126 else _MEDIUM_HEADER(0x81, 126, size)) + payload
-        if (size := len(payload)) < 65536
-        else text_frame(payload)
-        for payload in payloads
-    ]
 
 
 def _wire_size(data: str | bytes) -> int:
