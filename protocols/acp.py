@@ -46,6 +46,8 @@ from protocols.jsonrpc import (
 from protocols.machine import (
     AgentProtocol,
     ModeSet,
+    Output,
+    PartialStep,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -449,10 +451,47 @@ class AcpClient(AgentProtocol):
             return Step(send=[reply], events=[PermissionDesk.resolved(held, None, by="agent")])
         return Step()
 
+    def receive_many(self, messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[Step, int]:
+        """A run of ``session/update`` notifications (a streamed answer: one chunk a line)
+        becomes its events in one pass, without classifying each as JSON-RPC; the first
+        message of any other kind ends the run, and is fed to :meth:`receive` alone when it
+        opens one."""
+        events: list[Output] = []
+        append = events.append
+        at = start
+        end = len(messages)
+        while at < end:
+            message = messages[at]
+            if (
+                message.get("method") != "session/update"
+                or "id" in message
+                or message.get("jsonrpc") != "2.0"
+            ):
+                break
+            params = message.get("params")
+            try:
+                event = self._update_event(params if isinstance(params, dict) else {}, message)
+            except Exception as exc:
+                raise PartialStep(Step(events=events), at - start, at) from exc
+            if event is not None:
+                append(event)
+            at += 1
+        if at > start or at >= end:
+            return Step(events=events), at - start
+        try:
+            return self.receive(messages[start]), 1
+        except Exception as exc:
+            raise PartialStep(Step(), 0, start) from exc
+
     def _on_update(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
+        event = self._update_event(params, raw)
+        return Step() if event is None else Step(events=[event])
+
+    def _update_event(self, params: dict[str, Any], raw: dict[str, Any]) -> ev.Event | None:
+        """The event one ``session/update`` is, or None (history a ``session/load`` replays:
+        the subscribers saw it live)."""
         if self._phase == "opening":
-            # History replayed by session/load: the subscribers already saw it live.
-            return Step()
+            return None
         update = params.get("update")
         session_id = params.get("sessionId")
         if (
@@ -460,7 +499,7 @@ class AcpClient(AgentProtocol):
             or not isinstance(session_id, str)
             or session_id != self._session_id
         ):
-            return Step(events=[ev.AgentUnparsed(raw=raw)])
+            return ev.AgentUnparsed(raw=raw)
         kind = update.get("sessionUpdate")
         turn = self._turn_id
         event: ev.Event
@@ -503,7 +542,7 @@ class AcpClient(AgentProtocol):
             event = ev.SessionInfo(info_kind=kind, data=update)
         else:
             event = ev.AgentUnparsed(raw=raw)
-        return Step(events=[event])
+        return event
 
     def _on_request(self, request: IncomingRequest) -> Step:
         if request.method == "session/request_permission":
