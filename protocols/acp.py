@@ -455,27 +455,30 @@ class AcpClient(AgentProtocol):
         """A run of ``session/update`` notifications (a streamed answer: one chunk a line)
         becomes its events in one pass, without classifying each as JSON-RPC; the first
         message of any other kind ends the run, and is fed to :meth:`receive` alone when it
-        opens one."""
+        opens one. A subclass that changes :meth:`receive` gets the default, which calls it."""
+        if type(self).receive is not AcpClient.receive:
+            return super().receive_many(messages, start)
         events: list[Output] = []
         append = events.append
-        at = start
+        update_event = self._update_event
         end = len(messages)
-        while at < end:
+        for at in range(start, end):  # noqa: B007  # at is read after the loop
             message = messages[at]
             if (
                 message.get("method") != "session/update"
-                or "id" in message
                 or message.get("jsonrpc") != "2.0"
+                or "id" in message
             ):
                 break
             params = message.get("params")
             try:
-                event = self._update_event(params if isinstance(params, dict) else {}, message)
+                event = update_event(params if isinstance(params, dict) else {}, message)
             except Exception as exc:
                 raise PartialStep(Step(events=events), at - start, at) from exc
             if event is not None:
                 append(event)
-            at += 1
+        else:
+            at = end
         if at > start or at >= end:
             return Step(events=events), at - start
         try:
@@ -501,11 +504,11 @@ class AcpClient(AgentProtocol):
         ):
             return ev.AgentUnparsed(raw=raw)
         kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":  # most of a stream: first, and returned at once
+            return ev.MessageDelta(turn_id=self._turn_id, text=_content_text(update.get("content")))
         turn = self._turn_id
         event: ev.Event
-        if kind == "agent_message_chunk":
-            event = ev.MessageDelta(turn_id=turn, text=_content_text(update.get("content")))
-        elif kind == "user_message_chunk":
+        if kind == "user_message_chunk":
             event = ev.MessageDelta(
                 turn_id=turn, text=_content_text(update.get("content")), role="user"
             )
@@ -583,6 +586,9 @@ def _opt_str(value: Any) -> str | None:
 def _content_text(content: Any) -> str:
     """The text of a ContentBlock; other blocks become a short placeholder like ``[image]``."""
     if isinstance(content, dict):
+        text = content.get("text")
+        if text.__class__ is str and content.get("type") == "text":
+            return text
         if content.get("type") == "text" and isinstance(content.get("text"), str):
             return str(content["text"])
         return f"[{content.get('type', 'content')}]"

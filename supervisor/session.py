@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -2015,33 +2016,39 @@ class Session:
     def _emit_many(self, events: list[ev.Event]) -> None:
         """:meth:`_emit` each of a run of events: the watchdog told, each stamped (one clock
         read for the run), then published at once."""
+        if any(map(_SEQ_OF, events)) or len(set(map(id, events))) < len(events):
+            # Some stamped already, or one twice: each is then copied, never changed (rare).
+            for event in events:
+                self._emit(event)
+            return
         turn = self._turn
         if turn is not None:
-            stream = False  # the last of the turn's events was one of the stream's
-            for event in events:
-                cls = type(event)
-                if cls in _STREAM_EVENTS:
-                    stream = True
-                elif cls in _TURN_EVENTS:
-                    self._heard(turn, event)
-                    stream = False
-            if stream and self._watchdog:
-                turn.heard = True  # what _heard does for a stream event
+            if set(map(type, events)) <= _STREAM_EVENTS:  # a stream's run, told in C
+                if self._watchdog:
+                    turn.heard = True  # what _heard does for each of them
+            else:
+                stream = False  # the last of the turn's events was one of the stream's
+                for event in events:
+                    cls = type(event)
+                    if cls in _STREAM_EVENTS:
+                        stream = True
+                    elif cls in _TURN_EVENTS:
+                        self._heard(turn, event)
+                        stream = False
+                if stream and self._watchdog:
+                    turn.heard = True
+        # Each is a fresh event nobody else has seen: stamped in place (see _stamp).
         session_id = self.id
         seq = self._seq
         now = time.time()
-        stamped = []
+        stamp = _set_field
         for event in events:
             seq += 1
-            if event.seq:
-                event = attrs.evolve(event, session_id=session_id, seq=seq, timestamp=now)
-            else:
-                _set_field(event, "session_id", session_id)
-                _set_field(event, "seq", seq)
-                _set_field(event, "timestamp", now)
-            stamped.append(event)
+            stamp(event, "session_id", session_id)
+            stamp(event, "seq", seq)
+            stamp(event, "timestamp", now)
         self._seq = seq
-        self._fanout.publish_many(stamped)
+        self._fanout.publish_many(events)
 
     def _emit(self, event: ev.Event) -> None:
         turn = self._turn
@@ -2083,6 +2090,7 @@ def _survivors_text(survivors: list[dict[str, Any]]) -> str:
 
 
 _set_field = object.__setattr__
+_SEQ_OF = operator.attrgetter("seq")
 
 
 def _stamp(event: ev.Event, session_id: str, seq: int, timestamp: float) -> ev.Event:
