@@ -461,6 +461,9 @@ class AcpClient(AgentProtocol):
         events: list[Output] = []
         append = events.append
         update_event = self._update_event
+        # Nothing in a run of updates changes these (only responses do, and they end a run).
+        session_id = self._session_id if self._phase != "opening" else None
+        turn_id = self._turn_id
         end = len(messages)
         for at in range(start, end):  # noqa: B007  # at is read after the loop
             message = messages[at]
@@ -471,6 +474,21 @@ class AcpClient(AgentProtocol):
             ):
                 break
             params = message.get("params")
+            # A text chunk of the answer, most of any stream: what _update_event makes of it,
+            # read straight off the dicts. Anything else about it and _update_event decides.
+            if params.__class__ is dict and session_id is not None:
+                update = params.get("update")
+                if (
+                    update.__class__ is dict
+                    and update.get("sessionUpdate") == "agent_message_chunk"
+                    and params.get("sessionId") == session_id
+                ):
+                    content = update.get("content")
+                    if content.__class__ is dict:
+                        text = content.get("text")
+                        if text.__class__ is str and content.get("type") == "text":
+                            append(ev.MessageDelta(turn_id=turn_id, text=text))
+                            continue
             try:
                 event = update_event(params if isinstance(params, dict) else {}, message)
             except Exception as exc:

@@ -237,8 +237,8 @@ def test_acp_receive_many_failure_keeps_what_came_before(monkeypatch: pytest.Mon
         return original(self, params, raw)
 
     monkeypatch.setattr(AcpClient, "_update_event", failing)
-    messages = [_chunk(session_id, "a"), _chunk(session_id, "b"), _chunk(session_id, "c")]
-    messages[1] = {**messages[1], "boom": True}
+    thought = _chunk(session_id, "b", "agent_thought_chunk")
+    messages = [_chunk(session_id, "a"), {**thought, "boom": True}, _chunk(session_id, "c")]
     with pytest.raises(PartialStep) as caught:
         machine.receive_many(messages, 0)
     assert (caught.value.consumed, caught.value.failed) == (1, 1)
@@ -416,6 +416,7 @@ def _session_lines() -> list[bytes]:
         message["params"]["update"]["content"]["text"] = f"word{index} "
         if index == 7:
             message["boom"] = True  # the machine fails on this one (see the test)
+            message["params"]["update"]["sessionUpdate"] = "agent_thought_chunk"
         lines.append(encode_message(message).rstrip(b"\n"))
     lines.insert(3, b"this is not json")
     lines.insert(12, encode_message(_update("SESSION", {"sessionUpdate": "tool_call"}))[:-1])
@@ -443,7 +444,7 @@ async def test_session_handles_a_run_of_lines_as_it_handles_them_one_by_one(
     kinds = [kind for kind, _, _ in batched]
     assert kinds.count("agent.unparsed") == 2  # the failing message, and the unknown method
     assert "error" in kinds  # the bad line
-    texts = [data["text"] for kind, data, _ in batched if kind == "message.delta"]
+    texts = [data["text"] for kind, data, _ in batched if kind in ("message.delta",)]
     assert texts[1:] == [f"word{i} " for i in range(30) if i != 7]
     unparsed = [data for kind, data, _ in batched if kind == "agent.unparsed"]
     assert unparsed[0]["raw"]["boom"] is True
@@ -493,3 +494,17 @@ def test_publish_many_leaves_the_fanout_as_publish_one_at_a_time_does(hold: bool
     assert runs == one_by_one
     assert runs[3][0] == (True, True, 5) and runs[2] is True
     assert len(runs[0]) == (16 if hold else 8)  # unacknowledged kept up to twice the size
+
+
+def test_acp_receive_many_drops_the_history_a_load_replays() -> None:
+    machine = AcpClient()
+    machine.start(cwd="/", resume="s1")
+    capabilities = {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}
+    machine.receive({"jsonrpc": "2.0", "id": 0, "result": capabilities})
+    replay = [_chunk("s1", "old words"), _chunk("s1", "more", "agent_thought_chunk")]
+    step, consumed = machine.receive_many(replay)
+    assert consumed == 2 and step.events == [] and step.send == []
+    step, _ = machine.receive_many([{"jsonrpc": "2.0", "id": 1, "result": {}}])
+    assert type(step.events[0]).__name__ == "SessionEstablished"
+    step, consumed = machine.receive_many([_chunk("s1", "new")])
+    assert [e.text for e in step.events] == ["new"]  # type: ignore[union-attr]
