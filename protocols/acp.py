@@ -46,6 +46,8 @@ from protocols.jsonrpc import (
 from protocols.machine import (
     AgentProtocol,
     ModeSet,
+    Output,
+    PartialStep,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -449,10 +451,68 @@ class AcpClient(AgentProtocol):
             return Step(send=[reply], events=[PermissionDesk.resolved(held, None, by="agent")])
         return Step()
 
+    def receive_many(self, messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[Step, int]:
+        """A run of ``session/update`` notifications (a streamed answer: one chunk a line)
+        becomes its events in one pass, without classifying each as JSON-RPC; the first
+        message of any other kind ends the run, and is fed to :meth:`receive` alone when it
+        opens one. A subclass that changes :meth:`receive` gets the default, which calls it."""
+        if type(self).receive is not AcpClient.receive:
+            return super().receive_many(messages, start)
+        events: list[Output] = []
+        append = events.append
+        update_event = self._update_event
+        # Nothing in a run of updates changes these (only responses do, and they end a run).
+        session_id = self._session_id if self._phase != "opening" else None
+        turn_id = self._turn_id
+        end = len(messages)
+        for at in range(start, end):  # noqa: B007  # at is read after the loop
+            message = messages[at]
+            if (
+                message.get("method") != "session/update"
+                or message.get("jsonrpc") != "2.0"
+                or "id" in message
+            ):
+                break
+            params = message.get("params")
+            # A text chunk of the answer, most of any stream: what _update_event makes of it,
+            # read straight off the dicts. Anything else about it and _update_event decides.
+            if params.__class__ is dict and session_id is not None:
+                update = params.get("update")
+                if (
+                    update.__class__ is dict
+                    and update.get("sessionUpdate") == "agent_message_chunk"
+                    and params.get("sessionId") == session_id
+                ):
+                    content = update.get("content")
+                    if content.__class__ is dict:
+                        text = content.get("text")
+                        if text.__class__ is str and content.get("type") == "text":
+                            append(ev.MessageDelta(turn_id=turn_id, text=text))
+                            continue
+            try:
+                event = update_event(params if isinstance(params, dict) else {}, message)
+            except Exception as exc:
+                raise PartialStep(Step(events=events), at - start, at) from exc
+            if event is not None:
+                append(event)
+        else:
+            at = end
+        if at > start or at >= end:
+            return Step(events=events), at - start
+        try:
+            return self.receive(messages[start]), 1
+        except Exception as exc:
+            raise PartialStep(Step(), 0, start) from exc
+
     def _on_update(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
+        event = self._update_event(params, raw)
+        return Step() if event is None else Step(events=[event])
+
+    def _update_event(self, params: dict[str, Any], raw: dict[str, Any]) -> ev.Event | None:
+        """The event one ``session/update`` is, or None (history a ``session/load`` replays:
+        the subscribers saw it live)."""
         if self._phase == "opening":
-            # History replayed by session/load: the subscribers already saw it live.
-            return Step()
+            return None
         update = params.get("update")
         session_id = params.get("sessionId")
         if (
@@ -460,13 +520,13 @@ class AcpClient(AgentProtocol):
             or not isinstance(session_id, str)
             or session_id != self._session_id
         ):
-            return Step(events=[ev.AgentUnparsed(raw=raw)])
+            return ev.AgentUnparsed(raw=raw)
         kind = update.get("sessionUpdate")
+        if kind == "agent_message_chunk":  # most of a stream: first, and returned at once
+            return ev.MessageDelta(turn_id=self._turn_id, text=_content_text(update.get("content")))
         turn = self._turn_id
         event: ev.Event
-        if kind == "agent_message_chunk":
-            event = ev.MessageDelta(turn_id=turn, text=_content_text(update.get("content")))
-        elif kind == "user_message_chunk":
+        if kind == "user_message_chunk":
             event = ev.MessageDelta(
                 turn_id=turn, text=_content_text(update.get("content")), role="user"
             )
@@ -503,7 +563,7 @@ class AcpClient(AgentProtocol):
             event = ev.SessionInfo(info_kind=kind, data=update)
         else:
             event = ev.AgentUnparsed(raw=raw)
-        return Step(events=[event])
+        return event
 
     def _on_request(self, request: IncomingRequest) -> Step:
         if request.method == "session/request_permission":
@@ -544,6 +604,9 @@ def _opt_str(value: Any) -> str | None:
 def _content_text(content: Any) -> str:
     """The text of a ContentBlock; other blocks become a short placeholder like ``[image]``."""
     if isinstance(content, dict):
+        text = content.get("text")
+        if text.__class__ is str and content.get("type") == "text":
+            return text
         if content.get("type") == "text" and isinstance(content.get("text"), str):
             return str(content["text"])
         return f"[{content.get('type', 'content')}]"

@@ -14,7 +14,7 @@ line is.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
@@ -29,7 +29,9 @@ __all__ = [
     "LineDecoder",
     "Message",
     "RawLine",
+    "Decoded",
     "decode_line",
+    "decode_lines",
     "encode_message",
 ]
 
@@ -151,7 +153,35 @@ class LineDecoder:
             if data:
                 raise RuntimeError("LineDecoder.feed() called with data after end_of_input()")
             return []
-        lines: list[RawLine] = []
+        if not self._skipping and b"\r" not in data:
+            # The common case, in C: split the chunk at once. Only a line too long, or a
+            # b"\r" (to strip before a b"\n", to keep elsewhere), takes the line-by-line path.
+            parts = data.split(b"\n")
+            if len(parts) == 1:
+                self._hold(data, 0)
+                return []
+            tail = parts.pop()
+            if self._partial:
+                # The held start of the line already counts against the limit; it may end
+                # with the b"\r" of a b"\r\n" split across two reads.
+                self._partial += parts[0]
+                if self._partial.endswith(b"\r"):
+                    del self._partial[-1]
+                parts[0] = bytes(self._partial)
+                self._partial.clear()
+            if len(max(parts, key=len)) <= self._max:
+                self._hold(tail, 0)
+                if b"" in parts or any(map(bytes.isspace, parts)):
+                    return [line for line in parts if line and not line.isspace()]
+                return parts  # type: ignore[return-value]  # list is invariant: bytes only
+            lines: list[RawLine] = [
+                _oversize(line, len(line), self._max) if len(line) > self._max else line
+                for line in parts
+                if len(line) > self._max or (line and not line.isspace())
+            ]
+            self._hold(tail, 0)
+            return lines
+        lines = []
         start = 0
         newline = data.find(b"\n")
         while newline != -1:
@@ -263,6 +293,44 @@ def decode_line(line: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> Frame | No
     if not isinstance(payload, dict):
         return _decode_slowly(line)
     return Message(payload)
+
+
+#: One line of a run decoded by :func:`decode_lines`: a message's payload, or why the line
+#: could not be one.
+Decoded: TypeAlias = dict[str, Any] | FramingError
+
+
+_DICT_ONLY: Final[frozenset[type]] = frozenset({dict})
+
+
+def decode_lines(lines: Sequence[RawLine], max_line_bytes: int = MAX_LINE_BYTES) -> list[Decoded]:
+    """Decode a run of lines at once: what :func:`decode_line` makes of each, in order (the
+    payload itself for a message, no :class:`Message` around it; blank lines left out), for a
+    fraction of its cost per line: one call for the run, one msgspec decode per line."""
+    try:
+        if max(map(len, lines), default=0) <= max_line_bytes:  # type: ignore[arg-type]
+            payloads = list(map(_FAST_DECODE, lines))  # type: ignore[arg-type]
+            if set(map(type, payloads)) <= _DICT_ONLY:
+                return payloads  # every line an object: the whole run decoded in C
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        pass  # a bad line, or a FramingError among them: line by line
+    decoded: list[Decoded] = []
+    append = decoded.append
+    for line in lines:
+        if line.__class__ is bytes and len(line) <= max_line_bytes:
+            try:
+                payload = _FAST_DECODE(line)
+            except (msgspec.DecodeError, RecursionError):
+                payload = None
+            if payload.__class__ is dict:
+                append(payload)
+                continue
+        frame = line if isinstance(line, FramingError) else decode_line(line, max_line_bytes)
+        if isinstance(frame, Message):
+            append(frame.payload)
+        elif frame is not None:
+            append(frame)
+    return decoded
 
 
 def _decode_slowly(line: bytes) -> Frame | None:

@@ -26,6 +26,7 @@ __all__ = [
     "Control",
     "ModeSet",
     "Output",
+    "PartialStep",
     "ProtocolError",
     "SessionEstablished",
     "StartFailed",
@@ -182,6 +183,26 @@ class Step:
         return self
 
 
+class PartialStep(Exception):
+    """:meth:`AgentProtocol.receive_many` failed on the message at ``failed`` (its index in
+    the run): ``step`` is what the messages before it produced, ``consumed`` how many they
+    were (``failed - start``). The cause is chained. The caller acts on ``step`` and then on
+    the failure, exactly as if the messages had come one at a time."""
+
+    def __init__(self, step: Step, consumed: int, failed: int) -> None:
+        super().__init__(f"protocol machine failed on message {failed} of a run")
+        self.step = step
+        self.consumed = consumed
+        self.failed = failed
+
+
+def _acts(step: Step) -> bool:
+    """The step asks the caller for more than showing events: something to send or signal,
+    or a control event it must react to before the next message (a finished turn starts the
+    next one)."""
+    return bool(step.send or step.signals) or any(isinstance(e, Control) for e in step.events)
+
+
 class AgentProtocol(ABC):
     """One conversation with one agent process. A fresh instance per process."""
 
@@ -245,6 +266,29 @@ class AgentProtocol(ABC):
     @abstractmethod
     def receive(self, message: dict[str, Any]) -> Step:
         """Feed one decoded message from the agent."""
+
+    def receive_many(self, messages: Sequence[dict[str, Any]], start: int = 0) -> tuple[Step, int]:
+        """Feed a run of messages, ``messages[start:]``, and say how many were consumed: at
+        least one, and no more once a message's step sends something, signals or holds a
+        control event (the caller must act on it before the next message is read).
+
+        What comes out is what :meth:`receive` of each, one at a time, would have produced,
+        in order. Where a message raises, :class:`PartialStep` carries what those before it
+        produced. This default loops over :meth:`receive`; protocols whose streams are long
+        runs of one kind of notification (ACP's ``session/update``) do better."""
+        step = Step()
+        at = start
+        end = len(messages)
+        while at < end:
+            try:
+                one = self.receive(messages[at])
+            except Exception as exc:
+                raise PartialStep(step, at - start, at) from exc
+            at += 1
+            step.extend(one)
+            if _acts(one):
+                break
+        return step, at - start
 
     @abstractmethod
     def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:

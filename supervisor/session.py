@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,12 +28,13 @@ from attrs import define, field, frozen
 from protocols import PROTOCOLS, new_machine
 from protocols import events as ev
 from protocols.content import Part, parts_text, refusal
-from protocols.framing import Frame, FramingError, Message, decode_line
+from protocols.framing import Frame, FramingError, Message, decode_line, decode_lines
 from protocols.machine import (
     AgentExiting,
     AgentProtocol,
     Control,
     ModeSet,
+    PartialStep,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -43,7 +45,7 @@ from protocols.machine import (
 from supervisor.alarm import Alarm
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
-from supervisor.ingest import IngestGate, Unlimited, cost_of
+from supervisor.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.link import (
     AgentFrame,
     AgentGone,
@@ -1117,8 +1119,14 @@ class Session:
             # share is kept for after it.
             self._credit = await self._gate.acquire(want)
             return
-        spent = 0
         kind = self._batch_kind
+        if kind == "lines":
+            spent = self._work_through_lines(lines, allowed)
+            self._gate.charge(spent if urgent else spent - allowed)
+            if self._batch is lines and self._batch_at >= len(lines):
+                self._batch = None
+            return
+        spent = 0
         while self._batch is lines and self._batch_at < len(lines):
             if self._batch_generation != self._live_generation or self._done:
                 break
@@ -1141,6 +1149,95 @@ class Session:
         self._gate.charge(spent if urgent else spent - allowed)
         if self._batch is lines and self._batch_at >= len(lines):
             self._batch = None
+
+    def _work_through_lines(self, lines: list[Any], allowed: int) -> int:
+        """Handle the agent's lines from ``_batch_at`` on, as many as ``allowed`` units pay for
+        (the first always), a run at a time: decoded in one call, fed to the machine in one
+        call (:meth:`~protocols.machine.AgentProtocol.receive_many`) up to whatever it must
+        react to, and what that produced emitted at once. The same frames, events and order as
+        a line at a time. Returns the units spent."""
+        start = self._batch_at
+        take, spent = _share(lines, start, allowed)
+        decoded = decode_lines(lines[start : start + take])
+        if len(decoded) != take:  # a blank line (never from a LineDecoder): one at a time
+            return self._work_through_one_by_one(lines, allowed)
+        self._heard_from_live = True
+        generation = self._live_generation
+        if set(map(type, decoded)) <= _PAYLOAD_ONLY:
+            done = self._feed_run(decoded, 0, take, lines, generation)
+        else:
+            done = 0
+            while done < take:
+                item = decoded[done]
+                if isinstance(item, FramingError):
+                    self._on_frame(item)
+                    done += 1
+                else:
+                    end = done + 1
+                    while end < take and not isinstance(decoded[end], FramingError):
+                        end += 1
+                    done = self._feed_run(decoded, done, end, lines, generation)
+                    if done < end:
+                        break
+                if not self._still_reading(lines, generation):
+                    break
+        self._batch_at = start + done
+        return spent if done == take else _share(lines, start, allowed, count=done)[1]
+
+    def _feed_run(
+        self, payloads: list[Any], at: int, end: int, lines: list[Any], generation: int | None
+    ) -> int:
+        """Feed ``payloads[at:end]`` (messages) to the machine, acting on each step it hands
+        back, until the run is done or the batch may not go on; the index reached."""
+        run = payloads[at:end] if at or end < len(payloads) else payloads
+        done = 0
+        count = len(run)
+        while done < count:
+            machine = self._machine
+            assert machine is not None
+            try:
+                step, used = machine.receive_many(run, done)
+            except PartialStep as failure:
+                self._apply(failure.step)
+                message = run[failure.failed]
+                log.error(
+                    "session %s: protocol machine failed on %r",
+                    self.id,
+                    message,
+                    exc_info=failure.__cause__,
+                )
+                self._emit(ev.AgentUnparsed(raw=message))
+                used = failure.consumed + 1
+            except Exception:  # a machine without the PartialStep contract: one message
+                log.exception("session %s: protocol machine failed on %r", self.id, run[done])
+                self._emit(ev.AgentUnparsed(raw=run[done]))
+                used = 1
+            else:
+                self._apply(step)
+            done += used
+            if not self._still_reading(lines, generation):
+                break
+        return at + done
+
+    def _still_reading(self, lines: list[Any], generation: int | None) -> bool:
+        """The batch goes on: it is still the current one, its agent the live one."""
+        return self._batch is lines and self._live_generation == generation and not self._done
+
+    def _work_through_one_by_one(self, lines: list[Any], allowed: int) -> int:
+        spent = 0
+        while self._batch is lines and self._batch_at < len(lines):
+            if self._batch_generation != self._live_generation or self._done:
+                break
+            line = lines[self._batch_at]
+            cost = cost_of(len(line)) if isinstance(line, bytes | str) else 1
+            if spent and spent + cost > allowed:
+                break
+            self._batch_at += 1
+            spent += cost
+            frame = line if isinstance(line, FramingError) else decode_line(line)
+            if frame is not None:
+                self._on_frame(frame)
+        return spent
 
     def _on_frame(self, frame: Frame) -> None:
         self._heard_from_live = True
@@ -1175,11 +1272,23 @@ class Session:
                 self._link.signal(signum)
 
     def _apply_events(self, step: Step) -> None:
-        for output in step.events:
+        events = step.events
+        if not events:
+            return
+        if not any(issubclass(kind, Control) for kind in set(map(type, events))):
+            self._emit_many(events)  # type: ignore[arg-type]  # no Control among them
+            return
+        plain: list[ev.Event] = []
+        for output in events:
             if isinstance(output, Control):
+                if plain:
+                    self._emit_many(plain)
+                    plain = []
                 self._on_control(output)
             else:
-                self._emit(output)
+                plain.append(output)
+        if plain:
+            self._emit_many(plain)
 
     def _on_control(self, control: Control) -> None:
         if isinstance(control, SessionEstablished):
@@ -1908,6 +2017,43 @@ class Session:
         if state in ("stopped", "failed") and self.on_ended is not None:
             self.on_ended()  # a failed session's actor may live on: its owner hears it now
 
+    def _emit_many(self, events: list[ev.Event]) -> None:
+        """:meth:`_emit` each of a run of events: the watchdog told, each stamped (one clock
+        read for the run), then published at once."""
+        if any(map(_SEQ_OF, events)) or len(set(map(id, events))) < len(events):
+            # Some stamped already, or one twice: each is then copied, never changed (rare).
+            for event in events:
+                self._emit(event)
+            return
+        turn = self._turn
+        if turn is not None:
+            if set(map(type, events)) <= _STREAM_EVENTS:  # a stream's run, told in C
+                if self._watchdog:
+                    turn.heard = True  # what _heard does for each of them
+            else:
+                stream = False  # the last of the turn's events was one of the stream's
+                for event in events:
+                    cls = type(event)
+                    if cls in _STREAM_EVENTS:
+                        stream = True
+                    elif cls in _TURN_EVENTS:
+                        self._heard(turn, event)
+                        stream = False
+                if stream and self._watchdog:
+                    turn.heard = True
+        # Each is a fresh event nobody else has seen: stamped in place (see _stamp).
+        session_id = self.id
+        seq = self._seq
+        now = time.time()
+        stamp = _set_field
+        for event in events:
+            seq += 1
+            stamp(event, "session_id", session_id)
+            stamp(event, "seq", seq)
+            stamp(event, "timestamp", now)
+        self._seq = seq
+        self._fanout.publish_many(events)
+
     def _emit(self, event: ev.Event) -> None:
         turn = self._turn
         if turn is not None and type(event) in _TURN_EVENTS:
@@ -1916,12 +2062,39 @@ class Session:
         self._fanout.publish(_stamp(event, self.id, self._seq, time.time()))
 
 
+def _share(lines: list[Any], start: int, allowed: int, count: int = -1) -> tuple[int, int]:
+    """How many of ``lines[start:]`` a share of ``allowed`` units pays for (each costs
+    ``cost_of`` its size; the first is always taken, however big), and what they cost. With
+    ``count``: the cost of that many. Lines shorter than a unit cost one each: told in C."""
+    rest = lines[start:] if count < 0 else lines[start : start + count]
+    try:
+        small = max(map(len, rest), default=0) < BYTES_PER_UNIT
+    except TypeError:  # a FramingError among them
+        small = False
+    if small:
+        take = len(rest) if count >= 0 else max(1, min(len(rest), allowed))
+        return take, take
+    take = spent = 0
+    for line in rest:
+        cost = cost_of(len(line)) if isinstance(line, bytes | str) else 1
+        if count < 0 and spent and spent + cost > allowed:
+            break
+        take += 1
+        spent += cost
+    return take, spent
+
+
+#: What :func:`~protocols.framing.decode_lines` makes of lines that are all messages.
+_PAYLOAD_ONLY: frozenset[type] = frozenset({dict})
+
+
 def _survivors_text(survivors: list[dict[str, Any]]) -> str:
     listed = ", ".join(f"{s['pid']} ({s['command']})" for s in survivors[:5])
     return f"{len(survivors)} process(es) of the agent's tree survived SIGKILL: {listed}"
 
 
 _set_field = object.__setattr__
+_SEQ_OF = operator.attrgetter("seq")
 
 
 def _stamp(event: ev.Event, session_id: str, seq: int, timestamp: float) -> ev.Event:

@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from protocols import events as ev
-from supervisor.wire import dumps, event_from_json, event_json, event_to_wire
+from supervisor.wire import dumps, event_from_json, event_json, event_to_wire, events_json
 
 __all__ = ["Fanout", "Subscription"]
 
@@ -228,6 +228,26 @@ class Subscription:
             self._announce()
         return True
 
+    def _offer_many(self, events: list[ev.Event], payloads: list[bytes]) -> bool:
+        """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
+        (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
+        buffered = self._events
+        limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
+        room = limit - len(buffered)
+        count = len(events)
+        fits = room >= count
+        if not fits:
+            count = max(room, 0)
+            events, payloads = events[:count], payloads[:count]
+        if count:
+            buffered.extend(payloads if self.wire else events)
+            if self._lot:
+                self._lot.unpark_all()
+            self._unannounced += count
+            if self._unannounced >= _ANNOUNCE_EVERY:
+                self._announce()
+        return fits
+
     def _announce(self) -> None:
         self._unannounced = 0
         self._lot.unpark_all()
@@ -333,6 +353,31 @@ class Fanout:
             if subscription._closed:
                 drop = True
             elif not subscription._offer(event, payload):
+                subscription._end(lagged=True)
+                drop = True
+            elif subscription.stall_s is not None and subscription._full:
+                full = True
+        if drop:
+            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+        self._maybe_full = self._maybe_full or full
+
+    def publish_many(self, events: list[ev.Event]) -> None:
+        """:meth:`publish` each of a run of stamped events (contiguous seqs, in order), the
+        history extended once and each subscriber offered the run at once."""
+        if not events:
+            return
+        payloads = events_json(events)
+        history = self.history
+        history.extend(payloads)
+        self.head_seq = events[-1].seq
+        if self.hold_unacknowledged and len(history) > self.history_size:
+            self._trim()
+        drop = False
+        full = False
+        for subscription in self._subscriptions:
+            if subscription._closed:
+                drop = True
+            elif not subscription._offer_many(events, payloads):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:

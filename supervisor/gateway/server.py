@@ -47,6 +47,7 @@ from supervisor.gateway.websocket import (
     ServerWebSocket,
     WebSocketClosed,
     text_frame,
+    text_frames,
 )
 from supervisor.session import Subscription
 from supervisor.supervisor import AnySession, Supervisor
@@ -878,7 +879,7 @@ class _Client:
             return 0
         # Each event was serialized once, by its session; only the frame header is ours.
         payloads = subscription.take_wire(limit)
-        frames.extend([text_frame(payload) for payload in payloads])
+        frames.extend(text_frames(payloads))
         return len(payloads)
 
     def _finish(self, session_id: str, subscription: Subscription, frames: list[bytes]) -> None:

@@ -1,0 +1,510 @@
+"""Streaming in batches: every batched layer does exactly what one line at a time did.
+
+A run of agent lines is split (``LineDecoder.feed_lines``), decoded (``decode_lines``), fed to
+the machine (``receive_many``), encoded (``events_json``) and framed (``text_frames``) a run
+at a time. Each is checked here against its one-at-a-time counterpart over inputs that take
+every branch: bad lines, oversize lines, ``\\r\\n`` split across reads, machines that fail on
+one message, controls in the middle of a run, every event class on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+import helpers
+from fakes.memory_agent import Behaviour, MemoryLauncher
+from protocols import events as ev
+from protocols.acp import AcpClient
+from protocols.framing import (
+    FramingError,
+    LineDecoder,
+    Message,
+    RawLine,
+    decode_line,
+    decode_lines,
+    encode_message,
+)
+from protocols.machine import PartialStep, Step, TurnFinished
+from supervisor import AgentSpec
+from supervisor.gateway.websocket import text_frame, text_frames
+from supervisor.link import AgentLines
+from supervisor.wire import dumps, event_json, event_to_wire, events_json
+
+# -- framing -------------------------------------------------------------------------------------
+
+
+def _reference_lines(stream: bytes, limit: int) -> list[Any]:
+    """The framing rules, spelled out: a line ends at b"\\n" (or the stream's end), one
+    trailing b"\\r" is dropped, a line over the limit is an oversize error of its size, and
+    blank lines are skipped."""
+    out: list[Any] = []
+    for line in stream.split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if len(line) > limit:
+            out.append(("oversize", len(line)))
+        elif line and not line.isspace():
+            out.append(line)
+    return out
+
+
+def _chunks(data: bytes, rng: random.Random) -> list[bytes]:
+    cuts = sorted(rng.sample(range(1, len(data)), k=min(len(data) - 1, rng.randint(0, 12))))
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+
+
+def _summary(lines: list[RawLine]) -> list[Any]:
+    return [line if isinstance(line, bytes) else (line.kind, line.size) for line in lines]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_feed_lines_in_any_chunking_matches_line_by_line(seed: int) -> None:
+    rng = random.Random(seed)
+    pieces = [
+        b'{"a":1}',
+        b'{"b":"x y"}\r',  # a \r\n line
+        b"",  # blank
+        b"   ",  # whitespace only
+        b"x" * 40,  # oversize at the limit below
+        b" " * 45,  # oversize and blank: still oversize
+        b"not json",
+        b'{"c":[1,2,3]}',
+        b"\r",
+    ]
+    stream = b"\n".join(rng.choice(pieces) for _ in range(rng.randint(1, 20)))
+    if rng.random() < 0.5:
+        stream += b"\n"
+    limit = 32
+    expected = _reference_lines(stream, limit)
+    decoder = LineDecoder(max_line_bytes=limit)
+    got: list[RawLine] = []
+    for chunk in _chunks(stream, rng) if len(stream) > 1 else [stream]:
+        got += decoder.feed_lines(chunk)
+    got += decoder.end_lines()
+    assert _summary(got) == expected
+
+
+def test_feed_lines_fast_path_returns_lines_in_one_split() -> None:
+    decoder = LineDecoder()
+    assert decoder.feed_lines(b'{"a":1}\n{"b":2}\n{"c"') == [b'{"a":1}', b'{"b":2}']
+    assert decoder.feed_lines(b":3}\n\n  \n") == [b'{"c":3}']
+    assert decoder.buffered_bytes == 0
+    # a \r\n split across two reads: the \r held with the line, stripped at its \n
+    assert decoder.feed_lines(b'{"d":4}\r') == []
+    assert decoder.feed_lines(b"\n") == [b'{"d":4}']
+
+
+def test_decode_lines_matches_decode_line() -> None:
+    oversize = FramingError(kind="oversize", detail="too long", excerpt="x", size=99)
+    lines: list[RawLine] = [
+        b'{"jsonrpc":"2.0","method":"m","params":{"n":1}}',
+        b"[1,2]",
+        b'{"x":NaN}',  # only the standard library takes it
+        b"\xff\xfe",
+        b"{broken",
+        oversize,
+        b'{"big":' + b"1" * 30 + b"}",  # over the limit given below
+        b'{"ok":"\xc3\xa9"}',
+        b'"just a string"',
+    ]
+    expected = []
+    for line in lines:
+        frame = line if isinstance(line, FramingError) else decode_line(line, 32)
+        if frame is not None:
+            expected.append(frame.payload if isinstance(frame, Message) else frame)
+    got = decode_lines(lines, 32)
+    assert len(got) == len(expected) == len(lines)
+    for a, b in zip(got, expected, strict=True):
+        if isinstance(b, dict):
+            assert a == b and type(a) is dict
+        else:
+            assert isinstance(a, FramingError) and attrs.asdict(a) == attrs.asdict(b)
+    # the whole run in C: every line an object
+    good = [b'{"a":1}', b'{"b":[2]}']
+    assert decode_lines(good) == [{"a": 1}, {"b": [2]}]
+
+
+# -- the machines' batch entry ------------------------------------------------------------------
+
+
+def _established_acp() -> tuple[AcpClient, str]:
+    machine = AcpClient()
+    machine.start(cwd="/")
+    machine.receive(
+        {"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1, "agentCapabilities": {}}}
+    )
+    machine.receive({"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s1"}})
+    return machine, "s1"
+
+
+def _update(session_id: str, update: dict[str, Any]) -> dict[str, Any]:
+    params = {"sessionId": session_id, "update": update}
+    return {"jsonrpc": "2.0", "method": "session/update", "params": params}
+
+
+def _chunk(session_id: str, text: str, kind: str = "agent_message_chunk") -> dict[str, Any]:
+    return _update(session_id, {"sessionUpdate": kind, "content": {"type": "text", "text": text}})
+
+
+def _turn_messages(session_id: str) -> list[dict[str, Any]]:
+    """A turn's worth of what an ACP agent sends, every kind of update and a few surprises."""
+    return [
+        _chunk(session_id, "Hello "),
+        _chunk(session_id, "thinking", "agent_thought_chunk"),
+        _chunk(session_id, "me", "user_message_chunk"),
+        _update(session_id, {"sessionUpdate": "agent_message_chunk", "content": {"type": "image"}}),
+        _update(session_id, {"sessionUpdate": "agent_message_chunk"}),
+        _update(session_id, {"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "ls"}),
+        _update(session_id, {"sessionUpdate": "tool_call_update", "toolCallId": "c1"}),
+        _update(session_id, {"sessionUpdate": "plan", "entries": [{"content": "a"}, 3]}),
+        _update(session_id, {"sessionUpdate": "current_mode_update", "currentModeId": "x"}),
+        _update(session_id, {"sessionUpdate": "brand_new_kind"}),
+        _update("other-session", {"sessionUpdate": "agent_message_chunk"}),
+        {"jsonrpc": "2.0", "method": "session/update", "params": "not a dict"},
+        {"method": "session/update", "params": {}},  # no jsonrpc member
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "method": "session/request_permission",
+            "params": {"options": [{"optionId": "ok", "name": "OK", "kind": "allow_once"}]},
+        },
+        _chunk(session_id, "after the permission "),
+        {"jsonrpc": "2.0", "id": 99, "method": "fs/read_text_file", "params": {}},
+        {"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": 7}},
+        _chunk(session_id, "last words"),
+        {"jsonrpc": "2.0", "id": 2, "result": {"stopReason": "end_turn"}},
+        _chunk(session_id, "a late word"),
+    ]
+
+
+def _one_at_a_time(machine: AcpClient, messages: list[dict[str, Any]]) -> Step:
+    step = Step()
+    for message in messages:
+        step.extend(machine.receive(message))
+    return step
+
+
+def _in_runs(machine: Any, messages: list[dict[str, Any]]) -> tuple[Step, list[int]]:
+    step = Step()
+    used: list[int] = []
+    at = 0
+    while at < len(messages):
+        one, consumed = machine.receive_many(messages, at)
+        assert consumed >= 1
+        used.append(consumed)
+        step.extend(one)
+        at += consumed
+    return step, used
+
+
+def test_acp_receive_many_matches_receive_one_at_a_time() -> None:
+    results = []
+    for feed in (_one_at_a_time, lambda m, msgs: _in_runs(m, msgs)[0]):
+        machine, session_id = _established_acp()
+        machine.prompt("t1", "hi")
+        results.append((feed(machine, _turn_messages(session_id)), machine.pending_permissions))
+    (one, pending_one), (runs, pending_runs) = results
+    assert runs.events == one.events and runs.send == one.send
+    assert pending_runs == pending_one
+    assert any(isinstance(e, TurnFinished) for e in runs.events)
+
+
+def test_acp_receive_many_takes_a_run_of_updates_at_once_and_stops_at_the_rest() -> None:
+    machine, session_id = _established_acp()
+    machine.prompt("t1", "hi")
+    messages = _turn_messages(session_id)
+    _, used = _in_runs(machine, messages)
+    # the first thirteen are session/update notifications (the 13th lacks "jsonrpc": alone)
+    assert used[0] == 12
+    assert sum(used) == len(messages)
+
+
+def test_acp_receive_many_failure_keeps_what_came_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    machine, session_id = _established_acp()
+    machine.prompt("t1", "hi")
+    original = AcpClient._update_event
+
+    def failing(self: AcpClient, params: dict[str, Any], raw: dict[str, Any]) -> ev.Event | None:
+        if raw.get("boom"):
+            raise RuntimeError("a bug")
+        return original(self, params, raw)
+
+    monkeypatch.setattr(AcpClient, "_update_event", failing)
+    thought = _chunk(session_id, "b", "agent_thought_chunk")
+    messages = [_chunk(session_id, "a"), {**thought, "boom": True}, _chunk(session_id, "c")]
+    with pytest.raises(PartialStep) as caught:
+        machine.receive_many(messages, 0)
+    assert (caught.value.consumed, caught.value.failed) == (1, 1)
+    assert [e.text for e in caught.value.step.events] == ["a"]  # type: ignore[union-attr]
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    step, consumed = machine.receive_many(messages, 2)
+    assert consumed == 1 and [e.text for e in step.events] == ["c"]  # type: ignore[union-attr]
+
+
+class _Scripted(AcpClient):
+    """An ACP machine whose ``receive`` is its own: the default ``receive_many`` runs."""
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        if message.get("boom"):
+            raise RuntimeError("a bug")
+        return super().receive(message)
+
+
+def test_default_receive_many_stops_after_a_control_and_wraps_a_failure() -> None:
+    machine = _Scripted()
+    machine.start(cwd="/")
+    machine.receive(
+        {"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": 1, "agentCapabilities": {}}}
+    )
+    machine.receive({"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "s1"}})
+    machine.prompt("t1", "hi")
+    messages = [
+        _chunk("s1", "a"),
+        _chunk("s1", "b"),
+        {"jsonrpc": "2.0", "id": 2, "result": {"stopReason": "end_turn"}},
+        _chunk("s1", "late"),
+        {**_chunk("s1", "x"), "boom": True},
+    ]
+    step, consumed = machine.receive_many(messages)
+    assert consumed == 3  # up to and with the TurnFinished, not past it
+    assert [type(e).__name__ for e in step.events] == [
+        "MessageDelta",
+        "MessageDelta",
+        "TurnFinished",
+    ]
+    with pytest.raises(PartialStep) as caught:
+        machine.receive_many(messages, 3)
+    assert (caught.value.consumed, caught.value.failed) == (1, 4)
+    assert len(caught.value.step.events) == 1
+    with pytest.raises(PartialStep) as first:
+        machine.receive_many(messages, 4)
+    assert (first.value.consumed, first.value.failed) == (0, 4)
+
+
+def test_receive_many_stops_after_a_message_that_sends() -> None:
+    machine, session_id = _established_acp()
+    machine.prompt("t1", "hi")
+    unknown = {"jsonrpc": "2.0", "id": 5, "method": "terminal/create", "params": {}}
+    messages = [unknown, _chunk(session_id, "a")]
+    step, consumed = machine.receive_many(messages)
+    assert consumed == 1 and step.send and step.send[0]["error"]["code"] == -32601
+
+
+# -- the wire ----------------------------------------------------------------------------------
+
+
+def _every_event() -> list[ev.Event]:
+    stamp = {"session_id": "sess-1", "seq": 41, "timestamp": 1796139896.3816621}
+    option = ev.PermissionOption(option_id="allow", name="Allow", option_kind="allow_once")
+    return [
+        ev.SessionState(state="running", **stamp),
+        ev.SessionState(state="failed", detail="it died: \u00e9\U0001f600", **stamp),
+        ev.SessionRecycled(reason="3 failed turns", failed_turns=3, **stamp),
+        ev.TurnStarted(turn_id="t1", text="hello\nworld", **stamp),
+        ev.TurnSteered(turn_id="t1", mode="interrupted", text="go", interrupted_turn_id="t0"),
+        ev.TurnSteered(turn_id="t1", mode="injected", text="go", **stamp),
+        ev.MessageDelta(turn_id="t1", text="w0 ", **stamp),
+        ev.MessageDelta(turn_id=None, text="", role="user"),
+        ev.ThoughtDelta(turn_id="t1", text='"quoted"', **stamp),
+        ev.ToolCall(turn_id="t1", tool_call_id="c1", title="ls", raw={"a": [1, {"b": None}]}),
+        ev.ToolCall(
+            turn_id=None, tool_call_id="c2", title="", tool_kind="read", status="pending", raw={}
+        ),
+        ev.ToolUpdate(turn_id="t1", tool_call_id="c1", status="completed", raw={"x": 1.5}),
+        ev.ToolUpdate(turn_id="t1", tool_call_id="c1", status=None, raw={}, **stamp),
+        ev.Plan(turn_id="t1", entries=[{"content": "a", "status": "done"}], **stamp),
+        ev.Plan(turn_id=None, entries=[]),
+        ev.PermissionRequested(
+            turn_id="t1", request_id="r1", tool_call={"title": "rm"}, options=[option], **stamp
+        ),
+        ev.PermissionRequested(turn_id=None, request_id="r2", tool_call={}, options=[]),
+        ev.PermissionResolved(
+            turn_id="t1", request_id="r1", outcome="selected", option_id="allow", by="client"
+        ),
+        ev.PermissionResolved(turn_id=None, request_id="r1", outcome="cancelled", by="agent"),
+        ev.TurnStalled(turn_id="t1", silent_s=30.0, stall_s=30.0, tool_calls=["c1", "c2"]),
+        ev.TurnEnded(turn_id="t1", outcome="completed", stop_reason="end_turn", **stamp),
+        ev.TurnEnded(
+            turn_id="t1",
+            outcome="killed",
+            error="boom",
+            receipt={"outcome": "killed", "escalation": ["interrupt", "sigterm"], "n": 2**70},
+            reason="user",
+        ),
+        ev.SessionInfo(info_kind="usage_update", data={"used": 10, "size": 100}, **stamp),
+        ev.AgentStderr(line="warning: \x00 control", **stamp),
+        ev.AgentExited(exit_code=None, signal=9, expected=False),
+        ev.AgentExited(exit_code=0, signal=None, expected=True, **stamp),
+        ev.ErrorEvent(code="agent_invalid_json", message="bad line", **stamp),
+        ev.StreamGap(from_seq=3, to_seq=9, cause="history", **stamp),
+        ev.AgentUnparsed(raw={"jsonrpc": "2.0", "method": "x", "params": [1, "two", None]}),
+        ev.AgentUnparsed(raw=None, **stamp),
+    ]
+
+
+def test_every_event_class_is_covered() -> None:
+    assert {type(e) for e in _every_event()} == set(ev.EVENT_TYPES.values())
+
+
+@pytest.mark.parametrize("event", _every_event(), ids=lambda e: e.kind)
+def test_compiled_encoder_writes_what_event_to_wire_writes(event: ev.Event) -> None:
+    expected = dumps(event_to_wire(event))
+    assert event_json(event) == expected
+    assert events_json([event]) == [expected]
+
+
+def test_events_json_of_runs_matches_each_alone() -> None:
+    every = _every_event()
+    assert events_json(every) == [dumps(event_to_wire(e)) for e in every]
+    deltas = [ev.MessageDelta(turn_id="t", text=f"w{i}", seq=i) for i in range(5)]
+    assert events_json(deltas) == [dumps(event_to_wire(e)) for e in deltas]
+    # one msgspec refuses (a lone surrogate an agent sent): the standard library writes it
+    odd = [*deltas, ev.MessageDelta(turn_id="t", text="\ud800", seq=9)]
+    assert events_json(odd) == [dumps(event_to_wire(e)) for e in odd]
+    assert json.loads(events_json(odd)[-1])["data"]["text"] == "\ud800"
+    assert events_json([]) == []
+
+
+def test_text_frames_match_text_frame_at_every_length_boundary() -> None:
+    payloads = [b"x" * n for n in (0, 1, 125, 126, 127, 4095, 4096, 65535, 65536, 70000)]
+    assert text_frames(payloads) == [text_frame(p) for p in payloads]
+    assert text_frames(payloads) == [text_frame(p) for p in payloads]  # cached headers too
+
+
+# -- the session: a run of lines in one inbox item ----------------------------------------------
+
+
+def _spec() -> AgentSpec:
+    return AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
+
+
+async def _events_for(lines_per_item: list[list[bytes]]) -> list[tuple[str, Any, int]]:
+    """Start a turn on an in-memory ACP agent, post these lines as its stdout (one inbox item
+    per inner list), end the turn, and return every event's kind, data and seq."""
+    behaviour = Behaviour(words=1, word_interval=10.0)
+    async with helpers.running(MemoryLauncher(behaviour), _spec()) as (session, launcher, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        link = launcher.links[-1]
+        session_id = link.agent.session_id  # type: ignore[attr-defined]
+        for lines in lines_per_item:
+            text = [line.replace(b"SESSION", session_id.encode()) for line in lines]
+            await link.inbox.send(AgentLines(link.generation, text))
+        await rec.wait_kind("turn.ended", turn_id=turn.id)
+        await rec.catch_up()
+        seqs = [e.seq for e in rec.events]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # contiguous, in order
+        return [
+            (e.kind, event_to_wire(e)["data"], e.seq)
+            for e in rec.events
+            if e.kind not in ("session.state",)
+        ]
+
+
+def _session_lines() -> list[bytes]:
+    chunk = _chunk("SESSION", "")
+    lines = []
+    for index in range(30):
+        message = json.loads(json.dumps(chunk))
+        message["params"]["update"]["content"]["text"] = f"word{index} "
+        if index == 7:
+            message["boom"] = True  # the machine fails on this one (see the test)
+            message["params"]["update"]["sessionUpdate"] = "agent_thought_chunk"
+        lines.append(encode_message(message).rstrip(b"\n"))
+    lines.insert(3, b"this is not json")
+    lines.insert(12, encode_message(_update("SESSION", {"sessionUpdate": "tool_call"}))[:-1])
+    lines.append(encode_message({"jsonrpc": "2.0", "method": "x/unknown"})[:-1])
+    return lines
+
+
+async def test_session_handles_a_run_of_lines_as_it_handles_them_one_by_one(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = AcpClient._update_event
+
+    def failing(self: AcpClient, params: dict[str, Any], raw: dict[str, Any]) -> ev.Event | None:
+        if raw.get("boom"):
+            raise RuntimeError("a bug in the machine")
+        return original(self, params, raw)
+
+    monkeypatch.setattr(AcpClient, "_update_event", failing)
+    lines = _session_lines()
+    batched = await _events_for([lines])
+    one_by_one = await _events_for([[line] for line in lines])
+    assert [(kind, data) for kind, data, _ in batched] == [
+        (kind, data) for kind, data, _ in one_by_one
+    ]
+    kinds = [kind for kind, _, _ in batched]
+    assert kinds.count("agent.unparsed") == 2  # the failing message, and the unknown method
+    assert "error" in kinds  # the bad line
+    texts = [data["text"] for kind, data, _ in batched if kind in ("message.delta",)]
+    assert texts[1:] == [f"word{i} " for i in range(30) if i != 7]
+    unparsed = [data for kind, data, _ in batched if kind == "agent.unparsed"]
+    assert unparsed[0]["raw"]["boom"] is True
+
+
+# -- the fan-out -----------------------------------------------------------------------------------
+
+
+def _fanout_state(publish_in_runs: bool, hold: bool) -> list[Any]:
+    from supervisor.subscription import Fanout
+
+    fanout = Fanout(history_size=8, hold_unacknowledged=hold)
+    subscriptions = [
+        fanout.subscribe(None, head_seq=0, max_buffer=5),  # cut off (lagged) mid-run
+        fanout.subscribe(None, head_seq=0, max_buffer=100, wire=True),
+        fanout.subscribe(None, head_seq=0, max_buffer=40, stall_s=1.0),  # holds the agent back
+    ]
+    heard: list[int] = []
+    subscriptions[1].set_listener(lambda: heard.append(subscriptions[1].pending))
+    events: list[ev.Event] = [
+        ev.MessageDelta(turn_id="t", text=f"w{i}", session_id="s", seq=i + 1, timestamp=1.0)
+        for i in range(70)
+    ]
+    if publish_in_runs:
+        for start in range(0, 70, 23):
+            fanout.publish_many(events[start : start + 23])
+    else:
+        for event in events:
+            fanout.publish(event)
+    fanout.flush()
+    if hold:
+        fanout.acknowledge(30)
+    return [
+        list(fanout.history),
+        fanout.head_seq,
+        fanout.must_wait(),
+        [(s.lagged, s.ended, s.pending) for s in subscriptions],
+        subscriptions[1].take_wire(100),
+        [e.seq for e in subscriptions[2].take(100)],
+        heard[-1:],
+    ]
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_publish_many_leaves_the_fanout_as_publish_one_at_a_time_does(hold: bool) -> None:
+    runs, one_by_one = _fanout_state(True, hold), _fanout_state(False, hold)
+    assert runs == one_by_one
+    assert runs[3][0] == (True, True, 5) and runs[2] is True
+    assert len(runs[0]) == (16 if hold else 8)  # unacknowledged kept up to twice the size
+
+
+def test_acp_receive_many_drops_the_history_a_load_replays() -> None:
+    machine = AcpClient()
+    machine.start(cwd="/", resume="s1")
+    capabilities = {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}
+    machine.receive({"jsonrpc": "2.0", "id": 0, "result": capabilities})
+    replay = [_chunk("s1", "old words"), _chunk("s1", "more", "agent_thought_chunk")]
+    step, consumed = machine.receive_many(replay)
+    assert consumed == 2 and step.events == [] and step.send == []
+    step, _ = machine.receive_many([{"jsonrpc": "2.0", "id": 1, "result": {}}])
+    assert type(step.events[0]).__name__ == "SessionEstablished"
+    step, consumed = machine.receive_many([_chunk("s1", "new")])
+    assert [e.text for e in step.events] == ["new"]  # type: ignore[union-attr]
