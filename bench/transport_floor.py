@@ -14,6 +14,8 @@ alike; each round is a prompt, its first word, a pause of ``SETTLE_S``, then the
   task posts what it reads to the actor's inbox; the actor parses it and answers the caller.
   The same tasks and hops as ours, the floor's JSON, no protocol machine, no events, no
   receipt: what the actor shape costs by itself, so that ours/shape is what our own work costs;
+  and the same without the reader task: the actor waits on the pipe itself, under a cancel
+  scope a caller's post cancels (the other way for one task to hear both callers and the agent);
 - **ours**: ``await session.cancel()`` until the receipt, against the same light agent, under
   the supervisor (containment, actor, ACP machine, receipt, the session ready again).
 
@@ -200,11 +202,17 @@ class TrioFloor:
 
 class ShapeFloor:
     """The supervisor's shape with nothing in it (see the module docstring): caller, mailbox,
-    actor, reader task, inbox, reply slot. Prompts and cancels only, no failure handling."""
+    actor, reader task, inbox, reply slot. Prompts and cancels only, no failure handling.
+    ``reader=False``: no reader task; the actor waits on the pipe itself, under a cancel scope
+    a caller's post cancels to wake it (the other way to hear both callers and the agent)."""
 
-    def __init__(self, process: trio.Process) -> None:
+    def __init__(self, process: trio.Process, *, reader: bool = True) -> None:
         assert process.stdin is not None and process.stdout is not None
         self.process, self.stdout = process, process.stdout
+        self.reader = reader
+        self.stdout_fd = process.stdout.fileno()
+        self.wait_scope: trio.CancelScope | None = None  # the actor's wait on the pipe
+        self.buffer = b""
         self.stdin_fd = process.stdin.fileno()  # non-blocking, like every trio pipe
         #: (message to send or None, its reply slot, what the slot waits for: "" its answer)
         self.mailbox: deque[tuple[dict[str, Any] | None, Reply[dict[str, Any]], str]] = deque()
@@ -214,12 +222,15 @@ class ShapeFloor:
         self.session_id = ""
 
     @classmethod
-    async def start(cls, argv: list[str], nursery: trio.Nursery) -> ShapeFloor:
+    async def start(
+        cls, argv: list[str], nursery: trio.Nursery, *, reader: bool = True
+    ) -> ShapeFloor:
         process = await trio.lowlevel.open_process(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
-        shape = cls(process)
-        nursery.start_soon(shape.read)
+        shape = cls(process, reader=reader)
+        if reader:
+            nursery.start_soon(shape.read)
         nursery.start_soon(shape.act)
         await shape.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
         reply = await shape.call("session/new", {"cwd": "/", "mcpServers": []})
@@ -232,6 +243,33 @@ class ShapeFloor:
         while data := await self.stdout.receive_some(65536):
             *complete, buffer = (buffer + data).split(b"\n")
             await self.inbox_send.send(complete)
+
+    async def lines(self) -> list[bytes]:
+        """The next lines: one inbox item, or (no reader task) what one read of the pipe
+        holds, once it is readable or a post wakes the actor (then none)."""
+        if self.reader:
+            return await self.inbox.receive()
+        if not self.waiting:  # nothing to hear from the agent: wait for a post alone
+            with trio.CancelScope() as self.wait_scope:
+                await trio.sleep_forever()
+            return []
+        with trio.CancelScope() as self.wait_scope:
+            await trio.lowlevel.wait_readable(self.stdout_fd)
+        self.wait_scope = None
+        try:
+            data = os.read(self.stdout_fd, 65536)
+        except BlockingIOError:
+            return []  # woken by a post
+        *complete, self.buffer = (self.buffer + data).split(b"\n")
+        return complete
+
+    def wake(self) -> None:
+        """A post came: wake the actor wherever it waits."""
+        if self.reader:
+            with contextlib.suppress(trio.WouldBlock):
+                self.inbox_send.send_nowait([])  # as a session's caller does
+        elif self.wait_scope is not None:
+            self.wait_scope.cancel()
 
     async def act(self) -> None:
         """The actor task: the mailbox first, then one inbox item."""
@@ -246,7 +284,7 @@ class ShapeFloor:
                     self.waiting[str(self.next_id)] = reply
                 if message is not None:
                     os.write(self.stdin_fd, Lines.encode(message))
-            for line in await self.inbox.receive():
+            for line in await self.lines():
                 if not line:
                     continue
                 message = json.loads(line)
@@ -265,8 +303,7 @@ class ShapeFloor:
     async def post(self, message: dict[str, Any], waits_for: str = "") -> dict[str, Any]:
         reply: Reply[dict[str, Any]] = Reply()
         self.mailbox.append((message, reply, waits_for))
-        with contextlib.suppress(trio.WouldBlock):
-            self.inbox_send.send_nowait([])  # wake the actor, as a session's caller does
+        self.wake()
         return await reply.wait()
 
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -277,8 +314,7 @@ class ShapeFloor:
         answered: Reply[dict[str, Any]] = Reply()
         self.mailbox.append((None, chunk, "chunk"))  # wait for the first word
         self.mailbox.append((_prompt(0, self.session_id), answered, ""))
-        with contextlib.suppress(trio.WouldBlock):
-            self.inbox_send.send_nowait([])
+        self.wake()
         await chunk.wait()
         await trio.sleep(SETTLE_S)
         start = time.perf_counter()
@@ -294,19 +330,27 @@ class ShapeFloor:
 
 async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
     spec = AgentSpec(name="light", protocol="acp", command=LIGHT_AGENT)
-    times: dict[str, list[float]] = {"floor": [], "floor_trio": [], "shape": [], "light": []}
+    times: dict[str, list[float]] = {
+        "floor": [],
+        "floor_trio": [],
+        "shape": [],
+        "shape_no_reader": [],
+        "light": [],
+    }
     ops: dict[str, list[int]] = {name: [] for name in times}
     blocking = BlockingFloor(LIGHT_AGENT)
     on_trio = await TrioFloor.start(LIGHT_AGENT)
     try:
         async with open_supervisor(agents={"light": spec}) as sup, trio.open_nursery() as nursery:
             shape = await ShapeFloor.start(LIGHT_AGENT, nursery)
+            lean = await ShapeFloor.start(LIGHT_AGENT, nursery, reader=False)
             session = await sup.start_session("light", cwd="/")
             for warm_up in [True] * 5 + [False] * rounds:
                 figures = (
                     blocking.one_cancel(),
                     await on_trio.one_cancel(),
                     await shape.one_cancel(),
+                    await lean.one_cancel(),
                     await supervisor_cancel(session, SETTLE_S),
                 )
                 if not warm_up:
@@ -317,10 +361,12 @@ async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
                 blocking.one_cancel(counts[0])
                 await on_trio.one_cancel(counts[1])
                 await shape.one_cancel(counts[2])
-                await supervisor_cancel(session, SETTLE_S, counts[3])
+                await lean.one_cancel(counts[3])
+                await supervisor_cancel(session, SETTLE_S, counts[4])
                 for name, count in zip(times, counts, strict=True):
                     ops[name].append(count.ops)
             shape.kill()
+            lean.kill()
             nursery.cancel_scope.cancel()
     finally:
         blocking.close()
@@ -361,13 +407,17 @@ if __name__ == "__main__":
         f"  the shape alone (tasks and hops, no work):  p50 {f['shape_p50_ms']:.3f} ms  p99 {f['shape_p99_ms']:.3f} ms"
     )
     print(
+        f"  the same, no reader task (actor on pipe):   p50 {f['shape_no_reader_p50_ms']:.3f} ms  p99 {f['shape_no_reader_p99_ms']:.3f} ms"
+    )
+    print(
         f"  ours   (session.cancel -> receipt):         p50 {f['light_p50_ms']:.3f} ms  p99 {f['light_p99_ms']:.3f} ms"
     )
     if args.ops:
         print(
             f"  Python bytecodes per cancel, p50 of {f['ops_rounds']} untimed rounds: blocking floor"
             f" {f['floor_ops_p50']:.0f}, on trio {f['floor_trio_ops_p50']:.0f}, the shape alone"
-            f" {f['shape_ops_p50']:.0f}, ours {f['light_ops_p50']:.0f}"
+            f" {f['shape_ops_p50']:.0f} (no reader task {f['shape_no_reader_ops_p50']:.0f}),"
+            f" ours {f['light_ops_p50']:.0f}"
         )
     if args.json:
         print(json.dumps(f))
