@@ -42,7 +42,7 @@ from protocols.machine import (
     TurnFinished,
     UnknownPermission,
 )
-from supervisor.alarm import Alarm
+from supervisor.alarm import AlarmClock
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
@@ -349,6 +349,7 @@ class Session:
         history_size: int = DEFAULT_HISTORY,
         max_queued: int = DEFAULT_MAX_QUEUED,
         gate: IngestGate | None = None,
+        alarms: AlarmClock | None = None,
         resume: str | None = None,
         hold_unacknowledged: bool = False,
     ) -> None:
@@ -360,8 +361,10 @@ class Session:
         #: the agent-output allowance this session shares with the others (``ingest.py``)
         self._gate = gate if gate is not None else Unlimited()
         self._task: trio.lowlevel.Task | None = None  # the actor's, once it runs
-        #: wakes the actor when its next deadline passes (its waits have no cancel scope)
-        self._alarm = Alarm(self._wake_actor)
+        #: wakes the actor when its next deadline passes (its waits have no cancel scope):
+        #: on its supervisor's clock, or on one of its own
+        self._own_clock = alarms is None
+        self._alarm = (alarms if alarms is not None else AlarmClock()).alarm(self._wake_actor)
         #: calls, in order; unbounded, never awaited: the actor drains it before every inbox
         #: item (a deque, not a channel: draining an empty one raises nothing)
         self._mailbox: deque[_Call] = deque()
@@ -601,7 +604,8 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._alarm.run)
+                if self._own_clock:
+                    nursery.start_soon(self._alarm.clock.run)
                 self._spawn()
                 task_status.started()
                 try:
@@ -616,6 +620,7 @@ class Session:
             if self._state not in ("stopped", "failed"):
                 self._state = "stopped"
             self._fanout.close()
+            self._alarm.close()
 
     async def _loop(self) -> None:
         while not self._done:

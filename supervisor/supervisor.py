@@ -23,6 +23,7 @@ import trio
 
 from protocols.mcp import McpServer, McpUnsupported
 from supervisor.agent_link import ProcessLauncher
+from supervisor.alarm import AlarmClock
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.containment import choose
 from supervisor.errors import (
@@ -136,6 +137,9 @@ class Supervisor:
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
         nursery.start_soon(self.gate.run)
+        #: the deadlines of every session's actor (``alarm.py``)
+        self.alarms = AlarmClock()
+        nursery.start_soon(self.alarms.run)
 
     async def start_session(
         self,
@@ -200,6 +204,7 @@ class Supervisor:
             cwd=where,
             launcher=self._launcher,
             gate=self.gate,
+            alarms=self.alarms,
             resume=resume,
             history_size=self.history_size,
             hold_unacknowledged=self.hold_unacknowledged,
