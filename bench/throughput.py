@@ -44,13 +44,16 @@ A subscriber a full buffer behind holds the agent back rather than being cut off
 (``subscription.lagged``) resubscribes with ``since_seq``; deltas lost and cut-offs are shown
 if any. One delta frame of the floor and of ours are printed: the same fields, the same size.
 Last line: the ratios ours/floor events/s (target >= 0.8; and against the floor with
-msgspec) and our server CPU per event (target <= 15 us). Usage: ``python -m bench.throughput [--words 20000] [--repeats 3]
-[--receiver-processes 5] [--profile FILE]``.
+msgspec) and our server CPU per event (target <= 15 us). ``--ops WORDS`` instead counts the Python bytecodes the server runs per
+streamed event (one untimed run, ``bench/opcount.py``): a figure load does not move. Usage:
+``python -m bench.throughput [--words 20000] [--repeats 3] [--receiver-processes 5]
+[--profile FILE] [--ops WORDS]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -64,6 +67,7 @@ from typing import Any
 import trio
 
 from bench.bare_websocket import FrameScanner, server_handshake, text_frame, unmask
+from bench.opcount import OpCount
 from bench.transport_floor import Lines
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
@@ -318,7 +322,9 @@ class FloorAgent:
         await self.process.wait()
 
 
-async def run_ours(n: int, words: int, most: int, memory: bool) -> dict[str, Any]:
+async def run_ours(
+    n: int, words: int, most: int, memory: bool, count: OpCount | None = None
+) -> dict[str, Any]:
     if memory:
         launcher = MemoryLauncher(Behaviour(flood=True, words=words))
         spec = AgentSpec(name="flood", protocol="acp", command=["in-memory"])
@@ -336,11 +342,20 @@ async def run_ours(n: int, words: int, most: int, memory: bool) -> dict[str, Any
         receivers = await Receivers.spawn(websocket_url(url), n, request, most)
         await receivers.ready()
         cpu = cpu_seconds()
-        await session.prompt(prompt)
-        result = await receivers.finish()
+        with count or contextlib.nullcontext():
+            await session.prompt(prompt)
+            result = await receivers.finish()
         cpu = cpu_seconds() - cpu
         nursery.cancel_scope.cancel()
     return figures(result, words, n, cpu)
+
+
+async def count_ours(words: int, most: int) -> float:
+    """Python bytecodes the server runs per streamed event, one subscriber (an untimed run of
+    its own: tracing is slow): a count machine load does not move (``bench/opcount.py``)."""
+    count = OpCount()
+    await run_ours(1, words, most, memory=False, count=count)
+    return count.ops / words
 
 
 async def one_run(variant: str, n: int, words: int, most: int) -> dict[str, Any]:
@@ -448,8 +463,18 @@ if __name__ == "__main__":
     parser.add_argument(
         "--profile", metavar="FILE", help="also profile one 10-subscriber run (pyinstrument)"
     )
+    parser.add_argument(
+        "--ops",
+        type=int,
+        metavar="WORDS",
+        help="only count the Python bytecodes per streamed event, over one run of WORDS",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.ops:
+        ops = trio.run(count_ours, args.ops, args.receiver_processes)
+        print(f"Python bytecodes per streamed event, 1 subscriber, {args.ops} events: {ops:.0f}")
+        sys.exit(0)
     result = trio.run(main, args.words, args.repeats, args.receiver_processes, args.profile)
     report(result)
     if args.json:
