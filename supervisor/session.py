@@ -1127,10 +1127,27 @@ class Session:
         kind = self._batch_kind
         if kind == "lines":
             spent = self._work_through_lines(lines, allowed)
-            self._gate.charge(spent if urgent else spent - allowed)
-            if self._batch is lines and self._batch_at >= len(lines):
-                self._batch = None
-            return
+        elif kind == "frames":
+            spent = self._one_by_one(lines, allowed, self._on_frame)
+        else:
+            spent = self._one_by_one(lines, allowed, self._on_stderr_line)
+        # What was done, against what was taken: a big line may take more than the share; a
+        # batch that ended early gives the rest back.
+        self._gate.charge(spent if urgent else spent - allowed)
+        if self._batch is lines and self._batch_at >= len(lines):
+            self._batch = None
+
+    def _on_stderr_line(self, line: str) -> None:
+        self._emit(ev.AgentStderr(line=line))
+
+    def _on_line(self, line: bytes | FramingError) -> None:
+        frame = line if isinstance(line, FramingError) else decode_line(line)
+        if frame is not None:
+            self._on_frame(frame)
+
+    def _one_by_one(self, lines: list[Any], allowed: int, handle: Callable[[Any], None]) -> int:
+        """Handle items of the batch from ``_batch_at`` on, one at a time, as many as
+        ``allowed`` units pay for (the first always); returns the units spent."""
         spent = 0
         while self._batch is lines and self._batch_at < len(lines):
             if self._batch_generation != self._live_generation or self._done:
@@ -1141,19 +1158,8 @@ class Session:
                 break
             self._batch_at += 1
             spent += cost
-            if kind == "lines":
-                frame = line if isinstance(line, FramingError) else decode_line(line)
-                if frame is not None:
-                    self._on_frame(frame)
-            elif kind == "frames":
-                self._on_frame(line)
-            else:
-                self._emit(ev.AgentStderr(line=line))
-        # What was done, against what was taken: a big line may take more than the share; a
-        # batch that ended early gives the rest back.
-        self._gate.charge(spent if urgent else spent - allowed)
-        if self._batch is lines and self._batch_at >= len(lines):
-            self._batch = None
+            handle(line)
+        return spent
 
     def _work_through_lines(self, lines: list[Any], allowed: int) -> int:
         """Handle the agent's lines from ``_batch_at`` on, as many as ``allowed`` units pay for
@@ -1165,7 +1171,7 @@ class Session:
         take, spent = _share(lines, start, allowed)
         decoded = decode_lines(lines[start : start + take])
         if len(decoded) != take:  # a blank line (never from a LineDecoder): one at a time
-            return self._work_through_one_by_one(lines, allowed)
+            return self._one_by_one(lines, allowed, self._on_line)
         self._heard_from_live = True
         generation = self._live_generation
         if set(map(type, decoded)) <= _PAYLOAD_ONLY:
@@ -1227,22 +1233,6 @@ class Session:
     def _still_reading(self, lines: list[Any], generation: int | None) -> bool:
         """The batch goes on: it is still the current one, its agent the live one."""
         return self._batch is lines and self._live_generation == generation and not self._done
-
-    def _work_through_one_by_one(self, lines: list[Any], allowed: int) -> int:
-        spent = 0
-        while self._batch is lines and self._batch_at < len(lines):
-            if self._batch_generation != self._live_generation or self._done:
-                break
-            line = lines[self._batch_at]
-            cost = cost_of(len(line)) if isinstance(line, bytes | str) else 1
-            if spent and spent + cost > allowed:
-                break
-            self._batch_at += 1
-            spent += cost
-            frame = line if isinstance(line, FramingError) else decode_line(line)
-            if frame is not None:
-                self._on_frame(frame)
-        return spent
 
     def _on_frame(self, frame: Frame) -> None:
         self._heard_from_live = True

@@ -73,6 +73,13 @@ def config_toml(spec: AgentSpec, path: Path) -> Path:
     return path
 
 
+def front_config(spec: AgentSpec, namespace: Any, tmp_path: Path) -> Path:
+    """The front door's config for ``spec``, run in the test's network namespace if any."""
+    if namespace is not None:
+        spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+    return config_toml(spec, tmp_path / "agents.toml")
+
+
 #: A 1x1 PNG: a real image, for the agents that check what they are given.
 PNG_1X1 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
@@ -116,10 +123,7 @@ async def test_an_image_in_the_prompt_reaches_the_model(
             prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
             if key == "opencode":
                 take_images(prepared.cwd / "opencode.json")
-            spec = spec_of(prepared, grace_s=GRACE_S)
-            if namespace is not None:
-                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
-            config = config_toml(spec, tmp_path / "agents.toml")
+            config = front_config(spec_of(prepared, grace_s=GRACE_S), namespace, tmp_path)
             result: dict[str, Any] = await run_ts(
                 tmp_path,
                 "realimage",
@@ -154,10 +158,7 @@ async def test_real_agent_through_the_front_door(
         listener = namespace.listener if namespace is not None else None
         with (FakeAmp if key == "amp" else FakeModel)(listener) as model:
             prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
-            spec = spec_of(prepared, grace_s=GRACE_S)
-            if namespace is not None:
-                spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
-            config = config_toml(spec, tmp_path / "agents.toml")
+            config = front_config(spec_of(prepared, grace_s=GRACE_S), namespace, tmp_path)
             result: dict[str, Any] = await run_ts(
                 tmp_path,
                 "real",

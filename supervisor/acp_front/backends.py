@@ -360,14 +360,8 @@ class GatewaySession:
     async def set_mode(self, mode_id: str) -> None:
         if self._modes is None:
             raise BackendRefused(f"agent {self.agent!r} offers no modes")
-        try:
+        with _gateway_errors(refused=True):
             await self._client.set_mode(self.id, mode_id)
-        except GatewayError as exc:
-            if exc.code == "bad_request":
-                raise BackendRefused(exc.message) from exc
-            raise BackendError(exc.message) from exc
-        except ConnectionClosed as exc:
-            raise BackendError("the connection to the gateway is closed") from exc
         self._modes = {**self._modes, "currentModeId": mode_id}
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
@@ -375,14 +369,8 @@ class GatewaySession:
         if why is not None:
             raise BackendRefused(why)
         content = [to_acp(part, CARRY_WORDS) for part in parts]  # each as such
-        try:
+        with _gateway_errors(refused=True):  # what the agent cannot take: refused
             result = await self._client.prompt(self.id, text, content=content)
-        except GatewayError as exc:
-            if exc.code == "bad_request":
-                raise BackendRefused(exc.message) from exc  # what the agent cannot take
-            raise BackendError(exc.message) from exc
-        except ConnectionClosed as exc:
-            raise BackendError("the connection to the gateway is closed") from exc
         return str(result["turn_id"])
 
     async def cancel(self) -> None:
@@ -408,11 +396,14 @@ class GatewaySession:
 
 
 @contextmanager
-def _gateway_errors() -> Iterator[None]:
-    """A failed gateway call as a :class:`BackendError` for the person in the editor."""
+def _gateway_errors(*, refused: bool = False) -> Iterator[None]:
+    """A failed gateway call as a :class:`BackendError` for the person in the editor; with
+    ``refused``, a ``bad_request`` as :class:`BackendRefused` (what was asked, refused)."""
     try:
         yield
     except GatewayError as exc:
+        if refused and exc.code == "bad_request":
+            raise BackendRefused(exc.message) from exc
         raise BackendError(exc.message) from exc
     except ConnectionClosed as exc:
         raise BackendError("the connection to the gateway is closed") from exc
