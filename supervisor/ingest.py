@@ -8,9 +8,9 @@ flooding sessions make every pass K times longer (measured: ~9 ms a pass at K = 
 spanning 7 of them), so the quiet session's stop pays for everybody's flood. This module bounds
 the pass instead: the actors of all sessions share one :class:`IngestGate`, an allowance of
 ``per_pass`` work units (a line of agent output is one, plus one per 8 KiB) made whole again
-at the start of every pass. A session that finds it spent parks (and costs nothing) until the gate grants it a
-share; its inbox fills, its reader stops reading, and its agent blocks on a full pipe: the
-flood is pushed back onto the agents, not queued in the supervisor.
+at the start of every pass. A session that finds it spent parks (and costs nothing) until the
+gate grants it a share; its inbox fills, its reader stops reading, and its agent blocks on a
+full pipe: the flood is pushed back onto the agents, not queued in the supervisor.
 
 Who goes first: sessions that want little (an answer, a few deltas: ``light``) before those
 draining a backlog (``heavy``), each queue first-come first-served, heavy ones served ``quantum``
