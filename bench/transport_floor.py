@@ -9,9 +9,11 @@ alike; each round is a prompt, its first word, a pause of ``SETTLE_S``, then the
   directly, driven with blocking ``os.write``/``os.read`` from this process (no event loop),
   from writing ``session/cancel`` to having parsed the ``session/prompt`` response;
 - **floor on trio**: the same exchange through trio's pipe streams: what an event loop adds;
-- **the shape alone**: the supervisor's shape with nothing in it: a caller posts the cancel to
-  an actor task's mailbox and waits on a reply slot; the actor writes the line itself; a reader
-  task posts what it reads to the actor's inbox; the actor parses it and answers the caller.
+- **the shape alone**: the supervisor's shape with nothing in it: a caller hands the cancel to
+  an actor task and waits on a reply slot; the actor parked (waiting for its inbox, as here),
+  the caller's step writes the line itself, as a session's does (else it goes through the
+  mailbox); a reader task posts what it reads to the actor's inbox; the actor parses it and
+  answers the caller.
   The same tasks and hops as ours, the floor's JSON, no protocol machine, no events, no
   receipt: what the actor shape costs by itself, so that ours/shape is what our own work costs;
   and the same without the reader task: the actor waits on the pipe itself, under a cancel
@@ -218,6 +220,7 @@ class ShapeFloor:
         self.mailbox: deque[tuple[dict[str, Any] | None, Reply[dict[str, Any]], str]] = deque()
         self.inbox_send, self.inbox = trio.open_memory_channel[list[bytes]](16)
         self.waiting: dict[str, Reply[dict[str, Any]]] = {}
+        self.parked = False  # the actor waits for its next lines, nothing half done
         self.next_id = 0
         self.session_id = ""
 
@@ -271,20 +274,30 @@ class ShapeFloor:
         elif self.wait_scope is not None:
             self.wait_scope.cancel()
 
+    def handle(
+        self, message: dict[str, Any] | None, reply: Reply[dict[str, Any]], waits_for: str
+    ) -> None:
+        """One call: what it waits for written down, its message written to the agent."""
+        if waits_for:
+            self.waiting[waits_for] = reply
+        elif message is not None:
+            self.next_id += 1
+            message = {**message, "id": self.next_id}
+            self.waiting[str(self.next_id)] = reply
+        if message is not None:
+            os.write(self.stdin_fd, Lines.encode(message))
+
     async def act(self) -> None:
         """The actor task: the mailbox first, then one inbox item."""
         while True:
             while self.mailbox:
-                message, reply, waits_for = self.mailbox.popleft()
-                if waits_for:
-                    self.waiting[waits_for] = reply
-                elif message is not None:
-                    self.next_id += 1
-                    message = {**message, "id": self.next_id}
-                    self.waiting[str(self.next_id)] = reply
-                if message is not None:
-                    os.write(self.stdin_fd, Lines.encode(message))
-            for line in await self.lines():
+                self.handle(*self.mailbox.popleft())
+            self.parked = True
+            try:
+                lines = await self.lines()
+            finally:
+                self.parked = False
+            for line in lines:
                 if not line:
                     continue
                 message = json.loads(line)
@@ -301,9 +314,15 @@ class ShapeFloor:
                     waiter.resolve(message)
 
     async def post(self, message: dict[str, Any], waits_for: str = "") -> dict[str, Any]:
+        """A call, handled at once if the actor is parked (as a session's are), else posted."""
         reply: Reply[dict[str, Any]] = Reply()
-        self.mailbox.append((message, reply, waits_for))
-        self.wake()
+        if self.parked and not self.mailbox:
+            self.handle(message, reply, waits_for)
+            if not self.reader:
+                self.wake()  # it may wait for a post alone: now it has the agent to hear
+        else:
+            self.mailbox.append((message, reply, waits_for))
+            self.wake()
         return await reply.wait()
 
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -369,6 +369,10 @@ class Session:
         #: item (a deque, not a channel: draining an empty one raises nothing)
         self._mailbox: deque[_Call] = deque()
         self._mailbox_open = True
+        #: Where the actor waits with nothing half done, so that a call is handled at once in
+        #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
+        #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
+        self._parked = ""
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
         # Everything below is owned by the actor task.
         self._state = "starting"
@@ -579,11 +583,31 @@ class Session:
         return await self._call(_Stop)
 
     async def _call(self, make: Callable[[Reply[T]], _Call]) -> T:
+        """Post a call and wait for its answer.
+
+        A call that finds the actor parked (:attr:`_parked`) and the mailbox empty is handled
+        at once, in the caller's own step: the actor's own handler, run while the actor runs
+        nothing and holds nothing half done (trio runs one task at a time, and the actor parks
+        only between two pieces of work), in the order the mailbox would have given it. So a
+        cancel's interrupt goes out in the step that asked for it, not a pass of the run loop
+        later, and under load a pass is what every other session's traffic makes long."""
         reply: Reply[T] = Reply()
         if not self._mailbox_open:
             raise AgentNotRunning(f"session {self.id} is {self._state}")
-        self._mailbox.append(make(reply))
-        self._wake_actor()
+        call = make(reply)
+        parked = self._parked
+        if parked and not self._mailbox:
+            self._handle(call)
+            if parked == "inbox":
+                # What the actor would do before waiting again: its deadlines rearmed and the
+                # subscribers' writers told of the call's events. It need not wake for it.
+                self._alarm.set(min(self._next_deadline(), self._watch()))
+                self._fanout.flush()
+            else:
+                self._wake_actor()  # a cancel, a stop: it must not go on waiting for a share
+        else:
+            self._mailbox.append(call)
+            self._wake_actor()
         return await reply.wait()
 
     def _wake_actor(self) -> None:
@@ -668,16 +692,20 @@ class Session:
         # Cancelling, the actor waits for the agent's answer at once: spinning here would take
         # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
         # core), and subscribers hear of the "cancelling" event without a batch to wait for.
-        for _ in range(0 if self._state == "cancelling" else _IDLE_TURNS):
-            try:
-                item = self._inbox.receive_nowait()
-            except trio.WouldBlock:
-                await trio.lowlevel.checkpoint()  # a turn for the pumps
-                continue
-            await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
-            return item
-        self._fanout.flush()
-        return await self._inbox.receive()
+        self._parked = "inbox"  # from here to the return, each wait is between two items
+        try:
+            for _ in range(0 if self._state == "cancelling" else _IDLE_TURNS):
+                try:
+                    item = self._inbox.receive_nowait()
+                except trio.WouldBlock:
+                    await trio.lowlevel.checkpoint()  # a turn for the pumps
+                    continue
+                await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
+                return item
+            self._fanout.flush()
+            return await self._inbox.receive()
+        finally:
+            self._parked = ""
 
     def _holding(self) -> bool:
         return self._state == "running" and not self._stopping and self._fanout.must_wait()
@@ -689,22 +717,28 @@ class Session:
         turn = self._turn
         if turn is not None and turn.heard:
             turn.heard, turn.heard_at = False, held_at
-        await self._fanout.wait_for_room()
+        self._parked = "share"
+        try:
+            await self._fanout.wait_for_room()
+        finally:
+            self._parked = ""
         if turn is not None and turn is self._turn:
             turn.heard_at += trio.current_time() - held_at
 
     def _serve_mailbox(self) -> None:
         mailbox = self._mailbox
         while mailbox:
-            call = mailbox.popleft()
-            try:
-                self._on_call(call)
-            except SupervisorError as exc:  # the caller's mistake: answered, not logged
-                call.reply.fail(exc)
-            except Exception as exc:  # a bug must answer the caller, not kill the session
-                # The call's kind, not its payload (a prompt may be megabytes, and the user's).
-                log.exception("session %s: error handling %s", self.id, type(call).__name__)
-                call.reply.fail(exc)
+            self._handle(mailbox.popleft())
+
+    def _handle(self, call: _Call) -> None:
+        try:
+            self._on_call(call)
+        except SupervisorError as exc:  # the caller's mistake: answered, not logged
+            call.reply.fail(exc)
+        except Exception as exc:  # a bug must answer the caller, not kill the session
+            # The call's kind, not its payload (a prompt may be megabytes, and the user's).
+            log.exception("session %s: error handling %s", self.id, type(call).__name__)
+            call.reply.fail(exc)
 
     def _close_mailbox(self) -> None:
         self._mailbox_open = False
@@ -1122,7 +1156,11 @@ class Session:
         if not allowed:
             # Granted or woken, the mailbox comes first (a call may have come meanwhile): the
             # share is kept for after it.
-            self._credit = await self._gate.acquire(want)
+            self._parked = "share"
+            try:
+                self._credit = await self._gate.acquire(want)
+            finally:
+                self._parked = ""
             return
         kind = self._batch_kind
         if kind == "lines":

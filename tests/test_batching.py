@@ -35,7 +35,15 @@ from protocols.machine import PartialStep, Step, TurnFinished
 from supervisor import AgentSpec
 from supervisor.gateway.websocket import text_frame, text_frames
 from supervisor.link import AgentLines
-from supervisor.wire import dumps, event_json, event_to_wire, events_json
+from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.wire import (
+    converter,
+    dumps,
+    event_json,
+    event_to_wire,
+    events_json,
+    receipt_to_wire,
+)
 
 # -- framing -------------------------------------------------------------------------------------
 
@@ -508,3 +516,32 @@ def test_acp_receive_many_drops_the_history_a_load_replays() -> None:
     assert type(step.events[0]).__name__ == "SessionEstablished"
     step, consumed = machine.receive_many([_chunk("s1", "new")])
     assert [e.text for e in step.events] == ["new"]  # type: ignore[union-attr]
+
+
+def test_compiled_receipt_encoder_writes_what_the_converter_writes() -> None:
+    dropped = [DroppedPrompt(turn_id="t2", text="next"), DroppedPrompt(turn_id="t3", text="")]
+    receipts = [
+        CancelReceipt(session_id="s", turn_id=None, outcome="no_active_turn"),
+        CancelReceipt(
+            session_id="s",
+            turn_id="t1",
+            outcome="killed",
+            escalation=["interrupt", "grace_expired", "sigkill", "respawned", "resumed"],
+            stop_reason="cancelled",
+            dropped_prompts=dropped,
+            resumed=True,
+            elapsed_ms=2001.5,
+            grace_s=2.0,
+            reason="user",
+            details={"children": [1, {"pid": 2}]},
+            survivors=[{"pid": 7, "command": "sleep"}],
+        ),
+        CancelReceipt(session_id="s", turn_id="t1", outcome="unreachable", host="box"),
+    ]
+    for receipt in receipts:
+        expected = converter.unstructure(receipt)
+        if expected["host"] is None:
+            del expected["host"]
+        wire = receipt_to_wire(receipt)
+        assert wire == expected and list(wire) == list(expected)
+        assert wire["escalation"] is not receipt.escalation  # a copy, as the converter's

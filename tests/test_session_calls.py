@@ -1,0 +1,143 @@
+"""Tier 2: a call that finds the session's actor parked is handled in its caller's step.
+
+The actor parks between two pieces of work: waiting for its inbox, for its share of the
+ingest allowance, or for a full subscriber's room. A call then runs the actor's own handler at
+once, in the caller's task, so a cancel's interrupt goes out in the step that asked for it.
+What must not change: the answers, their order, and every deadline the call sets.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import helpers
+from fakes.memory_agent import Behaviour, MemoryLauncher
+from fakes.memory_base import MemoryLink
+from helpers import Recorder
+from supervisor import AgentSpec, Session
+
+GRACE = 2.0
+
+
+def running(
+    behaviour: Behaviour,
+) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
+    return helpers.running(MemoryLauncher(behaviour), spec)
+
+
+def record_senders(link: MemoryLink) -> list[tuple[str, trio.lowlevel.Task]]:
+    """Each message the session sends from now on, with the task that sent it."""
+    senders: list[tuple[str, trio.lowlevel.Task]] = []
+    send = link.send
+
+    def recording(message: dict[str, Any]) -> None:
+        senders.append((message.get("method", ""), trio.lowlevel.current_task()))
+        send(message)
+
+    link.send = recording  # type: ignore[method-assign]
+    return senders
+
+
+async def test_a_cancel_to_a_quiet_turn_goes_out_in_the_callers_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        await trio.testing.wait_all_tasks_blocked()  # the actor waits for its inbox
+        senders = record_senders(launcher.links[-1])
+        receipt = await session.cancel()
+        assert senders[0] == ("session/cancel", trio.lowlevel.current_task())
+        assert receipt.outcome == "cancelled" and receipt.escalation == ["interrupt"]
+        assert session.state == "ready"
+        await rec.catch_up()
+
+
+async def test_a_cancel_the_agent_ignores_still_escalates_at_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Handled in the caller's step, the cancel's grace deadline is armed all the same."""
+    async with running(Behaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        await trio.testing.wait_all_tasks_blocked()
+        senders = record_senders(launcher.links[-1])
+        t0 = trio.current_time()
+        receipt = await session.cancel()
+        assert senders[0] == ("session/cancel", trio.lowlevel.current_task())
+        assert receipt.outcome == "killed"
+        assert receipt.escalation[:2] == ["interrupt", "grace_expired"]
+        assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
+        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert session.state == "ready"
+        await rec.catch_up()
+
+
+async def test_a_cancel_to_a_flooding_session_goes_out_in_the_callers_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A flooding session's actor waits for its share of agent output: the cancel does not."""
+    async with running(Behaviour(words=100_000, flood=True, stop_delay=0.05)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        senders = record_senders(launcher.links[-1])
+        receipt = await session.cancel()
+        assert senders[0] == ("session/cancel", trio.lowlevel.current_task())
+        assert receipt.outcome == "cancelled"
+        assert session.state == "ready"
+        await rec.catch_up()
+
+
+async def test_calls_in_one_pass_are_answered_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two prompts and a cancel posted in one pass, each handled at once: the first prompt
+    starts, the second queues, the cancel drops the queued one and stops the first."""
+    async with running(Behaviour(silent_after=1)) as (session, _, rec):
+        await session.prompt("warm up")
+        await rec.wait_kind("message.delta")
+        await session.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        handles: list[Any] = []
+
+        async def prompt(text: str) -> None:
+            handles.append(await session.prompt(text))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prompt, "first")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(prompt, "second")
+        first, second = handles
+        assert (first.queued, second.queued) == (False, True)
+        receipt = await session.cancel()
+        assert receipt.turn_id == first.id
+        assert [d.turn_id for d in receipt.dropped_prompts] == [second.id]
+        assert session.state == "ready"
+        await rec.catch_up()
+
+
+async def test_a_subscription_made_at_once_sees_what_follows(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(Behaviour(words=3)) as (session, _, rec):
+        await trio.testing.wait_all_tasks_blocked()
+        async with session.subscribe() as events:
+            turn = await session.prompt("hello")
+            kinds = []
+            async for event in events:
+                kinds.append(event.kind)
+                if event.kind == "turn.ended":
+                    break
+        assert "turn.started" in kinds and kinds.count("message.delta") == 3
+        assert getattr(event, "turn_id", None) == turn.id
+        await rec.catch_up()
