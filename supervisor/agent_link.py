@@ -186,14 +186,18 @@ class ProcessLink(AgentLink):
                 await self.process.close_stdin()
 
     async def read_stdout(self) -> None:
-        """One :class:`AgentLines` per read, then a pass for the actor, then the pipe is read
-        again at once if it holds more, else waited on: two steps a read, where
-        ``receive_some`` and ``send`` take three (each checkpoints first)."""
+        """One :class:`AgentLines` per read. A read that drained the pipe (it took less than
+        it could) is followed by a wait for the pipe in the same step: one step a read, and on
+        a cancel's answer no step of ours between the actor's and its caller's. A full read
+        gives the actor its turn first (a pass), then reads again at once: two steps a read,
+        where ``receive_some`` and ``send`` take three (each checkpoints first)."""
         decoder = LineDecoder()
         stdout = self.process.stdout
         try:
+            drained = False
             while True:
-                data = await read_pipe(stdout)
+                data = await read_pipe(stdout, drained)
+                drained = False
                 lines = decoder.feed_lines(data) if data else decoder.end_lines()
                 if lines:
                     item = AgentLines(self.generation, lines)
@@ -202,7 +206,10 @@ class ProcessLink(AgentLink):
                     except trio.WouldBlock:
                         await self._inbox.send(item)  # full: the agent waits on its pipe
                     else:
-                        await trio.lowlevel.checkpoint()  # the actor's turn, then ours
+                        if len(data) < _READ_SIZE:
+                            drained = True
+                        else:
+                            await trio.lowlevel.checkpoint()  # the actor's turn, then ours
                 if not data:
                     break
             with trio.move_on_after(1.0):
@@ -320,10 +327,11 @@ async def _kill_now(process: AgentProcess) -> None:
         await process.kill_tree(0)
 
 
-async def read_pipe(stream: trio.abc.ReceiveStream) -> bytes:
+async def read_pipe(stream: trio.abc.ReceiveStream, drained: bool = False) -> bytes:
     """The next bytes of an agent's output pipe, ``b""`` at its end or once it is closed.
     Unlike ``receive_some``, what the pipe already holds is read without waiting a pass of the
-    run loop first (the reader has just had one)."""
+    run loop first (the reader has just had one). ``drained``: the last read emptied the pipe,
+    so it is waited on before it is read (a read now would only find it empty)."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         try:
             return bytes(await stream.receive_some(_READ_SIZE))
@@ -333,6 +341,13 @@ async def read_pipe(stream: trio.abc.ReceiveStream) -> bytes:
         fd = stream.fileno()  # -1 once closed: never a number some other file reuses
         if fd < 0:
             return b""
+        if drained:
+            drained = False
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            except trio.ClosedResourceError:
+                return b""
+            continue
         try:
             return os.read(fd, _READ_SIZE)
         except BlockingIOError:
