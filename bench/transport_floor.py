@@ -12,8 +12,9 @@ alike; each round is a prompt, its first word, a pause of ``SETTLE_S``, then the
 - **the shape alone**: the supervisor's shape with nothing in it: a caller hands the cancel to
   an actor task and waits on a reply slot; the actor parked (waiting for its inbox, as here),
   the caller's step writes the line itself, as a session's does (else it goes through the
-  mailbox); a reader task posts what it reads to the actor's inbox; the actor parses it and
-  answers the caller.
+  mailbox); a reader task posts what it reads to the actor's inbox, and the actor parses it and
+  answers the caller (a cancel's answer, the reader parses in its own step while the actor is
+  parked, as a session's pump does).
   The same tasks and hops as ours, the floor's JSON, no protocol machine, no events, no
   receipt: what the actor shape costs by itself, so that ours/shape is what our own work costs;
   and the same without the reader task: the actor waits on the pipe itself, under a cancel
@@ -241,11 +242,15 @@ class ShapeFloor:
         return shape
 
     async def read(self) -> None:
-        """The reader task: one inbox item per read."""
+        """The reader task: one inbox item per read; what a cancel waits for is taken in the
+        reader's own step while the actor is parked, as a session's pump does."""
         buffer = b""
         while data := await self.stdout.receive_some(65536):
             *complete, buffer = (buffer + data).split(b"\n")
-            await self.inbox_send.send(complete)
+            if self.parked and "cancel" in self.waiting and not self.mailbox:
+                self.take(complete)
+            else:
+                await self.inbox_send.send(complete)
 
     async def lines(self) -> list[bytes]:
         """The next lines: one inbox item, or (no reader task) what one read of the pipe
@@ -297,21 +302,25 @@ class ShapeFloor:
                 lines = await self.lines()
             finally:
                 self.parked = False
-            for line in lines:
-                if not line:
-                    continue
-                message = json.loads(line)
-                if _is_chunk(message):
-                    waiter = self.waiting.pop("chunk", None)
-                elif "id" in message and "method" not in message:
-                    waiter = self.waiting.pop(str(message["id"]), None)
-                    cancel = self.waiting.pop("cancel", None)
-                    if cancel is not None and message.get("result", {}).get("stopReason"):
-                        cancel.resolve(message)
-                else:
-                    waiter = None
-                if waiter is not None:
-                    waiter.resolve(message)
+            self.take(lines)
+
+    def take(self, lines: list[bytes]) -> None:
+        """Parse the agent's lines and answer whoever waits for them."""
+        for line in lines:
+            if not line:
+                continue
+            message = json.loads(line)
+            if _is_chunk(message):
+                waiter = self.waiting.pop("chunk", None)
+            elif "id" in message and "method" not in message:
+                waiter = self.waiting.pop(str(message["id"]), None)
+                cancel = self.waiting.pop("cancel", None)
+                if cancel is not None and message.get("result", {}).get("stopReason"):
+                    cancel.resolve(message)
+            else:
+                waiter = None
+            if waiter is not None:
+                waiter.resolve(message)
 
     async def post(self, message: dict[str, Any], waits_for: str = "") -> dict[str, Any]:
         """A call, handled at once if the actor is parked (as a session's are), else posted."""

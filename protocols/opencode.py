@@ -198,6 +198,9 @@ class _Turn:
     checking: bool = False
     #: another idle came while that question was out (the real end may be among them)
     idle_while_checking: bool = False
+    #: an error came while that question was out: a "busy" may be older than it (see
+    #: ``_on_checked``)
+    error_while_checking: bool = False
     #: one of its permission requests was answered ``reject``
     rejected: bool = False
     #: our abort got its HTTP answer (or failed): it can no longer land on a later turn
@@ -581,7 +584,10 @@ class OpenCodeClient(AgentProtocol):
         # No word on how it ended: a failed prompt's error comes after the idle, and a leftover
         # idle of an earlier abort looks the same. The server knows whether the loop still runs;
         # by its answer the error that followed the idle has come too.
-        turn.checking, turn.idle_while_checking = True, False
+        return self._ask_status(turn)
+
+    def _ask_status(self, turn: _Turn) -> Step:
+        turn.checking, turn.idle_while_checking, turn.error_while_checking = True, False, False
         sent = _Sent("status", turn.turn_id)
         return Step(send=[self._request("GET", "/session/status", sent)])
 
@@ -594,10 +600,15 @@ class OpenCodeClient(AgentProtocol):
             status = body.get(self._session_id)
             if not (isinstance(status, dict) and status.get("type") in ("busy", "retry")):
                 return self._finish(turn, _verdict(turn))  # idle: the turn is over
-            if not turn.idle_while_checking:
-                return Step()  # a leftover idle: the turn runs on
-            # The real end may have come after the server answered: ask once more.
-            return self._on_idle()
+            if turn.idle_while_checking:
+                # The real end may have come after the server answered: ask once more.
+                return self._on_idle()
+            if turn.error_while_checking:
+                # The answer comes on its own connection, the error on the event stream: a
+                # "busy" made before a failed prompt's error was published (after its idle)
+                # can arrive after it. Whether the loop still runs, only a new answer says.
+                return self._ask_status(turn)
+            return Step()  # a leftover idle: the turn runs on
         # No answer: judge by the stream alone. An open message with neither an error nor our
         # abort means the loop still runs (it completes its message before it goes idle).
         if turn.open_message and not (turn.abort_sent or turn.aborted or turn.error):
@@ -635,6 +646,7 @@ class OpenCodeClient(AgentProtocol):
         turn = self._turn
         if turn is not None and turn.active:
             # The loop publishes its error before it goes idle: the idle ends the turn.
+            turn.error_while_checking = turn.checking
             if name == _ABORTED:
                 turn.aborted = True
             elif turn.error is None:

@@ -201,11 +201,15 @@ class ProcessLink(AgentLink):
                 lines = decoder.feed_lines(data) if data else decoder.end_lines()
                 if lines:
                     item = AgentLines(self.generation, lines)
-                    try:
-                        self._inbox.send_nowait(item)
-                    except trio.WouldBlock:
-                        await self._inbox.send(item)  # full: the agent waits on its pipe
-                    else:
+                    take = self.take_now
+                    at_once = True
+                    if take is None or not take(item):
+                        try:
+                            self._inbox.send_nowait(item)
+                        except trio.WouldBlock:
+                            await self._inbox.send(item)  # full: the agent waits on its pipe
+                            at_once = False
+                    if at_once:
                         if len(data) < _READ_SIZE:
                             drained = True
                         else:

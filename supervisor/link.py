@@ -10,6 +10,7 @@ fakes in through the same :class:`Launcher` signature.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -79,6 +80,10 @@ class AgentLink(ABC):
     """One running agent process, as the actor drives it."""
 
     generation: int
+    #: Set by the session once the link is its live one: offered each item of agent output
+    #: before it is posted; True means the session handled it there and then, in the pump's
+    #: own step (a cancel's answer, when the actor waits for it: ``Session._take_now``).
+    take_now: Callable[[Any], bool] | None = None
 
     @abstractmethod
     def send(self, message: dict[str, Any]) -> None:

@@ -373,6 +373,8 @@ class Session:
         #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
         #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
         self._parked = ""
+        #: What handling agent output in its pump's step raised (``_take_now``): the actor's.
+        self._raise_in_actor: Exception | None = None
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
         # Everything below is owned by the actor task.
         self._state = "starting"
@@ -672,6 +674,8 @@ class Session:
             watch = self._watch()
             self._alarm.set(min(self._next_deadline(), watch))
             item = await self._receive(watch)
+            if self._raise_in_actor is not None:
+                raise self._raise_in_actor
             # Calls that came while we waited go before what woke us: a second cancel posted
             # as the agent's answer to the first came in joins it, and shares its receipt.
             self._serve_mailbox()
@@ -1137,6 +1141,39 @@ class Session:
         """Work that waits for no share: a cancel in progress, a start, a stop."""
         return self._state in ("cancelling", "starting") or self._establishing or self._stopping
 
+    def _take_now(self, item: AgentLines | AgentFrame) -> bool:
+        """Offered by the live link's pump each item of agent output before it posts it:
+        urgent output (a cancel's answer, a start's, a stop's) is handled at once, in the
+        pump's own step, when the actor waits for its inbox with nothing before it; what the
+        actor's next step would have done with it, a pass of the run loop sooner (as a call
+        to a parked actor is, ``_call``). Under load that pass is long. Else False: the pump
+        posts it. Output that may wait for its share always goes through the inbox."""
+        if (
+            self._parked != "inbox"
+            or self._mailbox
+            or self._batch is not None
+            or self._alarm.rang
+            or item.generation != self._live_generation
+            or not self._urgent()
+            or not self._inbox.statistics().tasks_waiting_receive  # woken by something else
+        ):
+            return False
+        try:
+            self._on_inbox(item)
+            lines = self._batch
+            if lines is not None:
+                self._work_through(lines, len(lines) - self._batch_at, True)
+        except Exception as exc:  # raised in the actor, as if it had handled the item itself
+            self._raise_in_actor = exc
+            self._wake_actor()
+            return True
+        if self._batch is not None:
+            self._wake_actor()  # left for the actor (the agent was replaced meanwhile, say)
+        else:
+            self._alarm.set(min(self._next_deadline(), self._watch()))
+            self._fanout.flush()
+        return True
+
     async def _work_through_batch(self) -> None:
         """Handle as much of the current batch as the gate allows now (all of it when the work
         is urgent), waiting for a share when there is none left this pass."""
@@ -1162,6 +1199,10 @@ class Session:
             finally:
                 self._parked = ""
             return
+        self._work_through(lines, allowed, urgent)
+
+    def _work_through(self, lines: list[Any], allowed: int, urgent: bool) -> None:
+        """Handle the batch's next ``allowed`` units (``urgent``: charged, never asked for)."""
         kind = self._batch_kind
         if kind == "lines":
             spent = self._work_through_lines(lines, allowed)
@@ -1873,6 +1914,7 @@ class Session:
             return
         self._link = spawned.link
         self._live_generation = spawned.generation
+        spawned.link.take_now = self._take_now
         self._machine = new_machine(self.spec.protocol)
         self._recycle_for = None  # a fresh process: whatever it held is gone
         limit = self.spec.max_memory_mb

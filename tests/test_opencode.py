@@ -182,6 +182,34 @@ def test_idles_before_busy_are_not_this_turns() -> None:
     assert finished(client.receive(idle())) == []  # the turn is over
 
 
+def test_a_busy_answer_older_than_a_late_error_is_asked_again() -> None:
+    """A prompt failing inside the server: busy, the idle, and only then ``session.error``.
+    The status answer comes on its own connection: one the server made before it published the
+    error can arrive after it, and says busy. The machine asks again; idle, the turn failed."""
+    client = established()
+    client.prompt("t1", "go")
+    client.receive(busy())
+    [check] = client.receive(idle()).send
+    failed = {"name": "UnknownError", "data": {"message": "boom"}}
+    late = {"sse": {"type": "session.error", "properties": {"sessionID": SID, "error": failed}}}
+    assert finished(client.receive(late)) == []
+    step = client.receive(status_answer(check, running=True))
+    assert finished(step) == []
+    [again] = step.send
+    assert again["http"]["path"] == "/session/status" and again["http"]["id"] != check["http"]["id"]
+    [end] = finished(client.receive(status_answer(again, running=False)))
+    assert (end.turn_id, end.stop_reason, end.error) == ("t1", "error", "UnknownError: boom")
+
+
+def test_a_busy_answer_with_no_error_meanwhile_keeps_the_turn_running() -> None:
+    """The same answer with nothing new on the stream: the idle was a leftover."""
+    client = established()
+    client.prompt("t1", "go")
+    client.receive(busy())
+    [check] = client.receive(idle()).send
+    assert client.receive(status_answer(check, running=True)) == Step()
+
+
 def test_cancel_before_busy_is_sent_once_at_busy() -> None:
     client = established()
     client.prompt("t1", "go")
