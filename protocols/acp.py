@@ -490,6 +490,7 @@ class AcpClient(AgentProtocol):
         events: list[Output] = []
         append = events.append
         update_event = self._update_event
+        new_delta = ev.new_message_delta  # MessageDelta(...), cheaper
         # Nothing in a run of updates changes these (only responses do, and they end a run).
         session_id = self._session_id if self._phase != "opening" else None
         turn_id = self._turn_id
@@ -499,7 +500,7 @@ class AcpClient(AgentProtocol):
             if message.__class__ is TextChunk:  # typed by hot_decoder: read as attributes
                 chunk = message.params
                 if chunk.sessionId == session_id:  # (session_id None: opening, see below)
-                    append(ev.MessageDelta(turn_id=turn_id, text=chunk.update.content.text))
+                    append(new_delta(turn_id=turn_id, text=chunk.update.content.text))
                     continue
                 message = msgspec.to_builtins(message)  # the dict it stands for
             if (
@@ -522,7 +523,7 @@ class AcpClient(AgentProtocol):
                     if content.__class__ is dict:
                         text = content.get("text")
                         if text.__class__ is str and content.get("type") == "text":
-                            append(ev.MessageDelta(turn_id=turn_id, text=text))
+                            append(new_delta(turn_id=turn_id, text=text))
                             continue
             try:
                 event = update_event(params if isinstance(params, dict) else {}, message)

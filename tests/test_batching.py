@@ -451,6 +451,31 @@ def test_every_event_class_is_covered() -> None:
 
 
 @pytest.mark.parametrize("event", _every_event(), ids=lambda e: e.kind)
+def test_quick_constructor_makes_what_the_class_makes(event: ev.Event) -> None:
+    """Every field given, or the defaults where they are plain values: the same event; a class
+    whose __init__ does more (a factory) is refused, never half built."""
+    cls = type(event)
+    fields = {a.name: getattr(event, a.name) for a in attrs.fields(cls)}
+    if any(isinstance(a.default, attrs.Factory) for a in attrs.fields(cls)):  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            ev.quick_constructor(cls)
+        return
+    make = ev.quick_constructor(cls)
+    made = make(**fields)
+    assert type(made) is cls and made == event
+    required = {a.name: fields[a.name] for a in attrs.fields(cls) if a.default is attrs.NOTHING}
+    assert make(**required) == cls(**required)
+    with pytest.raises(AttributeError):
+        made.seq = 1  # type: ignore[misc]  # still frozen
+
+
+def test_new_message_delta_is_message_delta() -> None:
+    assert ev.new_message_delta(turn_id="t1", text="a") == ev.MessageDelta(turn_id="t1", text="a")
+    with pytest.raises(TypeError):
+        ev.new_message_delta(text="a")  # turn_id is required, as for the class
+
+
+@pytest.mark.parametrize("event", _every_event(), ids=lambda e: e.kind)
 def test_compiled_encoder_writes_what_event_to_wire_writes(event: ev.Event) -> None:
     expected = dumps(event_to_wire(event))
     assert event_json(event) == expected
