@@ -43,11 +43,19 @@ process), connection set-up, and the cost of a receiver that decodes what it get
 A subscriber a full buffer behind holds the agent back rather than being cut off; one cut off
 (``subscription.lagged``) resubscribes with ``since_seq``; deltas lost and cut-offs are shown
 if any. One delta frame of the floor and of ours are printed: the same fields, the same size.
+The machine's speed drifts over seconds (both the floor's CPU per event and ours swing by half
+from run to run, with the same passes, reads and writes: ``--diagnose``), so ours runs between
+the two floors it is compared with, and each of its runs is also compared with the floor's run
+beside it: the median and range of those pairs are shown beside the ratio of the medians.
 Last line: the ratios ours/floor events/s (target >= 0.8; and against the floor with
-msgspec) and our server CPU per event (target <= 15 us). ``--ops WORDS`` instead counts the Python bytecodes the server runs per
-streamed event (one untimed run, ``bench/opcount.py``): a figure load does not move. Usage:
-``python -m bench.throughput [--words 20000] [--repeats 3] [--receiver-processes 5]
-[--profile FILE] [--ops WORDS]``.
+msgspec) and our server CPU per event (target <= 15 us).
+
+``--ops WORDS`` instead counts the Python bytecodes the server runs per streamed event (one
+untimed run, ``bench/opcount.py``): a figure load does not move. ``--diagnose RUNS`` instead
+traces RUNS runs of ours, each beside a run of the floor (``bench/pass_trace.py``: passes,
+epoll waits, task steps, lines per pipe read and per actor run, frames per socket write,
+collections, context switches). Usage: ``python -m bench.throughput [--words 20000]
+[--repeats 5] [--receiver-processes 5] [--profile FILE] [--ops WORDS] [--diagnose RUNS]``.
 """
 
 from __future__ import annotations
