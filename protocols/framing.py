@@ -317,16 +317,25 @@ def decode_lines(
     the line would be), and any other line is decoded as without it."""
     try:
         if max(map(len, lines), default=0) <= max_line_bytes:  # type: ignore[arg-type]
-            if hot is None:
-                payloads = list(map(_FAST_DECODE, lines))  # type: ignore[arg-type]
-                if set(map(type, payloads)) <= _DICT_ONLY:
-                    return payloads  # every line an object: the whole run decoded in C
-            else:
-                # Every line the hot message (a flood's run), or line by line: a run of
-                # several kinds keeps the typed decode for its hot lines.
-                return list(map(hot.decode, lines))  # type: ignore[arg-type]
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, TypeError):
-        pass  # a bad line, or a FramingError among them: line by line
+            if hot is not None:
+                try:
+                    return list(map(hot.decode, lines))  # type: ignore[arg-type]  # a flood's run
+                except msgspec.ValidationError:
+                    if len(lines) > 1:
+                        raise  # several kinds: line by line, the typed decode first (below)
+                    hot = None  # one line that is something else (an answer): a dict
+            payloads = list(map(_FAST_DECODE, lines))  # type: ignore[arg-type]
+            if set(map(type, payloads)) <= _DICT_ONLY:
+                return payloads  # every line an object: the whole run decoded in C
+    except (msgspec.DecodeError, RecursionError, TypeError):
+        pass  # a bad line, a FramingError among them, a run of several kinds: line by line
+    return _decode_each(lines, max_line_bytes, hot)
+
+
+def _decode_each(
+    lines: Sequence[RawLine], max_line_bytes: int, hot: msgspec.json.Decoder[Any] | None
+) -> list[Any]:
+    """:func:`decode_lines`, a line at a time (a bad line, a FramingError, a mixed run)."""
     decoded: list[Any] = []
     append = decoded.append
     for line in lines:

@@ -185,6 +185,14 @@ def test_decode_lines_with_a_hot_decoder_is_decode_lines_with_chunks_typed() -> 
         kinds.append(type(a).__name__)
     # the plain chunk, the spaced and reordered ones, and the turn's three plain chunks only
     assert [i for i, kind in enumerate(kinds) if kind == "TextChunk"] == [0, 5, 6, 9, 23, 26, 28]
+    assert lines[-1] == b""  # the one line decode_lines drops: last, so the others pair up
+    for line, alone in zip(lines, typed, strict=False):  # a line alone in its run: the same
+        (got,) = decode_lines([line], hot=hot)
+        assert type(got) is type(alone)
+        assert (attrs.asdict(got) if isinstance(got, FramingError) else got) == (
+            attrs.asdict(alone) if isinstance(alone, FramingError) else alone
+        )
+    assert decode_lines([b""], hot=hot) == []
     chunks = _lines_of([_chunk("s1", f"w{i} ") for i in range(5)])
     assert [c.params.update.content.text for c in decode_lines(chunks, hot=hot)] == [
         f"w{i} " for i in range(5)
