@@ -25,7 +25,7 @@ BENCHMARKS = [
     ("wedged_agent", ["--rounds", "20"]),
     ("peer_claude", ["--rounds", "100", "--wedged-rounds", "3"]),
     ("peer_acp", ["--rounds", "100", "--wedged-rounds", "3"]),
-    ("throughput", ["--words", "20000", "--repeats", "3"]),
+    ("throughput", ["--words", "20000", "--repeats", "5"]),
     ("fairness", ["--k", "0,10,100,300", "--rounds", "200"]),
     ("session_cost", ["--sessions", "40", "--cycles", "5", "--rounds", "30"]),
     ("scale", []),

@@ -43,11 +43,19 @@ process), connection set-up, and the cost of a receiver that decodes what it get
 A subscriber a full buffer behind holds the agent back rather than being cut off; one cut off
 (``subscription.lagged``) resubscribes with ``since_seq``; deltas lost and cut-offs are shown
 if any. One delta frame of the floor and of ours are printed: the same fields, the same size.
+The machine's speed drifts over seconds (both the floor's CPU per event and ours swing by half
+from run to run, with the same passes, reads and writes: ``--diagnose``), so ours runs between
+the two floors it is compared with, and each of its runs is also compared with the floor's run
+beside it: the median and range of those pairs are shown beside the ratio of the medians.
 Last line: the ratios ours/floor events/s (target >= 0.8; and against the floor with
-msgspec) and our server CPU per event (target <= 15 us). ``--ops WORDS`` instead counts the Python bytecodes the server runs per
-streamed event (one untimed run, ``bench/opcount.py``): a figure load does not move. Usage:
-``python -m bench.throughput [--words 20000] [--repeats 3] [--receiver-processes 5]
-[--profile FILE] [--ops WORDS]``.
+msgspec) and our server CPU per event (target <= 15 us).
+
+``--ops WORDS`` instead counts the Python bytecodes the server runs per streamed event (one
+untimed run, ``bench/opcount.py``): a figure load does not move. ``--diagnose RUNS`` instead
+traces RUNS runs of ours, each beside a run of the floor (``bench/pass_trace.py``: passes,
+epoll waits, task steps, lines per pipe read and per actor run, frames per socket write,
+collections, context switches). Usage: ``python -m bench.throughput [--words 20000]
+[--repeats 5] [--receiver-processes 5] [--profile FILE] [--ops WORDS] [--diagnose RUNS]``.
 """
 
 from __future__ import annotations
@@ -85,6 +93,9 @@ SUBSCRIBERS = (1, 10)
 #: gateway takes from one subscription per write (``GatewayLimits.batch_events``).
 FLOOR_BATCH = 256
 VARIANTS = ("floor", "floor_msgspec", "floor_piped", "ours", "ours_memory")
+#: The order they run in: ours between the two floors it is compared with, so each of its runs
+#: has a run of each floor next to it (the machine's speed drifts over seconds: see ``main``).
+RUN_ORDER = ("floor", "ours", "floor_msgspec", "floor_piped", "ours_memory")
 NAMES = {
     "floor": "floor: bare socket, batched sends (json)",
     "floor_msgspec": "floor with msgspec (the gateway's encoder)",
@@ -323,8 +334,14 @@ class FloorAgent:
 
 
 async def run_ours(
-    n: int, words: int, most: int, memory: bool, count: OpCount | None = None
+    n: int,
+    words: int,
+    most: int,
+    memory: bool,
+    window: contextlib.AbstractContextManager[Any] | None = None,
 ) -> dict[str, Any]:
+    """One run of ours; ``window``: a context (a bytecode count, a trace) around the flood,
+    from the prompt until the receivers reported."""
     if memory:
         launcher = MemoryLauncher(Behaviour(flood=True, words=words))
         spec = AgentSpec(name="flood", protocol="acp", command=["in-memory"])
@@ -342,7 +359,7 @@ async def run_ours(
         receivers = await Receivers.spawn(websocket_url(url), n, request, most)
         await receivers.ready()
         cpu = cpu_seconds()
-        with count or contextlib.nullcontext():
+        with window or contextlib.nullcontext():
             await session.prompt(prompt)
             result = await receivers.finish()
         cpu = cpu_seconds() - cpu
@@ -350,11 +367,32 @@ async def run_ours(
     return figures(result, words, n, cpu)
 
 
+async def diagnose(words: int, runs: int, most: int) -> None:
+    """``runs`` runs of the floor and of ours, 1 subscriber, interleaved; each of ours traced
+    (``bench/pass_trace.py``): what differs between a fast run and a slow one."""
+    from bench import pass_trace
+
+    for index in range(runs):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        floor = await run_floor(1, words, most, piped=False, frame=stdlib_frame)
+        floor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        trace = pass_trace.Traced()
+        ours = await run_ours(1, words, most, memory=False, window=trace)
+        print(
+            f"  run {index + 1}: ratio {ours['events_per_s'] / floor['events_per_s']:.2f};"
+            f" floor {floor['events_per_s']:.0f} events/s {floor['server_us_per_event']:.1f}"
+            f" us/event, {floor_faults * 1000 / words:.1f} page faults per 1,000 events (whole"
+            f" run); ours {ours['events_per_s']:.0f} events/s"
+            f" {ours['server_us_per_event']:.1f} us/event"
+        )
+        print(trace.report(words))
+
+
 async def count_ours(words: int, most: int) -> float:
     """Python bytecodes the server runs per streamed event, one subscriber (an untimed run of
     its own: tracing is slow): a count machine load does not move (``bench/opcount.py``)."""
     count = OpCount()
-    await run_ours(1, words, most, memory=False, count=count)
+    await run_ours(1, words, most, memory=False, window=count)
     return count.ops / words
 
 
@@ -369,7 +407,7 @@ async def main(words: int, repeats: int, most: int, profile: str | None) -> dict
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for _ in range(repeats):
         for n in SUBSCRIBERS:
-            for variant in VARIANTS:
+            for variant in RUN_ORDER:
                 runs.setdefault((variant, n), []).append(await one_run(variant, n, words, most))
     result: dict[str, Any] = {"words": words, "repeats": repeats, "receiver_processes": most}
     samples = {}
@@ -402,6 +440,13 @@ async def main(words: int, repeats: int, most: int, profile: str | None) -> dict
             result[f"ours_{n}sub_server_us_per_event"]
             / result[f"floor_msgspec_{n}sub_server_us_per_event"]
         )
+        for name, floor_variant in (("paired", "floor"), ("paired_msgspec", "floor_msgspec")):
+            pairs = [
+                ours["events_per_s"] / floor["events_per_s"]
+                for ours, floor in zip(runs["ours", n], runs[floor_variant, n], strict=True)
+            ]
+            result[f"{name}_{n}sub"] = statistics.median(pairs)
+            result[f"{name}_{n}sub_range"] = (min(pairs), max(pairs))
     if profile is not None:
         await profile_ours(profile, words, most)
     return result
@@ -451,6 +496,13 @@ def report(f: dict[str, Any]) -> None:
             f"    against the floor with msgspec: events/s {f[f'ratio_msgspec_{n}sub']:.2f},"
             f" server CPU per event {f[f'cpu_ratio_msgspec_{n}sub']:.2f}"
         )
+        low, high = f[f"paired_{n}sub_range"]
+        fast_low, fast_high = f[f"paired_msgspec_{n}sub_range"]
+        print(
+            f"    each run of ours against the floor's run beside it: median"
+            f" {f[f'paired_{n}sub']:.2f} ({low:.2f}-{high:.2f}); against the floor with"
+            f" msgspec {f[f'paired_msgspec_{n}sub']:.2f} ({fast_low:.2f}-{fast_high:.2f})"
+        )
     print(f"  a floor delta frame ({f['floor_1sub_frame_bytes']:.0f} bytes): {f['floor_sample']}")
     print(f"  one of ours         ({f['ours_1sub_frame_bytes']:.0f} bytes): {f['ours_sample']}")
 
@@ -458,7 +510,7 @@ def report(f: dict[str, Any]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--words", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--receiver-processes", type=int, default=5)
     parser.add_argument(
         "--profile", metavar="FILE", help="also profile one 10-subscriber run (pyinstrument)"
@@ -469,8 +521,17 @@ if __name__ == "__main__":
         metavar="WORDS",
         help="only count the Python bytecodes per streamed event, over one run of WORDS",
     )
+    parser.add_argument(
+        "--diagnose",
+        type=int,
+        metavar="RUNS",
+        help="only trace RUNS runs of ours beside the floor, 1 subscriber (bench/pass_trace.py)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.diagnose:
+        trio.run(diagnose, args.words, args.diagnose, args.receiver_processes)
+        sys.exit(0)
     if args.ops:
         ops = trio.run(count_ours, args.ops, args.receiver_processes)
         print(f"Python bytecodes per streamed event, 1 subscriber, {args.ops} events: {ops:.0f}")
@@ -480,7 +541,9 @@ if __name__ == "__main__":
     if args.json:
         print(json.dumps(result))
     print(
-        f"ratio ours/floor events/s, 1 subscriber {result['ratio_1sub']:.2f},"
+        f"ratio ours/floor events/s, 1 subscriber {result['ratio_1sub']:.2f}"
+        f" (paired runs: median {result['paired_1sub']:.2f},"
+        f" {result['paired_1sub_range'][0]:.2f}-{result['paired_1sub_range'][1]:.2f}),"
         f" 10 subscribers {result['ratio_10sub']:.2f} (target >= 0.8); server CPU per event,"
         f" 1 subscriber {result['ours_1sub_server_us_per_event']:.1f} us"
         f" (floor {result['floor_1sub_server_us_per_event']:.1f} us; target <= 15 us);"

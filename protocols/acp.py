@@ -26,8 +26,9 @@ ends that turn with its one response.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
+import msgspec
 from attrs import define, field, frozen
 
 from protocols import events as ev
@@ -57,7 +58,7 @@ from protocols.machine import (
 from protocols.mcp import McpServer, McpUnsupported, check_transports, mcp_server_to_acp
 from protocols.permissions import Held, PermissionDesk
 
-__all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO"]
+__all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO", "TextChunk"]
 
 ACP_PROTOCOL_VERSION = 1
 CLIENT_INFO = {"name": "agent-supervisor", "version": "0.1.0"}
@@ -91,6 +92,34 @@ class _SteerSent:
 
     turn_id: str
     steer_id: int
+
+
+class _TextContent(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    type: Literal["text"]
+    text: str
+
+
+class _ChunkUpdate(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    sessionUpdate: Literal["agent_message_chunk"]  # noqa: N815  # the wire's name
+    content: _TextContent
+
+
+class _ChunkParams(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    sessionId: str  # noqa: N815
+    update: _ChunkUpdate
+
+
+class TextChunk(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A ``session/update`` notification carrying one text chunk of the answer, nothing else:
+    most lines of any stream, typed (:attr:`AcpClient.hot_decoder`). It stands for exactly
+    the dict its line decodes to (every field required, none other allowed)."""
+
+    jsonrpc: Literal["2.0"]
+    method: Literal["session/update"]
+    params: _ChunkParams
+
+
+_TEXT_CHUNKS: msgspec.json.Decoder[TextChunk] = msgspec.json.Decoder(TextChunk)
 
 
 @define
@@ -457,16 +486,23 @@ class AcpClient(AgentProtocol):
         message of any other kind ends the run, and is fed to :meth:`receive` alone when it
         opens one. A subclass that changes :meth:`receive` gets the default, which calls it."""
         if type(self).receive is not AcpClient.receive:
-            return super().receive_many(messages, start)
+            return super().receive_many(messages, start)  # (hot_decoder is None then)
         events: list[Output] = []
         append = events.append
         update_event = self._update_event
+        new_delta = ev.new_message_delta  # MessageDelta(...), cheaper
         # Nothing in a run of updates changes these (only responses do, and they end a run).
         session_id = self._session_id if self._phase != "opening" else None
         turn_id = self._turn_id
         end = len(messages)
         for at in range(start, end):  # noqa: B007  # at is read after the loop
-            message = messages[at]
+            message: Any = messages[at]
+            if message.__class__ is TextChunk:  # typed by hot_decoder: read as attributes
+                chunk = message.params
+                if chunk.sessionId == session_id:  # (session_id None: opening, see below)
+                    append(new_delta(turn_id=turn_id, text=chunk.update.content.text))
+                    continue
+                message = msgspec.to_builtins(message)  # the dict it stands for
             if (
                 message.get("method") != "session/update"
                 or message.get("jsonrpc") != "2.0"
@@ -487,7 +523,7 @@ class AcpClient(AgentProtocol):
                     if content.__class__ is dict:
                         text = content.get("text")
                         if text.__class__ is str and content.get("type") == "text":
-                            append(ev.MessageDelta(turn_id=turn_id, text=text))
+                            append(new_delta(turn_id=turn_id, text=text))
                             continue
             try:
                 event = update_event(params if isinstance(params, dict) else {}, message)
@@ -503,6 +539,12 @@ class AcpClient(AgentProtocol):
             return self.receive(messages[start]), 1
         except Exception as exc:
             raise PartialStep(Step(), 0, start) from exc
+
+    @property
+    def hot_decoder(self) -> msgspec.json.Decoder[Any] | None:
+        """:class:`TextChunk` lines, typed (none for a subclass that changes :meth:`receive`:
+        the default :meth:`receive_many` it gets hands every message to it)."""
+        return _TEXT_CHUNKS if type(self).receive is AcpClient.receive else None
 
     def _on_update(self, params: dict[str, Any], raw: dict[str, Any]) -> Step:
         event = self._update_event(params, raw)

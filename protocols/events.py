@@ -8,8 +8,10 @@ name of each is its ``kind``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
+import attrs
 from attrs import field, frozen
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "TurnStarted",
     "TurnSteered",
     "EVENT_TYPES",
+    "new_message_delta",
+    "quick_constructor",
 ]
 
 
@@ -273,3 +277,43 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AgentUnparsed,
     )
 }
+
+
+E = TypeVar("E", bound=Event)
+
+
+def quick_constructor(cls: type[E]) -> Callable[..., E]:
+    """A function that makes what ``cls(**fields)`` makes (each field given, or its default),
+    for events made by the thousand (a stream's deltas): attrs' frozen ``__init__`` sets each
+    slot through ``object.__setattr__``, which looks the name up every time; this sets it
+    through the slot's own descriptor, for ~60 % of the cost. Only for a class whose
+    ``__init__`` does nothing else (no validator, converter, factory or hook). Compiled once."""
+    names: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    parameters, body = [], ["    self = new(cls)"]
+    for index, attribute in enumerate(attrs.fields(cls)):
+        if (
+            attribute.validator is not None
+            or attribute.converter is not None
+            or isinstance(attribute.default, attrs.Factory)  # type: ignore[arg-type]
+            or not attribute.init
+            or not attribute.name.isidentifier()
+        ):
+            raise TypeError(f"{cls.__name__}.{attribute.name}: made by attrs' __init__ only")
+        if attribute.default is attrs.NOTHING:
+            parameters.append(attribute.name)
+        else:
+            names[f"default{index}"] = attribute.default
+            parameters.append(f"{attribute.name}=default{index}")
+        owner = next(c for c in cls.__mro__ if attribute.name in c.__dict__)
+        names[f"set{index}"] = owner.__dict__[attribute.name].__set__
+        body.append(f"    set{index}(self, {attribute.name})")
+    if any(hasattr(cls, hook) for hook in ("__attrs_pre_init__", "__attrs_post_init__")):
+        raise TypeError(f"{cls.__name__}: made by attrs' __init__ only")
+    source = f"def make(*, {', '.join(parameters)}):\n" + "\n".join([*body, "    return self\n"])
+    exec(compile(source, f"<quick constructor {cls.__name__}>", "exec"), names)  # noqa: S102
+    make: Callable[..., E] = names["make"]
+    return make
+
+
+#: ``MessageDelta(...)``, as a stream makes it: :func:`quick_constructor`.
+new_message_delta: Callable[..., MessageDelta] = quick_constructor(MessageDelta)

@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
+import msgspec
 import trio
 from attrs import define, field, frozen
 
@@ -1248,12 +1249,14 @@ class Session:
         a line at a time. Returns the units spent."""
         start = self._batch_at
         take, spent = _share(lines, start, allowed)
-        decoded = decode_lines(lines[start : start + take])
+        machine = self._machine
+        hot = machine.hot_decoder if machine is not None else None
+        decoded = decode_lines(lines[start : start + take], hot=hot)
         if len(decoded) != take:  # a blank line (never from a LineDecoder): one at a time
             return self._one_by_one(lines, allowed, self._on_line)
         self._heard_from_live = True
         generation = self._live_generation
-        if set(map(type, decoded)) <= _PAYLOAD_ONLY:
+        if FramingError not in set(map(type, decoded)):  # all messages: told in C
             done = self._feed_run(decoded, 0, take, lines, generation)
         else:
             done = 0
@@ -1289,7 +1292,7 @@ class Session:
                 step, used = machine.receive_many(run, done)
             except PartialStep as failure:
                 self._apply(failure.step)
-                message = run[failure.failed]
+                message = _as_raw(run[failure.failed])
                 log.error(
                     "session %s: protocol machine failed on %r",
                     self.id,
@@ -1300,7 +1303,7 @@ class Session:
                 used = failure.consumed + 1
             except Exception:  # a machine without the PartialStep contract: one message
                 log.exception("session %s: protocol machine failed on %r", self.id, run[done])
-                self._emit(ev.AgentUnparsed(raw=run[done]))
+                self._emit(ev.AgentUnparsed(raw=_as_raw(run[done])))
                 used = 1
             else:
                 self._apply(step)
@@ -2120,12 +2123,12 @@ class Session:
         session_id = self.id
         seq = self._seq
         now = time.time()
-        stamp = _set_field
+        set_session_id, set_seq, set_timestamp = _SET_STAMP
         for event in events:
             seq += 1
-            stamp(event, "session_id", session_id)
-            stamp(event, "seq", seq)
-            stamp(event, "timestamp", now)
+            set_session_id(event, session_id)
+            set_seq(event, seq)
+            set_timestamp(event, now)
         self._seq = seq
         self._fanout.publish_many(events)
 
@@ -2159,8 +2162,9 @@ def _share(lines: list[Any], start: int, allowed: int, count: int = -1) -> tuple
     return take, spent
 
 
-#: What :func:`~protocols.framing.decode_lines` makes of lines that are all messages.
-_PAYLOAD_ONLY: frozenset[type] = frozenset({dict})
+def _as_raw(message: Any) -> dict[str, Any]:
+    """A decoded message as the dict its line is (a machine's typed hot message converted)."""
+    return message if isinstance(message, dict) else msgspec.to_builtins(message)
 
 
 def _survivors_text(survivors: list[dict[str, Any]]) -> str:
@@ -2169,6 +2173,9 @@ def _survivors_text(survivors: list[dict[str, Any]]) -> str:
 
 
 _set_field = object.__setattr__
+#: The stamp's slots set through their descriptors (what ``_set_field`` does, without looking
+#: the name up each time): ``_emit_many`` stamps every event of a stream.
+_SET_STAMP = tuple(ev.Event.__dict__[name].__set__ for name in ("session_id", "seq", "timestamp"))
 _SEQ_OF = operator.attrgetter("seq")
 
 

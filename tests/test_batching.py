@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import attrs
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -21,7 +22,7 @@ import trio.testing
 import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
-from protocols.acp import AcpClient
+from protocols.acp import AcpClient, TextChunk
 from protocols.framing import (
     FramingError,
     LineDecoder,
@@ -137,6 +138,110 @@ def test_decode_lines_matches_decode_line() -> None:
     # the whole run in C: every line an object
     good = [b'{"a":1}', b'{"b":[2]}']
     assert decode_lines(good) == [{"a": 1}, {"b": [2]}]
+
+
+def _lines_of(messages: list[Any]) -> list[RawLine]:
+    return [json.dumps(m, separators=(",", ":")).encode() for m in messages]
+
+
+def _hot_lines() -> list[RawLine]:
+    """Text chunks, and lines that only look like one (a field more or less, another type of
+    content, a duplicate key, another key order or spacing), among the lines of a turn."""
+    chunk = _chunk("s1", "a word ")
+    extra = json.loads(json.dumps(chunk))
+    extra["params"]["update"]["content"]["annotations"] = {"priority": 1}
+    meta = {**chunk, "params": {**chunk["params"], "_meta": {"x": 1}}}
+    spaced = json.dumps(chunk, indent=1).replace("\n", " ").encode()
+    return [
+        *_lines_of(
+            [chunk, extra, meta, {**chunk, "id": 3}, _chunk("s1", "t", "agent_thought_chunk")]
+        ),
+        spaced,
+        b'{"params":{"update":{"content":{"text":"reordered","type":"text"},'
+        b'"sessionUpdate":"agent_message_chunk"},"sessionId":"s1"},'
+        b'"method":"session/update","jsonrpc":"2.0"}',
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":'
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"image","type":"text",'
+        b'"text":"dup"}}}}',
+        b'{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s1","update":'
+        b'{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":7}}}}',
+        *_lines_of(_turn_messages("s1")),
+        b"{broken",
+        FramingError(kind="oversize", detail="too long", excerpt="x", size=99),
+        b"",
+    ]
+
+
+def test_decode_lines_with_a_hot_decoder_is_decode_lines_with_chunks_typed() -> None:
+    """What decode_lines makes of each line, with a text chunk typed (exactly the dict its
+    line is, as attributes) and every other line as it was; a run of chunks alone stays one
+    call in C."""
+    hot = AcpClient().hot_decoder
+    assert hot is not None
+    lines = _hot_lines()
+    plain = decode_lines(lines)
+    typed = decode_lines(lines, hot=hot)
+    assert len(typed) == len(plain)
+    kinds = []
+    for a, b in zip(typed, plain, strict=True):
+        if isinstance(a, TextChunk):
+            assert msgspec.to_builtins(a) == b and type(b) is dict
+        elif isinstance(b, FramingError):
+            assert isinstance(a, FramingError) and attrs.asdict(a) == attrs.asdict(b)
+        else:
+            assert a == b and type(a) is dict
+        kinds.append(type(a).__name__)
+    # the plain chunk, the spaced and reordered ones, and the turn's three plain chunks only
+    assert [i for i, kind in enumerate(kinds) if kind == "TextChunk"] == [0, 5, 6, 9, 23, 26, 28]
+    assert lines[-1] == b""  # the one line decode_lines drops: last, so the others pair up
+    for line, alone in zip(lines, typed, strict=False):  # a line alone in its run: the same
+        (got,) = decode_lines([line], hot=hot)
+        assert type(got) is type(alone)
+        assert (attrs.asdict(got) if isinstance(got, FramingError) else got) == (
+            attrs.asdict(alone) if isinstance(alone, FramingError) else alone
+        )
+    assert decode_lines([b""], hot=hot) == []
+    chunks = _lines_of([_chunk("s1", f"w{i} ") for i in range(5)])
+    assert [c.params.update.content.text for c in decode_lines(chunks, hot=hot)] == [
+        f"w{i} " for i in range(5)
+    ]
+
+
+def test_acp_receive_many_takes_typed_chunks_as_the_dicts_they_are() -> None:
+    """Fed typed chunks, the machine makes what it makes of their dicts: in a turn, in the
+    history a ``session/load`` replays (dropped), for another session (unparsed, the raw
+    message a dict)."""
+    hot = AcpClient().hot_decoder
+    assert hot is not None
+    messages = [
+        *_turn_messages("s1"),
+        _chunk("other-session", "not ours"),
+    ]
+    results = []
+    for typed in (False, True):
+        machine, session_id = _established_acp()
+        machine.prompt("t1", "hi")
+        decoded = decode_lines(_lines_of(messages), hot=hot if typed else None)
+        results.append(_in_runs(machine, decoded))
+    (plain, plain_used), (typed_step, typed_used) = results
+    assert typed_step.events == plain.events and typed_step.send == plain.send
+    assert typed_used == plain_used
+    unparsed = [e for e in typed_step.events if isinstance(e, ev.AgentUnparsed)]
+    assert unparsed[-1].raw == _chunk("other-session", "not ours")
+    assert type(unparsed[-1].raw) is dict
+
+    machine = AcpClient()
+    machine.start(cwd="/", resume="s1")
+    capabilities = {"protocolVersion": 1, "agentCapabilities": {"loadSession": True}}
+    machine.receive({"jsonrpc": "2.0", "id": 0, "result": capabilities})
+    replay = decode_lines(_lines_of([_chunk("s1", "old"), _chunk("s1", "words")]), hot=hot)
+    assert all(isinstance(m, TextChunk) for m in replay)
+    assert machine.receive_many(replay) == (Step(), 2)
+
+
+def test_a_machine_with_its_own_receive_gets_no_typed_messages() -> None:
+    assert AcpClient().hot_decoder is not None
+    assert _Scripted().hot_decoder is None  # its receive_many is the default: dicts only
 
 
 # -- the machines' batch entry ------------------------------------------------------------------
@@ -362,6 +467,31 @@ def test_every_event_class_is_covered() -> None:
 
 
 @pytest.mark.parametrize("event", _every_event(), ids=lambda e: e.kind)
+def test_quick_constructor_makes_what_the_class_makes(event: ev.Event) -> None:
+    """Every field given, or the defaults where they are plain values: the same event; a class
+    whose __init__ does more (a factory) is refused, never half built."""
+    cls = type(event)
+    fields = {a.name: getattr(event, a.name) for a in attrs.fields(cls)}
+    if any(isinstance(a.default, attrs.Factory) for a in attrs.fields(cls)):  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            ev.quick_constructor(cls)
+        return
+    make = ev.quick_constructor(cls)
+    made = make(**fields)
+    assert type(made) is cls and made == event
+    required = {a.name: fields[a.name] for a in attrs.fields(cls) if a.default is attrs.NOTHING}
+    assert make(**required) == cls(**required)
+    with pytest.raises(AttributeError):
+        made.seq = 1  # type: ignore[misc]  # still frozen
+
+
+def test_new_message_delta_is_message_delta() -> None:
+    assert ev.new_message_delta(turn_id="t1", text="a") == ev.MessageDelta(turn_id="t1", text="a")
+    with pytest.raises(TypeError):
+        ev.new_message_delta(text="a")  # turn_id is required, as for the class
+
+
+@pytest.mark.parametrize("event", _every_event(), ids=lambda e: e.kind)
 def test_compiled_encoder_writes_what_event_to_wire_writes(event: ev.Event) -> None:
     expected = dumps(event_to_wire(event))
     assert event_json(event) == expected
@@ -429,6 +559,8 @@ def _session_lines() -> list[bytes]:
     lines.insert(3, b"this is not json")
     lines.insert(12, encode_message(_update("SESSION", {"sessionUpdate": "tool_call"}))[:-1])
     lines.append(encode_message({"jsonrpc": "2.0", "method": "x/unknown"})[:-1])
+    # a text chunk (typed when decoded) of another session, on which the machine fails too
+    lines.insert(20, encode_message(_chunk("another-session", "explode"))[:-1])
     return lines
 
 
@@ -438,7 +570,7 @@ async def test_session_handles_a_run_of_lines_as_it_handles_them_one_by_one(
     original = AcpClient._update_event
 
     def failing(self: AcpClient, params: dict[str, Any], raw: dict[str, Any]) -> ev.Event | None:
-        if raw.get("boom"):
+        if raw.get("boom") or params.get("sessionId") == "another-session":
             raise RuntimeError("a bug in the machine")
         return original(self, params, raw)
 
@@ -450,12 +582,13 @@ async def test_session_handles_a_run_of_lines_as_it_handles_them_one_by_one(
         (kind, data) for kind, data, _ in one_by_one
     ]
     kinds = [kind for kind, _, _ in batched]
-    assert kinds.count("agent.unparsed") == 2  # the failing message, and the unknown method
+    assert kinds.count("agent.unparsed") == 3  # the failing messages, and the unknown method
     assert "error" in kinds  # the bad line
     texts = [data["text"] for kind, data, _ in batched if kind in ("message.delta",)]
     assert texts[1:] == [f"word{i} " for i in range(30) if i != 7]
     unparsed = [data for kind, data, _ in batched if kind == "agent.unparsed"]
     assert unparsed[0]["raw"]["boom"] is True
+    assert unparsed[1]["raw"] == _chunk("another-session", "explode")  # as a dict, typed or not
 
 
 # -- the fan-out -----------------------------------------------------------------------------------
