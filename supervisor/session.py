@@ -376,6 +376,8 @@ class Session:
         self._parked = ""
         #: What handling agent output in its pump's step raised (``_take_now``): the actor's.
         self._raise_in_actor: Exception | None = None
+        #: The cancel job of a turn being ended, until its waiters have their receipt.
+        self._ending: _CancelJob | None = None
         self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
         # Everything below is owned by the actor task.
         self._state = "starting"
@@ -756,9 +758,10 @@ class Session:
         self._ready_waiters.clear()
         while self._mode_replies:
             self._mode_replies.popleft().fail(exc)
-        if self._turn is not None and self._turn.cancel is not None:
-            for cancel_waiter in self._turn.cancel.waiters:
-                cancel_waiter.fail(exc)
+        for job in (self._turn.cancel if self._turn is not None else None, self._ending):
+            if job is not None:
+                for cancel_waiter in job.waiters:
+                    cancel_waiter.fail(exc)  # no-op for one already answered
 
     def _next_deadline(self) -> float:
         deadline = math.inf
@@ -1591,6 +1594,7 @@ class Session:
         if job is not None:
             job.outcome = outcome_
             receipt = self._receipt(job)
+            self._ending = job  # no longer the turn's: should a bug stop us, still answered
         else:
             # A turn nobody cancelled: a later cancel naming it learns how it really ended.
             self._remember(
@@ -1617,6 +1621,7 @@ class Session:
             self._remember(turn.id, receipt)
             for waiter in job.waiters:
                 waiter.resolve(receipt)
+            self._ending = None
         self._steers_after_turn(turn, receipt)
 
     def _steers_after_turn(self, turn: _Turn, receipt: CancelReceipt | None) -> None:

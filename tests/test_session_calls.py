@@ -19,7 +19,7 @@ import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from fakes.memory_base import MemoryLink
 from helpers import Recorder
-from supervisor import AgentSpec, Session
+from supervisor import AgentNotRunning, AgentSpec, Session, open_supervisor
 
 GRACE = 2.0
 
@@ -141,3 +141,39 @@ async def test_a_subscription_made_at_once_sees_what_follows(
         assert "turn.started" in kinds and kinds.count("message.delta") == 3
         assert getattr(event, "turn_id", None) == turn.id
         await rec.catch_up()
+
+
+async def test_an_error_in_the_pumps_step_is_raised_in_the_actor(
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug met while handling a cancel's answer in the pump's step crashes the session, as
+    it would have in the actor's own step (its callers answered, logged once), never the pump
+    or the supervisor around it. Here it strikes after the turn was taken off the session and
+    before its receipt was given: the cancel is answered all the same."""
+
+    def broken(self: Session, turn_id: str, receipt: Any) -> None:
+        raise RuntimeError("boom while ending the turn")
+
+    launcher = MemoryLauncher(Behaviour(silent_after=1))
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
+    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/")
+        async with session.subscribe() as events:
+            await session.prompt("hello")
+            async for event in events:
+                if event.kind == "message.delta":
+                    break
+        await trio.testing.wait_all_tasks_blocked()
+        monkeypatch.setattr(Session, "_remember", broken)
+        with pytest.raises(AgentNotRunning):
+            await session.cancel()  # answered, not left waiting for a receipt never made
+        other = await sup.start_session("fake", cwd="/")  # the supervisor goes on
+        monkeypatch.undo()
+        await other.prompt("hello")
+        assert (await other.cancel()).outcome == "cancelled"
+    assert [r.message for r in caplog.records if "crashed" in r.message] == [
+        f"session {session.id} crashed"
+    ]
+    assert "boom while ending the turn" in caplog.text
