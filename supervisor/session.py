@@ -639,6 +639,9 @@ class Session:
                 task_status.started()
                 try:
                     await self._loop()
+                except Exception as exc:
+                    self._crashed(exc)
+                    raise  # for the supervisor to log: one broken session, not all of them
                 finally:
                     self._close_mailbox()
                     with trio.CancelScope(shield=True):
@@ -650,6 +653,14 @@ class Session:
                 self._state = "stopped"
             self._fanout.close()
             self._alarm.close()
+
+    def _crashed(self, exc: Exception) -> None:
+        """A bug stopped the actor: the session is failed, and says so, not just stopped."""
+        self._failure = f"the session crashed: {exc!r}"
+        try:
+            self._set_state("failed", self._failure)
+        except Exception:  # the bug may be in telling subscribers: the state at least
+            self._state = "failed"
 
     async def _loop(self) -> None:
         while not self._done:
@@ -749,10 +760,11 @@ class Session:
 
     def _close_mailbox(self) -> None:
         self._mailbox_open = False
+        why = f": {self._failure}" if self._state == "failed" and self._failure else ""
         while self._mailbox:
             call = self._mailbox.popleft()
-            call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
-        exc = AgentNotRunning(f"session {self.id} is {self._state}")
+            call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}{why}"))
+        exc = AgentNotRunning(f"session {self.id} is {self._state}{why}")
         for waiter in self._ready_waiters:
             waiter.fail(exc)
         self._ready_waiters.clear()

@@ -167,8 +167,9 @@ async def test_an_error_in_the_pumps_step_is_raised_in_the_actor(
                     break
         await trio.testing.wait_all_tasks_blocked()
         monkeypatch.setattr(Session, "_remember", broken)
-        with pytest.raises(AgentNotRunning):
+        with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
             await session.cancel()  # answered, not left waiting for a receipt never made
+        assert session.state == "failed"
         other = await sup.start_session("fake", cwd="/")  # the supervisor goes on
         monkeypatch.undo()
         await other.prompt("hello")
