@@ -402,12 +402,7 @@ class HttpLink(ProcessLink):
                             await self._post({"transport": "ready", "url": self.url})
                         if isinstance(frame, Message):
                             frame = Message({"sse": frame.payload})
-                        item = AgentFrame(self.generation, frame)
-                        take = self.take_now  # a cancel's answer: handled at once
-                        if take is not None and take(item):
-                            await trio.lowlevel.checkpoint()
-                        else:
-                            await self._inbox.send(item)
+                        await self.post_output(AgentFrame(self.generation, frame), self._inbox)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the session is gone
         except httpx.HTTPError as exc:

@@ -85,6 +85,15 @@ class AgentLink(ABC):
     #: own step (a cancel's answer, when the actor waits for it: ``Session._take_now``).
     take_now: Callable[[Any], bool] | None = None
 
+    async def post_output(self, item: Any, inbox: trio.MemorySendChannel[Any]) -> None:
+        """An item of agent output, offered to the session first (:attr:`take_now`), else
+        posted to its inbox (waiting while the inbox is full: backpressure)."""
+        take = self.take_now
+        if take is not None and take(item):
+            await trio.lowlevel.checkpoint()
+        else:
+            await inbox.send(item)
+
     @abstractmethod
     def send(self, message: dict[str, Any]) -> None:
         """Queue one message for the agent. Never blocks: a wedged agent cannot stall us."""

@@ -604,10 +604,7 @@ class Session:
         if parked and not self._mailbox:
             self._handle(call)
             if parked == "inbox":
-                # What the actor would do before waiting again: its deadlines rearmed and the
-                # subscribers' writers told of the call's events. It need not wake for it.
-                self._alarm.set(min(self._next_deadline(), self._watch()))
-                self._fanout.flush()
+                self._done_aside()  # it need not wake for this call
             else:
                 self._wake_actor()  # a cancel, a stop: it must not go on waiting for a share
         else:
@@ -1186,9 +1183,15 @@ class Session:
         if self._batch is not None:
             self._wake_actor()  # left for the actor (the agent was replaced meanwhile, say)
         else:
-            self._alarm.set(min(self._next_deadline(), self._watch()))
-            self._fanout.flush()
+            self._done_aside()
         return True
+
+    def _done_aside(self) -> None:
+        """After the actor's work was done in another task's step while it waits for its
+        inbox: what it would do before waiting again, its deadlines rearmed and the
+        subscribers' writers told of the new events."""
+        self._alarm.set(min(self._next_deadline(), self._watch()))
+        self._fanout.flush()
 
     async def _work_through_batch(self) -> None:
         """Handle as much of the current batch as the gate allows now (all of it when the work

@@ -98,19 +98,23 @@ async def test_a_cancel_to_a_flooding_session_goes_out_in_the_callers_step(
         await rec.catch_up()
 
 
-async def test_calls_in_one_pass_are_answered_in_order(
+async def test_calls_handled_at_once_one_after_another_keep_their_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Two prompts and a cancel posted in one pass, each handled at once: the first prompt
-    starts, the second queues, the cancel drops the queued one and stops the first."""
-    async with running(Behaviour(silent_after=1)) as (session, _, rec):
+    """Two prompts from two tasks, each handled at once in its own caller's step (the actor
+    stays parked between them), then a cancel: the first prompt starts, the second queues, and
+    the cancel drops the queued one and stops the first, as if each had gone by the mailbox."""
+    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
         await session.prompt("warm up")
         await rec.wait_kind("message.delta")
         await session.cancel()
         await trio.testing.wait_all_tasks_blocked()
+        senders = record_senders(launcher.links[-1])
         handles: list[Any] = []
+        callers: list[trio.lowlevel.Task] = []
 
         async def prompt(text: str) -> None:
+            callers.append(trio.lowlevel.current_task())
             handles.append(await session.prompt(text))
 
         async with trio.open_nursery() as nursery:
@@ -119,6 +123,7 @@ async def test_calls_in_one_pass_are_answered_in_order(
             nursery.start_soon(prompt, "second")
         first, second = handles
         assert (first.queued, second.queued) == (False, True)
+        assert senders == [("session/prompt", callers[0])]  # sent in the first caller's step
         receipt = await session.cancel()
         assert receipt.turn_id == first.id
         assert [d.turn_id for d in receipt.dropped_prompts] == [second.id]

@@ -141,12 +141,7 @@ class MemoryLink(AgentLink):
 
     async def post(self, message: dict[str, Any]) -> None:
         self.launcher.log.append(("from_agent", self.generation, message))
-        item = AgentFrame(self.generation, Message(message))
-        take = self.take_now  # as a real link's pump offers its output first
-        if take is not None and take(item):
-            await trio.lowlevel.checkpoint()
-        else:
-            await self.inbox.send(item)
+        await self.post_output(AgentFrame(self.generation, Message(message)), self.inbox)
 
 
 class MemoryAgent(Generic[B]):
