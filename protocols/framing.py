@@ -317,13 +317,11 @@ def decode_lines(
     the line would be), and any other line is decoded as without it."""
     try:
         if max(map(len, lines), default=0) <= max_line_bytes:  # type: ignore[arg-type]
-            if hot is not None:
-                try:
-                    return list(map(hot.decode, lines))  # type: ignore[arg-type]  # a flood's run
-                except msgspec.ValidationError:
-                    if len(lines) > 1:
-                        raise  # several kinds: line by line, the typed decode first (below)
-                    hot = None  # one line that is something else (an answer): a dict
+            if hot is not None and len(lines) > 1:
+                # A flood's run, typed; a line of another kind raises (line by line, below).
+                # One line alone is decoded as a dict: a failed typed decode is an exception,
+                # and one line is most often not a stream's (an answer, a permission request).
+                return list(map(hot.decode, lines))  # type: ignore[arg-type]
             payloads = list(map(_FAST_DECODE, lines))  # type: ignore[arg-type]
             if set(map(type, payloads)) <= _DICT_ONLY:
                 return payloads  # every line an object: the whole run decoded in C

@@ -65,6 +65,8 @@ class ProcessLink(AgentLink):
         self._stdin_fd = process.stdin_fd
         #: what the pipe did not take yet, in order (the writer task's)
         self._unsent: deque[bytes] = deque()
+        #: sent while writes are held (``hold_writes``), in order; None: not held
+        self._held: list[bytes] | None = None
         self._writer = trio.lowlevel.ParkingLot()
         self._stdin_state = "open"  # open, closing (flush, then EOF), closed
         self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
@@ -76,6 +78,24 @@ class ProcessLink(AgentLink):
         if self._stdin_state != "open":
             return  # stdin is closed: the agent is going away and AgentGone will say so
         data = encode_message(message)
+        if self._held is not None:
+            self._held.append(data)
+        else:
+            self._write(data)
+
+    def hold_writes(self) -> None:
+        if self._held is None:
+            self._held = []
+
+    def release_writes(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self._write(b"".join(held))
+
+    def _write(self, data: bytes) -> None:
+        """Write at once what the pipe takes; the writer task writes the rest when it can."""
+        if self._stdin_state == "closed":
+            return
         if not self._unsent:
             try:
                 written = os.write(self._stdin_fd, data)
@@ -91,6 +111,9 @@ class ProcessLink(AgentLink):
         self._writer.unpark()
 
     def signal(self, signum: int) -> None:
+        if self._held:
+            self.release_writes()  # what was sent before it is written before it
+            self.hold_writes()
         self.process.signal(signum)
 
     async def kill(self) -> list[str]:

@@ -102,6 +102,14 @@ class AgentLink(ABC):
     def signal(self, signum: int) -> None:
         """Deliver a signal to the agent (protocols without an in-band interrupt)."""
 
+    def hold_writes(self) -> None:  # noqa: B027  # optional: by default nothing is held
+        """Until :meth:`release_writes`, :meth:`send` still takes (and encodes) each message,
+        and the writing waits: the session's step ends with it (``Session._hold_writes``).
+        By default, as for a link whose sends are not writes of its own, nothing is held."""
+
+    def release_writes(self) -> None:  # noqa: B027  # (see hold_writes)
+        """Write what :meth:`hold_writes` kept, in order, at once."""
+
     @abstractmethod
     async def kill(self) -> list[str]:
         """Run the kill ladder; on return no process of the tree is alive.

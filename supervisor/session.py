@@ -602,15 +602,32 @@ class Session:
         call = make(reply)
         parked = self._parked
         if parked and not self._mailbox:
-            self._handle(call)
-            if parked == "inbox":
-                self._done_aside()  # it need not wake for this call
-            else:
-                self._wake_actor()  # a cancel, a stop: it must not go on waiting for a share
+            link = self._hold_writes()
+            try:
+                self._handle(call)
+                if parked == "inbox":
+                    self._done_aside()  # it need not wake for this call
+                else:
+                    self._wake_actor()  # a cancel, a stop: it must not go on waiting for a share
+            finally:
+                if link is not None:
+                    link.release_writes()
         else:
             self._mailbox.append(call)
             self._wake_actor()
         return await reply.wait()
+
+    def _hold_writes(self) -> AgentLink | None:
+        """Until the link's ``release_writes()``, what the session sends the agent is written
+        as the last act of this step, not as it is sent. The kernel wakes a pipe's reader on
+        its writer's core, to run once the writer sleeps: work done after a write delays the
+        agent's read by as long (``bench/transport_floor.py``). The link whose writes are
+        held, or None (no agent)."""
+        link = self._link
+        if link is None or self._live_generation is None:
+            return None
+        link.hold_writes()
+        return link
 
     def _wake_actor(self) -> None:
         """Something came for the actor (a call, a deadline passed): wake it wherever it waits."""
@@ -950,7 +967,7 @@ class Session:
             step.extend(self._machine.cancel_permissions())
             job.escalation.append("permissions_cancelled")
         job.deadline = now + job.grace_s
-        self._deliver(step)  # first: nothing we record below may hold the interrupt back
+        self._deliver(step)  # first (in a caller's step, written at its end: _hold_writes)
         if not keep_queue:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
@@ -1171,20 +1188,25 @@ class Session:
             or not self._inbox.statistics().tasks_waiting_receive  # woken by something else
         ):
             return False
+        link = self._hold_writes()
         try:
-            self._on_inbox(item)
-            lines = self._batch
-            if lines is not None:
-                self._work_through(lines, len(lines) - self._batch_at, True)
-        except Exception as exc:  # raised in the actor, as if it had handled the item itself
-            self._raise_in_actor = exc
-            self._wake_actor()
+            try:
+                self._on_inbox(item)
+                lines = self._batch
+                if lines is not None:
+                    self._work_through(lines, len(lines) - self._batch_at, True)
+            except Exception as exc:  # raised in the actor, as if it had handled the item
+                self._raise_in_actor = exc
+                self._wake_actor()
+                return True
+            if self._batch is not None:
+                self._wake_actor()  # left for the actor (the agent was replaced meanwhile, say)
+            else:
+                self._done_aside()
             return True
-        if self._batch is not None:
-            self._wake_actor()  # left for the actor (the agent was replaced meanwhile, say)
-        else:
-            self._done_aside()
-        return True
+        finally:
+            if link is not None:
+                link.release_writes()
 
     def _done_aside(self) -> None:
         """After the actor's work was done in another task's step while it waits for its

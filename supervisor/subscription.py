@@ -111,6 +111,7 @@ class Subscription:
         self._on_room = on_room
         self._on_ack = on_ack
         self._lot = trio.lowlevel.ParkingLot()
+        self._parked = 0  # tasks waiting in receive(): the lot is unparked only for them
         self._listener: Callable[[], object] | None = None
         self._unannounced = 0  # events buffered since the subscriber was last told
         self._ended = False  # by the session: it is done, or cut us off
@@ -143,7 +144,11 @@ class Subscription:
                 raise trio.ClosedResourceError
             if self._ended:
                 raise trio.EndOfChannel
-            await self._lot.park()
+            self._parked += 1
+            try:
+                await self._lot.park()
+            finally:
+                self._parked -= 1
         return self.take(1)[0]
 
     def take(self, limit: int) -> list[ev.Event]:
@@ -221,7 +226,7 @@ class Subscription:
         if len(events) >= limit:
             return False
         events.append(payload if self.wire else event)
-        if self._lot:
+        if self._parked:
             self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
         self._unannounced += 1
         if self._unannounced >= _ANNOUNCE_EVERY:
@@ -241,7 +246,7 @@ class Subscription:
             events, payloads = events[:count], payloads[:count]
         if count:
             buffered.extend(payloads if self.wire else events)
-            if self._lot:
+            if self._parked:
                 self._lot.unpark_all()
             self._unannounced += count
             if self._unannounced >= _ANNOUNCE_EVERY:
@@ -250,7 +255,8 @@ class Subscription:
 
     def _announce(self) -> None:
         self._unannounced = 0
-        self._lot.unpark_all()
+        if self._parked:
+            self._lot.unpark_all()
         if self._listener is not None:
             self._listener()
 

@@ -59,6 +59,58 @@ async def test_a_cancel_to_a_quiet_turn_goes_out_in_the_callers_step(
         await rec.catch_up()
 
 
+async def test_a_cancels_interrupt_is_written_as_its_callers_last_act(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Everything the caller's step records (the state, the subscribers' event) is done before
+    the interrupt reaches the agent, and the write is still the caller's: the kernel runs a
+    woken pipe reader on its writer's core once the writer sleeps, so nothing may follow it."""
+    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        async with session.subscribe() as events:
+            await trio.testing.wait_all_tasks_blocked()  # the actor waits for its inbox
+            link = launcher.links[-1]
+            written: list[tuple[str, int, trio.lowlevel.Task]] = []
+            deliver = link.deliver
+
+            def watching(message: dict[str, Any]) -> None:
+                if message.get("method") == "session/cancel":
+                    written.append((session.state, events.pending, trio.lowlevel.current_task()))
+                deliver(message)
+
+            link.deliver = watching  # type: ignore[method-assign]
+            receipt = await session.cancel()
+            assert written == [("cancelling", 1, trio.lowlevel.current_task())]
+            assert [e.kind for e in events.take(10)][:1] == ["session.state"]
+        assert receipt.outcome == "cancelled"
+        assert link.held is None  # released: nothing is left held after the step
+        await rec.catch_up()
+
+
+async def test_a_send_that_fails_while_writes_are_held_still_fails_the_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Held writes change when a message is written, not whether sending it can fail: a
+    prompt the link refuses is refused in the caller's step, and no turn is announced."""
+    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+        await trio.testing.wait_all_tasks_blocked()
+        link = launcher.links[-1]
+        send = link.send
+
+        def refusing(message: dict[str, Any]) -> None:
+            if message.get("method") == "session/prompt":
+                raise RuntimeError("cannot encode the prompt")
+            send(message)
+
+        link.send = refusing  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="cannot encode"):
+            await session.prompt("hello")
+        assert session.state == "ready" and link.held is None
+        await rec.catch_up()
+        assert not rec.of_kind("turn.started")
+
+
 async def test_a_cancel_the_agent_ignores_still_escalates_at_the_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

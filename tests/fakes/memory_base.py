@@ -92,6 +92,8 @@ class MemoryLink(AgentLink):
         self.inbox = inbox
         self.to_agent_send, self.to_agent = trio.open_memory_channel[dict[str, Any]](math.inf)
         self.sent: list[dict[str, Any]] = []
+        #: sent while writes are held (``hold_writes``), not yet given to the agent
+        self.held: list[dict[str, Any]] | None = None
         self.scope = trio.CancelScope()
         self.alive = True
         self.signals: list[int] = []
@@ -99,11 +101,31 @@ class MemoryLink(AgentLink):
 
     def send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
+        if self.held is not None:
+            self.held.append(message)
+        else:
+            self.deliver(message)
+
+    def hold_writes(self) -> None:
+        """As a pipe's link does: what is sent meanwhile reaches the agent on release."""
+        if self.held is None:
+            self.held = []
+
+    def release_writes(self) -> None:
+        held, self.held = self.held, None
+        for message in held or ():
+            self.deliver(message)
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """The message reaches the agent (a pipe's link: it is written)."""
         self.launcher.log.append(("to_agent", self.generation, message))
         if self.alive:
             self.to_agent_send.send_nowait(message)
 
     def signal(self, signum: int) -> None:
+        if self.held:
+            self.release_writes()  # what was sent before it reaches the agent before it
+            self.hold_writes()
         self.signals.append(signum)
         if self.agent is not None:
             self.agent.on_signal(signum)
