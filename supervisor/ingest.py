@@ -130,8 +130,9 @@ class IngestGate:
         finally:
             trio.lowlevel.remove_instrument(refill)
 
-    def _refill_now(self) -> None:
-        """A new pass: the whole allowance again, shared out among those waiting."""
+    def _refill_now(self, timeout: float = 0.0) -> None:
+        """A new pass: the whole allowance again, shared out among those waiting (the run
+        loop's ``after_io_wait``; ``timeout`` is that of its wait)."""
         self._allowance = self.per_pass
         if self._light or self._heavy:
             self.refills += 1
@@ -154,10 +155,8 @@ class _Refill(trio.abc.Instrument):
     """Calls the gate's refill between two passes of the run loop."""
 
     def __init__(self, gate: IngestGate) -> None:
-        self._gate = gate
-
-    def after_io_wait(self, timeout: float) -> None:
-        self._gate._refill_now()
+        #: the hook is the gate's own method: one call a pass, not two
+        self.after_io_wait = gate._refill_now  # type: ignore[method-assign]
 
 
 class Unlimited(IngestGate):

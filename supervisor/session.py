@@ -12,6 +12,7 @@ See ``design/actor.md`` for the cancel procedure step by step.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -118,6 +119,14 @@ _TURN_EVENTS: frozenset[type[ev.Event]] = frozenset(
 )
 #: Of those, the stream itself: heard, and nothing else changes for the watchdog.
 _STREAM_EVENTS: frozenset[type[ev.Event]] = frozenset({ev.MessageDelta, ev.ThoughtDelta, ev.Plan})
+
+
+@functools.cache
+def _is_control(kind: type) -> bool:
+    """Whether a machine's output of this class is a :class:`Control` (told in C once known)."""
+    return issubclass(kind, Control)
+
+
 #: Tool call statuses that end a call (ACP's words, which every machine maps to).
 _TOOL_DONE = frozenset({"completed", "failed"})
 
@@ -374,6 +383,9 @@ class Session:
         #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
         #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
         self._parked = ""
+        #: The run's clock, read straight (``trio.current_time`` looks it up in two calls more:
+        #: on a cancel's path, run cold, each call costs): set when the actor starts.
+        self._now: Callable[[], float] = trio.current_time
         #: What handling agent output in its pump's step raised (``_take_now``): the actor's.
         self._raise_in_actor: Exception | None = None
         #: The cancel job of a turn being ended, until its waiters have their receipt.
@@ -602,7 +614,12 @@ class Session:
         call = make(reply)
         parked = self._parked
         if parked and not self._mailbox:
-            link = self._hold_writes()
+            # What the call sends the agent is written as this step's last act: the kernel
+            # wakes a pipe's reader on its writer's core, to run once the writer sleeps, so
+            # work done after a write delays the agent's read by as long (design/actor.md).
+            link = self._link if self._live_generation is not None else None
+            if link is not None:
+                link.hold_writes()
             try:
                 self._handle(call)
                 if parked == "inbox":
@@ -616,18 +633,6 @@ class Session:
             self._mailbox.append(call)
             self._wake_actor()
         return await reply.wait()
-
-    def _hold_writes(self) -> AgentLink | None:
-        """Until the link's ``release_writes()``, what the session sends the agent is written
-        as the last act of this step, not as it is sent. The kernel wakes a pipe's reader on
-        its writer's core, to run once the writer sleeps: work done after a write delays the
-        agent's read by as long (``bench/transport_floor.py``). The link whose writes are
-        held, or None (no agent)."""
-        link = self._link
-        if link is None or self._live_generation is None:
-            return None
-        link.hold_writes()
-        return link
 
     def _wake_actor(self) -> None:
         """Something came for the actor (a call, a deadline passed): wake it wherever it waits."""
@@ -644,6 +649,7 @@ class Session:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The actor task: runs until the session is stopped (or the caller is cancelled)."""
         self._task = trio.lowlevel.current_task()
+        self._now = trio.lowlevel.current_clock().current_time
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -719,7 +725,7 @@ class Session:
         instead of an item. Read on the clock while items come; when none does, the alarm
         (``supervisor/alarm.py``) wakes the actor at it, as at every other deadline."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if watch != math.inf and trio.current_time() >= watch:
+        if watch != math.inf and self._now() >= watch:
             return _STALL_DUE
         # Cancelling, the actor waits for the agent's answer at once: spinning here would take
         # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
@@ -745,7 +751,7 @@ class Session:
     async def _hold_back(self) -> None:
         """Read no agent output until a full subscriber makes room. The agent is not silent
         meanwhile, we are not listening: the stall watchdog does not count the wait."""
-        held_at = trio.current_time()
+        held_at = self._now()
         turn = self._turn
         if turn is not None and turn.heard:
             turn.heard, turn.heard_at = False, held_at
@@ -755,7 +761,7 @@ class Session:
         finally:
             self._parked = ""
         if turn is not None and turn is self._turn:
-            turn.heard_at += trio.current_time() - held_at
+            turn.heard_at += self._now() - held_at
 
     def _serve_mailbox(self) -> None:
         mailbox = self._mailbox
@@ -803,7 +809,7 @@ class Session:
         return deadline
 
     def _on_deadline(self) -> None:
-        now = trio.current_time()
+        now = self._now()
         if self._start_deadline is not None and now >= self._start_deadline:
             self._start_deadline = None
             self._start_failed(
@@ -905,7 +911,7 @@ class Session:
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
         # the session is not left ``running`` a turn the agent never got).
         self._deliver(step)
-        now = trio.current_time()
+        now = self._now()
         self._turn = turn = _Turn(turn_id, text, now, tree_clock(), heard_at=now)
         if self.spec.stall_s:
             turn.stall_at = now + self.spec.stall_s
@@ -920,7 +926,7 @@ class Session:
 
     def _cancel(self, call: _Cancel) -> None:
         turn = self._turn
-        now = trio.current_time()
+        now = self._now()
         if call.turn_id is not None and (turn is None or turn.id != call.turn_id):
             call.reply.resolve(self._cancel_other_turn(call))
             return
@@ -967,7 +973,7 @@ class Session:
             step.extend(self._machine.cancel_permissions())
             job.escalation.append("permissions_cancelled")
         job.deadline = now + job.grace_s
-        self._deliver(step)  # first (in a caller's step, written at its end: _hold_writes)
+        self._deliver(step)  # first (in a caller's step, written at its end: see _call)
         if not keep_queue:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
@@ -988,7 +994,7 @@ class Session:
         if machine is not None and machine.can_steer and self._live_generation is not None:
             self._steer_counter += 1
             steer_id = self._steer_counter
-            deadline = trio.current_time() + self.spec.grace_s
+            deadline = self._now() + self.spec.grace_s
             turn.steers[steer_id] = _NativeSteer(call.text, call.reply, deadline)
             self._apply(machine.steer(turn.id, steer_id, call.text))
             return
@@ -1022,7 +1028,7 @@ class Session:
     ) -> None:
         """The agent cannot take the text into its turn: the turn makes way, the whole ladder,
         and the text goes first once it is over."""
-        self._begin_cancel(turn, trio.current_time(), REASON_STEER, [], keep_queue=True)
+        self._begin_cancel(turn, self._now(), REASON_STEER, [], keep_queue=True)
         self._steer_after(turn, text, reply, "interrupted", detail)
 
     def _steer_answered(self, answer: SteerAnswered) -> None:
@@ -1067,6 +1073,8 @@ class Session:
         return ended
 
     def _drop_queue(self, reason: str | None) -> list[DroppedPrompt]:
+        if not self._queue:
+            return []
         dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
         self._queue.clear()
         for prompt in dropped:
@@ -1188,13 +1196,28 @@ class Session:
             or not self._inbox.statistics().tasks_waiting_receive  # woken by something else
         ):
             return False
-        link = self._hold_writes()
+        link = self._link  # its writes held to the step's end, as a call's are (_call)
+        if link is not None:
+            link.hold_writes()
         try:
             try:
-                self._on_inbox(item)
-                lines = self._batch
-                if lines is not None:
-                    self._work_through(lines, len(lines) - self._batch_at, True)
+                if item.__class__ is AgentLines and len(item.lines) == 1:
+                    # One line (an answer, as a cancel's is): what the batch would do with it,
+                    # without making it one. Here it runs cold, and every layer costs.
+                    line = item.lines[0]
+                    if isinstance(line, FramingError):
+                        self._gate.charge(1)
+                        self._on_frame(line)
+                    else:
+                        self._gate.charge(cost_of(len(line)))
+                        frame = decode_line(line)
+                        if frame is not None:
+                            self._on_frame(frame)
+                else:
+                    self._on_inbox(item)
+                    lines = self._batch
+                    if lines is not None:
+                        self._work_through(lines, len(lines) - self._batch_at, True)
             except Exception as exc:  # raised in the actor, as if it had handled the item
                 self._raise_in_actor = exc
                 self._wake_actor()
@@ -1392,7 +1415,7 @@ class Session:
         events = step.events
         if not events:
             return
-        if not any(issubclass(kind, Control) for kind in set(map(type, events))):
+        if not any(map(_is_control, set(map(type, events)))):
             self._emit_many(events)  # type: ignore[arg-type]  # no Control among them
             return
         plain: list[ev.Event] = []
@@ -1441,7 +1464,7 @@ class Session:
             # looked at when it passes.
             turn.heard = True
             return
-        turn.heard_at = trio.current_time()
+        turn.heard_at = self._now()
         turn.heard = False
         if isinstance(event, ev.ToolCall | ev.ToolUpdate):
             if event.turn_id is not None and event.turn_id != turn.id:
@@ -1465,7 +1488,7 @@ class Session:
             return math.inf
         if turn.heard:
             turn.heard = False
-            turn.heard_at = trio.current_time()
+            turn.heard_at = self._now()
         return turn.stall_at
 
     def _stall_due(self, turn: _Turn) -> float:
@@ -1482,7 +1505,7 @@ class Session:
         turn = self._turn
         if turn is None or turn.cancel is not None:
             return
-        now = trio.current_time()
+        now = self._now()
         if turn.heard:
             turn.heard, turn.heard_at = False, now
         turn.stall_at = self._stall_due(turn)
@@ -1575,7 +1598,7 @@ class Session:
         if self._stopping or self._exiting is not None or self._live_generation is None:
             return
         self._exiting = exiting.reason
-        self._exit_deadline = trio.current_time() + self.spec.grace_s
+        self._exit_deadline = self._now() + self.spec.grace_s
         if self._turn is None and self._state == "ready":
             self._set_state("starting", f"the agent is exiting ({exiting.reason})")
 
@@ -1665,6 +1688,8 @@ class Session:
         """The turn is over: steers it did not take go first in the queue, in order; they
         start as soon as the session is ready (the callers hear back now: terminate-then-
         respond holds, the turn they steered has ended)."""
+        if not turn.steers and not turn.then:
+            return
         unanswered = [
             _SteerNext("", pending.text, pending.reply, "started")
             for pending in turn.steers.values()
@@ -1715,7 +1740,7 @@ class Session:
             stop_reason=job.stop_reason,
             dropped_prompts=list(job.dropped),
             resumed=job.resumed,
-            elapsed_ms=round((trio.current_time() - job.started_at) * 1000, 3),
+            elapsed_ms=round((self._now() - job.started_at) * 1000, 3),
             grace_s=job.grace_s,
             reason=job.reason,
             details=dict(job.details),
@@ -1903,7 +1928,7 @@ class Session:
         elif turn.cancel is None:
             self._begin_cancel(
                 turn,
-                trio.current_time(),
+                self._now(),
                 REASON_MEMORY_LIMIT,
                 [],
                 keep_queue=True,
@@ -1941,7 +1966,7 @@ class Session:
         self._spawned_resume = self._resume_from
         self._heard_from_live = False
         self._generation += 1
-        self._start_deadline = trio.current_time() + self.spec.start_timeout_s
+        self._start_deadline = self._now() + self.spec.start_timeout_s
         assert self._nursery is not None
         self._nursery.start_soon(self._spawn_task, self._generation)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import typing
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -81,8 +82,12 @@ def event_to_wire(event: Event) -> dict[str, Any]:
 
 
 def event_json(event: Event) -> bytes:
-    """The event's wire form, serialized."""
-    return dumps(_encoder(type(event))(event))
+    """The event's wire form, serialized (what ``dumps`` makes of it)."""
+    encode = _ENCODERS.get(event.__class__) or _encoder(event.__class__)
+    try:
+        return _FAST_ENCODE(encode(event))
+    except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
+        return _SLOW_ENCODER.encode(encode(event)).encode()
 
 
 def events_json(events: list[Event]) -> list[bytes]:
@@ -136,6 +141,10 @@ def _encoder(cls: type[Event]) -> Callable[[Any], dict[str, Any]]:
     return compiled
 
 
+#: What the converter makes of an empty container field, by the field's type's origin.
+_EMPTY: Final = {list: "[]", dict: "{}"}
+
+
 def _field_items(cls: type, name: str, names: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
     """The items of a dict display of ``name``'s fields (an instance of the attrs class
     ``cls``), each as the converter unstructures it: read as it is where the converter passes
@@ -151,7 +160,9 @@ def _field_items(cls: type, name: str, names: dict[str, Any], skip: tuple[str, .
         if attribute.type not in _AS_IS:
             hook = f"hook{index}"
             names[hook] = converter.get_unstructure_hook(attribute.type)
-            value = f"{hook}({value})"
+            empty = _EMPTY.get(typing.get_origin(attribute.type))
+            # An empty list or dict is a new empty one: the hook's own loop is left out.
+            value = f"({hook}({value}) if {value} else {empty})" if empty else f"{hook}({value})"
         items.append(f"{attribute.name!r}: {value}")
     return ", ".join(items)
 
