@@ -2200,11 +2200,22 @@ class Session:
         self._fanout.publish_many(events)
 
     def _emit(self, event: ev.Event) -> None:
+        """Stamp the event and publish it. Machines make a fresh, unstamped event for each
+        thing that happens and hand it over: that one is stamped in place (a frozen instance
+        nobody else has seen yet; ``attrs.evolve`` would build a second one per event). One
+        already stamped is copied, never changed."""
         turn = self._turn
         if turn is not None and type(event) in _TURN_EVENTS:
             self._heard(turn, event)
-        self._seq += 1
-        self._fanout.publish(_stamp(event, self.id, self._seq, time.time()))
+        self._seq = seq = self._seq + 1
+        if event.seq:
+            event = attrs.evolve(event, session_id=self.id, seq=seq, timestamp=time.time())
+        else:
+            set_session_id, set_seq, set_timestamp = _SET_STAMP
+            set_session_id(event, self.id)
+            set_seq(event, seq)
+            set_timestamp(event, time.time())
+        self._fanout.publish(event)
 
 
 def _share(lines: list[Any], start: int, allowed: int, count: int = -1) -> tuple[int, int]:
@@ -2239,21 +2250,7 @@ def _survivors_text(survivors: list[dict[str, Any]]) -> str:
     return f"{len(survivors)} process(es) of the agent's tree survived SIGKILL: {listed}"
 
 
-_set_field = object.__setattr__
-#: The stamp's slots set through their descriptors (what ``_set_field`` does, without looking
-#: the name up each time): ``_emit_many`` stamps every event of a stream.
+#: The stamp's slots set through their descriptors (what ``object.__setattr__`` does on a
+#: frozen instance, without looking the name up each time): every event is stamped so.
 _SET_STAMP = tuple(ev.Event.__dict__[name].__set__ for name in ("session_id", "seq", "timestamp"))
 _SEQ_OF = operator.attrgetter("seq")
-
-
-def _stamp(event: ev.Event, session_id: str, seq: int, timestamp: float) -> ev.Event:
-    """The event with its stamp. Machines make a fresh, unstamped event for each thing that
-    happens and hand it over: that one is stamped in place (a frozen instance nobody else has
-    seen yet; ``attrs.evolve`` would build a second one per event). One already stamped is
-    copied, never changed."""
-    if event.seq:
-        return attrs.evolve(event, session_id=session_id, seq=seq, timestamp=timestamp)
-    _set_field(event, "session_id", session_id)
-    _set_field(event, "seq", seq)
-    _set_field(event, "timestamp", timestamp)
-    return event
