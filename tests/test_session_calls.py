@@ -8,6 +8,7 @@ What must not change: the answers, their order, and every deadline the call sets
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -20,6 +21,7 @@ from fakes.memory_agent import Behaviour, MemoryLauncher
 from fakes.memory_base import MemoryLink
 from helpers import Recorder
 from supervisor import AgentNotRunning, AgentSpec, Session, open_supervisor
+from supervisor.link import AgentLines
 
 GRACE = 2.0
 
@@ -235,3 +237,38 @@ async def test_an_error_in_the_pumps_step_is_raised_in_the_actor(
         f"session {session.id} crashed"
     ]
     assert "boom while ending the turn" in caplog.text
+
+
+async def test_one_line_of_output_taken_at_once_is_what_a_batch_makes_of_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Urgent output of one line is decoded and fed to the machine in the pump's own step,
+    not made a batch first: a bad line is the same ``error`` event, a message the same
+    machine output, and the session has handled each before the offer returns."""
+    async with running(Behaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
+        await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)  # ignored: cancelling until the grace ends
+            await rec.wait_kind("session.state", state="cancelling")
+            await trio.testing.wait_all_tasks_blocked()  # the actor waits for its inbox
+            link = launcher.links[-1]
+            assert link.take_now is not None
+            before = session.last_seq
+            bad = AgentLines(link.generation, [b"{not json"])
+            assert link.take_now(bad)
+            assert session.last_seq == before + 1  # handled there and then
+            stray = {
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {"sessionId": "not-this-session", "update": {"sessionUpdate": "x"}},
+            }
+            await trio.testing.wait_all_tasks_blocked()
+            assert link.take_now(AgentLines(link.generation, [json.dumps(stray).encode()]))
+            assert session.last_seq == before + 2
+            await rec.catch_up()
+            error, unparsed = rec.events[-2:]
+            assert error.kind == "error" and getattr(error, "code", "").startswith("agent_")
+            assert unparsed.kind == "agent.unparsed" and getattr(unparsed, "raw", None) == stray
+            assert session.state == "cancelling"
+    assert rec.of_kind("turn.ended")
