@@ -29,7 +29,7 @@ from protocols import PROTOCOLS
 from protocols.framing import LineDecoder, encode_message
 from supervisor.config import AgentSpec
 from supervisor.containment import Containment, choose
-from supervisor.link import AgentGone, AgentLines, AgentLink, AgentStderrLines
+from supervisor.link import AgentGone, AgentLines, AgentLink, AgentStderrLines, Inbox
 from supervisor.process import AgentProcess, ExitStatus, KillError
 from supervisor.statefile import StateFile
 
@@ -52,7 +52,7 @@ class ProcessLink(AgentLink):
         process: AgentProcess,
         spec: AgentSpec,
         generation: int,
-        inbox: trio.MemorySendChannel[Any],
+        inbox: Inbox,
         *,
         secret: str | None = None,
     ) -> None:
@@ -313,7 +313,7 @@ class ProcessLauncher:
         cwd: str,
         resume: str | None,
         generation: int,
-        inbox: trio.MemorySendChannel[Any],
+        inbox: Inbox,
         nursery: trio.Nursery,
     ) -> AgentLink:
         protocol = PROTOCOLS[spec.protocol]

@@ -47,7 +47,7 @@ from protocols.framing import EXCERPT_CHARS, MAX_LINE_BYTES, Frame, FramingError
 from protocols.opencode import SERVER_USERNAME
 from supervisor.agent_link import LINK_TYPES, STDERR_LINE_CHARS, ProcessLink
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame
+from supervisor.link import AgentFrame, Inbox
 from supervisor.process import AgentProcess, ExitStatus, KillError
 
 __all__ = ["HttpLink", "SseDecoder"]
@@ -226,7 +226,7 @@ class HttpLink(ProcessLink):
         process: AgentProcess,
         spec: AgentSpec,
         generation: int,
-        inbox: trio.MemorySendChannel[Any],
+        inbox: Inbox,
         *,
         secret: str | None = None,
     ) -> None:

@@ -26,9 +26,19 @@ __all__ = [
     "AgentLines",
     "AgentLink",
     "AgentStderrLines",
+    "Inbox",
     "Launcher",
     "LinkItem",
 ]
+
+
+class Inbox(Protocol):
+    """Where a link posts what happens: the send end of the session actor's inbox (a memory
+    channel's, or the session's own, which notes that something came: ``Session._take_now``)."""
+
+    def send_nowait(self, value: Any) -> None: ...
+
+    async def send(self, value: Any) -> None: ...
 
 
 @frozen
@@ -85,7 +95,7 @@ class AgentLink(ABC):
     #: own step (a cancel's answer, when the actor waits for it: ``Session._take_now``).
     take_now: Callable[[Any], bool] | None = None
 
-    async def post_output(self, item: Any, inbox: trio.MemorySendChannel[Any]) -> None:
+    async def post_output(self, item: Any, inbox: Inbox) -> None:
         """An item of agent output, offered to the session first (:attr:`take_now`), else
         posted to its inbox (waiting while the inbox is full: backpressure)."""
         take = self.take_now
@@ -153,6 +163,6 @@ class Launcher(Protocol):
         cwd: str,
         resume: str | None,
         generation: int,
-        inbox: trio.MemorySendChannel[Any],
+        inbox: Inbox,
         nursery: trio.Nursery,
     ) -> AgentLink: ...

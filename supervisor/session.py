@@ -343,6 +343,27 @@ class _Turn:
     stall_at: float = math.inf
 
 
+class _PostBox:
+    """The send end of the actor's inbox, as every link and helper task posts to it. It notes
+    that something was posted: with :attr:`posted` false (the actor set it so when it found
+    the inbox empty, before it waited), the actor has been handed nothing it has not seen, so
+    agent output may be handled at once in its pump's step, in order (``Session._take_now``)."""
+
+    __slots__ = ("_channel", "posted")
+
+    def __init__(self, channel: trio.MemorySendChannel[Any]) -> None:
+        self._channel = channel
+        self.posted = True
+
+    def send_nowait(self, value: Any) -> None:
+        self.posted = True
+        self._channel.send_nowait(value)
+
+    async def send(self, value: Any) -> None:
+        self.posted = True
+        await self._channel.send(value)
+
+
 class Session:
     """One agent session. Create it through :class:`supervisor.Supervisor`."""
 
@@ -390,7 +411,8 @@ class Session:
         self._raise_in_actor: Exception | None = None
         #: The cancel job of a turn being ended, until its waiters have their receipt.
         self._ending: _CancelJob | None = None
-        self._inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
+        inbox_send, self._inbox = trio.open_memory_channel[Any](_INBOX_SIZE)
+        self._inbox_send = _PostBox(inbox_send)
         # Everything below is owned by the actor task.
         self._state = "starting"
         self._nursery: trio.Nursery | None = None
@@ -741,7 +763,13 @@ class Session:
                 await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
                 return item
             self._fanout.flush()
-            return await self._inbox.receive()
+            try:
+                item = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                self._inbox_send.posted = False  # empty, and nothing posted since (_take_now)
+                return await self._inbox.receive()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return item
         finally:
             self._parked = ""
 
@@ -1193,7 +1221,7 @@ class Session:
             or self._alarm.rang
             or item.generation != self._live_generation
             or not self._urgent()
-            or not self._inbox.statistics().tasks_waiting_receive  # woken by something else
+            or self._inbox_send.posted  # it has something before this, or may have
         ):
             return False
         link = self._link  # its writes held to the step's end, as a call's are (_call)

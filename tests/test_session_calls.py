@@ -270,5 +270,16 @@ async def test_one_line_of_output_taken_at_once_is_what_a_batch_makes_of_it(
             error, unparsed = rec.events[-2:]
             assert error.kind == "error" and getattr(error, "code", "").startswith("agent_")
             assert unparsed.kind == "agent.unparsed" and getattr(unparsed, "raw", None) == stray
+            # Handed something it has not seen, the actor comes first: the offer is declined
+            # (posted after it, the line is handled after it, in order).
+            await trio.testing.wait_all_tasks_blocked()
+            link.inbox.send_nowait(AgentLines(link.generation, [b"{first"]))
+            assert not link.take_now(AgentLines(link.generation, [b"{second"]))
+            link.inbox.send_nowait(AgentLines(link.generation, [b"{second"]))
+            await trio.testing.wait_all_tasks_blocked()
+            await rec.catch_up()
+            excerpts = [getattr(e, "message", "") for e in rec.events[-2:]]
+            assert "{first" in excerpts[0] and "{second" in excerpts[1]
+            assert link.take_now(AgentLines(link.generation, [b"{third"]))  # seen: at once again
             assert session.state == "cancelling"
     assert rec.of_kind("turn.ended")

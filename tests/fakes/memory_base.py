@@ -21,7 +21,7 @@ from attrs import define, field
 
 from protocols.framing import Message
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame, AgentGone, AgentLink
+from supervisor.link import AgentFrame, AgentGone, AgentLink, Inbox
 from supervisor.process import ExitStatus
 
 #: A prompt token's effect: the field it sets and how its ``=value`` becomes that field's value.
@@ -84,9 +84,7 @@ class Store:
 class MemoryLink(AgentLink):
     """The supervisor's end of one in-memory process; kills follow the launcher's behaviour."""
 
-    def __init__(
-        self, launcher: BaseLauncher[Any, Any], generation: int, inbox: trio.MemorySendChannel[Any]
-    ):
+    def __init__(self, launcher: BaseLauncher[Any, Any], generation: int, inbox: Inbox):
         self.generation = generation
         self.launcher = launcher
         self.inbox = inbox
@@ -251,7 +249,7 @@ class BaseLauncher(Generic[B, A]):
         cwd: str,
         resume: str | None,
         generation: int,
-        inbox: trio.MemorySendChannel[Any],
+        inbox: Inbox,
         nursery: trio.Nursery,
     ) -> AgentLink:
         link = MemoryLink(self, generation, inbox)
