@@ -114,8 +114,9 @@ class AgentLink(ABC):
 
     def hold_writes(self) -> None:  # noqa: B027  # optional: by default nothing is held
         """Until :meth:`release_writes`, :meth:`send` still takes (and encodes) each message,
-        and the writing waits: the session's step ends with it (``Session._hold_writes``).
-        By default, as for a link whose sends are not writes of its own, nothing is held."""
+        and the writing waits: the step the session runs in another task ends with it
+        (``Session._call``, ``Session._take_now``; why: ``design/actor.md``). By default, as
+        for a link whose sends are not writes of its own, nothing is held."""
 
     def release_writes(self) -> None:  # noqa: B027  # (see hold_writes)
         """Write what :meth:`hold_writes` kept, in order, at once."""
