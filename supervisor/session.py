@@ -938,7 +938,13 @@ class Session:
         )
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
         # the session is not left ``running`` a turn the agent never got).
-        self._deliver(step)
+        try:
+            self._deliver(step)
+        except Exception:
+            # The machine now holds a turn the agent never got: its state and the agent's
+            # part. The one state both agree on again is a fresh agent, the session resumed.
+            self._recycle("a prompt could not be handed to the agent")
+            raise
         now = self._now()
         self._turn = turn = _Turn(turn_id, text, now, tree_clock(), heard_at=now)
         if self.spec.stall_s:
@@ -950,7 +956,21 @@ class Session:
     def _start_next(self) -> None:
         if self._state == "ready" and self._turn is None and self._queue:
             turn_id, text = self._queue.popleft()
-            self._start_turn(turn_id, text)
+            try:
+                self._start_turn(turn_id, text)
+            except Exception as exc:  # its caller was answered when it queued: tell everyone
+                log.exception(
+                    "session %s: prompt %s could not be handed to the agent", self.id, turn_id
+                )
+                failed = CancelReceipt(session_id=self.id, turn_id=turn_id, outcome="failed")
+                self._remember(turn_id, failed)  # a cancel naming it later learns how it ended
+                self._emit(
+                    ev.TurnEnded(
+                        turn_id=turn_id,
+                        outcome="failed",
+                        error=f"the prompt could not be handed to the agent: {exc!r}",
+                    )
+                )
 
     def _cancel(self, call: _Cancel) -> None:
         turn = self._turn

@@ -591,7 +591,8 @@ async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A failure to hand a prompt to the agent (here the link raises) leaves no turn announced
-    and the session ready; the failed request is logged by action, error and size only."""
+    and the session ready again (its agent recycled: the machine had been told of the prompt);
+    the failed request is logged by action, error and size only."""
     send = MemoryLink.send
 
     def refuse_prompts(self: MemoryLink, message: dict[str, Any]) -> None:
@@ -609,13 +610,20 @@ async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
                     await client.prompt(session_id, text)
                 assert failed.value.code == "internal"
                 # Events come before a response queued after them: all of them are here now.
-                seen = []
+                messages = []
                 while True:
                     try:
-                        seen.append(events.receive_nowait()["event"])
+                        messages.append(events.receive_nowait())
                     except trio.WouldBlock:
                         break
-                assert "turn.started" not in seen
+                seen = [message["event"] for message in messages]
+                assert "turn.started" not in seen and "session.recycled" in seen
+                with trio.fail_after(30):
+                    while not any(
+                        m["event"] == "session.state" and m["data"]["state"] == "ready"
+                        for m in messages[seen.index("session.recycled") :]
+                    ):
+                        messages.append(await events.receive())
                 [entry] = await client.sessions()
                 assert (entry["state"], entry["turn_id"]) == ("ready", None)
     [line] = [

@@ -94,7 +94,8 @@ async def test_a_send_that_fails_while_writes_are_held_still_fails_the_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Held writes change when a message is written, not whether sending it can fail: a
-    prompt the link refuses is refused in the caller's step, and no turn is announced."""
+    prompt the link refuses is refused in the caller's step, and no turn is announced (the
+    agent is then recycled: ``test_session_recycle.py``)."""
     async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
         await trio.testing.wait_all_tasks_blocked()
         link = launcher.links[-1]
@@ -108,9 +109,11 @@ async def test_a_send_that_fails_while_writes_are_held_still_fails_the_call(
         link.send = refusing  # type: ignore[method-assign]
         with pytest.raises(RuntimeError, match="cannot encode"):
             await session.prompt("hello")
-        assert session.state == "ready" and link.held is None
+        assert link.held is None
         await rec.catch_up()
         assert not rec.of_kind("turn.started")
+        await session.wait_ready()  # recycled: the machine had been told of the prompt
+        assert session.state == "ready"
 
 
 async def test_a_cancel_the_agent_ignores_still_escalates_at_the_grace(

@@ -9,7 +9,9 @@ the next prompt works. A turn that succeeds, or one we cancelled, starts the cou
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -99,6 +101,69 @@ async def test_prompts_queued_behind_the_recycle_run_on_the_new_agent(
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
         assert len(launcher.agents) == 2 and launcher.agents[1].turns == ["words=3"]
         assert [e.turn_id for e in rec.of_kind("turn.ended")][-2:] == [turn.id, queued.id]
+
+
+def refuse_prompts(launcher: MemoryLauncher, texts: set[str]) -> None:
+    """The link of the agent now running raises when handed a prompt of ``texts`` (a link bug:
+    a real one encodes every prompt a session accepts), after the machine was told of it."""
+    link = launcher.links[-1]
+    send = link.send
+
+    def refusing(message: dict[str, Any]) -> None:
+        prompt = message.get("params", {}).get("prompt") or [{}]
+        if message.get("method") == "session/prompt" and prompt[0].get("text") in texts:
+            raise RuntimeError("the link could not write the prompt")
+        send(message)
+
+    link.send = refusing  # type: ignore[method-assign]
+
+
+async def test_a_prompt_the_agent_could_not_be_handed_recycles_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The machine was told of a turn the agent never got: the caller hears the error, no
+    turn is announced, and the agent is restarted and its session resumed, so the next
+    prompt is the agent's and the machine's alike."""
+    async with running() as (session, launcher, rec):
+        await session.wait_ready()
+        refuse_prompts(launcher, {"lost"})
+        with pytest.raises(RuntimeError, match="could not write"):
+            await session.prompt("lost")
+        with trio.fail_after(60):  # virtual time: a session left stuck fails at once
+            recycled = await rec.wait_kind("session.recycled")
+        assert isinstance(recycled, ev.SessionRecycled)
+        assert "could not be handed" in recycled.reason
+        await session.wait_ready()
+        assert len(launcher.agents) == 2
+        assert (await outcome(session, rec, "again")).outcome == "completed"
+        await rec.catch_up()
+        assert [e.kind for e in rec.events].count("turn.started") == 1
+        assert session.summary().recycles == 1
+
+
+async def test_a_queued_prompt_that_could_not_be_handed_ends_failed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its caller was answered when it was queued: the prompt gets its one ``turn.ended``,
+    failed and saying why, the agent is recycled, and what is queued after it runs."""
+    async with running(Behaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
+        await session.wait_ready()
+        refuse_prompts(launcher, {"lost"})
+        first = await session.prompt("words=3")
+        lost = await session.prompt("lost")
+        after = await session.prompt("words=2")
+        assert lost.queued and after.queued
+        with trio.fail_after(60):  # virtual time: a prompt left unanswered fails at once
+            ended = await rec.wait_kind("turn.ended", turn_id=lost.id)
+        assert isinstance(ended, ev.TurnEnded)
+        assert ended.outcome == "failed" and "could not be handed" in (ended.error or "")
+        done = await rec.wait_kind("turn.ended", turn_id=after.id)
+        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+        assert len(launcher.agents) == 2 and launcher.agents[1].turns == ["words=2"]
+        assert (await session.cancel(turn_id=lost.id)).outcome == "failed"
+        await rec.catch_up()
+        assert [e.turn_id for e in rec.of_kind("turn.ended")] == [first.id, lost.id, after.id]
+        rec.check_invariants()
 
 
 async def test_zero_never_recycles(autojump_clock: trio.testing.MockClock) -> None:
