@@ -941,8 +941,8 @@ class Session:
         try:
             self._deliver(step)
         except Exception:
-            # The machine now holds a turn the agent never got: its state and the agent's
-            # part. The one state both agree on again is a fresh agent, the session resumed.
+            # The machine now holds a turn the agent never got: the two no longer agree. The
+            # one state both agree on again is a fresh agent, the session resumed.
             self._recycle("a prompt could not be handed to the agent")
             raise
         now = self._now()
