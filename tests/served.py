@@ -157,6 +157,15 @@ async def refused(
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
+def refusal(stderr: str) -> str:
+    """The one line a refused ``serve`` wrote: its reason, no traceback. Containment detection
+    starts early, in a thread, and may first report the cgroups it swept of supervisors that
+    are gone (another test's, say): that line, and only that one, may come before."""
+    *before, line = stderr.splitlines()
+    assert all("cgroup(s) of supervisors that are gone" in other for other in before), stderr
+    return line
+
+
 async def raw_http(
     port: int, request: bytes, *, host: str = "127.0.0.1"
 ) -> tuple[bytes, trio.SocketStream]:

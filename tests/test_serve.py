@@ -20,6 +20,7 @@ from served import (
     demo_command,
     raw_http,
     read_response,
+    refusal,
     refused,
     serve,
     status_of,
@@ -308,9 +309,8 @@ async def test_the_token_may_come_from_a_file_only_its_owner_reads(tmp_path: Pat
     token_file.chmod(0o640)
     code, stdout, stderr = await refused(tmp_path, "--token-file", str(token_file))
     assert (code, stdout) == (2, "")
-    lines = stderr.splitlines()
-    assert len(lines) == 1, stderr  # the reason alone, no traceback
-    assert "group or others" in lines[0] and "chmod 600" in lines[0]
+    line = refusal(stderr)
+    assert "group or others" in line and "chmod 600" in line
 
 
 async def test_a_token_on_the_command_line_works_with_a_warning(tmp_path: Path) -> None:
@@ -371,7 +371,7 @@ async def test_allow_host_admits_another_name(tmp_path: Path) -> None:
 async def test_a_non_loopback_bind_without_tls_is_refused(tmp_path: Path) -> None:
     code, stdout, stderr = await refused(tmp_path, "--host", "0.0.0.0")
     assert (code, stdout) == (2, "")
-    [line] = stderr.splitlines()
+    line = refusal(stderr)
     assert "refusing to bind 0.0.0.0 without TLS" in line and "--insecure" in line
 
 
