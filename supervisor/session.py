@@ -404,6 +404,9 @@ class Session:
         #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
         #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
         self._parked = ""
+        #: How many inbox items the actor takes before the watchdog's passed deadline
+        #: (``_overdue_for``) is looked at (``_receive_overdue``).
+        self._overdue, self._overdue_for = 0, math.inf
         #: The run's clock, read straight (``trio.current_time`` looks it up in two calls more:
         #: on a cancel's path, run cold, each call costs): set when the actor starts.
         self._now: Callable[[], float] = trio.current_time
@@ -748,7 +751,7 @@ class Session:
         (``supervisor/alarm.py``) wakes the actor at it, as at every other deadline."""
         await trio.lowlevel.checkpoint_if_cancelled()
         if watch != math.inf and self._now() >= watch:
-            return _STALL_DUE
+            return await self._receive_overdue(watch)
         # Cancelling, the actor waits for the agent's answer at once: spinning here would take
         # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
         # core), and subscribers hear of the "cancelling" event without a batch to wait for.
@@ -772,6 +775,29 @@ class Session:
             return item
         finally:
             self._parked = ""
+
+    async def _receive_overdue(self, watch: float) -> Any:
+        """The watchdog's deadline passed; what the agent said before it, the actor may not
+        have read yet (a loaded loop runs the alarm's task and the pumps' in any order): the
+        pumps get a few turns, then what the inbox holds at that moment comes first, and
+        :data:`_STALL_DUE` after it (it looks again at when the agent was last heard). Only
+        that much: an agent that logs on and on is stalled all the same."""
+        if self._overdue_for != watch:  # this deadline's first look
+            self._overdue_for = watch
+            for _ in range(_IDLE_TURNS):  # turns for the pumps to post what their pipes hold
+                await trio.lowlevel.checkpoint()
+            stats = self._inbox.statistics()
+            self._overdue = stats.current_buffer_used + stats.tasks_waiting_send
+        if self._overdue > 0:
+            self._overdue -= 1
+            try:
+                item = self._inbox.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return item
+        return _STALL_DUE
 
     def _holding(self) -> bool:
         return self._state == "running" and not self._stopping and self._fanout.must_wait()
