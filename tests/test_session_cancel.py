@@ -109,6 +109,26 @@ async def test_wedged_agent_receipt_exactly_at_grace(
         assert len(rec.of_kind("message.delta")) == deltas_before + 2
 
 
+async def test_an_agent_stopping_exactly_at_grace_is_not_killed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its answer and the grace's alarm wake in the same pass of the run loop, in either
+    order (trio shuffles a pass), as on a loaded machine the alarm and a pump holding an
+    answer written in time do: what the inbox holds when the deadline is seen is read
+    before the deadline is acted on, so the turn ended by then is cancelled, never killed."""
+    async with running(Behaviour(words=1000, stop_delay=GRACE)) as (session, launcher, rec):
+        for _ in range(12):
+            await session.prompt("hello")
+            await rec.wait_for(is_delta)
+            t0 = trio.current_time()
+            receipt = await session.cancel()
+            assert trio.current_time() - t0 == pytest.approx(GRACE)
+            assert (receipt.outcome, receipt.escalation) == ("cancelled", ["interrupt"])
+            await rec.catch_up()
+            rec.events.clear()
+        assert len(launcher.links) == 1
+
+
 async def test_agent_ignoring_sigterm_adds_kill_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
