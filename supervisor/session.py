@@ -268,14 +268,6 @@ class _Swept:
     survivors: list[dict[str, Any]] = field(factory=list)
 
 
-@frozen
-class _StallDue:
-    """The stall watchdog's deadline passed (what the receive returns then, not a post)."""
-
-
-_STALL_DUE = _StallDue()
-
-
 # -- state owned by the actor ----------------------------------------------------------------
 
 
@@ -404,9 +396,6 @@ class Session:
         #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
         #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
         self._parked = ""
-        #: How many inbox items the actor takes before the watchdog's passed deadline
-        #: (``_overdue_for``) is looked at (``_receive_overdue``).
-        self._overdue, self._overdue_for = 0, math.inf
         #: The alarm rang: inbox items left to take before its deadlines are acted on
         #: (``_posted_by_now``); -1: not counted yet.
         self._late = -1
@@ -715,7 +704,7 @@ class Session:
             self._serve_mailbox()
             if self._done:
                 return
-            if self._alarm.rang:  # a deadline passed (the watchdog's is seen by _receive)
+            if self._alarm.rang:  # a deadline passed (the watchdog's too)
                 if self._late < 0:  # first look: what the agent said before it goes first
                     self._late = await self._posted_by_now()
                     continue  # calls that came meanwhile first, as always
@@ -738,10 +727,9 @@ class Session:
                 # waits for no one, and a stop must hear the agent go.
                 await self._hold_back()
                 continue
-            watch = self._watch()
-            self._alarm.set(min(self._next_deadline(), watch))
-            item = await self._receive(watch)
-            if self._late > 0 and item is not _STALL_DUE:
+            self._alarm.set(min(self._next_deadline(), self._watch()))
+            item = await self._receive()
+            if self._late > 0:
                 self._late -= 1
             if self._raise_in_actor is not None:
                 raise self._raise_in_actor
@@ -751,17 +739,11 @@ class Session:
             if not self._done:
                 self._on_inbox(item)
 
-    async def _receive(self, watch: float = math.inf) -> Any:
+    async def _receive(self) -> Any:
         """The next inbox item. Batching writers (the gateway's) hear of new events when the
         actor is about to wait, so under a flood they send several per socket write: an inbox
-        empty for just a moment (the agent's pump is between two posts) does not count.
-
-        ``watch``: the stall watchdog's deadline; once it has passed, :data:`_STALL_DUE` comes
-        instead of an item. Read on the clock while items come; when none does, the alarm
-        (``supervisor/alarm.py``) wakes the actor at it, as at every other deadline."""
+        empty for just a moment (the agent's pump is between two posts) does not count."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if watch != math.inf and self._now() >= watch:
-            return await self._receive_overdue(watch)
         # Cancelling, the actor waits for the agent's answer at once: spinning here would take
         # the CPU the agent needs to answer (the kernel wakes a pipe's reader on its writer's
         # core), and subscribers hear of the "cancelling" event without a batch to wait for.
@@ -796,24 +778,6 @@ class Session:
             await trio.lowlevel.checkpoint()
         stats = self._inbox.statistics()
         return stats.current_buffer_used + stats.tasks_waiting_send
-
-    async def _receive_overdue(self, watch: float) -> Any:
-        """The watchdog's deadline passed: what the inbox holds by now (``_posted_by_now``)
-        comes first, then :data:`_STALL_DUE` (the check looks again at when the agent was
-        last heard)."""
-        if self._overdue_for != watch:  # this deadline's first look
-            self._overdue_for = watch
-            self._overdue = await self._posted_by_now()
-        if self._overdue > 0:
-            self._overdue -= 1
-            try:
-                item = self._inbox.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            else:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                return item
-        return _STALL_DUE
 
     def _holding(self) -> bool:
         return self._state == "running" and not self._stopping and self._fanout.must_wait()
@@ -895,6 +859,9 @@ class Session:
                     self._steer_timed_out(turn, steer_id)
         if self._exit_deadline is not None and now >= self._exit_deadline:
             self._exit_overdue()
+        turn = self._turn
+        if turn is not None and turn.cancel is None and now >= turn.stall_at:
+            self._stall_check()
 
     # -- mailbox calls ------------------------------------------------------------------------
 
@@ -1255,8 +1222,6 @@ class Session:
             self._swept(item)
         elif isinstance(item, _MemoryOver):
             self._memory_over(item)
-        elif item is _STALL_DUE:
-            self._stall_check()
 
     # -- agent output, a share at a time --------------------------------------------------------
 
