@@ -53,6 +53,11 @@ Steering: it advertises ``_meta.steering.supported`` (unless ``--no-steering``) 
 ``_session/steering`` like claude-agent-acp: ``injected`` while a prompt runs (the reply then
 says "Steered: <text>." and streams on), ``promptRequired`` when idle.
 
+Sessions are kept in ``--state-dir`` (one JSON file each) for ``session/load`` after a
+restart. The files are written in a worker thread, never by the loop that reads stdin: a disk
+that takes its time holds up a file, never a ``session/cancel``. A turn, a new session and a
+mode are answered once their file is on disk, so a kill right after the answer loses nothing.
+
 This module is standalone on purpose: it imports only the standard library
 and trio, never other modules of the ``supervisor`` package.
 """
@@ -435,6 +440,14 @@ class Session:
 
 
 @dataclass
+class _StateWrites:
+    """One session's state writes: one at a time, in order; the newest snapshot written."""
+
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    written: int = 0
+
+
+@dataclass
 class _Pending:
     """An agent→client request waiting for its answer."""
 
@@ -495,6 +508,10 @@ class DemoAgent:
         self.turns: set[Turn] = set()
         self.stdout_broken = False
         self._nursery: trio.Nursery | None = None
+        #: where state writes run: outlives the turns' nursery, so what was asked is written
+        self._saves: trio.Nursery | None = None
+        self._save_count = 0
+        self._state_writes: dict[str, _StateWrites] = {}
 
     # ----------------------------------------------------------- output
 
@@ -555,22 +572,50 @@ class DemoAgent:
         return os.path.join(self.options.state_dir, f"{session_id}.json")
 
     def save(self, session: Session) -> None:
-        """Persist a session's history as JSON (atomic replace)."""
+        """Have the session's state as it is now written, without waiting for the disk.
+
+        The snapshot is taken here; the file is written in a worker thread, so the read loop
+        goes on reading (a ``session/cancel`` included) while a busy disk takes its time.
+        Writes of one session go in order, and one overtaken by a newer snapshot is skipped."""
+        assert self._saves is not None
+        self._saves.start_soon(self._write_state, *self._snapshot(session))
+
+    async def saved(self, session: Session) -> None:
+        """Write the session's state as it is now, and return once it is on disk: for what is
+        answered only once it would survive the process (a turn's end, a new session)."""
+        await self._write_state(*self._snapshot(session))
+
+    def _snapshot(self, session: Session) -> tuple[str, int, str]:
+        self._save_count += 1
+        data = {
+            "sessionId": session.session_id,
+            "cwd": session.cwd,
+            "history": [{"role": e.role, "text": e.text} for e in session.history],
+            "mode": session.mode,
+        }
+        return session.session_id, self._save_count, json.dumps(data)
+
+    async def _write_state(self, session_id: str, number: int, text: str) -> None:
+        writes = self._state_writes.setdefault(session_id, _StateWrites())
+        # Shielded: a write asked for is made, also by a task cancelled on the way out.
+        with trio.CancelScope(shield=True):
+            async with writes.lock:  # FIFO: in the order they were asked
+                if number <= writes.written:
+                    return  # a newer snapshot is on disk already
+                await trio.to_thread.run_sync(self._write_file, session_id, text)
+                writes.written = number
+
+    def _write_file(self, session_id: str, text: str) -> None:
+        """Write one state file (atomic replace); in a worker thread."""
         try:
             os.makedirs(self.options.state_dir, exist_ok=True)
-            path = self._state_path(session.session_id)
+            path = self._state_path(session_id)
             tmp = f"{path}.{os.getpid()}.tmp"
-            data = {
-                "sessionId": session.session_id,
-                "cwd": session.cwd,
-                "history": [{"role": e.role, "text": e.text} for e in session.history],
-                "mode": session.mode,
-            }
             with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(data, fh)
+                fh.write(text)
             os.replace(tmp, path)
         except OSError as exc:
-            log(f"could not save session {session.session_id}: {exc}")
+            log(f"could not save session {session_id}: {exc}")
 
     def load(self, session_id: str, cwd: str) -> Session | None:
         """Read a persisted session, or return None if there is none."""
@@ -589,12 +634,14 @@ class DemoAgent:
     # ----------------------------------------------------------- input
 
     async def run(self) -> None:
-        """Serve until stdin closes or stdout breaks."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            await self._read_loop()
-            await self._finish_turns()
-            nursery.cancel_scope.cancel()
+        """Serve until stdin closes or stdout breaks; then finish the state writes asked for."""
+        async with trio.open_nursery() as saves:
+            self._saves = saves
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self._read_loop()
+                await self._finish_turns()
+                nursery.cancel_scope.cancel()
 
     def _shutdown(self) -> None:
         """Stop everything now (stdout broke)."""
@@ -720,7 +767,9 @@ class DemoAgent:
             if method == "initialize":
                 await self.respond(request_id, self._initialize(params))
             elif method == "session/new":
-                await self.respond(request_id, await self._session_new(params))
+                result, session = await self._session_new(params)
+                assert self._saves is not None
+                self._saves.start_soon(self._answer_once_saved, request_id, result, session)
             elif method == "session/load":
                 await self._session_load(request_id, params)
             elif method == "session/prompt":
@@ -728,7 +777,9 @@ class DemoAgent:
             elif method == "_session/steering" and self.options.steering:
                 await self.respond(request_id, self._steer(params))
             elif method == "session/set_mode" and self.options.modes:
-                await self.respond(request_id, self._set_mode(params))
+                session = self._set_mode(params)
+                assert self._saves is not None
+                self._saves.start_soon(self._answer_once_saved, request_id, {}, session)
             else:
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         except RpcError as exc:
@@ -821,15 +872,19 @@ class DemoAgent:
             raise RpcError(INVALID_PARAMS, f"Invalid params: bad sessionId {session_id!r}")
         return session_id
 
-    async def _session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _answer_once_saved(self, request_id: Any, result: Any, session: Session) -> None:
+        """Answer once the session's state is on disk, without holding up the read loop."""
+        await self.saved(session)
+        await self.respond(request_id, result)
+
+    async def _session_new(self, params: dict[str, Any]) -> tuple[dict[str, Any], Session]:
         cwd = self._cwd(params)
         servers = self._mcp_servers(params)
         session = Session(session_id=f"demo-{secrets.token_hex(8)}", cwd=cwd)
         await self._connect_mcp(session, servers)
         self.sessions[session.session_id] = session
-        self.save(session)
         log(f"new session {session.session_id}")
-        return {"sessionId": session.session_id, **self._modes(session)}
+        return {"sessionId": session.session_id, **self._modes(session)}, session
 
     def _modes(self, session: Session) -> dict[str, Any]:
         if not self.options.modes:
@@ -840,7 +895,7 @@ class DemoAgent:
         ]
         return {"modes": {"currentModeId": session.mode, "availableModes": available}}
 
-    def _set_mode(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _set_mode(self, params: dict[str, Any]) -> Session:
         session = self.sessions.get(self._session_id(params))
         if session is None:
             raise RpcError(INVALID_PARAMS, "Invalid params: unknown session")
@@ -848,9 +903,8 @@ class DemoAgent:
         if mode not in ("ask", "code"):
             raise RpcError(INVALID_PARAMS, f"Invalid params: no mode {mode!r}")
         session.mode = mode
-        self.save(session)
         log(f"session {session.session_id} in mode {mode}")
-        return {}
+        return session
 
     async def _session_load(self, request_id: Any, params: dict[str, Any]) -> None:
         cwd = self._cwd(params)
@@ -955,7 +1009,7 @@ class DemoAgent:
                     )
             if turn.reply_parts:
                 turn.session.history.append(HistoryEntry("agent", "".join(turn.reply_parts)))
-            self.save(turn.session)
+            await self.saved(turn.session)  # what the answer ends would survive a kill now
             turn.session.turn = None
             if turn.plan.fail and not cancelled:
                 await self.respond_error(turn.request_id, INTERNAL_ERROR, "demo failure as asked")

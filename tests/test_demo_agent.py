@@ -449,6 +449,42 @@ async def test_session_load_after_restart(spawn: Spawn) -> None:
         assert answer["error"]["message"]
 
 
+def _drain_fifo(path: Path) -> bytes:
+    """Read a FIFO until its writer closes it (blocks until a writer opens it)."""
+    with open(path, "rb") as fifo:
+        return fifo.read()
+
+
+async def test_a_stuck_state_write_never_stops_the_reading(spawn: Spawn, tmp_path: Path) -> None:
+    """A disk that does not answer holds up the state file, never the agent's reading: the
+    prompt streams, a cancel and a request after it are read and answered, and the turn is
+    answered only once its state is on disk (a kill after the answer loses nothing)."""
+    with trio.fail_after(TIMEOUT):
+        agent = await spawn("--words", "100000")
+        await agent.initialize()
+        sid = await agent.new_session()
+        # The next write of this session's state opens a FIFO nobody reads: it waits there,
+        # as on a disk that does not answer, until the test reads it.
+        state = tmp_path / "state" / f"{sid}.json"
+        stuck = state.with_name(f"{state.name}.{agent.proc.pid}.tmp")
+        os.mkfifo(stuck)
+        rid = await agent.prompt(sid, "stuck disk")
+        for _ in range(3):
+            await agent.next_update("agent_message_chunk")
+        await agent.notify("session/cancel", {"sessionId": sid})
+        probe = await agent.request("initialize", {"protocolVersion": 1})
+        before, answer = await agent.until_response(probe)
+        assert "result" in answer
+        assert all(m.get("id") != rid for m in before), "the turn answered before its save"
+        written = await trio.to_thread.run_sync(_drain_fifo, stuck)
+        assert b"stuck disk" in written  # the prompt's own snapshot, taken when it came
+        late, answer = await agent.until_response(rid)
+        assert answer["result"] == {"stopReason": "cancelled"}
+        saved = json.loads(state.read_text())
+        assert saved["history"][0] == {"role": "user", "text": "stuck disk"}
+        assert saved["history"][1]["role"] == "agent"  # the turn's end, on disk before it
+
+
 async def test_errors(spawn: Spawn) -> None:
     with trio.fail_after(TIMEOUT):
         agent = await spawn("--words", "100000")
