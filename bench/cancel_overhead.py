@@ -34,7 +34,6 @@ from typing import Any
 
 import trio
 
-from bench.opcount import OpCount
 from protocols.framing import LineDecoder, Message, encode_message
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.client import GatewayClient, connect
@@ -119,7 +118,9 @@ async def gateway_cancel(client: GatewayClient, session_id: str) -> float:
 
 
 async def supervisor_cancel(
-    session: Session, settle: float = 0.0, count: OpCount | None = None
+    session: Session,
+    settle: float = 0.0,
+    count: contextlib.AbstractContextManager[Any] | None = None,
 ) -> float:
     async with session.subscribe() as events:
         await session.prompt("go")

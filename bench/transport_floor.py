@@ -22,6 +22,10 @@ alike; each round is a prompt, its first word, a pause of ``SETTLE_S``, then the
 - **ours**: ``await session.cancel()`` until the receipt, against the same light agent, under
   the supervisor (containment, actor, ACP machine, receipt, the session ready again).
 
+Each round's window is also timed in this process's CPU (``thread_time``): what it spent working,
+whichever of its tasks; the rest of the wall time is the agent's work and the kernel's wake-ups,
+about the same on every side, so ours' extra over the shape alone's CPU is our own work.
+
 The pause puts the agent to sleep in ``select`` before the cancel arrives, as it is in real use,
 so every side pays the same wake-ups (the agent's, then the reader's). Left out: starting the
 turn and the agent's start-up. Last line: the ratios ours/floor and ours/floor on trio, p50
@@ -49,6 +53,9 @@ from bench.opcount import OpCount
 from supervisor import AgentSpec, open_supervisor
 from supervisor.reply import Reply
 
+#: What a round's window is measured with besides the clock: bytecodes, or CPU time.
+Window = contextlib.AbstractContextManager[Any]
+
 #: The agent: replies to ``session/cancel`` at once; one word, then silence.
 LIGHT_AGENT = [
     sys.executable,
@@ -62,6 +69,22 @@ LIGHT_AGENT = [
 #: wake-ups. Without it the blocking floor catches the agent still awake
 #: right after writing its word: ~0.04 ms instead of ~0.1 ms, a floor no real cancel sees.
 SETTLE_S = 0.002
+
+
+class CpuTime:
+    """``with cpu: ...`` adds this thread's CPU time inside (user and system, ``thread_time``)
+    to ``cpu.seconds``: the part of a round's wall time this process spent working, whichever
+    of its tasks; the rest is the agent's work and the kernel's wake-ups."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def __enter__(self) -> CpuTime:
+        self._start = time.thread_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.thread_time() - self._start
 
 
 class Lines:
@@ -133,7 +156,7 @@ class BlockingFloor:
             pass
         return reply
 
-    def one_cancel(self, count: OpCount | None = None) -> float:
+    def one_cancel(self, count: Window | None = None) -> float:
         request_id = self.next_id = self.next_id + 1
         os.write(self.stdin, Lines.encode(_prompt(request_id, self.session_id)))
         while not _is_chunk(self.receive()):
@@ -185,7 +208,7 @@ class TrioFloor:
             pass
         return reply
 
-    async def one_cancel(self, count: OpCount | None = None) -> float:
+    async def one_cancel(self, count: Window | None = None) -> float:
         request_id = self.next_id = self.next_id + 1
         await self.stdin.send_all(Lines.encode(_prompt(request_id, self.session_id)))
         while not _is_chunk(await self.receive()):
@@ -337,7 +360,7 @@ class ShapeFloor:
     async def call(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         return await self.post({"jsonrpc": "2.0", "id": 0, "method": method, "params": params})
 
-    async def one_cancel(self, count: OpCount | None = None) -> float:
+    async def one_cancel(self, count: Window | None = None) -> float:
         chunk: Reply[dict[str, Any]] = Reply()
         answered: Reply[dict[str, Any]] = Reply()
         self.mailbox.append((None, chunk, "chunk"))  # wait for the first word
@@ -366,6 +389,7 @@ async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
         "light": [],
     }
     ops: dict[str, list[int]] = {name: [] for name in times}
+    cpu: dict[str, list[float]] = {name: [] for name in times}
     blocking = BlockingFloor(LIGHT_AGENT)
     on_trio = await TrioFloor.start(LIGHT_AGENT)
     try:
@@ -374,16 +398,18 @@ async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
             lean = await ShapeFloor.start(LIGHT_AGENT, nursery, reader=False)
             session = await sup.start_session("light", cwd="/")
             for warm_up in [True] * 5 + [False] * rounds:
+                clocks = [CpuTime() for _ in times]
                 figures = (
-                    blocking.one_cancel(),
-                    await on_trio.one_cancel(),
-                    await shape.one_cancel(),
-                    await lean.one_cancel(),
-                    await supervisor_cancel(session, SETTLE_S),
+                    blocking.one_cancel(clocks[0]),
+                    await on_trio.one_cancel(clocks[1]),
+                    await shape.one_cancel(clocks[2]),
+                    await lean.one_cancel(clocks[3]),
+                    await supervisor_cancel(session, SETTLE_S, clocks[4]),
                 )
                 if not warm_up:
-                    for name, value in zip(times, figures, strict=True):
+                    for name, value, clock in zip(times, figures, clocks, strict=True):
                         times[name].append(value)
+                        cpu[name].append(clock.seconds)
             for _ in range(ops_rounds):  # untimed: tracing is slow
                 counts = [OpCount() for _ in times]
                 blocking.one_cancel(counts[0])
@@ -403,6 +429,10 @@ async def main(rounds: int, ops_rounds: int = 0) -> dict[str, Any]:
     for name, values in times.items():
         result[f"{name}_p50_ms"] = percentile(values, 0.5) * 1000
         result[f"{name}_p99_ms"] = percentile(values, 0.99) * 1000
+        result[f"{name}_cpu_p50_ms"] = percentile(cpu[name], 0.5) * 1000
+        # the rest of each round's wall time: the agent's work and the kernel's wake-ups
+        rest = [wall - used for wall, used in zip(values, cpu[name], strict=True)]
+        result[f"{name}_rest_p50_ms"] = percentile(rest, 0.5) * 1000
     result["ratio_floor_p50"] = result["light_p50_ms"] / result["floor_p50_ms"]
     result["ratio_floor_p99"] = result["light_p99_ms"] / result["floor_p99_ms"]
     result["ratio_floor_trio_p50"] = result["light_p50_ms"] / result["floor_trio_p50_ms"]
@@ -439,6 +469,22 @@ if __name__ == "__main__":
     )
     print(
         f"  ours   (session.cancel -> receipt):         p50 {f['light_p50_ms']:.3f} ms  p99 {f['light_p99_ms']:.3f} ms"
+    )
+    print(
+        "  this process's CPU per cancel, p50 (the rest of the wall time: the agent, the kernel's"
+        " wake-ups):"
+    )
+    print(
+        "   "
+        + ", ".join(
+            f" {label} {f[name + '_cpu_p50_ms']:.3f} ms (rest {f[name + '_rest_p50_ms']:.3f})"
+            for label, name in (
+                ("blocking floor", "floor"),
+                ("on trio", "floor_trio"),
+                ("the shape alone", "shape"),
+                ("ours", "light"),
+            )
+        )
     )
     if args.ops:
         print(
