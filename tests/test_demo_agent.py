@@ -476,7 +476,8 @@ async def test_a_stuck_state_write_never_stops_the_reading(spawn: Spawn, tmp_pat
         before, answer = await agent.until_response(probe)
         assert "result" in answer
         assert all(m.get("id") != rid for m in before), "the turn answered before its save"
-        written = await trio.to_thread.run_sync(_drain_fifo, stuck)
+        # (abandoned on the timeout: an agent that never opens the FIFO fails, never hangs)
+        written = await trio.to_thread.run_sync(_drain_fifo, stuck, abandon_on_cancel=True)
         assert b"stuck disk" in written  # the prompt's own snapshot, taken when it came
         late, answer = await agent.until_response(rid)
         assert answer["result"] == {"stopReason": "cancelled"}
