@@ -1035,6 +1035,11 @@ class Session:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
         self._apply_events(step)
+        if job.grace_s <= 0 and turn.cancel is job and self._turn is turn:
+            # No grace: no answer to the interrupt can come in time, so the kill does not race
+            # one. (At the deadline's first look the actor reads what came before it: on a
+            # loaded machine an answer already in the pipe would be read first and spared.)
+            self._grace_expired(turn, job)
 
     # -- steering ------------------------------------------------------------------------------
 

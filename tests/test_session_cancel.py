@@ -129,6 +129,29 @@ async def test_an_agent_stopping_exactly_at_grace_is_not_killed(
         assert len(launcher.links) == 1
 
 
+async def test_no_grace_kills_even_an_agent_that_answers_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``grace_s = 0``: no answer to the interrupt can come in time, so the kill never races
+    one (the agent here answers at once; on a loaded machine it has often answered before the
+    actor first looks at the deadline). Every cancel kills, respawns and resumes."""
+    async with running(Behaviour(words=1000, stop_delay=0.0), grace_s=0.0) as (
+        session,
+        launcher,
+        rec,
+    ):
+        for round_ in range(6):
+            await session.prompt("hello")
+            await rec.wait_for(is_delta)
+            receipt = await session.cancel()
+            assert receipt.outcome == "killed", receipt
+            assert receipt.escalation[:3] == ["interrupt", "grace_expired", "sigterm"], receipt
+            assert receipt.escalation[-2:] == ["respawned", "resumed"], receipt
+            assert len(launcher.links) == round_ + 2
+            await rec.catch_up()
+            rec.events.clear()
+
+
 async def test_agent_ignoring_sigterm_adds_kill_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
