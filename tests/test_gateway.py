@@ -643,3 +643,101 @@ async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
         " RuntimeError: the agent's pipe is broken"
     )
     assert not [r for r in caplog.records if "private prompt" in r.getMessage()]
+
+
+# -- what a client without the token can make the gateway do -----------------------------------
+
+
+async def _exchange(url: str, *chunks: bytes) -> bytes:
+    """Send ``chunks`` (one write each) and read until the server closes."""
+    host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    for chunk in chunks:
+        await stream.send_all(chunk)
+    data = b""
+    with trio.fail_after(BOUND):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    return data
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def _head(url: str, target: str, *fields: str, method: str = "GET") -> bytes:
+    port = url.split("/?")[0].rsplit(":", 1)[1]
+    lines = [f"{method} {target} HTTP/1.1", f"host: 127.0.0.1:{port}", "connection: close"]
+    return ("\r\n".join([*lines, *fields]) + "\r\n\r\n").encode()
+
+
+async def test_a_head_of_too_many_lines_is_refused_before_it_is_parsed() -> None:
+    """h11 parses a head whole before its token can be checked: a head of more lines than
+    ``max_head_fields`` is refused (431) as its bytes come, however they are split into reads;
+    one at the limit is served, and a body's lines are not the head's."""
+    limit = GatewayLimits().max_head_fields
+    auth = "authorization: Bearer secret-token"
+    async with gateway() as (_, url, _launcher):
+        # host, connection and authorization are three of the fields
+        at_limit = _head(url, "/v1/sessions", auth, *(f"x-f{i}: v" for i in range(limit - 3)))
+        assert _status(await _exchange(url, at_limit)) == 200
+        over = _head(url, "/v1/sessions", auth, *(f"x-f{i}: v" for i in range(limit - 2)))
+        assert _status(await _exchange(url, over)) == 431
+        pieces = [over[i : i + 7] for i in range(0, len(over), 7)]  # every CRLF split somewhere
+        assert _status(await _exchange(url, *pieces)) == 431
+        unauthenticated = _head(url, "/v1/sessions", *(f"x-f{i}: v" for i in range(5 * limit)))
+        assert _status(await _exchange(url, unauthenticated)) == 431
+        body = b"\n" * (5 * limit)
+        post = _head(
+            url, "/v1/sessions/nope/abort", auth, f"content-length: {len(body)}", method="POST"
+        )
+        assert _status(await _exchange(url, post + body)) == 404  # its body's lines: not the head's
+
+
+async def test_before_the_token_a_target_is_split_not_parsed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The target is split at its ``?`` and the query searched for ``token=`` (the first one
+    counts, as ``parse_qs`` has it); an absolute URL is taken, and one ``urlsplit`` refuses is a
+    400, never a failed connection in the log."""
+    async with gateway() as (_, url, _launcher):
+        port = url.split("/?")[0].rsplit(":", 1)[1]
+        for target, status in (
+            ("/v1/sessions?token=secret-token", 200),
+            ("/v1/sessions?a=1&b=%20&token=secret-token&c", 200),
+            ("/v1/sessions?token=secret-token&token=wrong", 200),
+            ("/v1/sessions?token=wrong&token=secret-token", 401),
+            ("/v1/sessions?xtoken=secret-token", 401),
+            ("/v1/sessions?token=", 401),
+            (f"http://127.0.0.1:{port}/v1/sessions?token=secret-token", 200),
+            ("//[x/", 401),
+            ("//[x/?token=secret-token", 404),
+            ("http://[x/", 400),
+            ("[x/", 400),
+        ):
+            response = await _exchange(url, _head(url, target))
+            assert _status(response) == status, (target, response)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+
+
+async def test_a_client_without_the_token_cannot_fill_the_log(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection that never showed the token and fails in a way nobody foresaw (here the
+    target split raises) is told in one line a minute with the count since, not a traceback
+    per request; the clients with the token are served meanwhile."""
+    from supervisor.gateway import server as gateway_server
+
+    def broken(target: str) -> tuple[str, str] | None:
+        raise RuntimeError("a failure nobody foresaw")
+
+    async with gateway() as (_, url, _launcher):
+        async with connect(url) as client:
+            monkeypatch.setattr(gateway_server, "_split_target", broken)
+            for _ in range(20):
+                assert await _exchange(url, _head(url, "/v1/sessions")) == b""
+            assert await client.sessions() == []  # a WebSocket: no target to split
+    told = [r for r in caplog.records if r.name == "supervisor.gateway.server"]
+    assert [r.levelname for r in told] == ["WARNING"], [r.getMessage() for r in told]
+    assert "never showed the token" in told[0].getMessage() and not told[0].exc_info

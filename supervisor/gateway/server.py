@@ -17,12 +17,13 @@ import re
 import secrets
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from http import HTTPStatus
 from typing import Any, Final
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 import h11
 import trio
@@ -97,6 +98,12 @@ class GatewayLimits:
     hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
     #: an HTTP request head, and a body for the small API
     max_head_bytes: int = 64 * 1024
+    #: lines of an HTTP request head (Apache's ``LimitRequestFields``). A head is parsed whole
+    #: before its token can be checked, on the one thread every session shares, and 64 KiB of
+    #: short header lines cost milliseconds: a few hundred such heads released at once held
+    #: everyone's requests, cancels too, for seconds. Counted as the bytes come, before h11
+    #: parses them; a head with more is refused (431) unparsed.
+    max_head_fields: int = 100
     max_body_bytes: int = 64 * 1024
     #: from the moment a connection waits for a request (it opened, or had its last answer)
     #: until that request's head and body are all in, TLS handshake included: a client that
@@ -134,6 +141,35 @@ class _Slot:
     #: ``new`` (no request has shown the token yet), ``busy`` (serving an authenticated
     #: request, or a WebSocket) or ``idle`` (an authenticated keep-alive between requests)
     state: str = "new"
+
+
+@define
+class _HeadLines:
+    """The lines of one request head, counted as its bytes come (``max_head_fields``): the
+    newlines up to the blank line that ends it, found across reads."""
+
+    limit: int
+    lines: int = 0
+    ended: bool = False
+    tail: bytes = b""  # the last two bytes seen: a blank line may span two reads
+
+    def feed(self, data: bytes) -> bool:
+        """Count ``data``'s lines; False once the head has more than ``limit``."""
+        if self.ended:
+            return True
+        window = self.tail + data
+        end = _HEAD_END.search(window)
+        if end is None:
+            self.lines += data.count(b"\n")
+            self.tail = window[-2:]
+        else:
+            self.ended = True
+            self.lines += data.count(b"\n", 0, max(0, end.end() - len(self.tail)))
+        return self.lines <= self.limit + 2  # the request line and the blank line are free
+
+
+#: The blank line that ends an HTTP head (h11 also takes bare LF line ends)
+_HEAD_END: Final = re.compile(rb"\n\r?\n")
 
 
 @frozen
@@ -184,6 +220,10 @@ class Gateway:
         self.ssl_context = ssl_context
         self.allow_hosts = [name.lower() for name in allow_hosts]
         self._slots: dict[_Slot, None] = {}  # every open connection, oldest first
+        #: unexpected failures of connections that never showed the token, since the last
+        #: line that told of them (``_unauthenticated_failure``), and when that was
+        self._quiet_failures = 0
+        self._quiet_logged_at = -_QUIET_LOG_S
         self._clients: set[_Client] = set()  # the WebSocket ones
         self._allowed_hosts: set[str] = set()
         self._allowed_origins: set[str] = set()
@@ -269,13 +309,13 @@ class Gateway:
 
     # -- authorization -------------------------------------------------------------------------
 
-    def _token_ok(self, headers: dict[str, str], query: dict[str, list[str]]) -> bool:
+    def _token_ok(self, headers: dict[str, str], query: str) -> bool:
         provided = None
         auth = headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
             provided = auth[7:].strip()
-        elif "token" in query:
-            provided = query["token"][0]
+        else:
+            provided = _query_token(query)
         if provided is None:
             return False
         return hmac.compare_digest(provided.encode(), self.token.encode())
@@ -306,7 +346,7 @@ class Gateway:
                 return True
         return False
 
-    def _check(self, headers: dict[str, str], query: dict[str, list[str]]) -> str | None:
+    def _check(self, headers: dict[str, str], query: str) -> str | None:
         if not self._origin_ok(headers):
             return "forbidden"
         if not self._token_ok(headers, query):
@@ -348,10 +388,30 @@ class Gateway:
         except* (trio.BrokenResourceError, trio.ClosedResourceError, WebSocketClosed):
             pass  # the peer went away (or failed its TLS handshake): nothing to report
         except* Exception as group:
-            log.error("gateway connection failed", exc_info=group)
+            if slot.state == "new":
+                self._unauthenticated_failure(group)
+            else:
+                log.error("gateway connection failed", exc_info=group)
         finally:
             self._slots.pop(slot, None)
             await trio.aclose_forcefully(stream)
+
+    def _unauthenticated_failure(self, group: BaseExceptionGroup[Exception]) -> None:
+        """A connection that never showed the token failed unexpectedly: logged one line at a
+        time, at most every ``_QUIET_LOG_S`` with how many came since, never a traceback each.
+        Anyone may open connections, and a log line per request is an error log anyone can
+        fill (and, on a stderr pipe nobody reads, a gateway anyone can block)."""
+        self._quiet_failures += 1
+        now = time.monotonic()
+        if now - self._quiet_logged_at < _QUIET_LOG_S:
+            return
+        log.warning(
+            "gateway: %d connection(s) that never showed the token failed (the last: %r)",
+            self._quiet_failures,
+            group.exceptions[0] if len(group.exceptions) == 1 else group,
+        )
+        self._quiet_failures = 0
+        self._quiet_logged_at = now
 
     def _set_send_buffer(self, stream: trio.abc.Stream) -> None:
         if self.limits.send_buffer_bytes is None:
@@ -397,23 +457,30 @@ class Gateway:
         closed at once: without the token there is nothing to hold a connection open with."""
         if raw is not None and isinstance(stream, trio.SSLStream):
             await stream.do_handshake()
-        event = await self._next_event(conn, stream, raw)
+        event = await self._next_event(conn, stream, raw, _HeadLines(self.limits.max_head_fields))
         if not isinstance(event, h11.Request):
             return None  # closed, or malformed (answered)
+        # Before the token is checked, no more work than the head's size asks: the target is
+        # split, not parsed, and the query only searched for the token.
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
         target = event.target.decode("latin-1")
-        parts = urlsplit(target)
-        denied = self._check(headers, parse_qs(parts.query))
+        split = _split_target(target)
+        if split is None:
+            error = _json_error("bad_request", "malformed request target")
+            await self._respond(conn, stream, 400, error, close=True)
+            return None
+        path, query = split
+        denied = self._check(headers, query)
         method = event.method.decode()
-        if denied == "unauthorized" and method == "GET" and parts.path in _PAGE_PATHS:
+        if denied == "unauthorized" and method == "GET" and path in _PAGE_PATHS:
             if self._page_cookie_ok(headers):
                 denied = None  # a reload of the page, which dropped the token from its URL
         if denied is not None:
-            await self._refuse(conn, stream, parts.path, denied)
+            await self._refuse(conn, stream, path, denied)
             return None
         slot.state = "busy"
         if headers.get("upgrade", "").lower() == "websocket":
-            if raw is not None and parts.path == "/ws":
+            if raw is not None and path == "/ws":
                 return _Incoming(method, target, headers, b"", upgrade=True)
             message = "upgrade only at /ws, as the first request"
             await self._respond(conn, stream, 400, _json_error("bad_request", message), close=True)
@@ -440,7 +507,11 @@ class Gateway:
         await self._respond(conn, stream, _HTTP_STATUS[denied], error, close=True)
 
     async def _next_event(
-        self, conn: h11.Connection, stream: trio.abc.Stream, raw: bytearray | None
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        raw: bytearray | None,
+        head: _HeadLines | None = None,
     ) -> h11.Event | None:
         while True:
             try:
@@ -455,7 +526,13 @@ class Gateway:
             data = await stream.receive_some(65536)
             if raw is not None and len(raw) <= self.limits.max_head_bytes:
                 raw += data
-            conn.receive_data(bytes(data) if isinstance(data, bytearray) else data)
+            data = bytes(data) if isinstance(data, bytearray) else data
+            if head is not None and not head.feed(data):
+                message = f"a request head has at most {self.limits.max_head_fields} header lines"
+                error = _json_error("bad_request", message)
+                await self._respond(conn, stream, 431, error, close=True)
+                return None
+            conn.receive_data(data)
 
     async def _read_body(self, conn: h11.Connection, stream: trio.abc.Stream) -> bytes | None:
         body = bytearray()
@@ -506,7 +583,7 @@ class Gateway:
     async def _route(self, request: _Incoming) -> tuple[int, str, bytes, list[tuple[str, str]]]:
         """An authenticated request's answer: (status, content type, body, extra headers)."""
         method, body = request.method, request.body
-        path = urlsplit(request.target).path
+        path = (_split_target(request.target) or ("", ""))[0]
         if method == "GET" and path in _PAGE_PATHS:
             name, key = self._page_cookie
             secure = "; Secure" if self.ssl_context is not None else ""
@@ -1030,6 +1107,39 @@ class _Client:
 
 
 _STATUSES = {status.value for status in HTTPStatus}
+
+
+def _split_target(target: str) -> tuple[str, str] | None:
+    """(path, query) of a request target; None if it is none (a 400). The usual form (``/p?q``)
+    is split at its ``?``; an absolute URL (``http://h/p?q``, which HTTP/1.1 servers must take)
+    by ``urlsplit``, which refuses some (an unclosed ``[`` in its host)."""
+    if target.startswith("/"):
+        path, _, query = target.partition("?")
+        return path, query.partition("#")[0]
+    try:
+        parts = urlsplit(target)
+    except ValueError:
+        return None
+    if not parts.scheme:
+        return None
+    return parts.path or "/", parts.query
+
+
+def _query_token(query: str) -> str | None:
+    """The first ``token=`` value of a query, decoded as ``parse_qs`` would; nothing else of the
+    query is looked at before the token is checked."""
+    start = 0
+    while (at := query.find("token=", start)) >= 0:
+        if at == 0 or query[at - 1] == "&":
+            end = query.find("&", at)
+            value = query[at + 6 :] if end < 0 else query[at + 6 : end]
+            return unquote_plus(value) if value else None
+        start = at + 1
+    return None
+
+
+#: how often a connection that never showed the token may put a line in the log
+_QUIET_LOG_S: Final = 60.0
 
 _DENIED = {
     "unauthorized": "a valid token is required (Authorization: Bearer T, or ?token=T)",
