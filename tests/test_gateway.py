@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import h11
 import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
@@ -672,6 +673,30 @@ def _head(url: str, target: str, *fields: str, method: str = "GET") -> bytes:
     return ("\r\n".join([*lines, *fields]) + "\r\n\r\n").encode()
 
 
+async def test_a_head_without_the_token_is_refused_before_it_is_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A head that holds the token nowhere (as it is, as ``quote`` writes it in a URL, or the
+    page's cookie key) cannot pass the check: it is refused (401, the page's own for the page) before h11
+    parses it. One that holds it is parsed and checked as before."""
+    parsed: list[bytes] = []
+    receive = h11.Connection.receive_data
+
+    def counting(self: h11.Connection, data: bytes) -> None:
+        parsed.append(data)
+        receive(self, data)
+
+    monkeypatch.setattr(h11.Connection, "receive_data", counting)
+    async with gateway() as (_, url, _launcher):
+        big = [f"x-f{i}: " + "a " * 100 for i in range(90)]
+        response = await _exchange(url, _head(url, "/v1/sessions?token=wrong", *big))
+        assert _status(response) == 401 and parsed == []
+        response = await _exchange(url, _head(url, "/", *big))
+        assert _status(response) == 401 and b"Token needed" in response and parsed == []
+        response = await _exchange(url, _head(url, "/v1/sessions?token=secret-token", *big))
+        assert _status(response) == 200 and parsed
+
+
 async def test_a_head_of_too_many_lines_is_refused_before_it_is_parsed() -> None:
     """h11 parses a head whole before its token can be checked: a head of more lines than
     ``max_head_fields`` is refused (431) as its bytes come, however they are split into reads;
@@ -700,7 +725,7 @@ async def test_before_the_token_a_target_is_split_not_parsed(
 ) -> None:
     """The target is split at its ``?`` and the query searched for ``token=`` (the first one
     counts, as ``parse_qs`` has it); an absolute URL is taken, and one ``urlsplit`` refuses is a
-    400, never a failed connection in the log."""
+    400 (a 401 without the token), never a failed connection in the log."""
     async with gateway() as (_, url, _launcher):
         port = url.split("/?")[0].rsplit(":", 1)[1]
         for target, status in (
@@ -709,12 +734,15 @@ async def test_before_the_token_a_target_is_split_not_parsed(
             ("/v1/sessions?token=secret-token&token=wrong", 200),
             ("/v1/sessions?token=wrong&token=secret-token", 401),
             ("/v1/sessions?xtoken=secret-token", 401),
+            ("/v1/sessions?xtoken=wrong&token=secret-token", 200),
+            ("/v1/sessions?token=" + "%41" * 2000, 401),  # no token is that long: not decoded
             ("/v1/sessions?token=", 401),
             (f"http://127.0.0.1:{port}/v1/sessions?token=secret-token", 200),
             ("//[x/", 401),
             ("//[x/?token=secret-token", 404),
-            ("http://[x/", 400),
-            ("[x/", 400),
+            ("http://[x/", 401),  # no token in the head: refused before it is parsed
+            ("http://[x/?token=secret-token", 400),
+            ("[x/?token=secret-token", 400),
         ):
             response = await _exchange(url, _head(url, target))
             assert _status(response) == status, (target, response)
@@ -741,3 +769,29 @@ async def test_a_client_without_the_token_cannot_fill_the_log(
     told = [r for r in caplog.records if r.name == "supervisor.gateway.server"]
     assert [r.levelname for r in told] == ["WARNING"], [r.getMessage() for r in told]
     assert "never showed the token" in told[0].getMessage() and not told[0].exc_info
+
+
+async def test_a_keep_alive_left_idle_past_the_request_timeout_is_closed_not_answered_again() -> (
+    None
+):
+    """The deadline for the next request on a keep-alive ends the connection: the request
+    served before it is never taken for a new one (it was, and answered again, each timeout)."""
+    async with gateway(limits=GatewayLimits(request_timeout_s=0.3)) as (_, url, _launcher):
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        request = f"GET /v1/sessions HTTP/1.1\r\nhost: {host}:{port}\r\n"
+        await stream.send_all((request + "authorization: Bearer secret-token\r\n\r\n").encode())
+        data = b""
+        with trio.fail_after(BOUND):
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive_some(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += await stream.receive_some(65536)
+            assert _status(data) == 200 and len(body) == length
+            rest = b""
+            while chunk := await stream.receive_some(65536):
+                rest += chunk
+        assert rest == b"", rest
+        await stream.aclose()

@@ -96,8 +96,9 @@ class GatewayLimits:
     flight_bytes: int | None = None
     #: the transport's hard frame limit; frames between MAX_FRAME_BYTES and this get too_large
     hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
-    #: an HTTP request head, and a body for the small API
-    max_head_bytes: int = 64 * 1024
+    #: an HTTP request head (nginx's default in all), and a body for the small API. h11 parses
+    #: a head whole before its token is checked, in time that grows with its bytes
+    max_head_bytes: int = 32 * 1024
     #: lines of an HTTP request head (Apache's ``LimitRequestFields``). A head is parsed whole
     #: before its token can be checked, on the one thread every session shares, and 64 KiB of
     #: short header lines cost milliseconds: a few hundred such heads released at once held
@@ -149,9 +150,13 @@ class _HeadLines:
     newlines up to the blank line that ends it, found across reads."""
 
     limit: int
+    #: the most of a head that is kept (beyond it h11 refuses the head anyway)
+    most: int
     lines: int = 0
     ended: bool = False
     tail: bytes = b""  # the last two bytes seen: a blank line may span two reads
+    #: the head's bytes so far (up to ``most``), for :meth:`shows`
+    head: bytearray = field(factory=bytearray)
 
     def feed(self, data: bytes) -> bool:
         """Count ``data``'s lines; False once the head has more than ``limit``."""
@@ -162,10 +167,19 @@ class _HeadLines:
         if end is None:
             self.lines += data.count(b"\n")
             self.tail = window[-2:]
+            taken = len(data)
         else:
             self.ended = True
-            self.lines += data.count(b"\n", 0, max(0, end.end() - len(self.tail)))
+            taken = max(0, end.end() - len(self.tail))
+            self.lines += data.count(b"\n", 0, taken)
+        if len(self.head) < self.most:
+            self.head += data[: min(taken, self.most - len(self.head))]
         return self.lines <= self.limit + 2  # the request line and the blank line are free
+
+    def shows(self, credentials: tuple[bytes, ...]) -> bool:
+        """Whether the whole head holds one of ``credentials`` anywhere (one search in C each):
+        a head without any cannot pass the token check, and is refused before it is parsed."""
+        return any(credential in self.head for credential in credentials)
 
 
 #: The blank line that ends an HTTP head (h11 also takes bare LF line ends)
@@ -315,7 +329,7 @@ class Gateway:
         if auth.lower().startswith("bearer "):
             provided = auth[7:].strip()
         else:
-            provided = _query_token(query)
+            provided = _query_token(query, longest=max(1024, 3 * len(self.token)))
         if provided is None:
             return False
         return hmac.compare_digest(provided.encode(), self.token.encode())
@@ -338,13 +352,20 @@ class Gateway:
         key = hmac.new(self.token.encode(), b"agent-supervisor page", "sha256").hexdigest()
         return f"agent-supervisor-page-{self.port}", key
 
+    def _credentials(self) -> tuple[bytes, ...]:
+        """What a head that may pass the token check holds somewhere: the token as it is, or as
+        ``quote`` writes it in a URL (as ``serve`` prints it), or the page's cookie key. (A
+        client that percent-encodes characters a URL needs not encode sends the token in its
+        ``Authorization`` header instead.)"""
+        _, key = self._page_cookie
+        return (self.token.encode(), quote(self.token, safe="").encode(), key.encode())
+
     def _page_cookie_ok(self, headers: dict[str, str]) -> bool:
+        """The page's cookie among the head's: one search in C, the others never split (this
+        runs before the token is checked)."""
         name, key = self._page_cookie
-        for part in headers.get("cookie", "").split(";"):
-            found, _, value = part.strip().partition("=")
-            if found == name and hmac.compare_digest(value.encode(), key.encode()):
-                return True
-        return False
+        found = re.search(rf"(?:^|[;\s]){re.escape(name)}=([^;\s]*)", headers.get("cookie", ""))
+        return found is not None and hmac.compare_digest(found.group(1).encode(), key.encode())
 
     def _check(self, headers: dict[str, str], query: str) -> str | None:
         if not self._origin_ok(headers):
@@ -426,6 +447,7 @@ class Gateway:
         first = True
         while True:
             # One deadline for the whole request: head and body (and the TLS handshake).
+            request: _Incoming | None = None  # (never the last one again, once it is too slow)
             with trio.move_on_after(self.limits.request_timeout_s):
                 request = await self._read_request(conn, stream, raw if first else None, slot)
             if request is None:
@@ -457,7 +479,8 @@ class Gateway:
         closed at once: without the token there is nothing to hold a connection open with."""
         if raw is not None and isinstance(stream, trio.SSLStream):
             await stream.do_handshake()
-        event = await self._next_event(conn, stream, raw, _HeadLines(self.limits.max_head_fields))
+        lines = _HeadLines(self.limits.max_head_fields, self.limits.max_head_bytes)
+        event = await self._next_event(conn, stream, raw, lines)
         if not isinstance(event, h11.Request):
             return None  # closed, or malformed (answered)
         # Before the token is checked, no more work than the head's size asks: the target is
@@ -527,11 +550,20 @@ class Gateway:
             if raw is not None and len(raw) <= self.limits.max_head_bytes:
                 raw += data
             data = bytes(data) if isinstance(data, bytearray) else data
-            if head is not None and not head.feed(data):
-                message = f"a request head has at most {self.limits.max_head_fields} header lines"
-                error = _json_error("bad_request", message)
-                await self._respond(conn, stream, 431, error, close=True)
-                return None
+            if head is not None and not head.ended:
+                if not head.feed(data):
+                    message = f"a request head has at most {self.limits.max_head_fields} lines"
+                    error = _json_error("bad_request", message)
+                    await self._respond(conn, stream, 431, error, close=True)
+                    return None
+                if head.ended and not head.shows(self._credentials()):
+                    # No token in it, in any form, nor the page's cookie: refused unparsed (h11
+                    # takes ~1.4 ms per 64 KiB of head, on the one thread everyone shares).
+                    line = bytes(head.head.split(b"\n", 1)[0]).split(b" ")
+                    target = line[1].decode("latin-1") if len(line) > 1 else ""
+                    path = (_split_target(target) or ("", ""))[0]
+                    await self._refuse(conn, stream, path, "unauthorized")
+                    return None
             conn.receive_data(data)
 
     async def _read_body(self, conn: h11.Connection, stream: trio.abc.Stream) -> bytes | None:
@@ -1125,17 +1157,22 @@ def _split_target(target: str) -> tuple[str, str] | None:
     return parts.path or "/", parts.query
 
 
-def _query_token(query: str) -> str | None:
+def _query_token(query: str, *, longest: int) -> str | None:
     """The first ``token=`` value of a query, decoded as ``parse_qs`` would; nothing else of the
-    query is looked at before the token is checked."""
-    start = 0
-    while (at := query.find("token=", start)) >= 0:
-        if at == 0 or query[at - 1] == "&":
-            end = query.find("&", at)
-            value = query[at + 6 :] if end < 0 else query[at + 6 : end]
-            return unquote_plus(value) if value else None
-        start = at + 1
-    return None
+    query is looked at before the token is checked: two searches in C, and a value longer than
+    ``longest`` is no token and never decoded."""
+    if query.startswith("token="):
+        at = 6
+    else:
+        at = query.find("&token=")
+        if at < 0:
+            return None
+        at += 7
+    end = query.find("&", at)
+    value = query[at:] if end < 0 else query[at:end]
+    if not value or len(value) > longest:
+        return None
+    return unquote_plus(value)
 
 
 #: how often a connection that never showed the token may put a line in the log
