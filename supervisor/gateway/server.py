@@ -145,9 +145,10 @@ class _Slot:
 
 
 @define
-class _HeadLines:
-    """The lines of one request head, counted as its bytes come (``max_head_fields``): the
-    newlines up to the blank line that ends it, found across reads."""
+class _HeadWatch:
+    """What is looked at of one request head as its bytes come, before h11 parses it: its
+    lines (``max_head_fields``: the newlines up to the blank line that ends it, found across
+    reads) and, once it has ended, whether it holds a credential anywhere (:meth:`shows`)."""
 
     limit: int
     #: the most of a head that is kept (beyond it h11 refuses the head anyway)
@@ -479,7 +480,7 @@ class Gateway:
         closed at once: without the token there is nothing to hold a connection open with."""
         if raw is not None and isinstance(stream, trio.SSLStream):
             await stream.do_handshake()
-        lines = _HeadLines(self.limits.max_head_fields, self.limits.max_head_bytes)
+        lines = _HeadWatch(self.limits.max_head_fields, self.limits.max_head_bytes)
         event = await self._next_event(conn, stream, raw, lines)
         if not isinstance(event, h11.Request):
             return None  # closed, or malformed (answered)
@@ -534,7 +535,7 @@ class Gateway:
         conn: h11.Connection,
         stream: trio.abc.Stream,
         raw: bytearray | None,
-        head: _HeadLines | None = None,
+        head: _HeadWatch | None = None,
     ) -> h11.Event | None:
         while True:
             try:
