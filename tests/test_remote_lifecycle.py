@@ -71,7 +71,9 @@ def env_host(tmp_path: Path, *env: str, detach_s: float = 30.0) -> HostSpec:
 
 def demo(tmp_path: Path, *args: str) -> AgentSpec:
     spec = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"), *args)
-    return spec.with_options(hosts=("h",), grace_s=1.0, kill_timeout_s=0.5)
+    # A generous grace: the demo agent stops at once, and its cancel is to read `cancelled` on
+    # a busy machine too (with 1 s, a slow run of the suite once killed it, twice).
+    return spec.with_options(hosts=("h",), grace_s=5.0, kill_timeout_s=0.5)
 
 
 def is_delta(event: ev.Event) -> bool:
