@@ -273,7 +273,11 @@ class AcpAgentSide:
         # A response to a request we withdrew (a late permission answer), a stray, or junk: a
         # notification-like message gets no reply; a request we cannot read gets an error.
         if "method" in message and "id" in message:
-            return Output(send=[self._rpc.respond_error(None, INVALID_REQUEST, "bad request")])
+            # Its id, if that can be read, so that a client waiting on it hears why.
+            rid = message["id"]
+            echo = rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None
+            why = "bad request" if message.get("jsonrpc") == "2.0" else 'bad request: not "2.0"'
+            return Output(send=[self._rpc.respond_error(echo, INVALID_REQUEST, why)])
         return Output()
 
     def _on_request(self, request: IncomingRequest) -> Output:
@@ -591,7 +595,9 @@ class AcpAgentSide:
                 event.info_kind in PASSED_UPDATES
                 and event.data.get("sessionUpdate") == event.info_kind
             ):
-                out.send.append(self._update(session_id, dict(event.data)))
+                passed = _passable_update(event.data)
+                if passed is not None:
+                    out.send.append(self._update(session_id, passed))
         return out
 
     # -- turns ------------------------------------------------------------------------------
@@ -705,9 +711,7 @@ class AcpAgentSide:
         tool_call: dict[str, Any] = {
             "toolCallId": str(tool.get("toolCallId") or event.request_id),
         }
-        for key in ("title", "content", "locations", "rawInput"):
-            if key in tool and tool[key] is not None:
-                tool_call[key] = tool[key]
+        tool_call.update(_tool_members(tool, ("title", "content", "locations", "rawInput")))
         if tool.get("kind") in TOOL_KINDS:
             tool_call["kind"] = tool["kind"]
         if tool.get("status") in TOOL_STATUSES:
@@ -804,6 +808,71 @@ def _permission_kind(option: ev.PermissionOption) -> str:
 _TOOL_PASSED = ("content", "locations", "rawInput", "rawOutput")
 
 
+# What an agent behind says goes to the editor only in the shape the schema gives it: an agent
+# that misbehaves must not make the editor's parser fail (what does not fit is left out, as the
+# schema's own readers skip what they cannot read).
+
+
+def _objects(value: Any, key: str) -> list[dict[str, Any]] | None:
+    """The objects of a list whose ``key`` is a string; None if ``value`` is not a list."""
+    if not isinstance(value, list):
+        return None
+    return [item for item in value if isinstance(item, dict) and isinstance(item.get(key), str)]
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _tool_members(tool: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The members ``keys`` of an agent's tool call that have the schema's shape."""
+    members: dict[str, Any] = {}
+    for key in keys:
+        value = tool.get(key)
+        if value is None:
+            continue
+        if key == "title":
+            if isinstance(value, str):
+                members[key] = value
+        elif key == "content":
+            content = _objects(value, "type")
+            if content is not None:
+                members[key] = content
+        elif key == "locations":
+            locations = _objects(value, "path")
+            if locations is not None:
+                members[key] = locations
+        else:  # rawInput, rawOutput: any JSON
+            members[key] = value
+    return members
+
+
+def _passable_update(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A session update of :data:`PASSED_UPDATES` in the schema's shape, or None."""
+    update = dict(data)
+    kind = update.get("sessionUpdate")
+    if kind == "available_commands_update":
+        commands = _objects(update.get("availableCommands"), "name")
+        if commands is None:
+            return None
+        update["availableCommands"] = [c for c in commands if isinstance(c.get("description"), str)]
+    elif kind == "session_info_update":
+        for key in ("title", "updatedAt"):
+            if key in update and not isinstance(update[key], str | None):
+                del update[key]
+    elif kind == "usage_update":
+        if not (_count(update.get("used")) and _count(update.get("size"))):
+            return None
+        if "cost" in update and not isinstance(update["cost"], dict | None):
+            del update["cost"]
+    elif kind == "current_mode_update":
+        if not isinstance(update.get("currentModeId"), str):
+            return None
+    if "_meta" in update and not isinstance(update["_meta"], dict | None):
+        del update["_meta"]
+    return update
+
+
 def _acp_raw(raw: Mapping[str, Any]) -> bool:
     return raw.get("sessionUpdate") in ("tool_call", "tool_call_update")
 
@@ -819,7 +888,7 @@ def _tool_call(event: ev.ToolCall) -> dict[str, Any]:
     if event.status in TOOL_STATUSES:
         update["status"] = event.status
     if _acp_raw(event.raw):
-        update.update({k: event.raw[k] for k in _TOOL_PASSED if event.raw.get(k) is not None})
+        update.update(_tool_members(event.raw, _TOOL_PASSED))
     return update
 
 
@@ -828,9 +897,7 @@ def _tool_update(event: ev.ToolUpdate) -> dict[str, Any]:
     if event.status in TOOL_STATUSES:
         update["status"] = event.status
     if _acp_raw(event.raw):
-        for key in ("title", *_TOOL_PASSED):
-            if event.raw.get(key) is not None:
-                update[key] = event.raw[key]
+        update.update(_tool_members(event.raw, ("title", *_TOOL_PASSED)))
         if event.raw.get("kind") in TOOL_KINDS:
             update["kind"] = event.raw["kind"]
     return update

@@ -135,7 +135,7 @@ class ProcessLink(AgentLink):
         with trio.move_on_after(timeout):
             status = await self.process.wait()
             await self.process.aclose()  # nothing is left of the tree by now; make sure
-            return status, list(self.process.lost_steps)
+            return status, self.process.exit_steps
         steps = await self.process.kill_tree(self._spec.kill_timeout_s)
         return self.process.returncode, steps
 

@@ -47,6 +47,8 @@ def check_text(what: str, value: str) -> None:
     for broken pasted text), and so can a path of a non-UTF-8 file name (``os.fsdecode``), but
     an agent's protocol, being UTF-8 JSON, cannot: checked before anything is done with it.
     """
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a string, not {type(value).__name__}")
     if value.isascii():
         return
     try:

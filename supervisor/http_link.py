@@ -254,7 +254,7 @@ class HttpLink(ProcessLink):
         with trio.move_on_after(timeout):
             status = await self.process.wait()
             await self.process.aclose()
-            return status, list(self.process.lost_steps)
+            return status, self.process.exit_steps
         steps = await self.process.kill_tree(self._spec.kill_timeout_s)
         return self.process.returncode, steps
 

@@ -91,8 +91,10 @@ SHIM_PATH = Path(__file__).with_name("shim.py")
 # -P: don't put supervisor/ first on the shim's sys.path, where a sibling module could shadow
 # a stdlib one.
 _SHIM_PREFIX = (sys.executable, "-S", "-E", "-P", os.fspath(SHIM_PATH))
-#: What a shim writes on its lifeline just before a clean exit (``supervisor/shim.py``).
+#: What a shim writes on its lifeline just before a clean exit (``supervisor/shim.py``): the
+#: tree is gone; and gone, but what the agent left had to be SIGKILLed.
 _TREE_GONE = b"1"
+_TREE_GONE_KILLED = b"2"
 
 # Bounds of the steps after SIGTERM. With a healthy shim the SIGKILL step takes milliseconds;
 # these only matter when the shim itself is stopped or stuck, or a member will not die.
@@ -272,6 +274,8 @@ class AgentProcess(ABC):
         self.lost_steps = []
         #: members SIGKILL did not kill (never our child: psutil may wait for them)
         self._stubborn: list[psutil.Process] = []
+        #: what the agent left running outlived the cleanup grace and was SIGKILLed
+        self.cleanup_killed = False
         # Taken now, while our child is certainly alive and ours: psutil pins the start time,
         # so this object can never signal a stranger that inherited the pid.
         self._leader = psutil.Process(proc.pid)
@@ -397,6 +401,15 @@ class AgentProcess(ABC):
             loose, timeout=VERIFY_S, limiter=self._thread_limiter
         )
 
+    @property
+    def exit_steps(self) -> list[str]:
+        """What had to be done after the agent exited by itself: :attr:`lost_steps`, and
+        ``sigkill`` if what it left running outlived the cleanup grace."""
+        steps = list(self.lost_steps)
+        if self.cleanup_killed and "sigkill" not in steps:
+            steps.append("sigkill")
+        return steps
+
     async def kill_tree(self, term_timeout: float = 1.0) -> list[str]:
         """The kill ladder (see the module docstring); returns the steps taken, in order.
 
@@ -412,7 +425,7 @@ class AgentProcess(ABC):
             async with self._kill_lock:
                 if self._proc.returncode is not None:
                     await self.wait()  # settles: a loose tree is killed there
-                    steps = list(self.lost_steps)
+                    steps = self.exit_steps
                     if self._stubborn:  # they survived SIGKILL before: try again
                         self._stubborn = await tree.kill_and_verify(
                             self._stubborn, timeout=VERIFY_S, limiter=self._thread_limiter
@@ -568,6 +581,7 @@ class CgroupProcess(AgentProcess):
         if self.cgroup.populated():
             self._term(self.members())
             if not await self.cgroup.wait_empty(CLEANUP_GRACE_S):
+                self.cleanup_killed = True
                 self.cgroup.kill()
                 await self.cgroup.wait_empty(VERIFY_S)
         # A /proc scan (~0.3 ms per 70 processes): in a thread, so a busy host's many exits never
@@ -587,9 +601,10 @@ class CgroupProcess(AgentProcess):
         with trio.move_on_after(term_timeout) as window:
             await self._proc.wait()
             if not await self.cgroup.wait_empty(CLEANUP_GRACE_S):
+                self.cleanup_killed = True
                 self.cgroup.kill()
                 await self.cgroup.wait_empty(math.inf)
-        if window.cancelled_caught:
+        if window.cancelled_caught or self.cleanup_killed:
             steps.append("sigkill")
             self.cgroup.kill()
             await self.cgroup.wait_empty(VERIFY_S)
@@ -661,9 +676,11 @@ class ShimProcess(AgentProcess):
         if self._lifeline is None:
             return False
         try:
-            return self._lifeline.recv(1) == _TREE_GONE
+            said = self._lifeline.recv(1)
         except OSError:
             return False
+        self.cleanup_killed = said == _TREE_GONE_KILLED
+        return said in (_TREE_GONE, _TREE_GONE_KILLED)
 
     def _loose(self) -> list[psutil.Process]:
         """The tree's members once the shim is gone: every process proved to be one (see
@@ -716,6 +733,8 @@ class ShimProcess(AgentProcess):
         # Did the shim exit cleanly? If it died (killed by someone, or by us as a last resort),
         # the loose tree is killed here, and the steps say so.
         await self.wait()
+        if self.cleanup_killed and "sigkill" not in steps:
+            steps.append("sigkill")  # the shim's cleanup killed what the agent left
         lingering = [proc for proc in seen.values() if tree.alive(proc)]
         if lingering:  # nothing should be: the shim, or the settling, killed them all
             if "sigkill" not in steps:

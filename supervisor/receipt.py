@@ -83,6 +83,10 @@ class CancelReceipt:
     #: uninterruptible sleep, or not ours to signal). Never empty while a member lives after a
     #: kill: the session then fails instead of starting an agent on top of them.
     survivors: list[dict[str, Any]] = field(factory=list)
+    #: why the session failed while the stop ran (its tree outlived SIGKILL, or the agent could
+    #: not be started again after the kill); None: it did not. A failed session takes no more
+    #: prompts, whatever ``resumed`` would have said.
+    session_failed: str | None = None
     #: the ``[hosts.NAME]`` whose node stopped the turn (``supervisor/remote/``); None: here
     host: str | None = None
 
@@ -103,7 +107,7 @@ class CancelReceipt:
             text = f"Killed{grace}"
             if self.resumed is True:
                 text += ", session resumed"
-            elif self.resumed is False:
+            elif self.resumed is False and self.session_failed is None:
                 text += ", session could not be resumed (fresh session)"
         prefix = _REASON_PREFIXES.get(self.reason or "")
         if prefix is not None and self.outcome in ("cancelled", "killed"):
@@ -113,6 +117,8 @@ class CancelReceipt:
                 f"; {len(self.survivors)} process(es) survived SIGKILL"
                 f" (pid {', '.join(str(s['pid']) for s in self.survivors)}): session failed"
             )
+        elif self.session_failed is not None:
+            text += "; the agent could not be started again: session failed"
         if self.dropped_prompts:
             text += f"; {len(self.dropped_prompts)} queued prompt(s) dropped"
         return text

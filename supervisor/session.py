@@ -309,6 +309,7 @@ class _CancelJob:
     resumed: bool | None = None
     details: dict[str, Any] = field(factory=dict)
     survivors: list[dict[str, Any]] = field(factory=list)
+    session_failed: str | None = None
     queue_kept: bool = False  # the watchdog's cancel leaves the queue; a caller's joining drops it
 
 
@@ -442,6 +443,12 @@ class Session:
         self._fanout = Fanout(history_size, hold_unacknowledged=hold_unacknowledged)
         self._ready_waiters: list[Reply[None]] = []
         self._stop_waiters: list[Reply[ExitStatus | None]] = []
+        self._stop_interrupted = False  # the stop interrupted the running turn
+        #: kills of agent trees begun (``_kill_live_link``) and not yet done (``_KillDone``)
+        self._kills_in_flight = 0
+        #: a receipt of a turn that ended as the session failed, and its waiters: answered
+        #: once the agent that failed to start again is gone (``_kill_done``)
+        self._held: tuple[_CancelJob, CancelReceipt] | None = None
         self._stopping = False
         self._start_deadline: float | None = None
         #: the live agent said its process ends (``AgentExiting``): why, and until when we wait
@@ -601,6 +608,7 @@ class Session:
         """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
         ``wire=True``: the subscriber takes the events' JSON (``take_wire``), as the gateway
         sends it, instead of event objects."""
+        _check_subscription(since_seq, max_buffer, stall_s)
         subscription: Subscription = await self._call(
             lambda reply: _Subscribe(since_seq, max_buffer, reply, stall_s, wire)
         )
@@ -824,6 +832,10 @@ class Session:
         self._ready_waiters.clear()
         while self._mode_replies:
             self._mode_replies.popleft().fail(exc)
+        if self._held is not None:  # the actor ends before that kill is done: answered now
+            held, receipt = self._held
+            for cancel_waiter in held.waiters:
+                cancel_waiter.resolve(receipt)
         for job in (self._turn.cancel if self._turn is not None else None, self._ending):
             if job is not None:
                 for cancel_waiter in job.waiters:
@@ -884,8 +896,15 @@ class Session:
                 self._ready_waiters.append(call.reply)
             else:
                 call.reply.resolve(None)
-        elif self._state in ("stopped", "failed") or self._stopping:
+        elif isinstance(call, _Stop):
+            self._stop(call.reply)  # joins a stop under way; ends a failed session's actor
+        elif self._state in ("stopped", "failed"):
             call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+        elif self._stopping:
+            if isinstance(call, _Cancel):
+                self._cancel(call)  # answered once the turn has ended with the agent
+            else:
+                call.reply.fail(AgentNotRunning(f"session {self.id} is stopping"))
         elif isinstance(call, _Prompt):
             call.reply.resolve(self._accept_prompt(call.text, call.parts))
         elif isinstance(call, _Cancel):
@@ -896,8 +915,6 @@ class Session:
             self._respond_permission(call)
         elif isinstance(call, _SetMode):
             self._set_mode(call)
-        elif isinstance(call, _Stop):
-            self._stop(call.reply)
 
     def _set_mode(self, call: _SetMode) -> None:
         machine = self._machine
@@ -1002,9 +1019,18 @@ class Session:
         if turn.cancel is not None:
             job = turn.cancel
             job.waiters.append(call.reply)  # concurrent cancels share one receipt
-            if job.queue_kept:  # the watchdog's job: a caller's cancel drops the queue now
-                job.queue_kept = False
-                job.dropped = self._drop_queue(call.reason)
+            # What was queued since the job began (the watchdog's job kept the queue; a kill
+            # takes long enough for the next prompt to come) is what this caller stops too.
+            job.queue_kept = False
+            job.dropped.extend(self._drop_queue(call.reason))
+            return
+        if self._stopping:
+            # The stop already interrupted the turn and closes the agent: the receipt says
+            # what that took, once the turn has ended with it (_closed).
+            job = _CancelJob(turn.id, now, call.reason, self.spec.grace_s, waiters=[call.reply])
+            if self._stop_interrupted:
+                job.escalation.append("interrupt")
+            turn.cancel = job
             return
         self._begin_cancel(turn, now, call.reason, [call.reply])
 
@@ -1177,18 +1203,32 @@ class Session:
         call.reply.resolve(None)
 
     def _stop(self, reply: Reply[ExitStatus | None]) -> None:
+        if self._state == "stopped":
+            reply.resolve(self.exit_status)
+            return
         self._stop_waiters.append(reply)
         if self._stopping:
             return
         self._stopping = True
+        if self._state == "failed":
+            # Nothing runs any more but maybe the kill of its last agent: once that is done,
+            # the actor ends (and its owner forgets the session).
+            if not self._kills_in_flight:
+                self._end_failed()
+            return
         self._start_deadline = None
         self._exit_deadline = None
         self._drop_queue("session_stopped")
         turn = self._turn
         if turn is not None:
             # The turn ends with the agent: when the close (and maybe the ladder) is done.
-            if self._machine is not None and self._live_generation is not None:
-                self._apply(self._machine.cancel())
+            machine = self._machine
+            if machine is not None and self._live_generation is not None:
+                step = machine.cancel()
+                self._stop_interrupted = True
+                if machine.pending_permissions:  # answered, and the clients told, as a cancel
+                    step.extend(machine.cancel_permissions())
+                self._apply(step)
             if turn.cancel is not None:
                 turn.cancel.deadline = None
         if self._machine is not None and self._live_generation is not None:
@@ -1707,8 +1747,10 @@ class Session:
         stop_reason: str | None,
         *,
         error: str | None = None,
+        hold: bool = False,
     ) -> None:
-        """The one place a running turn ends: one ``turn.ended``, waiters answered."""
+        """The one place a running turn ends: one ``turn.ended``, waiters answered (``hold``:
+        once the kill under way is done, see ``_held``)."""
         receipt: CancelReceipt | None = None
         job = turn.cancel
         if job is not None:
@@ -1739,9 +1781,12 @@ class Session:
         )
         if job is not None and receipt is not None:
             self._remember(turn.id, receipt)
-            for waiter in job.waiters:
-                waiter.resolve(receipt)
-            self._ending = None
+            if hold:
+                self._held = (job, receipt)
+            else:
+                for waiter in job.waiters:
+                    waiter.resolve(receipt)
+                self._ending = None
         self._steers_after_turn(turn, receipt)
 
     def _steers_after_turn(self, turn: _Turn, receipt: CancelReceipt | None) -> None:
@@ -1805,6 +1850,7 @@ class Session:
             reason=job.reason,
             details=dict(job.details),
             survivors=list(job.survivors),
+            session_failed=job.session_failed,
         )
 
     def _remember(self, turn_id: str, receipt: CancelReceipt) -> None:
@@ -1831,6 +1877,7 @@ class Session:
         self._link = None
         self._drop_machine()
         assert self._nursery is not None
+        self._kills_in_flight += 1
         if link is None:
             self._nursery.start_soon(self._post, _KillDone(self._generation, []))
         else:
@@ -1852,7 +1899,18 @@ class Session:
             turn.cancel.details.setdefault(key, value)
 
     def _kill_done(self, done: _KillDone) -> None:
-        if self._stopping or self._state == "failed":
+        self._kills_in_flight -= 1
+        if self._state == "failed":
+            if self._held is not None and not self._kills_in_flight:
+                job, receipt = self._held
+                self._held = None
+                self._ending = None
+                for waiter in job.waiters:
+                    waiter.resolve(receipt)
+            if self._stopping and not self._kills_in_flight:
+                self._end_failed()
+            return
+        if self._stopping:
             return
         turn = self._turn
         if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
@@ -2097,10 +2155,14 @@ class Session:
         self._start_deadline = None
         turn = self._turn
         if turn is not None:
-            if turn.cancel is not None:
-                if code == "agent_start_failed":
-                    turn.cancel.resumed = False
-                self._end_turn(turn, turn.cancel.outcome or "killed", turn.cancel.stop_reason)
+            job = turn.cancel
+            if job is not None:
+                # The stop killed the turn, and the session cannot go on: the receipt says
+                # so (never "fresh session"), once what failed to start is gone too.
+                job.resumed = None
+                job.session_failed = message
+                outcome_ = job.outcome or "killed"
+                self._end_turn(turn, outcome_, job.stop_reason, hold=self._link is not None)
             else:
                 self._end_turn(turn, "failed", None, error=message)
         self._drop_queue(code)
@@ -2113,6 +2175,13 @@ class Session:
         self._ready_waiters.clear()
         if self._link is not None:
             self._kill_live_link()
+
+    def _end_failed(self) -> None:
+        """A stop of a failed session: nothing of it runs any more; the actor ends."""
+        for waiter in self._stop_waiters:
+            waiter.resolve(self.exit_status)
+        self._stop_waiters.clear()
+        self._done = True
 
     def _closed(self, closed: _Closed) -> None:
         status = closed.status
@@ -2276,6 +2345,20 @@ class Session:
             set_seq(event, seq)
             set_timestamp(event, time.time())
         self._fanout.publish(event)
+
+
+def _check_subscription(since_seq: object, max_buffer: object, stall_s: object) -> None:
+    """A caller's mistake in what it subscribes with is told as such, before the actor sees it."""
+    if since_seq is not None and (type(since_seq) is not int or since_seq < 0):
+        raise BadRequest(f"since_seq must be a whole number >= 0 or None, not {since_seq!r}")
+    if type(max_buffer) is not int or max_buffer < 1:
+        raise BadRequest(f"max_buffer must be a whole number >= 1, not {max_buffer!r}")
+    if stall_s is not None and (
+        isinstance(stall_s, bool)
+        or not isinstance(stall_s, int | float)
+        or not 0 < stall_s < math.inf
+    ):
+        raise BadRequest(f"stall_s must be a number of seconds > 0 or None, not {stall_s!r}")
 
 
 def _share(lines: list[Any], start: int, allowed: int, count: int = -1) -> tuple[int, int]:

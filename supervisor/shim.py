@@ -63,8 +63,10 @@ CLEANUP_GRACE_S = 0.5
 KILL_RESCAN_S = 0.005
 KILL_RESCAN_MAX_S = 0.5
 
-# Written on the lifeline once no descendant is left, just before the shim exits.
+# Written on the lifeline once no descendant is left, just before the shim exits; the second
+# if some of them had to be SIGKILLed (they outlived the cleanup grace, or the lifeline broke).
 TREE_GONE = b"1"
+TREE_GONE_KILLED = b"2"
 
 # Forwarded to every descendant: the usual "please stop" signals.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -184,6 +186,7 @@ class _Shim:
         self.killing = False  # lifeline lost, or the cleanup grace is over
         self.rescan_s = KILL_RESCAN_S
         self.termed: set[int] = set()
+        self.sigkilled = False  # a descendant was sent SIGKILL
 
     def reap(self) -> bool:
         """Reap every waitable child; True once no child (hence no descendant) is left."""
@@ -208,7 +211,10 @@ class _Shim:
         if self.cleaning_until is not None and now >= self.cleaning_until:
             self.killing = True
         if self.killing:
-            _signal_all(_descendants(self.me), signal.SIGKILL)
+            doomed = _descendants(self.me)
+            if doomed:
+                self.sigkilled = True
+            _signal_all(doomed, signal.SIGKILL)
         elif self.cleaning_until is not None:
             fresh = [pid for pid in _descendants(self.me) if pid not in self.termed]
             _signal_all(fresh, signal.SIGTERM)
@@ -312,7 +318,7 @@ def main() -> "NoReturn":
     shim.run(wake_r)
     if lifeline is not None:
         try:
-            os.write(lifeline, TREE_GONE)
+            os.write(lifeline, TREE_GONE_KILLED if shim.sigkilled else TREE_GONE)
         except OSError:  # the supervisor is gone: nobody to tell
             pass
     _exit_like(shim.agent_status)

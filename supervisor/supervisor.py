@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from itertools import count
 from pathlib import Path
 
@@ -213,8 +213,22 @@ class Supervisor:
         session.on_ended = self._poke  # a retired node's drain counts a failed session too
         await self._nursery.start(self._run_session, session)
         if wait_ready:
-            await session.wait_ready()
+            try:
+                await session.wait_ready()
+            except BaseException:
+                # Nobody holds this session now (it failed to start, or its caller went away):
+                # stopped and forgotten, never left running, or listed, for nobody.
+                self._forget_soon(session)
+                raise
         return session
+
+    def _forget_soon(self, session: Session) -> None:
+        with suppress(RuntimeError):  # the supervisor is closing: it stops all
+            self._nursery.start_soon(self._forget, session)
+
+    async def _forget(self, session: Session) -> None:
+        with suppress(SupervisorError):
+            await self.stop_session(session.id)
 
     def _check_capacity(self, spec: AgentSpec, at_most: int | None = None) -> None:
         live = [s for s in self._sessions.values() if s.state not in _ENDED]

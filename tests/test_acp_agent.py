@@ -279,3 +279,16 @@ def test_a_refused_resume_is_told_once() -> None:
     assert m.event("S", ev.SessionState(state="ready", detail="later")).send == []
     m.expect_resume("R")
     assert m.event("R", ev.SessionState(state="ready")).send == []  # resumed: nothing to say
+
+
+def test_a_request_with_a_wrong_jsonrpc_version_is_refused_under_its_own_id() -> None:
+    m = machine()
+    for version in ("1.0", 2, None):
+        message: dict[str, Any] = {"id": 7, "method": "session/list", "params": {}}
+        if version is not None:
+            message["jsonrpc"] = version
+        [answer] = m.receive(message).send
+        assert answer["id"] == 7 and answer["error"]["code"] == -32600, answer
+    # An id that cannot be one is not echoed.
+    [answer] = m.receive({"jsonrpc": "1.0", "id": [1], "method": "session/list"}).send
+    assert answer["id"] is None

@@ -700,3 +700,125 @@ def test_python_sdk_client_permission_and_crash(tmp_path: Path, schema: AcpSchem
     assert result["notices"][:1] == ["agent_exited"]
     assert result["after"] == "end_turn"
     check_wire(tmp_path / "wire", schema)
+
+
+def test_what_a_misbehaving_agent_says_reaches_the_editor_in_the_schemas_shape(
+    schema: AcpSchema,
+) -> None:
+    """Sans-IO: an agent behind that puts the wrong types in what the front door passes on
+    (tool call content and locations, titles, session updates, a permission's tool call) does
+    not make the editor's messages invalid: what does not fit is left out."""
+    from protocols import events as ev
+    from protocols.acp_agent import AcpAgentSide
+
+    machine = AcpAgentSide(agent_info={"name": "agent-supervisor", "version": "0"})
+    talk: list[tuple[bool, dict[str, Any]]] = []
+
+    def client(message: dict[str, Any]) -> list[Any]:
+        talk.append((True, message))
+        out = machine.receive(message)
+        talk.extend((False, sent) for sent in out.send)
+        return out.actions
+
+    def ours(out: Any) -> None:
+        talk.extend((False, sent) for sent in out.send)
+
+    client({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+    [new] = client(
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "session/new",
+            "params": {"cwd": "/w", "mcpServers": []},
+        }
+    )
+    ours(machine.session_opened(new.rpc_id, "S", config_options=[], new=True))
+    [asked] = client(
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "session/prompt",
+            "params": {"sessionId": "S", "prompt": [{"type": "text", "text": "go"}]},
+        }
+    )
+    ours(machine.prompt_accepted(asked.rpc_id, "S", "go", "t1"))
+    junk: list[ev.Event] = [
+        ev.ToolCall(
+            turn_id="t1",
+            tool_call_id="c1",
+            title="run",
+            raw={"sessionUpdate": "tool_call", "content": "not a list", "locations": 5},
+        ),
+        ev.ToolCall(
+            turn_id="t1",
+            tool_call_id="c2",
+            title="read",
+            raw={
+                "sessionUpdate": "tool_call",
+                "content": [{"type": "content", "content": {"type": "text", "text": "ok"}}, 3],
+                "locations": [{"path": "/w/a"}, {"line": 1}],
+            },
+        ),
+        ev.ToolUpdate(
+            turn_id="t1", tool_call_id="c1", raw={"sessionUpdate": "tool_call_update", "title": 42}
+        ),
+        ev.SessionInfo(
+            info_kind="usage_update",
+            data={"sessionUpdate": "usage_update", "used": "lots", "size": 10},
+        ),
+        ev.SessionInfo(
+            info_kind="available_commands_update",
+            data={"sessionUpdate": "available_commands_update", "availableCommands": "all"},
+        ),
+        ev.SessionInfo(
+            info_kind="available_commands_update",
+            data={
+                "sessionUpdate": "available_commands_update",
+                "availableCommands": [{"name": "plan", "description": "Plan"}, {"name": 1}],
+            },
+        ),
+        ev.SessionInfo(
+            info_kind="session_info_update",
+            data={"sessionUpdate": "session_info_update", "title": 7},
+        ),
+        ev.SessionInfo(
+            info_kind="current_mode_update",
+            data={"sessionUpdate": "current_mode_update", "currentModeId": 3},
+        ),
+        ev.PermissionRequested(
+            turn_id="t1",
+            request_id="p1",
+            tool_call={"toolCallId": "c3", "title": 9, "content": {"x": 1}, "locations": "here"},
+            options=[
+                ev.PermissionOption(option_id="allow", name="Allow", option_kind="allow_once")
+            ],
+        ),
+    ]
+    for event in junk:
+        ours(machine.event("S", event))
+    steps = [(step, from_client, message) for step, (from_client, message) in enumerate(talk)]
+    problems: list[str] = []
+    for wire in walk_messages("junk", steps):
+        checks = schema.checks(wire)
+        assert not isinstance(checks, str), checks
+        for check in checks:
+            problems += [
+                f"{wire.where}: {e.message}" for e in schema.schema.errors(check, wire.message)
+            ]
+    assert not problems, "\n".join(problems)
+    sent = [m for from_client, m in talk if not from_client]
+    kinds = [
+        m["params"]["update"]["sessionUpdate"] for m in sent if m.get("method") == "session/update"
+    ]
+    # What fits goes on: both tool calls, the update, the good command, the session info.
+    assert kinds == [
+        "tool_call",
+        "tool_call",
+        "tool_call_update",
+        "available_commands_update",
+        "session_info_update",
+    ], kinds
+    second = [m for m in sent if m.get("method") == "session/update"][1]["params"]["update"]
+    assert second["locations"] == [{"path": "/w/a"}] and len(second["content"]) == 1
+    [permission] = [m for m in sent if m.get("method") == "session/request_permission"]
+    assert permission["params"]["toolCall"] == {"toolCallId": "c3"}

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
+import pytest
 import trio
 import trio.testing
 
 from protocols import events as ev
-from supervisor.acp_front.server import AcpFront
+from supervisor.acp_front.server import OUT_BOUND, AcpFront
 
 
 class SlowSession:
@@ -130,3 +131,262 @@ async def test_a_cancel_in_the_same_read_as_its_prompt_stops_that_turn(
         assert answered["result"]["stopReason"] == "cancelled"
         assert backend.session.cancels == ["t1"]  # the cancel found the turn
         await to_front.aclose()
+
+
+class Conversation:
+    """The client's end of a front door on memory streams: lines out, answers by id."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.received = b""
+        self.messages: list[dict[str, Any]] = []
+
+    async def send(self, *messages: dict[str, Any]) -> None:
+        await self.stream.send_all(b"".join(line(m) for m in messages))  # one read: all at once
+
+    async def answer(self, rid: int) -> dict[str, Any]:
+        while True:
+            for message in self.messages:
+                if message.get("id") == rid and "method" not in message:
+                    return message
+            self.received += await self.stream.receive_some(65536)
+            *complete, self.received = self.received.split(b"\n")
+            self.messages.extend(json.loads(raw) for raw in complete if raw)
+
+    async def new_session(self, rid: int = 1) -> str:
+        await self.send(
+            {"id": rid, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}
+        )
+        return str((await self.answer(rid))["result"]["sessionId"])
+
+
+def prompt(rid: int, session_id: str, text: str) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "method": "session/prompt",
+        "params": {"sessionId": session_id, "prompt": [{"type": "text", "text": text}]},
+    }
+
+
+class QueueingSession(SlowSession):
+    """Takes each prompt after a while, in the order they reach it, queued behind the running
+    one; a cancel ends the running one and drops the queued ones (as a session does)."""
+
+    def __init__(self, name: str = "f1", agent: str = "fake") -> None:
+        super().__init__()
+        self.id, self.agent = name, agent
+        self.received: list[str] = []
+        self.queue: list[str] = []
+        self.counter = 0
+
+    async def prompt(self, text: str, parts: Sequence[Any] = ()) -> str:
+        await trio.sleep(0.1 if self.received else 0.5)  # the first finds it still starting
+        self.received.append(text)
+        self.counter += 1
+        turn_id = f"t{self.counter}"
+        if self.running is None:
+            self._start(turn_id, text)
+        else:
+            self.queue.append(turn_id)
+        return turn_id
+
+    def _start(self, turn_id: str, text: str) -> None:
+        self.running = turn_id
+        self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
+
+    async def cancel(self) -> None:
+        self.cancels.append(self.running)
+        if self.running is not None:
+            self._emit(ev.TurnEnded(turn_id=self.running, outcome="cancelled"))
+            self.running = None
+        for turn_id in self.queue:
+            self._emit(ev.TurnEnded(turn_id=turn_id, outcome="cancelled", stop_reason="dropped"))
+        self.queue.clear()
+
+
+class TwoAgents(OneSession):
+    agents: Sequence[tuple[str, str]] = [("fake", ""), ("other", "")]
+
+    def __init__(self) -> None:
+        self.started: list[QueueingSession] = []
+
+    async def start(self, agent: str, cwd: str, **_: Any) -> QueueingSession:
+        if self.started:
+            await trio.sleep(2.0)  # another agent takes its time to start
+        session = QueueingSession(f"f{len(self.started) + 1}", agent)
+        self.started.append(session)
+        return session
+
+
+async def test_a_prompt_right_behind_a_cancel_is_not_what_it_cancels(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """ "Stop, then send the next message", both in one read: the cancel stops the running
+    turn, the next prompt runs."""
+    backend = TwoAgents()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        session_id = await client.new_session()
+        await client.send(prompt(2, session_id, "first"))
+        await trio.sleep(1.0)  # it runs
+        cancel = {"method": "session/cancel", "params": {"sessionId": session_id}}
+        await client.send(cancel, prompt(3, session_id, "second"))
+        with trio.fail_after(5):
+            assert (await client.answer(2))["result"]["stopReason"] == "cancelled"
+        await trio.sleep(1.0)
+        session = backend.started[0]
+        assert session.received == ["first", "second"]
+        assert session.cancels == ["t1"] and session.running == "t2"  # the second runs
+        await to_front.aclose()
+
+
+async def test_prompts_sent_at_once_reach_the_session_in_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = TwoAgents()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        session_id = await client.new_session()
+        texts = [f"message {n}" for n in range(6)]
+        await client.send(*(prompt(10 + n, session_id, text) for n, text in enumerate(texts)))
+        await trio.sleep(5.0)
+        assert backend.started[0].received == texts
+        await to_front.aclose()
+
+
+async def test_a_prompt_right_behind_an_agent_switch_goes_to_the_new_agent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = TwoAgents()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        session_id = await client.new_session()
+        switch = {
+            "id": 2,
+            "method": "session/set_config_option",
+            "params": {"sessionId": session_id, "configId": "agent", "value": "other"},
+        }
+        await client.send(switch, prompt(3, session_id, "to the other one"))
+        with trio.fail_after(10):
+            assert "result" in await client.answer(2)
+        await trio.sleep(1.0)
+        first, second = backend.started
+        assert first.received == [] and second.received == ["to the other one"]
+        assert second.agent == "other" and second.running == "t1"
+        await to_front.aclose()
+
+
+async def test_a_close_while_an_agent_switch_starts_leaves_neither_running(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = TwoAgents()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    stopped: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        session_id = await client.new_session()
+        switch = {
+            "id": 2,
+            "method": "session/set_config_option",
+            "params": {"sessionId": session_id, "configId": "agent", "value": "other"},
+        }
+        close = {"id": 3, "method": "session/close", "params": {"sessionId": session_id}}
+        await client.send(switch)
+        await trio.sleep(0.5)  # the other agent is starting
+        await client.send(close)
+        with trio.fail_after(10):
+            assert "result" in await client.answer(3)
+            failed = await client.answer(2)
+        assert "error" in failed and "closed" in failed["error"]["message"], failed
+        await trio.sleep(1.0)
+        for session in backend.started:
+            # stopped: its event channel closed by stop()
+            with pytest.raises(trio.ClosedResourceError):
+                session._send.send_nowait(ev.TurnEnded(turn_id="x", outcome="cancelled"))
+            stopped.append(session.id)
+        assert stopped == ["f1", "f2"]
+        await to_front.aclose()
+
+
+class Flooding(SlowSession):
+    """Says one event after another, for ever, as fast as it is read."""
+
+    async def events(self) -> AsyncIterator[ev.Event]:
+        n = 0
+        while True:
+            n += 1
+            yield ev.MessageDelta(turn_id="t1", text="word ", seq=n)
+            await trio.lowlevel.checkpoint()
+
+
+async def test_a_client_that_stops_reading_does_not_make_the_front_door_grow(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = OneSession()
+    backend.session = Flooding()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.lockstep_stream_pair()  # nothing is buffered on the way
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        await client.new_session()
+        await client.send(prompt(2, "f1", "flood"))
+        for _ in range(20):  # the client reads nothing more
+            await trio.sleep(1.0)
+            assert front._out.statistics().current_buffer_used <= OUT_BOUND
+        received = 0
+        with trio.move_on_after(1.0):  # it reads again: the flood goes on
+            while received < 100_000:
+                received += len(await to_front.receive_some(65536))
+        assert received >= 100_000
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_last_line_without_its_newline_is_still_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    front = AcpFront(OneSession())
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        hello = {"id": 4, "method": "initialize", "params": {"protocolVersion": 1}}
+        await to_front.send_all(line(hello).rstrip(b"\n"))
+        await to_front.send_eof()
+        with trio.fail_after(5):
+            assert (await client.answer(4))["result"]["protocolVersion"] == 1
+
+
+class SlowToStart(OneSession):
+    async def start(self, agent: str, cwd: str, **_: Any) -> SlowSession:
+        await trio.sleep(60.0)
+        return self.session
+
+
+async def test_a_session_still_starting_at_shutdown_is_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    front = AcpFront(SlowToStart())
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        await client.send(
+            {"id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}
+        )
+        await trio.sleep(1.0)
+        front.shutdown()  # SIGTERM: the client still reads
+        with trio.fail_after(5):
+            answered = await client.answer(1)
+        assert "shutting down" in answered["error"]["message"]

@@ -260,8 +260,9 @@ async def test_agent_ignoring_sigterm_is_killed() -> None:
 @pytest.mark.parametrize(
     ("agent_args", "term_timeout", "expected"),
     [
-        # The agent goes on SIGTERM; the shim SIGKILLs its leftovers after its own 0.5 s grace.
-        ((), 2.0, ["sigterm"]),
+        # The agent goes on SIGTERM; its leftovers, deaf to it, are SIGKILLed after the cleanup
+        # grace (0.5 s: the shim's, or ours in a cgroup), and the steps say so.
+        ((), 2.0, ["sigterm", "sigkill"]),
         # Nothing goes on SIGTERM: the supervisor freezes and kills the lot.
         (("--ignore-sigterm",), 0.2, ["sigterm", "sigkill"]),
     ],
@@ -318,7 +319,9 @@ async def test_agent_exiting_by_itself_leaves_nothing_behind() -> None:
             assert await tree.agent.wait() == ExitStatus(code=0, signal=None)
             tree.assert_all_gone()  # before aclose: containment cleaned up on its own
             assert await tree.lines.rest() == b""  # and stdout reached EOF
-            assert await tree.agent.kill_tree() == []
+            # Nothing to do now; what the cleanup took (the hard tree deaf to SIGTERM) is said.
+            assert tree.agent.cleanup_killed
+            assert await tree.agent.kill_tree() == ["sigkill"]
 
 
 @both

@@ -9,6 +9,7 @@ What must not change: the answers, their order, and every deadline the call sets
 from __future__ import annotations
 
 import json
+import math
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -20,7 +21,7 @@ import helpers
 from fakes.memory_agent import Behaviour, MemoryLauncher
 from fakes.memory_base import MemoryLink
 from helpers import Recorder
-from supervisor import AgentNotRunning, AgentSpec, Session, open_supervisor
+from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
 from supervisor.link import AgentLines
 
 GRACE = 2.0
@@ -286,3 +287,36 @@ async def test_one_line_of_output_taken_at_once_is_what_a_batch_makes_of_it(
             assert link.take_now(AgentLines(link.generation, [b"{third"]))  # seen: at once again
             assert session.state == "cancelling"
     assert rec.of_kind("turn.ended")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"since_seq": "3"},
+        {"since_seq": 2.5},
+        {"since_seq": -1},
+        {"since_seq": True},
+        {"max_buffer": 0},
+        {"max_buffer": "10"},
+        {"stall_s": 0},
+        {"stall_s": "1"},
+        {"stall_s": math.inf},
+    ],
+)
+async def test_a_subscription_asked_for_wrongly_is_told_so(
+    autojump_clock: trio.testing.MockClock, options: dict[str, Any]
+) -> None:
+    async with running(Behaviour(words=3)) as (session, _, _rec):
+        with pytest.raises(BadRequest, match=next(iter(options))):
+            await session.open_subscription(**options)
+        async with session.subscribe(since_seq=0):  # the session is fine
+            pass
+
+
+@pytest.mark.parametrize("request_id", [None, 5, b"1000"])
+async def test_a_permission_answer_for_a_request_id_not_a_string_is_told_so(
+    autojump_clock: trio.testing.MockClock, request_id: Any
+) -> None:
+    async with running(Behaviour(words=3)) as (session, _, _rec):
+        with pytest.raises(BadRequest, match="request_id must be a string"):
+            await session.respond_permission(request_id, "allow")

@@ -455,7 +455,10 @@ async def test_agent_dying_during_respawn_fails_session_without_looping(
         await session.prompt("hello")
         receipt = await session.cancel()
         assert receipt.outcome == "killed"
-        assert receipt.resumed is False
+        # Not "could not be resumed (fresh session)": there is no session to go on with.
+        assert receipt.resumed is None
+        assert receipt.session_failed is not None and "exited" in receipt.session_failed
+        assert receipt.summary().endswith("the agent could not be started again: session failed")
         assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
         assert session.state == "failed"
         assert len(launcher.links) == 2
@@ -491,3 +494,31 @@ async def test_error_answer_to_the_prompt_fails_the_turn(
         second = await session.prompt("again")
         done = await rec.wait_kind("turn.ended", turn_id=second.id)
         assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
+
+
+async def test_a_cancel_joining_a_kill_also_drops_what_was_queued_since(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first cancel's kill and respawn take a while; a prompt sent meanwhile queues, and a
+    second cancel (its sender stopping that prompt) shares the receipt and drops it too."""
+    behaviour = Behaviour(words=1000, stop_delay=None, kill_time=1.0)
+    async with running(behaviour) as (session, launcher, rec):
+        await session.prompt("hello")
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel)
+            await trio.sleep(GRACE + 0.5)  # being killed
+            queued = await session.prompt("next")
+            assert queued.queued
+            nursery.start_soon(cancel)
+        assert receipts[0] == receipts[1]
+        assert [p.turn_id for p in receipts[0].dropped_prompts] == [queued.id]
+        await rec.catch_up()
+        ended = [e for e in rec.of_kind("turn.ended") if e.turn_id == queued.id]
+        assert len(ended) == 1 and ended[0].stop_reason == "dropped"
+        assert not [e for e in rec.of_kind("turn.started") if e.turn_id == queued.id]
+        assert session.state == "ready"

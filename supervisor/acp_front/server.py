@@ -37,8 +37,8 @@ from protocols.acp_agent import (
     SteerRequested,
     agent_config_option,
 )
-from protocols.framing import FramingError, LineDecoder, Message, encode_message
-from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR
+from protocols.framing import Frame, FramingError, LineDecoder, Message, encode_message
+from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, RequestId
 from supervisor.acp_front.backends import Backend, BackendError, BackendRefused, FrontSession
 from supervisor.acp_front.records import Record, Records, new_session_id
 
@@ -53,29 +53,41 @@ LIST_PAGE = 50
 #: round trip, or one to a gateway: milliseconds; a session still starting takes the prompt
 #: into its queue at once too).
 SENDING_BOUND_S = 10.0
+#: Messages waiting for the client to read them beyond which the sessions' events wait too (a
+#: client that reads slowly, or not at all, must not make this process grow without end).
+OUT_BOUND = 1024
 #: For the last messages to reach the client when we shut down (it may have stopped reading).
 FLUSH_BOUND_S = 2.0
 #: How much of a stream one read takes.
 _READ_BYTES = 65536
 
 
-class _Sending:
-    """Prompts sent to one session and not yet accepted (or refused) by it."""
+#: What the client asks of one session that must reach it in the order it was sent.
+_IN_ORDER = (PromptRequested, SetAgent, SetMode, SteerRequested, OpenSession)
+
+
+class _Lane:
+    """What the client sent one session that must reach it in order (prompts, mode and agent
+    switches, steers, its load): one task takes them one at a time, so a prompt sent after a
+    switch goes to the new agent, and six prompts sent at once run in the order they came.
+    A cancel does not queue here (it must go out at once): it waits only for the prompts sent
+    before it to reach the session, never for those sent after it."""
 
     def __init__(self) -> None:
-        self.count = 0
-        self.done = trio.Event()
-        self.done.set()
+        self.send, self.receive = trio.open_memory_channel[Action](math.inf)
+        self.prompts_sent = 0  # prompts put in the lane
+        self.prompts_done = 0  # of them, taken (or refused) by their session
+        self._changed = trio.Event()
 
-    def begin(self) -> None:
-        if self.count == 0:
-            self.done = trio.Event()
-        self.count += 1
+    def prompt_done(self) -> None:
+        self.prompts_done += 1
+        self._changed.set()
+        self._changed = trio.Event()
 
-    def end(self) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self.done.set()
+    async def wait_prompts(self, count: int) -> None:
+        """Until the first ``count`` prompts have reached their session."""
+        while self.prompts_done < count:
+            await self._changed.wait()
 
 
 @define
@@ -121,10 +133,15 @@ class AcpFront:
         )
         self._live: dict[str, _Live] = {}
         self._out_send, self._out = trio.open_memory_channel[dict[str, Any]](math.inf)
+        #: sessions' event pumps waiting for the client to read (see OUT_BOUND)
+        self._room = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
         self._read_scope = trio.CancelScope()
-        #: prompts on their way to each session (ACP session id -> count)
-        self._sending: dict[str, _Sending] = {}
+        #: the in-order actions of each session (ACP session id -> its lane)
+        self._lanes: dict[str, _Lane] = {}
+        #: ``session/new``, ``load`` and ``resume`` requests under way (starting an agent can
+        #: take seconds): withdrawn and answered when we shut down meanwhile
+        self._opening: dict[RequestId, trio.CancelScope] = {}
 
     def prompt_carries(self, agent: str | None) -> frozenset[str]:
         """What ``initialize`` can honestly promise of ``agent``'s prompts: what its last
@@ -151,6 +168,7 @@ class AcpFront:
                 with self._read_scope:
                     await self._read(receive)
                 with trio.CancelScope(shield=True):
+                    self._withdraw_openings()
                     await self._close_all()
                     # What the ends of the sessions said (their prompts' answers) goes out
                     # before we do, if the client still reads.
@@ -171,18 +189,22 @@ class AcpFront:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             if not data:
+                self._take(decoder.end_of_input())  # a last line without its newline too
                 return
-            for frame in decoder.feed(bytes(data)):
-                if isinstance(frame, FramingError):
-                    self._emit_raw(
-                        {
-                            "jsonrpc": "2.0",
-                            "id": None,
-                            "error": {"code": PARSE_ERROR, "message": frame.detail},
-                        }
-                    )
-                elif isinstance(frame, Message):
-                    self._apply(self.machine.receive(frame.payload))
+            self._take(decoder.feed(bytes(data)))
+
+    def _take(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            if isinstance(frame, FramingError):
+                self._emit_raw(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {"code": PARSE_ERROR, "message": frame.detail},
+                    }
+                )
+            elif isinstance(frame, Message):
+                self._apply(self.machine.receive(frame.payload))
 
     async def _write(self, send: trio.abc.SendStream, written: trio.Event) -> None:
         try:
@@ -192,6 +214,8 @@ class AcpFront:
 
     async def _write_all(self, send: trio.abc.SendStream) -> None:
         async for message in self._out:
+            if self._room and self._out.statistics().current_buffer_used < OUT_BOUND // 2:
+                self._room.unpark_all()
             try:
                 line = encode_message(message)
             except ValueError:
@@ -213,20 +237,60 @@ class AcpFront:
                 break
         for action in out.actions:
             assert self._nursery is not None
-            if isinstance(action, PromptRequested):
-                # Counted now, in the order the client sent it: a cancel that follows waits
-                # until the session has the prompt (whichever task runs first).
-                self._sending.setdefault(action.session_id, _Sending()).begin()
-            self._nursery.start_soon(self._act, action)
+            if isinstance(action, _IN_ORDER):
+                lane = self._lane(action.session_id)
+                if isinstance(action, PromptRequested):
+                    lane.prompts_sent += 1
+                lane.send.send_nowait(action)
+            elif isinstance(action, CancelRequested):
+                # What it cancels is what was sent before it: counted now, in the order the
+                # client sent them, whichever task runs first.
+                waits_on = self._lanes.get(action.session_id)
+                before = waits_on.prompts_sent if waits_on is not None else 0
+                self._nursery.start_soon(self._cancel, action, waits_on, before)
+            else:
+                self._nursery.start_soon(self._act, action)
+
+    def _lane(self, session_id: str) -> _Lane:
+        lane = self._lanes.get(session_id)
+        if lane is None:
+            lane = self._lanes[session_id] = _Lane()
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_lane, lane)
+        return lane
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        async for action in lane.receive:
+            try:
+                await self._act(action)
+            finally:
+                if isinstance(action, PromptRequested):
+                    lane.prompt_done()
 
     # -- actions ----------------------------------------------------------------------------
 
+    def _withdraw_openings(self) -> None:
+        """Shutting down: sessions still starting will not be; their requests are answered."""
+        openings, self._opening = self._opening, {}
+        for rpc_id, scope in openings.items():
+            scope.cancel()
+            self._apply(self.machine.fail(rpc_id, "the front door is shutting down"))
+
+    async def _opening_one(self, action: NewSession | OpenSession) -> None:
+        with trio.CancelScope() as scope:
+            self._opening[action.rpc_id] = scope
+            try:
+                if isinstance(action, NewSession):
+                    await self._new(action)
+                else:
+                    await self._open(action)
+            finally:
+                self._opening.pop(action.rpc_id, None)
+
     async def _act(self, action: Action) -> None:
         try:
-            if isinstance(action, NewSession):
-                await self._new(action)
-            elif isinstance(action, OpenSession):
-                await self._open(action)
+            if isinstance(action, NewSession | OpenSession):
+                await self._opening_one(action)
             elif isinstance(action, ListSessions):
                 await self._list(action)
             elif isinstance(action, CloseSession):
@@ -236,9 +300,7 @@ class AcpFront:
             elif isinstance(action, SetMode):
                 await self._set_mode(action)
             elif isinstance(action, PromptRequested):
-                await self._prompt(action)
-            elif isinstance(action, CancelRequested):
-                await self._cancel(action)
+                await self._send_prompt(action)
             elif isinstance(action, SteerRequested):
                 await self._steer(action)
             elif isinstance(action, PermissionAnswered):
@@ -347,6 +409,11 @@ class AcpFront:
         self._apply(self.machine.respond(action.rpc_id, result))
 
     async def _close(self, action: CloseSession) -> None:
+        # Not in the session's lane: a close always goes through, whatever waits there (what
+        # does, finds the session gone and says so).
+        lane = self._lanes.pop(action.session_id, None)
+        if lane is not None:
+            lane.send.close()
         live = self._live.pop(action.session_id, None)
         if live is not None:
             await self._stop(live)
@@ -369,6 +436,10 @@ class AcpFront:
             return
         if action.agent != live.front.agent:
             front = await self.backend.start(action.agent, live.record.cwd)
+            if self._live.get(action.session_id) is not live:
+                # Closed (or the client went away) while the new agent started: not adopted.
+                await front.stop()
+                raise BackendError(f"session {action.session_id!r} was closed meanwhile")
             old = self._live.pop(action.session_id)
             await self._stop(old)
             self._apply(self.machine.session_ended(action.session_id, forget=False))
@@ -392,13 +463,6 @@ class AcpFront:
             self._apply(self.machine.fail(action.rpc_id, str(exc), code=INVALID_PARAMS))
             return
         self._apply(self.machine.respond(action.rpc_id, {}))
-
-    async def _prompt(self, action: PromptRequested) -> None:
-        sending = self._sending[action.session_id]
-        try:
-            await self._send_prompt(action)
-        finally:
-            sending.end()
 
     async def _send_prompt(self, action: PromptRequested) -> None:
         live = self._live.get(action.session_id)
@@ -428,14 +492,18 @@ class AcpFront:
             self.machine.prompt_accepted(action.rpc_id, action.session_id, action.text, turn_id)
         )
 
-    async def _cancel(self, action: CancelRequested) -> None:
-        sending = self._sending.get(action.session_id)
-        if sending is not None:
-            with trio.move_on_after(SENDING_BOUND_S):
-                await sending.done.wait()
-        live = self._live.get(action.session_id)
-        if live is not None:
-            await live.front.cancel()  # the prompt's answer comes with its turn's end
+    async def _cancel(self, action: CancelRequested, lane: _Lane | None, before: int) -> None:
+        try:
+            if lane is not None:
+                with trio.move_on_after(SENDING_BOUND_S):
+                    await lane.wait_prompts(before)
+            live = self._live.get(action.session_id)
+            if live is not None:
+                await live.front.cancel()  # the prompt's answer comes with its turn's end
+        except BackendError as exc:
+            log.info("%s: %s", type(action).__name__, exc)
+        except Exception:
+            log.exception("error handling %s", type(action).__name__)
 
     async def _steer(self, action: SteerRequested) -> None:
         live = self._live.get(action.session_id)
@@ -464,6 +532,10 @@ class AcpFront:
         with live.scope:
             try:
                 async for event in live.front.events():
+                    while self._out.statistics().current_buffer_used >= OUT_BOUND:
+                        # The client reads slower than the session speaks: the session's
+                        # subscription holds the rest (and catches up when cut off).
+                        await self._room.park()
                     self._remember(live, event)
                     self._apply(self.machine.event(live.acp_id, event))
             except BackendError as exc:

@@ -52,6 +52,7 @@ class BaseBehaviour:
     start_delay: float = 0.0
     ignores_sigterm: bool = False  # a kill then takes the launcher's kill_timeout
     kill_time: float = 0.0  # virtual time a kill takes after SIGTERM
+    close_time: float = 0.0  # virtual time it takes to exit once its stdin is closed
 
     TOKENS: ClassVar[dict[str, Token]] = {
         "stop-delay": ("stop_delay", float),
@@ -148,6 +149,8 @@ class MemoryLink(AgentLink):
         return steps
 
     async def close(self, timeout: float) -> tuple[ExitStatus | None, list[str]]:
+        if self.launcher.behaviour.close_time:
+            await trio.sleep(self.launcher.behaviour.close_time)
         self._die()
         return ExitStatus(code=0, signal=None), []
 
