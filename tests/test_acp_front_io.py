@@ -390,3 +390,35 @@ async def test_a_session_still_starting_at_shutdown_is_answered(
         with trio.fail_after(5):
             answered = await client.answer(1)
         assert "shutting down" in answered["error"]["message"]
+
+
+class CountingAttach(OneSession):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attached = 0
+
+    async def attach(self, session_id: str, *, history: bool = False) -> SlowSession:
+        self.attached += 1
+        await trio.sleep(1.0)  # joining a gateway's session takes a round trip
+        return self.session
+
+
+async def test_a_load_and_a_resume_of_one_session_at_once_open_it_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = CountingAttach()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        params = {"sessionId": "s7", "cwd": "/w", "mcpServers": []}
+        await client.send(
+            {"id": 1, "method": "session/load", "params": params},
+            {"id": 2, "method": "session/resume", "params": params},
+        )
+        with trio.fail_after(10):
+            assert "result" in await client.answer(1)
+            assert "result" in await client.answer(2)
+        assert backend.attached == 1
+        await to_front.aclose()
