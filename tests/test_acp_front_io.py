@@ -12,8 +12,10 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
+from supervisor.acp_front.backends import BackendError, GatewaySessions
 from supervisor.acp_front.server import OUT_BOUND, AcpFront
 
 
@@ -422,3 +424,24 @@ async def test_a_load_and_a_resume_of_one_session_at_once_open_it_once(
             assert "result" in await client.answer(2)
         assert backend.attached == 1
         await to_front.aclose()
+
+
+class ClosedGateway:
+    """A gateway client whose connection is gone."""
+
+    async def start_session(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise ConnectionClosed(None)
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        raise ConnectionClosed(None)
+
+
+async def test_a_gateway_gone_is_said_in_words_not_as_an_exceptions_repr() -> None:
+    sessions = GatewaySessions(ClosedGateway(), [("demo", "")])  # type: ignore[arg-type]
+    for call in (
+        lambda: sessions.start("demo", "/w"),
+        lambda: sessions.attach("s1"),
+        sessions.list,
+    ):
+        with pytest.raises(BackendError, match="the connection to the gateway is closed$"):
+            await call()

@@ -459,6 +459,10 @@ class GatewaySessions:
             started = await self.client.start_session(agent, cwd, mcp_servers=mcp_servers)
         except GatewayError as exc:
             raise BackendError(f"cannot start {agent}: {exc.message}") from exc
+        except ConnectionClosed as exc:
+            raise BackendError(
+                f"cannot start {agent}: the connection to the gateway is closed"
+            ) from exc
         return await self._follow(str(started["session_id"]), agent, cwd)
 
     async def attach(self, session_id: str, *, history: bool = False) -> GatewaySession:
@@ -468,6 +472,8 @@ class GatewaySessions:
             listed = await self.client.sessions()
         except GatewayError as exc:
             raise BackendError(str(exc)) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc
         for summary in listed:
             if summary.get("session_id") == session_id:
                 agent = str(summary.get("agent"))
@@ -502,3 +508,5 @@ class GatewaySessions:
             return await self.client.sessions()
         except GatewayError as exc:
             raise BackendError(str(exc)) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc
