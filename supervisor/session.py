@@ -620,7 +620,7 @@ class Session:
 
     async def stop(self) -> ExitStatus | None:
         """End the session: the turn is stopped, the agent exits (or is killed)."""
-        if self._done:
+        if self._done or not self._mailbox_open:  # over, or ending: nothing more to ask
             return self.exit_status
         return await self._call(_Stop)
 
@@ -825,7 +825,10 @@ class Session:
         why = f": {self._failure}" if self._state == "failed" and self._failure else ""
         while self._mailbox:
             call = self._mailbox.popleft()
-            call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}{why}"))
+            if isinstance(call, _Stop):
+                call.reply.resolve(self.exit_status)  # what it asked for is done
+            else:
+                call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}{why}"))
         exc = AgentNotRunning(f"session {self.id} is {self._state}{why}")
         for waiter in self._ready_waiters:
             waiter.fail(exc)
