@@ -280,6 +280,9 @@ class AcpClient(AgentProtocol):
     def pending_permissions(self) -> list[str]:
         return self._desk.pending
 
+    def number_requests(self, tag: str) -> None:
+        self._desk.tag = tag  # JSON-RPC ids start again with each process
+
     @property
     def agent_session_id(self) -> str | None:
         return self._session_id

@@ -526,6 +526,9 @@ class CodexClient(AgentProtocol):
     def pending_permissions(self) -> list[str]:
         return self._desk.pending
 
+    def number_requests(self, tag: str) -> None:
+        self._desk.tag = tag  # JSON-RPC ids start again with each process
+
     @property
     def children(self) -> dict[str, str | None]:
         """Known descendant threads and the turn each runs (None: idle)."""

@@ -373,6 +373,13 @@ class AgentProtocol(ABC):
     def agent_session_id(self) -> str | None:
         """What to pass as ``resume`` to the next process's machine after a kill."""
 
+    def number_requests(self, tag: str) -> None:
+        """Give every permission request id this machine makes the suffix ``tag``: the session
+        tags the machines of its respawned agents, whose JSON-RPC ids start again, so that a
+        client's late answer to a request of the last process can never answer one of this
+        one. Protocols whose agents make unique ids themselves keep this default."""
+        return None
+
     def details_at_kill(self) -> dict[str, Any]:
         """Receipt details of a cancel the agent never finished, read when the actor kills the
         process (or it dies) before :class:`TurnFinished`: what the cancel asked of sub-agents

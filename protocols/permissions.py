@@ -40,6 +40,8 @@ class PermissionDesk(Generic[T]):
     """The pending requests of one agent, in the order they came."""
 
     _held: dict[str, Held[T]] = field(factory=dict)
+    #: what every id :meth:`unique_id` makes ends with (``AgentProtocol.number_requests``)
+    tag: str = ""
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._held
@@ -51,6 +53,7 @@ class PermissionDesk(Generic[T]):
     def unique_id(self, raw: str) -> str:
         """``raw``, or ``raw#n`` if that is pending already: JSON-RPC ids 1 and "1" are two
         requests, but one string for our clients."""
+        raw += self.tag
         request_id, suffix = raw, 1
         while request_id in self._held:
             request_id = f"{raw}#{suffix}"

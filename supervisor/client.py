@@ -177,7 +177,17 @@ class GatewayClient:
     async def subscribe(
         self, session_id: str, *, since_seq: int | None = None
     ) -> AsyncIterator[trio.MemoryReceiveChannel[dict[str, Any]]]:
-        """Events of one session (wire dicts), in order, replayed after ``since_seq``."""
+        """Events of one session (wire dicts), in order, replayed after ``since_seq``.
+
+        One subscription per session per client: the gateway keeps one per connection, so a
+        second would take the first's events and end it on leaving. A second while the first
+        is open raises :class:`GatewayError` (``bad_request``); connect again for another."""
+        if session_id in self._events:
+            raise GatewayError(
+                "bad_request",
+                f"this client is subscribed to {session_id} already (one subscription per"
+                " session per connection: connect again for another)",
+            )
         send, receive = trio.open_memory_channel[dict[str, Any]](math.inf)
         self._events[session_id] = send
         payload: dict[str, Any] = {"session_id": session_id}

@@ -324,6 +324,10 @@ class Turn:
         self.done = trio.Event()
         #: steered texts not said yet (the stream says each at its next word)
         self.steers: list[str] = []
+        #: what a steer finds: ``speaking`` (its words stream: the text joins them),
+        #: ``stuck`` (waiting on a model that does not answer: it cannot take it), or
+        #: ``ending`` (its words are all said: the text must start a turn of its own)
+        self.stage = "speaking"
 
 
 class McpLink:
@@ -814,8 +818,10 @@ class DemoAgent:
         text = _text_of(params.get("prompt"))
         if not text:
             raise RpcError(INVALID_PARAMS, "Invalid params: steer params require a prompt")
-        if session.turn is None:
+        if session.turn is None or session.turn.stage == "ending":
             return {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        if session.turn.stage == "stuck":
+            raise RpcError(INTERNAL_ERROR, "the turn waits on the model: it cannot take a steer")
         log(f"steered in {session.session_id}: {text[:80]!r}")
         session.turn.steers.append(text)
         session.history.append(HistoryEntry("user", text))
@@ -1065,6 +1071,7 @@ class DemoAgent:
             await self._spawn_grandchildren(turn)
         if plan.permission:
             if not await self._ask_permission(turn):
+                turn.stage = "ending"  # refused: nothing more is said
                 return
         if plan.tool is not None:
             await self._run_tool(turn, plan.tool)
@@ -1095,6 +1102,8 @@ class DemoAgent:
             turn.reply_parts.append(word)
             if (plan.crash or plan.mute or plan.hang) and index + 1 >= CRASH_AFTER_WORDS:
                 break
+        # No word is said from here on: a steer that came now would never be.
+        turn.stage = "stuck" if plan.hang or plan.mute else "ending"
         if plan.crash:
             _crash()
         if plan.hang:

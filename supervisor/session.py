@@ -420,6 +420,8 @@ class Session:
         self._resume_from: str | None = resume
         self._turn: _Turn | None = None
         self._queue: deque[tuple[str, str]] = deque()
+        #: the queued turns a steer starts (at the queue's front: later steers go after them)
+        self._steered: set[str] = set()
         #: ``set_mode`` calls waiting for the agent's answer (``ModeSet``), in the order sent
         self._mode_replies: deque[Reply[None]] = deque()
         #: the content parts of queued prompts that have more than text, by turn id
@@ -444,6 +446,8 @@ class Session:
         self._ready_waiters: list[Reply[None]] = []
         self._stop_waiters: list[Reply[ExitStatus | None]] = []
         self._stop_interrupted = False  # the stop interrupted the running turn
+        #: why no new prompt or steer is taken (the supervisor is shutting down); None: they are
+        self.closing: str | None = None
         #: kills of agent trees begun (``_kill_live_link``) and not yet done (``_KillDone``)
         self._kills_in_flight = 0
         #: a receipt of a turn that ended as the session failed, and its waiters: answered
@@ -483,6 +487,12 @@ class Session:
         return self._state
 
     @property
+    def untouched(self) -> bool:
+        """Nobody has used it yet: no subscriber, no prompt ever (its starter's own wait
+        aside)."""
+        return self._turn_counter == 0 and not self._fanout.subscribed
+
+    @property
     def last_seq(self) -> int:
         """The ``seq`` of the newest event (0 before the first)."""
         return self._seq
@@ -519,6 +529,7 @@ class Session:
         the agent cannot take is refused here (:class:`BadRequest`), before anything is sent."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("prompt text must be a non-empty string")
+        self._check_open()
         check_text("prompt text", text)  # the agent's protocol could not carry it
         parts = tuple(parts)
         if parts:
@@ -563,6 +574,7 @@ class Session:
         ``interrupted``, once the old turn has ended (terminate-then-respond)."""
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("steer text must be a non-empty string")
+        self._check_open()
         check_text("steer text", text)  # the agent's protocol could not carry it
         return await self._call(lambda reply: _Steer(text, reply))
 
@@ -623,6 +635,12 @@ class Session:
         if self._done or not self._mailbox_open:  # over, or ending: nothing more to ask
             return self.exit_status
         return await self._call(_Stop)
+
+    def _check_open(self) -> None:
+        """No new turn once the owner is shutting down (its turns are being cancelled, and a
+        turn started now would be cut off without its end)."""
+        if self.closing is not None:
+            raise AgentNotRunning(f"session {self.id} takes no new prompts: {self.closing}")
 
     async def _call(self, make: Callable[[Reply[T]], _Call]) -> T:
         """Post a call and wait for its answer.
@@ -882,6 +900,13 @@ class Session:
 
     def _on_call(self, call: _Call) -> None:
         if isinstance(call, _Subscribe):
+            if call.since_seq is not None and call.since_seq > self._seq:
+                # Not this session's history: the one followed before a restart, say (local
+                # ids start again at s1). Said, never a silent stream from elsewhere.
+                raise BadRequest(
+                    f"since_seq {call.since_seq} is beyond session {self.id}'s newest event"
+                    f" ({self._seq}): not the session those events came from"
+                )
             call.reply.resolve(
                 self._fanout.subscribe(
                     call.since_seq,
@@ -921,8 +946,14 @@ class Session:
 
     def _set_mode(self, call: _SetMode) -> None:
         machine = self._machine
-        modes = machine.modes if machine is not None and self._state != "starting" else None
-        if machine is None or modes is None:
+        if machine is None or self._state == "starting" or self._establishing:
+            # Its agent is (re)starting: what modes it offers is known once it is up.
+            raise AgentNotRunning(
+                f"session {self.id} is {self._state}: its agent is not up yet (try again once"
+                " it is ready)"
+            )
+        modes = machine.modes
+        if modes is None:
             raise BadRequest(f"agent {self.spec.name!r} offers no session modes")
         known = [m.get("id") for m in modes.get("availableModes", [])]
         if call.mode_id not in known:
@@ -985,6 +1016,7 @@ class Session:
     def _start_next(self) -> None:
         if self._state == "ready" and self._turn is None and self._queue:
             turn_id, text = self._queue.popleft()
+            self._steered.discard(turn_id)
             try:
                 self._start_turn(turn_id, text)
             except Exception as exc:  # its caller was answered when it queued: tell everyone
@@ -1019,8 +1051,10 @@ class Session:
                 )
             )
             return
+        steers = self._drop_steers(turn, call.reason)
         if turn.cancel is not None:
             job = turn.cancel
+            job.dropped.extend(steers)
             job.waiters.append(call.reply)  # concurrent cancels share one receipt
             # What was queued since the job began (the watchdog's job kept the queue; a kill
             # takes long enough for the next prompt to come) is what this caller stops too.
@@ -1033,9 +1067,48 @@ class Session:
             job = _CancelJob(turn.id, now, call.reason, self.spec.grace_s, waiters=[call.reply])
             if self._stop_interrupted:
                 job.escalation.append("interrupt")
+            job.dropped.extend(steers)
             turn.cancel = job
             return
         self._begin_cancel(turn, now, call.reason, [call.reply])
+        assert turn.cancel is not None
+        turn.cancel.dropped[:0] = steers
+
+    def _drop_steers(self, turn: _Turn, reason: str | None) -> list[DroppedPrompt]:
+        """A caller stops the turn: the steers it has not taken yet (waiting for the agent's
+        answer, or to start once the turn has made way) are dropped with it, as queued prompts
+        are, each its turn id and its one ``turn.ended``; their callers hear it at once."""
+        pending: list[tuple[str | None, _NativeSteer | _SteerNext]] = [
+            (None, steer) for steer in turn.steers.values()
+        ]
+        pending += [(steer.turn_id, steer) for steer in turn.then]
+        turn.steers.clear()
+        turn.then = []
+        dropped = []
+        for turn_id, steer in pending:
+            if turn_id is None:
+                self._turn_counter += 1
+                turn_id = f"t{self._turn_counter}"
+            self._emit(
+                ev.TurnSteered(
+                    turn_id=turn_id,
+                    mode="interrupted",
+                    text=steer.text,
+                    interrupted_turn_id=turn.id,
+                )
+            )
+            prompt = DroppedPrompt(turn_id, steer.text)
+            self._drop(prompt, reason)
+            dropped.append(prompt)
+            steer.reply.resolve(
+                SteerResult(
+                    session_id=self.id,
+                    mode="interrupted",
+                    turn_id=turn_id,
+                    detail="dropped: the turn it steered was stopped, and the text with it",
+                )
+            )
+        return dropped
 
     def _begin_cancel(
         self,
@@ -1094,10 +1167,17 @@ class Session:
     def _steer_starts(
         self, text: str, reply: Reply[SteerResult], mode: SteerMode, detail: str | None = None
     ) -> None:
-        """The text starts a turn: now if the session is ready, else first in the queue."""
+        """The text starts a turn: now if the session is ready, else first in the queue (after
+        the steers queued before it: they go first, in the order they came)."""
         self._turn_counter += 1
         turn_id = f"t{self._turn_counter}"
-        self._queue.appendleft((turn_id, text))
+        ahead = 0
+        for queued_id, _ in self._queue:
+            if queued_id not in self._steered:
+                break
+            ahead += 1
+        self._queue.insert(ahead, (turn_id, text))
+        self._steered.add(turn_id)
         self._emit(ev.TurnSteered(turn_id=turn_id, mode=mode, text=text))
         reply.resolve(SteerResult(session_id=self.id, mode=mode, turn_id=turn_id, detail=detail))
         self._start_next()
@@ -1157,6 +1237,7 @@ class Session:
         for index, (turn_id, text) in enumerate(self._queue):
             if turn_id == call.turn_id:
                 del self._queue[index]
+                self._steered.discard(turn_id)
                 return self._drop(DroppedPrompt(turn_id, text), call.reason)
         ended = self._ended.get(call.turn_id)
         if ended is None:
@@ -1168,6 +1249,7 @@ class Session:
             return []
         dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
         self._queue.clear()
+        self._steered.clear()
         for prompt in dropped:
             self._drop(prompt, reason)
         return dropped
@@ -1838,6 +1920,7 @@ class Session:
                 )
             )
         self._queue.extendleft(reversed(queued))
+        self._steered.update(turn_id for turn_id, _ in queued)
 
     def _receipt(self, job: _CancelJob) -> CancelReceipt:
         return CancelReceipt(
@@ -2107,6 +2190,8 @@ class Session:
         self._live_generation = spawned.generation
         spawned.link.take_now = self._take_now
         self._machine = new_machine(self.spec.protocol)
+        if spawned.generation > 1:  # a respawn: its requests' ids must not be the last one's
+            self._machine.number_requests(f"@{spawned.generation}")
         self._recycle_for = None  # a fresh process: whatever it held is gone
         limit = self.spec.max_memory_mb
         if limit:

@@ -296,6 +296,11 @@ class Fanout:
         #: times the session held the agent back for a full subscriber (a diagnostic)
         self.holds = 0
 
+    @property
+    def subscribed(self) -> bool:
+        """Somebody is subscribed (a subscription neither closed nor ended)."""
+        return any(not s._closed and not s._ended for s in self._subscriptions)
+
     def subscribe(
         self,
         since_seq: int | None,

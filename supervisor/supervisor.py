@@ -215,10 +215,14 @@ class Supervisor:
         if wait_ready:
             try:
                 await session.wait_ready()
+            except SupervisorError:
+                self._forget_soon(session)  # it failed to start: nobody can use it
+                raise
             except BaseException:
-                # Nobody holds this session now (it failed to start, or its caller went away):
-                # stopped and forgotten, never left running, or listed, for nobody.
-                self._forget_soon(session)
+                # Its caller went away: stopped and forgotten, never left running for nobody,
+                # unless somebody else took it up meanwhile (it is listed while it starts).
+                if session.untouched:
+                    self._forget_soon(session)
                 raise
         return session
 
@@ -313,6 +317,9 @@ class Supervisor:
         after the longest grace plus kill ladder of those agents: it never waits for a respawn
         that a stop would undo anyway."""
         self._closing = True
+        for session in self._sessions.values():
+            if isinstance(session, Session):
+                session.closing = "the supervisor is shutting down"
         running = [
             s for s in self._sessions.values() if s.turn_id is not None and not self._kept(s)
         ]

@@ -694,3 +694,37 @@ async def test_a_steer_joins_the_running_turn(spawn: Spawn) -> None:
         plain_sid = await plain.new_session()
         _, refused = await plain.call("_session/steering", {**steer, "sessionId": plain_sid})
         assert refused["error"]["code"] == -32601
+
+
+async def test_a_steer_after_the_last_word_is_not_taken_into_the_turn(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    """Its words all said, the turn only waits for its state to be on disk: a steer then
+    could never be said in it, so it is answered ``promptRequired`` (the text starts a turn of
+    its own), not ``injected``. And a turn stuck on its model refuses one (the supervisor then
+    interrupts it)."""
+    with trio.fail_after(TIMEOUT):
+        agent = await spawn("--words", "3")
+        await agent.initialize()
+        sid = await agent.new_session()
+        state = tmp_path / "state" / f"{sid}.json"
+        stuck = state.with_name(f"{state.name}.{agent.proc.pid}.tmp")
+        os.mkfifo(stuck)  # the turn's save waits here until the test reads it
+        rid = await agent.prompt(sid, "stuck disk")
+        seen = [await agent.next_update("agent_message_chunk") for _ in range(3)]
+        steer = {"sessionId": sid, "prompt": [{"type": "text", "text": "say hi"}]}
+        _, late = await agent.call("_session/steering", steer)
+        assert late["result"] == {"outcome": "promptRequired", "reason": "noRunningTurn"}
+        await trio.to_thread.run_sync(_drain_fifo, stuck, abandon_on_cancel=True)
+        rest, answer = await agent.until_response(rid)
+        assert answer["result"] == {"stopReason": "end_turn"}
+        assert not any("Steered" in text for text in chunks([*seen, *rest]))
+
+        rid = await agent.prompt(sid, "hang")
+        for _ in range(3):
+            await agent.next_update("agent_message_chunk")
+        _, refused = await agent.call("_session/steering", steer)
+        assert "cannot take a steer" in refused["error"]["message"]
+        await agent.notify("session/cancel", {"sessionId": sid})
+        _, answer = await agent.until_response(rid)
+        assert answer["result"] == {"stopReason": "cancelled"}

@@ -795,3 +795,42 @@ async def test_a_keep_alive_left_idle_past_the_request_timeout_is_closed_not_ans
                 rest += chunk
         assert rest == b"", rest
         await stream.aclose()
+
+
+async def test_a_clients_second_subscription_to_one_session_is_refused_not_taken_over() -> None:
+    """The gateway keeps one subscription per session per connection: a second one on the
+    same client would take the first's events and end it on leaving; it is refused, and the
+    first goes on."""
+    async with gateway(Behaviour(words=20, word_interval=0.001)) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            async with client.subscribe(session_id) as events:
+                with pytest.raises(GatewayError) as refused:
+                    async with client.subscribe(session_id):
+                        pass
+                assert refused.value.code == "bad_request"
+                await client.prompt(session_id, "hello")
+                ended = await next_event(events, "turn.ended")
+                assert ended["data"]["outcome"] == "completed"
+            async with client.subscribe(session_id, since_seq=0) as again:  # once it is over
+                assert (await next_event(again, "turn.ended"))["data"]["outcome"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"reason": 5}', "'reason' must be a string"),
+        (b'{"task_id": ["t1"]}', "'task_id' must be a string"),
+        (b"[1, 2]", "body must be a JSON object"),
+    ],
+)
+async def test_http_abort_refuses_a_body_it_cannot_take(body: bytes, why: str) -> None:
+    async with gateway(Behaviour(words=400, word_interval=0.01)) as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            await client.prompt(session_id, "hello")
+            path = f"/v1/sessions/{session_id}/abort?token=secret-token"
+            status, answer = await http(url, "POST", path, body=body)
+            assert status == 400 and isinstance(answer, dict), answer
+            assert answer["error"] == {"code": "bad_request", "message": why}
+            assert (await client.sessions())[0]["turn_id"] is not None  # nothing was cancelled

@@ -42,3 +42,12 @@ def test_a_vocabulary_outside_acps_words_is_refused() -> None:
     assert words.kind(None, None) is None
     assert words.status("running") == "in_progress" and words.status("newer") == "newer"
     assert words.status(None, "pending") == "pending"
+
+
+def test_a_tagged_desk_makes_ids_a_respawned_agents_requests_cannot_share() -> None:
+    from protocols.acp import AcpClient
+    from protocols.codex import CodexClient
+
+    for machine in (AcpClient(), CodexClient()):
+        machine.number_requests("@2")
+        assert machine._desk.unique_id("0") == "0@2"

@@ -320,3 +320,17 @@ async def test_a_permission_answer_for_a_request_id_not_a_string_is_told_so(
     async with running(Behaviour(words=3)) as (session, _, _rec):
         with pytest.raises(BadRequest, match="request_id must be a string"):
             await session.respond_permission(request_id, "allow")
+
+
+async def test_a_subscription_from_beyond_the_newest_event_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A seq this session never reached comes from another session's stream (local ids
+    start again at s1 after a restart): refused, not answered with a silent stream."""
+    async with running(Behaviour(words=3)) as (session, _, rec):
+        await rec.catch_up()
+        head = session.last_seq
+        with pytest.raises(BadRequest, match="beyond"):
+            await session.open_subscription(since_seq=head + 1)
+        async with session.subscribe(since_seq=head) as subscription:  # up to date: fine
+            assert not subscription.gap

@@ -522,3 +522,32 @@ async def test_a_cancel_joining_a_kill_also_drops_what_was_queued_since(
         assert len(ended) == 1 and ended[0].stop_reason == "dropped"
         assert not [e for e in rec.of_kind("turn.started") if e.turn_id == queued.id]
         assert session.state == "ready"
+
+
+async def test_a_late_answer_to_a_request_of_a_killed_agent_answers_nothing_of_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The respawned agent's JSON-RPC ids start again: its permission request must not take
+    the id the last process's request had, which a stale client may still answer."""
+    async with running(Behaviour(words=100)) as (session, launcher, rec):
+        await session.prompt("hello permission")
+        first = await rec.wait_kind("permission.requested")
+        assert (await session.cancel()).outcome == "cancelled"  # the request withdrawn
+        await session.prompt("stubborn ignore-cancel")
+        receipt = await session.cancel()  # the agent ignores it: killed, respawned
+        assert receipt.outcome == "killed" and "respawned" in receipt.escalation
+        await session.prompt("again permission")
+        second = await rec.wait_kind("permission.requested", count=2)
+        assert first.request_id == "1000" and second.request_id != first.request_id
+        with pytest.raises(BadRequest):
+            await session.respond_permission(first.request_id, "allow")
+        assert not rec.of_kind("permission.resolved") or all(
+            e.request_id != second.request_id for e in rec.of_kind("permission.resolved")
+        )
+        await session.respond_permission(second.request_id, "allow")
+        resolved = await rec.wait_for(
+            lambda e: e.kind == "permission.resolved" and e.request_id == second.request_id
+        )
+        assert resolved.by == "client"
+        await session.cancel()
+        await rec.catch_up()

@@ -94,3 +94,19 @@ async def test_an_agent_that_dies_before_it_answers_fails_the_call_and_is_restar
             count=2,
         )
         assert mode_updates(rec) == ["ask", "ask"]
+
+
+async def test_a_mode_asked_for_while_the_agent_restarts_is_told_to_wait_not_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    launcher = MemoryLauncher(Behaviour(words=1000, modes=True, stop_delay=None, kill_time=1.0))
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
+    async with helpers.running(launcher, spec) as (session, _, rec):
+        await session.prompt("hello")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.cancel)
+            await trio.sleep(2.5)  # killed, being respawned
+            with pytest.raises(AgentNotRunning, match="not up yet"):
+                await session.set_mode("code")
+        await session.set_mode("code")  # once it is up again
+        assert session.modes is not None and session.modes["currentModeId"] == "code"

@@ -282,3 +282,79 @@ async def test_steer_refuses_text_utf8_cannot_carry(autojump_clock: trio.testing
             await session.steer("broken \ud800 paste")
         assert session.turn_id == first and rec.of_kind("turn.steered") == []
         await session.cancel()
+
+
+async def test_steers_while_the_agent_restarts_start_in_the_order_they_came(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No turn runs and the session is not ready (the agent crashed and is respawning): each
+    steer goes first in the queue, after the steers before it."""
+    async with running(Behaviour(words=3, word_interval=0.1, start_delay=0.0)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        await session.prompt("crash")
+        await rec.wait_kind("turn.ended")
+        assert session.state != "ready"  # respawning
+        first = await session.steer("A first")
+        second = await session.steer("B second")
+        await session.prompt("P third")
+        assert (first.mode, second.mode) == ("started", "started")
+        await rec.wait_kind("turn.ended", count=4)
+        started = [e.text for e in rec.of_kind("turn.started")]
+        assert started[-3:] == ["A first", "B second", "P third"]
+
+
+async def test_a_stop_after_a_steer_stops_the_steered_text_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The agent cannot steer: the steer interrupts the turn (its cancel under way, the text
+    to start once it has ended); the user's Stop then drops the text, as it drops the queue."""
+    async with running(Behaviour(words=400, word_interval=0.1, stop_delay=1.0)) as (
+        session,
+        launcher,
+        rec,
+    ):
+        turn_id = await running_turn(session, rec)
+        async with trio.open_nursery() as nursery:
+            results = []
+
+            async def steer() -> None:
+                results.append(await session.steer("do this instead"))
+
+            nursery.start_soon(steer)
+            await trio.sleep(0.2)
+            receipt = await session.cancel(reason="user")
+        [result] = results
+        assert receipt.turn_id == turn_id and receipt.outcome == "cancelled"
+        assert [p.text for p in receipt.dropped_prompts] == ["do this instead"]
+        assert result.turn_id == receipt.dropped_prompts[0].turn_id
+        assert result.detail is not None and "dropped" in result.detail
+        await rec.catch_up()
+        assert session.turn_id is None and session.state == "ready"
+        assert [e.turn_id for e in rec.of_kind("turn.started")] == [turn_id]
+        [dropped] = [e for e in rec.of_kind("turn.ended") if e.turn_id == result.turn_id]
+        assert dropped.stop_reason == "dropped"
+
+
+async def test_a_stop_drops_a_steer_the_agent_has_not_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    behaviour = Behaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
+    async with running(behaviour) as (session, launcher, rec):
+        turn_id = await running_turn(session, rec)
+        async with trio.open_nursery() as nursery:
+            results = []
+
+            async def steer() -> None:
+                results.append(await session.steer("not now"))
+
+            nursery.start_soon(steer)
+            await trio.sleep(0.2)  # sent, not answered
+            receipt = await session.cancel()
+        [result] = results
+        assert [p.text for p in receipt.dropped_prompts] == ["not now"]
+        assert result.turn_id == receipt.dropped_prompts[0].turn_id
+        await trio.sleep(5.0)
+        assert [e.turn_id for e in rec.of_kind("turn.started")] == [turn_id]

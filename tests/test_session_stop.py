@@ -186,3 +186,49 @@ async def test_a_start_whose_caller_goes_away_leaves_no_session_behind(
         await trio.sleep(20.0)
         assert sup.list() == []
         assert len(launcher.links) == 1 and not launcher.links[0].alive
+
+
+async def test_after_a_shutdown_began_no_new_turn_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``cancel_turns`` (a graceful shutdown's first step) ends the running turns; a prompt or a
+    steer sent after it would start a turn the shutdown cuts off without its end."""
+    launcher = MemoryLauncher(Behaviour(words=1000))
+    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/")
+        await session.prompt("hello")
+        await sup.cancel_turns("shutdown")
+        assert session.turn_id is None
+        with pytest.raises(AgentNotRunning, match="shutting down"):
+            await session.prompt("one more")
+        with pytest.raises(AgentNotRunning, match="shutting down"):
+            await session.steer("this instead")
+        assert session.turn_id is None
+
+
+async def test_a_start_whose_caller_goes_away_keeps_a_session_somebody_took_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Listed while it starts, a session can be taken up by another client (a gateway's):
+    then its starter going away does not stop it."""
+    launcher = MemoryLauncher(Behaviour(start_delay=10.0, words=2))
+    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
+        async with trio.open_nursery() as nursery:
+            starting = trio.CancelScope()
+
+            async def start() -> None:
+                with starting:
+                    await sup.start_session("fake", cwd="/")
+
+            nursery.start_soon(start)
+            await trio.sleep(1.0)
+            [summary] = sup.list()
+            other = sup.get(summary.session_id)
+            async with other.subscribe() as events:
+                turn = await other.prompt("hello")  # queued until it is ready
+                starting.cancel()
+                async for event in events:
+                    if event.kind == "turn.ended" and event.turn_id == turn.id:
+                        break
+            assert event.outcome == "completed"
+            assert [s.session_id for s in sup.list()] == [other.id]

@@ -658,11 +658,21 @@ class Gateway:
                 payload = json.loads(body)
             except (ValueError, RecursionError):  # (a deeply nested body)
                 return 400, "application/json", _json_error("bad_request", "body must be JSON"), []
-            if isinstance(payload, dict):
+            # As ``agent.cancel`` over the WebSocket: a body it cannot take is refused, not
+            # half read (a cancel with another reason, or of another turn, than was asked).
+            problem = None
+            if not isinstance(payload, dict):
+                problem = "body must be a JSON object"
+            else:
+                for key in ("reason", "task_id"):
+                    if payload.get(key) is not None and not isinstance(payload[key], str):
+                        problem = f"'{key}' must be a string"
                 if isinstance(payload.get("reason"), str):
                     reason = payload["reason"]
                 if isinstance(payload.get("task_id"), str):
                     task_id = payload["task_id"]
+            if problem is not None:
+                return 400, "application/json", _json_error("bad_request", problem), []
         try:
             check_text("'reason'", reason)
             if task_id is not None:
