@@ -1051,7 +1051,7 @@ class Session:
                 )
             )
             return
-        steers = self._drop_steers(turn, call.reason)
+        steers = self._drop_steers(turn, call.reason) if turn.steers or turn.then else []
         if turn.cancel is not None:
             job = turn.cancel
             job.dropped.extend(steers)
@@ -1071,8 +1071,8 @@ class Session:
             turn.cancel = job
             return
         self._begin_cancel(turn, now, call.reason, [call.reply])
-        assert turn.cancel is not None
-        turn.cancel.dropped[:0] = steers
+        if steers and turn.cancel is not None:
+            turn.cancel.dropped[:0] = steers
 
     def _drop_steers(self, turn: _Turn, reason: str | None) -> list[DroppedPrompt]:
         """A caller stops the turn: the steers it has not taken yet (waiting for the agent's
