@@ -432,6 +432,36 @@ async def test_a_killed_node_fails_its_sessions_with_the_cause(host: SshHost) ->
     only_the_node_is_left(host, new_node)
 
 
+async def test_a_cancel_whose_node_dies_meanwhile_says_so(host: SshHost) -> None:
+    """The node dies during the cancel's grace: the cancel, sent again once the link is back,
+    must not go to the new node (which never had the session) and come back "no session
+    's2'"; it is told why the session is over."""
+    spec = demo_on(host, "--ignore-cancel", grace_s=5.0)
+    async with remote_session(host, spec, {"h": host_spec(host)}) as (_, session, rec):
+        turn = await session.prompt("long words=5000")
+        await rec.wait_for(is_delta, count=3)
+        node = psutil.Process(node_pid(session))
+        async with trio.open_nursery() as nursery:
+            answers: list[BaseException] = []
+
+            async def cancel() -> None:
+                try:
+                    await session.cancel()
+                except Exception as exc:
+                    answers.append(exc)
+
+            nursery.start_soon(cancel)
+            await rec.wait_kind("session.state", state="cancelling")
+            node.kill()
+        [answer] = answers
+        assert isinstance(answer, AgentNotRunning), repr(answer)
+        assert "is gone" in str(answer), answer
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
+        new_node = session.link.node_pid
+    only_the_node_is_left(host, new_node)
+
+
 def _other_key(directory: Path, name: str) -> Path:
     path = directory / name
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)

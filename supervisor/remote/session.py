@@ -172,6 +172,9 @@ class RemoteSession:
             attempts += 1
             try:
                 conn = await self.link.connection(deadline=give_up)
+                # A new node answers now (the old one died meanwhile, and this session with
+                # it): it never had this session; what ended it is what the caller hears.
+                self._check_running()
                 result = await conn.request(
                     "agent.cancel", {"session_id": self.node_id, **payload}, watch=True
                 )
@@ -442,6 +445,7 @@ class RemoteSession:
         self._check_running()
         try:
             conn = await self.link.connection()
+            self._check_running()  # (as in cancel: the node may have been replaced meanwhile)
             return await conn.request(action, {"session_id": self.node_id, **payload})
         except LinkLost as exc:
             raise AgentNotRunning(
