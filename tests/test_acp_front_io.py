@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -162,6 +163,21 @@ class Conversation:
         return str((await self.answer(rid))["result"]["sessionId"])
 
 
+@asynccontextmanager
+async def conversing(
+    backend: Any, *, lockstep: bool = False
+) -> AsyncIterator[tuple[AcpFront, Conversation]]:
+    """A front door serving ``backend`` on memory streams (``lockstep``: nothing buffered on
+    the way, so a client that does not read holds the writer), and the client's end of it."""
+    front = AcpFront(backend)
+    pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+    to_front, from_client = pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        yield front, Conversation(to_front)
+        nursery.cancel_scope.cancel()
+
+
 def prompt(rid: int, session_id: str, text: str) -> dict[str, Any]:
     return {
         "id": rid,
@@ -226,11 +242,7 @@ async def test_a_prompt_right_behind_a_cancel_is_not_what_it_cancels(
     """ "Stop, then send the next message", both in one read: the cancel stops the running
     turn, the next prompt runs."""
     backend = TwoAgents()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend) as (front, client):
         session_id = await client.new_session()
         await client.send(prompt(2, session_id, "first"))
         await trio.sleep(1.0)  # it runs
@@ -242,35 +254,25 @@ async def test_a_prompt_right_behind_a_cancel_is_not_what_it_cancels(
         session = backend.started[0]
         assert session.received == ["first", "second"]
         assert session.cancels == ["t1"] and session.running == "t2"  # the second runs
-        await to_front.aclose()
 
 
 async def test_prompts_sent_at_once_reach_the_session_in_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = TwoAgents()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend) as (front, client):
         session_id = await client.new_session()
         texts = [f"message {n}" for n in range(6)]
         await client.send(*(prompt(10 + n, session_id, text) for n, text in enumerate(texts)))
         await trio.sleep(5.0)
         assert backend.started[0].received == texts
-        await to_front.aclose()
 
 
 async def test_a_prompt_right_behind_an_agent_switch_goes_to_the_new_agent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = TwoAgents()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend) as (front, client):
         session_id = await client.new_session()
         switch = {
             "id": 2,
@@ -284,19 +286,14 @@ async def test_a_prompt_right_behind_an_agent_switch_goes_to_the_new_agent(
         first, second = backend.started
         assert first.received == [] and second.received == ["to the other one"]
         assert second.agent == "other" and second.running == "t1"
-        await to_front.aclose()
 
 
 async def test_a_close_while_an_agent_switch_starts_leaves_neither_running(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = TwoAgents()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
     stopped: list[str] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend) as (front, client):
         session_id = await client.new_session()
         switch = {
             "id": 2,
@@ -318,7 +315,6 @@ async def test_a_close_while_an_agent_switch_starts_leaves_neither_running(
                 session._send.send_nowait(ev.TurnEnded(turn_id="x", outcome="cancelled"))
             stopped.append(session.id)
         assert stopped == ["f1", "f2"]
-        await to_front.aclose()
 
 
 class Flooding(SlowSession):
@@ -337,11 +333,7 @@ async def test_a_client_that_stops_reading_does_not_make_the_front_door_grow(
 ) -> None:
     backend = OneSession()
     backend.session = Flooding()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.lockstep_stream_pair()  # nothing is buffered on the way
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend, lockstep=True) as (front, client):
         await client.new_session()
         await client.send(prompt(2, "f1", "flood"))
         for _ in range(20):  # the client reads nothing more
@@ -350,22 +342,17 @@ async def test_a_client_that_stops_reading_does_not_make_the_front_door_grow(
         received = 0
         with trio.move_on_after(1.0):  # it reads again: the flood goes on
             while received < 100_000:
-                received += len(await to_front.receive_some(65536))
+                received += len(await client.stream.receive_some(65536))
         assert received >= 100_000
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_last_line_without_its_newline_is_still_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    front = AcpFront(OneSession())
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(OneSession()) as (front, client):
         hello = {"id": 4, "method": "initialize", "params": {"protocolVersion": 1}}
-        await to_front.send_all(line(hello).rstrip(b"\n"))
-        await to_front.send_eof()
+        await client.stream.send_all(line(hello).rstrip(b"\n"))
+        await client.stream.send_eof()
         with trio.fail_after(5):
             assert (await client.answer(4))["result"]["protocolVersion"] == 1
 
@@ -379,11 +366,7 @@ class SlowToStart(OneSession):
 async def test_a_session_still_starting_at_shutdown_is_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    front = AcpFront(SlowToStart())
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(SlowToStart()) as (front, client):
         await client.send(
             {"id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}
         )
@@ -409,11 +392,7 @@ async def test_a_load_and_a_resume_of_one_session_at_once_open_it_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     backend = CountingAttach()
-    front = AcpFront(backend)
-    to_front, from_client = trio.testing.memory_stream_pair()
-    client = Conversation(to_front)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(front.serve, from_client, from_client)
+    async with conversing(backend) as (front, client):
         params = {"sessionId": "s7", "cwd": "/w", "mcpServers": []}
         await client.send(
             {"id": 1, "method": "session/load", "params": params},
@@ -423,7 +402,6 @@ async def test_a_load_and_a_resume_of_one_session_at_once_open_it_once(
             assert "result" in await client.answer(1)
             assert "result" in await client.answer(2)
         assert backend.attached == 1
-        await to_front.aclose()
 
 
 class ClosedGateway:
