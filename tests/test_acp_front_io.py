@@ -186,6 +186,14 @@ def prompt(rid: int, session_id: str, text: str) -> dict[str, Any]:
     }
 
 
+def switch_agent(rid: int, session_id: str, agent: str) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "method": "session/set_config_option",
+        "params": {"sessionId": session_id, "configId": "agent", "value": agent},
+    }
+
+
 class QueueingSession(SlowSession):
     """Takes each prompt after a while, in the order they reach it, queued behind the running
     one; a cancel ends the running one and drops the queued ones (as a session does)."""
@@ -274,11 +282,7 @@ async def test_a_prompt_right_behind_an_agent_switch_goes_to_the_new_agent(
     backend = TwoAgents()
     async with conversing(backend) as (front, client):
         session_id = await client.new_session()
-        switch = {
-            "id": 2,
-            "method": "session/set_config_option",
-            "params": {"sessionId": session_id, "configId": "agent", "value": "other"},
-        }
+        switch = switch_agent(2, session_id, "other")
         await client.send(switch, prompt(3, session_id, "to the other one"))
         with trio.fail_after(10):
             assert "result" in await client.answer(2)
@@ -295,11 +299,7 @@ async def test_a_close_while_an_agent_switch_starts_leaves_neither_running(
     stopped: list[str] = []
     async with conversing(backend) as (front, client):
         session_id = await client.new_session()
-        switch = {
-            "id": 2,
-            "method": "session/set_config_option",
-            "params": {"sessionId": session_id, "configId": "agent", "value": "other"},
-        }
+        switch = switch_agent(2, session_id, "other")
         close = {"id": 3, "method": "session/close", "params": {"sessionId": session_id}}
         await client.send(switch)
         await trio.sleep(0.5)  # the other agent is starting

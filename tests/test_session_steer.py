@@ -21,8 +21,9 @@ from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
 from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
-from supervisor import AgentSpec, Session
+from supervisor import AgentSpec, CancelReceipt, Session
 from supervisor.errors import BadRequest
+from supervisor.steering import SteerResult
 
 SLOW = Behaviour(words=40, word_interval=0.1)
 
@@ -306,6 +307,33 @@ async def test_steers_while_the_agent_restarts_start_in_the_order_they_came(
         assert started[-3:] == ["A first", "B second", "P third"]
 
 
+async def stop_after_a_steer(
+    session: Session, rec: Recorder, turn_id: str, text: str
+) -> CancelReceipt:
+    """A steer, and 0.2 s later (its answer or its cancel under way) a Stop: the steer's text
+    is dropped with the turn, as a queued prompt is; its caller hears so."""
+    async with trio.open_nursery() as nursery:
+        results: list[SteerResult] = []
+
+        async def steer() -> None:
+            results.append(await session.steer(text))
+
+        nursery.start_soon(steer)
+        await trio.sleep(0.2)
+        receipt = await session.cancel(reason="user")
+    [result] = results
+    assert receipt.turn_id == turn_id
+    assert [p.text for p in receipt.dropped_prompts] == [text]
+    assert result.turn_id == receipt.dropped_prompts[0].turn_id
+    assert result.detail is not None and "dropped" in result.detail
+    await rec.catch_up()
+    assert session.turn_id is None and session.state == "ready"
+    assert [e.turn_id for e in rec.of_kind("turn.started")] == [turn_id]
+    [dropped] = [e for e in rec.of_kind("turn.ended") if e.turn_id == result.turn_id]
+    assert isinstance(dropped, ev.TurnEnded) and dropped.stop_reason == "dropped"
+    return receipt
+
+
 async def test_a_stop_after_a_steer_stops_the_steered_text_too(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -317,25 +345,8 @@ async def test_a_stop_after_a_steer_stops_the_steered_text_too(
         rec,
     ):
         turn_id = await running_turn(session, rec)
-        async with trio.open_nursery() as nursery:
-            results = []
-
-            async def steer() -> None:
-                results.append(await session.steer("do this instead"))
-
-            nursery.start_soon(steer)
-            await trio.sleep(0.2)
-            receipt = await session.cancel(reason="user")
-        [result] = results
-        assert receipt.turn_id == turn_id and receipt.outcome == "cancelled"
-        assert [p.text for p in receipt.dropped_prompts] == ["do this instead"]
-        assert result.turn_id == receipt.dropped_prompts[0].turn_id
-        assert result.detail is not None and "dropped" in result.detail
-        await rec.catch_up()
-        assert session.turn_id is None and session.state == "ready"
-        assert [e.turn_id for e in rec.of_kind("turn.started")] == [turn_id]
-        [dropped] = [e for e in rec.of_kind("turn.ended") if e.turn_id == result.turn_id]
-        assert dropped.stop_reason == "dropped"
+        receipt = await stop_after_a_steer(session, rec, turn_id, "do this instead")
+        assert receipt.outcome == "cancelled"  # (the steer's own cancel, which the Stop joined)
 
 
 async def test_a_stop_drops_a_steer_the_agent_has_not_answered(
@@ -344,17 +355,6 @@ async def test_a_stop_drops_a_steer_the_agent_has_not_answered(
     behaviour = Behaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
     async with running(behaviour) as (session, launcher, rec):
         turn_id = await running_turn(session, rec)
-        async with trio.open_nursery() as nursery:
-            results = []
-
-            async def steer() -> None:
-                results.append(await session.steer("not now"))
-
-            nursery.start_soon(steer)
-            await trio.sleep(0.2)  # sent, not answered
-            receipt = await session.cancel()
-        [result] = results
-        assert [p.text for p in receipt.dropped_prompts] == ["not now"]
-        assert result.turn_id == receipt.dropped_prompts[0].turn_id
-        await trio.sleep(5.0)
+        await stop_after_a_steer(session, rec, turn_id, "not now")
+        await trio.sleep(5.0)  # past the steer's own deadline: nothing of it comes back
         assert [e.turn_id for e in rec.of_kind("turn.started")] == [turn_id]
