@@ -899,6 +899,12 @@ class Session:
     # -- mailbox calls ------------------------------------------------------------------------
 
     def _on_call(self, call: _Call) -> None:
+        if call.__class__ is _Cancel:  # first: a stop is what must never wait
+            if self._state in ("stopped", "failed"):
+                call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
+            else:
+                self._cancel(call)  # stopping: answered once the turn has ended with the agent
+            return
         if isinstance(call, _Subscribe):
             if call.since_seq is not None and call.since_seq > self._seq:
                 # Not this session's history: the one followed before a restart, say (local
@@ -929,14 +935,9 @@ class Session:
         elif self._state in ("stopped", "failed"):
             call.reply.fail(AgentNotRunning(f"session {self.id} is {self._state}"))
         elif self._stopping:
-            if isinstance(call, _Cancel):
-                self._cancel(call)  # answered once the turn has ended with the agent
-            else:
-                call.reply.fail(AgentNotRunning(f"session {self.id} is stopping"))
+            call.reply.fail(AgentNotRunning(f"session {self.id} is stopping"))
         elif isinstance(call, _Prompt):
             call.reply.resolve(self._accept_prompt(call.text, call.parts))
-        elif isinstance(call, _Cancel):
-            self._cancel(call)
         elif isinstance(call, _Steer):
             self._steer(call)
         elif isinstance(call, _RespondPermission):
@@ -1854,8 +1855,12 @@ class Session:
                 ),
             )
         self._turn = None
-        self._emit(
+        self._seq = seq = self._seq + 1  # made stamped, as _emit would stamp it
+        self._fanout.publish(
             ev.TurnEnded(
+                session_id=self.id,
+                seq=seq,
+                timestamp=time.time(),
                 turn_id=turn.id,
                 outcome=outcome_,
                 stop_reason=stop_reason,
@@ -2375,7 +2380,13 @@ class Session:
         if state == self._state and detail is None:
             return
         self._state = state
-        self._emit(ev.SessionState(state=state, detail=detail))
+        # Made stamped, as _emit would stamp it (no turn event: the watchdog is not told).
+        self._seq = seq = self._seq + 1
+        self._fanout.publish(
+            ev.SessionState(
+                session_id=self.id, seq=seq, timestamp=time.time(), state=state, detail=detail
+            )
+        )
         if state in ("stopped", "failed") and self.on_ended is not None:
             self.on_ended()  # a failed session's actor may live on: its owner hears it now
 

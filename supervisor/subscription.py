@@ -108,6 +108,8 @@ class Subscription:
         self.capacity = max(1, max_buffer) + len(replay)
         self._low_water = self.capacity // 2
         self.stall_s = stall_s
+        #: past this many buffered, the session cuts us off (backpressured: a margin more)
+        self._limit = self.capacity if stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
         self._on_room = on_room
         self._on_ack = on_ack
         self._lot = trio.lowlevel.ParkingLot()
@@ -222,8 +224,7 @@ class Subscription:
     def _offer(self, event: ev.Event, payload: bytes) -> bool:
         """Buffer one event; False if we are over the limit (the caller cuts us off)."""
         events = self._events
-        limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
-        if len(events) >= limit:
+        if len(events) >= self._limit:
             return False
         events.append(payload if self.wire else event)
         if self._parked:
@@ -237,8 +238,7 @@ class Subscription:
         """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
         (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
         buffered = self._events
-        limit = self.capacity if self.stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
-        room = limit - len(buffered)
+        room = self._limit - len(buffered)
         count = len(events)
         fits = room >= count
         if not fits:
@@ -370,7 +370,8 @@ class Fanout:
                 full = True
         if drop:
             self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
-        self._maybe_full = self._maybe_full or full
+        if full:
+            self._maybe_full = True
 
     def publish_many(self, events: list[ev.Event]) -> None:
         """:meth:`publish` each of a run of stamped events (contiguous seqs, in order), the
@@ -395,7 +396,8 @@ class Fanout:
                 full = True
         if drop:
             self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
-        self._maybe_full = self._maybe_full or full
+        if full:
+            self._maybe_full = True
 
     def flush(self) -> None:
         """Tell every subscriber of the events it has not been told of (the session is about
