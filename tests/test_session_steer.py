@@ -310,8 +310,8 @@ async def test_steers_while_the_agent_restarts_start_in_the_order_they_came(
 async def stop_after_a_steer(
     session: Session, rec: Recorder, turn_id: str, text: str
 ) -> CancelReceipt:
-    """A steer, and 0.2 s later (its answer or its cancel under way) a Stop: the steer's text
-    is dropped with the turn, as a queued prompt is; its caller hears so."""
+    """A steer, and once it is in hand (sent to the agent, or its cancel under way) a Stop: the
+    steer's text is dropped with the turn, as a queued prompt is; its caller hears so."""
     async with trio.open_nursery() as nursery:
         results: list[SteerResult] = []
 
@@ -319,7 +319,8 @@ async def stop_after_a_steer(
             results.append(await session.steer(text))
 
         nursery.start_soon(steer)
-        await trio.sleep(0.2)
+        await trio.testing.wait_all_tasks_blocked()  # the steer handled, nothing left to run
+        assert not results  # still waiting for the agent, or for the turn to make way
         receipt = await session.cancel(reason="user")
     [result] = results
     assert receipt.turn_id == turn_id
