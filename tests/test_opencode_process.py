@@ -32,7 +32,10 @@ from supervisor import AgentSpec, Session, open_supervisor
 pytestmark = pytest.mark.real_process
 
 GRACE = 1.0
-FLOOD_GRACE = 10.0
+#: The flood's backlog takes 0.6 s to read alone, 4 s beside 8 busy loops on 2 cores, and more
+#: than 10 s once on CI (npm installs and real agents beside it): the grace must out-last any of
+#: these, as the test is about order and count, not about the kill ladder.
+FLOOD_GRACE = 60.0
 BOUND = 30.0  # a stuck test fails instead of hanging the suite
 FAKE_OPENCODE = Path(__file__).parent / "fakes" / "fake_opencode.py"
 
@@ -70,7 +73,7 @@ async def opencode_session(
 ) -> AsyncIterator[tuple[Session, Recorder]]:
     seen: list[psutil.Process] = []
     spec = opencode_spec(tmp_path, *extra, grace_s=grace_s)
-    with trio.fail_after(BOUND):
+    with trio.fail_after(BOUND + grace_s):
         async with open_supervisor(agents={"opencode": spec}) as sup:
             session = await sup.start_session("opencode", cwd=str(tmp_path))
             recorder = Recorder(session)
@@ -228,8 +231,6 @@ async def test_cancel_behind_a_flood_one_receipt_and_every_event(tmp_path: Path)
     them. Two concurrent cancels share the one receipt, every delta before the end reaches the
     subscriber in order with no gap, and exactly one ``turn.ended`` follows them. (How long the
     backlog takes is measured, not asserted: ``design/protocols.md``.)"""
-    # A generous grace: the backlog takes 0.5-3 s to read on 2 loaded cores, and this test is
-    # about order and count, not about the kill ladder.
     async with opencode_session(tmp_path, grace_s=FLOOD_GRACE) as (session, rec):
         turn = await session.prompt("flood words=100000000")
         await rec.wait_for(is_delta, count=2000)
