@@ -134,7 +134,7 @@ class JsonRpcPeer(Generic[C]):
         return request_id, message
 
     def notify(self, method: str, params: Any = None) -> dict[str, Any]:
-        message = self._envelope()
+        message: dict[str, Any] = {"jsonrpc": "2.0"} if self.with_version else {}  # (_envelope)
         message["method"] = method
         if params is not None:
             message["params"] = params

@@ -30,7 +30,14 @@ class Reply(Generic[T]):
         self.done = False
 
     def resolve(self, value: T) -> None:
-        self._put(outcome.Value(value))
+        if self.done:
+            return
+        self.done = True  # (what _put does, not called: every cancel's receipt comes this way)
+        task, self._task = self._task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task, outcome.Value(value))
+        else:
+            self._result = outcome.Value(value)
 
     def fail(self, error: BaseException) -> None:
         self._put(outcome.Error(error))

@@ -563,8 +563,9 @@ class Session:
     ) -> CancelReceipt:
         """Stop the current turn (or ``turn_id``); returns only once that turn has ended.
         ``reason`` goes into the receipt (``user`` when not given)."""
-        why = REASON_USER if reason is None else reason
-        return await self._call(lambda reply: _Cancel(turn_id, why, reply))
+        reply: Reply[CancelReceipt] = Reply()
+        call = _Cancel(turn_id, REASON_USER if reason is None else reason, reply)
+        return await self._ask(call, reply)
 
     async def steer(self, text: str) -> SteerResult:
         """Redirect the running turn with ``text``: joined to it natively where the agent can
@@ -643,7 +644,12 @@ class Session:
             raise AgentNotRunning(f"session {self.id} takes no new prompts: {self.closing}")
 
     async def _call(self, make: Callable[[Reply[T]], _Call]) -> T:
-        """Post a call and wait for its answer.
+        """Post the call ``make`` builds around its answer's slot, and wait for its answer."""
+        reply: Reply[T] = Reply()
+        return await self._ask(make(reply), reply)
+
+    async def _ask(self, call: _Call, reply: Reply[T]) -> T:
+        """Post a call and wait for its answer (``reply``, the call's own).
 
         A call that finds the actor parked (:attr:`_parked`) and the mailbox empty is handled
         at once, in the caller's own step: the actor's own handler, run while the actor runs
@@ -651,10 +657,8 @@ class Session:
         only between two pieces of work), in the order the mailbox would have given it. So a
         cancel's interrupt goes out in the step that asked for it, not a pass of the run loop
         later, and under load a pass is what every other session's traffic makes long."""
-        reply: Reply[T] = Reply()
         if not self._mailbox_open:
             raise AgentNotRunning(f"session {self.id} is {self._state}")
-        call = make(reply)
         parked = self._parked
         if parked and not self._mailbox:
             # What the call sends the agent is written as this step's last act: the kernel
@@ -1134,7 +1138,7 @@ class Session:
             job.escalation.append("permissions_cancelled")
         job.deadline = now + job.grace_s
         self._deliver(step)  # first (in a caller's step, written at its end: see _call)
-        if not keep_queue:
+        if not keep_queue and self._queue:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
         self._apply_events(step)
@@ -1583,7 +1587,8 @@ class Session:
             log.exception("session %s: protocol machine failed on %r", self.id, frame.payload)
             self._emit(ev.AgentUnparsed(raw=frame.payload))
             return
-        self._apply(step)
+        self._deliver(step)  # (what _apply does: a cancel's answer comes this way)
+        self._apply_events(step)
 
     def _apply(self, step: Step) -> None:
         """Send what the machine wants sent, then act on what it says happened."""
@@ -1811,7 +1816,8 @@ class Session:
             self._recycle(self._recycle_for)
             return
         self._set_state("ready")
-        self._start_next()
+        if self._queue:
+            self._start_next()
 
     def _swept(self, swept: _Swept) -> None:
         turn = self._turn
@@ -1877,7 +1883,8 @@ class Session:
                 for waiter in job.waiters:
                     waiter.resolve(receipt)
                 self._ending = None
-        self._steers_after_turn(turn, receipt)
+        if turn.steers or turn.then:
+            self._steers_after_turn(turn, receipt)
 
     def _steers_after_turn(self, turn: _Turn, receipt: CancelReceipt | None) -> None:
         """The turn is over: steers it did not take go first in the queue, in order; they

@@ -8,6 +8,10 @@ times hundreds of flooding sessions, add nothing to a full collection (as object
 last ~0.2-0.8 s, stopping every session at once), and take a fraction of the memory. A
 subscriber gets either the event objects (the Python API) or the same wire bytes (``wire=True``:
 the gateway, which sends them as they are); a replay of objects is decoded from the history.
+While no subscriber takes the wire form, the newest events wait as objects (at most
+``_UNSERIALIZED_MAX``) and are serialized in one batch when the history is next read or that
+many have come: nobody needs their bytes yet, and a cancel's own events are then not
+serialized on its way to the receipt.
 
 A subscriber that falls a full buffer behind is either cut off (``lagged``; it resubscribes
 with ``since_seq`` and the history replays what it missed) or, if it asked for backpressure
@@ -46,6 +50,9 @@ _HARD_LIMIT_FACTOR = 2
 #: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
 #: events: a flood reaches the writer in batches, and a single event is not delayed at all.
 _ANNOUNCE_EVERY = 64
+#: While no subscriber takes wire bytes, up to this many of the newest events are kept as
+#: objects, to be serialized at once (few enough that the collector never minds them).
+_UNSERIALIZED_MAX = 64
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -221,7 +228,7 @@ class Subscription:
 
     # -- the session's side (its actor task only) ---------------------------------------------
 
-    def _offer(self, event: ev.Event, payload: bytes) -> bool:
+    def _offer(self, event: ev.Event, payload: bytes | None) -> bool:
         """Buffer one event; False if we are over the limit (the caller cuts us off)."""
         events = self._events
         if len(events) >= self._limit:
@@ -234,7 +241,7 @@ class Subscription:
             self._announce()
         return True
 
-    def _offer_many(self, events: list[ev.Event], payloads: list[bytes]) -> bool:
+    def _offer_many(self, events: list[ev.Event], payloads: list[bytes] | list[None]) -> bool:
         """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
         (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
         buffered = self._events
@@ -276,8 +283,12 @@ class Fanout:
     """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
 
     def __init__(self, history_size: int, *, hold_unacknowledged: bool = False) -> None:
-        #: the newest events, in wire form; the last one has seq :attr:`head_seq`
-        self.history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
+        #: the newest events in wire form (see :attr:`history`)
+        self._history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
+        #: newer events than those, not yet serialized: nobody has asked for their bytes
+        self._unserialized: list[ev.Event] = []
+        #: a subscriber takes wire bytes (or a front must be able to trim): serialize at once
+        self._serialize_now = hold_unacknowledged
         self.head_seq = 0
         self.history_size = max(1, history_size)
         #: keep what is not acknowledged, and hold the agent back once that fills the history
@@ -295,6 +306,20 @@ class Fanout:
         self._closed = False
         #: times the session held the agent back for a full subscriber (a diagnostic)
         self.holds = 0
+
+    @property
+    def history(self) -> deque[bytes]:
+        """The newest events, in wire form; the last one has seq :attr:`head_seq`."""
+        if self._unserialized:
+            self._serialize()
+        return self._history
+
+    def _serialize(self) -> None:
+        self._history.extend(events_json(self._unserialized))
+        self._unserialized = []
+
+    def _subscriptions_changed(self) -> None:
+        self._serialize_now = self.hold_unacknowledged or any(s.wire for s in self._subscriptions)
 
     @property
     def subscribed(self) -> bool:
@@ -345,19 +370,27 @@ class Fanout:
         else:
             self._subscriptions.append(subscription)
             self._maybe_full = self._maybe_full or subscription._full
+            if wire:
+                self._serialize_now = True
         return subscription
 
     def publish(self, event: ev.Event, payload: bytes | None = None) -> None:
         """Append to the history and to every subscriber's buffer; never waits. ``payload``:
         the event's wire form when the caller has it already (a remote session's, as the
         node sent it plus ``host``)."""
-        if payload is None:
-            payload = event_json(event)
-        history = self.history
-        history.append(payload)
         self.head_seq = event.seq
-        if self.hold_unacknowledged and len(history) > self.history_size:
-            self._trim()
+        if payload is None and not self._serialize_now:
+            unserialized = self._unserialized
+            unserialized.append(event)  # only objects are offered: no bytes needed yet
+            if len(unserialized) >= _UNSERIALIZED_MAX:
+                self._serialize()
+        else:
+            if payload is None:
+                payload = event_json(event)
+            history = self.history
+            history.append(payload)
+            if self.hold_unacknowledged and len(history) > self.history_size:
+                self._trim()
         drop = False
         full = False
         for subscription in self._subscriptions:
@@ -370,6 +403,7 @@ class Fanout:
                 full = True
         if drop:
             self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+            self._subscriptions_changed()
         if full:
             self._maybe_full = True
 
@@ -378,12 +412,19 @@ class Fanout:
         history extended once and each subscriber offered the run at once."""
         if not events:
             return
-        payloads = events_json(events)
-        history = self.history
-        history.extend(payloads)
         self.head_seq = events[-1].seq
-        if self.hold_unacknowledged and len(history) > self.history_size:
-            self._trim()
+        payloads: list[bytes] | list[None]
+        if self._serialize_now:
+            payloads = events_json(events)
+            history = self.history
+            history.extend(payloads)
+            if self.hold_unacknowledged and len(history) > self.history_size:
+                self._trim()
+        else:
+            payloads = [None] * len(events)  # only objects are offered: no bytes needed yet
+            self._unserialized.extend(events)
+            if len(self._unserialized) >= _UNSERIALIZED_MAX:
+                self._serialize()
         drop = False
         full = False
         for subscription in self._subscriptions:
@@ -396,6 +437,7 @@ class Fanout:
                 full = True
         if drop:
             self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+            self._subscriptions_changed()
         if full:
             self._maybe_full = True
 
@@ -403,8 +445,12 @@ class Fanout:
         """Tell every subscriber of the events it has not been told of (the session is about
         to wait: nothing more comes in this batch)."""
         for subscription in self._subscriptions:
-            if subscription._unannounced:
-                subscription._announce()
+            if subscription._unannounced:  # what _announce does, at the end of every step
+                subscription._unannounced = 0
+                if subscription._parked:
+                    subscription._lot.unpark_all()
+                if subscription._listener is not None:
+                    subscription._listener()
 
     def acknowledge(self, seq: int) -> None:
         """Events up to ``seq`` are held by the front for good: the history may drop them, and
@@ -477,6 +523,7 @@ class Fanout:
             if subscription._full and taken.get(id(subscription)) == subscription.taken:
                 subscription._end(lagged=True)
         self._subscriptions = [s for s in self._subscriptions if not s._ended]
+        self._subscriptions_changed()
 
     def wake(self) -> None:
         """A call arrived: a session held back by a subscriber serves it at once."""
@@ -491,3 +538,4 @@ class Fanout:
         for subscription in self._subscriptions:
             subscription._end()
         self._subscriptions.clear()
+        self._subscriptions_changed()
