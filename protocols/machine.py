@@ -79,9 +79,11 @@ def session_changed(
     )
 
 
-@frozen
 class Control:
-    """Base of the control events: for the actor, never shown to subscribers as is."""
+    """Base of the control events: for the actor, never shown to subscribers as is. (Not an
+    attrs class: a frozen base would make :class:`TurnFinished` frozen too.)"""
+
+    __slots__ = ()
 
 
 @frozen
@@ -106,7 +108,7 @@ class StartFailed(Control):
     resume_failed: bool = False
 
 
-@frozen
+@define  # not frozen: a frozen init costs ~0.6 us more a field on a cancel's cold path
 class TurnFinished(Control):
     """The agent says the turn is over: the only thing that ends a turn short of a kill.
 
