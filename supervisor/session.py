@@ -788,6 +788,7 @@ class Session:
                 await trio.lowlevel.cancel_shielded_checkpoint()  # what receive() does
                 return item
             self._fanout.flush()
+            self._fanout.serialize()  # its own wait: what foreign steps published, if any
             try:
                 item = self._inbox.receive_nowait()
             except trio.WouldBlock:

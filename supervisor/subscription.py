@@ -8,10 +8,11 @@ times hundreds of flooding sessions, add nothing to a full collection (as object
 last ~0.2-0.8 s, stopping every session at once), and take a fraction of the memory. A
 subscriber gets either the event objects (the Python API) or the same wire bytes (``wire=True``:
 the gateway, which sends them as they are); a replay of objects is decoded from the history.
-While no subscriber takes the wire form, the newest events wait as objects (at most
-``_UNSERIALIZED_MAX``) and are serialized in one batch when the history is next read or that
-many have come: nobody needs their bytes yet, and a cancel's own events are then not
-serialized on its way to the receipt.
+While no subscriber takes the wire form, the newest events wait as objects and are serialized
+in one batch when the session next waits in its own step (:meth:`Fanout.serialize`), the
+history is read, or ``_UNSERIALIZED_MAX`` have come: nobody needs their bytes yet, and a
+cancel's own events (published in its caller's and its pump's steps) are then not serialized
+on its way to the receipt.
 
 A subscriber that falls a full buffer behind is either cut off (``lagged``; it resubscribes
 with ``since_seq`` and the history replays what it missed) or, if it asked for backpressure
@@ -313,6 +314,13 @@ class Fanout:
         if self._unserialized:
             self._serialize()
         return self._history
+
+    def serialize(self) -> None:
+        """Serialize the events still waiting as objects: the session is about to wait in its
+        own step, with nothing in a hurry (what a step done for it in another task's, a
+        cancel's, published waits for this or for the history to be read)."""
+        if self._unserialized:
+            self._serialize()
 
     def _serialize(self) -> None:
         self._history.extend(events_json(self._unserialized))

@@ -37,6 +37,7 @@ from supervisor import AgentSpec
 from supervisor.gateway.websocket import text_frame, text_frames
 from supervisor.link import AgentLines
 from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.subscription import Fanout, Subscription
 from supervisor.wire import (
     converter,
     dumps,
@@ -596,8 +597,6 @@ async def test_session_handles_a_run_of_lines_as_it_handles_them_one_by_one(
 
 
 def _fanout_state(publish_in_runs: bool, hold: bool) -> list[Any]:
-    from supervisor.subscription import Fanout
-
     fanout = Fanout(history_size=8, hold_unacknowledged=hold)
     subscriptions = [
         fanout.subscribe(None, head_seq=0, max_buffer=5),  # cut off (lagged) mid-run
@@ -679,3 +678,77 @@ def test_compiled_receipt_encoder_writes_what_the_converter_writes() -> None:
         wire = receipt_to_wire(receipt)
         assert wire == expected and list(wire) == list(expected)
         assert wire["escalation"] is not receipt.escalation  # a copy, as the converter's
+
+
+def _stamped(seq: int) -> ev.Event:
+    if seq % 3 == 0:
+        return ev.SessionState(session_id="s", seq=seq, timestamp=2.0, state="ready")
+    return ev.MessageDelta(turn_id="t", text=f"w{seq}", session_id="s", seq=seq, timestamp=1.0)
+
+
+def test_history_serialized_late_is_what_serialized_at_once_would_be() -> None:
+    """With no wire subscriber the newest events wait as objects; whenever they are serialized
+    (the history read, the session's own wait, the cap reached, a payload given as is, a wire
+    subscriber joining), the history holds the same bytes, in the same order, as when each was
+    serialized as it came, and replays the same events."""
+    rng = random.Random(7)
+    total = 600
+    events = [_stamped(seq) for seq in range(1, total + 1)]
+    eager = Fanout(history_size=120)
+    eager.subscribe(None, head_seq=0, max_buffer=total, wire=True)  # forces bytes at once
+    lazy = Fanout(history_size=120)
+    objects = lazy.subscribe(None, head_seq=0, max_buffer=total)
+    wire: Subscription | None = None
+    ways = {"payload": 0, "many": 0, "one": 0, "own_wait": 0, "read": 0, "capped": 0}
+    index = 0
+    while index < total:
+        run = events[index : index + rng.choice([1, 1, 1, 2, 3, 7, 30, 70])]
+        index += len(run)
+        had_waiting = bool(lazy._unserialized)
+        way = rng.choice(["payload", "many", "one"])
+        if way == "payload":
+            for event in run:  # a remote session's events: their bytes as they came
+                payload = event_json(event)
+                eager.publish(event, payload)
+                lazy.publish(event, payload)
+        elif way == "many":
+            eager.publish_many(run)
+            lazy.publish_many(run)
+        else:
+            for event in run:
+                eager.publish(event)
+                lazy.publish(event)
+        if had_waiting and not lazy._unserialized and way != "payload":
+            ways["capped"] += 1
+        if had_waiting:
+            ways[way] += 1
+        assert len(lazy._unserialized) < 64  # the cap holds
+        then = rng.random()
+        if then < 0.15:
+            lazy.serialize()  # the session's own wait
+            ways["own_wait"] += 1
+        elif then < 0.3:
+            assert list(lazy.history) == list(eager.history)
+            ways["read"] += 1
+        if index > 500 and wire is None:
+            wire = lazy.subscribe(None, head_seq=lazy.head_seq, max_buffer=total, wire=True)
+        elif wire is not None:
+            assert not lazy._unserialized  # from then on each is serialized as it comes
+    assert all(ways.values()), ways  # every way was taken with objects waiting
+    assert list(lazy.history) == list(eager.history)
+    assert lazy.head_seq == eager.head_seq == total
+    assert [e.seq for e in objects.take(total)] == list(range(1, total + 1))
+    assert wire is not None and all(isinstance(item, bytes) for item in wire.take_wire(total))
+    replay = lazy.subscribe(total - 50, head_seq=lazy.head_seq, max_buffer=10)
+    assert replay.take(100) == events[total - 50 :]
+
+
+def test_a_session_with_no_wire_subscriber_keeps_few_objects() -> None:
+    """Serialized late, never lost: at most 63 wait, and :meth:`Fanout.serialize` empties them."""
+    fanout = Fanout(history_size=1000)
+    for seq in range(1, 200):
+        fanout.publish(_stamped(seq))
+        assert len(fanout._unserialized) < 64
+    fanout.serialize()
+    assert not fanout._unserialized
+    assert [json.loads(b)["seq"] for b in fanout.history] == list(range(1, 200))
