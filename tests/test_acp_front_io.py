@@ -152,7 +152,10 @@ class Conversation:
             for message in self.messages:
                 if message.get("id") == rid and "method" not in message:
                     return message
-            self.received += await self.stream.receive_some(65536)
+            data = await self.stream.receive_some(65536)
+            if not data:
+                raise AssertionError(f"no answer to request {rid}: the front door ended")
+            self.received += data
             *complete, self.received = self.received.split(b"\n")
             self.messages.extend(json.loads(raw) for raw in complete if raw)
 
@@ -423,3 +426,67 @@ async def test_a_gateway_gone_is_said_in_words_not_as_an_exceptions_repr() -> No
     ):
         with pytest.raises(BackendError, match="the connection to the gateway is closed$"):
             await call()
+
+
+class SlowToList(OneSession):
+    """A gateway far away: its list takes ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def list(self) -> list[dict[str, Any]]:
+        await trio.sleep(self.delay)
+        return [{"session_id": "s9", "agent": "fake", "cwd": "/w", "state": "ready"}]
+
+
+class SlowModes(SlowSession):
+    """A session whose mode change takes a while (its agent answers slowly)."""
+
+    modes = {"currentModeId": "a", "availableModes": [{"id": "a"}, {"id": "b"}]}
+
+    async def set_mode(self, mode_id: str) -> None:
+        await trio.sleep(0.5)
+
+
+@pytest.mark.parametrize("delay", [0.5, 600.0])
+async def test_a_request_in_flight_when_stdin_closes_is_answered(
+    autojump_clock: trio.testing.MockClock, delay: float
+) -> None:
+    """A client that writes its requests and closes stdin (``printf ... | agent-supervisor
+    acp``) hears every one: what finishes within the flush bound with its answer, what does not
+    with an error, never twice, never not at all."""
+    backend = SlowToList(delay)
+    backend.session = SlowModes()
+    front = AcpFront(backend)
+    to_front, from_client = trio.testing.memory_stream_pair()
+    client = Conversation(to_front)
+    async with trio.open_nursery() as nursery:
+
+        async def serve() -> None:
+            await front.serve(from_client, from_client)
+            await from_client.aclose()  # what the process's exit does to its stdout
+
+        nursery.start_soon(serve)
+        session_id = await client.new_session()
+        await client.send(
+            {"id": 2, "method": "session/list", "params": {}},
+            {
+                "id": 3,
+                "method": "session/set_mode",
+                "params": {"sessionId": session_id, "modeId": "b"},
+            },
+        )
+        await client.stream.send_eof()
+        with trio.fail_after(30):
+            listed, mode_set = await client.answer(2), await client.answer(3)
+            while data := await client.stream.receive_some(65536):
+                client.received += data
+    if delay < 1.0:
+        assert [s["sessionId"] for s in listed["result"]["sessions"]] == ["s9"]
+    else:
+        assert "shutting down" in listed["error"]["message"]
+    assert "result" in mode_set or "error" in mode_set
+    later = [json.loads(raw) for raw in client.received.split(b"\n") if raw]
+    ids = [m["id"] for m in client.messages + later if "id" in m and "method" not in m]
+    assert sorted(ids) == [1, 2, 3]  # each answered once

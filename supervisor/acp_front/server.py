@@ -64,6 +64,9 @@ _READ_BYTES = 65536
 
 #: What the client asks of one session that must reach it in the order it was sent.
 _IN_ORDER = (PromptRequested, SetAgent, SetMode, SteerRequested, OpenSession)
+#: Actions whose request is answered by something else than the action's end: a prompt by its
+#: turn's (or its session's) end, a session start by its own withdrawal when we shut down.
+_ANSWERED_ELSEWHERE = (PromptRequested, NewSession, OpenSession)
 
 
 class _Lane:
@@ -142,6 +145,12 @@ class AcpFront:
         #: ``session/new``, ``load`` and ``resume`` requests under way (starting an agent can
         #: take seconds): withdrawn and answered when we shut down meanwhile
         self._opening: dict[RequestId, trio.CancelScope] = {}
+        #: requests read whose action has not answered them yet (not prompts, which their
+        #: session's end answers, nor session starts, above): each is owed an answer, if only
+        #: "shutting down" once the flush bound is over (then a late one is not sent too)
+        self._owed: set[RequestId] = set()
+        self._withdrawn: set[RequestId] = set()
+        self._settled: trio.Event | None = None
 
     def prompt_carries(self, agent: str | None) -> frozenset[str]:
         """What ``initialize`` can honestly promise of ``agent``'s prompts: what its last
@@ -170,6 +179,7 @@ class AcpFront:
                 with trio.CancelScope(shield=True):
                     self._withdraw_openings()
                     await self._close_all()
+                    await self._settle_owed()
                     # What the ends of the sessions said (their prompts' answers) goes out
                     # before we do, if the client still reads.
                     self._out_send.close()
@@ -231,12 +241,17 @@ class AcpFront:
 
     def _apply(self, out: Output) -> None:
         for message in out.send:
+            if self._withdrawn and "method" not in message and message.get("id") in self._withdrawn:
+                continue  # answered already, "shutting down" (_settle_owed)
             try:
                 self._out_send.send_nowait(message)
             except trio.ClosedResourceError:  # shutting down: nobody reads any more
                 break
         for action in out.actions:
             assert self._nursery is not None
+            rpc_id = getattr(action, "rpc_id", None)
+            if rpc_id is not None and not isinstance(action, _ANSWERED_ELSEWHERE):
+                self._owed.add(rpc_id)
             if isinstance(action, _IN_ORDER):
                 lane = self._lane(action.session_id)
                 if isinstance(action, PromptRequested):
@@ -269,6 +284,18 @@ class AcpFront:
 
     # -- actions ----------------------------------------------------------------------------
 
+    async def _settle_owed(self) -> None:
+        """Shutting down: what the client asked for and is still under way gets the flush
+        bound to finish; what does not is answered "shutting down" (and never again)."""
+        self._settled = trio.Event()
+        if self._owed:
+            with trio.move_on_after(FLUSH_BOUND_S):
+                await self._settled.wait()
+        owed, self._owed = self._owed, set()
+        for rpc_id in owed:
+            self._apply(self.machine.fail(rpc_id, "the front door is shutting down"))
+        self._withdrawn |= owed
+
     def _withdraw_openings(self) -> None:
         """Shutting down: sessions still starting will not be; their requests are answered."""
         openings, self._opening = self._opening, {}
@@ -288,6 +315,18 @@ class AcpFront:
                 self._opening.pop(action.rpc_id, None)
 
     async def _act(self, action: Action) -> None:
+        rpc_id = getattr(action, "rpc_id", None)
+        if rpc_id is not None and rpc_id in self._withdrawn:
+            return  # it waited in its lane past the shutdown, and was answered then
+        try:
+            await self._act_on(action)
+        finally:
+            if rpc_id is not None and rpc_id in self._owed:
+                self._owed.discard(rpc_id)
+                if not self._owed and self._settled is not None:
+                    self._settled.set()
+
+    async def _act_on(self, action: Action) -> None:
         try:
             if isinstance(action, NewSession | OpenSession):
                 await self._opening_one(action)
