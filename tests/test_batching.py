@@ -752,3 +752,26 @@ def test_a_session_with_no_wire_subscriber_keeps_few_objects() -> None:
     fanout.serialize()
     assert not fanout._unserialized
     assert [json.loads(b)["seq"] for b in fanout.history] == list(range(1, 200))
+
+
+def test_a_receipt_changed_by_its_caller_leaves_its_turn_ended_alone() -> None:
+    """``turn.ended`` carries the receipt's wire form; the caller's receipt is its own: what it
+    does to ``details`` or ``survivors``, at any depth, is not in the event or the history."""
+    receipt = CancelReceipt(
+        session_id="s1",
+        turn_id="t1",
+        outcome="killed",
+        details={"children": [{"thread_id": "a", "confirmed": True}]},
+        survivors=[{"pid": 7, "command": "sleep"}],
+    )
+    wired = receipt_to_wire(receipt)
+    plain = CancelReceipt(session_id="s1", turn_id="t2", outcome="cancelled")
+    plain_wired = receipt_to_wire(plain)
+    receipt.details["note"] = "mine"
+    receipt.details["children"][0]["confirmed"] = False
+    receipt.survivors[0]["pid"] = 8
+    plain.details["note"] = "mine"
+    plain.survivors.append({"pid": 9})
+    assert wired["details"] == {"children": [{"thread_id": "a", "confirmed": True}]}
+    assert wired["survivors"] == [{"pid": 7, "command": "sleep"}]
+    assert plain_wired["details"] == {} and plain_wired["survivors"] == []
