@@ -450,6 +450,9 @@ class Session:
         self.closing: str | None = None
         #: kills of agent trees begun (``_kill_live_link``) and not yet done (``_KillDone``)
         self._kills_in_flight = 0
+        #: a stop that came while such a kill ran: it ends with that kill, and these are what
+        #: the kills it waited for did (``_kill_done``); None: no stop waits for a kill
+        self._stop_after_kill: _Closed | None = None
         #: a receipt of a turn that ended as the session failed, and its waiters: answered
         #: once the agent that failed to start again is gone (``_kill_done``)
         self._held: tuple[_CancelJob, CancelReceipt] | None = None
@@ -1328,6 +1331,11 @@ class Session:
         self._live_generation = None
         self._link = None
         self._drop_machine()
+        if link is None and self._kills_in_flight:
+            # The agent's tree is being killed (a cancel's ladder, a recycle): the stop ends,
+            # and its turn with it, once that kill is done, with what it took (_kill_done).
+            self._stop_after_kill = _Closed(None, [])
+            return
         assert self._nursery is not None
         self._nursery.start_soon(self._close_task, link)
 
@@ -2012,6 +2020,13 @@ class Session:
                 self._end_failed()
             return
         if self._stopping:
+            waiting = self._stop_after_kill
+            if waiting is not None:
+                waiting.steps.extend(done.steps)
+                waiting.survivors.extend(done.survivors)
+                if not self._kills_in_flight:
+                    self._stop_after_kill = None
+                    self._closed(waiting)
             return
         turn = self._turn
         if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
@@ -2292,12 +2307,15 @@ class Session:
         if closed.survivors:
             self._emit(ev.ErrorEvent(code="kill_failed", message=_survivors_text(closed.survivors)))
         if turn is not None:
-            if turn.cancel is not None:
-                turn.cancel.escalation.extend(closed.steps)
-                turn.cancel.stop_reason = "session_stopped"
-                turn.cancel.survivors.extend(closed.survivors)
-            outcome_ = "killed" if closed.steps else "cancelled"
-            self._end_turn(turn, outcome_, "session_stopped")
+            killed = bool(closed.steps)
+            job = turn.cancel
+            if job is not None:
+                job.escalation.extend(closed.steps)
+                # A kill of its own came first (its grace expired): the turn was killed.
+                killed = killed or job.outcome == "killed"
+                job.stop_reason = "session_stopped"
+                job.survivors.extend(closed.survivors)
+            self._end_turn(turn, "killed" if killed else "cancelled", "session_stopped")
         self.exit_status = status
         self._emit(
             ev.AgentExited(

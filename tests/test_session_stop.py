@@ -232,3 +232,46 @@ async def test_a_start_whose_caller_goes_away_keeps_a_session_somebody_took_up(
                         break
             assert event.outcome == "completed"
             assert [s.session_id for s in sup.list()] == [other.id]
+
+
+@pytest.mark.parametrize("stop_at", [GRACE + 0.3, GRACE + 1.5])
+async def test_a_stop_during_a_cancels_kill_waits_for_it_and_says_killed(
+    autojump_clock: trio.testing.MockClock, stop_at: float
+) -> None:
+    """The agent ignores the interrupt and SIGTERM: the cancel's grace expires and its kill
+    takes the kill timeout. A stop that comes during that kill (or during the respawn after
+    it) ends with the kill: the receipt says ``killed`` with the kill's steps, and neither it
+    nor the stop is answered while a process of that agent lives."""
+    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None, ignores_sigterm=True))
+    spec = fake_spec(kill_timeout_s=2.0, start_timeout_s=30.0)
+    async with running(launcher, spec) as (session, _, rec):
+        turn = await session.prompt("hello")
+        await rec.wait_kind("message.delta")
+        if stop_at > GRACE + 1.0:  # after the kill (1 s), during a slow respawn
+            launcher.behaviour = attrs.evolve(launcher.behaviour, start_delay=10.0)
+        t0 = trio.current_time()
+        answered: dict[str, float] = {}
+        receipts = []
+
+        async def cancel() -> None:
+            receipts.append(await session.cancel())
+            answered["cancel"] = trio.current_time() - t0
+            assert not launcher.links[0].alive
+
+        async def stop() -> None:
+            await trio.sleep(stop_at)
+            await session.stop()
+            answered["stop"] = trio.current_time() - t0
+            assert not launcher.links[0].alive
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel)
+            nursery.start_soon(stop)
+        [receipt] = receipts
+        assert receipt.turn_id == turn.id and receipt.outcome == "killed"
+        assert receipt.escalation[:4] == ["interrupt", "grace_expired", "sigterm", "sigkill"]
+        assert answered["cancel"] > GRACE and answered["stop"] >= stop_at
+        await rec.catch_up()
+        [ended] = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
+        assert ended.outcome == "killed" and ended.receipt is not None
+        assert session.state == "stopped"
