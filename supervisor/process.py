@@ -189,6 +189,9 @@ def _check_executable(
 #: the cancel, and its own short helpers (``claude auth status``) finish within ~100 ms; what is
 #: still running then was left behind (codex-acp's shell command runs on for good).
 TOOL_SETTLE_S = 0.25
+#: How many times the sweep of a turn's leftovers looks again for what appeared meanwhile
+#: (each look freezes and kills what it finds; a quiet tree needs one).
+SWEEP_MAX_ROUNDS = 5
 #: Start times in /proc are in clock ticks (10 ms); compare with that much slack.
 _CLOCK_SLACK_S = 0.02
 
@@ -451,15 +454,14 @@ class AgentProcess(ABC):
         that are still running after ``settle`` seconds: the tools of one turn, which the agent
         should have stopped. The agent itself and what it started earlier are left alone.
 
-        SIGTERM, up to ``term_timeout`` for them to go, then SIGKILL. Returns ``{"pid",
-        "command"}`` for each process killed.
+        SIGTERM, up to ``term_timeout`` for them to go, then SIGKILL. What appears meanwhile (a
+        loop that starts them, one forked in answer to the SIGTERM, one started just after the
+        agent's answer) is found by looking again, frozen (SIGSTOP) as it is found and
+        SIGKILLed, until a look finds nothing new (at most ``SWEEP_MAX_ROUNDS`` looks). Returns
+        ``{"pid", "command"}`` for each process killed.
         """
         with trio.CancelScope(shield=True):
-            started = [
-                proc
-                for proc in self.members()
-                if (_started_at(proc) or 0.0) >= since - _CLOCK_SLACK_S
-            ]
+            started = self._started_since(since)
             if not started:
                 return []
             _, lingering = await trio.to_thread.run_sync(
@@ -467,21 +469,45 @@ class AgentProcess(ABC):
                 limiter=self._thread_limiter,
             )
             victims = [proc for proc in lingering if tree.alive(proc)]
-            if not victims:
-                return []
             killed = tree.describe(victims)
-            tree.signal_all(victims, signal.SIGTERM)
-            tree.signal_all(victims, signal.SIGCONT)
-            _, alive = await trio.to_thread.run_sync(
-                functools.partial(psutil.wait_procs, victims, timeout=term_timeout),
-                limiter=self._thread_limiter,
-            )
-            survivors = await tree.kill_and_verify(
-                alive, timeout=VERIFY_S, limiter=self._thread_limiter
-            )
-            if survivors:
-                raise KillError(tree.describe(survivors))
+            if victims:
+                tree.signal_all(victims, signal.SIGTERM)
+                tree.signal_all(victims, signal.SIGCONT)
+                _, alive = await trio.to_thread.run_sync(
+                    functools.partial(psutil.wait_procs, victims, timeout=term_timeout),
+                    limiter=self._thread_limiter,
+                )
+                survivors = await tree.kill_and_verify(
+                    alive, timeout=VERIFY_S, limiter=self._thread_limiter
+                )
+                if survivors:
+                    raise KillError(tree.describe(survivors))
+            seen = set(started)
+            for _ in range(SWEEP_MAX_ROUNDS):
+                frozen: list[psutil.Process] = []
+                for _ in range(FREEZE_MAX_SCANS):
+                    fresh = [proc for proc in self._started_since(since) if proc not in seen]
+                    if not fresh:
+                        break
+                    for proc in fresh:  # stopped as found: nothing it forks gets away
+                        tree.send_signal(proc, signal.SIGSTOP)
+                        seen.add(proc)
+                        frozen.append(proc)
+                    await trio.lowlevel.checkpoint()
+                if not frozen:
+                    break
+                killed += tree.describe(frozen)
+                survivors = await tree.kill_and_verify(
+                    frozen, timeout=VERIFY_S, limiter=self._thread_limiter
+                )
+                if survivors:
+                    raise KillError(tree.describe(survivors))
         return killed
+
+    def _started_since(self, since: float) -> list[psutil.Process]:
+        return [
+            proc for proc in self.members() if (_started_at(proc) or 0.0) >= since - _CLOCK_SLACK_S
+        ]
 
     def _signal_group(self, signum: int) -> None:
         """killpg, only while our child is unreaped: until then its pid, hence the group id,

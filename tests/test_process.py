@@ -248,6 +248,43 @@ async def test_kill_right_after_spawn() -> None:
             assert agent.returncode == ExitStatus(code=None, signal=signal.SIGTERM)
 
 
+#: An agent whose "tools", once it reads a line, keep the sweep busy: a loop that starts a new
+#: process every 20 ms, and one that answers SIGTERM by starting another and exiting.
+_RESTLESS_AGENT = """
+echo ready
+read go
+( while :; do sleep 300 & sleep 0.02; done ) &
+( trap 'sleep 301 & exit 0' TERM; while :; do sleep 0.05; done ) &
+echo started
+exec sleep 600
+"""
+
+
+@both
+async def test_the_sweep_of_a_turns_leftovers_finds_what_appears_meanwhile() -> None:
+    """What a turn left running is killed, and so is what appears while the sweep runs: the
+    processes a loop keeps starting, one forked in answer to SIGTERM. The agent lives on."""
+    with trio.fail_after(LIMIT_S):
+        async with await AgentProcess.spawn(["sh", "-c", _RESTLESS_AGENT]) as agent:
+            lines = Lines(agent.stdout)
+            assert await lines.next() == b"ready\n"  # the agent runs (the shim starts it)
+            # A turn starts well after its agent (start times are in 10 ms ticks, compared
+            # with slack): time passes, which is what is waited for here.
+            await trio.sleep(0.1)
+            since = process_module.tree_clock()
+            before = set(agent.members())  # the agent (under the shim, its process too)
+            await agent.stdin.send_all(b"go\n")
+            assert await lines.next() == b"started\n"
+            killed = await agent.kill_descendants_since(since)
+            left = [proc for proc in agent.members() if proc not in before and not _dead(proc)]
+            assert left == [], f"alive after the sweep: {left}"
+            commands = [entry["command"] for entry in killed]
+            assert "sleep 301" in commands, commands  # forked by a SIGTERM's handler
+            assert sum(c == "sleep 300" for c in commands) >= 2, commands  # a loop's
+            assert not any(_dead(proc) for proc in before)  # the agent is spared
+            await agent.kill_tree()
+
+
 @both
 async def test_agent_ignoring_sigterm_is_killed() -> None:
     with trio.fail_after(LIMIT_S):
