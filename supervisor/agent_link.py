@@ -143,6 +143,10 @@ class ProcessLink(AgentLink):
     def stderr_tail(self) -> list[str]:
         return list(self._tail)
 
+    @property
+    def leader_exited(self) -> bool:
+        return self.process.returncode is not None  # (a waitpid that reaps it, if it did)
+
     # -- pumps -----------------------------------------------------------------------------------
 
     async def run(self) -> None:

@@ -145,6 +145,13 @@ class AgentLink(ABC):
         return None
 
     @property
+    def leader_exited(self) -> bool:
+        """Our child (the agent, or the shim it runs under) has exited, whatever it still says
+        on its pipes: how its tree fared is for its exit report (``AgentGone``) to tell. False
+        by default (a link with no process of its own)."""
+        return False
+
+    @property
     @abstractmethod
     def stderr_tail(self) -> list[str]:
         """The last lines the agent wrote to stderr, for error messages."""

@@ -1783,6 +1783,11 @@ class Session:
             # grace timer, which stays set. The exit takes the process's tree with it.
             self._set_state("cancelling", f"the agent is exiting ({self._exiting})")
             return
+        if self._link is not None and self._link.leader_exited:
+            # Its shim died (killed, OOM) before the answer was taken: the tree is loose, and
+            # being killed. The receipt waits for the exit report, which says what that took
+            # (_agent_gone), and for the respawn; the grace timer stays set.
+            return
         job.deadline = None
         if job.outcome == "cancelled" and turn.ran_tools and self._link is not None:
             # The agent says it stopped; its tools may not have (codex-acp leaves a running

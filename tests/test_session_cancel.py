@@ -551,3 +551,41 @@ async def test_a_late_answer_to_a_request_of_a_killed_agent_answers_nothing_of_t
         assert resolved.by == "client"
         await session.cancel()
         await rec.catch_up()
+
+
+async def test_an_answer_after_the_shim_died_waits_for_the_tree_to_be_settled(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shim dies (killed, OOM) and then the agent answers the cancel: the tree is loose and
+    being killed, so the answer does not end the turn. The receipt waits for the exit report
+    and the respawn, and says what they took: ``killed``, ``containment_lost``, ``sigkill``."""
+    from fakes.memory_base import MemoryLink
+    from supervisor.link import AgentGone
+    from supervisor.process import ExitStatus
+
+    monkeypatch.setattr(
+        MemoryLink, "leader_exited", property(lambda link: getattr(link, "shim_dead", False))
+    )
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=5.0)
+    async with helpers.running(MemoryLauncher(Behaviour(words=1000)), spec) as (s, launcher, rec):
+        turn = await s.prompt("hello")
+        await rec.wait_kind("message.delta")
+        link = launcher.links[0]
+        link.shim_dead = True  # type: ignore[attr-defined]  # its shim was just SIGKILLed
+
+        async def the_exit_report() -> None:  # what the link's watch of its child sends
+            await trio.sleep(0.3)
+            link._die()
+            killed = ExitStatus(code=None, signal=9)
+            lost = ["containment_lost", "sigkill"]
+            await link.inbox.send(AgentGone(link.generation, killed, steps=lost))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(the_exit_report)
+            t0 = trio.current_time()
+            receipt = await s.cancel()
+        assert trio.current_time() - t0 >= 0.3
+        assert (receipt.turn_id, receipt.outcome) == (turn.id, "killed")
+        assert receipt.escalation[:3] == ["interrupt", "containment_lost", "sigkill"], receipt
+        assert receipt.escalation[3:] == ["respawned", "resumed"] and receipt.resumed is True
+        assert s.state == "ready" and len(launcher.links) == 2
