@@ -115,7 +115,7 @@ class AgentLink(ABC):
     def hold_writes(self) -> None:  # noqa: B027  # optional: by default nothing is held
         """Until :meth:`release_writes`, :meth:`send` still takes (and encodes) each message,
         and the writing waits: the step the session runs in another task ends with it
-        (``Session._call``, ``Session._take_now``; why: ``design/actor.md``). By default, as
+        (``Session._ask``, ``Session._take_now``; why: ``design/actor.md``). By default, as
         for a link whose sends are not writes of its own, nothing is held."""
 
     def release_writes(self) -> None:  # noqa: B027  # (see hold_writes)

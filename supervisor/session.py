@@ -394,7 +394,7 @@ class Session:
         self._mailbox: deque[_Call] = deque()
         self._mailbox_open = True
         #: Where the actor waits with nothing half done, so that a call is handled at once in
-        #: its caller's step (see ``_call``): ``"inbox"``, ``"share"`` (for its share of the
+        #: its caller's step (see ``_ask``): ``"inbox"``, ``"share"`` (for its share of the
         #: ingest allowance or a full subscriber's room); ``""``: it runs, or waits elsewhere.
         self._parked = ""
         #: The alarm rang: inbox items left to take before its deadlines are acted on
@@ -1141,7 +1141,7 @@ class Session:
             step.extend(self._machine.cancel_permissions())
             job.escalation.append("permissions_cancelled")
         job.deadline = now + job.grace_s
-        self._deliver(step)  # first (in a caller's step, written at its end: see _call)
+        self._deliver(step)  # first (in a caller's step, written at its end: see _ask)
         if not keep_queue and self._queue:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
@@ -1383,7 +1383,7 @@ class Session:
         urgent output (a cancel's answer, a start's, a stop's) is handled at once, in the
         pump's own step, when the actor waits for its inbox with nothing before it; what the
         actor's next step would have done with it, a pass of the run loop sooner (as a call
-        to a parked actor is, ``_call``). Under load that pass is long. Else False: the pump
+        to a parked actor is, ``_ask``). Under load that pass is long. Else False: the pump
         posts it. Output that may wait for its share always goes through the inbox."""
         if (
             self._parked != "inbox"
@@ -1395,7 +1395,7 @@ class Session:
             or self._inbox_send.posted  # it has something before this, or may have
         ):
             return False
-        link = self._link  # its writes held to the step's end, as a call's are (_call)
+        link = self._link  # its writes held to the step's end, as a call's are (_ask)
         if link is not None:
             link.hold_writes()
         try:
