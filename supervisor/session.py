@@ -450,9 +450,9 @@ class Session:
         self.closing: str | None = None
         #: kills of agent trees begun (``_kill_live_link``) and not yet done (``_KillDone``)
         self._kills_in_flight = 0
-        #: a stop that came while such a kill ran: it ends with that kill, and these are what
-        #: the kills it waited for did (``_kill_done``); None: no stop waits for a kill
-        self._stop_after_kill: _Closed | None = None
+        #: a stop that came while such a kill ran ends with that kill: the steps and survivors
+        #: of the kills it waits for (``_kill_done``); None: no stop waits for a kill
+        self._stop_after_kill: tuple[list[str], list[dict[str, Any]]] | None = None
         #: a receipt of a turn that ended as the session failed, and its waiters: answered
         #: once the agent that failed to start again is gone (``_kill_done``)
         self._held: tuple[_CancelJob, CancelReceipt] | None = None
@@ -1334,7 +1334,7 @@ class Session:
         if link is None and self._kills_in_flight:
             # The agent's tree is being killed (a cancel's ladder, a recycle): the stop ends,
             # and its turn with it, once that kill is done, with what it took (_kill_done).
-            self._stop_after_kill = _Closed(None, [])
+            self._stop_after_kill = ([], [])
             return
         assert self._nursery is not None
         self._nursery.start_soon(self._close_task, link)
@@ -2027,11 +2027,12 @@ class Session:
         if self._stopping:
             waiting = self._stop_after_kill
             if waiting is not None:
-                waiting.steps.extend(done.steps)
-                waiting.survivors.extend(done.survivors)
+                steps, survivors = waiting
+                steps += done.steps
+                survivors += done.survivors
                 if not self._kills_in_flight:
                     self._stop_after_kill = None
-                    self._closed(waiting)
+                    self._closed(_Closed(None, steps, survivors))
             return
         turn = self._turn
         if turn is not None and turn.cancel is not None and not self._respawn_after_kill:
