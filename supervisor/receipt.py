@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attrs import field, frozen
+
+from protocols.events import quick_constructor
 
 __all__ = [
     "ESCALATION_STEPS",
@@ -15,6 +18,7 @@ __all__ = [
     "REASON_USER",
     "CancelReceipt",
     "DroppedPrompt",
+    "new_cancel_receipt",
 ]
 
 #: Receipt outcomes. ``completed`` is honest: the agent finished before the stop took hold.
@@ -122,3 +126,8 @@ class CancelReceipt:
         if self.dropped_prompts:
             text += f"; {len(self.dropped_prompts)} queued prompt(s) dropped"
         return text
+
+
+#: ``CancelReceipt(...)``, as a cancel makes it on its cold path: :func:`quick_constructor`
+#: (the frozen ``__init__`` took 15-16 us of a cancel's ~300 there, measured).
+new_cancel_receipt: Callable[..., CancelReceipt] = quick_constructor(CancelReceipt)

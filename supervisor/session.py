@@ -64,6 +64,7 @@ from supervisor.receipt import (
     REASON_USER,
     CancelReceipt,
     DroppedPrompt,
+    new_cancel_receipt,
 )
 from supervisor.reply import Reply
 from supervisor.steering import SteerMode, SteerResult
@@ -1877,7 +1878,7 @@ class Session:
         self._turn = None
         self._seq = seq = self._seq + 1  # made stamped, as _emit would stamp it
         self._fanout.publish(
-            ev.TurnEnded(
+            ev.new_turn_ended(
                 session_id=self.id,
                 seq=seq,
                 timestamp=time.time(),
@@ -1949,7 +1950,7 @@ class Session:
         self._steered.update(turn_id for turn_id, _ in queued)
 
     def _receipt(self, job: _CancelJob) -> CancelReceipt:
-        return CancelReceipt(
+        return new_cancel_receipt(
             session_id=self.id,
             turn_id=job.turn_id,
             outcome=job.outcome or "cancelled",
@@ -2417,7 +2418,7 @@ class Session:
         # Made stamped, as _emit would stamp it (no turn event: the watchdog is not told).
         self._seq = seq = self._seq + 1
         self._fanout.publish(
-            ev.SessionState(
+            ev.new_session_state(
                 session_id=self.id, seq=seq, timestamp=time.time(), state=state, detail=detail
             )
         )
