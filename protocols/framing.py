@@ -170,7 +170,8 @@ class LineDecoder:
                 parts[0] = bytes(self._partial)
                 self._partial.clear()
             if len(max(parts, key=len)) <= self._max:
-                self._hold(tail, 0)
+                if tail:  # (most reads end with a line's end: nothing to hold)
+                    self._hold(tail, 0)
                 if b"" in parts or any(map(bytes.isspace, parts)):
                     return [line for line in parts if line and not line.isspace()]
                 return parts  # type: ignore[return-value]  # list is invariant: bytes only

@@ -128,6 +128,9 @@ def _is_control(kind: type) -> bool:
     return issubclass(kind, Control)
 
 
+#: The states in which agent output is urgent (:meth:`Session._urgent`): it waits for no share.
+_URGENT_STATES = frozenset({"cancelling", "starting"})
+
 #: Tool call statuses that end a call (ACP's words, which every machine maps to).
 _TOOL_DONE = frozenset({"completed", "failed"})
 
@@ -761,7 +764,7 @@ class Session:
                 # waits for no one, and a stop must hear the agent go.
                 await self._hold_back()
                 continue
-            self._alarm.set(min(self._next_deadline(), self._watch()))
+            self._alarm.set(self._next_deadline())
             item = await self._receive()
             if self._late > 0:
                 self._late -= 1
@@ -872,14 +875,25 @@ class Session:
                     cancel_waiter.fail(exc)  # no-op for one already answered
 
     def _next_deadline(self) -> float:
+        """When the actor must next act though nothing comes (inf: never): a cancel's grace,
+        the start's timeout, a steer's answer, an exit that should come, or the stall
+        watchdog's limit, once the time the agent was last heard from is written down."""
         deadline = math.inf
-        if self._turn is not None and self._turn.cancel is not None:
-            if self._turn.cancel.deadline is not None:
-                deadline = self._turn.cancel.deadline
+        turn = self._turn
+        if turn is not None:
+            job = turn.cancel
+            if job is not None:
+                if job.deadline is not None:
+                    deadline = job.deadline
+            elif turn.stall_at != math.inf:
+                if turn.heard:
+                    turn.heard = False
+                    turn.heard_at = self._now()
+                deadline = turn.stall_at
+            if turn.steers:
+                deadline = min(deadline, *(s.deadline for s in turn.steers.values()))
         if self._start_deadline is not None:
             deadline = min(deadline, self._start_deadline)
-        if self._turn is not None and self._turn.steers:
-            deadline = min(deadline, *(s.deadline for s in self._turn.steers.values()))
         if self._exit_deadline is not None:
             deadline = min(deadline, self._exit_deadline)
         return deadline
@@ -1132,11 +1146,10 @@ class Session:
     ) -> None:
         """A cancel of the running turn, for a caller (``waiters``) or the watchdog (none)."""
         assert self._machine is not None
-        job = _CancelJob(turn.id, now, reason, self.spec.grace_s, waiters=waiters)
+        # At once and without awaiting any reply: interrupt, answer permissions, drop queue.
+        job = _CancelJob(turn.id, now, reason, self.spec.grace_s, ["interrupt"], waiters=waiters)
         job.queue_kept = keep_queue
         turn.cancel = job
-        # At once and without awaiting any reply: interrupt, answer permissions, drop queue.
-        job.escalation.append("interrupt")
         step = self._machine.cancel()
         if self._machine.pending_permissions:
             step.extend(self._machine.cancel_permissions())
@@ -1146,7 +1159,8 @@ class Session:
         if not keep_queue and self._queue:
             job.dropped = self._drop_queue(reason)
         self._set_state("cancelling", detail)
-        self._apply_events(step)
+        if step.events:
+            self._apply_events(step)
         if job.grace_s <= 0 and turn.cancel is job and self._turn is turn:
             # No grace: no answer to the interrupt can come in time, so the kill does not race
             # one. (At the deadline's first look the actor reads what came before it: on a
@@ -1377,7 +1391,7 @@ class Session:
 
     def _urgent(self) -> bool:
         """Work that waits for no share: a cancel in progress, a start, a stop."""
-        return self._state in ("cancelling", "starting") or self._establishing or self._stopping
+        return self._state in _URGENT_STATES or self._establishing or self._stopping
 
     def _take_now(self, item: AgentLines | AgentFrame) -> bool:
         """Offered by the live link's pump each item of agent output before it posts it:
@@ -1392,7 +1406,8 @@ class Session:
             or self._batch is not None
             or self._alarm.rang
             or item.generation != self._live_generation
-            or not self._urgent()
+            # not urgent (_urgent, spelled out: this is a cancel's cold path)
+            or not (self._state in _URGENT_STATES or self._establishing or self._stopping)
             or self._inbox_send.posted  # it has something before this, or may have
         ):
             return False
@@ -1409,7 +1424,7 @@ class Session:
                         self._gate.charge(1)
                         self._on_frame(line)
                     else:
-                        self._gate.charge(cost_of(len(line)))
+                        self._gate.charge(1 + len(line) // BYTES_PER_UNIT)  # (cost_of)
                         frame = decode_line(line)
                         if frame is not None:
                             self._on_frame(frame)
@@ -1435,7 +1450,7 @@ class Session:
         """After the actor's work was done in another task's step while it waits for its
         inbox: what it would do before waiting again, its deadlines rearmed and the
         subscribers' writers told of the new events."""
-        self._alarm.set(min(self._next_deadline(), self._watch()))
+        self._alarm.set(self._next_deadline())
         self._fanout.flush()
 
     async def _work_through_batch(self) -> None:
@@ -1597,7 +1612,8 @@ class Session:
             log.exception("session %s: protocol machine failed on %r", self.id, frame.payload)
             self._emit(ev.AgentUnparsed(raw=frame.payload))
             return
-        self._deliver(step)  # (what _apply does: a cancel's answer comes this way)
+        if step.send or step.signals:  # (what _apply does: a cancel's answer comes this way)
+            self._deliver(step)
         self._apply_events(step)
 
     def _apply(self, step: Step) -> None:
@@ -1616,6 +1632,9 @@ class Session:
         events = step.events
         if not events:
             return
+        if len(events) == 1 and isinstance(events[0], Control):  # a cancel's answer, say
+            self._on_control(events[0])
+            return
         if not any(map(_is_control, set(map(type, events)))):
             self._emit_many(events)  # type: ignore[arg-type]  # no Control among them
             return
@@ -1632,15 +1651,15 @@ class Session:
             self._emit_many(plain)
 
     def _on_control(self, control: Control) -> None:
-        if isinstance(control, SessionEstablished):
+        if isinstance(control, TurnFinished):  # first: a cancel's answer is one
+            self._turn_finished(control)
+        elif isinstance(control, SessionEstablished):
             self._established(control)
         elif isinstance(control, StartFailed):
             if control.resume_failed and self._resume_from is not None:
                 self._start_fresh(control.message)
             else:
                 self._start_failed(control.message)
-        elif isinstance(control, TurnFinished):
-            self._turn_finished(control)
         elif isinstance(control, SteerAnswered):
             self._steer_answered(control)
         elif isinstance(control, ModeSet):
@@ -1661,7 +1680,7 @@ class Session:
             isinstance(event, ev.ToolUpdate) and event.status is None
         ):
             # The stream (a tool's output too): no clock, no deadline moved, the hot path. The
-            # time is read once before the actor's next receive (``_watch``), the deadline
+            # time is read once before the actor's next receive (``_next_deadline``), the deadline
             # looked at when it passes.
             turn.heard = True
             return
@@ -1680,17 +1699,6 @@ class Session:
                 turn.tools.add(event.tool_call_id)
         if turn.cancel is None:
             turn.stall_at = self._stall_due(turn)  # the limit may have changed (or ended)
-
-    def _watch(self) -> float:
-        """The watchdog's deadline for the next receive (inf: none), once the time the agent
-        was last heard from is written down."""
-        turn = self._turn
-        if turn is None or turn.cancel is not None or turn.stall_at == math.inf:
-            return math.inf
-        if turn.heard:
-            turn.heard = False
-            turn.heard_at = self._now()
-        return turn.stall_at
 
     def _stall_due(self, turn: _Turn) -> float:
         """When the running turn is stalled if the agent says nothing more (inf: never)."""
