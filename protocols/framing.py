@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
@@ -23,6 +24,7 @@ from attrs import define, field, frozen, validators
 __all__ = [
     "EXCERPT_CHARS",
     "MAX_LINE_BYTES",
+    "MAX_NESTING",
     "Frame",
     "FramingError",
     "FramingErrorKind",
@@ -33,6 +35,8 @@ __all__ = [
     "decode_line",
     "decode_lines",
     "encode_message",
+    "nesting_depth",
+    "too_deep",
 ]
 
 # The longest line we accept, excluding its b"\n" (or b"\r\n") terminator.
@@ -49,6 +53,16 @@ __all__ = [
 # us hold (one line, plus one incoming chunk).
 MAX_LINE_BYTES: Final[int] = 16 * 1024 * 1024
 
+# The deepest nesting of arrays and objects we accept in a line. JSON that decodes can still
+# be too deep to handle: msgspec and the standard library recurse, against the one recursion
+# limit (1,000 frames) the caller's own stack already uses part of. A line nested ~980 deep
+# decoded in the pump and then failed to encode in the fan-out, whose stack is deeper,
+# which crashed its session; a node's envelope or the gateway's adds levels again. Agents'
+# real messages nest a few dozen levels at most (a JSON Schema, a tool's structured
+# result), so a line deeper than this is refused at the door like any other bad line, and
+# everything past the door has the rest of the limit to spare.
+MAX_NESTING: Final[int] = 256
+
 # How much of a bad line a FramingError quotes: enough to recognise a stack trace or
 # a stray log line, small enough to log and to keep while discarding an oversize line.
 EXCERPT_CHARS: Final[int] = 200
@@ -58,8 +72,10 @@ _EXCERPT_BYTES: Final[int] = 4 * EXCERPT_CHARS
 
 _CR: Final[int] = 0x0D
 
-FramingErrorKind: TypeAlias = Literal["oversize", "invalid_utf8", "invalid_json", "not_an_object"]
-_KINDS: Final = frozenset({"oversize", "invalid_utf8", "invalid_json", "not_an_object"})
+FramingErrorKind: TypeAlias = Literal[
+    "oversize", "invalid_utf8", "invalid_json", "not_an_object", "too_deep"
+]
+_KINDS: Final = frozenset({"oversize", "invalid_utf8", "invalid_json", "not_an_object", "too_deep"})
 
 
 @define  # not frozen: a frozen init costs ~0.6 us more a field on a cancel's cold path
@@ -283,6 +299,47 @@ def _oversize(head: bytes, size: int, limit: int) -> FramingError:
     )
 
 
+def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
+    """How deep lists and dicts nest in a decoded JSON ``value`` (0: a scalar), counted up to
+    ``limit + 1`` at most (then it stops looking). Without recursion, so a value too deep for
+    Python's recursion limit is measured all the same; one look per container, so a megabyte
+    that is one string costs nothing and one of many small objects a fraction of its decode."""
+    if value.__class__ is not dict and value.__class__ is not list:
+        return 0
+    deepest = 1
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+        for item in container.values() if container.__class__ is dict else container:
+            if item.__class__ is dict or item.__class__ is list:
+                stack.append((item, depth + 1))
+    return deepest
+
+
+def too_deep(line: bytes, payload: Any) -> FramingError | None:
+    """The refusal of a line (decoded: ``payload``) nested deeper than :data:`MAX_NESTING`;
+    None for any other. A line's brackets bound its depth, so most are cleared by two
+    ``count`` calls and never walked."""
+    if line.count(b"[") + line.count(b"{") <= MAX_NESTING:
+        return None
+    if nesting_depth(payload) <= MAX_NESTING:
+        return None
+    return _nested_too_deep(line)
+
+
+def _nested_too_deep(line: bytes) -> FramingError:
+    return FramingError(
+        kind="too_deep",
+        detail=f"JSON nested deeper than the limit of {MAX_NESTING} levels",
+        excerpt=_excerpt(line),
+        size=len(line),
+    )
+
+
 def decode_line(line: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> Frame | None:
     """Turn one complete line (terminator removed) into a frame; None for a blank line."""
     if len(line) > max_line_bytes:
@@ -293,7 +350,7 @@ def decode_line(line: bytes, max_line_bytes: int = MAX_LINE_BYTES) -> Frame | No
         return _decode_slowly(line)
     if not isinstance(payload, dict):
         return _decode_slowly(line)
-    return Message(payload)
+    return too_deep(line, payload) or Message(payload)
 
 
 #: One line of a run decoded by :func:`decode_lines`: a message's payload, or why the line
@@ -323,6 +380,13 @@ def decode_lines(
                 # One line alone is decoded as a dict: a failed typed decode is an exception,
                 # and one line is most often not a stream's (an answer, a permission request).
                 return list(map(hot.decode, lines))  # type: ignore[arg-type]
+            # No line of the run can nest deeper than its most brackets of each kind together.
+            if (
+                max(map(bytes.count, lines, repeat(b"[")))  # type: ignore[arg-type]
+                + max(map(bytes.count, lines, repeat(b"{")))  # type: ignore[arg-type]
+                > MAX_NESTING
+            ):
+                return _decode_each(lines, max_line_bytes, hot)
             payloads = list(map(_FAST_DECODE, lines))  # type: ignore[arg-type]
             if set(map(type, payloads)) <= _DICT_ONLY:
                 return payloads  # every line an object: the whole run decoded in C
@@ -350,7 +414,7 @@ def _decode_each(
             except (msgspec.DecodeError, RecursionError):
                 payload = None
             if payload.__class__ is dict:
-                append(payload)
+                append(too_deep(line, payload) or payload)
                 continue
         frame = line if isinstance(line, FramingError) else decode_line(line, max_line_bytes)
         if isinstance(frame, Message):
@@ -377,9 +441,9 @@ def _decode_slowly(line: bytes) -> Frame | None:
         )
     try:
         payload = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers JSONDecodeError and integers too long to convert;
-        # RecursionError is what deeply nested arrays or objects raise.
+    except RecursionError:  # nested past what the decoder could follow from here
+        return _nested_too_deep(line)
+    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
         return FramingError(
             kind="invalid_json",
             detail=f"invalid JSON: {exc}",
@@ -393,7 +457,7 @@ def _decode_slowly(line: bytes) -> Frame | None:
             excerpt=_excerpt(line),
             size=len(line),
         )
-    return Message(payload)
+    return too_deep(line, payload) or Message(payload)
 
 
 def encode_message(message: Mapping[str, Any]) -> bytes:

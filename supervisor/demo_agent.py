@@ -126,6 +126,8 @@ GARBAGE_LINES: tuple[bytes, ...] = (
     b"\xff\xfe\xfd this line is not even UTF-8 \xc3\x28\n",
     b'[1, 2, "a JSON array is not a JSON-RPC message"]\n',
     b'{"hello": "a JSON object that is not JSON-RPC"}\n',
+    # JSON that decodes, nested too deep for whatever walks it next (refused at the door)
+    b'{"deep": ' + b"[" * 981 + b"]" * 981 + b"}\n",
 )
 
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

@@ -43,7 +43,15 @@ from typing import Any
 import httpx
 import trio
 
-from protocols.framing import EXCERPT_CHARS, MAX_LINE_BYTES, Frame, FramingError, Message
+from protocols.framing import (
+    EXCERPT_CHARS,
+    MAX_LINE_BYTES,
+    Frame,
+    FramingError,
+    Message,
+    decode_line,
+    too_deep,
+)
 from protocols.opencode import SERVER_USERNAME
 from supervisor.agent_link import LINK_TYPES, STDERR_LINE_CHARS, ProcessLink
 from supervisor.config import AgentSpec
@@ -196,26 +204,16 @@ def _excerpt(data: bytes) -> str:
 
 
 def _decode(data: bytes) -> Frame:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
+    """An event's data, judged as an agent's stdout line is (the same kinds of error)."""
+    frame = decode_line(data, max_line_bytes=len(data))
+    if frame is None:  # only blanks
         return FramingError(
-            kind="invalid_utf8", detail=str(exc), excerpt=_excerpt(data), size=len(data)
-        )
-    try:
-        payload = json.loads(text)
-    except ValueError as exc:
-        return FramingError(
-            kind="invalid_json", detail=str(exc), excerpt=_excerpt(data), size=len(data)
-        )
-    if not isinstance(payload, dict):
-        return FramingError(
-            kind="not_an_object",
-            detail=f"event data is a JSON {type(payload).__name__}, not an object",
+            kind="invalid_json",
+            detail="event data is blank",
             excerpt=_excerpt(data),
             size=len(data),
         )
-    return Message(payload)
+    return frame
 
 
 class HttpLink(ProcessLink):
@@ -465,9 +463,15 @@ def _body(data: bytes) -> dict[str, Any]:
     if not data.strip():
         return {"json": None}
     try:
-        return {"json": json.loads(data)}
-    except ValueError:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        body = _NOT_JSON
+    if body is _NOT_JSON or too_deep(data, body) is not None:  # too deep: as the stdio door
         return {"json": None, "text": data[:_TEXT_EXCERPT].decode("utf-8", errors="replace")}
+    return {"json": body}
+
+
+_NOT_JSON: Any = object()
 
 
 LINK_TYPES["http"] = HttpLink

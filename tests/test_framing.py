@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from protocols.framing import (
     EXCERPT_CHARS,
     MAX_LINE_BYTES,
+    MAX_NESTING,
     Frame,
     FramingError,
     LineDecoder,
     Message,
+    decode_lines,
     encode_message,
+    nesting_depth,
 )
 
 # Bytes a decoder may hold besides the line itself: the excerpt kept while skipping.
@@ -152,7 +155,6 @@ def test_utf8_bom_is_invalid_json() -> None:
         b"Traceback (most recent call last):",
         b'{"a":1} {"b":2}',
         b'{"a":"raw\x01control"}',
-        b"[" * 100_000,  # nesting deep enough to hit the recursion limit
         b'{"a":' + b"9" * 5000 + b"}",  # longer than int's default max str digits
     ],
 )
@@ -165,6 +167,46 @@ def test_invalid_json_then_a_good_line(line: bytes) -> None:
     assert error.size == len(line)
     assert error.excerpt == line[:EXCERPT_CHARS].decode()
     assert error.detail.startswith("invalid JSON")
+
+
+def _nested(depth: int) -> bytes:
+    """A JSON-RPC notification whose one value nests ``depth`` levels deep in all."""
+    inner = depth - 2  # the message and its params are two levels
+    return b'{"method":"x","params":{"v":' + b"[" * inner + b"]" * inner + b"}}"
+
+
+def test_nesting_depth_counts_containers_not_brackets_in_strings() -> None:
+    assert nesting_depth(42) == 0
+    assert nesting_depth({}) == 1
+    assert nesting_depth({"a": [1, {"b": "[[[[{{{{"}], "c": []}) == 3
+    assert nesting_depth(json.loads(_nested(300)), limit=1_000) == 300
+    assert nesting_depth(json.loads(_nested(300))) == MAX_NESTING + 1  # the default limit
+    assert nesting_depth(json.loads(_nested(300)), limit=10) == 11  # it stops looking there
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING + 1, 981, 5_000])
+def test_a_line_nested_too_deep_is_refused_and_the_stream_goes_on(depth: int) -> None:
+    # 981: decodes, but the fan-out, deeper in the stack, could not encode its event (the
+    # session crashed); 5,000: past any decoder's recursion. Both refused the same way.
+    line = _nested(depth)
+    frames = decode(_nested(MAX_NESTING) + b"\n" + line + b'\n{"ok":true}\n')
+    assert kinds(frames) == ["message", "too_deep", "message"]
+    error = frames[1]
+    assert isinstance(error, FramingError) and error.size == len(line)
+    assert str(MAX_NESTING) in error.detail
+    # A run decoded at once gives the same verdicts, however it is decoded.
+    run = [_nested(MAX_NESTING), line, b'{"ok":true}']
+    assert [d.kind if isinstance(d, FramingError) else "message" for d in decode_lines(run)] == [
+        "message",
+        "too_deep",
+        "message",
+    ]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    line = b'{"text":"' + b"[{" * 10_000 + b'"}'
+    assert kinds(decode(line + b"\n")) == ["message"]
+    assert decode_lines([line, line]) == [json.loads(line)] * 2
 
 
 @pytest.mark.parametrize(
@@ -410,12 +452,17 @@ def reference_frames(stream: bytes, max_line_bytes: int) -> list[tuple[str, int 
             value = json.loads(line.decode("utf-8"))
         except UnicodeDecodeError:
             out.append(("invalid_utf8", len(line)))
-        except (ValueError, RecursionError):
+        except RecursionError:
+            out.append(("too_deep", len(line)))
+        except ValueError:
             out.append(("invalid_json", len(line)))
         else:
-            out.append(
-                ("message", None) if isinstance(value, dict) else ("not_an_object", len(line))
-            )
+            if not isinstance(value, dict):
+                out.append(("not_an_object", len(line)))
+            elif nesting_depth(value) > MAX_NESTING:
+                out.append(("too_deep", len(line)))
+            else:
+                out.append(("message", None))
     return out
 
 

@@ -491,6 +491,18 @@ def test_sse_decoder_splits_events_in_any_chunking() -> None:
         assert len(frames) == 5
 
 
+@pytest.mark.parametrize("depth", [300, 981, 5_000])
+def test_sse_decoder_refuses_an_event_nested_too_deep(depth: int) -> None:
+    # As an agent's stdout line is: what decodes but nests past the limit, and what nests
+    # past the decoder's recursion, are both refused, and the stream goes on.
+    deep = b'{"type":"x","properties":' + b"[" * depth + b"]" * depth + b"}"
+    frames = SseDecoder().feed(b"data: " + deep + b'\n\ndata: {"type":"ok"}\n\n')
+    assert [f.kind if isinstance(f, FramingError) else f for f in frames] == [
+        "too_deep",
+        Message({"type": "ok"}),
+    ]
+
+
 def test_sse_decoder_drops_an_oversize_event_with_bounded_memory() -> None:
     decoder = SseDecoder(max_event_bytes=100)
     frames = decoder.feed(b'data: {"x": "' + b"y" * 50)

@@ -171,9 +171,25 @@ async def test_garbage_lines_become_errors(tmp_path: object) -> None:
         ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
         codes = sorted(e.code for e in rec.of_kind("error") if isinstance(e, ev.ErrorEvent))
-        assert codes == ["agent_invalid_json", "agent_invalid_utf8", "agent_not_an_object"]
+        assert codes == [
+            "agent_invalid_json",
+            "agent_invalid_utf8",
+            "agent_not_an_object",
+            "agent_too_deep",
+        ]
         assert rec.of_kind("agent.unparsed")  # the JSON object that is not JSON-RPC
+        # The history replays whole (a line too deep to encode once crashed the session).
+        async with session.subscribe(since_seq=0) as replay:
+            replayed = [event async for event in _until_seq(replay, ended.seq)]
+        assert [e.seq for e in replayed] == list(range(1, ended.seq + 1))
         await second_prompt_completes(session, rec)
+
+
+async def _until_seq(events: AsyncIterator[ev.Event], last: int) -> AsyncIterator[ev.Event]:
+    async for event in events:
+        yield event
+        if event.seq >= last:
+            return
 
 
 async def test_huge_line_is_bounded_and_reported(tmp_path: object) -> None:
