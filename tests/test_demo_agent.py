@@ -535,15 +535,16 @@ async def test_garbage_and_huge(spawn: Spawn) -> None:
             line = await agent.read_line()
             assert line is not None
             lines.append(line)
-            if len(line) > 1000:
+            if len(line) > 1024 * 1024:
                 break
         junk = lines[2:-1]  # after the thought and the plan
-        assert len(junk) == 4
+        assert len(junk) == 5
         assert junk[0].startswith(b"demo-agent:")
         with pytest.raises(UnicodeDecodeError):
             junk[1].decode("utf-8")
         assert isinstance(json.loads(junk[2]), list)
         assert "jsonrpc" not in json.loads(junk[3])
+        assert junk[4] == b'{"deep": ' + b"[" * 981 + b"]" * 981 + b"}"  # valid, too deep
         assert len(lines[-1]) >= 50 * 1024 * 1024
         assert lines[-1].startswith(b'{"jsonrpc":"2.0","method":"_demo/huge"')
         updates, answer = await agent.until_response(rid)
