@@ -14,6 +14,7 @@ line is.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from typing import Any, Final, Literal, TypeAlias
@@ -464,24 +465,43 @@ def encode_message(message: Mapping[str, Any]) -> bytes:
     """Serialise one message as a single line: compact UTF-8 JSON plus b"\\n".
 
     JSON escapes control characters inside strings and no UTF-8 multi-byte sequence
-    contains the byte 0x0A, so the only b"\\n" is the terminator. NaN and infinities
-    raise ValueError: they are not JSON, and the agent's parser would reject the line.
+    contains the byte 0x0A, so the only b"\\n" is the terminator.
+
+    Whatever JSON the agent sent us can be sent back: its request ids, session ids and tool
+    input are echoed in our answers, and a message that cannot be written would leave the
+    agent waiting for it (or, raised in the actor, end the session). So a lone surrogate,
+    which the agent's ``\\ud800`` escape decodes to and UTF-8 has no form for, is written
+    as that same escape, and a number JSON has no form for (NaN, an infinity: the
+    agent's ``NaN`` literal, or ``1e400``) as ``null``, as JavaScript's ``JSON.stringify``
+    writes it, which every parser reads. A value that is not JSON at all (an object of
+    ours) still raises ``TypeError``: that is a bug, not input.
 
     msgspec writes a message in ~0.2 us where the standard library takes ~2.7 (an interrupt
-    is one of these). It writes NaN as ``null``, so a line with a ``null`` in it is checked
-    by the standard library (rare: our messages seldom carry one), as is anything msgspec
-    refuses (a lone surrogate, a value JSON has no form for): the same errors as always.
+    is one of these); it writes non-finite numbers as ``null`` itself.
     """
     payload = message if isinstance(message, dict) else dict(message)
     try:
         data = _FAST_ENCODE(payload)
-    except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
-        data = b"null"  # let the standard library say what is wrong
-    if b"null" in data:
-        data = json.dumps(
-            payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        ).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: escaped, as the agent wrote it
+        try:
+            data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("ascii")
+        except ValueError:  # a non-finite number besides
+            data = json.dumps(_finite(payload), separators=(",", ":"), allow_nan=False).encode(
+                "ascii"
+            )
     return data + b"\n"
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (a rare message: recursion is
+    fine, the value came through :data:`MAX_NESTING` or from us)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _excerpt(line: bytes) -> str:

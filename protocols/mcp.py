@@ -82,6 +82,17 @@ class McpServer:
             raise ValueError(f"stdio MCP server {self.name!r} needs a command")
         if self.transport != "stdio" and not self.url:
             raise ValueError(f"{self.transport} MCP server {self.name!r} needs a url")
+        # Each string goes to the agent in UTF-8 JSON, and a command, its arguments and its
+        # environment into an exec: a lone surrogate (JSON's "\ud800") or a NUL cannot.
+        strings = [("name", self.name), ("command", self.command or ""), ("url", self.url or "")]
+        strings += [(f"args[{i}]", arg) for i, arg in enumerate(self.args)]
+        for key, pairs in (("env", self.env), ("headers", self.headers)):
+            strings += [(f"{key} {pair.name!r}", pair.name + pair.value) for pair in pairs]
+        for what, text in strings:
+            if "\0" in text or not _is_text(text):
+                raise ValueError(
+                    f"MCP server {self.name!r}: {what} holds a NUL or a lone surrogate"
+                )
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -147,6 +158,17 @@ def mcp_server_from_acp(raw: Any) -> McpServer:
         raise ValueError(f"{where}: 'url' must be an http:// or https:// URL")
     headers = _name_values(raw.get("headers", []), f"{where}: 'headers'")
     return McpServer(name=name, transport=kind, url=url, headers=headers)
+
+
+def _is_text(value: str) -> bool:
+    """True if ``value`` can be written as UTF-8 (no lone surrogate)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def mcp_servers_from_acp(raw: Any) -> tuple[McpServer, ...]:

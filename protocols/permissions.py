@@ -42,6 +42,8 @@ class PermissionDesk(Generic[T]):
     _held: dict[str, Held[T]] = field(factory=dict)
     #: what every id :meth:`unique_id` makes ends with (``AgentProtocol.number_requests``)
     tag: str = ""
+    #: the next ``#n`` to try for an id that collided, while any request is pending
+    _suffixes: dict[str, int] = field(factory=dict)
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._held
@@ -52,13 +54,20 @@ class PermissionDesk(Generic[T]):
 
     def unique_id(self, raw: str) -> str:
         """``raw``, or ``raw#n`` if that is pending already: JSON-RPC ids 1 and "1" are two
-        requests, but one string for our clients."""
+        requests, but one string for our clients. An id that is not text our clients can
+        send back (a lone surrogate, from the agent's ``\\ud800`` escape) is given as its
+        escape, ``\\ud800`` spelled out: the machine answers the agent under its own id.
+        An agent that sends one id many times pays once a request, not once per earlier one."""
+        if not raw.isascii():
+            raw = raw.encode("utf-8", "backslashreplace").decode("utf-8")
         raw += self.tag
-        request_id, suffix = raw, 1
-        while request_id in self._held:
-            request_id = f"{raw}#{suffix}"
+        if raw not in self._held:
+            return raw
+        suffix = self._suffixes.get(raw, 1)
+        while f"{raw}#{suffix}" in self._held:
             suffix += 1
-        return request_id
+        self._suffixes[raw] = suffix + 1
+        return f"{raw}#{suffix}"
 
     def hold(
         self,
@@ -82,17 +91,26 @@ class PermissionDesk(Generic[T]):
         check_answer(request_id, held.option_ids if held is not None else None, option_id)
 
     def take(self, request_id: str) -> Held[T]:
-        return self._held.pop(request_id)
+        held = self._held.pop(request_id)
+        self._forget_suffixes()
+        return held
 
     def pop(self, request_id: str) -> Held[T] | None:
-        return self._held.pop(request_id, None)
+        held = self._held.pop(request_id, None)
+        self._forget_suffixes()
+        return held
 
     def take_where(self, match: Callable[[Held[T]], bool]) -> list[Held[T]]:
         """The pending requests ``match`` picks, no longer pending, in order."""
         taken = [held for held in self._held.values() if match(held)]
         for held in taken:
             del self._held[held.request_id]
+        self._forget_suffixes()
         return taken
+
+    def _forget_suffixes(self) -> None:
+        if self._suffixes and not self._held:
+            self._suffixes.clear()  # nothing pending: every id is free again
 
     def take_all(self) -> list[Held[T]]:
         return self.take_where(lambda _: True)

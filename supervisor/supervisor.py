@@ -270,6 +270,14 @@ class Supervisor:
         except Exception:
             # One broken session must not take the others down with it.
             log.exception("session %s crashed", session.id)
+        except BaseExceptionGroup as group:
+            # A crash still being cleaned up when the supervisor is cancelled comes with that
+            # Cancelled: the crash is logged as any other, only the Cancelled goes on.
+            crashed, rest = group.split(Exception)
+            if crashed is not None:
+                log.error("session %s crashed", session.id, exc_info=crashed)
+            if rest is not None:
+                raise rest from None
         finally:
             self._poke()
 

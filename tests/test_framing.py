@@ -387,9 +387,21 @@ def test_encode_accepts_any_mapping() -> None:
     assert encode_message(MappingProxyType({"a": 1})) == b'{"a":1}\n'
 
 
-def test_encode_refuses_nan() -> None:
-    with pytest.raises(ValueError):
-        encode_message({"x": float("nan")})
+def test_encode_writes_what_the_agent_sent_back_in_a_form_it_reads() -> None:
+    # The agent's ids and input are echoed in our answers: a lone surrogate (its "\\ud800"
+    # escape) goes back as that escape; a number JSON has no form for goes back as null.
+    line = b'{"id":"p\\ud800","input":{"x":NaN,"y":1e400,"z":[-Infinity,"\\udfff"]}}'
+    [frame] = decode(line + b"\n")
+    assert isinstance(frame, Message)
+    sent = encode_message(frame.payload)
+    assert sent == b'{"id":"p\\ud800","input":{"x":null,"y":null,"z":[null,"\\udfff"]}}\n'
+    assert json.loads(sent)["id"] == frame.payload["id"]  # the same id, exactly
+    assert encode_message({"x": float("nan")}) == b'{"x":null}\n'
+
+
+def test_encode_refuses_what_is_not_json() -> None:
+    with pytest.raises(TypeError):
+        encode_message({"x": object()})
 
 
 # --- Properties ------------------------------------------------------------------------------

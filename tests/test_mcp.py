@@ -93,6 +93,12 @@ def test_optional_lists_and_an_explicit_stdio_type() -> None:
         ({"type": "http", "name": "a", "url": "file:///x"}, "'url' must be an http"),
         ({"type": "http", "name": "a", "url": "http://h", "command": "x"}, "unknown key(s)"),
         ({"type": "ws", "name": "a", "url": "ws://h"}, "'type' must be one of stdio, http, sse"),
+        # what no UTF-8 message or exec can carry (a lone surrogate once crashed the session)
+        ({"name": "a\ud800", "command": "x"}, "name holds a NUL or a lone surrogate"),
+        ({"name": "a", "command": "x\0y"}, "command holds a NUL"),
+        ({"name": "a", "command": "x", "args": ["\udfff"]}, "holds a NUL or a lone surrogate"),
+        ({"name": "a", "command": "x", "env": [{"name": "K", "value": "\0"}]}, "env 'K' holds"),
+        ({"type": "http", "name": "a", "url": "http://h/\ud800"}, "url holds"),
     ],
 )
 def test_malformed_servers_say_what_is_wrong(raw: Any, match: str) -> None:

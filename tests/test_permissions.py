@@ -51,3 +51,28 @@ def test_a_tagged_desk_makes_ids_a_respawned_agents_requests_cannot_share() -> N
     for machine in (AcpClient(), CodexClient()):
         machine.number_requests("@2")
         assert machine._desk.unique_id("0") == "0@2"
+
+
+def test_an_id_our_clients_cannot_send_back_is_given_as_its_escape() -> None:
+    desk: PermissionDesk[int] = PermissionDesk()
+    request_id = desk.unique_id("p\udfff")  # the agent's "p\udfff" escape, decoded
+    assert request_id == "p\\udfff"
+    request_id.encode("utf-8")  # text a client can send back
+    desk.hold(request_id, "t1", [ALLOW], {}, 1)
+    assert desk.take(request_id).ticket == 1
+
+
+def test_one_id_sent_many_times_gets_a_fresh_id_each_time() -> None:
+    # Each try once began at #1 again: N requests under one id cost N^2 probes, and an agent
+    # sending 8,000 held the run loop for seconds.
+    desk: PermissionDesk[int] = PermissionDesk()
+    held = []
+    for n in range(2_000):
+        request_id = desk.unique_id("1")
+        desk.hold(request_id, "t1", [ALLOW], {}, n)
+        held.append(request_id)
+    assert held[:3] == ["1", "1#1", "1#2"] and len(set(held)) == 2_000
+    desk.take("1#1")
+    assert desk.unique_id("1") not in desk  # still free of every pending one
+    desk.take_all()
+    assert desk.unique_id("1") == "1"  # nothing pending: the count starts again

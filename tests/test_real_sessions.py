@@ -7,8 +7,11 @@ are shared and slow); exact timing is the virtual-time tests' job.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -300,3 +303,56 @@ async def test_an_agent_failing_turn_after_turn_is_recycled(tmp_path: object) ->
             for e in rec.events
         ), "the new agent did not resume the session"
         assert session.summary().recycles == 1
+
+
+#: An ACP agent whose ids and input hold what JSON allows and UTF-8 or JSON numbers do not: a
+#: lone surrogate (its ``\ud800`` escape) and NaN. It asks for a method we do not serve and for
+#: a permission, and reports the ids our answers carried back as its answer's text.
+_ODD_VALUES_AGENT = r"""
+import json, sys
+def out(text): sys.stdout.write(text + "\n"); sys.stdout.flush()
+def send(message): out(json.dumps(message))
+got = []
+prompt = None
+for line in sys.stdin:
+    message = json.loads(line)
+    method, rid = message.get("method"), message.get("id")
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []}})
+    elif method == "session/new":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": "odd\ud800"}})
+    elif method == "session/prompt":
+        prompt = rid
+        out(r'{"jsonrpc":"2.0","id":"m\ud800","method":"_odd/unknown","params":{}}')
+        out(r'{"jsonrpc":"2.0","id":"p\udfff","method":"session/request_permission","params":{"sessionId":"odd\ud800","toolCall":{"toolCallId":"t","rawInput":{"x":NaN}},"options":[{"optionId":"a","name":"A","kind":"allow_once"}]}}')
+    elif method is None and rid is not None:
+        got.append(rid)
+        if len(got) == 2:
+            update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": json.dumps(got)}}
+            send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "odd\ud800", "update": update}})
+            send({"jsonrpc": "2.0", "id": prompt, "result": {"stopReason": "end_turn"}})
+"""
+
+
+async def test_odd_values_the_agent_sent_go_back_to_it_exactly(tmp_path: Path) -> None:
+    # Echoed back, each once crashed the session (UnicodeEncodeError in the actor), raised out
+    # of respond_permission (NaN) with the request lost, or made every prompt raise.
+    agent = tmp_path / "odd.py"
+    agent.write_text(_ODD_VALUES_AGENT)
+    spec = AgentSpec(name="odd", protocol="acp", command=[sys.executable, str(agent)])
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"odd": spec}) as sup:
+            session = await sup.start_session("odd", cwd="/")
+            async with session.subscribe() as events:
+                turn = await session.prompt("go")
+                text = ""
+                async for event in events:
+                    if isinstance(event, ev.PermissionRequested):
+                        await session.respond_permission(event.request_id, "a")
+                    elif isinstance(event, ev.MessageDelta):
+                        text += event.text
+                    elif isinstance(event, ev.TurnEnded) and event.turn_id == turn.id:
+                        assert event.outcome == "completed"
+                        break
+            assert sorted(json.loads(text)) == ["m\ud800", "p\udfff"]
+            assert session.state == "ready"

@@ -334,3 +334,36 @@ async def test_a_subscription_from_beyond_the_newest_event_is_refused(
             await session.open_subscription(since_seq=head + 1)
         async with session.subscribe(since_seq=head) as subscription:  # up to date: fine
             assert not subscription.gap
+
+
+async def test_a_crash_still_being_cleaned_up_when_the_supervisor_closes_is_only_logged(
+    autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The crashed actor kills its agent in a shielded finally; the supervisor closed
+    meanwhile cancels it, so the crash comes out with that Cancelled, in a group that is not
+    an ``Exception``. It was raised out of ``open_supervisor`` to its caller: it is logged,
+    as any crash, and the supervisor closes cleanly."""
+
+    def broken(self: Session, turn_id: str, receipt: Any) -> None:
+        raise RuntimeError("boom while ending the turn")
+
+    # Its kill takes a while: the supervisor closes while the crashed actor waits for it.
+    launcher = MemoryLauncher(Behaviour(silent_after=1, kill_time=5.0, close_time=5.0))
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
+    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+        session = await sup.start_session("fake", cwd="/")
+        async with session.subscribe() as events:
+            await session.prompt("hello")
+            async for event in events:
+                if event.kind == "message.delta":
+                    break
+        await trio.testing.wait_all_tasks_blocked()
+        monkeypatch.setattr(Session, "_remember", broken)
+        with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
+            await session.cancel()
+    assert [r.message for r in caplog.records if "crashed" in r.message] == [
+        f"session {session.id} crashed"
+    ]
+    assert "boom while ending the turn" in caplog.text
