@@ -238,6 +238,12 @@ class _SessionView:
     resuming: bool = False  # started to resume an earlier session: a refusal is told
     #: client-held permission requests: universal request id -> our JSON-RPC id
     permissions: dict[str, RequestId] = field(factory=dict)
+    #: the session was ready here once (``session_ready``): a view of an id never ready is
+    #: dropped again when it holds nothing, so ids a client makes up cost no memory
+    known: bool = False
+
+    def holds_nothing(self) -> bool:
+        return not (self.turns or self.pending_texts or self.running_turn or self.permissions)
 
 
 @define
@@ -384,8 +390,10 @@ class AcpAgentSide:
             session_id = params.get("sessionId")
             if not isinstance(session_id, str):
                 return Output()
-            view = self._view(session_id)
-            if view.running_turn is None and not view.turns and not view.pending_texts:
+            view = self._sessions.get(session_id)
+            if view is None or (
+                view.running_turn is None and not view.turns and not view.pending_texts
+            ):
                 return Output()  # nothing of ours runs: a cancel after the end is a no-op
             view.cancelling = True
             return Output(actions=[CancelRequested(session_id)])
@@ -426,7 +434,7 @@ class AcpAgentSide:
         """The session behind ``session_id`` takes prompts: answer ``session/new`` (``new``),
         or ``session/load`` after replaying its history (``role``, ``text``) as updates, or
         ``session/resume``; ``modes``: the agent's own (``SessionModeState``), offered on."""
-        self._view(session_id)
+        self._view(session_id).known = True
         out = Output()
         for role, text in replay:
             kind = "user_message_chunk" if role == "user" else "agent_message_chunk"
@@ -511,6 +519,8 @@ class AcpAgentSide:
         view = self._view(session_id)
         if text in view.pending_texts:
             view.pending_texts.remove(text)
+        if not view.known and view.holds_nothing():
+            del self._sessions[session_id]  # a session never ready here (made up, say)
         return self.fail(rpc_id, message, code=code)
 
     def prompt_accepted(

@@ -14,6 +14,7 @@ from protocols.acp_agent import (
     AcpAgentSide,
     CancelRequested,
     NewSession,
+    Output,
     PermissionAnswered,
     PromptRequested,
     SteerRequested,
@@ -292,3 +293,20 @@ def test_a_request_with_a_wrong_jsonrpc_version_is_refused_under_its_own_id() ->
     # An id that cannot be one is not echoed.
     [answer] = m.receive({"jsonrpc": "1.0", "id": [1], "method": "session/list"}).send
     assert answer["id"] is None
+
+
+def test_ids_a_client_makes_up_cost_no_memory() -> None:
+    # Each cancel or refused prompt naming an unknown session once kept a view of it for good
+    # (2,000 cancels with 500 KB ids grew the front door by ~1 GB).
+    m = machine()
+    for n in range(100):
+        note = {"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": f"x{n}"}}
+        assert m.receive(note) == Output()
+        action = prompt(m, n, "hello", session=f"y{n}")
+        m.prompt_failed(action.rpc_id, f"y{n}", "hello", "no such session here")
+    assert m._sessions == {}
+    # A session that was ready here keeps its view through a refused prompt.
+    m.session_opened(1, "S", config_options=[], new=True)
+    action = prompt(m, 200, "hello")
+    m.prompt_failed(action.rpc_id, "S", "hello", "too many queued")
+    assert list(m._sessions) == ["S"]
