@@ -16,6 +16,7 @@ import trio.testing
 from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
+from protocols.jsonrpc import METHOD_NOT_FOUND
 from supervisor.acp_front.backends import BackendError, GatewaySessions
 from supervisor.acp_front.server import OUT_BOUND, AcpFront
 
@@ -347,6 +348,34 @@ async def test_a_client_that_stops_reading_does_not_make_the_front_door_grow(
             while received < 100_000:
                 received += len(await client.stream.receive_some(65536))
         assert received >= 100_000
+
+
+async def test_a_client_that_sends_but_never_reads_is_not_read_without_end(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Each request's answer waited for the client while the next were read: 3,000 unknown
+    # methods of 200 KB each (the answer names the method) grew the front door by 620 MB.
+    sent = 0
+    many = 10 * OUT_BOUND
+
+    async def send_many(client: Conversation) -> None:
+        nonlocal sent
+        while sent < many:
+            await client.send({"id": sent, "method": "_x/unknown", "params": {}})
+            sent += 1
+
+    async with conversing(OneSession(), lockstep=True) as (front, client):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_many, client)
+            for _ in range(5):
+                await trio.sleep(1.0)  # the client reads nothing
+                assert front._out.statistics().current_buffer_used <= OUT_BOUND
+            held = sent
+            await trio.sleep(1.0)
+            assert sent == held < many  # its requests wait for it: it blocks on its writes
+            nursery.cancel_scope.cancel()
+        for rid in range(held - 1):  # and once it reads, every one is answered
+            assert (await client.answer(rid))["error"]["code"] == METHOD_NOT_FOUND
 
 
 async def test_a_last_line_without_its_newline_is_still_answered(

@@ -53,8 +53,9 @@ LIST_PAGE = 50
 #: round trip, or one to a gateway: milliseconds; a session still starting takes the prompt
 #: into its queue at once too).
 SENDING_BOUND_S = 10.0
-#: Messages waiting for the client to read them beyond which the sessions' events wait too (a
-#: client that reads slowly, or not at all, must not make this process grow without end).
+#: Messages waiting for the client to read them beyond which the sessions' events wait, and
+#: the client's next requests are not read (a client that reads slowly, or not at all, must not
+#: make this process grow without end).
 OUT_BOUND = 1024
 #: For the last messages to reach the client when we shut down (it may have stopped reading).
 FLUSH_BOUND_S = 2.0
@@ -194,6 +195,10 @@ class AcpFront:
     async def _read(self, receive: trio.abc.ReceiveStream) -> None:
         decoder = LineDecoder()
         while True:
+            while self._out.statistics().current_buffer_used >= OUT_BOUND:
+                # The client does not read what we answer: its requests wait in the pipe (it
+                # blocks on its writes) rather than their answers here, without end.
+                await self._room.park()
             try:
                 data = await receive.receive_some(_READ_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
