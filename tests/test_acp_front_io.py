@@ -15,9 +15,11 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed
 
+from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
-from protocols.jsonrpc import METHOD_NOT_FOUND
-from supervisor.acp_front.backends import BackendError, GatewaySessions
+from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
+from supervisor import AgentSpec, open_supervisor
+from supervisor.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
 from supervisor.acp_front.server import OUT_BOUND, AcpFront
 
 
@@ -519,3 +521,26 @@ async def test_a_request_in_flight_when_stdin_closes_is_answered(
     later = [json.loads(raw) for raw in client.received.split(b"\n") if raw]
     ids = [m["id"] for m in client.messages + later if "id" in m and "method" not in m]
     assert sorted(ids) == [1, 2, 3]  # each answered once
+
+
+@pytest.mark.parametrize(
+    ("servers", "said"),
+    [
+        ([{"name": 5, "command": "x"}], "'name' must be a non-empty string"),
+        ([{"name": "a\ud800", "command": "x"}], "lone surrogate"),  # once crashed the session
+        ([{"name": "a", "command": "x\0y"}], "holds a NUL"),
+    ],
+)
+async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
+    autojump_clock: trio.testing.MockClock, servers: list[dict[str, Any]], said: str
+) -> None:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    launcher = MemoryLauncher(Behaviour())
+    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+        async with conversing(EmbeddedSessions(sup)) as (front, client):
+            params = {"cwd": "/w", "mcpServers": servers}
+            await client.send({"id": 1, "method": "session/new", "params": params})
+            with trio.fail_after(5):
+                error = (await client.answer(1))["error"]
+        assert error["code"] == INVALID_PARAMS and said in error["message"], error
+        assert sup.list() == []  # nothing was started

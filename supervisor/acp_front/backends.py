@@ -250,6 +250,8 @@ class EmbeddedSessions:
             session = await _start_with_mcp(self._supervisor, agent, cwd, resume, mcp_servers)
             # From its first event: how its start went (a resume refused) is told too.
             subscription = await session.open_subscription(since_seq=0)
+        except BadRequest as exc:  # what was asked (a cwd, an MCP server), refused
+            raise BackendRefused(f"cannot start {agent}: {exc}") from exc
         except SupervisorError as exc:
             raise BackendError(f"cannot start {agent}: {exc}") from exc
         return EmbeddedSession(session, subscription)
@@ -285,7 +287,7 @@ async def _start_with_mcp(
     try:
         servers = mcp_servers_from_acp(list(mcp_servers))
     except ValueError as exc:
-        raise BackendError(f"mcpServers{exc}") from None
+        raise BackendRefused(f"mcpServers{exc}") from None
     return await supervisor.start_session(agent, cwd=cwd, resume=resume, mcp_servers=servers)
 
 
@@ -458,7 +460,8 @@ class GatewaySessions:
         try:
             started = await self.client.start_session(agent, cwd, mcp_servers=mcp_servers)
         except GatewayError as exc:
-            raise BackendError(f"cannot start {agent}: {exc.message}") from exc
+            refused = BackendRefused if exc.code == "bad_request" else BackendError
+            raise refused(f"cannot start {agent}: {exc.message}") from exc
         except ConnectionClosed as exc:
             raise BackendError(
                 f"cannot start {agent}: the connection to the gateway is closed"

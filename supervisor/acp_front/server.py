@@ -352,7 +352,9 @@ class AcpFront:
         except BackendError as exc:
             rpc_id = getattr(action, "rpc_id", None)
             if rpc_id is not None:
-                self._apply(self.machine.fail(rpc_id, str(exc)))
+                # Refused as asked (the client's mistake) or failed (ours, or the agent's).
+                code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
+                self._apply(self.machine.fail(rpc_id, str(exc), code=code))
             else:
                 log.info("%s: %s", type(action).__name__, exc)
         except Exception as exc:  # a bug must answer the client, not end the connection
