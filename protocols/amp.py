@@ -53,6 +53,7 @@ from attrs import define
 from protocols import events as ev
 from protocols.content import Part
 from protocols.machine import (
+    NOT_RESUMABLE,
     AgentExiting,
     AgentProtocol,
     Output,
@@ -60,6 +61,7 @@ from protocols.machine import (
     SteerAnswered,
     Step,
     TurnFinished,
+    argv_resumable,
     check_answer,
     session_changed,
 )
@@ -132,7 +134,7 @@ class AmpClient(AgentProtocol):
         argv = list(base)
         if mcp_servers:
             argv += ["--mcp-config", json.dumps(amp_mcp_config(mcp_servers))]
-        if resume is None:
+        if resume is None or not argv_resumable(resume):  # (start() says it is a fresh one)
             return argv
         flags = [i for i, arg in enumerate(argv) if i > 0 and arg in ("--execute", "-x")]
         options = [i for i, arg in enumerate(argv) if i > 0 and arg.startswith("-")]
@@ -148,6 +150,8 @@ class AmpClient(AgentProtocol):
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         self._phase = "ready"
+        if resume is not None and not argv_resumable(resume):
+            return Step(events=[SessionEstablished(None, resumed=False, detail=NOT_RESUMABLE)])
         self._resume = resume
         return Step(
             events=[SessionEstablished(resume, resumed=True if resume is not None else None)]

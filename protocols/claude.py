@@ -145,12 +145,14 @@ from attrs import define, field
 from protocols import events as ev
 from protocols.content import Part
 from protocols.machine import (
+    NOT_RESUMABLE,
     AgentProtocol,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
     Step,
     TurnFinished,
+    argv_resumable,
     session_changed,
 )
 from protocols.mcp import McpServer
@@ -280,6 +282,8 @@ class ClaudeClient(AgentProtocol):
     _new_uuid: Callable[[], str] = field(default=_random_uuid, kw_only=True)
     _phase: str = "idle"  # idle, initializing, ready, failed
     _resume: str | None = None
+    #: a resume was asked with an id no command line can carry: this is a fresh session
+    _unresumable: bool = False
     _init_session_id: str | None = None
     _request_count: int = 0
     _requests: dict[str, str] = field(factory=dict)  # our control requests: id -> subtype
@@ -320,7 +324,7 @@ class ClaudeClient(AgentProtocol):
         argv = list(base)
         if mcp_servers:
             argv += ["--mcp-config", json.dumps(claude_mcp_config(mcp_servers))]
-        if resume is not None:
+        if resume is not None and argv_resumable(resume):  # else a fresh start (start())
             argv += ["--resume", resume]
         return argv
 
@@ -333,7 +337,8 @@ class ClaudeClient(AgentProtocol):
         if self._phase != "idle":
             raise RuntimeError("start() called twice")
         self._phase = "initializing"
-        self._resume = resume
+        self._unresumable = resume is not None and not argv_resumable(resume)
+        self._resume = None if self._unresumable else resume
         return Step(send=[self._request({"subtype": "initialize", "hooks": None})])
 
     def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
@@ -533,6 +538,8 @@ class ClaudeClient(AgentProtocol):
             self.initialize_response = body if isinstance(body, dict) else {}
         self._phase = "ready"
         resumed = None if self._resume is None else True
+        if self._unresumable:
+            resumed, detail = False, NOT_RESUMABLE
         # A fresh CLI names its session only in system/init, after the first prompt.
         return Step(events=[SessionEstablished(self._resume or "", resumed, detail)])
 

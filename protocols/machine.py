@@ -34,7 +34,9 @@ __all__ = [
     "SteerAnswered",
     "Step",
     "TurnFinished",
+    "NOT_RESUMABLE",
     "UnknownPermission",
+    "argv_resumable",
     "check_answer",
     "session_changed",
 ]
@@ -46,6 +48,24 @@ class ProtocolError(Exception):
 
 class UnknownPermission(LookupError):
     """``respond_permission`` named a request that is not pending (or an option not offered)."""
+
+
+def argv_resumable(session_id: str) -> bool:
+    """True if the agent's own ``session_id`` can be given back to it on a command line
+    (``claude --resume ID``, ``amp threads continue ID``): the agent announced it, so it is
+    checked as any input is. Not empty, not read as an option (a leading ``-``: ``--help``),
+    and no NUL or lone surrogate, which no argv can carry."""
+    if not session_id or session_id.startswith("-") or "\0" in session_id:
+        return False
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+#: The detail of a fresh start where a resume was asked with an id no command line can carry.
+NOT_RESUMABLE = "the agent's session id cannot be passed on its command line: a fresh session"
 
 
 def check_answer(request_id: str, offered: Collection[str] | None, option_id: str | None) -> None:

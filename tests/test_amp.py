@@ -25,7 +25,7 @@ import golden
 from helpers import Recorder, running
 from protocols import events as ev
 from protocols.amp import AMP_COMMAND, AmpClient
-from protocols.machine import AgentExiting, TurnFinished
+from protocols.machine import AgentExiting, SessionEstablished, TurnFinished
 from supervisor import AgentSpec, open_supervisor
 
 FAKE_AMP = Path(__file__).parent / "fakes" / "fake_amp.py"
@@ -70,6 +70,16 @@ def test_command_continues_the_thread_on_resume() -> None:
     assert AmpClient.command(entered, "T-1") == [*entered[:5], *CONTINUE, "-x"]
     assert AmpClient.command(["amp", "--verbose"], "T-1") == ["amp", *CONTINUE, "--verbose"]
     assert AmpClient.command(["amp"], "T-1") == ["amp", *CONTINUE]
+
+
+@pytest.mark.parametrize("announced", ["--help", "", "T-\0", "T-\ud800"])
+def test_a_thread_id_no_command_line_can_carry_is_not_continued_and_says_so(
+    announced: str,
+) -> None:
+    assert AmpClient.command(BASE, announced) == BASE
+    [established] = AmpClient().start(cwd="/w", resume=announced).events
+    assert isinstance(established, SessionEstablished)
+    assert established.resumed is False and "fresh session" in (established.detail or "")
 
 
 def test_example_config_runs_the_adapters_command_line() -> None:

@@ -106,6 +106,26 @@ def test_command_with_resume_adds_the_flag() -> None:
     assert ClaudeClient.command(base, "e3bec06a") == [*base, "--resume", "e3bec06a"]
 
 
+@pytest.mark.parametrize("announced", ["--help", "-p", "", "a\0b", "a\ud800b"])
+def test_an_id_no_command_line_can_carry_is_not_resumed_and_says_so(announced: str) -> None:
+    # The CLI announced it: given back as ``--resume ID``, "--help" would be read as a flag,
+    # and a NUL or lone surrogate failed the exec, failing the session for good.
+    base = ("claude", "-p")
+    assert ClaudeClient.command(base, announced) == list(base)
+    client = machine()
+    client.start(cwd="/w", resume=announced)
+    step = client.receive(
+        {
+            "type": "control_response",
+            "response": {"subtype": "success", "request_id": f"req_1_{NONCE}", "response": {}},
+        }
+    )
+    [established] = step.events
+    assert isinstance(established, SessionEstablished)
+    assert established.resumed is False and "fresh session" in (established.detail or "")
+    assert client.agent_session_id is None
+
+
 def test_default_request_ids_look_like_the_sdks() -> None:
     """``req_<n>_<8 hex>`` with n counting from 1 and fresh randomness per request."""
     client = ClaudeClient()
