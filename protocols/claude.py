@@ -808,14 +808,14 @@ class ClaudeClient(AgentProtocol):
                 if not isinstance(thinking, str):
                     return _unparsed(message)
                 out = ev.ThoughtDelta(turn_id=self._turn_id, text=thinking)
-            elif delta_kind in _QUIET_DELTAS:
+            elif isinstance(delta_kind, str) and delta_kind in _QUIET_DELTAS:
                 return Step()
             else:
                 return _unparsed(message)
             if parent in self._streaming:
                 self._streamed.add(self._streaming[parent])
             return Step(events=[out])
-        if kind in _QUIET_STREAM_EVENTS:
+        if isinstance(kind, str) and kind in _QUIET_STREAM_EVENTS:  # (a list: unhashable)
             return Step()
         return _unparsed(message)
 
@@ -838,7 +838,7 @@ class ClaudeClient(AgentProtocol):
             elif kind == "thinking" and isinstance(block.get("thinking"), str):
                 if not streamed:
                     step.events.append(ev.ThoughtDelta(turn_id=turn, text=block["thinking"]))
-            elif kind in _TOOL_BLOCKS:
+            elif isinstance(kind, str) and kind in _TOOL_BLOCKS:
                 name = block.get("name")
                 if kind == "tool_use" and message.get("parent_tool_use_id") is None:
                     self._open_tools.add(str(block.get("id", "")))

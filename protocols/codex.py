@@ -1098,7 +1098,13 @@ class CodexClient(AgentProtocol):
             turn = self._turn
             if code == "agent_error" and not child and turn is not None:
                 named = params.get("turnId")
-                if named is None or named == turn.codex_id or named in turn.aliases:
+                if (
+                    named is None
+                    or named == turn.codex_id
+                    or (
+                        isinstance(named, str) and named in turn.aliases  # (a list: unhashable)
+                    )
+                ):
                     turn.reported_error = message  # the words, should turn/completed lack them
         elif method in _INFO_NOTIFICATIONS:
             event = ev.SessionInfo(info_kind=method, data=params)

@@ -341,3 +341,19 @@ def test_receive_never_raises(messages: list[dict[str, Any]], resume: str | None
         for sent in client.cancel().send + client.cancel_permissions().send:
             check_wire(sent, "after")
         assert client.pending_permissions == []
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "stream_event", "event": {"type": ["message_start"]}},
+        {"type": "stream_event", "event": {"type": "content_block_delta", "delta": {"type": {}}}},
+        {"type": "assistant", "message": {"id": "m", "content": [{"type": ["tool_use"]}]}},
+    ],
+)
+def test_an_unhashable_type_is_unparsed_not_an_error(message: dict[str, Any]) -> None:
+    # A set lookup of a list raised TypeError: the session logged a traceback for each.
+    client = established()
+    client.prompt("t1", "go")
+    step = client.receive(message)
+    assert [e.kind for e in step.events] in ([], ["agent.unparsed"])

@@ -348,3 +348,13 @@ def test_never_a_second_interrupt_for_a_live_one(data: st.DataObject) -> None:
             feed(client.cancel_permissions())
     assert interrupts <= 3
     assert finished <= 1
+
+
+def test_an_error_naming_a_turn_by_a_list_is_told_not_raised() -> None:
+    # ``named in turn.aliases`` of a list raised TypeError: the session logged a traceback.
+    client = established()
+    [turn_start] = client.prompt("t1", "go").send
+    client.receive({"id": turn_start["id"], "result": {"turn": {"id": "turn_1"}}})
+    note = {"method": "error", "params": {"turnId": [1], "error": {"message": "boom"}}}
+    step = client.receive(note)
+    assert [e.kind for e in step.events] == ["error"]
