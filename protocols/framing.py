@@ -36,6 +36,7 @@ __all__ = [
     "decode_line",
     "decode_lines",
     "encode_message",
+    "is_text",
     "nesting_depth",
     "too_deep",
 ]
@@ -459,6 +460,19 @@ def _decode_slowly(line: bytes) -> Frame | None:
             size=len(line),
         )
     return too_deep(line, payload) or Message(payload)
+
+
+def is_text(value: str) -> bool:
+    """Whether a UTF-8 line can carry ``value``: JSON can hold a lone surrogate (``"\\ud800"``,
+    what a browser's ``JSON.stringify`` sends for broken pasted text, or an agent's escape),
+    UTF-8 cannot."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def encode_message(message: Mapping[str, Any]) -> bytes:

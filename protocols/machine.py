@@ -19,6 +19,7 @@ from attrs import define, field, frozen
 from protocols import events as ev
 from protocols.content import Part
 from protocols.events import Event
+from protocols.framing import is_text
 from protocols.mcp import MCP_TRANSPORTS, McpServer, check_transports
 
 __all__ = [
@@ -55,13 +56,12 @@ def argv_resumable(session_id: str) -> bool:
     (``claude --resume ID``, ``amp threads continue ID``): the agent announced it, so it is
     checked as any input is. Not empty, not read as an option (a leading ``-``: ``--help``),
     and no NUL or lone surrogate, which no argv can carry."""
-    if not session_id or session_id.startswith("-") or "\0" in session_id:
-        return False
-    try:
-        session_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return (
+        bool(session_id)
+        and not session_id.startswith("-")
+        and "\0" not in session_id
+        and (is_text(session_id))
+    )
 
 
 #: The detail of a fresh start where a resume was asked with an id no command line can carry.

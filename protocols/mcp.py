@@ -19,6 +19,8 @@ from typing import Any, Final
 
 from attrs import field, frozen
 
+from protocols.framing import is_text
+
 __all__ = [
     "MCP_TRANSPORTS",
     "McpServer",
@@ -89,7 +91,7 @@ class McpServer:
         for key, pairs in (("env", self.env), ("headers", self.headers)):
             strings += [(f"{key} {pair.name!r}", pair.name + pair.value) for pair in pairs]
         for what, text in strings:
-            if "\0" in text or not _is_text(text):
+            if "\0" in text or not is_text(text):
                 raise ValueError(
                     f"MCP server {self.name!r}: {what} holds a NUL or a lone surrogate"
                 )
@@ -158,17 +160,6 @@ def mcp_server_from_acp(raw: Any) -> McpServer:
         raise ValueError(f"{where}: 'url' must be an http:// or https:// URL")
     headers = _name_values(raw.get("headers", []), f"{where}: 'headers'")
     return McpServer(name=name, transport=kind, url=url, headers=headers)
-
-
-def _is_text(value: str) -> bool:
-    """True if ``value`` can be written as UTF-8 (no lone surrogate)."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def mcp_servers_from_acp(raw: Any) -> tuple[McpServer, ...]:

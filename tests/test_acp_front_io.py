@@ -369,12 +369,11 @@ async def test_a_client_that_sends_but_never_reads_is_not_read_without_end(
     async with conversing(OneSession(), lockstep=True) as (front, client):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send_many, client)
-            for _ in range(5):
-                await trio.sleep(1.0)  # the client reads nothing
-                assert front._out.statistics().current_buffer_used <= OUT_BOUND
+            # The client reads nothing: once every task waits, the sender waits on its write.
+            await trio.testing.wait_all_tasks_blocked()
+            assert front._out.statistics().current_buffer_used <= OUT_BOUND
+            assert 0 < sent < many  # its requests wait for it, in its pipe
             held = sent
-            await trio.sleep(1.0)
-            assert sent == held < many  # its requests wait for it: it blocks on its writes
             nursery.cancel_scope.cancel()
         for rid in range(held - 1):  # and once it reads, every one is answered
             assert (await client.answer(rid))["error"]["code"] == METHOD_NOT_FOUND

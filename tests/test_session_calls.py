@@ -23,6 +23,7 @@ from fakes.memory_base import MemoryLink
 from helpers import Recorder
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
 from supervisor.link import AgentLines
+from supervisor.supervisor import Supervisor
 
 GRACE = 2.0
 
@@ -215,28 +216,40 @@ async def test_an_error_in_the_pumps_step_is_raised_in_the_actor(
     it would have in the actor's own step (its callers answered, logged once), never the pump
     or the supervisor around it. Here it strikes after the turn was taken off the session and
     before its receipt was given: the cancel is answered all the same."""
-
-    def broken(self: Session, turn_id: str, receipt: Any) -> None:
-        raise RuntimeError("boom while ending the turn")
-
     launcher = MemoryLauncher(Behaviour(silent_after=1))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
-        session = await sup.start_session("fake", cwd="/")
-        async with session.subscribe() as events:
-            await session.prompt("hello")
-            async for event in events:
-                if event.kind == "message.delta":
-                    break
-        await trio.testing.wait_all_tasks_blocked()
-        monkeypatch.setattr(Session, "_remember", broken)
-        with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
-            await session.cancel()  # answered, not left waiting for a receipt never made
+        session = await _crash_on_a_cancel(sup, monkeypatch)
         assert session.state == "failed"
         other = await sup.start_session("fake", cwd="/")  # the supervisor goes on
         monkeypatch.undo()
         await other.prompt("hello")
         assert (await other.cancel()).outcome == "cancelled"
+    _assert_crashed_once(caplog, session)
+
+
+async def _crash_on_a_cancel(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> Session:
+    """A session of ``fake`` whose cancel meets a bug in the pump's step, after the turn was
+    taken off the session and before its receipt was given; the cancel is answered all the
+    same (not left waiting for a receipt never made)."""
+
+    def broken(self: Session, turn_id: str, receipt: Any) -> None:
+        raise RuntimeError("boom while ending the turn")
+
+    session = await sup.start_session("fake", cwd="/")
+    async with session.subscribe() as events:
+        await session.prompt("hello")
+        async for event in events:
+            if event.kind == "message.delta":
+                break
+    await trio.testing.wait_all_tasks_blocked()
+    monkeypatch.setattr(Session, "_remember", broken)
+    with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
+        await session.cancel()
+    return session
+
+
+def _assert_crashed_once(caplog: pytest.LogCaptureFixture, session: Session) -> None:
     assert [r.message for r in caplog.records if "crashed" in r.message] == [
         f"session {session.id} crashed"
     ]
@@ -345,25 +358,9 @@ async def test_a_crash_still_being_cleaned_up_when_the_supervisor_closes_is_only
     meanwhile cancels it, so the crash comes out with that Cancelled, in a group that is not
     an ``Exception``. It was raised out of ``open_supervisor`` to its caller: it is logged,
     as any crash, and the supervisor closes cleanly."""
-
-    def broken(self: Session, turn_id: str, receipt: Any) -> None:
-        raise RuntimeError("boom while ending the turn")
-
     # Its kill takes a while: the supervisor closes while the crashed actor waits for it.
     launcher = MemoryLauncher(Behaviour(silent_after=1, kill_time=5.0, close_time=5.0))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
-        session = await sup.start_session("fake", cwd="/")
-        async with session.subscribe() as events:
-            await session.prompt("hello")
-            async for event in events:
-                if event.kind == "message.delta":
-                    break
-        await trio.testing.wait_all_tasks_blocked()
-        monkeypatch.setattr(Session, "_remember", broken)
-        with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
-            await session.cancel()
-    assert [r.message for r in caplog.records if "crashed" in r.message] == [
-        f"session {session.id} crashed"
-    ]
-    assert "boom while ending the turn" in caplog.text
+        session = await _crash_on_a_cancel(sup, monkeypatch)
+    _assert_crashed_once(caplog, session)

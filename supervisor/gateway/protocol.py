@@ -14,6 +14,8 @@ from typing import Any, Final
 
 from attrs import field, frozen
 
+from protocols.framing import is_text
+
 __all__ = [
     "ACTIONS",
     "MAX_FRAME_BYTES",
@@ -114,18 +116,6 @@ def frame_bytes(frame: str | bytes) -> int:
     return len(frame.encode("utf-8", "surrogatepass"))
 
 
-def _is_text(value: str) -> bool:
-    """Whether UTF-8 can carry it: JSON can hold a lone surrogate (``"\\ud800"``, what a
-    browser's ``JSON.stringify`` sends for broken pasted text); no agent's protocol can."""
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 #: ``{"id": "c1", ...`` or ``{"id": 7, ...``: an id that leads the frame (clients write it
 #: first), read without parsing a frame too large to parse.
 _LEADING_ID: Final = re.compile(r'\s*\{\s*"id"\s*:\s*(?:"([\w.:-]{1,128})"|(-?\d{1,18}))\s*[,}]')
@@ -171,7 +161,7 @@ def _decode(frame: str | bytes, size: int) -> Request | RequestError:
         return RequestError(None, "bad_request", "'id' must be a string or an integer")
     if isinstance(request_id, str) and len(request_id) > MAX_ID_CHARS:
         return RequestError(None, "bad_request", f"'id' is longer than {MAX_ID_CHARS} chars")
-    if isinstance(request_id, str) and not _is_text(request_id):
+    if isinstance(request_id, str) and not is_text(request_id):
         return RequestError(None, "bad_request", "'id' is not valid Unicode text")
     action = message.get("action")
     if not isinstance(action, str):
@@ -200,7 +190,7 @@ def _decode(frame: str | bytes, size: int) -> Request | RequestError:
             return RequestError(
                 request_id, "bad_request", f"payload {spec.name!r} must be {wanted}"
             )
-        if isinstance(value, str) and not _is_text(value):
+        if isinstance(value, str) and not is_text(value):
             return RequestError(
                 request_id,
                 "bad_request",
