@@ -4,7 +4,7 @@ Every connection a front opens to a host runs the bridge once, so its start is p
 connect and reconnect. Two entries, interleaved run by run:
 
 - ``python -m supervisor node --bridge``: the console script's path, the standard library only
-  (``supervisor/remote/bridge.py``);
+  (``supervisor/node/bridge.py``);
 - ``python -m supervisor.cli node --bridge``: through the whole CLI (trio, attrs, cattrs, ...),
   as every bridge did before.
 

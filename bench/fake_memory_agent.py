@@ -20,9 +20,9 @@ from typing import Any
 import trio
 
 from protocols.framing import Message
+from supervisor.agents.link import AgentFrame, AgentLink
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame, AgentLink
-from supervisor.process import ExitStatus
+from supervisor.core.exit import ExitStatus
 
 
 class LeanLink(AgentLink):

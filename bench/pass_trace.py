@@ -23,9 +23,9 @@ from typing import Any
 
 import trio
 
-import supervisor.agent_link as agent_link
+import supervisor.agents.process_link as agent_link
 from supervisor.gateway.websocket import ServerWebSocket
-from supervisor.session import Session
+from supervisor.runtime.session import Session
 
 
 class PassTrace(trio.abc.Instrument):

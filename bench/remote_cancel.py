@@ -5,7 +5,7 @@ both sides. Two runs, interleaved round by round so machine noise hits them alik
 
 - **local**: ``await session.cancel()`` on a session of this supervisor;
 - **remote**: the same call on a session placed on a host reached by ``ssh`` (a real sshd on
-  127.0.0.1 and a throwaway user, as in ``tests/test_remote_ssh.py``): the request crosses the
+  127.0.0.1 and a throwaway user, as in ``tests/remote/test_remote_ssh.py``): the request crosses the
   ssh connection and the bridge to the node, whose session runs the ladder; the node's
   ``turn.ended`` and then its receipt come back the same way.
 

@@ -34,7 +34,7 @@ modules), and kernel memory that MemAvailable does not show (a cgroup's own kern
 a few KB).
 
 **Containment start-up**: spawn to first byte on stdout of a command started through the
-supervisor's process layer (``supervisor.process.AgentProcess.spawn``: what the sessions use to
+supervisor's process layer (``supervisor.agents.process.AgentProcess.spawn``: what the sessions use to
 start an agent) against the same command spawned directly (trio ``open_process``, the same
 pipes, a new session), ``--rounds`` times each, in alternating blocks (``BLOCK``): ``/bin/echo`` (the first byte comes
 right after exec) and the light agent (its answer to ``initialize``). The difference is what
@@ -67,8 +67,8 @@ import trio
 from bench.cancel_overhead import percentile
 from bench.machine import load_average, mem_available, raise_fd_limit, vmstat_interval
 from supervisor import AgentSpec, Session, open_supervisor
-from supervisor.containment import CONTAINMENT_VARIABLE, choose_blocking
-from supervisor.process import AgentProcess
+from supervisor.agents.containment import CONTAINMENT_VARIABLE, choose_blocking
+from supervisor.agents.process import AgentProcess
 
 HERE = Path(__file__).resolve().parent
 LIGHT_AGENT = [sys.executable, "-S", str(HERE / "fake_light_agent.py"), "--interval", "600"]

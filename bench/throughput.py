@@ -11,7 +11,7 @@ side in the same run, interleaved, each ``--repeats`` times (the median is repor
   agent: its events come from nowhere. This is the floor issue 9's target is set against
   (ours >= 0.8x its events/s);
 - **floor with msgspec**: the same, each frame serialized by the gateway's own encoder
-  (``supervisor.wire.dumps``: msgspec, ~10x faster than ``json`` on these dicts) and framed by
+  (``supervisor.wire.codec.dumps``: msgspec, ~10x faster than ``json`` on these dicts) and framed by
   its ``text_frame``: the floor for a server that serializes as ours does. A stricter yardstick
   than the one the target names, so its ratio is shown beside it, not instead of it;
 - **floor fed by an agent**: the same, with its events read from the light agent's pipe
@@ -81,7 +81,7 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
 from supervisor.gateway import Gateway
 from supervisor.gateway.websocket import text_frame as gateway_text_frame
-from supervisor.wire import dumps
+from supervisor.wire.codec import dumps
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "fakes"))  # read-only use of the memory agent

@@ -51,7 +51,7 @@ import trio
 from bench.cancel_overhead import percentile, supervisor_cancel
 from bench.opcount import OpCount
 from supervisor import AgentSpec, open_supervisor
-from supervisor.reply import Reply
+from supervisor.runtime.reply import Reply
 
 #: What a round's window is measured with besides the clock: bytecodes, or CPU time.
 Window = contextlib.AbstractContextManager[Any]

@@ -3,7 +3,7 @@
 Amp writes Claude-Code-like JSONL but is a different protocol: its agent loop runs on Amp's
 server, the CLI only relays it (and runs the tools the server leases to it). What this machine
 relies on, each checked on ``@sourcegraph/amp@0.0.1790142911-g7618fb`` against the tests' fake
-Amp server (``tests/realagents/fake_amp.py``, ``tests/test_real_amp.py``):
+Amp server (``tests/realagents/fake_amp.py``, ``tests/real/test_real_amp.py``):
 
 - We write ``{"type":"user","message":{"role":"user","content":[blocks]}}``, plus
   ``"steer": true`` to steer (below). ``content`` must be a list. There is no control message:

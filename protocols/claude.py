@@ -64,7 +64,7 @@ Decisions:
 - We register no hooks or SDK MCP servers, so any other CLI request is answered with an error.
 
 Background tasks (sub-agents, background shells, monitors). Checked against 2.1.332 in this
-stream-json mode on a fake model (``tests/test_real_claude_tasks.py``); the field lists are the
+stream-json mode on a fake model (``tests/real/test_real_claude_tasks.py``); the field lists are the
 Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``,
 ``SDKTaskNotificationMessage``, ``SDKControlStopTaskRequest``):
 
@@ -90,7 +90,7 @@ Agent SDK's ``sdk.d.ts`` (``SDKTaskStartedMessage``, ``SDKTaskUpdatedMessage``,
   that is gone or unknown is answered success ``{}`` as well. (The CLI's bridge contexts answer
   ``stop_task is not supported in this context (callback not registered)``; not this mode.)
 
-Steering (measured on 2.1.332, ``tests/test_real_claude_steer.py``): a further ``user`` line
+Steering (measured on 2.1.332, ``tests/real/test_real_claude_steer.py``): a further ``user`` line
 with a ``uuid`` and a ``priority``, written mid-turn. The CLI says ``command_lifecycle``
 ``queued`` for that uuid within ~2 ms (that is our ``SteerAnswered``, ``injected``). The
 priority depends on what the turn is doing:

@@ -30,7 +30,7 @@ for Codex 0.171.0):
 
 Sub-agents (child threads) and goals, shapes from the 0.171.0 schema bundle
 (``codex_app_server_protocol.v2.schemas.json``: ``Thread``, ``ThreadItem``, ``ThreadGoal*``),
-checked against the real 0.171.0 app-server (``tests/test_real_codex_children.py``, whose
+checked against the real 0.171.0 app-server (``tests/real/test_real_codex_children.py``, whose
 docstring has the measurements):
 
 - A thread is one of **ours** (a descendant of our thread) when a ``subAgentActivity`` item on

@@ -1,7 +1,7 @@
 """OpenCode server (``opencode serve``), client side, as a sans-IO machine.
 
 The agent is a local HTTP server, so the messages are envelopes the HTTP link turns into real
-requests (``supervisor/http_link.py``):
+requests (``supervisor/agents/http_link.py``):
 
 - we send ``{"http": {"id": N, "method": "POST", "path": "/session", "json": {...}}}``;
 - we receive ``{"http_response": {"id": N, "status": 204, "json": ...}}`` (status 0 and an
@@ -55,7 +55,7 @@ against the real ``opencode serve`` 1.18.33 driven by a fake model (shapes in
   reply}`` follows. A ``reject`` ends the turn (``finish: "tool-calls"``, no error). A request
   left pending when the turn dies gets no ``permission.replied`` (edge case 27): we resolve it
   ourselves. On a cancel the abort and the ``reject`` go out together and either may land
-  first (both seen on the real server, ``tests/test_real_opencode_serve.py``): the reject first
+  first (both seen on the real server, ``tests/real/test_real_opencode_serve.py``): the reject first
   ends the turn ``permission_rejected``; the abort first ends it ``aborted`` and the reject is
   still answered ``200`` (its ``permission.replied`` after the idle). Had the abort already
   dropped the request, the reject would get 404: no error, as withdrawing it was the point.

@@ -2,8 +2,9 @@
 
 Universal events speak ACP's words for a tool call (``ToolKind``, ``ToolCallStatus`` of the ACP
 v1 schema), whatever the agent said: Codex ``commandExecution``/``inProgress``, OpenCode
-``bash``/``running``, Claude Code ``Bash``. Each protocol machine declares its own words once in a
-:class:`ToolVocabulary`; ``tests/test_schemas.py`` checks every one of them against the schema.
+``bash``/``running``, Claude Code ``Bash``. Each protocol machine declares its own words once in
+a :class:`ToolVocabulary`; ``tests/protocols/test_schemas.py`` checks every one of them against
+the schema.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         SupervisorError,
     )
     from supervisor.receipt import CancelReceipt, DroppedPrompt
-    from supervisor.session import Session, SessionSummary, Subscription, TurnHandle
+    from supervisor.runtime.session import Session, SessionSummary, Subscription, TurnHandle
     from supervisor.steering import SteerResult
     from supervisor.supervisor import Supervisor, open_supervisor
 
@@ -44,11 +44,11 @@ _EXPORTS = {
     "SupervisorError": "supervisor.errors",
     "CancelReceipt": "supervisor.receipt",
     "DroppedPrompt": "supervisor.receipt",
-    "Session": "supervisor.session",
+    "Session": "supervisor.runtime.session",
     "SteerResult": "supervisor.steering",
-    "SessionSummary": "supervisor.session",
-    "Subscription": "supervisor.session",
-    "TurnHandle": "supervisor.session",
+    "SessionSummary": "supervisor.runtime.session",
+    "Subscription": "supervisor.runtime.session",
+    "TurnHandle": "supervisor.runtime.session",
     "Supervisor": "supervisor.supervisor",
     "open_supervisor": "supervisor.supervisor",
 }

@@ -15,7 +15,7 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["node"] and "--bridge" in args and not {"-h", "--help"} & set(args):
-        from supervisor.remote.bridge import main_bridge
+        from supervisor.node.bridge import main_bridge
 
         return main_bridge(args[1:])
     from supervisor.cli import main as cli_main

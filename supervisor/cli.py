@@ -20,6 +20,7 @@ import attrs
 import trio
 from attrs import define, frozen
 
+from supervisor.agents.containment import ContainmentUnavailable, choose_blocking
 from supervisor.config import (
     AgentSpec,
     Config,
@@ -30,7 +31,6 @@ from supervisor.config import (
     load_agents,
     load_config,
 )
-from supervisor.containment import ContainmentUnavailable, choose_blocking
 
 # The runtime is imported where it is used: ``serve`` detects its containment in a thread
 # meanwhile (``_detect_containment_early``).
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from protocols import events as ev
     from supervisor.receipt import CancelReceipt
     from supervisor.remote.hosts import HostSpec
-    from supervisor.session import Subscription
+    from supervisor.runtime.session import Subscription
     from supervisor.supervisor import AnySession, Supervisor
 
 __all__ = ["LOCAL_NODE", "main"]
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "chat":
             if args.url and args.config:
                 parser.error("--config is for the embedded supervisor; a gateway has its own")
-            from supervisor.chat import run_chat
+            from supervisor.clients.chat import run_chat
 
             return trio.run(run_chat, args.agent, args.url, args.config)
         elif args.command == "acp":
@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.session and not args.connect:
                 parser.error("--session names a gateway's session: give --connect too")
             _log_to_stderr()
-            from supervisor.acp_front import BackendError, run_acp
+            from supervisor.clients.acp_front import BackendError, run_acp
 
             try:
                 return trio.run(
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"agent-supervisor acp: {exc}", file=sys.stderr)
                 return 2
         elif args.command == "node":
-            from supervisor.remote.node import main_node
+            from supervisor.node.daemon import main_node
 
             return main_node(args)
         elif args.command == "agents":
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _detect_containment_early() -> None:
     """Start detecting the containment (a probe process and the cgroup keeper: ~25 ms, most
     of it waiting for them) in a thread, while the runtime and the gateway are imported; the
-    result is kept for the supervisor (``supervisor/containment.py``)."""
+    result is kept for the supervisor (``supervisor/agents/containment.py``)."""
 
     def detect() -> None:
         with contextlib.suppress(Exception):  # the supervisor's own call reports it
@@ -208,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     acp.add_argument(
         "--session", metavar="ID", help="with --connect: every session/new joins this session"
     )
-    from supervisor.remote.node import add_node_parser
+    from supervisor.node.daemon import add_node_parser
 
     add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
@@ -267,7 +267,7 @@ class _Printer:
 async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) -> None:
     """Two stops: a cooperative agent, then one that ignores the interrupt."""
     from protocols import events as ev
-    from supervisor.statefile import default_state_dir
+    from supervisor.agents.statefile import default_state_dir
     from supervisor.supervisor import open_supervisor
 
     printer = _Printer(out)
@@ -307,7 +307,7 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
 async def _prompt_and_stop(
     session: AnySession, printer: _Printer, text: str, words_before_stop: int
 ) -> CancelReceipt:
-    from supervisor.wire import receipt_to_wire
+    from supervisor.wire.codec import receipt_to_wire
 
     async with session.subscribe() as events, trio.open_nursery() as nursery:
         nursery.start_soon(printer.follow, events)
@@ -324,7 +324,7 @@ async def _prompt_and_stop(
 
 
 def _containment_line() -> str:
-    """How agent trees are held together here, and why (``supervisor/containment.py``)."""
+    """How agent trees are held together here, and why (``supervisor/agents/containment.py``)."""
     found = choose_blocking()
     return f"{found.kind}: {found.detail}"
 
@@ -536,8 +536,8 @@ async def run_serve(options: ServeOptions) -> int:
 
 
 async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
+    from supervisor.agents.statefile import default_state_dir
     from supervisor.gateway import LIMITS, Gateway
-    from supervisor.statefile import default_state_dir
     from supervisor.supervisor import apply_gc_policy, open_supervisor
 
     for warning in options.warnings:

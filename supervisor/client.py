@@ -30,7 +30,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket
 
 from protocols import events as ev
 from protocols.mcp import McpServer, mcp_server_to_acp
-from supervisor.wire import known_event
+from supervisor.wire.codec import known_event
 
 __all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
 

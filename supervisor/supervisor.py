@@ -22,10 +22,12 @@ from pathlib import Path
 import trio
 
 from protocols.mcp import McpServer, McpUnsupported
-from supervisor.agent_link import ProcessLauncher
-from supervisor.alarm import AlarmClock
+from supervisor.agents.containment import choose
+from supervisor.agents.link import Launcher
+from supervisor.agents.process_link import ProcessLauncher
+from supervisor.agents.statefile import StateFile, sweep_orphans
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
-from supervisor.containment import choose
+from supervisor.core.exit import ExitStatus
 from supervisor.errors import (
     AtCapacity,
     BadRequest,
@@ -33,15 +35,13 @@ from supervisor.errors import (
     SupervisorError,
     check_text,
 )
-from supervisor.ingest import IngestGate
-from supervisor.link import Launcher
-from supervisor.process import ExitStatus
 from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
-from supervisor.session import DEFAULT_HISTORY, Session, SessionSummary
-from supervisor.statefile import StateFile, sweep_orphans
+from supervisor.runtime.alarm import AlarmClock
+from supervisor.runtime.ingest import IngestGate
+from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
 
@@ -404,7 +404,7 @@ async def open_supervisor(
     runs without that crash safety.
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
-    the shim), ``cgroup`` or ``shim`` (``supervisor/containment.py``); None reads
+    the shim), ``cgroup`` or ``shim`` (``supervisor/agents/containment.py``); None reads
     ``AGENT_SUPERVISOR_CONTAINMENT``.
     ``hosts``: the ``[hosts.NAME]`` its agents may run on (a ``config`` file's are read too).
     With a ``state_dir``, the sessions it places in nodes are recorded there, and the next

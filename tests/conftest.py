@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from helpers import require_cgroups  # noqa: E402
-from supervisor.containment import CONTAINMENT_VARIABLE  # noqa: E402
+from supervisor.agents.containment import CONTAINMENT_VARIABLE  # noqa: E402
 
 CONTAINMENTS = ("cgroup", "shim")
 

@@ -13,7 +13,7 @@ import trio
 from fakes.memory_base import BaseLauncher
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
-from supervisor.containment import choose_blocking
+from supervisor.agents.containment import choose_blocking
 
 L = TypeVar("L", bound=BaseLauncher[Any, Any])
 

@@ -6,7 +6,7 @@
 - :mod:`~supervisor.gateway.protocol`: the wire protocol's requests and responses, without I/O.
 - ``static/``: the web UI, one self-contained page.
 
-The JSON form of events and receipts (:mod:`supervisor.wire`) is shared with the runtime (a
+The JSON form of events and receipts (:mod:`supervisor.wire.codec`) is shared with the runtime (a
 session serializes each event once, when it emits it), so it lives beside the runtime.
 """
 

@@ -50,9 +50,9 @@ from supervisor.gateway.websocket import (
     text_frame,
     text_frames,
 )
-from supervisor.session import Subscription
+from supervisor.runtime.session import Subscription
 from supervisor.supervisor import AnySession, Supervisor
-from supervisor.wire import dumps, receipt_to_wire, steer_to_wire
+from supervisor.wire.codec import dumps, receipt_to_wire, steer_to_wire
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
 
@@ -207,7 +207,7 @@ class Gateway:
     it has shown the token and completed the handshake; the async context manager it returns
     is entered before the client's first request is read and exited when the client is gone
     (it closed, broke, or the server stopped). A node counts its drivers with it
-    (``supervisor/remote/node.py``). An exception it raises on entry refuses the client
+    (``supervisor/node/daemon.py``). An exception it raises on entry refuses the client
     (the connection closes)."""
 
     def __init__(

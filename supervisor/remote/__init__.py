@@ -1,9 +1,9 @@
 """Sessions on other hosts: a node on each host owns them, the front drives it over a transport.
 
 - :mod:`~supervisor.remote.hosts`: ``[hosts.NAME]`` in the configuration.
-- :mod:`~supervisor.remote.node`: ``agent-supervisor node``, the daemon that owns a host's
+- :mod:`~supervisor.node.daemon`: ``agent-supervisor node``, the daemon that owns a host's
   sessions, behind the gateway's wire protocol on a Unix socket.
-- :mod:`~supervisor.remote.bridge`: ``node --bridge``, what the transport runs: it starts the
+- :mod:`~supervisor.node.bridge`: ``node --bridge``, what the transport runs: it starts the
   node if need be and relays its stdio to it (standard library only: it starts fast).
 - :mod:`~supervisor.remote.version`: the wire's number and the package's version.
 - :mod:`~supervisor.remote.handshake`: the bridge's hello line (wire, version, instance).

@@ -55,7 +55,7 @@ DEFAULT_DETACH_S: Final = 300.0
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
 #: How agent-supervisor is run on the host: the console script of a ``pip install``.
 DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
-#: events of history per node session (``supervisor.session.DEFAULT_HISTORY``, not imported:
+#: events of history per node session (``supervisor.runtime.session.DEFAULT_HISTORY``, not imported:
 #: the node's CLI reads it before it loads the runtime)
 DEFAULT_HISTORY: Final = 10_000
 

@@ -38,7 +38,7 @@ from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, Supe
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
 from supervisor.remote.handshake import MAX_HELLO_BYTES, Hello, package_version, wire
 from supervisor.remote.hosts import HostSpec
-from supervisor.reply import Reply
+from supervisor.runtime.reply import Reply
 
 if TYPE_CHECKING:
     from supervisor.remote.session import RemoteSession

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from supervisor import tree
+from supervisor.agents import tree
 
 __all__ = ["RemoteRecord"]
 

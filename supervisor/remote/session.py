@@ -2,7 +2,7 @@
 
 Every call is a request to the host's node (``supervisor/remote/link.py``); the node's session
 does the work (its actor, its ladder, its receipt). The front keeps a mirror: the events the
-node sent, in a :class:`~supervisor.subscription.Fanout` of its own (so the front's
+node sent, in a :class:`~supervisor.runtime.fanout.Fanout` of its own (so the front's
 subscribers replay from the front's history, with ``since_seq``, like a local session's), the
 state and the current turn. Events keep the node's ``seq``: after a reconnect the link
 resubscribes from the last one it has, and what the node replays continues the stream with no
@@ -24,19 +24,19 @@ import trio
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from supervisor.config import AgentSpec
+from supervisor.core.exit import ExitStatus
 from supervisor.errors import AgentNotRunning, BadRequest
-from supervisor.process import ExitStatus
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.remote.errors import HostUnreachable, LinkLost
-from supervisor.session import (
+from supervisor.runtime.fanout import Fanout, Subscription
+from supervisor.runtime.session import (
     DEFAULT_HISTORY,
     DEFAULT_SUBSCRIBER_BUFFER,
     SessionSummary,
     TurnHandle,
 )
 from supervisor.steering import SteerResult
-from supervisor.subscription import Fanout, Subscription
-from supervisor.wire import converter, dumps, event_from_wire, event_to_wire
+from supervisor.wire.codec import converter, dumps, event_from_wire, event_to_wire
 
 if TYPE_CHECKING:
     from supervisor.remote.link import Connection, NodeLink

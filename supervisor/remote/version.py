@@ -1,6 +1,6 @@
 """The two versions a front and a node compare: the wire's number and the package's.
 
-Standard library only: the bridge (``supervisor/remote/bridge.py``) reads these too.
+Standard library only: the bridge (``supervisor/node/bridge.py``) reads these too.
 
 - :data:`WIRE` is what must agree: the bridge's hello and options, what the front asks of a
   node (the gateway's actions, ``spec``, ``task_id``, ``node_retired``) and what the events

@@ -1,5 +1,5 @@
 // An ACP client built on the official TypeScript SDK (@agentclientprotocol/sdk, `client()`),
-// driving `agent-supervisor acp` for tests/test_acp_front.py. Not our code on the client side:
+// driving `agent-supervisor acp` for tests/clients/test_acp_front.py. Not our code on the client side:
 // the SDK frames, validates (zod) and routes every message.
 //
 //   node ts_client.mjs SDK_ENTRY SCENARIO AGENT_ARGV_JSON [CWD]

@@ -18,11 +18,11 @@ from typing import Any
 import trio
 
 from protocols.framing import Message, decode_line
-from supervisor.agent_link import ProcessLauncher, ProcessLink
+from supervisor.agents.containment import Containment, choose
+from supervisor.agents.link import AgentLines
+from supervisor.agents.process_link import ProcessLauncher, ProcessLink
+from supervisor.agents.statefile import StateFile
 from supervisor.config import AgentSpec
-from supervisor.containment import Containment, choose
-from supervisor.link import AgentLines
-from supervisor.statefile import StateFile
 
 
 async def _ready_line(receive: trio.MemoryReceiveChannel[object]) -> dict[str, Any]:

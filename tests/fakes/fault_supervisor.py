@@ -24,8 +24,8 @@ import psutil
 import trio
 
 from supervisor import AgentSpec, open_supervisor
-from supervisor.containment import choose_blocking
-from supervisor.process import CgroupProcess
+from supervisor.agents.containment import choose_blocking
+from supervisor.agents.process import CgroupProcess
 
 
 def _keeper_pid() -> int | None:

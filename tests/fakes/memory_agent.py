@@ -21,8 +21,8 @@ from typing import Any
 import trio
 from attrs import define
 
+from supervisor.agents.link import AgentStderrLines
 from supervisor.config import AgentSpec
-from supervisor.link import AgentStderrLines
 
 try:
     from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on

@@ -20,9 +20,9 @@ import trio
 from attrs import define, field
 
 from protocols.framing import Message
+from supervisor.agents.link import AgentFrame, AgentGone, AgentLink, Inbox
 from supervisor.config import AgentSpec
-from supervisor.link import AgentFrame, AgentGone, AgentLink, Inbox
-from supervisor.process import ExitStatus
+from supervisor.core.exit import ExitStatus
 
 #: A prompt token's effect: the field it sets and how its ``=value`` becomes that field's value.
 Token = tuple[str, Callable[[str], Any]]

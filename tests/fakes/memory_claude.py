@@ -18,7 +18,7 @@ like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request
 ``background`` (a second ``result`` after the turn's, like a background task), and ``fail-turn``
 (the turn ends on an API error: ``success``/``completed`` with ``is_error``).
 
-Background tasks, as 2.1.332 runs them (``tests/test_real_claude_tasks.py``): ``tasks=N`` starts
+Background tasks, as 2.1.332 runs them (``tests/real/test_real_claude_tasks.py``): ``tasks=N`` starts
 N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
 ``[0-9a-z]``) when the turn starts; like the CLI's, they survive the interrupt and run until
 stopped. ``stop_task`` ends a running task (``task_updated`` ``killed``, ``task_notification``

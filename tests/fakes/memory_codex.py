@@ -44,7 +44,7 @@ from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLi
 from supervisor.config import AgentSpec
 
 #: How long after a turn completes with the goal active Codex starts the next goal turn
-#: (measured ~10 ms on 0.171.0, ``tests/test_real_codex_children.py``).
+#: (measured ~10 ms on 0.171.0, ``tests/real/test_real_codex_children.py``).
 GOAL_TURN_DELAY_S = 0.01
 #: What ``fail-turn`` fails with: the real server's words for an HTTP 500 from the model.
 FAILURE = {

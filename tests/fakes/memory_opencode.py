@@ -2,7 +2,7 @@
 
 The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
 ``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
-but speaks what the HTTP link delivers for OpenCode (``supervisor/http_link.py``): it receives
+but speaks what the HTTP link delivers for OpenCode (``supervisor/agents/http_link.py``): it receives
 request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"http_response":
 ...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
 (``tests/golden/opencode``): ``prompt_async`` answered 204 at once and ``session.status busy``

@@ -16,8 +16,8 @@ import trio
 
 from helpers import Recorder
 from protocols import events as ev
-from supervisor.cgroups import Cgroup
-from supervisor.containment import choose_blocking
+from supervisor.agents.cgroups import Cgroup
+from supervisor.agents.containment import choose_blocking
 
 #: ``AGENT_SUPERVISOR_LONG_FAULTS=1``: the long mode (minutes instead of seconds).
 LONG = os.environ.get("AGENT_SUPERVISOR_LONG_FAULTS") == "1"

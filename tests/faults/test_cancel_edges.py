@@ -22,7 +22,7 @@ from faults.agents import AGENTS
 from faults.harness import FaultRecorder, living, tree
 from protocols import events as ev
 from supervisor import AgentSpec, CancelReceipt, Session, open_supervisor
-from supervisor.wire import receipt_to_wire
+from supervisor.wire.codec import receipt_to_wire
 
 BOUND = 20.0
 

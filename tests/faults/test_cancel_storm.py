@@ -36,7 +36,7 @@ from protocols import events as ev
 from supervisor import AgentSpec, BadRequest, CancelReceipt, Session, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
-from supervisor.wire import receipt_to_wire
+from supervisor.wire.codec import receipt_to_wire
 
 pytestmark = [pytest.mark.real_process] if LONG else []
 

@@ -24,9 +24,9 @@ import trio
 from faults.harness import BOUND, FaultRecorder, living, tree, wait_gone
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
-from supervisor.agent_link import ProcessLink
+from supervisor.agents.process import ShimProcess
+from supervisor.agents.process_link import ProcessLink
 from supervisor.errors import AgentNotRunning
-from supervisor.process import ShimProcess
 from unkillable import require_freezer, unkillable
 
 pytestmark = pytest.mark.real_process

@@ -39,12 +39,12 @@ from faults.harness import BOUND, LONG, FaultRecorder, living, session_of, tree,
 from helpers import require_cgroups
 from protocols import events as ev
 from supervisor import CancelReceipt, Session, Supervisor, open_supervisor
-from supervisor.agent_link import ProcessLink
+from supervisor.agents.containment import CONTAINMENT_VARIABLE, choose_blocking
+from supervisor.agents.process import ShimProcess
+from supervisor.agents.process_link import ProcessLink
 from supervisor.client import GatewayClient, GatewayError, connect
-from supervisor.containment import CONTAINMENT_VARIABLE, choose_blocking
 from supervisor.gateway import Gateway
-from supervisor.process import ShimProcess
-from supervisor.wire import receipt_to_wire
+from supervisor.wire.codec import receipt_to_wire
 
 pytestmark = pytest.mark.real_process
 

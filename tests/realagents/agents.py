@@ -288,7 +288,7 @@ AGENTS: dict[str, RealAgent] = {
 assert PERMISSION_COMMAND != SHELL_COMMAND
 
 
-# -- Claude Code in stream-json mode (protocol "claude"; tests/test_real_claude.py) ------------
+# -- Claude Code in stream-json mode (protocol "claude"; tests/real/test_real_claude.py) ------------
 # Not an ACP agent, so not in AGENTS (test_real_acp_agents.py runs every entry of that table).
 
 #: After the native binary: the adapter's command line (protocols.claude.CLAUDE_COMMAND), a
@@ -340,7 +340,7 @@ def claude_stream_json_spec(
     return spec.with_options(protocol="claude")
 
 
-# -- Codex app-server (protocol "codex"; tests/test_real_codex.py) ------------------------------
+# -- Codex app-server (protocol "codex"; tests/real/test_real_codex.py) ------------------------------
 # Not an ACP agent, so not in AGENTS. The same CODEX_HOME config.toml as codex-acp (_codex).
 # ``--strict-config``: without it a bad config.toml silently falls back to the real provider.
 
@@ -374,7 +374,7 @@ def codex_enable_features(prepared: Prepared, *features: str) -> None:
     config.write_text(text.replace("[features]\n", f"[features]\n{flags}"))
 
 
-# -- Amp (protocol "amp"; tests/test_real_amp.py) -----------------------------------------------
+# -- Amp (protocol "amp"; tests/real/test_real_amp.py) -----------------------------------------------
 # Not an ACP agent, so not in AGENTS. Amp's CLI calls no model: its agent loop is on Amp's server,
 # which the tests replace with ``fake_amp.FakeAmp`` (``base_url`` is that server's). On
 # loopback the CLI needs no credentials for the actor endpoint; any API key is accepted.

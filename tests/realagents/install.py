@@ -109,7 +109,7 @@ PACKAGES: dict[str, Package] = {
             "@anthropic-ai/claude-code",
             "2.1.332",
             # the native binary, which the package's postinstall puts in place of a stub; run
-            # in stream-json mode by tests/test_real_claude.py (not an ACP agent)
+            # in stream-json mode by tests/real/test_real_claude.py (not an ACP agent)
             "node_modules/@anthropic-ai/claude-code/bin/claude.exe",
             scripts=("@anthropic-ai/claude-code",),
         ),
@@ -117,7 +117,7 @@ PACKAGES: dict[str, Package] = {
             "codex",
             "@openai/codex",
             "0.171.0",
-            # Codex app-server (tests/test_real_codex.py, tests/test_schemas.py): the native
+            # Codex app-server (tests/real/test_real_codex.py, tests/protocols/test_schemas.py): the native
             # binary, not the npm .js shim, which runs it as a child and does not forward signals
             "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
         ),
@@ -125,7 +125,7 @@ PACKAGES: dict[str, Package] = {
             "amp",
             "@sourcegraph/amp",
             "0.0.1790142911-g7618fb",
-            # Amp's CLI (tests/test_real_amp.py): the platform package's Bun executable, run
+            # Amp's CLI (tests/real/test_real_amp.py): the platform package's Bun executable, run
             # directly. @ampcode/cli's postinstall only links it to bin/amp.exe.
             "node_modules/@ampcode/cli-linux-x64/amp",
             scripts=("@ampcode/cli",),
@@ -143,7 +143,7 @@ PACKAGES: dict[str, Package] = {
             "acp-sdk",
             "@agentclientprotocol/sdk",
             "2.4.0",
-            # only its schema/v1/*.json are used (tests/test_schemas.py); the entry (the
+            # only its schema/v1/*.json are used (tests/protocols/test_schemas.py); the entry (the
             # package's main module) proves the install is whole
             "node_modules/@agentclientprotocol/sdk/dist/v1/stable/acp.js",
         ),

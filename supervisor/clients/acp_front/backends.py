@@ -1,0 +1,515 @@
+"""Where the sessions behind the ACP front door live: in this process, or on a gateway.
+
+:class:`EmbeddedSessions` owns a supervisor of its own (``agent-supervisor acp``);
+:class:`GatewaySessions` speaks to a running gateway over its WebSocket (``--connect URL``),
+so the editor shares each session with the web UI and the chat. Both hand out
+:class:`FrontSession` objects with the same few calls, and both give events as universal
+event objects, in order, with no gaps (a subscriber cut off for falling behind catches up).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any, Protocol
+
+import trio
+from trio_websocket import ConnectionClosed
+
+from protocols import PROTOCOLS
+from protocols import events as ev
+from protocols.content import CARRY_WORDS, Part, refusal, to_acp
+from protocols.mcp import mcp_servers_from_acp
+from supervisor.client import GatewayClient, GatewayError
+from supervisor.errors import BadRequest, SupervisorError
+from supervisor.runtime.session import Session, Subscription
+from supervisor.supervisor import AnySession, Supervisor
+from supervisor.wire.codec import known_event
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendRefused",
+    "EmbeddedSession",
+    "EmbeddedSessions",
+    "FrontSession",
+    "GatewaySession",
+    "GatewaySessions",
+]
+
+log = logging.getLogger(__name__)
+
+#: For a gateway to replay a session's history (``session/load`` on ``--connect``): at most
+#: 10,000 events of ~100 bytes, well under a second on loopback.
+HISTORY_BOUND_S = 30.0
+#: Bound on stopping one session (its turn's ladder, the agent's exit) when the front closes.
+STOP_BOUND_S = 10.0
+
+
+class BackendError(Exception):
+    """A call on a session failed; the message is for the person in the editor."""
+
+
+class BackendRefused(BackendError):
+    """The session refused what it was asked, as asked (content the agent cannot take)."""
+
+
+class FrontSession(Protocol):
+    """One session behind the front door."""
+
+    id: str  # the backend's own id (a gateway's ``s3``)
+    agent: str
+    cwd: str
+    #: what it said so far, when the backend keeps it (``attach(history=True)``): role, text
+    transcript: list[list[str]]
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        """Returns the turn id once the session accepted the prompt; ``parts``: its content
+        when it is more than text (:class:`BackendRefused` if the agent cannot take it)."""
+        ...
+
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the agent behind takes in a prompt besides text (``protocols.content``)."""
+        ...
+
+    async def cancel(self) -> None:
+        """Returns once the running turn has ended (the whole ladder ran)."""
+        ...
+
+    async def steer(self, text: str) -> str:
+        """Returns the steer's mode: ``injected``, ``started`` or ``interrupted``."""
+        ...
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None: ...
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        """The agent's session modes (ACP's ``SessionModeState``), or None: it has none."""
+        ...
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Returns once the agent took the mode (:class:`BackendRefused` if it did not)."""
+        ...
+
+    def events(self) -> AsyncIterator[ev.Event]:
+        """Events from when the session was opened here, in order, until it ends."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop the session (embedded), or stop following it (a gateway's lives on)."""
+        ...
+
+    @property
+    def agent_session_id(self) -> str | None: ...
+
+
+class Backend(Protocol):
+    @property
+    def agents(self) -> Sequence[tuple[str, str]]:
+        """The agents it can start: name, description."""
+        ...
+
+    @property
+    def persistent_ids(self) -> bool:
+        """Whether the front door mints (and records) its own session ids, for ``session/list``
+        and ``session/load`` after this process ended; else the backend's ids are used."""
+        ...
+
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        """The kinds of MCP server ``agent`` can be given (``stdio``, ``http``, ``sse``)."""
+        ...
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        """What ``agent`` takes in a prompt besides text as far as is known before a session
+        of it runs (its protocol's word; an ACP agent's own comes when it starts)."""
+        ...
+
+    async def start(
+        self,
+        agent: str,
+        cwd: str,
+        *,
+        mcp_servers: Sequence[dict[str, Any]] = (),
+        resume: str | None = None,
+    ) -> FrontSession: ...
+
+    async def attach(self, session_id: str, *, history: bool = False) -> FrontSession:
+        """A session that runs already (a gateway's), followed from now on; ``history``: its
+        transcript so far is read first (``FrontSession.transcript``)."""
+        ...
+
+    async def list(self) -> list[dict[str, Any]]:
+        """The sessions the backend itself knows (``session_id``, ``agent``, ``cwd``?)."""
+        ...
+
+
+# -- embedded -------------------------------------------------------------------------------
+
+
+class EmbeddedSession:
+    def __init__(self, session: AnySession, subscription: Subscription) -> None:
+        self._session = session
+        self._subscription = subscription
+        self.id = session.id
+        self.agent = session.spec.name
+        self.cwd: str = session.cwd or ""
+        self.transcript: list[list[str]] = []  # kept by the front door's records instead
+
+    @property
+    def agent_session_id(self) -> str | None:
+        if isinstance(self._session, Session):
+            return self._session.agent_session_id
+        return None
+
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        return self._session.prompt_carries
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._session.modes
+
+    async def set_mode(self, mode_id: str) -> None:
+        try:
+            await self._session.set_mode(mode_id)
+        except BadRequest as exc:
+            raise BackendRefused(str(exc)) from exc
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        try:
+            return (await self._session.prompt(text, parts)).id
+        except BadRequest as exc:
+            raise BackendRefused(str(exc)) from exc
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def cancel(self) -> None:
+        try:
+            await self._session.cancel(reason="user")
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def steer(self, text: str) -> str:
+        try:
+            return (await self._session.steer(text)).mode
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None:
+        try:
+            await self._session.respond_permission(
+                request_id, option_id, cancelled=option_id is None
+            )
+        except SupervisorError as exc:
+            raise BackendError(str(exc)) from exc
+
+    async def events(self) -> AsyncIterator[ev.Event]:
+        while True:
+            try:
+                async for event in self._subscription:
+                    yield event
+            except trio.ClosedResourceError:
+                return  # closed here: the session is being stopped
+            if not self._subscription.lagged:
+                return
+            last_seq = self._subscription.last_seq  # cut off for falling behind: catch up
+            self._subscription.close()
+            self._subscription = await self._session.open_subscription(since_seq=last_seq)
+
+    async def stop(self) -> None:
+        self._subscription.close()
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
+            try:
+                await self._session.stop()
+            except SupervisorError:
+                pass  # stopped or failed already
+
+
+class EmbeddedSessions:
+    """Sessions of a supervisor in this process."""
+
+    persistent_ids = True
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+        self.agents = [(spec.name, spec.description) for spec in supervisor.agents.values()]
+
+    async def start(
+        self,
+        agent: str,
+        cwd: str,
+        *,
+        mcp_servers: Sequence[dict[str, Any]] = (),
+        resume: str | None = None,
+    ) -> EmbeddedSession:
+        try:
+            session = await _start_with_mcp(self._supervisor, agent, cwd, resume, mcp_servers)
+            # From its first event: how its start went (a resume refused) is told too.
+            subscription = await session.open_subscription(since_seq=0)
+        except BadRequest as exc:  # what was asked (a cwd, an MCP server), refused
+            raise BackendRefused(f"cannot start {agent}: {exc}") from exc
+        except SupervisorError as exc:
+            raise BackendError(f"cannot start {agent}: {exc}") from exc
+        return EmbeddedSession(session, subscription)
+
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        spec = self._supervisor.agents.get(agent) if agent is not None else None
+        protocol = PROTOCOLS.get(spec.protocol) if spec is not None else None
+        return protocol.mcp_transports if protocol is not None else frozenset({"stdio"})
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        spec = self._supervisor.agents.get(agent) if agent is not None else None
+        if spec is None or spec.hosts:
+            return frozenset()  # a host's session takes text (RemoteSession)
+        protocol = PROTOCOLS.get(spec.protocol)
+        return protocol.prompt_carries if protocol is not None else frozenset()
+
+    async def attach(self, session_id: str, *, history: bool = False) -> EmbeddedSession:
+        raise BackendError(f"no session {session_id!r}")
+
+    async def list(self) -> list[dict[str, Any]]:
+        return []
+
+
+async def _start_with_mcp(
+    supervisor: Supervisor,
+    agent: str,
+    cwd: str,
+    resume: str | None,
+    mcp_servers: Sequence[dict[str, Any]],
+) -> AnySession:
+    """The client's ``mcpServers`` reach the agent behind, on top of its own, the way its
+    protocol takes them (``Supervisor.start_session(mcp_servers=...)``)."""
+    try:
+        servers = mcp_servers_from_acp(list(mcp_servers))
+    except ValueError as exc:
+        raise BackendRefused(f"mcpServers{exc}") from None
+    return await supervisor.start_session(agent, cwd=cwd, resume=resume, mcp_servers=servers)
+
+
+# -- a gateway ------------------------------------------------------------------------------
+
+
+class GatewaySession:
+    """A gateway's session, followed over this front's WebSocket connection."""
+
+    def __init__(
+        self,
+        sessions: GatewaySessions,
+        session_id: str,
+        agent: str,
+        cwd: str,
+        channel: trio.MemoryReceiveChannel[dict[str, Any]],
+        stack: AsyncExitStack,
+    ) -> None:
+        self._sessions = sessions
+        self._client = sessions.client
+        self.id = session_id
+        self.agent = agent
+        self.cwd = cwd
+        self._channel = channel
+        self._stack = stack
+        self._last_seq: int | None = None
+        #: what ``session/load`` replays (``read_history``)
+        self.transcript: list[list[str]] = []
+        modes = self._client.subscribed.get(session_id, {}).get("modes")
+        self._modes: dict[str, Any] | None = modes if isinstance(modes, dict) else None
+
+    agent_session_id = None
+
+    async def read_history(self, head: int) -> None:
+        """Take the replayed events up to ``head`` (the newest when subscribed) off the
+        channel, as a transcript (``[role, text]``); what comes after is the live stream."""
+        self.transcript = []
+        while (self._last_seq or 0) < head:
+            try:
+                message = await self._channel.receive()
+            except trio.EndOfChannel:
+                raise BackendError("the session ended while its history was read") from None
+            if message.get("event") in ("subscription.lagged", "subscription.closed"):
+                raise BackendError(f"the gateway cut the replay short ({message.get('event')})")
+            event = known_event(message)
+            if event is None:
+                continue
+            self._last_seq = event.seq
+            if isinstance(event, ev.TurnStarted):
+                self.transcript.append(["user", event.text])
+            elif isinstance(event, ev.MessageDelta) and event.role != "user" and event.text:
+                if self.transcript and self.transcript[-1][0] == "agent":
+                    self.transcript[-1][1] += event.text
+                else:
+                    self.transcript.append(["agent", event.text])
+
+    async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+        with _gateway_errors():
+            return await self._client.request(action, {"session_id": self.id, **payload})
+
+    @property
+    def prompt_carries(self) -> frozenset[str]:
+        """What the gateway's session takes besides text, as its subscribe said (an older
+        gateway says nothing: text only)."""
+        carries = self._client.subscribed.get(self.id, {}).get("prompt_carries")
+        return frozenset(carries) & CARRY_WORDS if isinstance(carries, list) else frozenset()
+
+    @property
+    def modes(self) -> dict[str, Any] | None:
+        return self._modes
+
+    async def set_mode(self, mode_id: str) -> None:
+        if self._modes is None:
+            raise BackendRefused(f"agent {self.agent!r} offers no modes")
+        with _gateway_errors(refused=True):
+            await self._client.set_mode(self.id, mode_id)
+        self._modes = {**self._modes, "currentModeId": mode_id}
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
+        why = refusal(parts, self.prompt_carries, f"agent {self.agent!r}")
+        if why is not None:
+            raise BackendRefused(why)
+        content = [to_acp(part, CARRY_WORDS) for part in parts]  # each as such
+        with _gateway_errors(refused=True):  # what the agent cannot take: refused
+            result = await self._client.prompt(self.id, text, content=content)
+        return str(result["turn_id"])
+
+    async def cancel(self) -> None:
+        await self._request("agent.cancel", {"reason": "user"})
+
+    async def steer(self, text: str) -> str:
+        return str((await self._request("agent.steer", {"text": text}))["mode"])
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None:
+        with _gateway_errors():
+            await self._client.respond_permission(self.id, request_id, option_id)
+
+    async def events(self) -> AsyncIterator[ev.Event]:
+        # From where the history read (``read_history``) left off.
+        async for event in self._client.events(self.id, self._channel, after_seq=self._last_seq):
+            self._last_seq = event.seq
+            yield event
+
+    async def stop(self) -> None:
+        """Stop following: the session is the gateway's, and its other clients keep it."""
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
+            await self._stack.aclose()
+
+
+@contextmanager
+def _gateway_errors(*, refused: bool = False) -> Iterator[None]:
+    """A failed gateway call as a :class:`BackendError` for the person in the editor; with
+    ``refused``, a ``bad_request`` as :class:`BackendRefused` (what was asked, refused)."""
+    try:
+        yield
+    except GatewayError as exc:
+        if refused and exc.code == "bad_request":
+            raise BackendRefused(exc.message) from exc
+        raise BackendError(exc.message) from exc
+    except ConnectionClosed as exc:
+        raise BackendError("the connection to the gateway is closed") from exc
+
+
+class GatewaySessions:
+    """Sessions of a running gateway (``--connect URL``); ids are the gateway's."""
+
+    persistent_ids = False
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        agents: Sequence[tuple[str, str]],
+        carries: dict[str, frozenset[str]] | None = None,
+    ) -> None:
+        self.client = client
+        self.agents = list(agents)
+        #: what each agent's protocol takes besides text, as the gateway lists it
+        self._carries = carries or {}
+
+    def mcp_transports(self, agent: str | None) -> frozenset[str]:
+        """The gateway's agents are known by name and protocol only: stdio servers, which
+        every protocol takes (the gateway refuses, with the reason, what it cannot pass)."""
+        return frozenset({"stdio"})
+
+    def prompt_carries(self, agent: str | None) -> frozenset[str]:
+        return self._carries.get(agent or "", frozenset())
+
+    @classmethod
+    async def open(cls, client: GatewayClient) -> GatewaySessions:
+        try:
+            listed = await client.agents()
+        except GatewayError as exc:
+            raise BackendError(f"the gateway does not list its agents: {exc}") from exc
+        agents = [(str(a.get("name")), str(a.get("description") or "")) for a in listed]
+        carries = {
+            str(a.get("name")): frozenset(a["prompt_carries"]) & CARRY_WORDS
+            for a in listed
+            if isinstance(a.get("prompt_carries"), list)
+        }
+        return cls(client, agents, carries)
+
+    async def start(
+        self,
+        agent: str,
+        cwd: str,
+        *,
+        mcp_servers: Sequence[dict[str, Any]] = (),
+        resume: str | None = None,
+    ) -> GatewaySession:
+        try:
+            started = await self.client.start_session(agent, cwd, mcp_servers=mcp_servers)
+        except GatewayError as exc:
+            refused = BackendRefused if exc.code == "bad_request" else BackendError
+            raise refused(f"cannot start {agent}: {exc.message}") from exc
+        except ConnectionClosed as exc:
+            raise BackendError(
+                f"cannot start {agent}: the connection to the gateway is closed"
+            ) from exc
+        return await self._follow(str(started["session_id"]), agent, cwd)
+
+    async def attach(self, session_id: str, *, history: bool = False) -> GatewaySession:
+        """Follow ``session_id``; with ``history``, its transcript so far is read first (the
+        gateway replays its events from the start) for ``session/load`` to show."""
+        try:
+            listed = await self.client.sessions()
+        except GatewayError as exc:
+            raise BackendError(str(exc)) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc
+        for summary in listed:
+            if summary.get("session_id") == session_id:
+                agent = str(summary.get("agent"))
+                cwd = str(summary.get("cwd") or "")
+                return await self._follow(session_id, agent, cwd, history=history)
+        raise BackendError(f"the gateway has no session {session_id!r}")
+
+    async def _follow(
+        self, session_id: str, agent: str, cwd: str, *, history: bool = False
+    ) -> GatewaySession:
+        stack = AsyncExitStack()
+        try:
+            channel = await stack.enter_async_context(
+                self.client.subscribe(session_id, since_seq=0 if history else None)
+            )
+        except (GatewayError, ConnectionClosed) as exc:
+            await stack.aclose()
+            raise BackendError(f"cannot follow session {session_id}: {exc}") from exc
+        session = GatewaySession(self, session_id, agent, cwd, channel, stack)
+        if history:
+            head = int(self.client.subscribed.get(session_id, {}).get("last_seq") or 0)
+            try:
+                with trio.fail_after(HISTORY_BOUND_S):
+                    await session.read_history(head)
+            except (trio.TooSlowError, BackendError) as exc:
+                await stack.aclose()
+                raise BackendError(f"cannot read the history of {session_id}: {exc}") from exc
+        return session
+
+    async def list(self) -> list[dict[str, Any]]:
+        try:
+            return await self.client.sessions()
+        except GatewayError as exc:
+            raise BackendError(str(exc)) from exc
+        except ConnectionClosed as exc:
+            raise BackendError("the connection to the gateway is closed") from exc

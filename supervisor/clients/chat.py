@@ -1,0 +1,1165 @@
+"""``agent-supervisor chat``: a terminal chat with one agent session, and a real Stop key.
+
+Three layers, so the embedded and the remote chat share every line of the user interface:
+
+- :class:`KeyDecoder` and :class:`ChatCore` do no I/O. The decoder turns terminal bytes into
+  keys; the core turns inputs (keys or lines, signals, session events, answers of the backend)
+  into text to show and :data:`Command` values to carry out. Tests feed them and compare.
+- A :class:`ChatBackend` runs the commands: :class:`EmbeddedBackend` on a session of an
+  in-process supervisor, :class:`RemoteBackend` on a gateway session over WebSocket.
+- :func:`run_chat` is the shell: it puts the terminal in cbreak mode while the chat runs (and
+  always puts it back), reads stdin with trio, owns SIGINT, and loops ``input -> core ->
+  output + commands``. Backend calls run as child tasks that post their answer back as an
+  input, so a stop that takes a whole grace window never freezes the screen.
+
+Keys: Enter sends the line; Esc or Ctrl-C stops the running turn and shows the receipt; a
+second Ctrl-C within a second quits; Ctrl-D or ``/quit`` on an empty line quits; ``y``/``n``
+answer a permission request. Typing while a turn runs writes a *steer*: Enter sends it to the
+running turn (``session.steer``: joined natively where the agent can, else the turn makes way),
+and the chat says which way it went; the keys are not echoed meanwhile, so the agent's output
+stays whole. When stdin is not a terminal the chat reads plain lines instead (``/stop`` stands
+for Esc, ``/steer TEXT`` steers), so it can be scripted.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import signal
+import termios
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, nullcontext
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import cattrs
+import trio
+from attrs import define, frozen
+from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+
+from protocols import events as ev
+from supervisor.agents.statefile import default_state_dir
+from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.config import builtin_agents, load_agents
+from supervisor.errors import SupervisorError
+from supervisor.receipt import CancelReceipt
+from supervisor.remote.hosts import load_hosts
+from supervisor.runtime.session import Subscription
+from supervisor.steering import SteerResult
+from supervisor.supervisor import AnySession, open_supervisor
+from supervisor.wire.codec import converter
+
+__all__ = [
+    "ChatBackend",
+    "ChatCore",
+    "ChatError",
+    "EmbeddedBackend",
+    "Key",
+    "KeyDecoder",
+    "RemoteBackend",
+    "open_embedded",
+    "open_remote",
+    "run_chat",
+]
+
+#: How long a lone ESC byte waits for the rest of an escape sequence before it counts as the
+#: Esc key. Terminals write a whole sequence (arrow keys: ``ESC [ A``) at once, so the wait
+#: only matters over slow links; vim's ``ttimeoutlen`` is 100 ms, tmux's ``escape-time`` 10 ms
+#: (3.5+). 50 ms feels instant and still joins a sequence split across two reads.
+ESC_TIMEOUT_S = 0.05
+#: A second Ctrl-C within this window quits; the first one only stops the turn.
+DOUBLE_INTERRUPT_S = 1.0
+#: Bound on stopping the session on the way out (the supervisor's own bound per session).
+STOP_BOUND_S = 10.0
+#: Inputs waiting for the UI loop; senders wait when it is full (the loop never does).
+_INBOX_SIZE = 64
+
+# -- keys ----------------------------------------------------------------------------------
+
+CHAR = "char"
+ENTER = "enter"
+BACKSPACE = "backspace"
+ESC = "esc"
+CTRL_C = "ctrl-c"
+CTRL_D = "ctrl-d"
+CTRL_U = "ctrl-u"
+
+_CONTROL_KEYS = {
+    0x0D: ENTER,
+    0x0A: ENTER,
+    0x7F: BACKSPACE,
+    0x08: BACKSPACE,
+    0x03: CTRL_C,
+    0x04: CTRL_D,
+    0x15: CTRL_U,
+}
+
+
+@frozen
+class Key:
+    """One key press: ``name`` is one of the constants above; ``char`` is set for CHAR."""
+
+    name: str
+    char: str = ""
+
+
+class KeyDecoder:
+    """Terminal bytes (cbreak mode) to keys, without I/O.
+
+    Escape sequences (arrows, function keys, bracketed-paste marks) are swallowed whole. A lone
+    ESC at the end of the input is held (:attr:`escape_pending`): the caller waits
+    :data:`ESC_TIMEOUT_S` for more bytes and calls :meth:`flush` if none come.
+    """
+
+    def __init__(self) -> None:
+        self._text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._state = "plain"  # plain | esc | csi | ss3
+
+    @property
+    def escape_pending(self) -> bool:
+        return self._state == "esc"
+
+    def feed(self, data: bytes) -> list[Key]:
+        keys: list[Key] = []
+        for byte in data:
+            if self._state == "csi":
+                if 0x40 <= byte <= 0x7E:  # the final byte of a CSI sequence
+                    self._state = "plain"
+                continue
+            if self._state == "ss3":
+                self._state = "plain"
+                continue
+            if self._state == "esc":
+                self._state = "plain"
+                if byte == 0x5B:  # ESC [
+                    self._state = "csi"
+                    continue
+                if byte == 0x4F:  # ESC O
+                    self._state = "ss3"
+                    continue
+                keys.append(Key(ESC))  # Alt+x arrives as ESC x: an Esc, then the x
+            key = self._plain(byte)
+            if key is not None:
+                keys.append(key)
+        return keys
+
+    def flush(self) -> list[Key]:
+        """No more bytes came: a held ESC is the Esc key; a cut-off sequence is dropped."""
+        pending = self._state == "esc"
+        self._state = "plain"
+        return [Key(ESC)] if pending else []
+
+    def _plain(self, byte: int) -> Key | None:
+        if byte == 0x1B:
+            self._state = "esc"
+            return None
+        name = _CONTROL_KEYS.get(byte)
+        if name is not None:
+            return Key(name)
+        if byte < 0x20:
+            return None  # other control keys do nothing
+        text = self._text.decode(bytes([byte]))
+        return Key(CHAR, text) if text else None
+
+
+# -- inputs and commands of the core ---------------------------------------------------------
+
+
+@frozen
+class Line:
+    """A line of stdin when it is not a terminal."""
+
+    text: str
+
+
+@frozen
+class InputEnded:
+    """End of stdin (or the terminal hung up)."""
+
+
+@frozen
+class Interrupt:
+    """Ctrl-C (SIGINT) at ``at`` on trio's clock."""
+
+    at: float
+
+
+@frozen
+class Terminate:
+    """SIGTERM or SIGHUP: quit now, cleanly."""
+
+    signum: int
+
+
+@frozen
+class EventsEnded:
+    """The session's event stream ended (session gone, connection lost)."""
+
+
+@frozen
+class PromptAccepted:
+    turn_id: str
+
+
+@frozen
+class PromptFailed:
+    message: str
+
+
+@frozen
+class CancelDone:
+    receipt: CancelReceipt
+
+
+@frozen
+class CancelFailed:
+    message: str
+
+
+@frozen
+class PermissionFailed:
+    message: str
+
+
+@frozen
+class SteerDone:
+    result: SteerResult
+
+
+@frozen
+class SteerFailed:
+    message: str
+
+
+Input = (
+    Key
+    | Line
+    | InputEnded
+    | Interrupt
+    | Terminate
+    | EventsEnded
+    | PromptAccepted
+    | PromptFailed
+    | CancelDone
+    | CancelFailed
+    | PermissionFailed
+    | SteerDone
+    | SteerFailed
+    | ev.Event
+)
+
+
+@frozen
+class SendPrompt:
+    text: str
+
+
+@frozen
+class SendCancel:
+    turn_id: str
+
+
+@frozen
+class SendSteer:
+    text: str
+
+
+@frozen
+class SendPermission:
+    request_id: str
+    option_id: str | None  # None: answer "cancelled"
+
+
+@frozen
+class Quit:
+    code: int
+
+
+Command = SendPrompt | SendCancel | SendSteer | SendPermission | Quit
+
+# -- the core --------------------------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _clean(text: str) -> str:
+    """Agent text without control characters: it must not drive our terminal."""
+    return _UNSAFE.sub("", text)
+
+
+@define
+class _TurnView:
+    """What the chat knows of the turn it started."""
+
+    text: str
+    turn_id: str | None = None
+    accepted: bool = False
+    ended: ev.TurnEnded | None = None
+    stop_requested: bool = False
+    cancel_sent: bool = False
+    cancel_settled: bool = False
+    receipt: CancelReceipt | None = None
+
+
+class ChatCore:
+    """The chat's state and rendering, without I/O: ``feed`` inputs, ``take_output`` text.
+
+    ``interactive`` means keys from a terminal (line editing, prompt marker, y/n keys);
+    otherwise whole lines arrive and lines typed during a turn wait for it to end, except
+    ``/stop``, ``/quit`` and the answer to a permission request. There is one turn at a time.
+    """
+
+    def __init__(self, *, interactive: bool, color: bool) -> None:
+        self.interactive = interactive
+        self.color = color
+        self.quitting = False
+        self._out: list[str] = []
+        self._commands: list[Command] = []
+        self._buffer: list[str] = []
+        self._turn: _TurnView | None = None
+        self._permissions: deque[ev.PermissionRequested] = deque()
+        self._lines: deque[str] = deque()
+        self._input_ended = False
+        self._session_over: str | None = None
+        self._last_interrupt: float | None = None
+        self._at_line_start = True
+        self._stream: str | None = None  # "message" or "thought" while text streams
+        self._prompt_visible = False
+        self._steer_buffer: list[str] = []  # a steer typed while a turn runs (not echoed)
+        self._steers_in_flight = 0
+
+    # -- public ----------------------------------------------------------------------------
+
+    def starting(self, what: str) -> None:
+        self._status(what)
+
+    def start(self, label: str) -> None:
+        if self.interactive:
+            help_text = (
+                "Enter sends · type while a turn runs to steer it · Esc or Ctrl-C stops the"
+                " turn · Ctrl-D or /quit quits"
+            )
+        else:
+            help_text = "/stop stops the turn · /steer TEXT steers it · /quit or end of input quits"
+        self._status(f"chat with {label} · {help_text}")
+        self._show_prompt()
+
+    def error(self, message: str) -> None:
+        self._status(f"✗ {message}")
+
+    def take_output(self) -> str:
+        text = "".join(self._out)
+        self._out.clear()
+        return text
+
+    def feed(self, item: Input) -> list[Command]:
+        if self.quitting:
+            return []
+        if isinstance(item, Key):
+            self._on_key(item)
+        elif isinstance(item, Line):
+            self._lines.append(item.text)
+        elif isinstance(item, InputEnded):
+            self._input_ended = True
+            if self.interactive:  # the terminal hung up: nobody is watching any more
+                self._quit(0)
+        elif isinstance(item, Interrupt):
+            self._on_interrupt(item.at)
+        elif isinstance(item, Terminate):
+            self._quit(128 + item.signum)
+        elif isinstance(item, EventsEnded):
+            self._session_over = self._session_over or "the session's events stopped coming"
+            self._turn = None  # no turn.ended will come
+        elif isinstance(item, ev.Event):
+            self._on_event(item)
+        else:
+            self._on_result(item)
+        if not self.quitting:
+            self._drain_lines()
+            while self._input_ended and self._permissions and not self._lines:
+                self._answer(False, why=" at the end of input")
+            self._quit_when_idle()
+            self._show_prompt()  # again, if a status line pushed it up
+        commands, self._commands = self._commands, []
+        return commands
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _on_key(self, key: Key) -> None:
+        if self._turn is not None:
+            if key.name == ESC:
+                self._stop()
+            elif (
+                key.name == CHAR
+                and self._permissions
+                and not self._steer_buffer
+                and key.char.lower() in ("y", "n")
+            ):
+                self._finish_line(key.char)
+                self._answer(key.char.lower() == "y")
+            else:
+                self._on_steer_key(key)
+            return
+        if key.name == CHAR:
+            self._buffer.append(key.char)
+            self._write(key.char)
+        elif key.name == BACKSPACE:
+            if self._buffer:
+                self._buffer.pop()
+                self._write("\b \b")
+        elif key.name == CTRL_U:
+            self._write("\b \b" * len(self._buffer))
+            self._buffer.clear()
+        elif key.name == ENTER:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            self._finish_line()
+            self._submit(text)
+        elif key.name == CTRL_D and not self._buffer:
+            self._quit(0)
+
+    def _on_steer_key(self, key: Key) -> None:
+        """Keys while a turn runs write a steer, unechoed (the agent's output keeps the
+        screen); a status line says it is being typed, Enter sends it."""
+        if key.name == CHAR:
+            if not self._steer_buffer:
+                self._status("↪ steering the running turn: Enter sends, Ctrl-U clears")
+            self._steer_buffer.append(key.char)
+        elif key.name == BACKSPACE and self._steer_buffer:
+            self._steer_buffer.pop()
+        elif key.name == CTRL_U:
+            self._steer_buffer.clear()
+        elif key.name == ENTER and self._steer_buffer:
+            text = "".join(self._steer_buffer)
+            self._steer_buffer.clear()
+            self._steer(text)
+
+    def _steer(self, text: str) -> None:
+        if not text.strip():
+            return
+        self._status(f"↪ {_clean(text.strip())}")
+        self._steers_in_flight += 1
+        if self._turn is None:
+            self._turn = _TurnView(text)  # the turn it starts is adopted at its turn.steered
+        self._commands.append(SendSteer(text))
+
+    def _submit(self, text: str) -> None:
+        command = text.strip()
+        if not command:
+            pass  # the prompt comes back by itself
+        elif command == "/quit":
+            self._quit(0)
+        elif command == "/stop":
+            self._status("no turn is running")
+        elif command.startswith("/steer ") or command == "/steer":
+            self._steer(command.removeprefix("/steer").strip())
+        else:
+            self._turn = _TurnView(text)
+            self._commands.append(SendPrompt(text))
+
+    def _drain_lines(self) -> None:
+        """Lines (non-interactive stdin) in order: prompts wait for the turn to end."""
+        while self._lines and not self.quitting:
+            line = self._lines[0].strip()
+            if self._turn is None:
+                self._lines.popleft()
+                if line:
+                    self._finish_line(f"› {line}")
+                self._submit(line)
+            elif line == "/stop":
+                self._lines.popleft()
+                self._stop()
+            elif line.startswith("/steer "):
+                self._lines.popleft()
+                self._steer(line.removeprefix("/steer").strip())
+            elif line == "/quit":
+                self._lines.popleft()
+                self._quit(0)
+            elif self._permissions and line[:1].lower() in ("y", "n") and line:
+                self._lines.popleft()
+                self._answer(line[:1].lower() == "y")
+            else:
+                return
+
+    def _quit_when_idle(self) -> None:
+        if self._turn is not None or self._lines:
+            return
+        if self._session_over is not None:
+            self._status(f"✗ {self._session_over}")
+            self._quit(1)
+        elif self._input_ended:
+            self._quit(0)
+
+    def _on_interrupt(self, at: float) -> None:
+        last, self._last_interrupt = self._last_interrupt, at
+        if last is not None and at - last < DOUBLE_INTERRUPT_S:
+            self._quit(0)
+        elif self._turn is not None:
+            self._stop()
+        else:
+            if self.interactive:
+                self._finish_line("^C")
+            self._buffer.clear()
+            hint = "Ctrl-C again or Ctrl-D to quit" if self.interactive else "Ctrl-C again to quit"
+            self._status(hint)
+
+    def _stop(self) -> None:
+        turn = self._turn
+        if turn is None or turn.stop_requested:
+            return
+        turn.stop_requested = True
+        if turn.accepted and turn.turn_id is not None:
+            self._send_cancel(turn, turn.turn_id)
+        # else: sent as soon as the prompt is accepted (a cancel names its turn)
+
+    def _send_cancel(self, turn: _TurnView, turn_id: str) -> None:
+        turn.cancel_sent = True
+        self._commands.append(SendCancel(turn_id))
+
+    def _answer(self, allow: bool, why: str = "") -> None:
+        request = self._permissions[0]
+        wanted = "allow" if allow else "reject"
+        option = next((o for o in request.options if o.option_kind.startswith(wanted)), None)
+        if option is None and allow:
+            self._status("this request offers no allow option; answer n")
+            self._ask_permission(request)
+            return
+        self._permissions.popleft()
+        chosen = f" ({_clean(option.name)})" if option else ""
+        self._status(f"{'allowed' if allow else 'rejected'}{chosen}{why}")
+        option_id = option.option_id if option is not None else None  # None: cancelled
+        self._commands.append(SendPermission(request.request_id, option_id))
+        if self._permissions:
+            self._ask_permission(self._permissions[0])
+
+    def _quit(self, code: int) -> None:
+        self._end_line()
+        self.quitting = True
+        self._commands.append(Quit(code))
+
+    # -- answers of the backend ----------------------------------------------------------------
+
+    def _on_result(
+        self,
+        item: PromptAccepted
+        | PromptFailed
+        | CancelDone
+        | CancelFailed
+        | PermissionFailed
+        | SteerDone
+        | SteerFailed,
+    ) -> None:
+        turn = self._turn
+        if isinstance(item, PermissionFailed):
+            self._status(f"✗ permission answer failed: {item.message}")
+        elif isinstance(item, SteerDone | SteerFailed):
+            self._steer_answered(item)
+        elif turn is None:
+            return
+        elif isinstance(item, PromptAccepted):
+            turn.accepted = True
+            turn.turn_id = item.turn_id
+            if turn.stop_requested and not turn.cancel_sent:
+                self._send_cancel(turn, item.turn_id)
+            self._maybe_finish_turn()
+        elif isinstance(item, PromptFailed):
+            self._status(f"✗ {item.message}")
+            self._turn = None
+        elif isinstance(item, CancelDone):
+            turn.receipt = item.receipt
+            turn.cancel_settled = True
+            self._maybe_finish_turn()
+        else:  # CancelFailed: say so, and let Esc try again
+            self._status(f"✗ stop failed: {item.message}")
+            turn.stop_requested = turn.cancel_sent = False
+            self._maybe_finish_turn()
+
+    def _steer_answered(self, item: SteerDone | SteerFailed) -> None:
+        self._steers_in_flight = max(0, self._steers_in_flight - 1)
+        if isinstance(item, SteerFailed):
+            self._status(f"✗ steer failed: {item.message}")
+            turn = self._turn
+            if turn is not None and turn.turn_id is None and not turn.accepted:
+                self._turn = None  # the placeholder of a steer that started nothing
+            return
+        result = item.result
+        if result.mode == "injected":
+            self._status("↪ the running turn took it")
+        elif result.mode == "started":
+            self._status("↪ no turn was running: it started one")
+        else:
+            how = f" ({result.receipt.summary()})" if result.receipt is not None else ""
+            self._status(f"↪ the agent cannot steer: the turn stopped{how}; yours runs next")
+        self._adopt(result.turn_id)
+
+    def _adopt(self, turn_id: str) -> None:
+        """The chat follows the turn a steer went to (the old one has ended by now)."""
+        turn = self._turn
+        if turn is not None and turn.turn_id == turn_id:
+            turn.accepted = True
+            self._maybe_finish_turn()
+            return
+        if turn is not None and turn.ended is None and turn.turn_id is not None:
+            return  # still on the old turn: its turn.ended comes, then the steered turn's events
+        self._turn = _TurnView("", turn_id=turn_id, accepted=True)
+
+    # -- session events ----------------------------------------------------------------------
+
+    def _mine(self, turn_id: str | None) -> bool:
+        turn = self._turn
+        if turn is None or turn.ended is not None:
+            return False
+        return turn.turn_id is None or turn_id is None or turn_id == turn.turn_id
+
+    def _on_event(self, event: ev.Event) -> None:
+        if isinstance(event, ev.MessageDelta):
+            if event.role == "assistant" and self._mine(event.turn_id):
+                self._write_stream("message", _clean(event.text))
+        elif isinstance(event, ev.ThoughtDelta):
+            if self._mine(event.turn_id):
+                self._write_stream("thought", _clean(event.text))
+        elif isinstance(event, ev.TurnStarted):
+            if self._turn is not None and self._turn.turn_id is None:
+                self._turn.turn_id = event.turn_id
+        elif isinstance(event, ev.TurnSteered):
+            if self._steers_in_flight and event.mode != "injected":
+                # Our steer starts this turn: follow it from its first event on.
+                turn = self._turn
+                if turn is None or turn.ended is not None or turn.turn_id in (None, event.turn_id):
+                    if turn is not None and turn.ended is not None:
+                        self._maybe_finish_turn()
+                    self._turn = _TurnView(event.text, turn_id=event.turn_id, accepted=True)
+        elif isinstance(event, ev.ToolCall):
+            if self._mine(event.turn_id):
+                self._status(f"⚙ {_clean(event.title or event.tool_kind or 'tool call')}")
+        elif isinstance(event, ev.ToolUpdate):
+            if self._mine(event.turn_id) and event.status in ("completed", "failed"):
+                self._status(f"  {'✓' if event.status == 'completed' else '✗'} {event.status}")
+        elif isinstance(event, ev.PermissionRequested):
+            if self._mine(event.turn_id):
+                self._permissions.append(event)
+                if len(self._permissions) == 1:
+                    self._ask_permission(event)
+        elif isinstance(event, ev.PermissionResolved):
+            self._permission_resolved(event)
+        elif isinstance(event, ev.TurnEnded):
+            turn = self._turn
+            if event.stop_reason != "dropped" and self._mine(event.turn_id) and turn is not None:
+                turn.ended = event
+                self._maybe_finish_turn()
+        elif isinstance(event, ev.SessionState):
+            if event.state == "cancelling" and event.detail:
+                self._status(_clean(event.detail))
+            elif event.state == "failed":
+                self._session_over = f"session failed: {_clean(event.detail or 'no detail')}"
+            elif event.state == "stopped":
+                self._session_over = "the session was stopped"
+        elif isinstance(event, ev.AgentExited):
+            if not event.expected:
+                how = f"code {event.exit_code}" if event.exit_code is not None else "a signal"
+                self._status(f"agent exited unexpectedly ({how})")
+        elif isinstance(event, ev.ErrorEvent):
+            self._status(f"error: {_clean(event.message)}")
+        elif isinstance(event, ev.StreamGap):
+            lost = event.to_seq - event.from_seq + 1
+            self._status(
+                f"{lost} event(s) lost ({event.from_seq}-{event.to_seq}): {_clean(event.cause)}"
+            )
+
+    def _ask_permission(self, request: ev.PermissionRequested) -> None:
+        self._end_line()
+        title = _clean(str(request.tool_call.get("title") or "a tool call"))
+        question = f"? {title} — allow? [y/n] "
+        if self.interactive:
+            self._write(question)
+            self._at_line_start = False
+        else:
+            self._finish_line(question)
+
+    def _permission_resolved(self, event: ev.PermissionResolved) -> None:
+        for request in self._permissions:
+            if request.request_id == event.request_id:
+                shown = request is self._permissions[0]
+                self._permissions.remove(request)
+                who = {"supervisor": "the stop", "agent": "the agent"}.get(
+                    event.by, "another client"
+                )
+                self._status(f"permission request {event.outcome} by {who}")
+                if shown and self._permissions:
+                    self._ask_permission(self._permissions[0])
+                return
+
+    def _maybe_finish_turn(self) -> None:
+        """The turn is over for the screen once it ended, was accepted, and any stop answered."""
+        turn = self._turn
+        if turn is None or turn.ended is None or not turn.accepted:
+            return
+        if turn.cancel_sent and not turn.cancel_settled:
+            return  # terminate-then-respond: the receipt follows the turn's end
+        ended = turn.ended
+        if turn.receipt is not None:
+            self._status(f"■ {turn.receipt.summary()}")
+        elif ended.receipt is not None:  # stopped by someone else
+            self._status(f"■ {_summary(ended.receipt)}")
+        elif ended.outcome == "failed":
+            self._status("✗ turn failed" + (f": {_clean(ended.error)}" if ended.error else ""))
+        elif ended.outcome != "completed":
+            self._status(f"■ turn {ended.outcome}")
+        self._end_line()
+        self._turn = None
+        self._permissions.clear()
+
+    # -- rendering ---------------------------------------------------------------------------
+
+    def _write(self, text: str) -> None:
+        self._out.append(text)
+
+    def _dim(self, text: str) -> str:
+        return f"\x1b[2m{text}\x1b[22m" if self.color else text
+
+    def _finish_line(self, text: str = "") -> None:
+        self._write(text + "\n")
+        self._at_line_start = True
+        self._prompt_visible = False
+        self._stream = None
+
+    def _end_line(self) -> None:
+        if not self._at_line_start:
+            self._finish_line()
+        self._stream = None
+
+    def _status(self, text: str) -> None:
+        self._end_line()
+        self._finish_line(self._dim(text))
+
+    def _write_stream(self, kind: str, text: str) -> None:
+        if not text:
+            return
+        if self._stream != kind:
+            self._end_line()
+            self._stream = kind
+        self._write(self._dim(text) if kind == "thought" else text)
+        self._at_line_start = text.endswith("\n")
+
+    def _show_prompt(self) -> None:
+        """The prompt and the line typed so far, unless they are on screen already."""
+        if self._prompt_visible or not self.interactive or self.quitting:
+            return
+        if self._turn is not None or self._session_over is not None:
+            return
+        self._end_line()
+        self._write("› " + "".join(self._buffer))
+        self._at_line_start = False
+        self._prompt_visible = True
+
+
+def _summary(receipt: dict[str, Any]) -> str:
+    try:
+        return converter.structure(receipt, CancelReceipt).summary()
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError):
+        return f"turn {receipt.get('outcome', 'stopped')}"
+
+
+# -- backends --------------------------------------------------------------------------------
+
+
+class ChatError(Exception):
+    """A backend call failed; the message is for the person at the terminal."""
+
+
+class ChatBackend(Protocol):
+    """One agent session, wherever it runs. Every method raises :class:`ChatError` on failure."""
+
+    label: str
+
+    async def prompt(self, text: str) -> str:
+        """Send a prompt; returns the turn id once the session accepted it."""
+        ...
+
+    async def cancel(self, turn_id: str) -> CancelReceipt:
+        """Stop that turn; returns once it has ended (terminate-then-respond)."""
+        ...
+
+    async def steer(self, text: str) -> SteerResult:
+        """Redirect the running turn (or start one); returns which way it went."""
+        ...
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None:
+        """Answer a permission request with an option, or as cancelled (``None``)."""
+        ...
+
+    def events(self) -> AsyncIterator[ev.Event]:
+        """The session's events, in order, from when the backend was opened."""
+        ...
+
+
+class EmbeddedBackend:
+    """A session of an in-process supervisor (:func:`open_embedded`)."""
+
+    def __init__(self, session: AnySession, subscription: Subscription, label: str) -> None:
+        self._session = session
+        #: opened before the first prompt, so no event of a turn is missed; closed by the opener
+        self.subscription = subscription
+        self.label = label
+
+    async def prompt(self, text: str) -> str:
+        try:
+            return (await self._session.prompt(text)).id
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def cancel(self, turn_id: str) -> CancelReceipt:
+        try:
+            return await self._session.cancel(turn_id=turn_id, reason="chat")
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def steer(self, text: str) -> SteerResult:
+        try:
+            return await self._session.steer(text)
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None:
+        try:
+            await self._session.respond_permission(
+                request_id, option_id, cancelled=option_id is None
+            )
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def events(self) -> AsyncIterator[ev.Event]:
+        while True:
+            async for event in self.subscription:
+                yield event
+            if not self.subscription.lagged:
+                return
+            # Cut off for falling behind: catch up from where we were.
+            last_seq = self.subscription.last_seq
+            self.subscription.close()
+            self.subscription = await self._session.open_subscription(since_seq=last_seq)
+
+
+@asynccontextmanager
+async def open_embedded(agent: str, config: str | None) -> AsyncIterator[EmbeddedBackend]:
+    """A session of ``agent`` (from ``config`` or the built-ins) in an in-process supervisor;
+    leaving stops the session and its whole process tree."""
+    agents = load_agents(config) if config else builtin_agents()
+    hosts = load_hosts(config) if config else None
+    async with open_supervisor(
+        agents=agents, state_dir=default_state_dir(), gc_policy=True, hosts=hosts
+    ) as supervisor:
+        try:
+            session = await supervisor.start_session(agent)
+        except SupervisorError as exc:
+            raise ChatError(f"cannot start {agent}: {exc}") from exc
+        on = f" on {session.host}" if session.host is not None else ""
+        backend = EmbeddedBackend(
+            session, await session.open_subscription(), f"{agent}{on} (embedded supervisor)"
+        )
+        try:
+            yield backend
+        finally:
+            backend.subscription.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
+                try:
+                    await session.stop()
+                except SupervisorError:
+                    pass  # already stopped or failed
+
+
+@contextmanager
+def _gateway_errors() -> Iterator[None]:
+    """A failed gateway call as a :class:`ChatError` for the person at the terminal."""
+    try:
+        yield
+    except GatewayError as exc:
+        raise ChatError(exc.message if exc.code == "connection_closed" else str(exc)) from exc
+    except ConnectionClosed as exc:
+        raise ChatError("the connection to the gateway is closed") from exc
+
+
+class RemoteBackend:
+    """A session on a gateway (:func:`open_remote`); events arrive as wire dicts."""
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        session_id: str,
+        channel: trio.MemoryReceiveChannel[dict[str, Any]],
+        label: str,
+    ) -> None:
+        self._client = client
+        self._session_id = session_id
+        self._channel = channel
+        self.label = label
+
+    async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+        with _gateway_errors():
+            return await self._client.request(action, {"session_id": self._session_id, **payload})
+
+    async def prompt(self, text: str) -> str:
+        result = await self._request("agent.prompt", {"text": text})
+        return str(result["turn_id"])
+
+    async def cancel(self, turn_id: str) -> CancelReceipt:
+        result = await self._request("agent.cancel", {"task_id": turn_id, "reason": "chat"})
+        try:
+            return converter.structure(result, CancelReceipt)
+        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+            raise ChatError(f"the gateway sent a receipt we cannot read: {result!r}") from exc
+
+    async def steer(self, text: str) -> SteerResult:
+        result = await self._request("agent.steer", {"text": text})
+        try:
+            return converter.structure({"session_id": self._session_id, **result}, SteerResult)
+        except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+            raise ChatError(f"the gateway sent a steer answer we cannot read: {result!r}") from exc
+
+    async def respond_permission(self, request_id: str, option_id: str | None) -> None:
+        with _gateway_errors():
+            await self._client.respond_permission(self._session_id, request_id, option_id)
+
+    def events(self) -> AsyncIterator[ev.Event]:
+        return self._client.events(self._session_id, self._channel, after_seq=0)
+
+
+@asynccontextmanager
+async def open_remote(url: str, agent: str) -> AsyncIterator[RemoteBackend]:
+    """A new session of ``agent`` on the gateway at ``url`` (the ``ready`` URL of ``serve``);
+    leaving stops that session on the gateway."""
+    where = urlsplit(url).netloc or url  # not the token
+    async with AsyncExitStack() as stack:
+        try:
+            client = await stack.enter_async_context(connect(url))
+            started = await client.start_session(agent)
+            session_id = str(started["session_id"])
+        except ConnectionRejected as exc:
+            body = (exc.body or b"").decode("utf-8", errors="replace")
+            raise ChatError(
+                f"{where} refused the connection (HTTP {exc.status_code}): {body}"
+            ) from exc
+        except (OSError, HandshakeError, ConnectionClosed) as exc:
+            # trio-websocket's HandshakeError says nothing itself; its cause says why.
+            why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+            raise ChatError(f"cannot connect to {where}: {why}") from exc
+        except GatewayError as exc:
+            raise ChatError(f"cannot start {agent}: {exc.message}") from exc
+
+        async def stop_session() -> None:
+            with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
+                try:
+                    await client.stop(session_id)
+                except (GatewayError, ConnectionClosed):
+                    pass
+
+        stack.push_async_callback(stop_session)
+        try:
+            channel = await stack.enter_async_context(client.subscribe(session_id))
+        except (GatewayError, ConnectionClosed) as exc:
+            raise ChatError(f"cannot follow session {session_id}: {exc}") from exc
+        host = started.get("host")
+        on = f" on {host}" if isinstance(host, str) else ""
+        label = f"{agent}{on} (session {session_id} at {where})"
+        yield RemoteBackend(client, session_id, channel, label)
+
+
+# -- the terminal shell ------------------------------------------------------------------------
+
+
+@contextmanager
+def _cbreak(fd: int) -> Iterator[None]:
+    """No echo, no line buffering, signals still on (Ctrl-C stays SIGINT); always undone."""
+    saved = termios.tcgetattr(fd)
+    try:
+        mode = termios.tcgetattr(fd)
+        mode[3] &= ~(termios.ECHO | termios.ICANON)
+        mode[6][termios.VMIN] = 1
+        mode[6][termios.VTIME] = 0
+        termios.tcsetattr(fd, termios.TCSANOW, mode)
+        yield
+    finally:
+        # TCSANOW, not TCSADRAIN: draining could wait forever on a terminal nobody reads.
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+        except termios.error:
+            pass  # the terminal hung up: there is nothing left to restore
+
+
+class _Console:
+    """stdin and stdout as trio streams. trio makes the descriptors non-blocking, and a
+    terminal's stdin and stdout share one open file description with the shell: close()
+    puts the original blocking flags back."""
+
+    def __init__(self, stdin_fd: int, stdout_fd: int) -> None:
+        self.stdin_fd = stdin_fd
+        self.interactive = os.isatty(stdin_fd)
+        self.color = os.isatty(stdout_fd) and not os.environ.get("NO_COLOR")
+        self._blocking = {fd: os.get_blocking(fd) for fd in (stdin_fd, stdout_fd)}
+        self._out = trio.lowlevel.FdStream(os.dup(stdout_fd))
+        self._in = trio.lowlevel.FdStream(os.dup(stdin_fd))
+        self._out_broken = False
+
+    def close(self) -> None:
+        self._in.close()
+        self._out.close()
+        for fd, blocking in self._blocking.items():
+            try:
+                os.set_blocking(fd, blocking)
+            except OSError:
+                pass
+
+    async def write(self, text: str) -> None:
+        if not text or self._out_broken:
+            return
+        try:
+            await self._out.send_all(text.encode("utf-8", errors="replace"))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._out_broken = True  # the terminal is gone; the chat ends on input EOF
+
+    async def read_input(self, send: trio.MemorySendChannel[Input]) -> None:
+        if self.interactive:
+            await self._read_keys(send)
+        else:
+            await self._read_lines(send)
+        await send.send(InputEnded())
+
+    async def _receive(self) -> bytes:
+        try:
+            return await self._in.receive_some(4096)
+        except trio.BrokenResourceError:  # EIO: the terminal hung up
+            return b""
+
+    async def _read_keys(self, send: trio.MemorySendChannel[Input]) -> None:
+        decoder = KeyDecoder()
+        while True:
+            data: bytes | None = None
+            if decoder.escape_pending:
+                with trio.move_on_after(ESC_TIMEOUT_S):
+                    data = await self._receive()
+            else:
+                data = await self._receive()
+            keys = decoder.flush() if data is None else decoder.feed(data)
+            for key in keys:
+                # Ctrl-C is SIGINT in cbreak mode; the byte only comes with ISIG off.
+                await send.send(Interrupt(trio.current_time()) if key.name == CTRL_C else key)
+            if data == b"":
+                return
+
+    async def _read_lines(self, send: trio.MemorySendChannel[Input]) -> None:
+        pending = b""
+        while True:
+            data = await self._receive()
+            if not data:
+                break
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                await send.send(Line(line.rstrip(b"\r").decode("utf-8", errors="replace")))
+        if pending:
+            await send.send(Line(pending.decode("utf-8", errors="replace")))
+
+
+async def _converse(core: ChatCore, backend: ChatBackend, console: _Console) -> int:
+    """The UI loop: one owner of the core; everything else posts inputs to it."""
+    send, receive = trio.open_memory_channel[Input](_INBOX_SIZE)
+    code = 0
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    with trio.open_signal_receiver(*signals) as received:
+        async with trio.open_nursery() as nursery:
+
+            async def follow_signals() -> None:
+                async for signum in received:
+                    if signum == signal.SIGINT:
+                        await send.send(Interrupt(trio.current_time()))
+                    else:
+                        await send.send(Terminate(signum))
+
+            async def follow_events() -> None:
+                async for event in backend.events():
+                    await send.send(event)
+                await send.send(EventsEnded())
+
+            nursery.start_soon(follow_signals)
+            nursery.start_soon(follow_events)
+            nursery.start_soon(console.read_input, send)
+            async for item in receive:
+                commands = core.feed(item)
+                await console.write(core.take_output())
+                for command in commands:
+                    if isinstance(command, Quit):
+                        code = command.code
+                    else:
+                        nursery.start_soon(_perform, backend, command, send)
+                if core.quitting:
+                    break
+            nursery.cancel_scope.cancel()
+    return code
+
+
+async def _perform(
+    backend: ChatBackend,
+    command: SendPrompt | SendCancel | SendSteer | SendPermission,
+    send: trio.MemorySendChannel[Input],
+) -> None:
+    """Carry out one command and post its answer back to the UI loop."""
+    result: Input
+    if isinstance(command, SendPrompt):
+        try:
+            result = PromptAccepted(await backend.prompt(command.text))
+        except ChatError as exc:
+            result = PromptFailed(str(exc))
+    elif isinstance(command, SendCancel):
+        try:
+            result = CancelDone(await backend.cancel(command.turn_id))
+        except ChatError as exc:
+            result = CancelFailed(str(exc))
+    elif isinstance(command, SendSteer):
+        try:
+            result = SteerDone(await backend.steer(command.text))
+        except ChatError as exc:
+            result = SteerFailed(str(exc))
+    else:
+        try:
+            await backend.respond_permission(command.request_id, command.option_id)
+            return
+        except ChatError as exc:
+            result = PermissionFailed(str(exc))
+    await send.send(result)
+
+
+async def run_chat(
+    agent: str,
+    url: str | None = None,
+    config: str | None = None,
+    *,
+    stdin_fd: int = 0,
+    stdout_fd: int = 1,
+) -> int:
+    """``agent-supervisor chat``: returns the exit code (0 when the person quit)."""
+    console = _Console(stdin_fd, stdout_fd)
+    try:
+        core = ChatCore(interactive=console.interactive, color=console.color)
+        where = (urlsplit(url).netloc or url) if url else None
+        core.starting(f"connecting to {where}…" if where else f"starting {agent}…")
+        await console.write(core.take_output())
+        failure: str | None = None
+        code = 1
+        try:
+            backend_cm = open_remote(url, agent) if url else open_embedded(agent, config)
+            async with backend_cm as backend:
+                with _cbreak(stdin_fd) if console.interactive else nullcontext():
+                    core.start(backend.label)  # the prompt shows once keys can be read
+                    await console.write(core.take_output())
+                    code = await _converse(core, backend, console)
+        except* ChatError as group:
+            failure = str(group.exceptions[0])
+        if failure is not None:
+            core.error(failure)
+            code = 1
+        await console.write(core.take_output())
+        return code
+    finally:
+        console.close()

@@ -1,0 +1,546 @@
+"""A session's event history and its subscribers (the fan-out), and a subscriber's view.
+
+The session actor owns one :class:`Fanout`: it appends every stamped event to the history and
+to each subscriber's own bounded buffer, never waiting. The history keeps each event in its
+wire form (JSON bytes, serialized once: ``supervisor/wire/codec.py``), not as an object: bytes are
+never walked by Python's cyclic garbage collector, so 10,000 events of history per session,
+times hundreds of flooding sessions, add nothing to a full collection (as objects they made one
+last ~0.2-0.8 s, stopping every session at once), and take a fraction of the memory. A
+subscriber gets either the event objects (the Python API) or the same wire bytes (``wire=True``:
+the gateway, which sends them as they are); a replay of objects is decoded from the history.
+While no subscriber takes the wire form, the newest events published one at a time (a turn's
+start and end, state changes: not a stream's runs, :meth:`Fanout.publish_many`) wait as
+objects and are serialized in one batch when the session next waits in its own step
+(:meth:`Fanout.serialize`), the history is read, or ``_UNSERIALIZED_MAX`` have come: nobody
+needs their bytes yet, and a cancel's own events (published in its caller's and its pump's
+steps) are then not serialized on its way to the receipt.
+
+A subscriber that falls a full buffer behind is either cut off (``lagged``; it resubscribes
+with ``since_seq`` and the history replays what it missed) or, if it asked for backpressure
+(``stall_s``), holds the agent back: the actor stops reading the agent's output (so the agent
+blocks on its stdout pipe) until that subscriber has made room again, or has taken nothing for
+``stall_s`` and is cut off after all. See ``design/gateway.md``, "Nothing lost under a flood".
+
+A node's sessions keep what their front has not acknowledged (``hold_unacknowledged``): the
+history drops only events the front acknowledged (:meth:`Subscription.acknowledge`, or a
+resubscribe from ``since_seq``), and once ``history_size`` events are unacknowledged the actor
+stops reading the agent, as for a full subscriber, until the front is back and catches up.
+See ``design/remote.md``, "Nothing lost across a partition".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from protocols import events as ev
+from supervisor.wire.codec import dumps, event_from_json, event_json, event_to_wire, events_json
+
+__all__ = ["Fanout", "Subscription"]
+
+#: A backpressured subscriber may hold this many buffers' worth before it is cut off anyway.
+#: The session stops reading the agent at one buffer, so the excess is only what one agent
+#: message, or a call handled meanwhile, emits; and events emitted while a cancel is in
+#: progress (a cancel never waits for a subscriber: it reads the agent at full speed).
+_HARD_LIMIT_FACTOR = 2
+#: A listener (a batching writer, :meth:`Subscription.set_listener`) is told of new events when
+#: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
+#: events: a flood reaches the writer in batches, and a single event is not delayed at all.
+_ANNOUNCE_EVERY = 64
+#: While no subscriber takes wire bytes, up to this many of the newest events are kept as
+#: objects, to be serialized at once (few enough that the collector never minds them).
+_UNSERIALIZED_MAX = 64
+
+
+def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
+    """A ``stream.gap`` for events ``from_seq``-``to_seq``, in the wire form of ``first`` (the
+    oldest event kept: its session id, and its host if it has one)."""
+    kept = json.loads(first)
+    gap = ev.StreamGap(
+        session_id=str(kept.get("session_id", "")),
+        seq=to_seq,
+        timestamp=time.time(),
+        from_seq=from_seq,
+        to_seq=to_seq,
+        cause="the session's history no longer reached back to them",
+    )
+    message = event_to_wire(gap)
+    if "host" in kept:
+        message["host"] = kept["host"]
+    return dumps(message)
+
+
+def _covers(first: bytes, from_seq: int) -> bool:
+    """``first`` (the oldest event kept) is a ``stream.gap`` that already says events from
+    ``from_seq`` on were lost (a remote session's mirror opens with the node's gap)."""
+    if b'"stream.gap"' not in first:
+        return False
+    kept = json.loads(first)
+    data = kept.get("data") or {}
+    return bool(
+        kept.get("event") == "stream.gap" and data.get("from_seq", from_seq + 1) <= from_seq
+    )
+
+
+class Subscription:
+    """Events of one session, in order, from one subscribe call.
+
+    If the subscriber falls more than its buffer behind, the session cuts it off: iteration
+    ends and :attr:`lagged` is true; subscribe again with ``since_seq=last_seq`` to catch up.
+    :attr:`gap` is true when history no longer reached back to the ``since_seq`` asked for.
+    With ``stall_s`` (backpressure) it is cut off only when it took nothing for that long.
+    """
+
+    def __init__(
+        self,
+        replay: list[Any],
+        *,
+        last_seq: int,
+        head_seq: int,
+        gap: bool,
+        max_buffer: int,
+        stall_s: float | None = None,
+        on_room: Callable[[], None] | None = None,
+        on_ack: Callable[[int], None] | None = None,
+        wire: bool = False,
+    ):
+        #: buffered events: objects, or (``wire``) their JSON
+        self._events: deque[Any] = deque(replay)
+        #: what this subscriber takes: wire bytes (the gateway) or event objects
+        self.wire = wire
+        #: a full buffer: the session cuts us off, or (with stall_s) stops reading the agent
+        self.capacity = max(1, max_buffer) + len(replay)
+        self._low_water = self.capacity // 2
+        self.stall_s = stall_s
+        #: past this many buffered, the session cuts us off (backpressured: a margin more)
+        self._limit = self.capacity if stall_s is None else _HARD_LIMIT_FACTOR * self.capacity
+        self._on_room = on_room
+        self._on_ack = on_ack
+        self._lot = trio.lowlevel.ParkingLot()
+        self._parked = 0  # tasks waiting in receive(): the lot is unparked only for them
+        self._listener: Callable[[], object] | None = None
+        self._unannounced = 0  # events buffered since the subscriber was last told
+        self._ended = False  # by the session: it is done, or cut us off
+        self._closed = False  # by the subscriber
+        #: events taken so far (the session's stall check compares it across its window)
+        self.taken = 0
+        self.last_seq = last_seq
+        #: the session's newest seq when this subscription began
+        self.head_seq = head_seq
+        self.gap = gap
+        self.lagged = False
+
+    # -- the subscriber's side -------------------------------------------------------------
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> ev.Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    async def receive(self) -> ev.Event:
+        """The next event; raises ``trio.EndOfChannel`` when the session is done or cut us off."""
+        if self._events:
+            await trio.lowlevel.checkpoint()
+        while not self._events:
+            if self._closed:
+                raise trio.ClosedResourceError
+            if self._ended:
+                raise trio.EndOfChannel
+            self._parked += 1
+            try:
+                await self._lot.park()
+            finally:
+                self._parked -= 1
+        return self.take(1)[0]
+
+    def take(self, limit: int) -> list[ev.Event]:
+        """Up to ``limit`` buffered events at once, without waiting (a batching writer's call)."""
+        taken = self._take(limit)
+        return [event_from_json(item) for item in taken] if self.wire else taken
+
+    def take_wire(self, limit: int) -> list[bytes]:
+        """Like :meth:`take`, each event in its wire form (JSON bytes)."""
+        taken = self._take(limit)
+        return taken if self.wire else [event_json(event) for event in taken]
+
+    def _take(self, limit: int) -> list[Any]:
+        events = self._events
+        before = len(events)
+        if limit >= before:
+            taken = list(events)
+            events.clear()
+        else:
+            taken = [events.popleft() for _ in range(limit)]
+        if taken:
+            # Events are contiguous: the last taken is as many seqs on as were taken.
+            self.taken += len(taken)
+            self.last_seq += len(taken)
+            if before > self._low_water >= len(events) and self._on_room is not None:
+                self._on_room()
+        return taken
+
+    @property
+    def pending(self) -> int:
+        """Events buffered and not yet taken."""
+        return len(self._events)
+
+    @property
+    def offered(self) -> int:
+        """Events buffered so far, taken or not (the replay included): a position in the stream.
+        A writer that must send something only after what is buffered now (a response after
+        the events that caused it) holds it until :attr:`taken` reaches this. No counter: a
+        buffered event leaves only by :meth:`take`, which counts it, or by :meth:`close`."""
+        return self.taken + len(self._events)
+
+    @property
+    def ended(self) -> bool:
+        """The session will send nothing more (it is done, or cut us off: see :attr:`lagged`)."""
+        return self._ended
+
+    def acknowledge(self, seq: int) -> None:
+        """The subscriber holds every event up to ``seq`` for good (a node's gateway says so
+        once its front answered a ping sent after them): the session may forget them."""
+        if self._on_ack is not None:
+            self._on_ack(seq)
+
+    def set_listener(self, listener: Callable[[], object] | None) -> None:
+        """Call ``listener()`` (from the session's task, so it must not block) when new events
+        are buffered (in batches: see ``_ANNOUNCE_EVERY``) or the stream ends: a writer that
+        serves many subscriptions waits on its own wake-up instead of one task per
+        subscription."""
+        self._listener = listener
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._events.clear()
+        self._lot.unpark_all()
+        if self._on_room is not None:
+            self._on_room()  # a session held back for us goes on
+
+    # -- the session's side (its actor task only) ---------------------------------------------
+
+    def _offer(self, event: ev.Event, payload: bytes | None) -> bool:
+        """Buffer one event; False if we are over the limit (the caller cuts us off)."""
+        events = self._events
+        if len(events) >= self._limit:
+            return False
+        events.append(payload if self.wire else event)
+        if self._parked:
+            self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
+        self._unannounced += 1
+        if self._unannounced >= _ANNOUNCE_EVERY:
+            self._announce()
+        return True
+
+    def _offer_many(self, events: list[ev.Event], payloads: list[bytes]) -> bool:
+        """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
+        (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
+        buffered = self._events
+        room = self._limit - len(buffered)
+        count = len(events)
+        fits = room >= count
+        if not fits:
+            count = max(room, 0)
+            events, payloads = events[:count], payloads[:count]
+        if count:
+            buffered.extend(payloads if self.wire else events)
+            if self._parked:
+                self._lot.unpark_all()
+            self._unannounced += count
+            if self._unannounced >= _ANNOUNCE_EVERY:
+                self._announce()
+        return fits
+
+    def _announce(self) -> None:
+        self._unannounced = 0
+        if self._parked:
+            self._lot.unpark_all()
+        if self._listener is not None:
+            self._listener()
+
+    def _end(self, *, lagged: bool = False) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.lagged = lagged
+        self._announce()
+
+    @property
+    def _full(self) -> bool:
+        return len(self._events) >= self.capacity
+
+
+class Fanout:
+    """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
+
+    def __init__(self, history_size: int, *, hold_unacknowledged: bool = False) -> None:
+        #: the newest events in wire form (see :attr:`history`)
+        self._history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
+        #: newer events than those, not yet serialized: nobody has asked for their bytes
+        self._unserialized: list[ev.Event] = []
+        #: a subscriber takes wire bytes (or a front must be able to trim): serialize at once
+        self._serialize_now = hold_unacknowledged
+        self.head_seq = 0
+        self.history_size = max(1, history_size)
+        #: keep what is not acknowledged, and hold the agent back once that fills the history
+        self.hold_unacknowledged = hold_unacknowledged
+        #: every event up to this seq is held for good by whoever drives us (a node's front)
+        self.acked_seq = 0
+        #: waits of the session held back for unacknowledged events (a diagnostic)
+        self.ack_holds = 0
+        self._subscriptions: list[Subscription] = []
+        self._room = trio.Event()
+        #: while holding the agent back: when the stall window ends, and what each full
+        #: subscriber had taken when it began
+        self._window: tuple[float, dict[int, int]] | None = None
+        self._maybe_full = False
+        self._closed = False
+        #: times the session held the agent back for a full subscriber (a diagnostic)
+        self.holds = 0
+
+    @property
+    def history(self) -> deque[bytes]:
+        """The newest events, in wire form; the last one has seq :attr:`head_seq`."""
+        if self._unserialized:
+            self._serialize()
+        return self._history
+
+    def serialize(self) -> None:
+        """Serialize the events still waiting as objects: the session is about to wait in its
+        own step, with nothing in a hurry (what a step done for it in another task's, a
+        cancel's, published waits for this or for the history to be read)."""
+        if self._unserialized:
+            self._serialize()
+
+    def _serialize(self) -> None:
+        self._history.extend(events_json(self._unserialized))
+        self._unserialized = []
+
+    def _subscriptions_changed(self) -> None:
+        self._serialize_now = self.hold_unacknowledged or any(s.wire for s in self._subscriptions)
+
+    @property
+    def subscribed(self) -> bool:
+        """Somebody is subscribed (a subscription neither closed nor ended)."""
+        return any(not s._closed and not s._ended for s in self._subscriptions)
+
+    def subscribe(
+        self,
+        since_seq: int | None,
+        *,
+        head_seq: int,
+        max_buffer: int,
+        stall_s: float | None = None,
+        wire: bool = False,
+    ) -> Subscription:
+        replay: list[Any] = []
+        gap = False
+        last_seq = head_seq
+        if since_seq is not None:
+            if self.hold_unacknowledged:
+                self.acknowledge(since_seq)  # a resubscribe from since_seq: the front has it
+            history = self.history
+            oldest = self.head_seq - len(history) + 1  # the seq of history[0]
+            gap = since_seq + 1 < oldest
+            start = max(since_seq + 1, oldest)
+            last_seq = start - 1
+            skip = start - oldest
+            replay = [history[index] for index in range(skip, len(history))]
+            if gap and replay and not _covers(replay[0], since_seq + 1):
+                # Never a silent jump: the replay opens with what was lost, and why.
+                replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
+                last_seq = oldest - 2
+            if not wire:
+                replay = [event_from_json(payload) for payload in replay]
+        subscription = Subscription(
+            replay,
+            last_seq=last_seq,
+            head_seq=head_seq,
+            gap=gap,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            on_room=self._on_room if stall_s is not None else None,
+            on_ack=self.acknowledge if self.hold_unacknowledged else None,
+            wire=wire,
+        )
+        if self._closed:
+            subscription._end()
+        else:
+            self._subscriptions.append(subscription)
+            self._maybe_full = self._maybe_full or subscription._full
+            if wire:
+                self._serialize_now = True
+        return subscription
+
+    def publish(self, event: ev.Event, payload: bytes | None = None) -> None:
+        """Append to the history and to every subscriber's buffer; never waits. ``payload``:
+        the event's wire form when the caller has it already (a remote session's, as the
+        node sent it plus ``host``)."""
+        self.head_seq = event.seq
+        if payload is None and not self._serialize_now:
+            unserialized = self._unserialized
+            unserialized.append(event)  # only objects are offered: no bytes needed yet
+            if len(unserialized) >= _UNSERIALIZED_MAX:
+                self._serialize()
+        else:
+            if payload is None:
+                payload = event_json(event)
+            history = self.history
+            history.append(payload)
+            if self.hold_unacknowledged and len(history) > self.history_size:
+                self._trim()
+        drop = False
+        full = False
+        for subscription in self._subscriptions:
+            if subscription._closed:
+                drop = True
+            elif not subscription._offer(event, payload):
+                subscription._end(lagged=True)
+                drop = True
+            elif subscription.stall_s is not None and subscription._full:
+                full = True
+        if drop:
+            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+            self._subscriptions_changed()
+        if full:
+            self._maybe_full = True
+
+    def publish_many(self, events: list[ev.Event]) -> None:
+        """:meth:`publish` each of a run of stamped events (contiguous seqs, in order), the
+        history extended once and each subscriber offered the run at once."""
+        if not events:
+            return
+        self.head_seq = events[-1].seq
+        # Serialized at once, whoever subscribes: a run is a stream's (no cancel waits on it),
+        # encoded in one pass, and a flood's events kept as objects would live long enough to
+        # be walked by the collector (measured: 6-9 % of the time at 100-300 flooding sessions).
+        payloads = events_json(events)
+        history = self.history
+        history.extend(payloads)
+        if self.hold_unacknowledged and len(history) > self.history_size:
+            self._trim()
+        drop = False
+        full = False
+        for subscription in self._subscriptions:
+            if subscription._closed:
+                drop = True
+            elif not subscription._offer_many(events, payloads):
+                subscription._end(lagged=True)
+                drop = True
+            elif subscription.stall_s is not None and subscription._full:
+                full = True
+        if drop:
+            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+            self._subscriptions_changed()
+        if full:
+            self._maybe_full = True
+
+    def flush(self) -> None:
+        """Tell every subscriber of the events it has not been told of (the session is about
+        to wait: nothing more comes in this batch)."""
+        for subscription in self._subscriptions:
+            if subscription._unannounced:  # what _announce does, at the end of every step
+                subscription._unannounced = 0
+                if subscription._parked:
+                    subscription._lot.unpark_all()
+                if subscription._listener is not None:
+                    subscription._listener()
+
+    def acknowledge(self, seq: int) -> None:
+        """Events up to ``seq`` are held by the front for good: the history may drop them, and
+        a session held back for them goes on once the unacknowledged part has room again."""
+        seq = min(seq, self.head_seq)
+        if seq <= self.acked_seq:
+            return
+        was_full = self._unacknowledged_full
+        self.acked_seq = seq
+        self._trim()
+        if was_full and not self._unacknowledged_full:
+            self._room.set()  # (also when held for a full subscriber too: it looks again)
+
+    def _trim(self) -> None:
+        """Forget acknowledged events beyond ``history_size``; unacknowledged ones only past
+        twice that (what a cancel, read at full speed, may add while held: then the front
+        is told of a gap, ``stream.gap``)."""
+        history = self.history
+        size = self.history_size
+        oldest = self.head_seq - len(history) + 1
+        while len(history) > size and (oldest <= self.acked_seq or len(history) > 2 * size):
+            history.popleft()
+            oldest += 1
+
+    @property
+    def _unacknowledged_full(self) -> bool:
+        return self.hold_unacknowledged and self.head_seq - self.acked_seq >= self.history_size
+
+    def must_wait(self) -> bool:
+        """A backpressured subscriber's buffer is full, or (``hold_unacknowledged``) the
+        history holds all the front has not acknowledged it can: the session should not read
+        the agent."""
+        if self._unacknowledged_full:
+            return True
+        if not self._maybe_full:
+            return False
+        if any(s.stall_s is not None and s._full and not s._closed for s in self._subscriptions):
+            return True
+        self._maybe_full = False
+        self._window = None
+        return False
+
+    async def wait_for_room(self) -> None:
+        """Return when a full subscriber made room (took half its buffer), went away, or
+        :meth:`wake` was called; or cut off, at the end of the stall window, every full
+        subscriber that took nothing during it."""
+        self.flush()
+        full = [s for s in self._subscriptions if s.stall_s is not None and s._full]
+        if not full and self._unacknowledged_full:
+            # Held for the front, not for a subscriber: no stall window (a front away for
+            # good is bounded by the node's detach_s). An acknowledgement or a call wakes us.
+            self.ack_holds += 1
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+            return
+        if self._window is None:
+            self.holds += 1
+            stall = min((s.stall_s for s in full if s.stall_s is not None), default=0.0)
+            self._window = (trio.current_time() + stall, {id(s): s.taken for s in full})
+        deadline, taken = self._window
+        if self._room.is_set():
+            self._room = trio.Event()  # what set it is handled: must_wait() said we still wait
+        with trio.move_on_at(deadline) as scope:
+            await self._room.wait()
+        if not scope.cancelled_caught:
+            return
+        self._window = None
+        for subscription in full:
+            if subscription._full and taken.get(id(subscription)) == subscription.taken:
+                subscription._end(lagged=True)
+        self._subscriptions = [s for s in self._subscriptions if not s._ended]
+        self._subscriptions_changed()
+
+    def wake(self) -> None:
+        """A call arrived: a session held back by a subscriber serves it at once."""
+        self._room.set()
+
+    def _on_room(self) -> None:
+        self._room.set()
+
+    def close(self) -> None:
+        """The session is done: every subscription ends (not lagged)."""
+        self._closed = True
+        for subscription in self._subscriptions:
+            subscription._end()
+        self._subscriptions.clear()
+        self._subscriptions_changed()

@@ -1,0 +1,1 @@
+"""The JSON forms of events, receipts and steer results (:mod:`~supervisor.wire.codec`)."""

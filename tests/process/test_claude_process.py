@@ -1,0 +1,202 @@
+"""Tier 3: the whole supervisor against a scripted fake ``claude`` CLI, as subprocesses, real clock.
+
+``fakes/fake_claude.py`` speaks stream-json like Claude Code 2.1.332. Each mode is cancelled
+mid-turn; afterwards no process of a killed tree is alive (including a helper the CLI started in
+its own session, as the Bash tool does) and the session takes a new prompt that completes.
+Bounds are generous (shared, slow machines); exact timing is the virtual-time tests' job.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from paths import TESTS
+from protocols import events as ev
+from protocols.claude import CLAUDE_COMMAND
+from supervisor import AgentSpec, Session, open_supervisor
+
+pytestmark = pytest.mark.real_process
+
+FAKE_CLAUDE = TESTS / "fakes" / "fake_claude.py"
+GRACE = 1.0
+BOUND = 30.0  # a stuck test fails instead of hanging the suite
+
+
+def fake_claude(state_dir: Path, *args: str) -> AgentSpec:
+    command = [
+        sys.executable,
+        str(FAKE_CLAUDE),
+        *CLAUDE_COMMAND[1:],
+        "--state-dir",
+        str(state_dir),
+        *args,
+    ]
+    return AgentSpec(
+        name="claude", protocol="claude", command=command, grace_s=GRACE, kill_timeout_s=0.5
+    )
+
+
+@asynccontextmanager
+async def claude_session(state_dir: Path, *args: str) -> AsyncIterator[tuple[Session, Recorder]]:
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"claude": fake_claude(state_dir, *args)}) as sup:
+            session = await sup.start_session("claude", cwd=str(state_dir))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                await recorder.catch_up()
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+def tree_of_this_test() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == [], f"still alive: {alive}"
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def inits(rec: Recorder) -> list[dict[str, object]]:
+    return [
+        e.data
+        for e in rec.of_kind("session.info")
+        if isinstance(e, ev.SessionInfo) and e.info_kind == "init"
+    ]
+
+
+def got(rec: Recorder, subtype: str) -> int:
+    """How many ``subtype`` control requests the fake CLI says it received."""
+    return sum(
+        1
+        for e in rec.of_kind("agent.stderr")
+        if isinstance(e, ev.AgentStderr) and e.line == f"fake_claude: got {subtype}"
+    )
+
+
+async def second_prompt_completes(session: Session, rec: Recorder) -> None:
+    turn = await session.prompt("again words=3")
+    ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+    assert isinstance(ended, ev.TurnEnded)
+    assert (ended.outcome, ended.stop_reason) == ("completed", "completed"), ended
+
+
+async def test_cooperative(tmp_path: Path) -> None:
+    async with claude_session(tmp_path) as (session, rec):
+        before = tree_of_this_test()
+        turn = await session.prompt("hello")
+        await rec.wait_for(is_delta, count=3)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "aborted_streaming"
+        assert receipt.elapsed_ms < GRACE * 1000
+        assert all(p.is_running() for p in before)  # nothing was killed
+        await second_prompt_completes(session, rec)
+        await rec.catch_up()
+        assert got(rec, "interrupt") == 1
+
+
+@pytest.mark.parametrize("mode", ["wedged", "ignore-interrupt"])
+async def test_lost_result_killed_and_resumed(mode: str, tmp_path: Path) -> None:
+    """The interrupt is acknowledged but no result comes: killed at grace, tree gone, resumed."""
+    async with claude_session(tmp_path) as (session, rec):
+        await session.prompt(f"hello {mode} child")
+        tool = await rec.wait_kind("tool.call")
+        assert isinstance(tool, ev.ToolCall)
+        helper = psutil.Process(tool.raw["input"]["pid"])
+        assert helper.is_running() and _sid(helper.pid) == helper.pid  # its own session
+        await rec.wait_for(is_delta)
+        before = tree_of_this_test()
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True
+        assert receipt.elapsed_ms >= GRACE * 1000
+        assert_all_gone([*before, helper])
+        await second_prompt_completes(session, rec)
+        first, second = inits(rec)[0], inits(rec)[-1]
+        assert second["session_id"] == first["session_id"]
+        argv = second["argv"]
+        assert isinstance(argv, list) and argv[-2:] == ["--resume", first["session_id"]]
+        assert first["pid"] != second["pid"]
+
+
+async def test_pending_permission_cancelled_tool_never_runs(tmp_path: Path) -> None:
+    async with claude_session(tmp_path) as (session, rec):
+        await session.prompt("permission")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        assert receipt.stop_reason == "aborted_tools"
+        assert receipt.elapsed_ms < GRACE * 1000
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert [u.status for u in updates] == ["failed"]
+        await second_prompt_completes(session, rec)
+
+
+async def test_permission_allowed_runs_the_tool(tmp_path: Path) -> None:
+    async with claude_session(tmp_path) as (session, rec):
+        turn = await session.prompt("permission words=3")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        await session.respond_permission(requested.request_id, "allow")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert [u.status for u in updates] == ["completed"]
+
+
+async def test_idle_cancel_sends_no_interrupt(tmp_path: Path) -> None:
+    async with claude_session(tmp_path) as (session, rec):
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.escalation) == ("no_active_turn", [])
+        await second_prompt_completes(session, rec)
+        receipt = await session.cancel()
+        assert receipt.outcome == "no_active_turn"
+        await session.stop()  # the CLI's stderr is complete once it has exited
+        await rec.catch_up()
+        assert got(rec, "initialize") == 1
+        assert got(rec, "interrupt") == 0
+
+
+async def test_interrupt_dropped_before_init_is_sent_again(tmp_path: Path) -> None:
+    """Edge case 16 with a CLI that loses it: the second interrupt stops the turn in time."""
+    args = ("--drop-early-interrupt", "--init-delay", "0.5")
+    async with claude_session(tmp_path, *args) as (session, rec):
+        await session.prompt("hello")
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert receipt.details == {"interrupt_resent": True}
+        assert receipt.elapsed_ms < GRACE * 1000
+        await second_prompt_completes(session, rec)
+        await rec.catch_up()
+        assert got(rec, "interrupt") == 2
+
+
+def _sid(pid: int) -> int:
+    import os
+
+    return os.getsid(pid)

@@ -1,0 +1,193 @@
+"""Tier 3: the whole supervisor against a scripted fake ``codex app-server`` subprocess.
+
+Real processes (under the containment shim), real pipes, the real clock; no autojump. Each mode
+of ``fakes/fake_codex.py`` is cancelled mid-turn; afterwards no process of a killed tree is
+alive and the session takes a new prompt that completes. Bounds are generous; exact timing is
+the virtual-time tests' job. What the fake decided (an interrupt rejected, a thread resumed)
+reaches us as its stderr lines, ``agent.stderr`` events.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psutil
+import pytest
+import trio
+
+from helpers import Recorder
+from paths import TESTS
+from protocols import events as ev
+from supervisor import AgentSpec, Session, open_supervisor
+
+pytestmark = pytest.mark.real_process
+
+GRACE = 1.0
+BOUND = 30.0  # a stuck test fails instead of hanging the suite
+FAKE_CODEX = TESTS / "fakes" / "fake_codex.py"
+CLEANED = {"background_terminals": "cleaned"}
+
+
+def codex_spec(state_dir: Path) -> AgentSpec:
+    return AgentSpec(
+        name="codex",
+        protocol="codex",
+        command=[sys.executable, str(FAKE_CODEX), "app-server", "--state-dir", str(state_dir)],
+        grace_s=GRACE,
+        kill_timeout_s=0.5,
+    )
+
+
+def tree_of_this_test() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=5)
+    assert alive == [], f"still alive: {alive}"
+
+
+@asynccontextmanager
+async def codex_session(tmp_path: Path) -> AsyncIterator[tuple[Session, Recorder]]:
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"codex": codex_spec(tmp_path)}) as sup:
+            session = await sup.start_session("codex", cwd=str(tmp_path))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
+def is_delta(event: ev.Event) -> bool:
+    return event.kind == "message.delta"
+
+
+def interrupt_accepted(event: ev.Event) -> bool:
+    return isinstance(event, ev.AgentStderr) and event.line.endswith(" accepted")
+
+
+def stderr_lines(rec: Recorder) -> list[str]:
+    return [e.line for e in rec.of_kind("agent.stderr") if isinstance(e, ev.AgentStderr)]
+
+
+async def second_prompt_completes(session: Session, rec: Recorder) -> None:
+    turn = await session.prompt("again words=3")
+    ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+    assert isinstance(ended, ev.TurnEnded)
+    assert (ended.outcome, ended.stop_reason) == ("completed", "completed"), ended
+
+
+async def terminal_pid(rec: Recorder) -> psutil.Process:
+    tool = await rec.wait_kind("tool.call", tool_call_id="term_1")
+    assert isinstance(tool, ev.ToolCall)
+    return psutil.Process(int(tool.raw["processId"]))
+
+
+async def test_cooperative_cancel_cleans_background_terminals(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        turn = await session.prompt("terminal words=10000")
+        terminal = await terminal_pid(rec)
+        await rec.wait_for(is_delta, count=2)
+        server = tree_of_this_test()
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
+        assert receipt.escalation == ["interrupt"]
+        assert receipt.stop_reason == "interrupted"
+        assert receipt.details == CLEANED
+        assert receipt.elapsed_ms < GRACE * 1000
+        # turn/interrupt left the terminal running; the clean, not a kill, stopped it.
+        assert_all_gone([terminal])
+        assert all(p.is_running() for p in server if p.pid != terminal.pid)
+        await second_prompt_completes(session, rec)
+
+
+async def test_wedged_server_tree_killed_and_thread_resumed(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        await session.prompt("wedged terminal words=10000")
+        terminal = await terminal_pid(rec)
+        await rec.wait_for(is_delta)
+        before = tree_of_this_test()
+        assert terminal in before
+        receipt = await session.cancel()
+        assert receipt.outcome == "killed"
+        assert receipt.escalation == [
+            "interrupt",
+            "grace_expired",
+            "sigterm",
+            "respawned",
+            "resumed",
+        ]
+        assert receipt.resumed is True
+        assert receipt.elapsed_ms >= GRACE * 1000
+        assert_all_gone(before)  # the server, the shim and the terminal in its own session
+        await second_prompt_completes(session, rec)
+        assert any(line.startswith("fake-codex: resumed thr_") for line in stderr_lines(rec))
+
+
+async def test_stale_turn_id_is_retried_against_the_running_turn(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        await session.prompt("stale words=10000")
+        await rec.wait_for(is_delta, count=2)
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled" and receipt.escalation == ["interrupt"]
+        assert receipt.elapsed_ms < GRACE * 1000
+        await rec.wait_for(interrupt_accepted)
+        decisions = [
+            line for line in stderr_lines(rec) if line.startswith("fake-codex: interrupt ")
+        ]
+        assert decisions == [
+            "fake-codex: interrupt phantom_2 rejected: stale, turn_2 is running",
+            "fake-codex: interrupt turn_2 accepted",
+        ]
+        await second_prompt_completes(session, rec)
+
+
+async def test_interrupt_before_turn_started_is_retried(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        await session.prompt("late-started words=10000")
+        await trio.sleep(0.1)  # the turn/start reply is in; turn/started comes at 0.3 s
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled" and receipt.escalation == ["interrupt"]
+        assert 100 <= receipt.elapsed_ms < GRACE * 1000  # it waited for turn/started
+        await rec.wait_for(interrupt_accepted)
+        decisions = [
+            line for line in stderr_lines(rec) if line.startswith("fake-codex: interrupt ")
+        ]
+        assert decisions == [
+            "fake-codex: interrupt turn_2 rejected: no active turn to interrupt",
+            "fake-codex: interrupt turn_2 accepted",
+        ]
+        await second_prompt_completes(session, rec)
+
+
+async def test_cancel_with_pending_approval(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        await session.prompt("approval words=10000")
+        requested = await rec.wait_kind("permission.requested")
+        assert isinstance(requested, ev.PermissionRequested)
+        receipt = await session.cancel()
+        assert receipt.outcome == "cancelled"
+        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
+        resolved = [
+            e for e in rec.of_kind("permission.resolved") if isinstance(e, ev.PermissionResolved)
+        ]
+        assert [(r.request_id, r.outcome, r.by) for r in resolved] == [
+            (requested.request_id, "cancelled", "supervisor")
+        ]
+        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
+        assert all(u.status != "completed" for u in updates)
+        await second_prompt_completes(session, rec)
+
+
+async def test_normal_turn_and_no_jsonrpc_on_the_wire(tmp_path: Path) -> None:
+    async with codex_session(tmp_path) as (session, rec):
+        await second_prompt_completes(session, rec)
+        deltas = [e for e in rec.of_kind("message.delta") if isinstance(e, ev.MessageDelta)]
+        assert [e.text for e in deltas] == ["w0 ", "w1 ", "w2 "]
+        assert not any("jsonrpc" in line for line in stderr_lines(rec))
+        assert session.state == "ready"
