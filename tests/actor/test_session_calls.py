@@ -23,6 +23,7 @@ from fakes.memory_base import MemoryLink
 from helpers import Recorder
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
 from supervisor.agents.link import AgentLines
+from supervisor.core.turns import EndedTurns
 from supervisor.supervisor import Supervisor
 
 GRACE = 2.0
@@ -233,7 +234,7 @@ async def _crash_on_a_cancel(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -
     taken off the session and before its receipt was given; the cancel is answered all the
     same (not left waiting for a receipt never made)."""
 
-    def broken(self: Session, turn_id: str, receipt: Any) -> None:
+    def broken(self: EndedTurns, turn_id: str, receipt: Any) -> None:
         raise RuntimeError("boom while ending the turn")
 
     session = await sup.start_session("fake", cwd="/")
@@ -243,7 +244,7 @@ async def _crash_on_a_cancel(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -
             if event.kind == "message.delta":
                 break
     await trio.testing.wait_all_tasks_blocked()
-    monkeypatch.setattr(Session, "_remember", broken)
+    monkeypatch.setattr(EndedTurns, "remember", broken)
     with pytest.raises(AgentNotRunning, match="failed: the session crashed"):
         await session.cancel()
     return session

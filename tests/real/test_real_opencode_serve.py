@@ -373,4 +373,3 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
                 assert h.session.summary().recycles == 1
                 return
     pytest.fail(f"the abort never landed inside the model lookup in {EARLY_ABORT_ATTEMPTS} tries")
-

@@ -1,0 +1,151 @@
+"""Turns: the running one, the prompts queued behind it, and how the ended ones ended.
+
+A turn's id is ``t1``, ``t2``, ... in the order prompts (and steers) were accepted, never
+reused. Queued prompts wait in order; the turns a steer starts go to the queue's front, in the
+order the steers came (:meth:`PromptQueue.put_steered`), ahead of the prompts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from typing import Final
+
+from attrs import define, field
+
+from protocols.content import Part
+from supervisor.core.ladder import CancelJob
+from supervisor.core.steers import TurnSteers
+from supervisor.core.watchdog import StallWatch
+from supervisor.errors import BadRequest
+from supervisor.receipt import CancelReceipt, DroppedPrompt
+
+__all__ = ["ENDED_TURNS_KEPT", "EndedTurns", "PromptQueue", "Turn", "TurnIds"]
+
+#: Turns remembered so a late cancel naming one gets an honest answer.
+ENDED_TURNS_KEPT: Final = 64
+
+
+@define
+class Turn:
+    """The running turn."""
+
+    id: str
+    text: str
+    started_at: float
+    #: ``tree_clock()`` when it started: tells this turn's processes from the agent's own
+    started_clock: float
+    #: the stall watchdog's view of it
+    watch: StallWatch
+    #: its cancel, once one began
+    cancel: CancelJob | None = None
+    #: a tool.call was seen: only then can processes be left behind by a cancel
+    ran_tools: bool = False
+    #: steers waiting for the agent's answer, and the turns steers start after this one
+    steers: TurnSteers = field(factory=TurnSteers)
+
+
+class TurnIds:
+    """``t1``, ``t2``, ...: one per prompt or steer accepted, never reused."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def next(self) -> str:
+        self.count += 1
+        return f"t{self.count}"
+
+
+class PromptQueue:
+    """Prompts waiting behind the running turn, with the content parts of those that have more
+    than text. At most ``limit``: more is a client bug, not a workload."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: deque[tuple[str, str]] = deque()
+        #: the queued turns a steer starts (at the queue's front)
+        self._steered: set[str] = set()
+        #: the content parts of queued prompts that have more than text, by turn id
+        self._parts: dict[str, tuple[Part, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._queue)
+
+    def check_room(self) -> None:
+        if len(self._queue) >= self.limit:
+            raise BadRequest(f"too many queued prompts (at most {self.limit})")
+
+    def keep_parts(self, turn_id: str, parts: tuple[Part, ...]) -> None:
+        if parts:
+            self._parts[turn_id] = parts
+
+    def parts_of(self, turn_id: str) -> tuple[Part, ...]:
+        """The content parts of a turn that starts now (forgotten here)."""
+        return self._parts.pop(turn_id, ())
+
+    def put(self, turn_id: str, text: str) -> None:
+        self._queue.append((turn_id, text))
+
+    def put_steered(self, turn_id: str, text: str) -> None:
+        """A steer's turn: after the steers queued before it, ahead of every prompt."""
+        ahead = 0
+        for queued_id, _ in self._queue:
+            if queued_id not in self._steered:
+                break
+            ahead += 1
+        self._queue.insert(ahead, (turn_id, text))
+        self._steered.add(turn_id)
+
+    def put_steered_first(self, turns: list[tuple[str, str]]) -> None:
+        """Steers a turn did not take, in order, at the very front."""
+        self._queue.extendleft(reversed(turns))
+        self._steered.update(turn_id for turn_id, _ in turns)
+
+    def pop(self) -> tuple[str, str]:
+        turn_id, text = self._queue.popleft()
+        self._steered.discard(turn_id)
+        return turn_id, text
+
+    def remove(self, turn_id: str) -> DroppedPrompt | None:
+        """Take ``turn_id`` out of the queue (a cancel naming it), if it is there."""
+        for index, (queued_id, text) in enumerate(self._queue):
+            if queued_id == turn_id:
+                del self._queue[index]
+                self._steered.discard(turn_id)
+                self._parts.pop(turn_id, None)
+                return DroppedPrompt(turn_id, text)
+        return None
+
+    def take_all(self) -> list[DroppedPrompt]:
+        """Empty the queue: every prompt in it, in order, never to run."""
+        if not self._queue:
+            return []
+        dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
+        self._queue.clear()
+        self._steered.clear()
+        for prompt in dropped:
+            self._parts.pop(prompt.turn_id, None)
+        return dropped
+
+
+class EndedTurns:
+    """How the last :data:`ENDED_TURNS_KEPT` turns ended, for a cancel naming one later."""
+
+    def __init__(self) -> None:
+        self._receipts: dict[str, CancelReceipt] = {}
+
+    def remember(self, turn_id: str, receipt: CancelReceipt) -> None:
+        self._receipts[turn_id] = receipt
+        while len(self._receipts) > ENDED_TURNS_KEPT:
+            del self._receipts[next(iter(self._receipts))]
+
+    def get(self, turn_id: str) -> CancelReceipt | None:
+        return self._receipts.get(turn_id)
