@@ -32,8 +32,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import operator
-import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -59,11 +57,12 @@ from protocols.machine import (
 )
 from supervisor.config import AgentSpec
 from supervisor.core.agent import MAX_EXITS_WITHOUT_TURN, AgentPhase, AgentState
+from supervisor.core.events import EventLog
 from supervisor.core.exit import ExitStatus
 from supervisor.core.ladder import CancelJob
 from supervisor.core.recycle import MAX_MEMORY_RESTARTS, Recycler
 from supervisor.core.states import ENDS, State, check_transition
-from supervisor.core.steers import NativeSteer, SteerNext
+from supervisor.core.steers import Steering
 from supervisor.core.turns import EndedTurns, PromptQueue, Turn, TurnIds
 from supervisor.core.waiter import Waiter
 from supervisor.core.watchdog import STREAM_EVENTS, TURN_EVENTS, StallWatch
@@ -71,11 +70,10 @@ from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.receipt import (
     REASON_MEMORY_LIMIT,
     REASON_STALLED,
-    REASON_STEER,
     CancelReceipt,
     DroppedPrompt,
 )
-from supervisor.steering import SteerMode, SteerResult
+from supervisor.steering import SteerResult
 from supervisor.wire.codec import receipt_to_wire
 
 __all__ = ["SessionCore", "SessionIO", "StopPhase", "TurnHandle"]
@@ -179,9 +177,10 @@ class SessionCore:
         self.turn_ids = TurnIds()
         self.ended_turns = EndedTurns()
         self.recycler = Recycler(spec.max_failed_turns, spec.max_memory_mb)
-        #: the newest event's seq (0 before the first)
-        self.seq = 0
-        self._steer_ids = 0
+        self.log = EventLog(session_id, io.publish, io.publish_many)
+        self.steering = Steering(
+            session_id, spec.grace_s, self.turn_ids, self.queue, self.log, self
+        )
         self._watchdog = bool(spec.stall_s or spec.tool_stall_s)
         self.stop_phase = StopPhase.NONE
         self._stop_waiters: list[Waiter[ExitStatus | None]] = []
@@ -203,6 +202,11 @@ class SessionCore:
         self.exit_status: ExitStatus | None = None
 
     # -- what the shell reads -----------------------------------------------------------------
+
+    @property
+    def seq(self) -> int:
+        """The newest event's seq (0 before the first)."""
+        return self.log.seq
 
     @property
     def stopping(self) -> bool:
@@ -279,7 +283,7 @@ class SessionCore:
             raise BadRequest(f"unknown mode {mode_id!r} (known: {', '.join(map(str, known))})")
         step = machine.set_mode(mode_id)
         self.agent.mode_waiters.append(waiter)
-        self._apply(step)
+        self.apply(step)
 
     def respond_permission(self, request_id: str, option_id: str | None) -> None:
         self._check_takes_calls()
@@ -290,7 +294,7 @@ class SessionCore:
             step = machine.respond_permission(request_id, option_id)
         except UnknownPermission as exc:
             raise BadRequest(str(exc)) from None
-        self._apply(step)
+        self.apply(step)
 
     def wait_ready(self, waiter: Waiter[None]) -> None:
         if self.state in ENDS:
@@ -334,7 +338,7 @@ class SessionCore:
                 )
             )
             return
-        steers = self._drop_steers(turn, reason) if turn.steers else []
+        steers = self.steering.drop(turn, reason) if turn.steers else []
         job = turn.cancel
         if job is not None:
             # 6. concurrent cancels share one receipt; what was queued since the job began
@@ -350,16 +354,16 @@ class SessionCore:
             )
             job.dropped.extend(steers)
             return
-        self._begin_cancel(turn, now, reason, [waiter])
+        self.begin_cancel(turn, now, reason, [waiter])
         if steers and turn.cancel is not None:
             turn.cancel.dropped[:0] = steers
 
-    def _begin_cancel(
+    def begin_cancel(
         self,
         turn: Turn,
         now: float,
         reason: str | None,
-        waiters: list[Waiter[CancelReceipt]],
+        waiters: list[Waiter[CancelReceipt]] | None = None,
         *,
         keep_queue: bool = False,
         detail: str | None = None,
@@ -377,11 +381,11 @@ class SessionCore:
             now,
             reason,
             self.spec.grace_s,
-            waiters,
+            waiters if waiters is not None else [],
             permissions=permissions,
             keep_queue=keep_queue,
         )
-        self._deliver(step)  # first (in a caller's step the shell writes it at the step's end)
+        self.deliver(step)  # first (in a caller's step the shell writes it at the step's end)
         if not keep_queue and self.queue:
             job.dropped = self._drop_queue(reason)
         self._set_state(State.CANCELLING, detail)
@@ -402,7 +406,7 @@ class SessionCore:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
         dropped = self.queue.remove(turn_id)
         if dropped is not None:
-            return self._drop(dropped, reason)
+            return self.drop(dropped, reason)
         ended = self.ended_turns.get(turn_id)
         if ended is None:
             raise BadRequest(f"unknown turn {turn_id!r} in session {self.id}")
@@ -411,10 +415,10 @@ class SessionCore:
     def _drop_queue(self, reason: str | None) -> list[DroppedPrompt]:
         dropped = self.queue.take_all()
         for prompt in dropped:
-            self._drop(prompt, reason)
+            self.drop(prompt, reason)
         return dropped
 
-    def _drop(self, prompt: DroppedPrompt, reason: str | None) -> CancelReceipt:
+    def drop(self, prompt: DroppedPrompt, reason: str | None) -> CancelReceipt:
         """A queued prompt that will never run: its own receipt, its one ``turn.ended``."""
         receipt = CancelReceipt(
             session_id=self.id,
@@ -436,153 +440,13 @@ class SessionCore:
         )
         return receipt
 
-    # -- steering -----------------------------------------------------------------------------
+    # -- steering (steers.py) ------------------------------------------------------------------
 
     def steer(self, text: str, waiter: Waiter[SteerResult]) -> None:
         """Redirect the running turn: natively where the agent can, else through the ladder;
         with no turn, the text starts one now."""
         self._check_takes_calls()
-        turn = self.turn
-        if turn is None:
-            self._steer_starts(text, waiter, "started")
-            return
-        if turn.cancel is not None:
-            # Already on its way out: the text starts the next turn once it has ended.
-            self._steer_after(turn, text, waiter, "interrupted")
-            return
-        machine = self.agent.machine
-        if machine is not None and machine.can_steer and self.agent.live is not None:
-            self._steer_ids += 1
-            steer_id = self._steer_ids
-            deadline = self._io.now() + self.spec.grace_s
-            turn.steers.pending[steer_id] = NativeSteer(text, waiter, deadline)
-            self._apply(machine.steer(turn.id, steer_id, text))
-            return
-        self._steer_interrupts(turn, text, waiter)
-
-    def _steer_starts(
-        self, text: str, waiter: Waiter[SteerResult], mode: SteerMode, detail: str | None = None
-    ) -> None:
-        """The text starts a turn: now if the session is ready, else first in the queue."""
-        turn_id = self.turn_ids.next()
-        self.queue.put_steered(turn_id, text)
-        self._emit(ev.TurnSteered(turn_id=turn_id, mode=mode, text=text))
-        waiter.resolve(SteerResult(session_id=self.id, mode=mode, turn_id=turn_id, detail=detail))
-        self._start_next()
-
-    def _steer_after(
-        self,
-        turn: Turn,
-        text: str,
-        waiter: Waiter[SteerResult],
-        mode: SteerMode,
-        detail: str | None = None,
-    ) -> None:
-        """The text starts the turn after ``turn``, once that has ended (``_end_turn``)."""
-        turn.steers.then.append(SteerNext(self.turn_ids.next(), text, waiter, mode, detail))
-
-    def _steer_interrupts(
-        self, turn: Turn, text: str, waiter: Waiter[SteerResult], detail: str | None = None
-    ) -> None:
-        """The agent cannot take the text into its turn: the turn makes way through the whole
-        ladder, and the text goes first once it is over."""
-        self._begin_cancel(turn, self._io.now(), REASON_STEER, [], keep_queue=True)
-        self._steer_after(turn, text, waiter, "interrupted", detail)
-
-    def _steer_answered(self, answer: SteerAnswered) -> None:
-        turn = self.turn
-        if turn is None or turn.id != answer.turn_id:
-            return  # its turn ended first, and the text went to the next one then
-        pending = turn.steers.pending.pop(answer.steer_id, None)
-        if pending is None:
-            return
-        if answer.injected:
-            self._emit(ev.TurnSteered(turn_id=turn.id, mode="injected", text=pending.text))
-            pending.waiter.resolve(
-                SteerResult(session_id=self.id, mode="injected", turn_id=turn.id)
-            )
-        elif turn.cancel is not None:
-            self._steer_after(turn, pending.text, pending.waiter, "interrupted", answer.detail)
-        elif answer.no_turn:
-            # The agent's turn is over and ours ends with its answer, on its way: the text
-            # starts the turn after it.
-            self._steer_after(turn, pending.text, pending.waiter, "started", answer.detail)
-        else:
-            self._steer_interrupts(turn, pending.text, pending.waiter, answer.detail)
-
-    def _steer_timed_out(self, turn: Turn, steer_id: int) -> None:
-        pending = turn.steers.pending.pop(steer_id)
-        detail = f"the agent did not answer the steer in {self.spec.grace_s:g} s"
-        machine = self.agent.machine
-        if machine is not None and self.agent.live is not None:
-            self._deliver(machine.abandon_steer(steer_id))
-        if turn.cancel is not None:
-            self._steer_after(turn, pending.text, pending.waiter, "interrupted", detail)
-        else:
-            self._steer_interrupts(turn, pending.text, pending.waiter, detail)
-
-    def _drop_steers(self, turn: Turn, reason: str | None) -> list[DroppedPrompt]:
-        """A caller stops the turn: the steers it has not taken yet are dropped with it, as
-        queued prompts are, each its turn id and its one ``turn.ended``."""
-        dropped = []
-        for steer_turn_id, steer in turn.steers.take_all():
-            turn_id = steer_turn_id if steer_turn_id is not None else self.turn_ids.next()
-            self._emit(
-                ev.TurnSteered(
-                    turn_id=turn_id,
-                    mode="interrupted",
-                    text=steer.text,
-                    interrupted_turn_id=turn.id,
-                )
-            )
-            prompt = DroppedPrompt(turn_id, steer.text)
-            self._drop(prompt, reason)
-            dropped.append(prompt)
-            steer.waiter.resolve(
-                SteerResult(
-                    session_id=self.id,
-                    mode="interrupted",
-                    turn_id=turn_id,
-                    detail="dropped: the turn it steered was stopped, and the text with it",
-                )
-            )
-        return dropped
-
-    def _steers_after_turn(self, turn: Turn, receipt: CancelReceipt | None) -> None:
-        """The turn is over: steers it did not take go first in the queue, in order; they
-        start as soon as the session is ready (their callers hear back now: the turn they
-        steered has ended)."""
-        following = turn.steers.after_turn()
-        if not following:
-            return
-        if self.stopping or self.failure is not None:
-            error = AgentNotRunning(f"session {self.id} is {self.state}")
-            for steer in following:
-                steer.waiter.fail(error)
-            return
-        queued = []
-        for steer in following:
-            turn_id = steer.turn_id or self.turn_ids.next()
-            queued.append((turn_id, steer.text))
-            interrupted = steer.mode == "interrupted"
-            self._emit(
-                ev.TurnSteered(
-                    turn_id=turn_id,
-                    mode=steer.mode,
-                    text=steer.text,
-                    interrupted_turn_id=turn.id if interrupted else None,
-                )
-            )
-            steer.waiter.resolve(
-                SteerResult(
-                    session_id=self.id,
-                    mode=steer.mode,
-                    turn_id=turn_id,
-                    receipt=receipt if interrupted else None,
-                    detail=steer.detail,
-                )
-            )
-        self.queue.put_steered_first(queued)
+        self.steering.steer(self.turn, self.agent.machine, self._io.now(), text, waiter)
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -595,7 +459,7 @@ class SessionCore:
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
         # the session is not left running a turn the agent never got).
         try:
-            self._deliver(step)
+            self.deliver(step)
         except Exception:
             # The machine now holds a turn the agent never got: the two no longer agree. The
             # one state both agree on again is a fresh agent, the session resumed.
@@ -608,7 +472,7 @@ class SessionCore:
         self._emit(ev.TurnStarted(turn_id=turn_id, text=text))
         self._apply_events(step)
 
-    def _start_next(self) -> None:
+    def start_next(self) -> None:
         if self.state is State.READY and self.turn is None and self.queue:
             turn_id, text = self.queue.pop()
             try:
@@ -653,7 +517,7 @@ class SessionCore:
                 self._set_state(State.STARTING, f"the agent is exiting ({self.agent.exiting})")
                 return
             self._set_state(State.READY)
-            self._start_next()
+            self.start_next()
             return
         self.recycler.turn_stopped()
         job.turn_ended(finished)  # 4. ended in time: cancelled, or completed
@@ -685,7 +549,7 @@ class SessionCore:
             return
         self._set_state(State.READY)
         if self.queue:
-            self._start_next()
+            self.start_next()
 
     def swept(
         self, generation: int, killed: list[dict[str, Any]], survivors: list[dict[str, Any]]
@@ -728,19 +592,13 @@ class SessionCore:
                 ),
             )
         self.turn = None
-        self.seq = seq = self.seq + 1  # made stamped, as _emit would stamp it
-        self._io.publish(
-            ev.new_turn_ended(
-                session_id=self.id,
-                seq=seq,
-                timestamp=time.time(),
-                turn_id=turn.id,
-                outcome=outcome,
-                stop_reason=stop_reason,
-                error=error,
-                receipt=receipt_to_wire(receipt) if receipt is not None else None,
-                reason=job.reason if job is not None else None,
-            )
+        self.log.turn_ended(
+            turn.id,
+            outcome,
+            stop_reason,
+            error,
+            receipt_to_wire(receipt) if receipt is not None else None,
+            job.reason if job is not None else None,
         )
         if job is not None and receipt is not None:
             self.ended_turns.remember(turn.id, receipt)
@@ -750,7 +608,10 @@ class SessionCore:
                 job.answer(receipt)
                 self._ending = None
         if turn.steers:
-            self._steers_after_turn(turn, receipt)
+            refused = None
+            if self.stopping or self.failure is not None:
+                refused = AgentNotRunning(f"session {self.id} is {self.state}")
+            self.steering.after_turn(turn, receipt, refused)
 
     # -- what the agent said ------------------------------------------------------------------
 
@@ -774,7 +635,7 @@ class SessionCore:
             self._emit(ev.AgentUnparsed(raw=payload))
             return
         if step.send or step.signals:  # (what _apply does: a cancel's answer comes this way)
-            self._deliver(step)
+            self.deliver(step)
         self._apply_events(step)
 
     def receive_run(self, payloads: list[Any], at: int, end: int, generation: int | None) -> int:
@@ -790,7 +651,7 @@ class SessionCore:
             try:
                 step, used = machine.receive_many(run, done)
             except PartialStep as failure:
-                self._apply(failure.step)
+                self.apply(failure.step)
                 message = _as_raw(run[failure.failed])
                 log.error(
                     "session %s: protocol machine failed on %r",
@@ -805,7 +666,7 @@ class SessionCore:
                 self._emit(ev.AgentUnparsed(raw=_as_raw(run[done])))
                 used = 1
             else:
-                self._apply(step)
+                self.apply(step)
             done += used
             if self.agent.live != generation or self.done:
                 break
@@ -825,12 +686,12 @@ class SessionCore:
     def stderr_line(self, line: str) -> None:
         self._emit(ev.AgentStderr(line=line))
 
-    def _apply(self, step: Step) -> None:
+    def apply(self, step: Step) -> None:
         """Send what the machine wants sent, then act on what it says happened."""
-        self._deliver(step)
+        self.deliver(step)
         self._apply_events(step)
 
-    def _deliver(self, step: Step) -> None:
+    def deliver(self, step: Step) -> None:
         if self.agent.live is not None:
             self._io.deliver(step)
 
@@ -867,7 +728,7 @@ class SessionCore:
             else:
                 self._start_failed(control.message)
         elif isinstance(control, SteerAnswered):
-            self._steer_answered(control)
+            self.steering.answered(self.turn, control, self._io.now())
         elif isinstance(control, ModeSet):
             self._mode_set(control)
         elif isinstance(control, AgentExiting):
@@ -922,7 +783,7 @@ class SessionCore:
         )
         # The same ladder as a caller's cancel; queued prompts stay: the user queued them
         # behind this turn, and it is not the user who gave up on it.
-        self._begin_cancel(
+        self.begin_cancel(
             turn,
             now,
             REASON_STALLED,
@@ -989,7 +850,7 @@ class SessionCore:
         if turn is not None and turn is self.turn:
             for steer_id in turn.steers.overdue(now):
                 if steer_id in turn.steers.pending:
-                    self._steer_timed_out(turn, steer_id)
+                    self.steering.timed_out(turn, steer_id, self.agent.machine, now)
         if agent.exit_deadline is not None and now >= agent.exit_deadline:
             self._exit_overdue()
         turn = self.turn
@@ -1027,7 +888,7 @@ class SessionCore:
         turn = self.turn
         if turn is not None and turn.cancel is not None:
             turn.cancel.respawned()  # 5. respawned
-        self._apply(
+        self.apply(
             machine.start(
                 cwd=self.cwd, resume=self.agent.resume_from, mcp_servers=self.spec.mcp_servers
             )
@@ -1049,7 +910,7 @@ class SessionCore:
         for waiter in self._ready_waiters:
             waiter.resolve(None)
         self._ready_waiters.clear()
-        self._start_next()
+        self.start_next()
 
     def _start_fresh(self, reason: str) -> None:
         """The agent could not resume its session: start it again without resuming."""
@@ -1287,7 +1148,7 @@ class SessionCore:
         if turn is None:
             self._recycle(verdict.reason)
         elif turn.cancel is None:
-            self._begin_cancel(
+            self.begin_cancel(
                 turn,
                 self._io.now(),
                 REASON_MEMORY_LIMIT,
@@ -1327,12 +1188,12 @@ class SessionCore:
                 self._stop_interrupted = True
                 if machine.pending_permissions:  # answered, and the clients told, as a cancel
                     step.extend(machine.cancel_permissions())
-                self._apply(step)
+                self.apply(step)
             if turn.cancel is not None:
                 turn.cancel.deadline = None
         machine = agent.machine
         if machine is not None and agent.live is not None:
-            self._apply(machine.close())  # before its stdin closes (ACP session/close)
+            self.apply(machine.close())  # before its stdin closes (ACP session/close)
         self._drop_machine()
         agent.down()
         if agent.kills_in_flight and agent.phase is AgentPhase.KILLING:
@@ -1417,26 +1278,24 @@ class SessionCore:
     # -- events -------------------------------------------------------------------------------
 
     def _set_state(self, state: State, detail: str | None = None) -> None:
-        old = self.state
-        if state is old and detail is None:
+        if state is self.state and detail is None:
             return
-        check_transition(old, state)
+        check_transition(self.state, state)
         self.state = state
-        # Made stamped, as _emit would stamp it (no turn event: the watchdog is not told).
-        self.seq = seq = self.seq + 1
-        self._io.publish(
-            ev.new_session_state(
-                session_id=self.id, seq=seq, timestamp=time.time(), state=state, detail=detail
-            )
-        )
+        self.log.state(state, detail)  # (no turn event: the watchdog is not told)
         if state in ENDS:
             self._io.ended()  # a failed session's actor may live on: its owner hears it now
 
+    def _emit(self, event: ev.Event) -> None:
+        turn = self.turn
+        if turn is not None and type(event) in TURN_EVENTS:
+            self._heard(turn, event)
+        self.log.emit(event)
+
     def _emit_many(self, events: list[ev.Event]) -> None:
-        """:meth:`_emit` each of a run of events: the watchdog told, each stamped (one clock
-        read for the run), then published at once."""
-        if any(map(_SEQ_OF, events)) or len(set(map(id, events))) < len(events):
-            # Some stamped already, or one twice: each is then copied, never changed (rare).
+        """:meth:`_emit` each of a run of events: the watchdog told, then the run stamped and
+        published at once."""
+        if not EventLog.fresh(events):  # (rare) each is then copied, never changed
             for event in events:
                 self._emit(event)
             return
@@ -1456,36 +1315,7 @@ class SessionCore:
                         stream = False
                 if stream and self._watchdog:
                     turn.watch.heard = True
-        # Each is a fresh event nobody else has seen: stamped in place (see _emit).
-        session_id = self.id
-        seq = self.seq
-        now = time.time()
-        set_session_id, set_seq, set_timestamp = _SET_STAMP
-        for event in events:
-            seq += 1
-            set_session_id(event, session_id)
-            set_seq(event, seq)
-            set_timestamp(event, now)
-        self.seq = seq
-        self._io.publish_many(events)
-
-    def _emit(self, event: ev.Event) -> None:
-        """Stamp the event and publish it. Machines make a fresh, unstamped event for each
-        thing that happens and hand it over: that one is stamped in place (a frozen instance
-        nobody else has seen yet; ``attrs.evolve`` would build a second one per event). One
-        already stamped is copied, never changed."""
-        turn = self.turn
-        if turn is not None and type(event) in TURN_EVENTS:
-            self._heard(turn, event)
-        self.seq = seq = self.seq + 1
-        if event.seq:
-            event = attrs.evolve(event, session_id=self.id, seq=seq, timestamp=time.time())
-        else:
-            set_session_id, set_seq, set_timestamp = _SET_STAMP
-            set_session_id(event, self.id)
-            set_seq(event, seq)
-            set_timestamp(event, time.time())
-        self._io.publish(event)
+        self.log.emit_run(events)
 
 
 def survivors_text(survivors: Sequence[dict[str, Any]]) -> str:
@@ -1507,9 +1337,3 @@ def _is_control(kind: type) -> bool:
     if known is None:
         known = _CONTROL_KINDS[kind] = issubclass(kind, Control)
     return known
-
-
-#: The stamp's slots set through their descriptors (what ``object.__setattr__`` does on a
-#: frozen instance, without looking the name up each time): every event is stamped so.
-_SET_STAMP = tuple(ev.Event.__dict__[name].__set__ for name in ("session_id", "seq", "timestamp"))
-_SEQ_OF = operator.attrgetter("seq")

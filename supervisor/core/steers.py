@@ -1,23 +1,39 @@
-"""Steers of the running turn that are not settled yet (what a steer is: ``supervisor.steering``).
+"""Steering: text that redirects the running turn, the best way the agent has.
 
-A steer the agent can take natively waits for its answer (``SteerAnswered``) until a deadline
-(the agent's grace): :attr:`TurnSteers.pending`. A steer that starts the turn after this one,
-once it has ended (the turn is being cancelled to make way, or the agent's turn was already
-over), waits in :attr:`TurnSteers.then`. Both belong to the running turn: when it ends, what
-it did not take goes first in the queue (``PromptQueue.put_steered_first``); when a caller
-stops it, they are dropped with it.
+What a steer becomes (``supervisor/steering.py`` has the answer's words):
+
+- no turn runs: the text starts one now, ahead of any queued prompt (``started``);
+- the turn is already being stopped: the text starts the next turn once it has ended
+  (``interrupted``);
+- the agent can take it natively: it is sent, and waits for the agent's answer
+  (``SteerAnswered``) until the agent's grace: joined (``injected``), or refused, or late, and
+  then the turn makes way through the ladder (``interrupted``);
+- the agent cannot: the turn makes way at once, and the text goes first once it is over.
+
+A steer that is not settled belongs to the running turn (:class:`TurnSteers`): when the turn
+ends, what it did not take goes first in the queue, in order; when a caller stops it, those
+steers are dropped with it, each with its own turn id and ``turn.ended``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Protocol
 
 from attrs import define, field, frozen
 
+from protocols import events as ev
+from protocols.machine import AgentProtocol, SteerAnswered, Step
 from supervisor.core.waiter import Waiter
+from supervisor.errors import AgentNotRunning
+from supervisor.receipt import REASON_STEER, CancelReceipt, DroppedPrompt
 from supervisor.steering import SteerMode, SteerResult
 
-__all__ = ["NativeSteer", "SteerNext", "TurnSteers"]
+if TYPE_CHECKING:
+    from supervisor.core.events import EventLog
+    from supervisor.core.turns import PromptQueue, Turn, TurnIds
+
+__all__ = ["NativeSteer", "SteerNext", "Steering", "TurnSteers"]
 
 
 @define
@@ -43,6 +59,8 @@ class SteerNext:
 
 @define
 class TurnSteers:
+    """The running turn's steers that are not settled yet."""
+
     #: steers the agent has not answered yet, by steer id
     pending: dict[int, NativeSteer] = field(factory=dict)
     #: steers that start the next turns, in order, once this one is over
@@ -58,23 +76,203 @@ class TurnSteers:
         """The steers whose answer is overdue at ``now``, in the order they were sent."""
         return [steer_id for steer_id, steer in self.pending.items() if now >= steer.deadline]
 
-    def take_all(self) -> list[tuple[str | None, NativeSteer | SteerNext]]:
-        """Every steer not settled, in order (pending ones first, with no turn id yet)."""
-        steers: list[tuple[str | None, NativeSteer | SteerNext]] = [
-            (None, steer) for steer in self.pending.values()
-        ]
-        steers += [(steer.turn_id, steer) for steer in self.then]
-        self.pending.clear()
-        self.then = []
-        return steers
 
-    def after_turn(self) -> list[SteerNext]:
-        """The turn is over: what starts next, in order (pending steers the agent never
-        answered start a turn of their own)."""
-        unanswered = [
-            SteerNext("", steer.text, steer.waiter, "started") for steer in self.pending.values()
+class SteeringHost(Protocol):
+    """What steering asks of the session core."""
+
+    def begin_cancel(self, turn: Turn, now: float, reason: str, *, keep_queue: bool) -> None: ...
+
+    def start_next(self) -> None: ...
+
+    def drop(self, prompt: DroppedPrompt, reason: str | None) -> CancelReceipt: ...
+
+    def apply(self, step: Step) -> None: ...
+
+    def deliver(self, step: Step) -> None: ...
+
+
+class Steering:
+    """The session's steering: where each steer goes, and what becomes of it."""
+
+    def __init__(
+        self,
+        session_id: str,
+        grace_s: float,
+        ids: TurnIds,
+        queue: PromptQueue,
+        log: EventLog,
+        host: SteeringHost,
+    ) -> None:
+        self._session_id = session_id
+        self._grace_s = grace_s
+        self._ids = ids
+        self._queue = queue
+        self._log = log
+        self._host = host
+        self._count = 0  # steer ids, for the agent's answers
+
+    def steer(
+        self,
+        turn: Turn | None,
+        machine: AgentProtocol | None,
+        now: float,
+        text: str,
+        waiter: Waiter[SteerResult],
+    ) -> None:
+        """Route a steer (``machine``: the live agent's, None when none is live)."""
+        if turn is None:
+            self._start(text, waiter, "started")
+        elif turn.cancel is not None:
+            # Already on its way out: the text starts the next turn once it has ended.
+            self._after(turn, text, waiter, "interrupted")
+        elif machine is not None and machine.can_steer:
+            self._count += 1
+            turn.steers.pending[self._count] = NativeSteer(text, waiter, now + self._grace_s)
+            self._host.apply(machine.steer(turn.id, self._count, text))
+        else:
+            self._interrupt(turn, now, text, waiter)
+
+    def answered(self, turn: Turn | None, answer: SteerAnswered, now: float) -> None:
+        """The agent's answer to a native steer."""
+        if turn is None or turn.id != answer.turn_id:
+            return  # its turn ended first, and the text went to the next one then
+        pending = turn.steers.pending.pop(answer.steer_id, None)
+        if pending is None:
+            return
+        if answer.injected:
+            self._log.emit(ev.TurnSteered(turn_id=turn.id, mode="injected", text=pending.text))
+            pending.waiter.resolve(
+                SteerResult(session_id=self._session_id, mode="injected", turn_id=turn.id)
+            )
+        elif turn.cancel is not None:
+            self._after(turn, pending.text, pending.waiter, "interrupted", answer.detail)
+        elif answer.no_turn:
+            # The agent's turn is over and ours ends with its answer, on its way: the text
+            # starts the turn after it.
+            self._after(turn, pending.text, pending.waiter, "started", answer.detail)
+        else:
+            self._interrupt(turn, now, pending.text, pending.waiter, answer.detail)
+
+    def timed_out(
+        self, turn: Turn, steer_id: int, machine: AgentProtocol | None, now: float
+    ) -> None:
+        """The agent did not answer the steer within its grace: withdraw it where the protocol
+        can, and let the turn make way."""
+        pending = turn.steers.pending.pop(steer_id)
+        detail = f"the agent did not answer the steer in {self._grace_s:g} s"
+        if machine is not None:
+            self._host.deliver(machine.abandon_steer(steer_id))
+        if turn.cancel is not None:
+            self._after(turn, pending.text, pending.waiter, "interrupted", detail)
+        else:
+            self._interrupt(turn, now, pending.text, pending.waiter, detail)
+
+    def drop(self, turn: Turn, reason: str | None) -> list[DroppedPrompt]:
+        """A caller stops the turn: its steers not taken yet are dropped with it, as queued
+        prompts are, each with its turn id and its one ``turn.ended``; their callers hear it."""
+        steers: list[tuple[str | None, NativeSteer | SteerNext]] = [
+            (None, steer) for steer in turn.steers.pending.values()
         ]
-        following = [*self.then, *unanswered]
-        self.pending.clear()
-        self.then = []
-        return following
+        steers += [(steer.turn_id, steer) for steer in turn.steers.then]
+        turn.steers = TurnSteers()
+        dropped = []
+        for steer_turn_id, steer in steers:
+            turn_id = steer_turn_id if steer_turn_id is not None else self._ids.next()
+            self._log.emit(
+                ev.TurnSteered(
+                    turn_id=turn_id,
+                    mode="interrupted",
+                    text=steer.text,
+                    interrupted_turn_id=turn.id,
+                )
+            )
+            prompt = DroppedPrompt(turn_id, steer.text)
+            self._host.drop(prompt, reason)
+            dropped.append(prompt)
+            steer.waiter.resolve(
+                SteerResult(
+                    session_id=self._session_id,
+                    mode="interrupted",
+                    turn_id=turn_id,
+                    detail="dropped: the turn it steered was stopped, and the text with it",
+                )
+            )
+        return dropped
+
+    def after_turn(
+        self, turn: Turn, receipt: CancelReceipt | None, refused: AgentNotRunning | None
+    ) -> None:
+        """The turn is over: the steers it did not take go first in the queue, in order, and
+        their callers hear back now (the turn they steered has ended); ``refused``: the session
+        takes no more (it stops or failed), and they are told so instead."""
+        following = [*turn.steers.then]
+        following += [
+            SteerNext("", steer.text, steer.waiter, "started")
+            for steer in turn.steers.pending.values()
+        ]
+        turn.steers = TurnSteers()
+        if not following:
+            return
+        if refused is not None:
+            for steer in following:
+                steer.waiter.fail(refused)
+            return
+        queued = []
+        for steer in following:
+            turn_id = steer.turn_id or self._ids.next()
+            queued.append((turn_id, steer.text))
+            interrupted = steer.mode == "interrupted"
+            self._log.emit(
+                ev.TurnSteered(
+                    turn_id=turn_id,
+                    mode=steer.mode,
+                    text=steer.text,
+                    interrupted_turn_id=turn.id if interrupted else None,
+                )
+            )
+            steer.waiter.resolve(
+                SteerResult(
+                    session_id=self._session_id,
+                    mode=steer.mode,
+                    turn_id=turn_id,
+                    receipt=receipt if interrupted else None,
+                    detail=steer.detail,
+                )
+            )
+        self._queue.put_steered_first(queued)
+
+    def _start(
+        self, text: str, waiter: Waiter[SteerResult], mode: SteerMode, detail: str | None = None
+    ) -> None:
+        """The text starts a turn: now if the session is ready, else first in the queue."""
+        turn_id = self._ids.next()
+        self._queue.put_steered(turn_id, text)
+        self._log.emit(ev.TurnSteered(turn_id=turn_id, mode=mode, text=text))
+        waiter.resolve(
+            SteerResult(session_id=self._session_id, mode=mode, turn_id=turn_id, detail=detail)
+        )
+        self._host.start_next()
+
+    def _after(
+        self,
+        turn: Turn,
+        text: str,
+        waiter: Waiter[SteerResult],
+        mode: SteerMode,
+        detail: str | None = None,
+    ) -> None:
+        """The text starts the turn after ``turn``, once that has ended (:meth:`after_turn`)."""
+        turn.steers.then.append(SteerNext(self._ids.next(), text, waiter, mode, detail))
+
+    def _interrupt(
+        self,
+        turn: Turn,
+        now: float,
+        text: str,
+        waiter: Waiter[SteerResult],
+        detail: str | None = None,
+    ) -> None:
+        """The agent cannot take the text into its turn: the turn makes way through the whole
+        ladder, and the text goes first once it is over."""
+        self._host.begin_cancel(turn, now, REASON_STEER, keep_queue=True)
+        self._after(turn, text, waiter, "interrupted", detail)
