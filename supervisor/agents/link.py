@@ -49,7 +49,7 @@ class AgentFrame:
     frame: Frame
 
 
-@define  # not frozen: a frozen init costs ~0.6 us more a field on a cancel's cold path
+@define  # made on a cancel's cold path: see protocols.events.quick_constructor
 class AgentLines:
     """One read's worth of the agent's stdout: complete lines, not decoded yet. The actor
     decodes and handles them at the pace the supervisor's

@@ -38,9 +38,7 @@ from supervisor.receipt import CancelReceipt, DroppedPrompt, new_cancel_receipt
 __all__ = ["CancelJob"]
 
 
-# Made once per cancel on its cold path: a plain (not frozen) class, see
-# ``protocols.events.quick_constructor`` for what a frozen ``__init__`` costs there.
-@define
+@define  # made on a cancel's cold path: see protocols.events.quick_constructor
 class CancelJob:
     """One cancel of one turn; every concurrent cancel of that turn waits on it."""
 

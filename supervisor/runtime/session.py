@@ -110,8 +110,7 @@ class _Prompt:
         self.reply.resolve(session.core.prompt(self.text, self.parts))
 
 
-# A cancel's cold path: plain classes (see ``protocols.events.quick_constructor``).
-@define
+@define  # made on a cancel's cold path: see protocols.events.quick_constructor
 class _Cancel:
     turn_id: str | None
     reason: str | None
