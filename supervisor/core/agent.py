@@ -20,7 +20,7 @@ from typing import Final
 from protocols.machine import AgentProtocol
 from supervisor.core.waiter import Waiter
 
-__all__ = ["MAX_EXITS_WITHOUT_TURN", "AgentPhase", "AgentState"]
+__all__ = ["MAX_EXITS_WITHOUT_TURN", "STARTING_PHASES", "AgentPhase", "AgentState"]
 
 #: An agent that exits unexpectedly this many times without finishing a turn in between is
 #: not started again: the session fails with its last words instead of looping.
@@ -44,6 +44,8 @@ class AgentPhase(enum.Enum):
 
 #: The phases of a live process: its output counts, and messages may be written to it.
 _LIVE: Final = frozenset({AgentPhase.ESTABLISHING, AgentPhase.UP, AgentPhase.EXITING})
+#: The phases of a start: its output is urgent (``SessionCore.urgent``).
+STARTING_PHASES: Final = frozenset({AgentPhase.SPAWNING, AgentPhase.ESTABLISHING})
 
 
 class AgentState:
@@ -83,7 +85,7 @@ class AgentState:
     @property
     def starting(self) -> bool:
         """A process is being started or runs its handshake."""
-        return self.phase is AgentPhase.SPAWNING or self.phase is AgentPhase.ESTABLISHING
+        return self.phase in STARTING_PHASES
 
     @property
     def is_live(self) -> bool:

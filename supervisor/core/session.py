@@ -61,7 +61,7 @@ from supervisor.core.events import EventLog
 from supervisor.core.exit import ExitStatus
 from supervisor.core.ladder import CancelJob
 from supervisor.core.recycle import MAX_MEMORY_RESTARTS, Recycler
-from supervisor.core.states import ENDS, State, check_transition
+from supervisor.core.states import ENDS, TRANSITIONS, IllegalTransition, State
 from supervisor.core.steers import Steering
 from supervisor.core.turns import EndedTurns, PromptQueue, Turn, TurnIds
 from supervisor.core.waiter import Waiter
@@ -81,7 +81,7 @@ __all__ = ["SessionCore", "SessionIO", "StopPhase", "TurnHandle"]
 log = logging.getLogger("supervisor.session")
 
 #: The states in which agent output is urgent: it waits for no share of the supervisor's.
-_URGENT_STATES = frozenset({State.CANCELLING, State.STARTING})
+URGENT_STATES = frozenset({State.CANCELLING, State.STARTING})
 
 
 @attrs.frozen
@@ -183,6 +183,8 @@ class SessionCore:
         )
         self._watchdog = bool(spec.stall_s or spec.tool_stall_s)
         self.stop_phase = StopPhase.NONE
+        #: a stop was asked (``stop_phase`` is not ``NONE``): read on every cancel
+        self.stopping = False
         self._stop_waiters: list[Waiter[ExitStatus | None]] = []
         #: the stop interrupted the running turn
         self._stop_interrupted = False
@@ -209,10 +211,6 @@ class SessionCore:
         return self.log.seq
 
     @property
-    def stopping(self) -> bool:
-        return self.stop_phase is not StopPhase.NONE
-
-    @property
     def turn_id(self) -> str | None:
         return self.turn.id if self.turn is not None else None
 
@@ -228,7 +226,7 @@ class SessionCore:
     @property
     def urgent(self) -> bool:
         """Agent output waits for no share: a cancel in progress, a start, a stop."""
-        return self.state in _URGENT_STATES or self.agent.starting or self.stopping
+        return self.state in URGENT_STATES or self.agent.starting or self.stopping
 
     @property
     def may_hold_back(self) -> bool:
@@ -338,7 +336,7 @@ class SessionCore:
                 )
             )
             return
-        steers = self.steering.drop(turn, reason) if turn.steers else []
+        steers = self.steering.drop(turn, reason) if turn.steers is not None else []
         job = turn.cancel
         if job is not None:
             # 6. concurrent cancels share one receipt; what was queued since the job began
@@ -385,7 +383,8 @@ class SessionCore:
             permissions=permissions,
             keep_queue=keep_queue,
         )
-        self.deliver(step)  # first (in a caller's step the shell writes it at the step's end)
+        if self.agent.live is not None:  # first (a caller's step writes it at the step's end)
+            self._io.deliver(step)
         if not keep_queue and self.queue:
             job.dropped = self._drop_queue(reason)
         self._set_state(State.CANCELLING, detail)
@@ -404,7 +403,7 @@ class SessionCore:
 
     def _cancel_other_turn(self, turn_id: str, reason: str | None) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
-        dropped = self.queue.remove(turn_id)
+        dropped = self.queue.take(turn_id)
         if dropped is not None:
             return self.drop(dropped, reason)
         ended = self.ended_turns.get(turn_id)
@@ -474,7 +473,7 @@ class SessionCore:
 
     def start_next(self) -> None:
         if self.state is State.READY and self.turn is None and self.queue:
-            turn_id, text = self.queue.pop()
+            turn_id, text = self.queue.take_next()
             try:
                 self._start_turn(turn_id, text)
             except Exception as exc:  # its caller was answered when it queued: tell everyone
@@ -519,7 +518,8 @@ class SessionCore:
             self._set_state(State.READY)
             self.start_next()
             return
-        self.recycler.turn_stopped()
+        if self.recycler.failed_in_a_row:
+            self.recycler.turn_stopped()
         job.turn_ended(finished)  # 4. ended in time: cancelled, or completed
         if self.agent.exiting is not None:
             # The turn is over but its process is not (Amp ends its run on the SIGINT that
@@ -605,9 +605,10 @@ class SessionCore:
             if hold:
                 self._held = (job, receipt)
             else:
-                job.answer(receipt)
+                for waiter in job.waiters:
+                    waiter.resolve(receipt)
                 self._ending = None
-        if turn.steers:
+        if turn.steers is not None:
             refused = None
             if self.stopping or self.failure is not None:
                 refused = AgentNotRunning(f"session {self.id} is {self.state}")
@@ -824,8 +825,9 @@ class SessionCore:
                 if turn.watch.heard:
                     turn.watch.note_time(self._io.now())
                 deadline = turn.watch.stall_at
-            if turn.steers.pending:
-                deadline = min(deadline, turn.steers.next_deadline())
+            steers = turn.steers
+            if steers is not None and steers.pending:
+                deadline = min(deadline, steers.next_deadline())
         agent = self.agent
         if agent.start_deadline is not None:
             deadline = min(deadline, agent.start_deadline)
@@ -847,9 +849,9 @@ class SessionCore:
         if turn is not None and turn.cancel is not None and turn.cancel.deadline is not None:
             if now >= turn.cancel.deadline:
                 self._grace_expired(turn, turn.cancel)
-        if turn is not None and turn is self.turn:
+        if turn is not None and turn is self.turn and turn.steers is not None:
             for steer_id in turn.steers.overdue(now):
-                if steer_id in turn.steers.pending:
+                if turn.steers is not None and steer_id in turn.steers.pending:
                     self.steering.timed_out(turn, steer_id, self.agent.machine, now)
         if agent.exit_deadline is not None and now >= agent.exit_deadline:
             self._exit_overdue()
@@ -1172,10 +1174,12 @@ class SessionCore:
             # Nothing runs any more but maybe the kill of its last agent: once that is done,
             # the actor ends (and its owner forgets the session).
             self.stop_phase = StopPhase.AFTER_FAILURE
+            self.stopping = True
             if not self.agent.kills_in_flight:
                 self._end_failed()
             return
         self.stop_phase = StopPhase.CLOSING
+        self.stopping = True
         agent = self.agent
         agent.exit_deadline = None
         self._drop_queue("session_stopped")
@@ -1278,9 +1282,11 @@ class SessionCore:
     # -- events -------------------------------------------------------------------------------
 
     def _set_state(self, state: State, detail: str | None = None) -> None:
-        if state is self.state and detail is None:
+        old = self.state
+        if state is old and detail is None:
             return
-        check_transition(self.state, state)
+        if state not in TRANSITIONS[old]:
+            raise IllegalTransition(old, state)
         self.state = state
         self.log.state(state, detail)  # (no turn event: the watchdog is not told)
         if state in ENDS:

@@ -127,14 +127,14 @@ class Steering:
             self._after(turn, text, waiter, "interrupted")
         elif machine is not None and machine.can_steer:
             self._count += 1
-            turn.steers.pending[self._count] = NativeSteer(text, waiter, now + self._grace_s)
+            _steers_of(turn).pending[self._count] = NativeSteer(text, waiter, now + self._grace_s)
             self._host.apply(machine.steer(turn.id, self._count, text))
         else:
             self._interrupt(turn, now, text, waiter)
 
     def answered(self, turn: Turn | None, answer: SteerAnswered, now: float) -> None:
         """The agent's answer to a native steer."""
-        if turn is None or turn.id != answer.turn_id:
+        if turn is None or turn.id != answer.turn_id or turn.steers is None:
             return  # its turn ended first, and the text went to the next one then
         pending = turn.steers.pending.pop(answer.steer_id, None)
         if pending is None:
@@ -158,7 +158,7 @@ class Steering:
     ) -> None:
         """The agent did not answer the steer within its grace: withdraw it where the protocol
         can, and let the turn make way."""
-        pending = turn.steers.pending.pop(steer_id)
+        pending = _steers_of(turn).pending.pop(steer_id)
         detail = f"the agent did not answer the steer in {self._grace_s:g} s"
         if machine is not None:
             self._host.deliver(machine.abandon_steer(steer_id))
@@ -170,11 +170,13 @@ class Steering:
     def drop(self, turn: Turn, reason: str | None) -> list[DroppedPrompt]:
         """A caller stops the turn: its steers not taken yet are dropped with it, as queued
         prompts are, each with its turn id and its one ``turn.ended``; their callers hear it."""
+        if turn.steers is None:
+            return []
         steers: list[tuple[str | None, NativeSteer | SteerNext]] = [
             (None, steer) for steer in turn.steers.pending.values()
         ]
         steers += [(steer.turn_id, steer) for steer in turn.steers.then]
-        turn.steers = TurnSteers()
+        turn.steers = None
         dropped = []
         for steer_turn_id, steer in steers:
             turn_id = steer_turn_id if steer_turn_id is not None else self._ids.next()
@@ -205,12 +207,14 @@ class Steering:
         """The turn is over: the steers it did not take go first in the queue, in order, and
         their callers hear back now (the turn they steered has ended); ``refused``: the session
         takes no more (it stops or failed), and they are told so instead."""
+        if turn.steers is None:
+            return
         following = [*turn.steers.then]
         following += [
             SteerNext("", steer.text, steer.waiter, "started")
             for steer in turn.steers.pending.values()
         ]
-        turn.steers = TurnSteers()
+        turn.steers = None
         if not following:
             return
         if refused is not None:
@@ -262,7 +266,7 @@ class Steering:
         detail: str | None = None,
     ) -> None:
         """The text starts the turn after ``turn``, once that has ended (:meth:`after_turn`)."""
-        turn.steers.then.append(SteerNext(self._ids.next(), text, waiter, mode, detail))
+        _steers_of(turn).then.append(SteerNext(self._ids.next(), text, waiter, mode, detail))
 
     def _interrupt(
         self,
@@ -276,3 +280,10 @@ class Steering:
         ladder, and the text goes first once it is over."""
         self._host.begin_cancel(turn, now, REASON_STEER, keep_queue=True)
         self._after(turn, text, waiter, "interrupted", detail)
+
+
+def _steers_of(turn: Turn) -> TurnSteers:
+    """The turn's steers, made at its first."""
+    if turn.steers is None:
+        turn.steers = TurnSteers()
+    return turn.steers

@@ -8,10 +8,9 @@ order the steers came (:meth:`PromptQueue.put_steered`), ahead of the prompts.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import Final
 
-from attrs import define, field
+from attrs import define
 
 from protocols.content import Part
 from supervisor.core.ladder import CancelJob
@@ -41,8 +40,9 @@ class Turn:
     cancel: CancelJob | None = None
     #: a tool.call was seen: only then can processes be left behind by a cancel
     ran_tools: bool = False
-    #: steers waiting for the agent's answer, and the turns steers start after this one
-    steers: TurnSteers = field(factory=TurnSteers)
+    #: steers waiting for the agent's answer, and the turns steers start after this one (None
+    #: until the first steer: most turns have none)
+    steers: TurnSteers | None = None
 
 
 class TurnIds:
@@ -58,29 +58,21 @@ class TurnIds:
         return f"t{self.count}"
 
 
-class PromptQueue:
-    """Prompts waiting behind the running turn, with the content parts of those that have more
-    than text. At most ``limit``: more is a client bug, not a workload."""
+class PromptQueue(deque[tuple[str, str]]):
+    """Prompts waiting behind the running turn, ``(turn_id, text)`` in order, with the content
+    parts of those that have more than text. At most ``limit``: more is a client bug, not a
+    workload. (A deque itself: whether it is empty is asked on every cancel, and told in C.)"""
 
     def __init__(self, limit: int) -> None:
+        super().__init__()
         self.limit = limit
-        self._queue: deque[tuple[str, str]] = deque()
         #: the queued turns a steer starts (at the queue's front)
         self._steered: set[str] = set()
         #: the content parts of queued prompts that have more than text, by turn id
         self._parts: dict[str, tuple[Part, ...]] = {}
 
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def __bool__(self) -> bool:
-        return bool(self._queue)
-
-    def __iter__(self) -> Iterator[tuple[str, str]]:
-        return iter(self._queue)
-
     def check_room(self) -> None:
-        if len(self._queue) >= self.limit:
+        if len(self) >= self.limit:
             raise BadRequest(f"too many queued prompts (at most {self.limit})")
 
     def keep_parts(self, turn_id: str, parts: tuple[Part, ...]) -> None:
@@ -92,33 +84,33 @@ class PromptQueue:
         return self._parts.pop(turn_id, ())
 
     def put(self, turn_id: str, text: str) -> None:
-        self._queue.append((turn_id, text))
+        self.append((turn_id, text))
 
     def put_steered(self, turn_id: str, text: str) -> None:
         """A steer's turn: after the steers queued before it, ahead of every prompt."""
         ahead = 0
-        for queued_id, _ in self._queue:
+        for queued_id, _ in self:
             if queued_id not in self._steered:
                 break
             ahead += 1
-        self._queue.insert(ahead, (turn_id, text))
+        self.insert(ahead, (turn_id, text))
         self._steered.add(turn_id)
 
     def put_steered_first(self, turns: list[tuple[str, str]]) -> None:
         """Steers a turn did not take, in order, at the very front."""
-        self._queue.extendleft(reversed(turns))
+        self.extendleft(reversed(turns))
         self._steered.update(turn_id for turn_id, _ in turns)
 
-    def pop(self) -> tuple[str, str]:
-        turn_id, text = self._queue.popleft()
+    def take_next(self) -> tuple[str, str]:
+        turn_id, text = self.popleft()
         self._steered.discard(turn_id)
         return turn_id, text
 
-    def remove(self, turn_id: str) -> DroppedPrompt | None:
+    def take(self, turn_id: str) -> DroppedPrompt | None:
         """Take ``turn_id`` out of the queue (a cancel naming it), if it is there."""
-        for index, (queued_id, text) in enumerate(self._queue):
+        for index, (queued_id, text) in enumerate(self):
             if queued_id == turn_id:
-                del self._queue[index]
+                del self[index]
                 self._steered.discard(turn_id)
                 self._parts.pop(turn_id, None)
                 return DroppedPrompt(turn_id, text)
@@ -126,10 +118,10 @@ class PromptQueue:
 
     def take_all(self) -> list[DroppedPrompt]:
         """Empty the queue: every prompt in it, in order, never to run."""
-        if not self._queue:
+        if not self:
             return []
-        dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self._queue]
-        self._queue.clear()
+        dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self]
+        self.clear()
         self._steered.clear()
         for prompt in dropped:
             self._parts.pop(prompt.turn_id, None)

@@ -44,8 +44,9 @@ from supervisor.agents.link import (
 )
 from supervisor.agents.process import KillError, tree_clock
 from supervisor.config import AgentSpec
+from supervisor.core.agent import STARTING_PHASES
 from supervisor.core.exit import ExitStatus
-from supervisor.core.session import SessionCore, TurnHandle, survivors_text
+from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle, survivors_text
 from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
 from supervisor.receipt import REASON_USER, CancelReceipt
@@ -898,7 +899,10 @@ class Session:
             or self._batch is not None
             or self._alarm.rang
             or item.generation != core.agent.live
-            or not core.urgent
+            # not urgent (core.urgent, spelled out: this is a cancel's cold path)
+            or not (
+                core.state in URGENT_STATES or core.stopping or core.agent.phase in STARTING_PHASES
+            )
             or self._inbox_send.posted  # it has something before this, or may have
         ):
             return False

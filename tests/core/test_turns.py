@@ -17,7 +17,7 @@ def test_steered_turns_go_ahead_of_prompts_in_the_order_they_came() -> None:
     queue.put_steered("t4", "steer b")
     queue.put_steered_first([("t5", "left by a turn"), ("t6", "and another")])
     assert [turn_id for turn_id, _ in queue] == ["t5", "t6", "t2", "t4", "t1", "t3"]
-    assert queue.pop() == ("t5", "left by a turn")
+    assert queue.take_next() == ("t5", "left by a turn")
 
 
 def test_the_queue_is_bounded_and_a_cancel_can_take_one_out() -> None:
@@ -27,8 +27,8 @@ def test_the_queue_is_bounded_and_a_cancel_can_take_one_out() -> None:
     queue.put("t2", "b")
     with pytest.raises(BadRequest, match="at most 2"):
         queue.check_room()
-    assert queue.remove("t2") == DroppedPrompt("t2", "b")
-    assert queue.remove("t9") is None
+    assert queue.take("t2") == DroppedPrompt("t2", "b")
+    assert queue.take("t9") is None
     assert queue.take_all() == [DroppedPrompt("t1", "a")] and not queue
 
 
