@@ -362,6 +362,9 @@ class NodeLink:
         self.connects = 0
         #: how the node's protocol errors are logged
         self._bad_input = LogThrottle(BAD_INPUT_LOG_S)
+        #: the node sessions a protocol error failed here, by node instance: nobody drives them
+        #: any more, and a connection that reaches that node again stops them first
+        self._abandoned: dict[str, set[str]] = {}
 
     @property
     def process(self) -> trio.Process | None:
@@ -413,6 +416,8 @@ class NodeLink:
         self.node_pid = conn.hello.pid
         self._conn = conn
         self.connects += 1
+        for node_id in self._abandoned.pop(conn.hello.instance, ()):
+            conn.spawn_request("session.stop", {"session_id": node_id})
         self._poke()
 
     async def _maintain(self, conn: Connection | None) -> None:
@@ -507,9 +512,11 @@ class NodeLink:
         """A connection's node broke the protocol (``Connection.fault``): every session of
         the link fails with that cause, at once (a request that waited is answered with it
         too); the link does not reconnect (``design/remote.md``, "A node that breaks the
-        protocol")."""
+        protocol"), and stops them in that node if it reaches it again (``_set``)."""
         self.last_error = error
         self._bad_input.log(logging.WARNING, "%s", error, exc_info=exc)
+        if self.instance is not None and self.sessions:
+            self._abandoned.setdefault(self.instance, set()).update(self.sessions)
         self._fail_all(str(error))
         self._poke()
 

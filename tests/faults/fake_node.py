@@ -34,7 +34,8 @@ and ``handshake``: bytes that are not HTTP where the WebSocket handshake's answe
 exits once that session is stopped (what the test waits for). ``none``: no fault.
 
 ``--once FILE``: do it only if ``FILE`` does not exist, and create it (the next connection is
-a well-behaved node); ``--armed FILE``: do it only if ``FILE`` exists.
+a well-behaved node); ``--armed FILE``: do it only if ``FILE`` exists; ``--log FILE``: append
+each request's action and session id to ``FILE``, as they come.
 """
 
 from __future__ import annotations
@@ -81,17 +82,18 @@ INSTANCE = "fake-node"
 
 
 class FakeNode:
-    def __init__(self, fault: str, at: str, late_s: float = 0.0) -> None:
+    def __init__(self, fault: str, at: str, late_s: float = 0.0, log: Path | None = None) -> None:
         self.fault = fault
         self.at = at
         self.late_s = late_s
+        self.log = log
         self.ws = WSConnection(ConnectionType.SERVER)
         self.out = sys.stdout.buffer
-        #: per session (``s1``, ``s2``, ... as started): its last seq, its running turn
+        #: per session (``s1-PID``, ``s2-PID``, ... as started): its last seq, its running turn
         self.seqs: dict[str, int] = {}
         self.running: dict[str, str | None] = {}
         #: the session the last request was about: the one bad frames are for
-        self.current = "s1"
+        self.current = "s0"
         self.turns = 0
         self.parts: list[str | bytes] = []
 
@@ -178,10 +180,14 @@ class FakeNode:
     def on_request(self, message: dict[str, Any]) -> None:
         request_id, action = message.get("id"), message.get("action")
         payload = message.get("payload") or {}
+        if self.log is not None:
+            with self.log.open("a") as log:
+                log.write(f"{action} {payload.get('session_id')}\n")
         if isinstance(payload.get("session_id"), str):
             self.current = payload["session_id"]
         elif action == "session.start":
-            self.current = f"s{len(self.seqs) + 1}"
+            # (unique across the fake's processes, as a node's ids are in its directory)
+            self.current = f"s{len(self.seqs) + 1}-{os.getpid()}"
             self.seqs[self.current] = 0
         point = {
             "session.start": "start",
@@ -303,6 +309,7 @@ def main() -> None:
     parser.add_argument("--once", type=Path)
     parser.add_argument("--armed", type=Path)
     parser.add_argument("--late-s", type=float, default=0.0)
+    parser.add_argument("--log", type=Path)
     args, _ = parser.parse_known_args()  # the bridge's own command line follows "--"
     fault = args.fault
     if args.once is not None:
@@ -313,7 +320,7 @@ def main() -> None:
     if args.armed is not None and not args.armed.exists():
         fault = "none"
     try:
-        FakeNode(fault, args.at, args.late_s).run()
+        FakeNode(fault, args.at, args.late_s, args.log).run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the front went away
 

@@ -183,8 +183,11 @@ async def test_a_protocol_error_fails_every_session_of_its_link_and_the_next_con
 ) -> None:
     """Two sessions on one link; one's turn gets a bad frame: both fail with the cause, and
     nothing is resumed. The next session on the host opens a new connection (here, to a
-    node that behaves), and works."""
-    hosts = {"h": fake_host("not_json", "turn", "--once", str(tmp_path / "faulted"))}
+    node that behaves), which first stops the two there (nobody drives them any more), and
+    works."""
+    requests = tmp_path / "requests"
+    options = ("--once", str(tmp_path / "faulted"), "--log", str(requests))
+    hosts = {"h": fake_host("not_json", "turn", *options)}
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"far": FAR}, hosts=hosts) as sup:
             first = await sup.start_session("far")
@@ -212,6 +215,13 @@ async def test_a_protocol_error_fails_every_session_of_its_link_and_the_next_con
                 assert (receipt.outcome, receipt.host) == ("cancelled", "h")
                 nursery.cancel_scope.cancel()
             await sup.stop_session(third.id)
+    # The stops went out on the new connection, as soon as it was up (before the third
+    # session's turn).
+    lines = requests.read_text().splitlines()
+    again = [n for n, line in enumerate(lines) if line == "session.start None"][2]
+    turn = lines.index(f"agent.prompt {third.node_id}")
+    stops = {f"session.stop {session.node_id}" for session in (first, second)}
+    assert stops <= set(lines[again:turn]), "\n".join(lines)
 
 
 async def test_a_bad_handshake_on_a_reconnect_fails_the_sessions_at_once(tmp_path: Path) -> None:
