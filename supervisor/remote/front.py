@@ -197,8 +197,10 @@ class RemoteHosts:
                 await session._subscribe_on(conn)
             except SupervisorError as exc:
                 # Nobody will have it (this start fails): not left registered for the link to
-                # keep resubscribing. It runs on in the node until that stops undriven sessions.
+                # keep resubscribing, and stopped in the node while the link is up (after a
+                # protocol error: once a connection reaches that node again).
                 session._fail(f"subscribing on {name} failed: {exc}")
+                conn.spawn_request("session.stop", {"session_id": node_id})
                 raise
             return session
         finally:

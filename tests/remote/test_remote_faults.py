@@ -267,6 +267,25 @@ async def test_a_start_answered_after_its_deadline_is_stopped(tmp_path: Path) ->
             assert await process.wait() == 0  # it exits once its session is stopped
 
 
+async def test_a_session_whose_subscribe_is_not_answered_is_stopped(tmp_path: Path) -> None:
+    """The start is answered, its subscribe never: the caller hears ``timeout``, and the session
+    the node started is stopped there, not left running for nobody."""
+    requests = tmp_path / "requests"
+    hosts = {"h": fake_host("silent", "subscribe", "--log", str(requests))}
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"far": FAR}, hosts=hosts) as sup:
+            with pytest.raises(HostUnreachable) as raised:
+                await sup.start_session("far")
+            assert raised.value.cause == "timeout", raised.value
+            # The stop goes out in a task of its own, during the first of these round trips at
+            # the latest; the node answers in order: by the second answer, it had the stop.
+            for _ in range(2):
+                await sup.remote.count(hosts["h"])
+    lines = requests.read_text().splitlines()
+    [subscribe] = [line for line in lines if line.startswith("session.subscribe ")]
+    assert f"session.stop {subscribe.split()[1]}" in lines, lines
+
+
 async def test_serve_stays_up_and_names_the_host(tmp_path: Path) -> None:
     """``serve`` with two broken hosts: a start on the one whose node breaks the protocol at
     once is ``host_unreachable`` naming it (not ``internal``); a session on the other fails
