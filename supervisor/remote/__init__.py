@@ -9,6 +9,8 @@
 - :mod:`~supervisor.remote.handshake`: the bridge's hello line (wire, version, instance).
 - :mod:`~supervisor.remote.link`: the front's link to one node (WebSocket over the transport's
   stdio; reconnection, resubscription from the last seq).
+- :mod:`~supervisor.remote.frames`: what a node sends, judged at the door (a violation ends its
+  link as ``protocol_error``).
 - :mod:`~supervisor.remote.session`: :class:`RemoteSession`, the front's proxy with the API of
   a local session.
 - :mod:`~supervisor.remote.front`: placement of new sessions on hosts.

@@ -14,8 +14,11 @@ class HostUnreachable(SupervisorError):
     ``host_key_mismatch``, ``auth_refused``, ``no_container`` (docker/kubectl: no such
     container or pod, or it is not running), ``not_installed``, ``version_mismatch``,
     ``transport_failed`` (the transport exited: its own words are in the message),
-    ``timeout`` (no answer within ``connect_timeout_s``) or ``node_failed`` (the node did
-    not start)."""
+    ``timeout`` (no answer within ``connect_timeout_s``, or to a request within its deadline:
+    ``request_timeout_s`` and what the agent may take), ``node_failed`` (the node did not
+    start) or ``protocol_error`` (the node sent what is not the protocol: a frame that is not
+    a JSON object, too deep or too large, an answer without what its action gives, a WebSocket
+    handshake that is not one; the link to it is given up and its sessions there fail)."""
 
     code: ClassVar[str] = "host_unreachable"
 

@@ -14,20 +14,23 @@ when none has room; the unreachable host's error when none answered.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import trio
 
+from protocols.framing import is_text
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.errors import BadRequest, SupervisorError
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
+from supervisor.remote.frames import NodeProtocolError, as_is, text_field
 from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
-from supervisor.remote.link import NodeLink
+from supervisor.remote.link import Connection, NodeLink
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 
@@ -102,7 +105,7 @@ class RemoteHosts:
         with trio.move_on_after(timeout):
             try:
                 conn = await link.connection(deadline=trio.current_time() + timeout)
-                result = await conn.request("session.list", {})
+                result = await conn.request("session.list", {}, as_is)
             except LinkLost as exc:
                 raise HostUnreachable(host.name, "transport_failed", str(exc)) from None
             sessions = result.get("sessions")
@@ -133,7 +136,7 @@ class RemoteHosts:
             async def probe(candidate: HostSpec) -> None:
                 try:
                     counts[candidate.name] = await self.count(candidate)
-                except HostUnreachable as exc:
+                except SupervisorError as exc:  # unreachable, or its node's own error
                     failures.append((candidate, exc))
 
             async with trio.open_nursery() as nursery:
@@ -172,24 +175,33 @@ class RemoteHosts:
                 link = self.link(name)
                 conn = await link.connection()
                 try:
-                    result = await conn.request("session.start", payload)
+                    node_id, state = await conn.request(
+                        "session.start",
+                        payload,
+                        _started,
+                        # The node answers once the agent is up (or could not start).
+                        timeout=chosen.request_timeout_s + spec.start_timeout_s,
+                        on_late=functools.partial(_stop_late_start, conn),
+                    )
                     break
                 except NodeRetired:
                     if attempt == 2:
                         raise
                     log.info("host %s: node pid %d is retired: a new link", name, link.node_pid)
                     self._retire(link)
-            session = RemoteSession(
-                link,
-                node_id=str(result["session_id"]),
-                spec=spec,
-                cwd=cwd,
-                state=str(result.get("state", "ready")),
-            )
+            session = RemoteSession(link, node_id=node_id, spec=spec, cwd=cwd, state=state)
             link.sessions[session.node_id] = session
             if self.record is not None:
                 self.record.add(session.record())
-            await session._subscribe_on(conn)
+            try:
+                await session._subscribe_on(conn)
+            except SupervisorError as exc:
+                # Nobody will have it (this start fails): not left registered for the link to
+                # keep resubscribing, and stopped in the node while the link is up (after a
+                # protocol error: once a connection reaches that node again).
+                session._fail(f"subscribing on {name} failed: {exc}")
+                conn.spawn_request("session.stop", {"session_id": node_id})
+                raise
             return session
         finally:
             self._starting[name] -= 1
@@ -256,6 +268,29 @@ class RemoteHosts:
             self.record.close(release=release)
 
 
+def _started(result: dict[str, Any]) -> tuple[str, str]:
+    """A start's answer: the node's session id, and the session's state."""
+    state = result.get("state", "ready")
+    if not isinstance(state, str):
+        raise NodeProtocolError("whose 'state' is not a string")
+    return text_field(result, "session_id"), state
+
+
+def _stop_late_start(conn: Connection, response: dict[str, Any]) -> None:
+    """A ``session.start`` answered after its deadline: its caller was told the host did not
+    answer, so the session it started is nobody's; it is stopped at once, rather than run (and
+    count against ``max_sessions``) until its node stops undriven sessions."""
+    result = response.get("result")
+    node_id = result.get("session_id") if isinstance(result, dict) else None
+    if isinstance(node_id, str) and is_text(node_id):
+        log.warning(
+            "host %s: session %s started after its start was given up: stopping it",
+            conn.host.name,
+            node_id,
+        )
+        conn.spawn_request("session.stop", {"session_id": node_id})
+
+
 def rank(
     candidates: list[HostSpec], counts: Mapping[str, int]
 ) -> tuple[list[HostSpec], list[HostSpec]]:
@@ -297,7 +332,7 @@ def _no_host(
         return HostUnreachable(
             first.host, first.cause, f"no host of agent {spec.name!r} answered ({said})"
         )
-    if unreachable:
+    if any(not isinstance(exc, HostCapacity) for _, exc in failures):
         return HostCapacity(f"every host of agent {spec.name!r} is full or did not answer ({said})")
     return HostCapacity(f"every host of agent {spec.name!r} holds its max_sessions ({said})")
 

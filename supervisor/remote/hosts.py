@@ -6,6 +6,7 @@ transport = ["ssh", "-p", "2222", "-i", "~/.ssh/agents", "agents@build1", "--"]
 max_sessions = 40
 command = ["agent-supervisor"]      # how agent-supervisor is run there (the default)
 detach_s = 300                      # the node stops its sessions after this long undriven
+request_timeout_s = 30              # an answer to a request, on top of what the agent may take
 history = 10000                     # events a session keeps that this front has not seen
 state_dir = "/srv/agents/state"     # the node's state there (default ~/.local/state/...)
 
@@ -33,6 +34,7 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
     "DEFAULT_DETACH_S",
     "DEFAULT_NODE_COMMAND",
+    "DEFAULT_REQUEST_TIMEOUT_S",
     "HostSpec",
     "local_node",
     "check_agent_hosts",
@@ -53,6 +55,13 @@ DEFAULT_DETACH_S: Final = 300.0
 #: the first time, the node's own start (~0.5-1 s). 30 s is what OpenSSH users commonly set
 #: ConnectTimeout to.
 DEFAULT_CONNECT_TIMEOUT_S: Final = 30.0
+#: From a request to its node's answer. A node answers at once (its gateway serves each
+#: request as it comes; a session's actor answers a call between two pieces of work, in
+#: milliseconds); what waits for the agent gets the agent's own bounds on top of this (a
+#: start its ``start_timeout_s``; a cancel, a steer that interrupts and a stop the turn's grace,
+#: the kill and the restart: ``RemoteSession``). So this only has to outlast a slow network
+#: and a busy host: 30 s, as ``connect_timeout_s``, is a hundred times a slow VPN's round trip.
+DEFAULT_REQUEST_TIMEOUT_S: Final = 30.0
 #: How agent-supervisor is run on the host: the console script of a ``pip install``.
 DEFAULT_NODE_COMMAND: Final = ("agent-supervisor",)
 #: events of history per node session (``supervisor.runtime.session.DEFAULT_HISTORY``, not imported:
@@ -77,6 +86,8 @@ class HostSpec:
     command: tuple[str, ...] = field(default=DEFAULT_NODE_COMMAND, converter=_to_args)
     detach_s: float = DEFAULT_DETACH_S
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    #: a request's answer from the node, beyond what its agent may take (see the default)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     #: the node's state directory on the host (its files go in ``STATE_DIR/node``; None: its
     #: user's ``~/.local/state/agent-supervisor``); two directories: two nodes of one account
     state_dir: str | None = None
@@ -150,6 +161,7 @@ _FIELDS = {
     "command",
     "detach_s",
     "connect_timeout_s",
+    "request_timeout_s",
     "state_dir",
     "history",
 }
@@ -224,6 +236,9 @@ def _parse_host(name: str, table: Any, where: str) -> HostSpec:
         detach_s=_seconds(table.get("detach_s", DEFAULT_DETACH_S), at, "detach_s"),
         connect_timeout_s=_seconds(
             table.get("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S), at, "connect_timeout_s"
+        ),
+        request_timeout_s=_seconds(
+            table.get("request_timeout_s", DEFAULT_REQUEST_TIMEOUT_S), at, "request_timeout_s"
         ),
     )
 

@@ -13,6 +13,12 @@ backoff for as long as the node would keep its sessions (``detach_s``, and a mar
 resubscribes every session from the last ``seq`` it had; only then does it serve requests
 again. A node that answers with another ``instance`` was restarted: its sessions are gone, and
 they fail with that cause. A host unreachable for longer than the node waits fails them too.
+
+Everything the node sends is judged at the door (``supervisor/remote/frames.py``): a frame that
+is not the protocol, or an answer without what its action gives, ends that link as a
+``protocol_error`` and fails its sessions, naming the host; nothing of it leaves the link's
+own tasks. Every request has a deadline (``request_timeout_s``, plus what the agent may rightly
+take for the calls that wait for it: see the callers).
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import re
 import signal
 import subprocess
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import trio
 from trio_websocket import (
@@ -36,6 +43,14 @@ from trio_websocket import (
 
 from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
+from supervisor.remote.frames import (
+    MAX_MESSAGE_BYTES,
+    NodeProtocolError,
+    as_is,
+    check_event,
+    check_response,
+    read_frame,
+)
 from supervisor.remote.handshake import MAX_HELLO_BYTES, Hello, package_version, wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.runtime.reply import Reply
@@ -43,12 +58,11 @@ from supervisor.runtime.reply import Reply
 if TYPE_CHECKING:
     from supervisor.remote.session import RemoteSession
 
-__all__ = ["Connection", "NodeLink", "classify_transport_failure"]
+__all__ = ["Connection", "LogThrottle", "NodeLink", "classify_transport_failure"]
 
 log = logging.getLogger(__name__)
 
-#: Frames from a node: an event is small, but a replay or a tool's output may be large.
-MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+T = TypeVar("T")
 #: Messages the WebSocket's reader may parse ahead of the link's reader, and the bytes it reads
 #: at once: with trio-websocket's defaults (1 message, 4 KiB) every event costs two task
 #: switches and the front mirrored ~24,000 events/s at 67 % of a core. The node's flow control
@@ -76,73 +90,193 @@ KEEPALIVE_S: Final = 10.0
 #: whatever its sessions do; a round trip over SSH on a LAN is ~1 ms, over a slow VPN ~300 ms.
 WATCH_INTERVAL_S: Final = 0.5
 WATCH_TIMEOUT_S: Final = 2.0
+#: The WebSocket's close codes that say a frame broke the protocol (1002 protocol error, 1003
+#: unacceptable data, 1007 text that is not UTF-8, 1009 too big): the link's reader ends on
+#: them as on a frame it refused itself. The node closes with one only for a frame of ours it
+#: could not take, and the front sends none such (``Connection.request`` refuses a request
+#: larger than the node's gateway takes): from either side, it is not a link to go on with.
+PROTOCOL_CLOSE_CODES: Final = frozenset({1002, 1003, 1007, 1009})
+#: A host whose node keeps breaking the protocol (each new session there, each link recovered,
+#: reaches it again) is logged once in this long, the next line counting those left out: a
+#: broken or hostile node cannot fill the front's log.
+BAD_INPUT_LOG_S: Final = 60.0
 
 
 class Connection:
     """One live transport process and the WebSocket over its stdio."""
 
-    def __init__(self, websocket: WebSocketConnection, hello: Hello, process: trio.Process) -> None:
+    def __init__(
+        self,
+        websocket: WebSocketConnection,
+        hello: Hello,
+        process: trio.Process,
+        host: HostSpec,
+        *,
+        on_fault: Callable[[HostUnreachable, BaseException | None], None] | None = None,
+        max_request_bytes: float = math.inf,
+    ) -> None:
         self.websocket = websocket
         self.hello = hello
         self.process = process
+        self.host = host
         self.closed = trio.Event()
         #: resubscribed after a reconnect: requests may go
         self.ready = trio.Event()
+        #: why the connection was given up, when the node broke the protocol (see ``fault``)
+        self.failure: str | None = None
+        self._on_fault = on_fault
+        #: the largest request the node's gateway takes (it closes the link on a larger one)
+        self._max_request_bytes = max_request_bytes
         self._ids = itertools.count(1)
         self._waiting: dict[str, Reply[dict[str, Any]]] = {}
+        #: requests given up at their deadline whose late answer must still be acted on
+        self._late: dict[str, Callable[[dict[str, Any]], None]] = {}
         #: the connection's own tasks (its reader, its keepalive, a request's watch)
         self.nursery: trio.Nursery | None = None
 
     async def request(
-        self, action: str, payload: dict[str, Any], *, watch: bool = False
-    ) -> dict[str, Any]:
-        """One request; its ``result``, or raises the node's error (:class:`NodeError`), or
-        :class:`LinkLost` when the connection ends before the answer. ``watch``: ping the node
-        while waiting (``WATCH_INTERVAL_S``), and give the connection up (closed, LinkLost)
-        when a pong is later than ``WATCH_TIMEOUT_S``."""
+        self,
+        action: str,
+        payload: dict[str, Any],
+        read: Callable[[dict[str, Any]], T],
+        *,
+        timeout: float | None = None,
+        watch: bool = False,
+        on_late: Callable[[dict[str, Any]], None] | None = None,
+    ) -> T:
+        """One request; what ``read`` makes of its ``result``, or raises the node's error
+        (:class:`NodeError`), :class:`LinkLost` when the connection ends before the answer,
+        :class:`HostUnreachable` (``timeout``) when no answer comes within ``timeout`` (default
+        the host's ``request_timeout_s``; whether the node acted is unknown: ``on_late`` gets
+        its answer if it comes), or ``protocol_error`` when the node breaks the protocol
+        meanwhile or ``read`` finds the result wanting (:class:`NodeProtocolError`): the
+        connection is then given up (:meth:`fault`). ``watch``: ping the node while waiting
+        (``WATCH_INTERVAL_S``), and give the connection up (closed, LinkLost) when a pong is
+        later than ``WATCH_TIMEOUT_S``."""
+        if self.failure is not None:
+            raise self.failure_error()
         if self.closed.is_set():
             raise LinkLost("the link to the node is down")
         request_id = f"f{next(self._ids)}"
+        data = json.dumps({"id": request_id, "action": action, "payload": payload})
+        if len(data) > self._max_request_bytes:  # (ASCII: json.dumps escapes the rest)
+            raise BadRequest(
+                f"{action} is {len(data)} bytes: the node on {self.host.name} takes at most"
+                f" {self._max_request_bytes:.0f}"
+            )
+        if timeout is None:
+            timeout = self.host.request_timeout_s
         reply: Reply[dict[str, Any]] = Reply()
         self._waiting[request_id] = reply
         try:
-            message = {"id": request_id, "action": action, "payload": payload}
             if watch and self.nursery is not None:
                 self.nursery.start_soon(self._watch, WATCH_INTERVAL_S, WATCH_TIMEOUT_S, reply)
             try:
-                await self.websocket.send_message(json.dumps(message))
-            except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                # Not under the deadline: a frame cut off halfway would garble the stream. A
+                # node that reads nothing answers no ping either: the keepalive ends this.
+                await self.websocket.send_message(data)
+            except ConnectionClosed as exc:  # (the reader may not have seen why yet)
+                raise self._ended(exc) from None
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.close()
                 raise LinkLost("the link to the node dropped") from None
-            response = await reply.wait()
+            with trio.move_on_after(timeout) as deadline:
+                response = await reply.wait()
         finally:
             self._waiting.pop(request_id, None)
             if not reply.done:
                 reply.fail(LinkLost("abandoned"))  # (ends its watch)
-        if not response.get("ok"):
-            error = response.get("error") or {}
-            raise node_error(str(error.get("code")), str(error.get("message")))
-        result: dict[str, Any] = response["result"]
-        return result
+        if deadline.cancelled_caught:
+            if on_late is not None and not self.closed.is_set():
+                self._late[request_id] = on_late
+            raise HostUnreachable(
+                self.host.name,
+                "timeout",
+                f"the node did not answer {action} in {timeout:g} s (whether it acted is unknown)",
+            )
+        if not response["ok"]:
+            error = response["error"]
+            raise node_error(error["code"], error["message"])
+        try:
+            return read(response["result"])
+        except NodeProtocolError as exc:
+            raise self.fault(f"an answer to {action} {exc}") from None
+
+    def spawn_request(self, action: str, payload: dict[str, Any]) -> None:
+        """``request`` in the connection's own tasks, its outcome left (what is done on the
+        node's behalf when nobody here waits: the stop of a session started too late)."""
+        if self.nursery is not None and not self.closed.is_set():
+            self.nursery.start_soon(self._request_quietly, action, payload)
+
+    async def _request_quietly(self, action: str, payload: dict[str, Any]) -> None:
+        try:
+            await self.request(action, payload, as_is)
+        except SupervisorError as exc:
+            log.info("host %s: %s went unanswered: %s", self.host.name, action, exc)
 
     async def read(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         """Hand every event to ``on_event`` (synchronously, in order) and every response to
-        its request, until the connection ends."""
+        its request, until the connection ends; each frame judged at the door first
+        (``supervisor/remote/frames.py``). A frame that is not the protocol (or an event
+        ``on_event`` cannot read: it raises :class:`NodeProtocolError`) ends the connection
+        as a :meth:`fault`; nothing raises out of here."""
         try:
             while True:
-                message = json.loads(await self.websocket.get_message())
-                if not isinstance(message, dict):
-                    continue
+                message = read_frame(await self.websocket.get_message())
                 if "event" in message:
+                    check_event(message)
                     on_event(message)
-                else:
-                    waiter = self._waiting.pop(str(message.get("id")), None)
-                    if waiter is not None:
-                        waiter.resolve(message)
-        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                    continue
+                request_id = check_response(message)
+                waiter = self._waiting.pop(request_id, None)
+                if waiter is not None:
+                    waiter.resolve(message)
+                else:  # given up at its deadline (or never ours): only a few are acted on
+                    late = self._late.pop(request_id, None)
+                    if late is not None:
+                        late(message)
+        except ConnectionClosed as exc:
+            self._ended(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except NodeProtocolError as exc:
+            self.fault(str(exc))
+        except Exception as exc:  # a frame that passed the door and still broke something
+            self.fault(f"a frame this front could not handle ({type(exc).__name__}: {exc})", exc)
         finally:
             self.close()
+
+    def _ended(self, closed: ConnectionClosed) -> SupervisorError:
+        """The WebSocket is closed: for a frame that broke the protocol (its close code says
+        so) a :meth:`fault`, else a drop (:class:`LinkLost`). The error, to raise."""
+        reason = closed.reason
+        if reason is not None and reason.code in PROTOCOL_CLOSE_CODES:
+            return self.fault(
+                f"a frame its WebSocket refused ({reason.code} {reason.name}: {reason.reason})"
+            )
+        self.close()
+        if self.failure is not None:
+            return self.failure_error()
+        return LinkLost("the link to the node dropped")
+
+    def fault(self, what: str, exc: BaseException | None = None) -> HostUnreachable:
+        """The node sent ``what``, which is not the protocol: the connection is given up, its
+        waiting requests fail with ``protocol_error``, and ``on_fault`` is told (the link fails
+        its sessions and does not reconnect: ``design/remote.md``). The error, to raise."""
+        if self.failure is None:
+            self.failure = (
+                f"the node sent {what}: the link to it is given up, and its sessions here fail"
+            )
+            self.close()
+            if self._on_fault is not None:
+                self._on_fault(self.failure_error(), exc)
+        return self.failure_error()
+
+    def failure_error(self) -> HostUnreachable:
+        """The :meth:`fault` as an error, new for each caller (one exception raised in many
+        tasks would share its traceback)."""
+        assert self.failure is not None
+        return HostUnreachable(self.host.name, "protocol_error", self.failure)
 
     async def keepalive(self) -> None:
         await self._watch(KEEPALIVE_S, KEEPALIVE_S)
@@ -170,8 +304,12 @@ class Connection:
     def close(self) -> None:
         self.closed.set()
         for waiter in self._waiting.values():
-            waiter.fail(LinkLost("the link to the node dropped before it answered"))
+            if self.failure is not None:
+                waiter.fail(self.failure_error())
+            else:
+                waiter.fail(LinkLost("the link to the node dropped before it answered"))
         self._waiting.clear()
+        self._late.clear()
 
 
 class NodeError(SupervisorError):
@@ -222,6 +360,11 @@ class NodeLink:
         self.last_error: HostUnreachable | None = None
         #: connections opened so far (the first, then one per reconnect)
         self.connects = 0
+        #: how the node's protocol errors are logged
+        self._bad_input = LogThrottle(BAD_INPUT_LOG_S)
+        #: the node sessions a protocol error failed here, by node instance: nobody drives them
+        #: any more, and a connection that reaches that node again stops them first
+        self._abandoned: dict[str, set[str]] = {}
 
     @property
     def process(self) -> trio.Process | None:
@@ -273,6 +416,8 @@ class NodeLink:
         self.node_pid = conn.hello.pid
         self._conn = conn
         self.connects += 1
+        for node_id in self._abandoned.pop(conn.hello.instance, ()):
+            conn.spawn_request("session.stop", {"session_id": node_id})
         self._poke()
 
     async def _maintain(self, conn: Connection | None) -> None:
@@ -288,6 +433,11 @@ class NodeLink:
                 self._poke()
                 if self._closing:
                     return
+                if conn.failure is not None:
+                    # The node broke the protocol: its sessions failed (_faulted), none is
+                    # resumed; a new session on the host connects anew.
+                    self._fail_all(str(conn.failure_error()))
+                    return
                 if not self.sessions:
                     return  # idle: the next request connects anew
                 log.warning("link to %s dropped; reconnecting", self.host.name)
@@ -295,6 +445,9 @@ class NodeLink:
                 if reconnected is None:
                     return
                 conn = reconnected
+        except Exception as exc:  # a bug of ours: it ends this link, never the supervisor
+            log.exception("link to %s failed", self.host.name)
+            self._fail_all(f"the link to {self.host.name} failed: {type(exc).__name__}: {exc}")
         finally:
             self._maintaining = False
             self._poke()
@@ -312,6 +465,9 @@ class NodeLink:
             except HostUnreachable as exc:
                 self.last_error = exc
                 self._poke()
+                if exc.cause == "protocol_error":
+                    self._fail_all(str(exc))  # (another try reaches the same node)
+                    return None
                 if exc.cause == "version_mismatch" or trio.current_time() >= give_up:
                     self._fail_all(
                         f"host {self.host.name} unreachable for"
@@ -351,6 +507,18 @@ class NodeLink:
     def _fail_all(self, cause: str) -> None:
         for session in list(self.sessions.values()):
             session._fail(cause)
+
+    def _faulted(self, error: HostUnreachable, exc: BaseException | None) -> None:
+        """A connection's node broke the protocol (``Connection.fault``): every session of
+        the link fails with that cause, at once (a request that waited is answered with it
+        too); the link does not reconnect (``design/remote.md``, "A node that breaks the
+        protocol"), and stops them in that node if it reaches it again (``_set``)."""
+        self.last_error = error
+        self._bad_input.log(logging.WARNING, "%s", error, exc_info=exc)
+        if self.instance is not None and self.sessions:
+            self._abandoned.setdefault(self.instance, set()).update(self.sessions)
+        self._fail_all(str(error))
+        self._poke()
 
     def forget(self, session: RemoteSession) -> None:
         if self.sessions.get(session.node_id) is session:
@@ -408,21 +576,42 @@ class NodeLink:
         conn: Connection | None = None
         failure: HostUnreachable | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(tail.pump, process.stderr)
-                try:
-                    websocket, hello = await self._handshake(nursery, process, tail, deadline)
-                except HostUnreachable as exc:  # (raised below: not from a nursery's body)
-                    failure = exc
-                    nursery.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(tail.pump, process.stderr)
+                    try:
+                        websocket, hello = await self._handshake(nursery, process, tail, deadline)
+                    except HostUnreachable as exc:  # (raised below: not from a nursery's body)
+                        failure = exc
+                        nursery.cancel_scope.cancel()
+                    else:
+                        conn = Connection(
+                            websocket,
+                            hello,
+                            process,
+                            self.host,
+                            on_fault=self._faulted,
+                            max_request_bytes=_node_frame_limit(),
+                        )
+                        conn.nursery = nursery
+                        nursery.start_soon(conn.read, self._on_event)
+                        nursery.start_soon(conn.keepalive)
+                        task_status.started(conn)
+                        await conn.closed.wait()
+                        nursery.cancel_scope.cancel()
+            except* Exception as group:
+                # trio-websocket's own tasks run in this nursery: what they raise (a handshake
+                # answered with what is not HTTP, a frame its parser chokes on) ends this
+                # connection, and nothing beyond it.
+                what = _describe(group)
+                if conn is None:
+                    failure = HostUnreachable(
+                        self.host.name,
+                        "protocol_error",
+                        f"the node's WebSocket handshake failed ({what})",
+                    )
                 else:
-                    conn = Connection(websocket, hello, process)
-                    conn.nursery = nursery
-                    nursery.start_soon(conn.read, self._on_event)
-                    nursery.start_soon(conn.keepalive)
-                    task_status.started(conn)
-                    await conn.closed.wait()
-                    nursery.cancel_scope.cancel()
+                    conn.fault(f"what its WebSocket could not take ({what})", group)
         finally:
             if conn is not None:
                 conn.close()
@@ -467,6 +656,51 @@ class NodeLink:
             f"no answer from the node in {self.host.connect_timeout_s:g} s"
             f" ({' '.join(argv)}){_said(tail.text())}",
         )
+
+
+def _describe(group: BaseExceptionGroup[Exception]) -> str:
+    """The errors of a group, briefly: their types and words."""
+    errors: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        else:
+            errors.append(error)
+    return "; ".join(f"{type(e).__name__}: {e}"[:200] for e in errors)
+
+
+def _node_frame_limit() -> int:
+    """The largest frame a node's gateway takes (beyond it, it closes the WebSocket)."""
+    from supervisor.gateway import LIMITS  # (the gateway imports the supervisor, which us)
+
+    return LIMITS.hard_frame_bytes
+
+
+class LogThrottle:
+    """At most one line per ``interval`` seconds; the next one says how many were left out
+    meanwhile. For input a peer can repeat at will: one line, not one per bad frame."""
+
+    def __init__(self, interval: float, logger: logging.Logger = log) -> None:
+        self.interval = interval
+        self._log = logger
+        self._next = -math.inf
+        self._held = 0
+
+    def log(
+        self, level: int, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> None:
+        now = trio.current_time()
+        if now < self._next:
+            self._held += 1
+            return
+        if self._held:
+            message += " (and %d more like it since the line before, not logged)"
+            args = (*args, self._held)
+        self._log.log(level, message, *args, exc_info=exc_info)
+        self._next = now + self.interval
+        self._held = 0
 
 
 def _check_version(host: str, hello: Hello) -> None:

@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
+import cattrs
 import trio
 
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from supervisor.config import AgentSpec
 from supervisor.core.exit import ExitStatus
-from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.remote.errors import HostUnreachable, LinkLost
+from supervisor.remote.frames import NodeProtocolError, as_is, text_field
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.runtime.session import (
     DEFAULT_HISTORY,
@@ -35,8 +37,8 @@ from supervisor.runtime.session import (
     SessionSummary,
     TurnHandle,
 )
-from supervisor.steering import SteerResult
-from supervisor.wire.codec import converter, dumps, event_from_wire, event_to_wire
+from supervisor.steering import STEER_MODES, SteerResult
+from supervisor.wire.codec import converter, dumps, event_to_wire, known_event
 
 if TYPE_CHECKING:
     from supervisor.remote.link import Connection, NodeLink
@@ -50,6 +52,27 @@ log = logging.getLogger(__name__)
 #: not be reached.
 CANCEL_REACH_MARGIN_S: Final = 5.0
 
+T = TypeVar("T")
+
+#: A receipt's fields as the wire has them (all but ``session_id`` and ``host``, which are the
+#: front's own): the JSON types each may take (absent: its default). Checked before the
+#: converter builds it, which would otherwise make a string of a number, a list of a string's
+#: characters, and the like.
+_RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
+    "turn_id": (str, type(None)),
+    "outcome": (str,),
+    "escalation": (list,),
+    "stop_reason": (str, type(None)),
+    "dropped_prompts": (list,),
+    "resumed": (bool, type(None)),
+    "elapsed_ms": (int, float),
+    "grace_s": (int, float, type(None)),
+    "reason": (str, type(None)),
+    "details": (dict,),
+    "survivors": (list,),
+    "session_failed": (str, type(None)),
+}
+
 
 def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
     """The node's event is a ``stream.gap`` that covers what we lack from ``from_seq`` on."""
@@ -60,6 +83,14 @@ def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
         and isinstance(data.get("from_seq"), int)
         and data["from_seq"] <= from_seq
     )
+
+
+def _turn_handle(result: dict[str, Any]) -> TurnHandle:
+    """A prompt's answer: its turn's id, and whether it waits behind another."""
+    queued = result.get("queued")
+    if not isinstance(queued, bool):
+        raise NodeProtocolError("without a boolean 'queued'")
+    return TurnHandle(text_field(result, "turn_id"), queued)
 
 
 class RemoteSession:
@@ -139,14 +170,13 @@ class RemoteSession:
         if parts:
             # Every part as such: the node's session writes each in its agent's own form.
             payload["content"] = [to_acp(part, CARRY_WORDS) for part in parts]
-        result = await self._request("agent.prompt", payload)
-        return TurnHandle(str(result["turn_id"]), bool(result["queued"]))
+        return await self._request("agent.prompt", payload, _turn_handle)
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent's session on the host to mode ``mode_id``; returns once it took it."""
         if not isinstance(mode_id, str) or not mode_id:
             raise BadRequest("mode_id must be a non-empty string")
-        await self._request("agent.set_mode", {"mode_id": mode_id})
+        await self._request("agent.set_mode", {"mode_id": mode_id}, as_is)
         if self._modes is not None:
             self._modes = {**self._modes, "currentModeId": mode_id}
 
@@ -175,17 +205,21 @@ class RemoteSession:
                 # A new node answers now (the old one died meanwhile, and this session with
                 # it): it never had this session; what ended it is what the caller hears.
                 self._check_running()
-                result = await conn.request(
-                    "agent.cancel", {"session_id": self.node_id, **payload}, watch=True
+                receipt = await conn.request(
+                    "agent.cancel",
+                    {"session_id": self.node_id, **payload},
+                    self._receipt,
+                    timeout=self._stop_bound_s(),
+                    watch=True,
                 )
             except LinkLost:
                 if target is not None:
                     payload["task_id"] = target  # never a newer turn than the one we meant
                 continue
             except HostUnreachable as exc:
+                # The host is gone, or its node broke the protocol, or did not answer in time:
+                # the turn's fate is unknown, and the receipt says so with the cause.
                 return self._unreachable_receipt(target, payload["reason"], started, exc)
-            result.pop("success", None)
-            receipt = self._receipt(result)
             if attempts > 1:
                 receipt = converter.structure(
                     {
@@ -199,14 +233,24 @@ class RemoteSession:
     async def steer(self, text: str) -> SteerResult:
         if not isinstance(text, str) or not text.strip():
             raise BadRequest("steer text must be a non-empty string")
-        result = await self._request("agent.steer", {"text": text})
+        return await self._request(
+            "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
+        )
+
+    def _steer_result(self, result: dict[str, Any]) -> SteerResult:
+        mode = result.get("mode")
+        if mode not in STEER_MODES:
+            raise NodeProtocolError(f"whose 'mode' is not one of {', '.join(STEER_MODES)}")
         receipt = result.get("receipt")
+        if receipt is not None and not isinstance(receipt, dict):
+            raise NodeProtocolError("whose 'receipt' is not an object")
+        detail = result.get("detail")
         return SteerResult(
             session_id=self.id,
-            mode=result["mode"],
-            turn_id=str(result["turn_id"]),
-            receipt=self._receipt(receipt) if isinstance(receipt, dict) else None,
-            detail=result.get("detail"),
+            mode=mode,
+            turn_id=text_field(result, "turn_id"),
+            receipt=self._receipt(receipt) if receipt is not None else None,
+            detail=detail if isinstance(detail, str) else None,
         )
 
     async def respond_permission(
@@ -219,7 +263,7 @@ class RemoteSession:
             payload["cancelled"] = True
         else:
             payload["option_id"] = option_id
-        await self._request("permission.respond", payload)
+        await self._request("permission.respond", payload, as_is)
 
     @asynccontextmanager
     async def subscribe(
@@ -263,7 +307,7 @@ class RemoteSession:
             await trio.lowlevel.checkpoint()
             return self.exit_status
         try:
-            result = await self._request("session.stop", {})
+            result = await self._request("session.stop", {}, as_is, timeout=self._stop_bound_s())
         except AgentNotRunning:
             result = {"exit_code": None}
         code = result.get("exit_code")
@@ -276,10 +320,12 @@ class RemoteSession:
     async def _subscribe_on(self, conn: Connection) -> None:
         """Subscribe on ``conn`` from the last seq we have (0: from the start)."""
         result = await conn.request(
-            "session.subscribe", {"session_id": self.node_id, "since_seq": self._seq}
+            "session.subscribe", {"session_id": self.node_id, "since_seq": self._seq}, as_is
         )
         head = result.get("last_seq")
-        self._catch_up_to = head if isinstance(head, int) else 0
+        if head.__class__ is not int or head < 0:
+            raise conn.fault("an answer to session.subscribe without a whole 'last_seq'")
+        self._catch_up_to = head
         carries = result.get("prompt_carries")
         if isinstance(carries, list):
             self._carries = frozenset(word for word in carries if word in CARRY_WORDS)
@@ -303,18 +349,18 @@ class RemoteSession:
         seq = message.get("seq")
         if not isinstance(seq, int) or seq <= self._seq or self._done:
             return  # a replay of what we have
-        if seq != self._seq + 1 and not _announces_gap(message, self._seq + 1):
-            self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         message["session_id"] = self.id
         message["host"] = self.host
-        data = message.get("data")
-        if isinstance(data, dict) and isinstance(data.get("receipt"), dict):
+        data = message["data"]  # (an object: judged at the door, frames.check_event)
+        if isinstance(data.get("receipt"), dict):
             data["receipt"] = {**data["receipt"], "session_id": self.id, "host": self.host}
-        try:
-            event = event_from_wire(message)
-        except Exception:  # a kind this front does not know: versions are checked, so a bug
-            log.exception("session %s: cannot read event %r", self.id, message)
-            return
+        event = known_event(message)
+        if event is None:
+            # Another kind, or fields of other types: the wire's number is the same, so the
+            # node is broken, and the mirror cannot go on faithfully past a lost event.
+            raise NodeProtocolError(f"a {kind} event this front cannot read")
+        if seq != self._seq + 1 and not _announces_gap(message, self._seq + 1):
+            self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         self._seq = seq
         self._track(event)
         self._fanout.publish(event, dumps(message))
@@ -378,7 +424,9 @@ class RemoteSession:
             conn = await self.link.connection()
             await self._subscribe_on(conn)
         except (LinkLost, HostUnreachable):
-            pass  # the link's reconnection resubscribes
+            pass  # the link's reconnection resubscribes (or has failed the session)
+        except SupervisorError as exc:  # the node's answer: it no longer has the session, say
+            self._fail(f"resubscribing on {self.host} failed: {exc}")
 
     def _track(self, event: ev.Event) -> None:
         if isinstance(event, ev.SessionState):
@@ -441,24 +489,63 @@ class RemoteSession:
             cause = f": {self._failure}" if self._failure else ""
             raise AgentNotRunning(f"session {self.id} is {self._state}{cause}")
 
-    async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _request(
+        self,
+        action: str,
+        payload: dict[str, Any],
+        read: Callable[[dict[str, Any]], T],
+        *,
+        timeout: float | None = None,
+    ) -> T:
+        """``action`` for this session, its result as ``read`` makes it. The link down for
+        good is :class:`AgentNotRunning` (the session cannot go on); a node that did not
+        answer in time, or broke the protocol, is :class:`HostUnreachable` with that cause."""
         self._check_running()
         try:
             conn = await self.link.connection()
-            self._check_running()  # (as in cancel: the node may have been replaced meanwhile)
-            return await conn.request(action, {"session_id": self.node_id, **payload})
+        except HostUnreachable as exc:
+            raise AgentNotRunning(f"session {self.id}: {exc}") from None
+        self._check_running()  # (as in cancel: the node may have been replaced meanwhile)
+        try:
+            return await conn.request(
+                action, {"session_id": self.node_id, **payload}, read, timeout=timeout
+            )
         except LinkLost as exc:
             raise AgentNotRunning(
                 f"session {self.id}: the link to {self.host} dropped before the node answered"
                 f" {action} (whether it acted is unknown): {exc}"
             ) from None
-        except HostUnreachable as exc:
-            raise AgentNotRunning(f"session {self.id}: {exc}") from None
+
+    def _stop_bound_s(self) -> float:
+        """How long the node may rightly take to answer a call that stops the turn (a cancel,
+        a steer that interrupts, a stop): its grace, the kill of its tree, the agent's restart
+        (a cancel answers once the session is resumed), its exit on a stop; and the host's
+        ``request_timeout_s`` for the rest."""
+        spec = self.spec
+        agent = spec.grace_s + 2 * spec.kill_timeout_s + spec.start_timeout_s
+        return self.link.host.request_timeout_s + agent
 
     def _receipt(self, wire: dict[str, Any]) -> CancelReceipt:
-        receipt: CancelReceipt = converter.structure(
-            {**wire, "session_id": self.id, "host": self.host}, CancelReceipt
-        )
+        """The node's receipt (a cancel's answer, a steer's), as this front's: its session id,
+        its host. Raises :class:`NodeProtocolError` for one that is not a receipt."""
+        if not isinstance(wire.get("outcome"), str):
+            raise NodeProtocolError("without a receipt's 'outcome'")
+        for name, types in _RECEIPT_FIELDS.items():
+            if name in wire and not isinstance(wire[name], types):
+                raise NodeProtocolError(f"whose receipt's {name!r} is of another type")
+        if not all(isinstance(word, str) for word in wire.get("escalation", ())) or not all(
+            isinstance(item, dict)
+            for name in ("dropped_prompts", "survivors")
+            for item in wire.get(name, ())
+        ):
+            raise NodeProtocolError("whose receipt has lists of other things")
+        fields = {k: v for k, v in wire.items() if k in _RECEIPT_FIELDS}
+        try:
+            receipt: CancelReceipt = converter.structure(
+                {**fields, "session_id": self.id, "host": self.host}, CancelReceipt
+            )
+        except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
+            raise NodeProtocolError(f"whose receipt cannot be read ({exc})") from None
         return receipt
 
     def _unreachable_receipt(

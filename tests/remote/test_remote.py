@@ -24,7 +24,12 @@ from supervisor.gateway import Gateway
 from supervisor.remote import HostSpec, HostUnreachable, RemoteSession
 from supervisor.remote.front import RemoteHosts, rank
 from supervisor.remote.handshake import Hello, package_version, spec_from_wire, spec_to_wire
-from supervisor.remote.hosts import DEFAULT_DETACH_S, check_agent_hosts, parse_hosts
+from supervisor.remote.hosts import (
+    DEFAULT_DETACH_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    check_agent_hosts,
+    parse_hosts,
+)
 from supervisor.remote.link import classify_transport_failure
 from supervisor.remote.version import TEST_VERSION_VARIABLE, TEST_WIRE_VARIABLE, WIRE
 
@@ -35,14 +40,21 @@ def test_hosts_parse_with_defaults_and_agents_name_them() -> None:
     document = {
         "hosts": {
             "b1": {"transport": ["ssh", "agents@b1", "--"], "max_sessions": 40},
-            "b2": {"transport": ["ssh", "b2", "--"], "detach_s": 60, "command": ["/opt/as"]},
+            "b2": {
+                "transport": ["ssh", "b2", "--"],
+                "detach_s": 60,
+                "command": ["/opt/as"],
+                "request_timeout_s": 5,
+            },
         },
         "agents": {"c": {"protocol": "acp", "command": ["c"], "hosts": ["b1", "b2"]}},
     }
     hosts = parse_hosts(document, "f.toml")
     assert hosts["b1"].max_sessions == 40 and hosts["b1"].detach_s == DEFAULT_DETACH_S
     assert hosts["b1"].command == ("agent-supervisor",)
+    assert hosts["b1"].request_timeout_s == DEFAULT_REQUEST_TIMEOUT_S == 30.0
     assert hosts["b2"].max_sessions is None and hosts["b2"].detach_s == 60.0
+    assert hosts["b2"].request_timeout_s == 5.0
     agents = parse_agents(document, "f.toml")
     assert agents["c"].hosts == ("b1", "b2")
     check_agent_hosts(agents, hosts)
@@ -57,6 +69,10 @@ def test_hosts_parse_with_defaults_and_agents_name_them() -> None:
         ({"transport": "ssh b1 --"}, "not a shell string"),
         ({"transport": ["ssh"], "max_sessions": 0}, "'max_sessions' must be a whole number"),
         ({"transport": ["ssh"], "detach_s": -1}, "'detach_s' must be a number of seconds > 0"),
+        (
+            {"transport": ["ssh"], "request_timeout_s": True},
+            "'request_timeout_s' must be a number of seconds > 0",
+        ),
         ({"transport": ["ssh"], "ports": 1}, "unknown key"),
     ],
 )
