@@ -20,7 +20,7 @@ prompt, its first word, a cancel), so the agent has served a prompt; measured; s
   divided among their users) and the process count beside it;
 - **supervisor only**: the supervisor process's own RSS growth over N, and its Python heap
   growth (``tracemalloc``, which runs through this part; its own bookkeeping is subtracted from
-  the RSS figure). This is what the README's per-session KB figures measure.
+  the RSS figure). This is what the per-session KB figures of bench/results.md measure.
 
 Both containments are measured (``--containment``, default ``cgroup,shim``; cgroup only where
 this host allows it): under ``cgroup`` there is no process per agent, and the one cgroup keeper

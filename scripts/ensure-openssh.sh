@@ -1,5 +1,5 @@
 #!/bin/sh
-# The remote-host tests (tests/test_remote*.py) start Debian's OpenSSH server on 127.0.0.1 and
+# The remote-host tests (tests/remote/) start Debian's OpenSSH server on 127.0.0.1 and
 # reach it with its client. Installs both when missing and we may (root with apt-get);
 # otherwise says why not (the tests then skip with that reason).
 set -eu

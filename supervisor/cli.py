@@ -196,7 +196,8 @@ def _parser() -> argparse.ArgumentParser:
         "acp", help="be an ACP agent on stdin/stdout (for Zed and any ACP client)"
     )
     acp.add_argument(
-        "--agent", help="agent behind it (default: the first configured; a session option too)"
+        "--agent",
+        help="agent behind it (default: the first listed, the built-in demo; a session option too)",
     )
     acp.add_argument("--config", help="agents TOML file (embedded supervisor only)")
     acp.add_argument(

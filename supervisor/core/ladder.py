@@ -1,4 +1,4 @@
-"""The cancel ladder: one cancel of one turn, its rungs in the order of the brief's section 4.
+"""The cancel ladder: one cancel of one turn, its rungs in the order a stop takes them.
 
 A :class:`CancelJob` is made when a turn is asked to stop (by a caller, the stall watchdog, a
 steer the agent cannot take, the memory limit, or a stop of the session) and lives until the

@@ -309,7 +309,7 @@ class SessionCore:
         if self.stopping:
             raise AgentNotRunning(f"session {self.id} is stopping")
 
-    # -- the cancel: section 4 of the brief, rung by rung in ladder.py ------------------------
+    # -- the cancel: the ladder's rungs are ladder.py's ------------------------------------------
 
     def cancel(
         self, turn_id: str | None, reason: str | None, waiter: Waiter[CancelReceipt]

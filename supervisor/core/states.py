@@ -1,4 +1,4 @@
-"""A session's states and the moves between them (design brief, section 4).
+"""A session's states and the moves between them (``design/actor.md``, "States").
 
 ``starting -> ready -> running -> cancelling -> ready``, plus the two ends, ``stopped`` and
 ``failed``. :data:`TRANSITIONS` is the whole table: :class:`~supervisor.core.session.SessionCore`
@@ -31,7 +31,7 @@ class State(enum.StrEnum):
     READY = "ready"
     #: a turn runs
     RUNNING = "running"
-    #: the running turn is being stopped: the ladder of section 4 is under way
+    #: the running turn is being stopped: the cancel ladder is under way
     CANCELLING = "cancelling"
     #: the session ended: its agent is gone, its history stays readable
     STOPPED = "stopped"

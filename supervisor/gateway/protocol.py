@@ -1,4 +1,4 @@
-"""The gateway's wire protocol (design brief section 7), without I/O.
+"""The gateway's wire protocol (``design/gateway.md``, "The wire protocol"), without I/O.
 
 A request is one JSON text frame ``{"id", "action", "payload"}``; :func:`decode_request` turns it
 into a typed :class:`Request` or a :class:`RequestError` that already knows the error code and

@@ -24,6 +24,8 @@ __all__ = ["TEST_VERSION_VARIABLE", "TEST_WIRE_VARIABLE", "WIRE", "package_versi
 
 #: Bump when the hello, the bridge's options, what a front asks of a node or what an event
 #: means changes incompatibly (2: the node on a Unix socket, ``--instance``, ``node_retired``).
+#: A new event kind is such a change too: a front refuses a kind it does not know as a protocol
+#: error of that node (``supervisor/remote/frames.py``).
 WIRE: Final = 2
 #: For tests only: the package version a process says it is.
 TEST_VERSION_VARIABLE: Final = "AGENT_SUPERVISOR_TEST_PACKAGE_VERSION"

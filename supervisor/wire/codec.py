@@ -1,9 +1,9 @@
 """The JSON form of receipts and events: one cattrs converter owns it; msgspec writes it.
 
 Events go on the wire as ``{"event": kind, "session_id", "seq", "timestamp", "data": {...}}``
-(design brief section 7); everything else is plain unstructured attrs. Field names are the
-Python ones. Each event is serialized once, when the session emits it: that JSON is what the
-session's history keeps and what every gateway subscriber is sent
+(``design/gateway.md``, "The wire protocol"); everything else is plain unstructured attrs.
+Field names are the Python ones. Each event is serialized once, when the session emits it:
+that JSON is what the session's history keeps and what every gateway subscriber is sent
 (``supervisor/runtime/fanout.py``), and :func:`event_from_json` turns it back into the event
 for a replay.
 """

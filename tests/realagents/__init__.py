@@ -12,7 +12,7 @@ Modules:
 - ``agents.py``: per agent, the fresh HOME/XDG folders, config files and environment that point
   it at the fake model with nothing else reachable, and its :class:`supervisor.AgentSpec`.
 - ``conftest.py``: fixtures, the skip/strict policy, the latency table at the end of a run.
-- ``scenarios.py``, ``steering.py``: the steps the ``tests/test_real_*.py`` modules share (the
+- ``scenarios.py``, ``steering.py``: the steps the ``tests/real/`` modules share (the
   cancel scenarios; ``session.steer`` and the model request that carries the steer).
 - ``tee.py``: optional wire log of everything between the supervisor and an agent
   (``AGENT_TIER4_TEE=1``).
