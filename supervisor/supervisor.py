@@ -40,13 +40,14 @@ from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.alarm import AlarmClock
+from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
 from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
 
 #: A session here, or on a ``[hosts.NAME]`` (``supervisor/remote/``): the same API.
-AnySession = Session | RemoteSession
+AnySession = SessionHandle
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 - :mod:`~supervisor.gateway.server`: HTTP (h11), the routes, the token and origin checks, and one
   client per WebSocket (its writer sends responses and events in causal order).
 - :mod:`~supervisor.gateway.websocket`: the server side of a WebSocket, on wsproto.
-- :mod:`~supervisor.gateway.protocol`: the wire protocol's requests and responses, without I/O.
+- :mod:`~supervisor.wire.requests`: the wire protocol's requests and responses, without I/O.
 - ``static/``: the web UI, one self-contained page.
 
 The JSON form of events and receipts (:mod:`supervisor.wire.codec`) is shared with the runtime (a

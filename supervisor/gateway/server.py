@@ -34,14 +34,6 @@ from protocols.content import Part, parts_from_acp, parts_text
 from protocols.mcp import McpServer, mcp_servers_from_acp
 from supervisor.config import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
-from supervisor.gateway.protocol import (
-    MAX_FRAME_BYTES,
-    Request,
-    RequestError,
-    decode_request,
-    error_response,
-    ok_response,
-)
 from supervisor.gateway.websocket import (
     CLOSE_GOING_AWAY,
     HandshakeFailed,
@@ -53,6 +45,14 @@ from supervisor.gateway.websocket import (
 from supervisor.runtime.session import Subscription
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import dumps, receipt_to_wire, steer_to_wire
+from supervisor.wire.requests import (
+    HARD_FRAME_BYTES,
+    Request,
+    RequestError,
+    decode_request,
+    error_response,
+    ok_response,
+)
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
 
@@ -95,7 +95,7 @@ class GatewayLimits:
     #: receipt queues behind all of that (``design/remote.md``, "Flow control")
     flight_bytes: int | None = None
     #: the transport's hard frame limit; frames between MAX_FRAME_BYTES and this get too_large
-    hard_frame_bytes: int = 16 * MAX_FRAME_BYTES
+    hard_frame_bytes: int = HARD_FRAME_BYTES
     #: an HTTP request head (nginx's default in all), and a body for the small API. h11 parses
     #: a head whole before its token is checked, in time that grows with its bytes
     max_head_bytes: int = 32 * 1024

@@ -1,5 +1,5 @@
 """What a node sends, judged at the door, as the gateway judges what clients send
-(``supervisor/gateway/protocol.py``) and the framing what agents write (``protocols/framing.py``,
+(``supervisor/wire/requests.py``) and the framing what agents write (``protocols/framing.py``,
 whose limits and helpers this uses).
 
 A node runs on a host the front does not control: a broken or compromised one, or a transport

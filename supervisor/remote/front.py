@@ -55,12 +55,12 @@ class RemoteHosts:
         self.hosts = dict(hosts)
         #: where this front keeps its remote sessions for the one after a crash
         self.record = record
-        self._links: dict[str, NodeLink] = {}
+        self._links: dict[str, NodeLink[RemoteSession]] = {}
         #: links to retired nodes (an upgrade on the host): they serve the sessions there
-        self._retired: list[NodeLink] = []
+        self._retired: list[NodeLink[RemoteSession]] = []
         self._starting: dict[str, int] = {}  # sessions being placed, not yet started
 
-    def link(self, host: str) -> NodeLink:
+    def link(self, host: str) -> NodeLink[RemoteSession]:
         """The link to ``host`` (made on first use; it connects on its first request)."""
         link = self._links.get(host)
         if link is None:
@@ -73,7 +73,7 @@ class RemoteHosts:
         if self.record is not None:
             self.record.remove(session.id)
 
-    def _retire(self, link: NodeLink) -> None:
+    def _retire(self, link: NodeLink[RemoteSession]) -> None:
         """``link``'s node was retired: it keeps driving the sessions there, and the host's
         next session goes through a new link, to the host's current node."""
         if self._links.get(link.host.name) is link:
@@ -194,12 +194,12 @@ class RemoteHosts:
             if self.record is not None:
                 self.record.add(session.record())
             try:
-                await session._subscribe_on(conn)
+                await session.subscribe_on(conn)
             except SupervisorError as exc:
                 # Nobody will have it (this start fails): not left registered for the link to
                 # keep resubscribing, and stopped in the node while the link is up (after a
                 # protocol error: once a connection reaches that node again).
-                session._fail(f"subscribing on {name} failed: {exc}")
+                session.fail(f"subscribing on {name} failed: {exc}")
                 conn.spawn_request("session.stop", {"session_id": node_id})
                 raise
             return session
@@ -215,7 +215,7 @@ class RemoteHosts:
         front does not have are dropped (their node stops them after its ``detach_s``)."""
         sessions: list[RemoteSession] = []
         # One link per node: after an upgrade on a host, an old node and a new one.
-        per_node: dict[tuple[str, object], tuple[NodeLink, object]] = {}
+        per_node: dict[tuple[str, object], tuple[NodeLink[RemoteSession], object]] = {}
         for entry in entries:
             host, agent = entry.get("host"), entry.get("agent")
             if not isinstance(host, str) or host not in self.hosts:
@@ -245,7 +245,7 @@ class RemoteHosts:
                 cwd=cwd if isinstance(cwd, str) else None,
                 state="starting",
             )
-            session._recovering()
+            session.recovering()
             link.sessions[session.node_id] = session
             sessions.append(session)
         for (_, instance), (link, pid) in per_node.items():

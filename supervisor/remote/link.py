@@ -31,7 +31,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+from typing import Any, Final, Generic, Protocol, TypeVar, cast
 
 import trio
 from trio_websocket import (
@@ -54,11 +54,9 @@ from supervisor.remote.frames import (
 from supervisor.remote.handshake import MAX_HELLO_BYTES, Hello, package_version, wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.runtime.reply import Reply
+from supervisor.wire.requests import HARD_FRAME_BYTES
 
-if TYPE_CHECKING:
-    from supervisor.remote.session import RemoteSession
-
-__all__ = ["Connection", "LogThrottle", "NodeLink", "classify_transport_failure"]
+__all__ = ["Connection", "LinkedSession", "LogThrottle", "NodeLink", "classify_transport_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +98,24 @@ PROTOCOL_CLOSE_CODES: Final = frozenset({1002, 1003, 1007, 1009})
 #: reaches it again) is logged once in this long, the next line counting those left out: a
 #: broken or hostile node cannot fill the front's log.
 BAD_INPUT_LOG_S: Final = 60.0
+
+
+class LinkedSession(Protocol):
+    """What a link asks of the sessions it carries (``RemoteSession`` is one): its id in the
+    node, its events handed over in wire order, a subscription from the last seq it has, and
+    its end with a cause."""
+
+    node_id: str
+
+    async def subscribe_on(self, conn: Connection) -> None: ...
+
+    def on_node_message(self, message: dict[str, Any]) -> None: ...
+
+    def fail(self, cause: str) -> None: ...
+
+
+#: the sessions a link carries (``RemoteSession`` on a front)
+S = TypeVar("S", bound=LinkedSession)
 
 
 class Connection:
@@ -335,20 +351,20 @@ def node_error(code: str, message: str) -> SupervisorError:
     return cls(message) if cls is not None else NodeError(code, message)
 
 
-class NodeLink:
+class NodeLink(Generic[S]):
     """The front's link to one host's node (see the module docstring)."""
 
     def __init__(
         self,
         host: HostSpec,
         nursery: trio.Nursery,
-        on_forget: Callable[[RemoteSession], None] | None = None,
+        on_forget: Callable[[S], None] | None = None,
     ) -> None:
         self.host = host
         self._nursery = nursery
         self._on_forget = on_forget
         #: the sessions this front placed on the host, by the node's session id
-        self.sessions: dict[str, RemoteSession] = {}
+        self.sessions: dict[str, S] = {}
         self._conn: Connection | None = None
         self._lock = trio.Lock()
         self._changed = trio.Event()
@@ -490,13 +506,13 @@ class NodeLink:
         """Resubscribe every session from the last seq it had."""
         for session in list(self.sessions.values()):
             try:
-                await session._subscribe_on(conn)
+                await session.subscribe_on(conn)
             except LinkLost:
                 return  # dropped again: the maintainer goes round once more
             except SessionNotFound:
-                session._fail(f"the node on {self.host.name} no longer has this session")
+                session.fail(f"the node on {self.host.name} no longer has this session")
             except SupervisorError as exc:
-                session._fail(f"resubscribing on {self.host.name} failed: {exc}")
+                session.fail(f"resubscribing on {self.host.name} failed: {exc}")
 
     def _node_replaced(self, hello: Hello) -> None:
         self._fail_all(
@@ -506,7 +522,7 @@ class NodeLink:
 
     def _fail_all(self, cause: str) -> None:
         for session in list(self.sessions.values()):
-            session._fail(cause)
+            session.fail(cause)
 
     def _faulted(self, error: HostUnreachable, exc: BaseException | None) -> None:
         """A connection's node broke the protocol (``Connection.fault``): every session of
@@ -520,7 +536,11 @@ class NodeLink:
         self._fail_all(str(error))
         self._poke()
 
-    def forget(self, session: RemoteSession) -> None:
+    def start_soon(self, function: Any, *args: Any) -> None:
+        """Run a task of a session's for as long as the link (a resubscription)."""
+        self._nursery.start_soon(function, *args)
+
+    def forget(self, session: S) -> None:
         if self.sessions.get(session.node_id) is session:
             del self.sessions[session.node_id]
             if self._on_forget is not None:
@@ -539,7 +559,7 @@ class NodeLink:
     def _on_event(self, message: dict[str, Any]) -> None:
         session = self.sessions.get(str(message.get("session_id")))
         if session is not None:
-            session._on_node_message(message)
+            session.on_node_message(message)
 
     async def aclose(self) -> None:
         self._closing = True
@@ -591,7 +611,7 @@ class NodeLink:
                             process,
                             self.host,
                             on_fault=self._faulted,
-                            max_request_bytes=_node_frame_limit(),
+                            max_request_bytes=HARD_FRAME_BYTES,  # the node closes past it
                         )
                         conn.nursery = nursery
                         nursery.start_soon(conn.read, self._on_event)
@@ -669,13 +689,6 @@ def _describe(group: BaseExceptionGroup[Exception]) -> str:
         else:
             errors.append(error)
     return "; ".join(f"{type(e).__name__}: {e}"[:200] for e in errors)
-
-
-def _node_frame_limit() -> int:
-    """The largest frame a node's gateway takes (beyond it, it closes the WebSocket)."""
-    from supervisor.gateway import LIMITS  # (the gateway imports the supervisor, which us)
-
-    return LIMITS.hard_frame_bytes
 
 
 class LogThrottle:

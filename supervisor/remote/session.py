@@ -25,6 +25,13 @@ import trio
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from supervisor.config import AgentSpec
+from supervisor.core.calls import (
+    check_mode,
+    check_permission_answer,
+    check_prompt,
+    check_steer,
+    check_subscription,
+)
 from supervisor.core.exit import ExitStatus
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
@@ -98,7 +105,7 @@ class RemoteSession:
 
     def __init__(
         self,
-        link: NodeLink,
+        link: NodeLink[RemoteSession],
         *,
         node_id: str,
         spec: AgentSpec,
@@ -160,9 +167,7 @@ class RemoteSession:
         return self._modes
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
-        if not isinstance(text, str) or not text.strip():
-            raise BadRequest("prompt text must be a non-empty string")
-        parts = tuple(parts)
+        parts = check_prompt(text, parts)
         why = refusal(parts, self._carries, f"the agent on host {self.host!r}")
         if why is not None:
             raise BadRequest(why)
@@ -174,8 +179,7 @@ class RemoteSession:
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent's session on the host to mode ``mode_id``; returns once it took it."""
-        if not isinstance(mode_id, str) or not mode_id:
-            raise BadRequest("mode_id must be a non-empty string")
+        check_mode(mode_id)
         await self._request("agent.set_mode", {"mode_id": mode_id}, as_is)
         if self._modes is not None:
             self._modes = {**self._modes, "currentModeId": mode_id}
@@ -231,8 +235,7 @@ class RemoteSession:
             return receipt
 
     async def steer(self, text: str) -> SteerResult:
-        if not isinstance(text, str) or not text.strip():
-            raise BadRequest("steer text must be a non-empty string")
+        check_steer(text)
         return await self._request(
             "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
         )
@@ -256,8 +259,7 @@ class RemoteSession:
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
     ) -> None:
-        if (option_id is None) == (not cancelled):
-            raise BadRequest("give exactly one of option_id or cancelled=True")
+        check_permission_answer(request_id, option_id, cancelled)
         payload: dict[str, Any] = {"request_id": request_id}
         if option_id is None:
             payload["cancelled"] = True
@@ -292,6 +294,7 @@ class RemoteSession:
         """Events of the front's mirror. A subscriber that falls behind is cut off
         (``lagged``) at twice its buffer even with ``stall_s``: the agent it would hold back
         runs on another host (the node holds it back for the link instead)."""
+        check_subscription(since_seq, max_buffer, stall_s)
         await self._caught_up.wait()
         return self._fanout.subscribe(
             since_seq, head_seq=self._seq, max_buffer=max_buffer, stall_s=stall_s, wire=wire
@@ -317,7 +320,7 @@ class RemoteSession:
 
     # -- the link's side ---------------------------------------------------------------------
 
-    async def _subscribe_on(self, conn: Connection) -> None:
+    async def subscribe_on(self, conn: Connection) -> None:
         """Subscribe on ``conn`` from the last seq we have (0: from the start)."""
         result = await conn.request(
             "session.subscribe", {"session_id": self.node_id, "since_seq": self._seq}, as_is
@@ -340,7 +343,7 @@ class RemoteSession:
                 self._seq,
             )
 
-    def _on_node_message(self, message: dict[str, Any]) -> None:
+    def on_node_message(self, message: dict[str, Any]) -> None:
         """An event (or a subscription notice) from the node, in wire order."""
         kind = message.get("event")
         if kind in ("subscription.closed", "subscription.lagged"):
@@ -393,7 +396,7 @@ class RemoteSession:
         self._seq = last
         self._fanout.publish(gap, dumps(message))
 
-    def _recovering(self) -> None:
+    def recovering(self) -> None:
         """Created for a session a crashed front left: subscribers wait for the replay."""
         self._caught_up = trio.Event()
         self._catch_up_to = 2**62
@@ -414,7 +417,7 @@ class RemoteSession:
         if kind == "subscription.lagged":
             # The node cut the link's subscription off (the link did not read for a while):
             # resubscribe from where we are.
-            self.link._nursery.start_soon(self._resubscribe)
+            self.link.start_soon(self._resubscribe)
             return
         # subscription.closed: the node's session is over (stopped or failed there).
         self._finish(self._state if self._state in ("stopped", "failed") else "stopped")
@@ -422,11 +425,11 @@ class RemoteSession:
     async def _resubscribe(self) -> None:
         try:
             conn = await self.link.connection()
-            await self._subscribe_on(conn)
+            await self.subscribe_on(conn)
         except (LinkLost, HostUnreachable):
             pass  # the link's reconnection resubscribes (or has failed the session)
         except SupervisorError as exc:  # the node's answer: it no longer has the session, say
-            self._fail(f"resubscribing on {self.host} failed: {exc}")
+            self.fail(f"resubscribing on {self.host} failed: {exc}")
 
     def _track(self, event: ev.Event) -> None:
         if isinstance(event, ev.SessionState):
@@ -440,7 +443,7 @@ class RemoteSession:
             if self._modes is not None and isinstance(mode, str):
                 self._modes = {**self._modes, "currentModeId": mode}  # the agent switched
 
-    def _fail(self, cause: str) -> None:
+    def fail(self, cause: str) -> None:
         """The node is gone, or has lost this session: it fails here, with the cause (its
         turn, if one ran, ends ``failed``: every turn has its ``turn.ended``)."""
         if self._done:

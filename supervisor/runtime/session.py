@@ -22,7 +22,6 @@ load, each behind one door and described where it lives (``design/actor.md`` mea
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -31,7 +30,7 @@ from typing import Any, TypeVar
 import trio
 from attrs import define, frozen
 
-from protocols.content import Part, parts_text
+from protocols.content import Part
 from protocols.framing import FramingError, decode_line, decode_lines
 from protocols.machine import Step
 from supervisor.agents.link import (
@@ -45,10 +44,17 @@ from supervisor.agents.link import (
 from supervisor.agents.process import KillError, tree_clock
 from supervisor.config import AgentSpec
 from supervisor.core.agent import STARTING_PHASES
+from supervisor.core.calls import (
+    check_mode,
+    check_permission_answer,
+    check_prompt,
+    check_steer,
+    check_subscription,
+)
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle, survivors_text
 from supervisor.core.states import State
-from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.runtime.alarm import AlarmClock
 from supervisor.runtime.fanout import Fanout, Subscription
@@ -516,15 +522,8 @@ class Session:
         ``parts``: its content when it is more than text (images, resources, in order;
         ``protocols.content``); ``text`` is then what events and receipts show of it. A part
         the agent cannot take is refused here (:class:`BadRequest`), before anything is sent."""
-        if not isinstance(text, str) or not text.strip():
-            raise BadRequest("prompt text must be a non-empty string")
+        parts = check_prompt(text, parts)
         self._check_open()
-        check_text("prompt text", text)  # the agent's protocol could not carry it
-        parts = tuple(parts)
-        if parts:
-            if not all(isinstance(part, Part) for part in parts):
-                raise BadRequest("prompt parts must be protocols.content.Part")
-            check_text("prompt content", parts_text(parts))
         reply: Reply[TurnHandle] = Reply()
         return await self._ask(_Prompt(text, parts, reply), reply)
 
@@ -538,9 +537,7 @@ class Session:
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent's session to mode ``mode_id`` (one of :attr:`modes`); returns once
         the agent took it (:class:`BadRequest` with its reason if it refused)."""
-        if not isinstance(mode_id, str) or not mode_id:
-            raise BadRequest("mode_id must be a non-empty string")
-        check_text("mode_id", mode_id)
+        check_mode(mode_id)
         reply: Reply[None] = Reply()
         return await self._ask(_SetMode(mode_id, reply), reply)
 
@@ -565,21 +562,15 @@ class Session:
         (``interrupted``, with the receipt); with no turn running it starts one now
         (``started``), ahead of queued prompts. Returns once the text is on its way: for
         ``interrupted``, once the old turn has ended (terminate-then-respond)."""
-        if not isinstance(text, str) or not text.strip():
-            raise BadRequest("steer text must be a non-empty string")
+        check_steer(text)
         self._check_open()
-        check_text("steer text", text)  # the agent's protocol could not carry it
         reply: Reply[SteerResult] = Reply()
         return await self._ask(_Steer(text, reply), reply)
 
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
     ) -> None:
-        if (option_id is None) == (not cancelled):
-            raise BadRequest("give exactly one of option_id or cancelled=True")
-        check_text("request_id", request_id)
-        if option_id is not None:
-            check_text("option_id", option_id)
+        check_permission_answer(request_id, option_id, cancelled)
         reply: Reply[None] = Reply()
         await self._ask(_RespondPermission(request_id, option_id, reply), reply)
 
@@ -615,7 +606,7 @@ class Session:
         """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
         ``wire=True``: the subscriber takes the events' JSON (``take_wire``), as the gateway
         sends it, instead of event objects."""
-        _check_subscription(since_seq, max_buffer, stall_s)
+        check_subscription(since_seq, max_buffer, stall_s)
         reply: Reply[Subscription] = Reply()
         return await self._ask(_Subscribe(since_seq, max_buffer, reply, stall_s, wire), reply)
 
@@ -1054,20 +1045,6 @@ class Session:
                     break
         self._batch_at = start + done
         return spent if done == take else _share(lines, start, allowed, count=done)[1]
-
-
-def _check_subscription(since_seq: object, max_buffer: object, stall_s: object) -> None:
-    """A caller's mistake in what it subscribes with is told as such, before the actor sees it."""
-    if since_seq is not None and (type(since_seq) is not int or since_seq < 0):
-        raise BadRequest(f"since_seq must be a whole number >= 0 or None, not {since_seq!r}")
-    if type(max_buffer) is not int or max_buffer < 1:
-        raise BadRequest(f"max_buffer must be a whole number >= 1, not {max_buffer!r}")
-    if stall_s is not None and (
-        isinstance(stall_s, bool)
-        or not isinstance(stall_s, int | float)
-        or not 0 < stall_s < math.inf
-    ):
-        raise BadRequest(f"stall_s must be a number of seconds > 0 or None, not {stall_s!r}")
 
 
 def _share(lines: list[Any], start: int, allowed: int, count: int = -1) -> tuple[int, int]:

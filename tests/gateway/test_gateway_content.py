@@ -18,7 +18,7 @@ from fakes.memory_agent import Behaviour, MemoryLauncher
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway
-from supervisor.gateway.protocol import MAX_FRAME_BYTES, MAX_PROMPT_FRAME_BYTES
+from supervisor.wire.requests import MAX_FRAME_BYTES, MAX_PROMPT_FRAME_BYTES
 
 BOUND = 20.0
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.gateway.protocol import (
+from supervisor.wire.requests import (
     ACTIONS,
     MAX_FRAME_BYTES,
     MAX_PROMPT_FRAME_BYTES,

@@ -31,8 +31,8 @@ from protocols.mcp import (
 )
 from protocols.opencode import CONFIG_CONTENT_VAR, OpenCodeClient
 from supervisor.config import AgentSpec, ConfigError, load_agents
-from supervisor.gateway.protocol import Request, decode_request
 from supervisor.remote.handshake import spec_from_wire, spec_to_wire
+from supervisor.wire.requests import Request, decode_request
 
 STDIO = McpServer(
     name="files",

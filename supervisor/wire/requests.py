@@ -18,6 +18,7 @@ from protocols.framing import is_text
 
 __all__ = [
     "ACTIONS",
+    "HARD_FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_PROMPT_FRAME_BYTES",
     "Request",
@@ -35,6 +36,10 @@ MAX_FRAME_BYTES: Final = 1024 * 1024
 #: An ``agent.prompt`` with ``content`` (a pasted screenshot is a few MB of base64) may be up to
 #: this big; any other request larger than :data:`MAX_FRAME_BYTES` is still ``too_large``.
 MAX_PROMPT_FRAME_BYTES: Final = 8 * MAX_FRAME_BYTES
+#: The transport's hard frame limit: frames between :data:`MAX_FRAME_BYTES` and this get
+#: ``too_large``; beyond it the WebSocket is closed (a front checks what it sends a node
+#: against it, ``supervisor/remote/link.py``).
+HARD_FRAME_BYTES: Final = 16 * MAX_FRAME_BYTES
 #: Longest id we echo back: ids are correlation tokens, not payloads.
 MAX_ID_CHARS: Final = 128
 

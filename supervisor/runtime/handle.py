@@ -1,0 +1,87 @@
+"""What every session offers, whether it runs here (:class:`~supervisor.runtime.session.Session`)
+or on another host (:class:`~supervisor.remote.session.RemoteSession`): the one interface the
+supervisor, the gateway, the ACP front door and the chat use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from protocols.content import Part
+from supervisor.config import AgentSpec
+from supervisor.core.exit import ExitStatus
+from supervisor.core.session import TurnHandle
+from supervisor.receipt import CancelReceipt
+from supervisor.runtime.fanout import Subscription
+from supervisor.steering import SteerResult
+
+__all__ = ["SessionHandle"]
+
+
+class SessionHandle(Protocol):
+    #: ``s1``, or ``s1@HOST`` for a session on another host
+    id: str
+    spec: AgentSpec
+
+    @property
+    def host(self) -> str | None:
+        """The ``[hosts.NAME]`` it runs on; None: this machine."""
+
+    @property
+    def cwd(self) -> str | None: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def last_seq(self) -> int: ...
+
+    @property
+    def turn_id(self) -> str | None: ...
+
+    @property
+    def exit_status(self) -> ExitStatus | None: ...
+
+    @property
+    def prompt_carries(self) -> frozenset[str]: ...
+
+    @property
+    def modes(self) -> dict[str, Any] | None: ...
+
+    def summary(self) -> Any: ...
+
+    async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle: ...
+
+    async def set_mode(self, mode_id: str) -> None: ...
+
+    async def cancel(
+        self, *, turn_id: str | None = None, reason: str | None = None
+    ) -> CancelReceipt: ...
+
+    async def steer(self, text: str) -> SteerResult: ...
+
+    async def respond_permission(
+        self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
+    ) -> None: ...
+
+    def subscribe(
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = ...,
+        stall_s: float | None = None,
+    ) -> AbstractAsyncContextManager[Subscription]: ...
+
+    async def open_subscription(
+        self,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = ...,
+        stall_s: float | None = None,
+        wire: bool = False,
+    ) -> Subscription: ...
+
+    async def wait_ready(self) -> None: ...
+
+    async def stop(self) -> ExitStatus | None: ...
