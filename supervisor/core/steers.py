@@ -17,13 +17,11 @@ steers are dropped with it, each with its own turn id and ``turn.ended``.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Protocol
-
-from attrs import define, field, frozen
 
 from protocols import events as ev
 from protocols.machine import AgentProtocol, SteerAnswered, Step
+from supervisor.core.turns import NativeSteer, PromptQueue, SteerNext, Turn, TurnIds, TurnSteers
 from supervisor.core.waiter import Waiter
 from supervisor.errors import AgentNotRunning
 from supervisor.receipt import REASON_STEER, CancelReceipt, DroppedPrompt
@@ -31,50 +29,8 @@ from supervisor.steering import SteerMode, SteerResult
 
 if TYPE_CHECKING:
     from supervisor.core.events import EventLog
-    from supervisor.core.turns import PromptQueue, Turn, TurnIds
 
-__all__ = ["NativeSteer", "SteerNext", "Steering", "TurnSteers"]
-
-
-@define
-class NativeSteer:
-    """A steer sent to the agent, waiting for its answer until ``deadline``."""
-
-    text: str
-    waiter: Waiter[SteerResult]
-    deadline: float
-
-
-@frozen
-class SteerNext:
-    """A steer that starts the next turn (``turn_id``; empty: given one when it is queued)
-    once the running one has ended."""
-
-    turn_id: str
-    text: str
-    waiter: Waiter[SteerResult]
-    mode: SteerMode
-    detail: str | None = None
-
-
-@define
-class TurnSteers:
-    """The running turn's steers that are not settled yet."""
-
-    #: steers the agent has not answered yet, by steer id
-    pending: dict[int, NativeSteer] = field(factory=dict)
-    #: steers that start the next turns, in order, once this one is over
-    then: list[SteerNext] = field(factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.pending or self.then)
-
-    def next_deadline(self) -> float:
-        return min((steer.deadline for steer in self.pending.values()), default=math.inf)
-
-    def overdue(self, now: float) -> list[int]:
-        """The steers whose answer is overdue at ``now``, in the order they were sent."""
-        return [steer_id for steer_id, steer in self.pending.items() if now >= steer.deadline]
+__all__ = ["Steering", "SteeringHost"]
 
 
 class SteeringHost(Protocol):

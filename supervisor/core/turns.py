@@ -7,22 +7,74 @@ order the steers came (:meth:`PromptQueue.put_steered`), ahead of the prompts.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Final
 
-from attrs import define
+from attrs import define, field, frozen
 
 from protocols.content import Part
 from supervisor.core.ladder import CancelJob
-from supervisor.core.steers import TurnSteers
+from supervisor.core.waiter import Waiter
 from supervisor.core.watchdog import StallWatch
 from supervisor.errors import BadRequest
 from supervisor.receipt import CancelReceipt, DroppedPrompt
+from supervisor.steering import SteerMode, SteerResult
 
-__all__ = ["ENDED_TURNS_KEPT", "EndedTurns", "PromptQueue", "Turn", "TurnIds"]
+__all__ = [
+    "ENDED_TURNS_KEPT",
+    "EndedTurns",
+    "NativeSteer",
+    "PromptQueue",
+    "SteerNext",
+    "Turn",
+    "TurnIds",
+    "TurnSteers",
+]
 
 #: Turns remembered so a late cancel naming one gets an honest answer.
 ENDED_TURNS_KEPT: Final = 64
+
+
+@define
+class NativeSteer:
+    """A steer sent to the agent, waiting for its answer until ``deadline``."""
+
+    text: str
+    waiter: Waiter[SteerResult]
+    deadline: float
+
+
+@frozen
+class SteerNext:
+    """A steer that starts the next turn (``turn_id``; empty: given one when it is queued)
+    once the running one has ended."""
+
+    turn_id: str
+    text: str
+    waiter: Waiter[SteerResult]
+    mode: SteerMode
+    detail: str | None = None
+
+
+@define
+class TurnSteers:
+    """The running turn's steers that are not settled yet."""
+
+    #: steers the agent has not answered yet, by steer id
+    pending: dict[int, NativeSteer] = field(factory=dict)
+    #: steers that start the next turns, in order, once this one is over
+    then: list[SteerNext] = field(factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.pending or self.then)
+
+    def next_deadline(self) -> float:
+        return min((steer.deadline for steer in self.pending.values()), default=math.inf)
+
+    def overdue(self, now: float) -> list[int]:
+        """The steers whose answer is overdue at ``now``, in the order they were sent."""
+        return [steer_id for steer_id, steer in self.pending.items() if now >= steer.deadline]
 
 
 @define
