@@ -37,9 +37,12 @@ test: $(STAMP) browser openssh
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
+# make bench BASE=REV: the headline figures of revision REV beside this tree's, in the same run
+BASE ?=
+
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
-	$(PY) -m bench.run_all
+	$(PY) -m bench.run_all $(if $(BASE),--compare $(BASE))
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis

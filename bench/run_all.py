@@ -4,6 +4,11 @@ Each benchmark runs in its own interpreter and prints its figures as a JSON line
 this collects them into one table a reader can trust: the ratios are measured in the same run,
 the absolute times are reported but are only this machine's. ``--only NAME`` runs one of them
 again and replaces its section, keeping the others.
+
+``--compare REV`` also runs the headline benchmarks on a checkout of another revision (``git
+archive REV``, in a temporary folder, with this interpreter), each right before this tree's run
+of the same benchmark, and puts the two side by side at the top ("Before and after"): a change's
+cost, measured on one machine in one sitting, not against figures of another day.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from bench.machine import free_cpu
@@ -34,10 +40,37 @@ BENCHMARKS = [
 ]
 
 
-def run(name: str, args: list[str]) -> tuple[dict[str, object], str]:
+#: What "Before and after" shows: the figures the targets are set on, by benchmark.
+HEADLINES: dict[str, list[tuple[str, str]]] = {
+    "transport_floor": [
+        ("ratio_floor_trio_p50", "cancel vs the trio floor, p50 (ratio; target <= 1.5)"),
+        ("light_cpu_p50_ms", "cancel: this process's CPU, p50 (ms)"),
+    ],
+    "cancel_overhead": [
+        ("overhead_p50_ms", "cancel overhead over the agent's own stop, p50 (ms; <= 1)"),
+        ("overhead_p99_ms", "cancel overhead, p99 (ms; <= 5)"),
+    ],
+    "throughput": [
+        ("ratio_1sub", "events/s vs the floor, 1 subscriber (ratio; >= 0.8)"),
+        ("ours_1sub_server_us_per_event", "server CPU per event, 1 subscriber (us; <= 15)"),
+        ("ratio_10sub", "events/s vs the floor, 10 subscribers (ratio; >= 0.8)"),
+    ],
+    "fairness": [
+        ("k100_delivery_p99_ms", "K=100: interrupt delivery p99 (ms; <= 3)"),
+        ("k100_receipt_p99_ms", "K=100: receipt p99 (ms; <= 10)"),
+        ("k300_receipt_p99_ms", "K=300: receipt p99 (ms; <= 25)"),
+    ],
+    "session_cost": [
+        ("cgroup_light_owned_per_session_mb", "supervisor-owned memory per session (MB; <= 1)"),
+    ],
+}
+
+
+def run(name: str, args: list[str], root: Path = HERE.parent) -> tuple[dict[str, object], str]:
     command = [sys.executable, "-m", f"bench.{name}", "--json", *args]
+    env = {**os.environ, "PYTHONPATH": os.fspath(root)}
     result = subprocess.run(
-        command, cwd=HERE.parent, capture_output=True, text=True, check=True, timeout=1800
+        command, cwd=root, env=env, capture_output=True, text=True, check=True, timeout=1800
     )
     lines = result.stdout.strip().splitlines()
     figures = next(json.loads(line) for line in reversed(lines) if line.startswith("{"))
@@ -55,15 +88,55 @@ def section(name: str, figures: dict[str, object], text: str, load: str) -> list
     return body
 
 
+def checkout(revision: str, folder: Path) -> Path:
+    """``revision``'s files in ``folder`` (no ``.git``: only what ``git archive`` gives)."""
+    archive = subprocess.run(
+        ["git", "archive", revision], cwd=HERE.parent, capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", os.fspath(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def compared(
+    revision: str, runs: dict[str, tuple[dict[str, object], dict[str, object]]]
+) -> list[str]:
+    """The "Before and after" section: each headline figure of ``revision`` and of this tree."""
+    lines = [
+        "## Before and after",
+        "",
+        f"Each benchmark below ran on `{revision}` and then on this tree, one right after the"
+        " other, in this `make bench`.",
+        "",
+        f"| figure | `{revision}` | this tree |",
+        "|---|---|---|",
+    ]
+    for name, (before, after) in runs.items():
+        for key, label in HEADLINES[name]:
+            old, new = before.get(key), after.get(key)
+            shown = [f"{v:.3f}" if isinstance(v, float) else str(v) for v in (old, new)]
+            lines.append(f"| {name}: {label} | {shown[0]} | {shown[1]} |")
+    return [*lines, ""]
+
+
 def main() -> None:
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    base = sys.argv[sys.argv.index("--compare") + 1] if "--compare" in sys.argv else None
+    folder = tempfile.TemporaryDirectory(prefix="bench-base-") if base else None
+    base_root = checkout(base, Path(folder.name)) if base and folder else None
     sections = []
+    runs: dict[str, tuple[dict[str, object], dict[str, object]]] = {}
     for name, args in BENCHMARKS:
         if only is not None and name != only:
             continue
+        base_figures: dict[str, object] | None = None
+        if base_root is not None and name in HEADLINES:
+            print(f"running bench/{name}.py on {base} ...", flush=True)
+            base_figures, _ = run(name, args, base_root)
         print(f"running bench/{name}.py ...", flush=True)
         before, free = os.getloadavg()[0], free_cpu()
         figures, text = run(name, args)
+        if base_figures is not None:
+            runs[name] = (base_figures, figures)
         load = (
             f"Machine just before: load average (1 min) {before:.2f}, a busy loop got"
             f" {free:.0%} of a core."
@@ -94,10 +167,12 @@ def main() -> None:
         (HERE / "results.md").write_text(results)
         print(f"updated {name} in {HERE / 'results.md'}")
         return
-    body = []
+    body = compared(base, runs) if base and runs else []
     for name, figures, text, load in sections:
         body += section(name, figures, text, load)
     (HERE / "results.md").write_text("\n".join(header + body))
+    if folder is not None:
+        folder.cleanup()
     print(f"wrote {HERE / 'results.md'}")
 
 
