@@ -437,17 +437,16 @@ class AgentProcess(ABC):
             started = self._started_since(since)
             if not started:
                 return []
-            _, lingering = await trio.to_thread.run_sync(
-                functools.partial(psutil.wait_procs, started, timeout=settle),
+            victims = await trio.to_thread.run_sync(
+                functools.partial(tree.wait_gone, started, settle),
                 limiter=self._thread_limiter,
             )
-            victims = [proc for proc in lingering if tree.alive(proc)]
             killed = tree.describe(victims)
             if victims:
                 tree.signal_all(victims, signal.SIGTERM)
                 tree.signal_all(victims, signal.SIGCONT)
-                _, alive = await trio.to_thread.run_sync(
-                    functools.partial(psutil.wait_procs, victims, timeout=term_timeout),
+                alive = await trio.to_thread.run_sync(
+                    functools.partial(tree.wait_gone, victims, term_timeout),
                     limiter=self._thread_limiter,
                 )
                 survivors = await tree.kill_and_verify(

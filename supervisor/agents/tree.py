@@ -27,6 +27,7 @@ import contextlib
 import functools
 import os
 import signal
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -205,6 +206,31 @@ def describe(processes: Iterable[psutil.Process]) -> list[dict[str, Any]]:
     return [{"pid": process.pid, "command": command_of(process)} for process in processes]
 
 
+#: How often :func:`wait_gone` looks again: from the first, doubling, up to the most.
+GONE_POLL_FIRST_S = 0.001
+GONE_POLL_MOST_S = 0.02
+
+
+def wait_gone(processes: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` for every process to stop running; the ones still running.
+
+    A zombie counts as gone: it runs nothing and holds no pipe, and whether its parent reaps it
+    soon is not ours to wait for (an init that reaps slowly, an agent that never reaps its
+    tool's child: ``psutil.wait_procs`` would wait the whole ``timeout`` for each of them).
+    Blocking: run it in a worker thread."""
+    pending = [process for process in processes if alive(process)]
+    deadline = time.monotonic() + timeout
+    pause = GONE_POLL_FIRST_S
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, GONE_POLL_MOST_S)
+        pending = [process for process in pending if alive(process)]
+    return pending
+
+
 async def kill_and_verify(
     processes: Iterable[psutil.Process],
     *,
@@ -215,16 +241,15 @@ async def kill_and_verify(
 
     Shielded and bounded by ``timeout``: a process that outlives it (uninterruptible sleep, or
     one we may not signal) is returned, never waited for forever. Never pass a child of ours
-    that trio reaps: ``psutil.wait_procs`` would reap it behind trio's back.
+    that trio reaps: ``psutil.wait_procs`` would reap it behind trio's back (:func:`wait_gone`
+    only looks).
     """
     pending = [process for process in processes if alive(process)]
     with trio.CancelScope(shield=True):
         with trio.move_on_after(timeout):
             while pending:
                 signal_all(pending, signal.SIGKILL)
-                await trio.to_thread.run_sync(
-                    functools.partial(psutil.wait_procs, pending, timeout=VERIFY_SLICE_S),
-                    limiter=limiter,
+                pending = await trio.to_thread.run_sync(
+                    functools.partial(wait_gone, pending, VERIFY_SLICE_S), limiter=limiter
                 )
-                pending = [process for process in pending if alive(process)]
     return [process for process in pending if alive(process)]

@@ -285,6 +285,42 @@ async def test_the_sweep_of_a_turns_leftovers_finds_what_appears_meanwhile() -> 
             await agent.kill_tree()
 
 
+#: An agent that, on "go", starts a tool that ends a moment later and is never reaped: a
+#: zombie, from while the sweep waits for the turn's processes to settle.
+_UNREAPING_AGENT = """
+import os, sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+if os.fork() == 0:
+    time.sleep(0.3)
+    os._exit(0)
+print("started", flush=True)
+sys.stdin.readline()
+"""
+
+
+@both
+async def test_a_zombie_a_turn_left_is_dead_for_the_sweep_at_once() -> None:
+    """A tool that ended but that its parent never reaped (an agent that does not reap, an
+    init in a container that reaps slowly) runs nothing: the sweep neither waits the settle
+    time for it nor lists it as killed."""
+    settle = 30.0  # what a sweep that took the zombie for alive would wait
+    with trio.fail_after(LIMIT_S + settle):
+        command = [sys.executable, "-c", _UNREAPING_AGENT]
+        async with await AgentProcess.spawn(command) as agent:
+            lines = Lines(agent.stdout)
+            assert await lines.next() == b"ready\n"
+            await trio.sleep(0.1)  # a turn starts well after its agent (10 ms start ticks)
+            since = process_module.tree_clock()
+            await agent.stdin.send_all(b"go\n")
+            assert await lines.next() == b"started\n"
+            started = time.monotonic()
+            killed = await agent.kill_descendants_since(since, settle=settle)
+            assert killed == []
+            assert time.monotonic() - started < settle / 2, "the sweep waited for a zombie"
+            await agent.kill_tree()
+
+
 @both
 async def test_agent_ignoring_sigterm_is_killed() -> None:
     with trio.fail_after(LIMIT_S):
