@@ -30,6 +30,7 @@ __all__ = [
     "Output",
     "PartialStep",
     "ProtocolError",
+    "RestartWanted",
     "SessionEstablished",
     "StartFailed",
     "SteerAnswered",
@@ -180,6 +181,17 @@ class AgentExiting(Control):
     gone and a new one runs (terminate-then-respond). The exit is bounded by the grace timer;
     a process that outlives it meets the kill ladder.
     """
+
+    reason: str
+
+
+@frozen
+class RestartWanted(Control):
+    """The agent's process is in a state only a restart clears, and the machine can tell (an
+    ``opencode serve`` whose early abort left its model lookup interrupted fails every prompt
+    after it). The actor restarts it, its session resumed, once the running turn is over,
+    rather than letting prompt after prompt fail first. Emitted before the
+    :class:`TurnFinished` that showed it."""
 
     reason: str
 

@@ -77,6 +77,7 @@ from protocols import events as ev
 from protocols.content import Part, data_url
 from protocols.machine import (
     AgentProtocol,
+    RestartWanted,
     SessionEstablished,
     StartFailed,
     Step,
@@ -112,6 +113,8 @@ _OPTIONS = {
 _CANCELLED_REPLY = "reject"
 #: ``error.name`` of the error an abort produces.
 _ABORTED = "MessageAbortedError"
+#: ``error.name`` of a prompt that failed outside the loop: after an early abort, every one.
+_POISONED_ERROR = "UnknownError"
 #: A turn whose last assistant message finished with one of these ended by itself. After
 #: ``tool-calls`` the loop would have gone on: it was stopped (a rejected permission).
 _NATURAL_FINISHES = frozenset({"stop", "length", "content-filter", "other"})
@@ -244,6 +247,8 @@ class OpenCodeClient(AgentProtocol):
     _turn: _Turn | None = None
     #: a turn that is over on the stream, held until its abort is answered
     _held_end: tuple[_Turn, TurnFinished] | None = None
+    #: the last turn ended on our abort before it said anything (see ``_poisoned``)
+    _aborted_early: bool = False
     #: pending ``permission.asked`` requests (answered by id: no ticket needed)
     _desk: PermissionDesk[None] = field(factory=PermissionDesk)
     _messages: dict[str, _Message] = field(factory=dict)
@@ -618,6 +623,7 @@ class OpenCodeClient(AgentProtocol):
     def _finish(self, turn: _Turn, finished: TurnFinished) -> Step:
         step = self._orphans(turn.turn_id)
         self._turn = None
+        step.events.extend(self._poisoned(turn, finished))
         if turn.abort_sent and not turn.abort_answered:
             # The abort is per session, not per turn: still in flight, it would stop the next
             # turn (a reject can end this one first). The turn is over once it is answered.
@@ -625,6 +631,23 @@ class OpenCodeClient(AgentProtocol):
             return step
         step.events.append(finished)
         return step
+
+    def _poisoned(self, turn: _Turn, finished: TurnFinished) -> list[RestartWanted]:
+        """An abort that landed before the loop said anything (the turn ended ``idle``, with no
+        reply) may have interrupted the server's model lookup for good: every later prompt then
+        fails with ``UnknownError``. The first such failure asks for a restart at once."""
+        if turn.abort_sent and not turn.replied and not turn.aborted and finished.error is None:
+            self._aborted_early = True
+            return []
+        early, self._aborted_early = self._aborted_early, False
+        if early and (finished.error or "").startswith(_POISONED_ERROR):
+            return [
+                RestartWanted(
+                    f"opencode serve failed a prompt ({finished.error}) after an abort that"
+                    " landed before its first model request: only a restart clears that"
+                )
+            ]
+        return []
 
     def _abort_answered(self, turn_id: str | None) -> Step:
         held = self._held_end

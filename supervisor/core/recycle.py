@@ -1,5 +1,6 @@
-"""When to restart a session's agent though nobody asked: it fails turn after turn, or it holds
-more memory than ``max_memory_mb`` allows.
+"""When to restart a session's agent though nobody asked: it fails turn after turn, it holds
+more memory than ``max_memory_mb`` allows, or its protocol machine says only a restart clears
+the state it is in (``RestartWanted``).
 
 A restart (a *recycle*) kills the agent's tree, starts it again and resumes its session; the
 queue waits for the new process. An agent can get stuck in a state only a restart clears, so
@@ -38,8 +39,9 @@ class Recycler:
         #: restarts so far, and why the last one
         self.recycles = 0
         self.reason: str | None = None
-        #: the agent is to be restarted for its memory once the running turn is over
-        self.for_memory: str | None = None
+        #: why the agent is to be restarted once the running turn is over (its memory, or its
+        #: machine said only a restart clears its state); None: it is not
+        self.due: str | None = None
         self.memory_restarts = 0
 
     def turn_ended_by_itself(self, failed: bool) -> bool:
@@ -59,7 +61,7 @@ class Recycler:
     def recycled(self, reason: str) -> int:
         """The agent is being restarted for ``reason``; the failed turns that led to it."""
         failed, self.failed_in_a_row = self.failed_in_a_row, 0
-        self.for_memory = None
+        self.due = None
         self.recycles += 1
         self.reason = reason
         return failed
@@ -72,9 +74,14 @@ class Recycler:
         self.memory_restarts += 1
         give_up = self.memory_restarts > MAX_MEMORY_RESTARTS
         if not give_up:
-            self.for_memory = reason
+            self.due = reason
         return MemoryVerdict(reason, give_up)
+
+    def wanted(self, reason: str) -> None:
+        """The agent's machine says only a restart clears its state: once the turn is over."""
+        if self.due is None:
+            self.due = reason
 
     def fresh_process(self) -> None:
         """A new agent process runs: whatever memory the last one held is gone."""
-        self.for_memory = None
+        self.due = None

@@ -48,6 +48,7 @@ from protocols.machine import (
     Control,
     ModeSet,
     PartialStep,
+    RestartWanted,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -510,6 +511,9 @@ class SessionCore:
             if self.recycler.turn_ended_by_itself(failed=outcome == "failed"):
                 self._recycle(self.recycler.failing_reason(finished.error or "failed"))
                 return
+            if self.recycler.due is not None:  # its machine asked (RestartWanted)
+                self._recycle(self.recycler.due)
+                return
             if self.agent.exiting is not None:
                 # Its process ends with the turn (Amp after an error): the next prompt waits
                 # for the next process.
@@ -543,9 +547,10 @@ class SessionCore:
 
     def _finish_cancelled_turn(self, turn: Turn, job: CancelJob) -> None:
         self._end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
-        if self.recycler.for_memory is not None:
-            # Stopped for its memory: the agent ended the turn but still holds it.
-            self._recycle(self.recycler.for_memory)
+        if self.recycler.due is not None:
+            # Stopped for its memory (the agent ended the turn but still holds it), or its
+            # machine asked for a restart meanwhile.
+            self._recycle(self.recycler.due)
             return
         self._set_state(State.READY)
         if self.queue:
@@ -734,6 +739,8 @@ class SessionCore:
             self._mode_set(control)
         elif isinstance(control, AgentExiting):
             self._agent_exiting(control)
+        elif isinstance(control, RestartWanted):
+            self._restart_wanted(control.reason)
 
     def _mode_set(self, answer: ModeSet) -> None:
         if not self.agent.mode_waiters:
@@ -1126,13 +1133,22 @@ class SessionCore:
         self._set_state(State.STARTING, f"recycling the agent: {reason}")
         self._kill_live_agent()  # then respawned, resuming the agent's session
 
+    def _restart_wanted(self, reason: str) -> None:
+        """The agent's machine says only a restart clears its state: now if no turn runs,
+        else once the running turn is over."""
+        if self.stopping or self.state not in (State.READY, State.RUNNING, State.CANCELLING):
+            return
+        self.recycler.wanted(reason)
+        if self.turn is None:
+            self._recycle(reason)
+
     def memory_over(self, generation: int, used_mb: float) -> None:
         """The agent's tree holds more memory than ``max_memory_mb`` allows: stop the turn
         through the ladder (``reason: "memory_limit"``), then restart the agent."""
         if (
             generation != self.agent.live
             or self.stopping
-            or self.recycler.for_memory is not None
+            or self.recycler.due is not None
             or self.state not in (State.READY, State.RUNNING, State.CANCELLING)
         ):
             return

@@ -9,11 +9,15 @@ and answered its callers, to the exact virtual time.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
 from coreio import ACP, AcpAgent, RecordingIO, Slot, acp_session
+from protocols import PROTOCOLS
 from protocols import events as ev
+from protocols.acp import AcpClient
+from protocols.machine import RestartWanted, Step, TurnFinished
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import SessionCore
 from supervisor.core.states import State
@@ -240,3 +244,41 @@ def test_calls_of_a_stopped_session_are_refused() -> None:
     assert isinstance(refused.error, AgentNotRunning)
     with pytest.raises(AgentNotRunning):
         core.prompt("more", ())
+
+
+class _Unwell(AcpClient):
+    """An ACP machine that says only a restart clears its agent's state when a turn ends with
+    ``refusal`` (as OpenCode's does after an early abort poisoned its server)."""
+
+    name = "acp-unwell"
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        step = super().receive(message)
+        if any(isinstance(e, TurnFinished) and e.stop_reason == "refusal" for e in step.events):
+            step.events.insert(0, RestartWanted("stuck: only a restart clears it"))
+        return step
+
+
+def test_a_machine_that_wants_a_restart_gets_one_once_its_turn_is_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(PROTOCOLS, "acp-unwell", _Unwell)
+    spec = ACP.with_options(protocol="acp-unwell")
+    io = RecordingIO()
+    core = SessionCore("s1", spec, cwd="/w", io=io, max_queued=4)
+    agent = AcpAgent(core, io)
+    agent.start()
+    core.prompt("go", ())
+    agent.answer()
+    core.prompt("next", ())  # queued: it waits for the new process
+    agent.end_turn("refusal")
+    [ended] = io.ended_turns()
+    assert ended.turn_id == "t1"
+    [recycled] = [e for e in io.events if isinstance(e, ev.SessionRecycled)]
+    assert recycled.reason == "stuck: only a restart clears it" and recycled.failed_turns == 0
+    assert io.kills == [1] and core.state is State.STARTING
+    core.kill_done(["sigterm"], [])
+    assert io.spawns[-1] == (2, "S1")  # resumed
+    agent.prompts.clear()
+    agent.come_up()
+    assert core.recycler.recycles == 1 and core.turn_id == "t2"  # the queued prompt runs now

@@ -33,7 +33,7 @@ def test_memory_restarts_give_up_after_the_limit_with_no_turn_in_between() -> No
     recycler = Recycler(max_failed_turns=3, max_memory_mb=512)
     for _ in range(MAX_MEMORY_RESTARTS):
         verdict = recycler.over_memory(900.0)
-        assert not verdict.give_up and recycler.for_memory == verdict.reason
+        assert not verdict.give_up and recycler.due == verdict.reason
         recycler.recycled(verdict.reason)
     assert "900 MB (max_memory_mb 512)" in verdict.reason
     assert recycler.over_memory(900.0).give_up

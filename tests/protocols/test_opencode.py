@@ -202,6 +202,63 @@ def test_a_busy_answer_older_than_a_late_error_is_asked_again() -> None:
     assert (end.turn_id, end.stop_reason, end.error) == ("t1", "error", "UnknownError: boom")
 
 
+def _turn_ending_at_status(client: OpenCodeClient, turn_id: str, *, error: str | None) -> Step:
+    """A turn that goes busy and idle with nothing said, the server's status then idle (and,
+    with ``error``, the prompt's failure published after the idle): what its end steps hold."""
+    client.receive(busy())
+    [check] = client.receive(idle()).send
+    if error is not None:
+        failed = {"name": error, "data": {"message": "All fibers interrupted without error"}}
+        late = {"sse": {"type": "session.error", "properties": {"sessionID": SID, "error": failed}}}
+        client.receive(late)
+    return client.receive(status_answer(check, running=False))
+
+
+def _early_abort(client: OpenCodeClient) -> None:
+    """t1 cancelled so early that the loop said nothing: it ends ``idle``, no reply."""
+    client.prompt("t1", "go")
+    assert client.cancel().send == []  # held until busy
+    [abort] = client.receive(busy()).send
+    client.receive({"http_response": {"id": abort["http"]["id"], "status": 200, "json": True}})
+    [check] = client.receive(idle()).send
+    [end] = finished(client.receive(status_answer(check, running=False)))
+    assert (end.turn_id, end.stop_reason, end.error) == ("t1", "idle", None)
+
+
+def test_a_prompt_failing_after_an_early_abort_asks_for_a_restart() -> None:
+    """opencode serve 1.18.33: an abort that lands before the loop's first model request leaves
+    the model lookup interrupted, and every later prompt fails ``UnknownError``. The first one
+    that does asks for a restart, ahead of its own end, so the actor restarts the server at
+    once rather than after ``max_failed_turns`` failures."""
+    client = established()
+    _early_abort(client)
+    client.prompt("t2", "again")
+    step = _turn_ending_at_status(client, "t2", error="UnknownError")
+    kinds = [type(e).__name__ for e in step.events]
+    assert kinds == ["RestartWanted", "TurnFinished"], kinds
+    assert "after an abort that landed before its first model request" in step.events[0].reason
+
+
+def test_only_a_failure_right_after_an_early_abort_asks_for_a_restart() -> None:
+    client = established()
+    _early_abort(client)
+    client.prompt("t2", "again")
+    step = _turn_ending_at_status(client, "t2", error="ProviderError")  # another failure
+    assert [type(e).__name__ for e in step.events] == ["TurnFinished"]
+    client.prompt("t3", "and again")
+    step = _turn_ending_at_status(client, "t3", error="UnknownError")  # not right after it
+    assert [type(e).__name__ for e in step.events] == ["TurnFinished"]
+    # An abort the loop heard (MessageAbortedError) left nothing broken.
+    client.prompt("t4", "go")
+    client.receive(busy())
+    client.cancel()
+    client.receive(aborted())
+    client.receive(idle())
+    client.prompt("t5", "again")
+    step = _turn_ending_at_status(client, "t5", error="UnknownError")
+    assert [type(e).__name__ for e in step.events] == ["TurnFinished"]
+
+
 def test_a_busy_answer_with_no_error_meanwhile_keeps_the_turn_running() -> None:
     """The same answer with nothing new on the stream: the idle was a leftover."""
     client = established()

@@ -82,6 +82,8 @@ AGENT = AGENTS["opencode"]  # the same package and setup as ``opencode acp``
 #: Whole-test bound: start (3-10 s here), three turns, a possible kill ladder and respawn.
 BOUND_S = 120.0
 #: Fresh servers (f) may take before its abort lands inside the model lookup (~7 in 8 do).
+#: A cancel's grace in the early-abort test (see there).
+EARLY_ABORT_GRACE_S = 60.0
 EARLY_ABORT_ATTEMPTS = 4
 
 
@@ -320,9 +322,10 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
     """(f) Seen on 1.18.33: the abort lands before the first model request (the loop goes busy
     and loads its model first; our abort goes out at ``busy``) and leaves that lookup
     interrupted for good. Every later prompt goes busy, idle, and only then comes its
-    ``session.error`` ``UnknownError``: each turn must end ``failed`` with it, not
-    ``completed`` (the adapter asks ``GET /session/status`` at an idle it cannot judge); and
-    after ``max_failed_turns`` of them the server is recycled and the next prompt works.
+    ``session.error`` ``UnknownError``: the turn must end ``failed`` with it, not
+    ``completed`` (the adapter asks ``GET /session/status`` at an idle it cannot judge); and the
+    adapter knows that failure after such an abort, so the server is recycled at once (not
+    after ``max_failed_turns`` of them) and the next prompt works.
 
     The title agent is off: it looks the model up beside the loop, and when it does so first the
     abort interrupts only the loop's wait, not the lookup, and nothing breaks. Even so the lookup
@@ -335,6 +338,9 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
                 tmp_path / f"attempt-{attempt}",
                 opencode_install,
                 config={"agent": {"title": {"disable": True}}},
+                # What is tested is the server after an early abort, not how fast it stops: a
+                # loaded machine's slow start must not turn the cancel into a kill.
+                grace_s=EARLY_ABORT_GRACE_S,
             ) as h:
                 first = await h.session.prompt("quick")
                 receipt = await h.session.cancel()  # held until busy, then the abort goes out
@@ -344,24 +350,23 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
                 if receipt.stop_reason != "idle" or loop_requests(h) != []:
                     continue
                 row(h, "early-abort", receipt, notes=[f"attempt={attempt + 1}"])
-                for _ in range(h.session.spec.max_failed_turns):
-                    turn = await h.session.prompt("quick")
-                    ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
-                    assert isinstance(ended, ev.TurnEnded)
-                    assert (ended.outcome, ended.stop_reason) == ("failed", "error"), (
-                        ended,
-                        h.model.describe(),
-                    )
-                    assert ended.error is not None
-                    assert ended.error.startswith("UnknownError: "), ended
-                    assert texts_of(h, turn.id) == ""
+                turn = await h.session.prompt("quick")
+                ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
+                assert isinstance(ended, ev.TurnEnded)
+                assert (ended.outcome, ended.stop_reason) == ("failed", "error"), (
+                    ended,
+                    h.model.describe(),
+                )
+                assert ended.error is not None
+                assert ended.error.startswith("UnknownError: "), ended
+                assert texts_of(h, turn.id) == ""
                 assert loop_requests(h) == [], h.model.describe()  # it never got to the model
-                # The errors came with their turns (the module's checks: no stray error event).
-                # Failing turn after turn, the server is recycled: a new `opencode serve`, the
-                # session resumed, and the next prompt reaches the model and completes.
+                # The error came with its turn (the module's checks: no stray error event). The
+                # first such failure recycles the server: a new `opencode serve`, the session
+                # resumed, and the next prompt reaches the model and completes.
                 recycled = await h.recorder.wait_kind("session.recycled")
                 assert isinstance(recycled, ev.SessionRecycled), recycled
-                assert "UnknownError" in recycled.reason
+                assert "UnknownError" in recycled.reason and recycled.failed_turns == 1
                 await h.session.wait_ready()
                 again = await h.session.prompt("quick")
                 ended = await h.recorder.wait_kind("turn.ended", turn_id=again.id)
