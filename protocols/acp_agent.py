@@ -278,8 +278,12 @@ class AcpAgentSide:
             return self._on_response(incoming)
         # A response to a request we withdrew (a late permission answer), a stray, or junk: a
         # notification-like message gets no reply; a request we cannot read gets an error.
-        if "method" in message and "id" in message:
-            # Its id, if that can be read, so that a client waiting on it hears why.
+        if "id" in message and (
+            "method" in message or ("result" not in message and "error" not in message)
+        ):
+            # A request it cannot read, or an object with an id that is neither a request nor
+            # a response (JSON-RPC 2.0: an invalid request): its id, if that can be read, so
+            # that a client waiting on it hears why.
             rid = message["id"]
             echo = rid if isinstance(rid, int | str) and not isinstance(rid, bool) else None
             why = "bad request" if message.get("jsonrpc") == "2.0" else 'bad request: not "2.0"'
@@ -299,13 +303,17 @@ class AcpAgentSide:
             cwd, mcp = _cwd(params), _mcp(params)
             if cwd is None:
                 return self._invalid(rid, "cwd must be an absolute path")
+            if isinstance(mcp, str):
+                return self._invalid(rid, mcp)
             return Output(actions=[NewSession(rid, cwd, mcp)])
         if method in ("session/load", "session/resume"):
-            session_id, cwd = params.get("sessionId"), _cwd(params)
+            session_id, cwd, mcp = params.get("sessionId"), _cwd(params), _mcp(params)
             if not isinstance(session_id, str) or cwd is None:
                 return self._invalid(rid, "needs a sessionId and an absolute cwd")
+            if isinstance(mcp, str):
+                return self._invalid(rid, mcp)
             replay = method == "session/load"
-            return Output(actions=[OpenSession(rid, session_id, cwd, _mcp(params), replay)])
+            return Output(actions=[OpenSession(rid, session_id, cwd, mcp, replay)])
         if method == "session/list":
             cwd = params.get("cwd")
             cursor = params.get("cursor")
@@ -586,7 +594,7 @@ class AcpAgentSide:
             update = {"sessionUpdate": "user_message_chunk", **_text(event.text)}
             out.send.append(self._update(session_id, update))
         elif isinstance(event, ev.TurnEnded):
-            out.extend(self._turn_ended(view, event))
+            out.extend(self._turn_ended(session_id, view, event))
         elif isinstance(event, ev.SessionState):
             out.extend(self._state(session_id, view, event))
         elif isinstance(event, ev.AgentExited):
@@ -612,18 +620,33 @@ class AcpAgentSide:
 
     # -- turns ------------------------------------------------------------------------------
 
-    def _turn_ended(self, view: _SessionView, event: ev.TurnEnded) -> Output:
+    def _turn_ended(self, session_id: str, view: _SessionView, event: ev.TurnEnded) -> Output:
+        out = Output()
         if view.running_turn == event.turn_id:
             view.running_turn = None
             view.cancelling = False
+        receipt = event.receipt or {}
+        if (
+            receipt.get("resumed") is False
+            and "respawned" in receipt.get("escalation", ())
+            and receipt.get("session_failed") is None
+        ):
+            # The stop had to kill the agent, and the one started in its place could not
+            # resume the session: the conversation so far is gone on the agent's side.
+            text = (
+                "the agent was restarted to stop the turn and could not resume its session:"
+                " it starts afresh, without this conversation"
+            )
+            out.send.append(self._notice(session_id, text, "resume_failed"))
         rpc_id = view.turns.pop(event.turn_id, None)
         if rpc_id is not None:
-            return Output(send=[self._prompt_answer(rpc_id, event)])
+            out.send.append(self._prompt_answer(rpc_id, event))
+            return out
         if view.pending_texts:  # a prompt of ours whose acceptance is not told yet
             view.ended[event.turn_id] = event
             while len(view.ended) > _ENDED_KEPT:
                 view.ended.pop(next(iter(view.ended)))
-        return Output()
+        return out
 
     def _agent_exited(self, session_id: str, view: _SessionView, event: ev.AgentExited) -> Output:
         out = Output()
@@ -794,9 +817,16 @@ def _cwd(params: Mapping[str, Any]) -> str | None:
     return cwd if isinstance(cwd, str) and cwd.startswith("/") else None
 
 
-def _mcp(params: Mapping[str, Any]) -> list[dict[str, Any]]:
-    servers = params.get("mcpServers")
-    return [s for s in servers if isinstance(s, dict)] if isinstance(servers, list) else []
+def _mcp(params: Mapping[str, Any]) -> list[dict[str, Any]] | str:
+    """The client's ``mcpServers`` (absent: none), or why they cannot be read: never dropped
+    silently, since the session would run without servers its client believes it has."""
+    servers = params.get("mcpServers", [])
+    if not isinstance(servers, list):
+        return "mcpServers must be a list"
+    for index, server in enumerate(servers):
+        if not isinstance(server, dict):
+            return f"mcpServers[{index}] must be an object"
+    return servers
 
 
 def _idle_behavior(params: Mapping[str, Any]) -> str | None:

@@ -295,6 +295,62 @@ def test_a_request_with_a_wrong_jsonrpc_version_is_refused_under_its_own_id() ->
     assert answer["id"] is None
 
 
+def test_mcp_servers_the_front_door_cannot_read_are_refused_not_dropped() -> None:
+    """A session started without servers its client believes it gave would fail later, and
+    silently: an ``mcpServers`` that is not a list, or holds a non-object, is invalid params."""
+    m = machine()
+    for servers, why in (
+        ({"name": "fs"}, "mcpServers must be a list"),
+        ([{"name": "fs", "command": "mcp-fs", "args": [], "env": []}, "fs"], "mcpServers[1]"),
+    ):
+        for rid, method, params in (
+            (1, "session/new", {"cwd": "/w", "mcpServers": servers}),
+            (2, "session/load", {"sessionId": "S", "cwd": "/w", "mcpServers": servers}),
+            (3, "session/resume", {"sessionId": "S", "cwd": "/w", "mcpServers": servers}),
+        ):
+            out = m.receive(request(rid, method, params))
+            assert out.actions == [], method
+            [error] = out.send
+            assert error["id"] == rid and error["error"]["code"] == INVALID_PARAMS, error
+            assert why in error["error"]["message"]
+    (action,) = m.receive(request(4, "session/new", {"cwd": "/w"})).actions
+    assert action == NewSession(4, "/w", [])  # absent: none
+
+
+def test_an_object_with_an_id_and_no_method_is_an_invalid_request() -> None:
+    """JSON-RPC 2.0: neither a request nor a response is an invalid request, answered
+    ``-32600`` under its id (a response to a withdrawn request is still ignored)."""
+    m = machine()
+    [answer] = m.receive({"jsonrpc": "2.0", "id": 9}).send
+    assert answer["id"] == 9 and answer["error"]["code"] == -32600, answer
+    [answer] = m.receive({"jsonrpc": "2.0", "id": 10, "params": {}}).send
+    assert answer["id"] == 10 and answer["error"]["code"] == -32600, answer
+    assert m.receive({"jsonrpc": "2.0", "id": 11, "result": {}}).send == []  # a stray answer
+
+
+def test_a_conversation_lost_in_a_kill_is_told_to_the_editor() -> None:
+    """Gemini killed past its grace comes back with a fresh session (``resumed: false``): the
+    editor hears that the agent no longer has the conversation, once, with the turn's end."""
+    m = machine()
+    action = prompt(m, 3, "x")
+    m.event("S", ev.TurnStarted(turn_id="t1", text="x"))
+    m.prompt_accepted(action.rpc_id, "S", "x", "t1")
+    m.receive({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "S"}})
+    m.event("S", ev.AgentExited(exit_code=None, expected=True, killed=True))
+    receipt = {
+        "outcome": "killed",
+        "escalation": ["interrupt", "grace_expired", "sigterm", "respawned"],
+        "resumed": False,
+        "session_failed": None,
+    }
+    [notice] = m.event("S", ev.TurnEnded(turn_id="t1", outcome="killed", receipt=receipt)).send
+    update = notice["params"]["update"]
+    assert update["_meta"]["agentSupervisor"]["notice"] == "resume_failed"
+    assert "without this conversation" in update["content"]["text"]
+    resumed = {**receipt, "escalation": [*receipt["escalation"], "resumed"], "resumed": True}
+    assert m.event("S", ev.TurnEnded(turn_id="t2", outcome="killed", receipt=resumed)).send == []
+
+
 def test_ids_a_client_makes_up_cost_no_memory() -> None:
     # Each cancel or refused prompt naming an unknown session once kept a view of it for good
     # (2,000 cancels with 500 KB ids grew the front door by ~1 GB).
