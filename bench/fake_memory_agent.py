@@ -1,7 +1,7 @@
 """A lean in-memory ACP agent for ``bench/scale.py``: the actor's own cost, without processes.
 
 It plugs into the session through the same ``Launcher`` signature as real processes (like
-``tests/fakes/memory_agent.py``, but it keeps no logs, so what a session costs is the session's):
+``supervisor/testing/_acp.py``, but it keeps no logs, so what a session costs is the session's):
 one trio task per agent, messages as dicts, a kill is a cancel scope. It behaves like
 ``bench/fake_light_agent.py``: a prompt streams its first word at once and then one every
 ``interval`` seconds, until ``session/cancel``, answered at once with ``stopReason: cancelled``.

@@ -20,7 +20,7 @@ side in the same run, interleaved, each ``--repeats`` times (the median is repor
 - **ours**: the light fake agent (``bench/fake_light_agent.py``, writing pre-built lines as fast
   as the pipe takes them) through the supervisor's containment, a :class:`Session` and the
   :class:`Gateway`: pipe, framing, ACP machine, actor, fan-out, wire form, WebSocket;
-- **ours, in-memory agent**: the same with ``tests/fakes/memory_agent.py`` in ``flood`` mode
+- **ours, in-memory agent**: the same with ``supervisor/testing/_acp.py`` in ``flood`` mode
   instead of a process: no pipe and no JSON decoding, but the agent's own work now runs in the
   server process and counts in its CPU, and it hands over one message per scheduling step,
   where a pipe hands the session a whole read's worth of lines at once (one inbox item, one pass
@@ -81,11 +81,10 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
 from supervisor.gateway import Gateway
 from supervisor.gateway.websocket import text_frame as gateway_text_frame
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import dumps
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "fakes"))  # read-only use of the memory agent
-from memory_agent import Behaviour, MemoryLauncher  # noqa: E402
 
 LIGHT_AGENT = [sys.executable, "-S", str(HERE / "fake_light_agent.py")]
 SUBSCRIBERS = (1, 10)
@@ -343,7 +342,7 @@ async def run_ours(
     """One run of ours; ``window``: a context (a bytecode count, a trace) around the flood,
     from the prompt until the receivers reported."""
     if memory:
-        launcher = MemoryLauncher(Behaviour(flood=True, words=words))
+        launcher = AcpLauncher(AcpBehaviour(flood=True, words=words))
         spec = AgentSpec(name="flood", protocol="acp", command=["in-memory"])
         supervisor = open_supervisor(agents={"flood": spec}, launcher=launcher)
         prompt = "go"

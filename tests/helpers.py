@@ -10,12 +10,12 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from fakes.memory_base import BaseLauncher
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.agents.containment import choose_blocking
+from supervisor.testing._memory import MemoryLauncher
 
-L = TypeVar("L", bound=BaseLauncher[Any, Any])
+L = TypeVar("L", bound=MemoryLauncher[Any, Any])
 
 
 class Recorder:

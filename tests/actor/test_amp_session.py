@@ -1,4 +1,4 @@
-"""Amp under the session actor, on virtual time, with the in-memory Amp (``fakes/memory_amp.py``):
+"""Amp under the session actor, on virtual time, with the in-memory Amp (``supervisor/testing/_amp.py``):
 a cooperative stop ends Amp's process, and the receipt waits for its exit and the respawn that
 continues the thread.
 """
@@ -37,9 +37,9 @@ async def test_cancel_answers_once_the_exit_is_reaped_and_the_thread_continues(
     """SIGINT; Amp writes its "User cancelled" result after 0.05 s and exits 0.03 s later. The
     receipt says ``cancelled`` at exactly 0.08 s: after the exit and the respawn, with the
     session ready and ``threads continue`` running. A prompt sent at once goes to it."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=0.03))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=0.03))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         first = await session.prompt("hello")
         await rec.wait_kind("message.delta", role="assistant")
@@ -77,9 +77,9 @@ async def test_no_prompt_reaches_the_exiting_process(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A prompt that comes while the cancelled Amp is still exiting waits for the next one."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=0.5))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=0.5))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta", role="assistant")
@@ -96,9 +96,9 @@ async def test_no_prompt_reaches_the_exiting_process(
 async def test_amp_ignoring_sigint_is_killed_at_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=None))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=None))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta", role="assistant")
@@ -124,9 +124,9 @@ async def test_an_exit_that_never_comes_meets_the_grace_timer(
 ) -> None:
     """Amp says it stopped (its result) but its process hangs on: the receipt still waits for
     it to be gone, so the grace timer kills it; the turn was stopped, the process killed."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=3600))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=0.05, exit_delay=3600))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta", role="assistant")
@@ -148,9 +148,9 @@ async def test_cancel_after_cancel_keeps_the_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Every Amp cancel is an exit: many in a row are not a crash loop."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=0.01, exit_delay=0.01))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=0.01, exit_delay=0.01))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         for n in range(8):
             turn = await session.prompt(f"hello {n}")
@@ -167,9 +167,9 @@ async def test_error_result_fails_the_turn_and_the_next_prompt_waits_for_the_res
     """Amp's error ``result`` ends its run: the turn fails with Amp's words, the process exits
     0, and a prompt sent right after the turn ended runs in the continued thread (no "agent
     exited unexpectedly")."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=2, word_interval=0.1, exit_delay=0.2))
+    launcher = AmpLauncher(AmpBehaviour(words=2, word_interval=0.1, exit_delay=0.2))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         failing = await session.prompt("fail-turn")
         ended = await rec.wait_kind("turn.ended", turn_id=failing.id)
@@ -193,9 +193,9 @@ async def test_crash_mid_turn_fails_it_and_the_thread_continues(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """An exit mid-turn with no ``result`` at all is a crash: the turn fails with the exit."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=5, word_interval=0.1))
+    launcher = AmpLauncher(AmpBehaviour(words=5, word_interval=0.1))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         crashing = await session.prompt("crash=1 words=3")
         crashed = await rec.wait_kind("turn.ended", turn_id=crashing.id)
@@ -213,9 +213,9 @@ async def test_lost_thread_is_a_resume_failure_and_the_session_goes_on_fresh(
 ) -> None:
     """``threads continue`` of a thread the server lost exits 1 at once: an error event says
     the resume failed, and the session goes on in a fresh thread, never hanging."""
-    from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
+    from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=1000, stop_delay=0.05))
+    launcher = AmpLauncher(AmpBehaviour(words=1000, stop_delay=0.05))
     async with running(launcher, memory_spec(), catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta", role="assistant")

@@ -20,7 +20,6 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
 from protocols.acp import AcpClient, TextChunk
 from protocols.framing import (
@@ -38,6 +37,7 @@ from supervisor.agents.link import AgentLines
 from supervisor.gateway.websocket import text_frame, text_frames
 from supervisor.receipt import CancelReceipt, DroppedPrompt, new_cancel_receipt
 from supervisor.runtime.fanout import Fanout, Subscription
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import (
     converter,
     dumps,
@@ -553,8 +553,8 @@ def _spec() -> AgentSpec:
 async def _events_for(lines_per_item: list[list[bytes]]) -> list[tuple[str, Any, int]]:
     """Start a turn on an in-memory ACP agent, post these lines as its stdout (one inbox item
     per inner list), end the turn, and return every event's kind, data and seq."""
-    behaviour = Behaviour(words=1, word_interval=10.0)
-    async with helpers.running(MemoryLauncher(behaviour), _spec()) as (session, launcher, rec):
+    behaviour = AcpBehaviour(words=1, word_interval=10.0)
+    async with helpers.running(AcpLauncher(behaviour), _spec()) as (session, launcher, rec):
         turn = await session.prompt("hello")
         await rec.wait_kind("message.delta")
         link = launcher.links[-1]

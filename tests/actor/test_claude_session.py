@@ -1,7 +1,7 @@
 """Tier 2: the unchanged session actor driving Claude Code's stream-json protocol, on virtual time.
 
 The scenario table of ``test_session_cancel.py`` against an in-memory Claude CLI
-(``fakes/memory_claude.py``): a cooperative cancel's receipt arrives exactly when the CLI writes
+(``supervisor/testing/_claude.py``): a cooperative cancel's receipt arrives exactly when the CLI writes
 its ``result``; a CLI that goes on after the interrupt, or acknowledges it and never writes the
 ``result`` ("lost result"), is killed at exactly cancel time + grace and respawned with
 ``--resume <the session id from system/init>``. Kills and respawns take no virtual time here.
@@ -16,11 +16,11 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
+from supervisor.testing._claude import ClaudeBehaviour, ClaudeLauncher
 
 GRACE = 2.0
 
@@ -32,8 +32,8 @@ def claude_spec(**changes: object) -> AgentSpec:
 
 def running(
     behaviour: ClaudeBehaviour | None = None, **spec_changes: object
-) -> AbstractAsyncContextManager[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
-    launcher = ClaudeMemoryLauncher(behaviour)
+) -> AbstractAsyncContextManager[tuple[Session, ClaudeLauncher, Recorder]]:
+    launcher = ClaudeLauncher(behaviour)
     return helpers.running(launcher, claude_spec(**spec_changes), catch_up=True)
 
 
@@ -41,7 +41,7 @@ def is_delta(event: ev.Event) -> bool:
     return event.kind == "message.delta"
 
 
-def interrupts(launcher: ClaudeMemoryLauncher) -> int:
+def interrupts(launcher: ClaudeLauncher) -> int:
     return launcher.sent_subtypes().count("interrupt")
 
 
@@ -372,7 +372,7 @@ async def test_crash_mid_turn_fails_turn_and_resumes(
 async def test_start_timeout_when_initialize_is_never_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = ClaudeMemoryLauncher(ClaudeBehaviour(start_delay=1000.0))
+    launcher = ClaudeLauncher(ClaudeBehaviour(start_delay=1000.0))
     spec = claude_spec(start_timeout_s=5.0)
     async with open_supervisor(agents={"claude": spec}, launcher=launcher) as sup:
         t0 = trio.current_time()

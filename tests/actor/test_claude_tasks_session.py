@@ -1,6 +1,6 @@
 """Claude Code background tasks on cancel, through the session actor on virtual time.
 
-The actor runs against ``fakes/memory_claude.py`` with prompts that start background tasks
+The actor runs against ``supervisor/testing/_claude.py`` with prompts that start background tasks
 (``tasks=N``): a cooperative CLI's receipt lists every task confirmed at exactly the time the
 last answer (result or stop_task) came; a CLI that never answers a ``stop_task`` is killed at
 exactly cancel time + grace. The machine alone is ``tests/protocols/test_claude_tasks.py``.
@@ -16,12 +16,12 @@ import pytest
 import trio
 import trio.testing
 
-from fakes.memory_claude import ClaudeBehaviour, ClaudeMemoryLauncher
 from helpers import Recorder
 from paths import TESTS
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.testing._claude import ClaudeBehaviour, ClaudeLauncher
 
 GOLDEN_DIR = TESTS / "golden" / "claude" / "tasks"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
@@ -38,8 +38,8 @@ def claude_spec() -> AgentSpec:
 @asynccontextmanager
 async def running(
     behaviour: ClaudeBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, ClaudeMemoryLauncher, Recorder]]:
-    launcher = ClaudeMemoryLauncher(behaviour)
+) -> AsyncIterator[tuple[Session, ClaudeLauncher, Recorder]]:
+    launcher = ClaudeLauncher(behaviour)
     async with open_supervisor(agents={"claude": claude_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("claude", cwd="/")
         recorder = Recorder(session)
@@ -55,7 +55,7 @@ def is_delta(event: ev.Event) -> bool:
     return event.kind == "message.delta"
 
 
-def sent_requests(launcher: ClaudeMemoryLauncher) -> list[dict[str, Any]]:
+def sent_requests(launcher: ClaudeLauncher) -> list[dict[str, Any]]:
     return [
         m["request"]
         for kind, _, m in launcher.log

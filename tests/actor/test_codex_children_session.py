@@ -1,6 +1,6 @@
 """Codex sub-agents (child threads) and goals on cancel, through the session actor on virtual time.
 
-The actor runs against ``fakes/memory_codex.py``: cooperative children confirm and the receipt
+The actor runs against ``supervisor/testing/_codex.py``: cooperative children confirm and the receipt
 lists them at exactly the time the last one stopped; a child that never answers means a kill at
 exactly cancel time + grace; an active goal is paused before the interrupt, so the server does
 not start its next goal turn by itself; the goal turns the server starts after a turn completes
@@ -18,10 +18,10 @@ import pytest
 import trio
 import trio.testing
 
-from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.testing._codex import CodexBehaviour, CodexLauncher
 
 GRACE = 2.0
 
@@ -36,8 +36,8 @@ def codex_spec() -> AgentSpec:
 @asynccontextmanager
 async def running_session(
     behaviour: CodexBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, MemoryCodexLauncher, Recorder]]:
-    launcher = MemoryCodexLauncher(behaviour)
+) -> AsyncIterator[tuple[Session, CodexLauncher, Recorder]]:
+    launcher = CodexLauncher(behaviour)
     async with open_supervisor(agents={"codex": codex_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("codex", cwd="/")
         recorder = Recorder(session)
@@ -58,7 +58,7 @@ def child_started(event: ev.Event) -> bool:
     )
 
 
-def interrupts(launcher: MemoryCodexLauncher) -> list[dict[str, Any]]:
+def interrupts(launcher: CodexLauncher) -> list[dict[str, Any]]:
     return [m["params"] for m in launcher.sent("turn/interrupt")]
 
 

@@ -1,7 +1,7 @@
 """Tier 2: the unchanged session actor driving the Codex machine, on virtual time.
 
 The scenario table of ``test_session_cancel.py`` against an in-memory ``codex app-server``
-(``fakes/memory_codex.py``), with exact virtual times: a cooperative server's receipt arrives
+(``supervisor/testing/_codex.py``), with exact virtual times: a cooperative server's receipt arrives
 exactly when it stops (the background-terminal clean included), a wedged one's exactly at cancel
 time + grace, after which the new process resumes the thread with ``thread/resume``.
 """
@@ -15,10 +15,10 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session
+from supervisor.testing._codex import CodexBehaviour, CodexLauncher
 
 GRACE = 2.0
 CLEANED = {"background_terminals": "cleaned"}
@@ -30,15 +30,15 @@ def codex_spec() -> AgentSpec:
 
 def running(
     behaviour: CodexBehaviour | None = None,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryCodexLauncher, Recorder]]:
-    return helpers.running(MemoryCodexLauncher(behaviour), codex_spec())
+) -> AbstractAsyncContextManager[tuple[Session, CodexLauncher, Recorder]]:
+    return helpers.running(CodexLauncher(behaviour), codex_spec())
 
 
 def is_delta(event: ev.Event) -> bool:
     return event.kind == "message.delta"
 
 
-def interrupted_ids(launcher: MemoryCodexLauncher) -> list[str]:
+def interrupted_ids(launcher: CodexLauncher) -> list[str]:
     return [m["params"]["turnId"] for m in launcher.sent("turn/interrupt")]
 
 

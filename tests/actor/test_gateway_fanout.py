@@ -12,11 +12,11 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
 from supervisor import AgentSpec, Session
 from supervisor.runtime.fanout import Subscription
 from supervisor.runtime.session import DEFAULT_HISTORY
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 #: Longer than the history (10,000 events): without backpressure a slow subscriber loses some.
 WORDS = DEFAULT_HISTORY + 5_000
@@ -56,7 +56,7 @@ async def read_all(subscription: Subscription, seen: list[ev.Event]) -> None:
 async def test_slow_backpressured_subscriber_loses_nothing_of_a_flood(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(flood=True, words=WORDS))
+    launcher = AcpLauncher(AcpBehaviour(flood=True, words=WORDS))
     async with helpers.running(launcher, spec(), catch_up=True) as (session, _, rec):
         subscription = await session.open_subscription(max_buffer=BUFFER, stall_s=1.0)
         seen: list[ev.Event] = []
@@ -77,7 +77,7 @@ async def test_slow_backpressured_subscriber_loses_nothing_of_a_flood(
 async def test_stalled_subscriber_is_cut_off_and_the_flood_goes_on(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(flood=True, words=WORDS))
+    launcher = AcpLauncher(AcpBehaviour(flood=True, words=WORDS))
     async with helpers.running(launcher, spec(), catch_up=True) as (session, _, rec):
         stalled = await session.open_subscription(max_buffer=BUFFER, stall_s=0.5)
         fast: list[ev.Event] = []
@@ -102,7 +102,7 @@ async def test_stalled_subscriber_is_cut_off_and_the_flood_goes_on(
 async def test_cancel_waits_for_no_subscriber(mock_clock: trio.testing.MockClock) -> None:
     # Virtual time moves only after real idle, so "all tasks blocked" below is the held state.
     mock_clock.autojump_threshold = IDLE
-    launcher = MemoryLauncher(Behaviour(flood=True, words=1_000_000, stop_delay=0.0))
+    launcher = AcpLauncher(AcpBehaviour(flood=True, words=1_000_000, stop_delay=0.0))
     async with helpers.running(launcher, spec(), catch_up=True) as (session, _, rec):
         stalled = await session.open_subscription(max_buffer=BUFFER, stall_s=3600.0)
         await session.prompt("flood")
@@ -122,7 +122,7 @@ async def test_closing_a_full_subscription_releases_the_agent(
     mock_clock: trio.testing.MockClock,
 ) -> None:
     mock_clock.autojump_threshold = IDLE
-    launcher = MemoryLauncher(Behaviour(flood=True, words=WORDS))
+    launcher = AcpLauncher(AcpBehaviour(flood=True, words=WORDS))
     async with helpers.running(launcher, spec(), catch_up=True) as (session, _, rec):
         stalled = await session.open_subscription(max_buffer=BUFFER, stall_s=3600.0)
         fast: list[ev.Event] = []

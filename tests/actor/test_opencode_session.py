@@ -1,7 +1,7 @@
 """Tier 2: the unchanged session actor driving the OpenCode machine, on virtual time.
 
 The scenario table of ``test_session_cancel.py`` against an in-memory ``opencode serve``
-(``fakes/memory_opencode.py``, shapes from the real server), with exact virtual times: a
+(``supervisor/testing/_opencode.py``, shapes from the real server), with exact virtual times: a
 cooperative server's receipt arrives exactly when its stream goes idle, a wedged one's (abort
 acknowledged ``true``, no idle ever: edge case 25) exactly at cancel time + grace, after which
 the new process resumes the session with ``GET /session/{id}``. Plus what is OpenCode's own:
@@ -19,10 +19,10 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_opencode import MemoryOpenCodeLauncher, OpenCodeBehaviour
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session
+from supervisor.testing._opencode import OpenCodeBehaviour, OpenCodeLauncher
 
 GRACE = 2.0
 
@@ -35,8 +35,8 @@ def opencode_spec() -> AgentSpec:
 
 def running(
     behaviour: OpenCodeBehaviour | None = None,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryOpenCodeLauncher, Recorder]]:
-    return helpers.running(MemoryOpenCodeLauncher(behaviour), opencode_spec())
+) -> AbstractAsyncContextManager[tuple[Session, OpenCodeLauncher, Recorder]]:
+    return helpers.running(OpenCodeLauncher(behaviour), opencode_spec())
 
 
 def is_delta(event: ev.Event) -> bool:

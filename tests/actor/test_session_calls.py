@@ -18,22 +18,22 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
-from fakes.memory_base import MemoryLink
 from helpers import Recorder
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
 from supervisor.agents.link import AgentLines
 from supervisor.core.turns import EndedTurns
 from supervisor.supervisor import Supervisor
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.testing._memory import MemoryLink
 
 GRACE = 2.0
 
 
 def running(
-    behaviour: Behaviour,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour,
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
-    return helpers.running(MemoryLauncher(behaviour), spec)
+    return helpers.running(AcpLauncher(behaviour), spec)
 
 
 def record_senders(link: MemoryLink) -> list[tuple[str, trio.lowlevel.Task]]:
@@ -52,7 +52,7 @@ def record_senders(link: MemoryLink) -> list[tuple[str, trio.lowlevel.Task]]:
 async def test_a_cancel_to_a_quiet_turn_goes_out_in_the_callers_step(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1)) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
         await trio.testing.wait_all_tasks_blocked()  # the actor waits for its inbox
@@ -70,7 +70,7 @@ async def test_a_cancels_interrupt_is_written_as_its_callers_last_act(
     """Everything the caller's step records (the state, the subscribers' event) is done before
     the interrupt reaches the agent, and the write is still the caller's: the kernel runs a
     woken pipe reader on its writer's core once the writer sleeps, so nothing may follow it."""
-    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1)) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
         async with session.subscribe() as events:
@@ -99,7 +99,7 @@ async def test_a_send_that_fails_while_writes_are_held_still_fails_the_call(
     """Held writes change when a message is written, not whether sending it can fail: a
     prompt the link refuses is refused in the caller's step, and no turn is announced (the
     agent is then recycled: ``test_session_recycle.py``)."""
-    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1)) as (session, launcher, rec):
         await trio.testing.wait_all_tasks_blocked()
         link = launcher.links[-1]
         send = link.send
@@ -123,7 +123,7 @@ async def test_a_cancel_the_agent_ignores_still_escalates_at_the_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Handled in the caller's step, the cancel's grace deadline is armed all the same."""
-    async with running(Behaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
         await trio.testing.wait_all_tasks_blocked()
@@ -143,7 +143,7 @@ async def test_a_cancel_to_a_flooding_session_goes_out_in_the_callers_step(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A flooding session's actor waits for its share of agent output: the cancel does not."""
-    async with running(Behaviour(words=100_000, flood=True, stop_delay=0.05)) as (
+    async with running(AcpBehaviour(words=100_000, flood=True, stop_delay=0.05)) as (
         session,
         launcher,
         rec,
@@ -164,7 +164,7 @@ async def test_calls_handled_at_once_one_after_another_keep_their_order(
     """Two prompts from two tasks, each handled at once in its own caller's step (the actor
     stays parked between them), then a cancel: the first prompt starts, the second queues, and
     the cancel drops the queued one and stops the first, as if each had gone by the mailbox."""
-    async with running(Behaviour(silent_after=1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1)) as (session, launcher, rec):
         await session.prompt("warm up")
         await rec.wait_kind("message.delta")
         await session.cancel()
@@ -194,7 +194,7 @@ async def test_calls_handled_at_once_one_after_another_keep_their_order(
 async def test_a_subscription_made_at_once_sees_what_follows(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=3)) as (session, _, rec):
+    async with running(AcpBehaviour(words=3)) as (session, _, rec):
         await trio.testing.wait_all_tasks_blocked()
         async with session.subscribe() as events:
             turn = await session.prompt("hello")
@@ -217,7 +217,7 @@ async def test_an_error_in_the_pumps_step_is_raised_in_the_actor(
     it would have in the actor's own step (its callers answered, logged once), never the pump
     or the supervisor around it. Here it strikes after the turn was taken off the session and
     before its receipt was given: the cancel is answered all the same."""
-    launcher = MemoryLauncher(Behaviour(silent_after=1))
+    launcher = AcpLauncher(AcpBehaviour(silent_after=1))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         session = await _crash_on_a_cancel(sup, monkeypatch)
@@ -263,7 +263,7 @@ async def test_one_line_of_output_taken_at_once_is_what_a_batch_makes_of_it(
     """Urgent output of one line is decoded and fed to the machine in the pump's own step,
     not made a batch first: a bad line is the same ``error`` event, a message the same
     machine output, and the session has handled each before the offer returns."""
-    async with running(Behaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
+    async with running(AcpBehaviour(silent_after=1, stop_delay=None)) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
         async with trio.open_nursery() as nursery:
@@ -320,7 +320,7 @@ async def test_one_line_of_output_taken_at_once_is_what_a_batch_makes_of_it(
 async def test_a_subscription_asked_for_wrongly_is_told_so(
     autojump_clock: trio.testing.MockClock, options: dict[str, Any]
 ) -> None:
-    async with running(Behaviour(words=3)) as (session, _, _rec):
+    async with running(AcpBehaviour(words=3)) as (session, _, _rec):
         with pytest.raises(BadRequest, match=next(iter(options))):
             await session.open_subscription(**options)
         async with session.subscribe(since_seq=0):  # the session is fine
@@ -331,7 +331,7 @@ async def test_a_subscription_asked_for_wrongly_is_told_so(
 async def test_a_permission_answer_for_a_request_id_not_a_string_is_told_so(
     autojump_clock: trio.testing.MockClock, request_id: Any
 ) -> None:
-    async with running(Behaviour(words=3)) as (session, _, _rec):
+    async with running(AcpBehaviour(words=3)) as (session, _, _rec):
         with pytest.raises(BadRequest, match="request_id must be a string"):
             await session.respond_permission(request_id, "allow")
 
@@ -341,7 +341,7 @@ async def test_a_subscription_from_beyond_the_newest_event_is_refused(
 ) -> None:
     """A seq this session never reached comes from another session's stream (local ids
     start again at s1 after a restart): refused, not answered with a silent stream."""
-    async with running(Behaviour(words=3)) as (session, _, rec):
+    async with running(AcpBehaviour(words=3)) as (session, _, rec):
         await rec.catch_up()
         head = session.last_seq
         with pytest.raises(BadRequest, match="beyond"):
@@ -360,7 +360,7 @@ async def test_a_crash_still_being_cleaned_up_when_the_supervisor_closes_is_only
     an ``Exception``. It was raised out of ``open_supervisor`` to its caller: it is logged,
     as any crash, and the supervisor closes cleanly."""
     # Its kill takes a while: the supervisor closes while the crashed actor waits for it.
-    launcher = MemoryLauncher(Behaviour(silent_after=1, kill_time=5.0, close_time=5.0))
+    launcher = AcpLauncher(AcpBehaviour(silent_after=1, kill_time=5.0, close_time=5.0))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         session = await _crash_on_a_cancel(sup, monkeypatch)

@@ -14,10 +14,10 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 GRACE = 2.0
 
@@ -28,9 +28,9 @@ def fake_spec(**changes: object) -> AgentSpec:
 
 
 def running(
-    behaviour: Behaviour | None = None, **spec_changes: object
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
-    return helpers.running(MemoryLauncher(behaviour), fake_spec(**spec_changes))
+    behaviour: AcpBehaviour | None = None, **spec_changes: object
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
+    return helpers.running(AcpLauncher(behaviour), fake_spec(**spec_changes))
 
 
 def is_delta(event: ev.Event) -> bool:
@@ -38,7 +38,7 @@ def is_delta(event: ev.Event) -> bool:
 
 
 async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=5, word_interval=0.1)) as (session, _, rec):
+    async with running(AcpBehaviour(words=5, word_interval=0.1)) as (session, _, rec):
         turn = await session.prompt("hello")
         ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
         assert isinstance(ended, ev.TurnEnded)
@@ -50,7 +50,7 @@ async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.M
 async def test_cooperative_cancel_receipt_at_agent_stop_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta, count=3)
         t0 = trio.current_time()
@@ -75,7 +75,7 @@ async def test_cooperative_cancel_receipt_at_agent_stop_time(
 async def test_wedged_agent_receipt_exactly_at_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta, count=2)
         t0 = trio.current_time()
@@ -116,7 +116,7 @@ async def test_an_agent_stopping_exactly_at_grace_is_not_killed(
     order (trio shuffles a pass), as on a loaded machine the alarm and a pump holding an
     answer written in time do: what the inbox holds when the deadline is seen is read
     before the deadline is acted on, so the turn ended by then is cancelled, never killed."""
-    async with running(Behaviour(words=1000, stop_delay=GRACE)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=1000, stop_delay=GRACE)) as (session, launcher, rec):
         for _ in range(12):
             await session.prompt("hello")
             await rec.wait_for(is_delta)
@@ -135,7 +135,7 @@ async def test_no_grace_kills_even_an_agent_that_answers_at_once(
     """``grace_s = 0``: no answer to the interrupt can come in time, so the kill never races
     one (the agent here answers at once; on a loaded machine it has often answered before the
     actor first looks at the deadline). Every cancel kills, respawns and resumes."""
-    async with running(Behaviour(words=1000, stop_delay=0.0), grace_s=0.0) as (
+    async with running(AcpBehaviour(words=1000, stop_delay=0.0), grace_s=0.0) as (
         session,
         launcher,
         rec,
@@ -155,7 +155,7 @@ async def test_no_grace_kills_even_an_agent_that_answers_at_once(
 async def test_agent_ignoring_sigterm_adds_kill_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=1000, stop_delay=None, ignores_sigterm=True)
+    behaviour = AcpBehaviour(words=1000, stop_delay=None, ignores_sigterm=True)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
@@ -182,7 +182,7 @@ async def test_cancel_with_no_turn_is_immediate(autojump_clock: trio.testing.Moc
 async def test_concurrent_cancels_share_one_receipt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
         receipts = []
@@ -203,7 +203,7 @@ async def test_concurrent_cancels_share_one_receipt(
 async def test_cancel_racing_natural_completion_reports_completed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
         turn = await session.prompt("hello")
         await rec.wait_kind("turn.ended", turn_id=turn.id)
         # The user pressed Stop on the turn they saw, just as it finished.
@@ -215,7 +215,7 @@ async def test_cancel_racing_natural_completion_reports_completed(
 
 
 async def test_cancel_never_cancels_a_newer_turn(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=5)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=5)) as (session, launcher, rec):
         first = await session.prompt("one words=1")
         await rec.wait_kind("turn.ended", turn_id=first.id)
         second = await session.prompt("two")
@@ -237,7 +237,7 @@ async def test_cancel_unknown_turn_is_bad_request(autojump_clock: trio.testing.M
 async def test_pending_permission_answered_cancelled_before_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=100, stop_delay=0.0, permission=True)
+    behaviour = AcpBehaviour(words=100, stop_delay=0.0, permission=True)
     async with running(behaviour) as (session, launcher, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
@@ -262,7 +262,7 @@ async def test_pending_permission_answered_cancelled_before_grace(
 
 
 async def test_permission_answered_by_client(autojump_clock: trio.testing.MockClock) -> None:
-    behaviour = Behaviour(words=3, permission=True)
+    behaviour = AcpBehaviour(words=3, permission=True)
     async with running(behaviour) as (session, launcher, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
@@ -280,7 +280,7 @@ async def test_permission_answered_by_client(autojump_clock: trio.testing.MockCl
 
 
 async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
         first = await session.prompt("one")
         second = await session.prompt("two")
         third = await session.prompt("three")
@@ -301,7 +301,7 @@ async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.Mo
 
 
 async def test_prompt_during_cancel_runs_after_it(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=100, stop_delay=None)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100, stop_delay=None)) as (session, launcher, rec):
         await session.prompt("one")
         await rec.wait_for(is_delta)
         async with trio.open_nursery() as nursery:
@@ -315,7 +315,7 @@ async def test_prompt_during_cancel_runs_after_it(autojump_clock: trio.testing.M
 
 
 async def test_cancel_served_while_agent_floods(autojump_clock: trio.testing.MockClock) -> None:
-    behaviour = Behaviour(words=1_000_000, flood=True, stop_delay=0.0)
+    behaviour = AcpBehaviour(words=1_000_000, flood=True, stop_delay=0.0)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("flood")
         await rec.wait_for(is_delta, count=1000)
@@ -337,7 +337,7 @@ async def test_cancel_before_turn_identified(
     from protocols import PROTOCOLS
 
     monkeypatch.setitem(PROTOCOLS, "deferred", DeferredAcp)
-    behaviour = Behaviour(words=100, stop_delay=0.05, deferred_id=0.5)
+    behaviour = AcpBehaviour(words=100, stop_delay=0.05, deferred_id=0.5)
     async with running(behaviour, protocol="deferred") as (session, launcher, rec):
         await session.prompt("hello")
         t0 = trio.current_time()
@@ -354,7 +354,7 @@ async def test_cancel_before_turn_identified(
 async def test_crash_mid_turn_fails_turn_and_recovers(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=10)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=10)) as (session, launcher, rec):
         turn = await session.prompt("crash=2")
         ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
         assert isinstance(ended, ev.TurnEnded)
@@ -373,7 +373,7 @@ async def test_crash_mid_turn_fails_turn_and_recovers(
 async def test_kill_without_load_session_gives_fresh_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=1000, stop_delay=None, load_session=False)
+    behaviour = AcpBehaviour(words=1000, stop_delay=None, load_session=False)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
@@ -387,7 +387,7 @@ async def test_kill_without_load_session_gives_fresh_session(
 
 
 async def test_start_failure_raises_with_reason(autojump_clock: trio.testing.MockClock) -> None:
-    launcher = MemoryLauncher(Behaviour(fail_start=True))
+    launcher = AcpLauncher(AcpBehaviour(fail_start=True))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         with pytest.raises(AgentNotRunning, match="cannot start"):
             await sup.start_session("fake", cwd="/")
@@ -398,7 +398,7 @@ async def test_start_failure_raises_with_reason(autojump_clock: trio.testing.Moc
 
 
 async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=100)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100)) as (session, launcher, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta)
         status = await session.stop()
@@ -417,7 +417,7 @@ async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None
 async def test_slow_subscriber_is_cut_off_and_catches_up(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=50, word_interval=0.01)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=50, word_interval=0.01)) as (session, launcher, rec):
         async with session.subscribe(max_buffer=5) as slow:
             turn = await session.prompt("hello")
             await rec.wait_kind("turn.ended", turn_id=turn.id)
@@ -435,7 +435,7 @@ async def test_slow_subscriber_is_cut_off_and_catches_up(
 async def test_leaving_supervisor_stops_every_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=1000))
+    launcher = AcpLauncher(AcpBehaviour(words=1000))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         sessions = [await sup.start_session("fake", cwd="/") for _ in range(3)]
         for session in sessions:
@@ -447,8 +447,8 @@ async def test_leaving_supervisor_stops_every_session(
 async def test_agent_dying_during_respawn_fails_session_without_looping(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(
-        Behaviour(words=1000, stop_delay=None), crash_on_launch=frozenset({2})
+    launcher = AcpLauncher(
+        AcpBehaviour(words=1000, stop_delay=None), crash_on_launch=frozenset({2})
     )
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
@@ -469,7 +469,7 @@ async def test_agent_dying_during_respawn_fails_session_without_looping(
 async def test_start_timeout_fails_session_at_exact_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(start_delay=1000.0))
+    launcher = AcpLauncher(AcpBehaviour(start_delay=1000.0))
     spec = fake_spec(start_timeout_s=5.0)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         t0 = trio.current_time()
@@ -484,7 +484,7 @@ async def test_error_answer_to_the_prompt_fails_the_turn(
 ) -> None:
     """ACP's end of a turn is the ``session/prompt`` answer: a JSON-RPC error there is a failed
     turn, reported ``failed`` with the agent's words, never ``completed``; the session goes on."""
-    async with running(Behaviour(words=2, word_interval=0.1)) as (session, _, rec):
+    async with running(AcpBehaviour(words=2, word_interval=0.1)) as (session, _, rec):
         turn = await session.prompt("fail-turn")
         ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
         assert isinstance(ended, ev.TurnEnded)
@@ -501,7 +501,7 @@ async def test_a_cancel_joining_a_kill_also_drops_what_was_queued_since(
 ) -> None:
     """The first cancel's kill and respawn take a while; a prompt sent meanwhile queues, and a
     second cancel (its sender stopping that prompt) shares the receipt and drops it too."""
-    behaviour = Behaviour(words=1000, stop_delay=None, kill_time=1.0)
+    behaviour = AcpBehaviour(words=1000, stop_delay=None, kill_time=1.0)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         receipts = []
@@ -529,7 +529,7 @@ async def test_a_late_answer_to_a_request_of_a_killed_agent_answers_nothing_of_t
 ) -> None:
     """The respawned agent's JSON-RPC ids start again: its permission request must not take
     the id the last process's request had, which a stale client may still answer."""
-    async with running(Behaviour(words=100)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=100)) as (session, launcher, rec):
         await session.prompt("hello permission")
         first = await rec.wait_kind("permission.requested")
         assert (await session.cancel()).outcome == "cancelled"  # the request withdrawn
@@ -559,15 +559,15 @@ async def test_an_answer_after_the_shim_died_waits_for_the_tree_to_be_settled(
     """The shim dies (killed, OOM) and then the agent answers the cancel: the tree is loose and
     being killed, so the answer does not end the turn. The receipt waits for the exit report
     and the respawn, and says what they took: ``killed``, ``containment_lost``, ``sigkill``."""
-    from fakes.memory_base import MemoryLink
     from supervisor.agents.link import AgentGone
     from supervisor.core.exit import ExitStatus
+    from supervisor.testing._memory import MemoryLink
 
     monkeypatch.setattr(
         MemoryLink, "leader_exited", property(lambda link: getattr(link, "shim_dead", False))
     )
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=5.0)
-    async with helpers.running(MemoryLauncher(Behaviour(words=1000)), spec) as (s, launcher, rec):
+    async with helpers.running(AcpLauncher(AcpBehaviour(words=1000)), spec) as (s, launcher, rec):
         turn = await s.prompt("hello")
         await rec.wait_kind("message.delta")
         link = launcher.links[0]

@@ -15,12 +15,12 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from protocols.content import Part, parts_text
 from supervisor import AgentSpec, Session
 from supervisor.errors import BadRequest
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 IMAGE = Part("image", data="iVBORw0KGgo=", mime_type="image/png")
 LINK = Part("resource_link", uri="file:///w/a.py", name="a.py")
@@ -28,13 +28,13 @@ NOTES = Part("resource", uri="file:///w/b.md", text="# B")
 
 
 def running(
-    behaviour: Behaviour,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour,
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
-    return helpers.running(MemoryLauncher(behaviour), spec, catch_up=True)
+    return helpers.running(AcpLauncher(behaviour), spec, catch_up=True)
 
 
-def prompts_sent(launcher: MemoryLauncher) -> list[list[dict[str, Any]]]:
+def prompts_sent(launcher: AcpLauncher) -> list[list[dict[str, Any]]]:
     return [
         m["params"]["prompt"]
         for kind, _, m in launcher.log
@@ -45,7 +45,7 @@ def prompts_sent(launcher: MemoryLauncher) -> list[list[dict[str, Any]]]:
 async def test_what_the_agent_cannot_take_is_refused_before_anything_is_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=2)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=2)) as (session, launcher, rec):
         assert session.prompt_carries == {"resource_link"}  # no promptCapabilities
         parts = (Part("text", text="look"), IMAGE)
         with pytest.raises(BadRequest, match=r"agent 'fake' does not take an image \(image/png\)"):
@@ -67,7 +67,7 @@ async def test_what_the_agent_cannot_take_is_refused_before_anything_is_sent(
 async def test_an_image_reaches_an_agent_that_takes_it_also_from_the_queue(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=5, images=True)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=5, images=True)) as (session, launcher, rec):
         assert {"image", "resource"} <= session.prompt_carries
         first = await session.prompt("go")
         parts = (Part("text", text="look"), IMAGE, NOTES)

@@ -16,14 +16,14 @@ import trio
 import trio.testing
 from attrs import define
 
-from fakes.memory_agent import Behaviour, FakeAcpAgent, MemoryLauncher
-from fakes.memory_base import MemoryLink
 from helpers import running
 from protocols import PROTOCOLS
 from protocols import events as ev
 from protocols.acp import AcpClient
 from protocols.machine import AgentExiting, Step
 from supervisor import AgentSpec
+from supervisor.testing._acp import AcpAgent, AcpBehaviour, AcpLauncher
+from supervisor.testing._memory import MemoryLink
 
 #: From the cancelled prompt's answer to the process's exit.
 EXIT_DELAY = 0.25
@@ -43,16 +43,16 @@ class ExitingAcp(AcpClient):
         return step
 
 
-class ExitingAgent(FakeAcpAgent):
-    async def turn(self, request_id: Any, behaviour: Behaviour) -> None:
+class ExitingAgent(AcpAgent):
+    async def turn(self, request_id: Any, behaviour: AcpBehaviour) -> None:
         await super().turn(request_id, behaviour)
         if self.cancelled.is_set():
             await trio.sleep(EXIT_DELAY)
             await self.exit(0)
 
 
-class ExitingLauncher(MemoryLauncher):
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeAcpAgent:
+class ExitingLauncher(AcpLauncher):
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> AcpAgent:
         return ExitingAgent(link, self)
 
 
@@ -67,7 +67,7 @@ async def test_receipt_waits_for_the_exit_and_the_resumed_process(
 ) -> None:
     """The turn ends ``cancelled`` at the agent's answer (0.05 s), but the receipt comes when the
     process is gone and the next one has loaded the session (0.30 s), and it is ready then."""
-    launcher = ExitingLauncher(Behaviour(words=1000, stop_delay=STOP_DELAY))
+    launcher = ExitingLauncher(AcpBehaviour(words=1000, stop_delay=STOP_DELAY))
     async with running(launcher, exiting_protocol, catch_up=True) as (session, _, rec):
         turn = await session.prompt("hello")
         await rec.wait_kind("message.delta")
@@ -96,7 +96,7 @@ async def test_concurrent_cancels_and_a_queued_prompt(
     autojump_clock: trio.testing.MockClock, exiting_protocol: AgentSpec
 ) -> None:
     """Two cancels share the one receipt; a prompt that came meanwhile runs after the respawn."""
-    launcher = ExitingLauncher(Behaviour(words=1000, stop_delay=STOP_DELAY))
+    launcher = ExitingLauncher(AcpBehaviour(words=1000, stop_delay=STOP_DELAY))
     async with running(launcher, exiting_protocol, catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
@@ -123,7 +123,7 @@ async def test_an_agent_that_does_not_exit_meets_the_grace_timer(
 ) -> None:
     """It said it would exit and did not: killed at the grace, the session resumed."""
     monkeypatch.setattr(f"{__name__}.EXIT_DELAY", 3600.0)
-    launcher = ExitingLauncher(Behaviour(words=1000, stop_delay=STOP_DELAY))
+    launcher = ExitingLauncher(AcpBehaviour(words=1000, stop_delay=STOP_DELAY))
     async with running(launcher, exiting_protocol, catch_up=True) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")

@@ -17,24 +17,24 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.runtime.session import MEMORY_SAMPLE_S
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
 def running(
-    behaviour: Behaviour, **changes: object
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour, **changes: object
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=2.0)
-    return helpers.running(MemoryLauncher(behaviour), spec.with_options(**changes), catch_up=True)
+    return helpers.running(AcpLauncher(behaviour), spec.with_options(**changes), catch_up=True)
 
 
 async def test_over_the_limit_the_turn_stops_and_the_agent_restarts_resumed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=400, word_interval=0.1), max_memory_mb=500.0) as (
+    async with running(AcpBehaviour(words=400, word_interval=0.1), max_memory_mb=500.0) as (
         session,
         launcher,
         rec,
@@ -65,7 +65,7 @@ async def test_over_the_limit_the_turn_stops_and_the_agent_restarts_resumed(
 async def test_an_idle_agent_over_the_limit_is_restarted_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=2), max_memory_mb=100.0) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=2), max_memory_mb=100.0) as (session, launcher, rec):
         launcher.agents[0].memory_mb = 150.0
         await rec.wait_kind("session.recycled")
         await session.wait_ready()
@@ -73,7 +73,7 @@ async def test_an_idle_agent_over_the_limit_is_restarted_at_once(
 
 
 async def test_without_a_limit_nothing_is_sampled(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=2)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=2)) as (session, launcher, rec):
         launcher.agents[0].memory_mb = 10_000.0
         await trio.sleep(MEMORY_SAMPLE_S * 5)
         assert rec.of_kind("session.recycled") == [] and len(launcher.agents) == 1
@@ -112,7 +112,7 @@ async def test_a_real_tree_over_the_limit_is_seen_and_restarted() -> None:
 async def test_an_agent_over_the_limit_after_every_restart_fails_the_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=2))
+    launcher = AcpLauncher(AcpBehaviour(words=2))
     launcher.memory_mb = 900.0  # every agent it starts holds this much
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"], max_memory_mb=100.0)
     async with helpers.running(launcher, spec, catch_up=True) as (session, _, rec):

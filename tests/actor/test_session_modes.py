@@ -15,18 +15,18 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session
 from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
 def running(
-    behaviour: Behaviour,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour,
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
-    return helpers.running(MemoryLauncher(behaviour), spec, catch_up=True)
+    return helpers.running(AcpLauncher(behaviour), spec, catch_up=True)
 
 
 def mode_updates(rec: Recorder) -> list[str]:
@@ -40,7 +40,7 @@ def mode_updates(rec: Recorder) -> list[str]:
 async def test_the_agents_modes_are_offered_and_one_is_set(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(modes=True)) as (session, launcher, rec):
+    async with running(AcpBehaviour(modes=True)) as (session, launcher, rec):
         assert session.modes is not None
         assert session.modes["currentModeId"] == "ask"
         assert [m["id"] for m in session.modes["availableModes"]] == ["ask", "code"]
@@ -59,11 +59,11 @@ async def test_the_agents_modes_are_offered_and_one_is_set(
 async def test_an_unknown_mode_or_an_agent_without_modes_is_refused_before_anything_is_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(modes=True)) as (session, launcher, _):
+    async with running(AcpBehaviour(modes=True)) as (session, launcher, _):
         with pytest.raises(BadRequest, match=r"unknown mode 'plan' \(known: ask, code\)"):
             await session.set_mode("plan")
         assert "session/set_mode" not in launcher.sent_methods()
-    async with running(Behaviour()) as (session, launcher, _):
+    async with running(AcpBehaviour()) as (session, launcher, _):
         assert session.modes is None
         with pytest.raises(BadRequest, match="offers no session modes"):
             await session.set_mode("code")
@@ -73,7 +73,7 @@ async def test_an_unknown_mode_or_an_agent_without_modes_is_refused_before_anyth
 async def test_a_refused_mode_fails_the_call_with_the_agents_reason(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(modes=True, mode_answer="refuse")) as (session, _, _):
+    async with running(AcpBehaviour(modes=True, mode_answer="refuse")) as (session, _, _):
         with pytest.raises(BadRequest, match="refused mode 'code': not in this session"):
             await session.set_mode("code")
         assert session.modes is not None and session.modes["currentModeId"] == "ask"
@@ -82,7 +82,7 @@ async def test_a_refused_mode_fails_the_call_with_the_agents_reason(
 async def test_an_agent_that_dies_before_it_answers_fails_the_call_and_is_restarted(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(modes=True, mode_answer="exit")) as (session, launcher, rec):
+    async with running(AcpBehaviour(modes=True, mode_answer="exit")) as (session, launcher, rec):
         with trio.fail_after(30), pytest.raises(AgentNotRunning, match="before it took the mode"):
             await session.set_mode("code")
         await rec.wait_for(lambda e: isinstance(e, ev.SessionState) and e.state == "ready", count=2)
@@ -99,7 +99,7 @@ async def test_an_agent_that_dies_before_it_answers_fails_the_call_and_is_restar
 async def test_a_mode_asked_for_while_the_agent_restarts_is_told_to_wait_not_refused(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=1000, modes=True, stop_delay=None, kill_time=1.0))
+    launcher = AcpLauncher(AcpBehaviour(words=1000, modes=True, stop_delay=None, kill_time=1.0))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
     async with helpers.running(launcher, spec) as (session, _, rec):
         await session.prompt("hello")

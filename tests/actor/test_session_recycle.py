@@ -16,19 +16,19 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session
 from supervisor.config import DEFAULT_MAX_FAILED_TURNS, ConfigError, parse_agents
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
 def running(
-    behaviour: Behaviour | None = None, **changes: object
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour | None = None, **changes: object
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
     return helpers.running(
-        MemoryLauncher(behaviour or Behaviour(words=2)), spec.with_options(**changes)
+        AcpLauncher(behaviour or AcpBehaviour(words=2)), spec.with_options(**changes)
     )
 
 
@@ -77,7 +77,7 @@ async def test_three_failed_turns_in_a_row_recycle_the_agent_and_resume(
 async def test_a_success_or_a_cancel_starts_the_count_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=50, word_interval=0.1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=50, word_interval=0.1)) as (session, launcher, rec):
         for text in ("fail", "fail", "words=1", "fail", "fail"):
             await outcome(session, rec, text)
         turn = await session.prompt("words=50")  # a turn we stop is not a failure
@@ -103,7 +103,7 @@ async def test_prompts_queued_behind_the_recycle_run_on_the_new_agent(
         assert [e.turn_id for e in rec.of_kind("turn.ended")][-2:] == [turn.id, queued.id]
 
 
-def refuse_prompts(launcher: MemoryLauncher, texts: set[str]) -> None:
+def refuse_prompts(launcher: AcpLauncher, texts: set[str]) -> None:
     """The link of the agent now running raises when handed a prompt of ``texts`` (a link bug:
     a real one encodes every prompt a session accepts), after the machine was told of it."""
     link = launcher.links[-1]
@@ -146,7 +146,7 @@ async def test_a_queued_prompt_that_could_not_be_handed_ends_failed(
 ) -> None:
     """Its caller was answered when it was queued: the prompt gets its one ``turn.ended``,
     failed and saying why, the agent is recycled, and what is queued after it runs."""
-    async with running(Behaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
+    async with running(AcpBehaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
         await session.wait_ready()
         refuse_prompts(launcher, {"lost"})
         first = await session.prompt("words=3")

@@ -16,23 +16,23 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
-from fakes.memory_amp import AmpBehaviour, AmpMemoryLauncher
-from fakes.memory_codex import CodexBehaviour, MemoryCodexLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, CancelReceipt, Session
 from supervisor.errors import BadRequest
 from supervisor.steering import SteerResult
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.testing._amp import AmpBehaviour, AmpLauncher
+from supervisor.testing._codex import CodexBehaviour, CodexLauncher
 
-SLOW = Behaviour(words=40, word_interval=0.1)
+SLOW = AcpBehaviour(words=40, word_interval=0.1)
 
 
 def running(
-    behaviour: Behaviour, **changes: object
-) -> AbstractAsyncContextManager[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour, **changes: object
+) -> AbstractAsyncContextManager[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
-    return helpers.running(MemoryLauncher(behaviour), spec.with_options(**changes), catch_up=True)
+    return helpers.running(AcpLauncher(behaviour), spec.with_options(**changes), catch_up=True)
 
 
 async def running_turn(session: Session, rec: Recorder, text: str = "go") -> str:
@@ -52,7 +52,7 @@ def texts(rec: Recorder, turn_id: str) -> str:
 async def test_an_agent_that_steers_takes_the_text_into_the_running_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=5, word_interval=0.1, steering=True)) as (
+    async with running(AcpBehaviour(words=5, word_interval=0.1, steering=True)) as (
         session,
         launcher,
         rec,
@@ -105,7 +105,7 @@ async def test_an_agent_that_cannot_steer_makes_way_through_the_ladder(
 async def test_a_steer_with_no_turn_running_starts_one_ahead_of_the_queue(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=2, word_interval=0.1, steering=True)) as (
+    async with running(AcpBehaviour(words=2, word_interval=0.1, steering=True)) as (
         session,
         launcher,
         rec,
@@ -122,7 +122,7 @@ async def test_a_steer_with_no_turn_running_starts_one_ahead_of_the_queue(
 async def test_a_steer_the_agent_refuses_falls_back_to_the_ladder(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=40, word_interval=0.1, steering=True, steer_answer="refuse")
+    behaviour = AcpBehaviour(words=40, word_interval=0.1, steering=True, steer_answer="refuse")
     async with running(behaviour) as (session, launcher, rec):
         first = await running_turn(session, rec)
         result = await session.steer("instead")
@@ -137,7 +137,7 @@ async def test_a_steer_the_agent_refuses_falls_back_to_the_ladder(
 async def test_a_steer_the_agent_never_answers_is_bounded_by_the_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
+    behaviour = AcpBehaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
     async with running(behaviour) as (session, launcher, rec):
         first = await running_turn(session, rec)
         start = trio.current_time()
@@ -198,9 +198,9 @@ async def test_steer_refuses_empty_text(autojump_clock: trio.testing.MockClock) 
 
 def codex_running(
     behaviour: CodexBehaviour,
-) -> AbstractAsyncContextManager[tuple[Session, MemoryCodexLauncher, Recorder]]:
+) -> AbstractAsyncContextManager[tuple[Session, CodexLauncher, Recorder]]:
     spec = AgentSpec(name="codex", protocol="codex", command=["codex", "app-server"], grace_s=2.0)
-    return helpers.running(MemoryCodexLauncher(behaviour), spec, catch_up=True)
+    return helpers.running(CodexLauncher(behaviour), spec, catch_up=True)
 
 
 async def test_codex_takes_the_text_into_the_running_turn_with_turn_steer(
@@ -261,7 +261,7 @@ async def test_amp_takes_the_text_into_the_running_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     spec = AgentSpec(name="amp", protocol="amp", command=["amp", "--execute"], grace_s=2.0)
-    launcher = AmpMemoryLauncher(AmpBehaviour(words=10, word_interval=0.1))
+    launcher = AmpLauncher(AmpBehaviour(words=10, word_interval=0.1))
     async with helpers.running(launcher, spec, catch_up=True) as (session, launcher, rec):
         first = await running_turn(session, rec)
         result = await session.steer("go left")
@@ -290,7 +290,7 @@ async def test_steers_while_the_agent_restarts_start_in_the_order_they_came(
 ) -> None:
     """No turn runs and the session is not ready (the agent crashed and is respawning): each
     steer goes first in the queue, after the steers before it."""
-    async with running(Behaviour(words=3, word_interval=0.1, start_delay=0.0)) as (
+    async with running(AcpBehaviour(words=3, word_interval=0.1, start_delay=0.0)) as (
         session,
         launcher,
         rec,
@@ -340,7 +340,7 @@ async def test_a_stop_after_a_steer_stops_the_steered_text_too(
 ) -> None:
     """The agent cannot steer: the steer interrupts the turn (its cancel under way, the text
     to start once it has ended); the user's Stop then drops the text, as it drops the queue."""
-    async with running(Behaviour(words=400, word_interval=0.1, stop_delay=1.0)) as (
+    async with running(AcpBehaviour(words=400, word_interval=0.1, stop_delay=1.0)) as (
         session,
         launcher,
         rec,
@@ -353,7 +353,7 @@ async def test_a_stop_after_a_steer_stops_the_steered_text_too(
 async def test_a_stop_drops_a_steer_the_agent_has_not_answered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = Behaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
+    behaviour = AcpBehaviour(words=400, word_interval=0.1, steering=True, steer_answer="silent")
     async with running(behaviour) as (session, launcher, rec):
         turn_id = await running_turn(session, rec)
         await stop_after_a_steer(session, rec, turn_id, "not now")

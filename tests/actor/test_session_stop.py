@@ -14,10 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder, running
 from protocols import events as ev
 from supervisor import AgentNotRunning, AgentSpec, open_supervisor
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 GRACE = 2.0
 
@@ -28,11 +28,11 @@ def fake_spec(**changes: object) -> AgentSpec:
 
 
 #: An agent that ignores the interrupt and takes a while to exit once its stdin closes.
-SLOW_TO_STOP = Behaviour(words=1000, stop_delay=None, close_time=0.5)
+SLOW_TO_STOP = AcpBehaviour(words=1000, stop_delay=None, close_time=0.5)
 
 
 async def test_a_second_stop_joins_the_first(autojump_clock: trio.testing.MockClock) -> None:
-    launcher = MemoryLauncher(SLOW_TO_STOP)
+    launcher = AcpLauncher(SLOW_TO_STOP)
     async with running(launcher, fake_spec()) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
@@ -53,7 +53,7 @@ async def test_a_second_stop_joins_the_first(autojump_clock: trio.testing.MockCl
 async def test_a_cancel_during_a_stop_gets_the_turns_receipt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(SLOW_TO_STOP)
+    launcher = AcpLauncher(SLOW_TO_STOP)
     async with running(launcher, fake_spec()) as (session, _, rec):
         turn = await session.prompt("hello")
         await rec.wait_kind("message.delta")
@@ -78,7 +78,7 @@ async def test_a_cancel_during_a_stop_gets_the_turns_receipt(
 async def test_other_calls_during_a_stop_are_told_it_is_stopping(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(SLOW_TO_STOP)
+    launcher = AcpLauncher(SLOW_TO_STOP)
     async with running(launcher, fake_spec()) as (session, _, rec):
         await session.prompt("hello")
         await rec.wait_kind("message.delta")
@@ -94,7 +94,7 @@ async def test_other_calls_during_a_stop_are_told_it_is_stopping(
 async def test_a_stop_answers_a_pending_permission_and_says_so(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=100, permission=True))
+    launcher = AcpLauncher(AcpBehaviour(words=100, permission=True))
     async with running(launcher, fake_spec()) as (session, _, rec):
         await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
@@ -113,7 +113,7 @@ async def test_a_stop_answers_a_pending_permission_and_says_so(
 async def test_a_failed_session_can_be_stopped_and_is_then_forgotten(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None), crash_on_launch={2})
+    launcher = AcpLauncher(AcpBehaviour(words=1000, stop_delay=None), crash_on_launch={2})
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
         await session.prompt("hello")
@@ -133,7 +133,7 @@ async def test_a_receipt_of_a_session_that_failed_waits_for_the_failed_agent_to_
 ) -> None:
     """The respawn after the kill hangs in its handshake: the session fails at its start
     timeout, and the receipt says so once that agent (deaf to SIGTERM) is gone too."""
-    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None), kill_timeout=1.0)
+    launcher = AcpLauncher(AcpBehaviour(words=1000, stop_delay=None), kill_timeout=1.0)
     spec = fake_spec(start_timeout_s=5.0)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
@@ -167,7 +167,7 @@ async def test_a_receipt_of_a_session_that_failed_waits_for_the_failed_agent_to_
 async def test_a_start_that_fails_leaves_no_session_behind(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(fail_start=True))
+    launcher = AcpLauncher(AcpBehaviour(fail_start=True))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         for _ in range(3):
             with pytest.raises(AgentNotRunning):
@@ -179,7 +179,7 @@ async def test_a_start_that_fails_leaves_no_session_behind(
 async def test_a_start_whose_caller_goes_away_leaves_no_session_behind(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = MemoryLauncher(Behaviour(start_delay=10.0))
+    launcher = AcpLauncher(AcpBehaviour(start_delay=10.0))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         with trio.move_on_after(1.0):
             await sup.start_session("fake", cwd="/")
@@ -193,7 +193,7 @@ async def test_after_a_shutdown_began_no_new_turn_starts(
 ) -> None:
     """``cancel_turns`` (a graceful shutdown's first step) ends the running turns; a prompt or a
     steer sent after it would start a turn the shutdown cuts off without its end."""
-    launcher = MemoryLauncher(Behaviour(words=1000))
+    launcher = AcpLauncher(AcpBehaviour(words=1000))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
         await session.prompt("hello")
@@ -211,7 +211,7 @@ async def test_a_start_whose_caller_goes_away_keeps_a_session_somebody_took_up(
 ) -> None:
     """Listed while it starts, a session can be taken up by another client (a gateway's):
     then its starter going away does not stop it."""
-    launcher = MemoryLauncher(Behaviour(start_delay=10.0, words=2))
+    launcher = AcpLauncher(AcpBehaviour(start_delay=10.0, words=2))
     async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
         async with trio.open_nursery() as nursery:
             starting = trio.CancelScope()
@@ -242,7 +242,7 @@ async def test_a_stop_during_a_cancels_kill_waits_for_it_and_says_killed(
     takes the kill timeout. A stop that comes during that kill (or during the respawn after
     it) ends with the kill: the receipt says ``killed`` with the kill's steps, and neither it
     nor the stop is answered while a process of that agent lives."""
-    launcher = MemoryLauncher(Behaviour(words=1000, stop_delay=None, ignores_sigterm=True))
+    launcher = AcpLauncher(AcpBehaviour(words=1000, stop_delay=None, ignores_sigterm=True))
     spec = fake_spec(kill_timeout_s=2.0, start_timeout_s=30.0)
     async with running(launcher, spec) as (session, _, rec):
         turn = await session.prompt("hello")

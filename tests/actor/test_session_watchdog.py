@@ -21,11 +21,11 @@ import trio
 import trio.testing
 
 import helpers
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.config import DEFAULT_STALL_S, DEFAULT_TOOL_STALL_S
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_from_json, event_json
 
 GRACE = 2.0
@@ -38,13 +38,13 @@ VIRTUAL_BOUND = 3_000.0
 
 @asynccontextmanager
 async def running(
-    behaviour: Behaviour | None = None, **changes: object
-) -> AsyncIterator[tuple[Session, MemoryLauncher, Recorder]]:
+    behaviour: AcpBehaviour | None = None, **changes: object
+) -> AsyncIterator[tuple[Session, AcpLauncher, Recorder]]:
     spec = AgentSpec(
         name="fake", protocol="acp", command=["fake-agent"], grace_s=GRACE, stall_s=STALL
     )
     with trio.fail_after(VIRTUAL_BOUND):
-        async with helpers.running(MemoryLauncher(behaviour), spec.with_options(**changes)) as it:
+        async with helpers.running(AcpLauncher(behaviour), spec.with_options(**changes)) as it:
             yield it
 
 
@@ -107,7 +107,7 @@ async def test_a_silent_turn_is_cancelled_at_stall_s_with_reason_stalled(
 
 async def test_a_steady_stream_is_never_stalled(autojump_clock: trio.testing.MockClock) -> None:
     """A word just inside the limit, 200 times: the watchdog's deadline moves on each time."""
-    async with running(Behaviour(words=200, word_interval=STALL * 0.99)) as (session, _, rec):
+    async with running(AcpBehaviour(words=200, word_interval=STALL * 0.99)) as (session, _, rec):
         t0 = trio.current_time()
         await completes(session, rec, "hello")
         assert trio.current_time() - t0 == pytest.approx(200 * STALL * 0.99)
@@ -117,7 +117,7 @@ async def test_a_steady_stream_is_never_stalled(autojump_clock: trio.testing.Moc
 async def test_the_silence_is_counted_from_the_last_event(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=50, word_interval=9.0)) as (session, _, rec):
+    async with running(AcpBehaviour(words=50, word_interval=9.0)) as (session, _, rec):
         t0 = trio.current_time()
         turn = await session.prompt("silent-after=3")  # words at 0, 9 and 18, then nothing
         stall = await stalled(rec)
@@ -133,7 +133,7 @@ async def test_what_the_agent_said_by_the_deadline_is_read_before_it_is_judged(
     wake in the same pass of the run loop, in either order (trio shuffles a pass), as on a
     loaded machine the alarm and a pump holding what the agent wrote in time do. What is in
     the inbox when the deadline is seen is read first: no turn is stalled."""
-    async with running(Behaviour(words=4, word_interval=STALL)) as (session, _, rec):
+    async with running(AcpBehaviour(words=4, word_interval=STALL)) as (session, _, rec):
         for _ in range(8):
             await completes(session, rec, "hello")
             await completes(session, rec, "tool=3")  # the tool's start, too, comes at STALL
@@ -146,7 +146,7 @@ async def test_a_tool_call_in_progress_is_not_a_stall(
     """Without ``tool_stall_s`` a running tool may be silent for as long as it runs; once it
     is done, ``stall_s`` applies again, from its completion."""
     assert DEFAULT_TOOL_STALL_S is None
-    async with running(Behaviour(words=10, word_interval=0.1)) as (session, _, rec):
+    async with running(AcpBehaviour(words=10, word_interval=0.1)) as (session, _, rec):
         t0 = trio.current_time()
         # w0 at 0; the tool from 0.1 to 100.1 (silent), w1 at 100.1, then nothing.
         turn = await session.prompt("tool=100 silent-after=2")
@@ -163,7 +163,7 @@ async def test_tool_stall_s_stops_a_silent_tool_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A limit for tools shorter than ``stall_s``: the deadline moves earlier when it starts."""
-    async with running(Behaviour(words=10, word_interval=0.1), tool_stall_s=5.0) as (
+    async with running(AcpBehaviour(words=10, word_interval=0.1), tool_stall_s=5.0) as (
         session,
         _,
         rec,
@@ -199,7 +199,7 @@ async def test_a_pending_permission_is_not_a_stall(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The turn waits on a person: no limit, however long; the answer starts the count again."""
-    async with running(Behaviour(words=10, word_interval=0.1)) as (session, _, rec):
+    async with running(AcpBehaviour(words=10, word_interval=0.1)) as (session, _, rec):
         turn = await session.prompt("permission silent-after=2")
         request = await rec.wait_kind("permission.requested")
         assert isinstance(request, ev.PermissionRequested)
@@ -218,7 +218,7 @@ async def test_a_pending_permission_is_not_a_stall(
 async def test_a_stalled_agent_that_ignores_the_interrupt_is_killed_and_resumed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(Behaviour(words=10, word_interval=0.1, stop_delay=None)) as (
+    async with running(AcpBehaviour(words=10, word_interval=0.1, stop_delay=None)) as (
         session,
         launcher,
         rec,
@@ -264,7 +264,7 @@ async def test_a_cancel_during_a_stall_cancel_joins_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Same receipt as the watchdog's cancel; a caller's cancel drops the queue, as ever."""
-    async with running(Behaviour(stop_delay=None)) as (session, _, rec):
+    async with running(AcpBehaviour(stop_delay=None)) as (session, _, rec):
         turn = await session.prompt("silent-after=1")
         queued = await session.prompt("words=2")
         await stalled(rec)
@@ -284,7 +284,7 @@ async def test_a_cancel_during_a_stall_cancel_joins_it(
 
 
 async def test_a_caller_cancel_says_user(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(Behaviour(words=100, word_interval=0.1)) as (session, _, rec):
+    async with running(AcpBehaviour(words=100, word_interval=0.1)) as (session, _, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta)
         receipt = await session.cancel()
@@ -300,7 +300,7 @@ async def test_a_subscriber_holding_the_agent_back_is_not_the_agent_s_silence(
 ) -> None:
     """A full subscriber that asked for backpressure stops the actor reading the agent: the
     agent has things to say and blocks on its pipe. The watchdog does not count that time."""
-    async with running(Behaviour(words=200, word_interval=0.01)) as (session, _, rec):
+    async with running(AcpBehaviour(words=200, word_interval=0.01)) as (session, _, rec):
         subscription = await session.open_subscription(max_buffer=16, stall_s=100 * STALL)
         try:
             turn = await session.prompt("hello")

@@ -15,12 +15,12 @@ import trio
 import trio.testing
 from trio_websocket import ConnectionClosed
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
 from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 from supervisor import AgentSpec, open_supervisor
 from supervisor.clients.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
 from supervisor.clients.acp_front.server import OUT_BOUND, AcpFront
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
 class SlowSession:
@@ -534,7 +534,7 @@ async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
     autojump_clock: trio.testing.MockClock, servers: list[dict[str, Any]], said: str
 ) -> None:
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
-    launcher = MemoryLauncher(Behaviour())
+    launcher = AcpLauncher(AcpBehaviour())
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         async with conversing(EmbeddedSessions(sup)) as (front, client):
             params = {"cwd": "/w", "mcpServers": servers}

@@ -17,11 +17,11 @@ import psutil
 import pytest
 import trio
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from faults.agents import AGENTS
 from faults.harness import FaultRecorder, living, tree
 from protocols import events as ev
 from supervisor import AgentSpec, CancelReceipt, Session, open_supervisor
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import receipt_to_wire
 
 BOUND = 20.0
@@ -29,7 +29,7 @@ BOUND = 20.0
 
 @asynccontextmanager
 async def memory_session() -> AsyncIterator[tuple[Session, FaultRecorder]]:
-    launcher = MemoryLauncher(Behaviour(words=10_000, word_interval=0.01, stop_delay=0.02))
+    launcher = AcpLauncher(AcpBehaviour(words=10_000, word_interval=0.01, stop_delay=0.02))
     spec = AgentSpec(name="m", protocol="acp", command=["memory"], grace_s=2.0)
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"m": spec}, launcher=launcher) as sup:

@@ -1,6 +1,6 @@
 """A cancel storm: 100 sessions, random prompts and cancels, nothing lost, nothing leaked.
 
-Default mode: in-memory ACP agents (``tests/fakes/memory_agent.py``) on the real clock for about
+Default mode: in-memory ACP agents (``supervisor/testing/_acp.py``) on the real clock for about
 a dozen seconds. Long mode (``AGENT_SUPERVISOR_LONG_FAULTS=1``): real demo-agent subprocesses
 under the containment shim, for a minute. The network is loopback only: a gateway on 127.0.0.1
 carries a share of the prompts and cancels, and one client watches some sessions' events on
@@ -30,12 +30,12 @@ import attrs
 import pytest
 import trio
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from faults.harness import LONG, FaultRecorder, living, tree, wait_gone
 from protocols import events as ev
 from supervisor import AgentSpec, BadRequest, CancelReceipt, Session, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import receipt_to_wire
 
 pytestmark = [pytest.mark.real_process] if LONG else []
@@ -227,7 +227,7 @@ async def test_cancel_storm(tmp_path: Path) -> None:
         prompts = DEMO_PROMPTS
     else:
         spec = AgentSpec(name="storm", protocol="acp", command=["memory"], grace_s=GRACE)
-        launcher = MemoryLauncher(Behaviour(words=10, word_interval=0.01))
+        launcher = AcpLauncher(AcpBehaviour(words=10, word_interval=0.01))
         prompts = MEMORY_PROMPTS
     spec = spec.with_options(name="storm")
     driven: list[Driven] = []

@@ -14,14 +14,14 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, TextMessage
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
-from fakes.memory_base import MemoryLink
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
 from supervisor.gateway.websocket import text_frame
 from supervisor.runtime.fanout import Fanout
 from supervisor.runtime.session import DEFAULT_HISTORY
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.testing._memory import MemoryLink
 from supervisor.wire.requests import MAX_FRAME_BYTES
 
 BOUND = 20.0
@@ -29,12 +29,12 @@ BOUND = 20.0
 
 @asynccontextmanager
 async def gateway(
-    behaviour: Behaviour | None = None,
+    behaviour: AcpBehaviour | None = None,
     limits: GatewayLimits | None = None,
     grace: float = 0.5,
     **options: Any,
-) -> AsyncIterator[tuple[Gateway, str, MemoryLauncher]]:
-    launcher = MemoryLauncher(behaviour or Behaviour(words=400, word_interval=0.01))
+) -> AsyncIterator[tuple[Gateway, str, AcpLauncher]]:
+    launcher = AcpLauncher(behaviour or AcpBehaviour(words=400, word_interval=0.01))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=grace, **options)
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
@@ -152,7 +152,11 @@ async def test_websocket_needs_token_and_same_origin() -> None:
 
 
 async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
-    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.05)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=400, word_interval=0.01, stop_delay=0.05)) as (
+        _,
+        url,
+        _l,
+    ):
         async with connect(url) as alice, connect(url) as bob:
             assert [a["name"] for a in await alice.agents()] == ["fake"]
             session_id = await start_and_subscribe(alice)
@@ -184,7 +188,7 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
 
 
 async def test_events_are_in_order_with_contiguous_seq_and_replay() -> None:
-    async with gateway(Behaviour(words=20, word_interval=0.001)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=20, word_interval=0.001)) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
             seen: list[dict[str, Any]] = []
@@ -204,7 +208,7 @@ async def test_events_are_in_order_with_contiguous_seq_and_replay() -> None:
 
 
 async def test_two_clients_cancelling_at_once_get_the_same_receipt() -> None:
-    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.1)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=400, word_interval=0.01, stop_delay=0.1)) as (_, url, _l):
         async with connect(url) as alice, connect(url) as bob:
             session_id = await start_and_subscribe(alice)
             await alice.prompt(session_id, "hello")
@@ -236,7 +240,7 @@ async def test_cancel_returns_with_the_turn_ended_already_delivered(
 ) -> None:
     """The wire keeps causal order: a client subscribed on the connection it cancels on holds
     the turn's ``turn.ended`` (with the same receipt) when ``cancel()`` returns."""
-    behaviour = Behaviour(words=10_000, word_interval=0.01, stop_delay=stop_delay)
+    behaviour = AcpBehaviour(words=10_000, word_interval=0.01, stop_delay=stop_delay)
     async with gateway(behaviour, grace=0.3) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
@@ -254,7 +258,9 @@ async def test_cancel_returns_with_the_turn_ended_already_delivered(
 
 async def test_disconnecting_mid_cancel_does_not_abort_it() -> None:
     # A wedged agent: the cancel takes the whole grace window and a kill.
-    async with gateway(Behaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5) as (
+    async with gateway(
+        AcpBehaviour(words=10_000, word_interval=0.01, stop_delay=None), grace=0.5
+    ) as (
         _,
         url,
         launcher,
@@ -335,7 +341,11 @@ async def test_agent_not_running_after_stop() -> None:
 
 
 async def test_http_abort_returns_the_receipt() -> None:
-    async with gateway(Behaviour(words=400, word_interval=0.01, stop_delay=0.02)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=400, word_interval=0.01, stop_delay=0.02)) as (
+        _,
+        url,
+        _l,
+    ):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
             status, body = await http(
@@ -375,7 +385,7 @@ async def test_stalled_client_is_cut_off_and_recovers_while_others_lose_nothing(
     # It holds the agent back until it has taken nothing for this long, then it is cut off.
     limits.subscriber_stall_s = 0.5
     # ~2 MB of events at 500/s; small socket buffers make the stalled reader felt quickly.
-    behaviour = Behaviour(words=1000, word_interval=0.002, pad=2000)
+    behaviour = AcpBehaviour(words=1000, word_interval=0.002, pad=2000)
     async with gateway(behaviour, limits=limits) as (_, url, _l):
         async with connect(url) as fast:
             session_id = await start_and_subscribe(fast)
@@ -444,7 +454,7 @@ async def test_flood_reaches_a_slow_client_whole(monkeypatch: pytest.MonkeyPatch
     limits.subscriber_stall_s = 3600.0  # it is slow, not gone
     words = DEFAULT_HISTORY + 2_000
     # 1 KB events: ~12 MB, more than any socket buffers hold between the two ends.
-    async with gateway(Behaviour(flood=True, words=words, pad=1000), limits=limits) as (
+    async with gateway(AcpBehaviour(flood=True, words=words, pad=1000), limits=limits) as (
         _,
         url,
         _l,
@@ -510,7 +520,7 @@ async def test_frame_over_the_hard_limit_closes_with_1009() -> None:
 
 
 async def test_session_list_tells_of_a_recycled_agent() -> None:
-    async with gateway(Behaviour(words=2, word_interval=0.01)) as (_, url, launcher):
+    async with gateway(AcpBehaviour(words=2, word_interval=0.01)) as (_, url, launcher):
         async with connect(url) as client:
             session_id = (await client.start_session("fake"))["session_id"]
             async with client.subscribe(session_id) as events:
@@ -535,7 +545,7 @@ async def test_steer_over_the_wire_says_what_happened_after_its_events(steering:
     """``agent.steer``: ``injected`` into the running turn where the agent steers, else
     ``interrupted`` with the receipt; either way the ``turn.steered`` event (and, interrupted,
     the old turn's ``turn.ended``) is on the wire before the answer."""
-    behaviour = Behaviour(words=10_000, word_interval=0.01, steering=steering)
+    behaviour = AcpBehaviour(words=10_000, word_interval=0.01, steering=steering)
     async with gateway(behaviour, grace=0.3) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
@@ -567,7 +577,7 @@ async def test_steer_over_the_wire_says_what_happened_after_its_events(steering:
 async def test_a_stalled_turn_is_told_on_the_wire() -> None:
     """The watchdog's stop as a client sees it: ``turn.stalled``, then the turn's end with
     ``reason: "stalled"`` (and in its receipt); a client's own cancel says ``user``."""
-    async with gateway(Behaviour(words=400, word_interval=0.01), stall_s=0.3) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=400, word_interval=0.01), stall_s=0.3) as (_, url, _l):
         async with connect(url) as client:
             session_id = (await client.start_session("fake"))["session_id"]
             async with client.subscribe(session_id) as events:
@@ -801,7 +811,7 @@ async def test_a_clients_second_subscription_to_one_session_is_refused_not_taken
     """The gateway keeps one subscription per session per connection: a second one on the
     same client would take the first's events and end it on leaving; it is refused, and the
     first goes on."""
-    async with gateway(Behaviour(words=20, word_interval=0.001)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=20, word_interval=0.001)) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
             async with client.subscribe(session_id) as events:
@@ -825,7 +835,7 @@ async def test_a_clients_second_subscription_to_one_session_is_refused_not_taken
     ],
 )
 async def test_http_abort_refuses_a_body_it_cannot_take(body: bytes, why: str) -> None:
-    async with gateway(Behaviour(words=400, word_interval=0.01)) as (_, url, _l):
+    async with gateway(AcpBehaviour(words=400, word_interval=0.01)) as (_, url, _l):
         async with connect(url) as client:
             session_id = await start_and_subscribe(client)
             await client.prompt(session_id, "hello")

@@ -14,10 +14,10 @@ import pytest
 import trio
 from trio_websocket import open_websocket_url
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.requests import MAX_FRAME_BYTES, MAX_PROMPT_FRAME_BYTES
 
 BOUND = 20.0
@@ -27,8 +27,8 @@ LINK = {"type": "resource_link", "uri": "file:///w/a.py", "name": "a.py"}
 
 
 @asynccontextmanager
-async def gateway(behaviour: Behaviour) -> AsyncIterator[tuple[str, MemoryLauncher]]:
-    launcher = MemoryLauncher(behaviour)
+async def gateway(behaviour: AcpBehaviour) -> AsyncIterator[tuple[str, AcpLauncher]]:
+    launcher = AcpLauncher(behaviour)
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=1.0)
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
@@ -38,7 +38,7 @@ async def gateway(behaviour: Behaviour) -> AsyncIterator[tuple[str, MemoryLaunch
                 nursery.cancel_scope.cancel()
 
 
-def prompts_sent(launcher: MemoryLauncher) -> list[list[dict[str, Any]]]:
+def prompts_sent(launcher: AcpLauncher) -> list[list[dict[str, Any]]]:
     return [
         m["params"]["prompt"]
         for kind, _, m in launcher.log
@@ -54,7 +54,7 @@ async def ended(events: trio.MemoryReceiveChannel[dict[str, Any]], turn_id: str)
 
 
 async def test_content_reaches_an_agent_that_takes_it_and_modes_switch() -> None:
-    async with gateway(Behaviour(words=2, images=True, modes=True)) as (url, launcher):
+    async with gateway(AcpBehaviour(words=2, images=True, modes=True)) as (url, launcher):
         async with connect(url) as client:
             listed = {a["name"]: a for a in await client.agents()}
             assert listed["fake"]["prompt_carries"] == []  # an ACP agent says when it runs
@@ -80,7 +80,7 @@ async def test_content_reaches_an_agent_that_takes_it_and_modes_switch() -> None
 
 
 async def test_content_an_agent_cannot_take_is_refused_with_the_reason() -> None:
-    async with gateway(Behaviour(words=2)) as (url, launcher):
+    async with gateway(AcpBehaviour(words=2)) as (url, launcher):
         async with connect(url) as client:
             session_id = (await client.start_session("fake"))["session_id"]
             async with client.subscribe(session_id):
@@ -101,7 +101,7 @@ async def test_a_prompt_with_content_may_be_bigger_than_other_requests() -> None
     """A screenshot is megabytes of base64: a prompt with content may be up to
     MAX_PROMPT_FRAME_BYTES; the same size of any other request is still ``too_large``."""
     big = {"type": "image", "data": "A" * (2 * MAX_FRAME_BYTES), "mimeType": "image/png"}
-    async with gateway(Behaviour(words=2, images=True)) as (url, launcher):
+    async with gateway(AcpBehaviour(words=2, images=True)) as (url, launcher):
         async with connect(url) as client:
             session_id = (await client.start_session("fake"))["session_id"]
             async with client.subscribe(session_id) as events:

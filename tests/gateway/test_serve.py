@@ -500,10 +500,10 @@ async def test_a_prompt_reads_no_boot_time(monkeypatch: pytest.MonkeyPatch) -> N
     its tools from the agent's own): that needs no ``psutil.boot_time()``, a file read."""
     import psutil
 
-    from fakes.memory_agent import Behaviour, MemoryLauncher
     from helpers import running
     from supervisor import AgentSpec
     from supervisor.agents.process import _started_at, tree_clock
+    from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
     def boot_time() -> float:
         raise AssertionError("psutil.boot_time() was read")
@@ -512,7 +512,7 @@ async def test_a_prompt_reads_no_boot_time(monkeypatch: pytest.MonkeyPatch) -> N
     me = _started_at(psutil.Process())
     assert me is not None and 0 < me <= tree_clock()
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"])
-    async with running(MemoryLauncher(Behaviour(words=2, word_interval=0.001)), spec) as (
+    async with running(AcpLauncher(AcpBehaviour(words=2, word_interval=0.001)), spec) as (
         session,
         _,
         recorder,

@@ -16,9 +16,9 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from fakes.memory_agent import Behaviour, MemoryLauncher
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 HISTORY = 200
 WORDS = 5_000  # 25 histories: without the hold, a front away loses nearly all of them
@@ -32,7 +32,7 @@ def spec() -> AgentSpec:
 
 @asynccontextmanager
 async def node_session(words: int = WORDS, *, hold: bool = True) -> AsyncIterator[Session]:
-    launcher = MemoryLauncher(Behaviour(flood=True, words=words))
+    launcher = AcpLauncher(AcpBehaviour(flood=True, words=words))
     async with open_supervisor(
         agents={"fake": spec()},
         launcher=launcher,
@@ -171,7 +171,7 @@ async def test_a_retired_nodes_drain_counts_a_failed_session(
     agent: ``wait_no_live_sessions`` (a retired node's drain) returns for it at once; it
     waited for a stop, or the detach timer, before."""
     mock_clock.autojump_threshold = IDLE
-    launcher = MemoryLauncher(Behaviour(fail_start=True))
+    launcher = AcpLauncher(AcpBehaviour(fail_start=True))
     async with open_supervisor(agents={"fake": spec()}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/", wait_ready=False)
         with trio.fail_after(1):  # virtual: the drain must not wait for anything more

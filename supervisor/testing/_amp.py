@@ -19,34 +19,34 @@ from typing import Any
 import trio
 from attrs import define
 
-from fakes.memory_agent import Behaviour
-from fakes.memory_base import BaseLauncher, MemoryAgent, MemoryLink
 from supervisor.config import AgentSpec
+from supervisor.testing._acp import AcpBehaviour
+from supervisor.testing._memory import MemoryAgent, MemoryLauncher, MemoryLink
 
 CANCELLED = "User cancelled (SIGINT/SIGTERM)"
 
 
 @define
-class AmpBehaviour(Behaviour):
+class AmpBehaviour(AcpBehaviour):
     #: from the cancelled ``result`` to the process's exit
     exit_delay: float = 0.03
 
-    TOKENS = {**Behaviour.TOKENS, "exit-delay": ("exit_delay", float)}
+    TOKENS = {**AcpBehaviour.TOKENS, "exit-delay": ("exit_delay", float)}
 
 
-class AmpMemoryLauncher(BaseLauncher[AmpBehaviour, "FakeAmp"]):
+class AmpLauncher(MemoryLauncher[AmpBehaviour, "AmpCli"]):
     behaviour_type = AmpBehaviour
 
     def __init__(self, behaviour: AmpBehaviour | None = None, **kwargs: Any) -> None:
         super().__init__(behaviour, **kwargs)
         self.threads: set[str] = set()
 
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeAmp:
-        return FakeAmp(link, self, resume)
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> AmpCli:
+        return AmpCli(link, self, resume)
 
 
-class FakeAmp(MemoryAgent[AmpBehaviour]):
-    def __init__(self, link: MemoryLink, launcher: AmpMemoryLauncher, resume: str | None) -> None:
+class AmpCli(MemoryAgent[AmpBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: AmpLauncher, resume: str | None) -> None:
         super().__init__(link, launcher)
         self.threads = launcher.threads
         self.resume = resume

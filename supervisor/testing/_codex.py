@@ -1,6 +1,6 @@
 """An in-memory ``codex app-server`` for actor tests on virtual time.
 
-The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
+The sibling of ``memory_agent.AcpAgent``: it plugs into the session through the same
 ``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
 but speaks the Codex app-server protocol as ``shared/protocols.md`` section 2 describes it:
 no ``"jsonrpc"`` member, server request ids from 0 (colliding with the client's), the
@@ -8,7 +8,7 @@ no ``"jsonrpc"`` member, server request ids from 0 (colliding with the client's)
 only when the turn aborts and rejected at once for a stale id or before the turn runs,
 approvals retracted with ``serverRequest/resolved`` at the turn's end.
 
-Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (ignore
+AcpBehaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (ignore
 ``turn/interrupt``: never answered, never stops), ``stop-delay=S``, ``words=N``, ``interval=S``,
 ``reply-delay=S`` (the turn/start reply this late), ``started-delay=S`` (turn/started this long
 after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``,
@@ -40,8 +40,8 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
 from supervisor.config import AgentSpec
+from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
 
 #: How long after a turn completes with the goal active Codex starts the next goal turn
 #: (measured ~10 ms on 0.171.0, ``tests/real/test_real_codex_children.py``).
@@ -55,7 +55,7 @@ FAILURE = {
 
 
 @define
-class CodexBehaviour(BaseBehaviour):
+class CodexBehaviour(Behaviour):
     reply_delay: float = 0.0
     started_delay: float = 0.0
     stale: bool = False
@@ -71,7 +71,7 @@ class CodexBehaviour(BaseBehaviour):
     fail_turn: bool = False  # the model fails once the words are out (see the module docstring)
 
     TOKENS = {
-        **BaseBehaviour.TOKENS,
+        **Behaviour.TOKENS,
         "wedged": ("stop_delay", never),  # turn/interrupt neither answered nor obeyed
         "reply-delay": ("reply_delay", float),
         "started-delay": ("started_delay", float),
@@ -98,16 +98,16 @@ class _RunningTurn:
     decided_cancel: bool = False
 
 
-class MemoryCodexLauncher(BaseLauncher[CodexBehaviour, "FakeCodexServer"]):
-    """A ``Launcher`` that starts :class:`FakeCodexServer` tasks; records what happened."""
+class CodexLauncher(MemoryLauncher[CodexBehaviour, "CodexServer"]):
+    """A ``Launcher`` that starts :class:`CodexServer` tasks; records what happened."""
 
     behaviour_type = CodexBehaviour
 
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeCodexServer:
-        return FakeCodexServer(link, self)
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> CodexServer:
+        return CodexServer(link, self)
 
     @property
-    def servers(self) -> list[FakeCodexServer]:
+    def servers(self) -> list[CodexServer]:
         return self.agents
 
     def sent(self, method: str, generation: int | None = None) -> list[dict[str, Any]]:
@@ -121,8 +121,8 @@ class MemoryCodexLauncher(BaseLauncher[CodexBehaviour, "FakeCodexServer"]):
         ]
 
 
-class FakeCodexServer(MemoryAgent[CodexBehaviour]):
-    def __init__(self, link: MemoryLink, launcher: MemoryCodexLauncher):
+class CodexServer(MemoryAgent[CodexBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: CodexLauncher):
         super().__init__(link, launcher)
         self.initialized = False
         self.experimental = False

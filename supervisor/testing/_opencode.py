@@ -1,10 +1,10 @@
 """An in-memory ``opencode serve`` for actor tests on virtual time.
 
-The sibling of ``memory_agent.FakeAcpAgent``: it plugs into the session through the same
+The sibling of ``memory_agent.AcpAgent``: it plugs into the session through the same
 ``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
-but speaks what the HTTP link delivers for OpenCode (``supervisor/agents/http_link.py``): it receives
-request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"http_response":
-...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
+but speaks what the HTTP link delivers for OpenCode (``supervisor/agents/http_link.py``): it
+receives request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``,
+``{"http_response": ...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
 (``tests/golden/opencode``): ``prompt_async`` answered 204 at once and ``session.status busy``
 when the turn runs; an abort answered ``200 true`` whatever happens, an idle session's abort
 emitting an idle pair, a running turn's abort emitting ``session.error`` MessageAbortedError, an
@@ -13,7 +13,7 @@ for a session it does not have; ``GET /session/status`` (``{}``, or the running 
 ``busy``); a permission ``reject`` ending the turn (``finish: "tool-calls"``); a reply to a
 request that is gone answered 404.
 
-Behaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (the
+AcpBehaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (the
 abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop-delay=S``,
 ``words=N``, ``interval=S``, ``busy-delay=S`` (prompt accepted → busy), ``second-idle=S`` (the
 abort's second idle pair this late), ``duplicate-idles`` (a natural end emits two idle pairs),
@@ -33,8 +33,8 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
 from supervisor.config import AgentSpec
+from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
 
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 FAILED = {
@@ -44,7 +44,7 @@ FAILED = {
 
 
 @define
-class OpenCodeBehaviour(BaseBehaviour):
+class OpenCodeBehaviour(Behaviour):
     busy_delay: float = 0.0
     second_idle: float = 0.0
     duplicate_idles: bool = False
@@ -54,7 +54,7 @@ class OpenCodeBehaviour(BaseBehaviour):
     lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
 
     TOKENS = {
-        **BaseBehaviour.TOKENS,
+        **Behaviour.TOKENS,
         "wedged": ("stop_delay", never),  # the abort is acknowledged and ignored
         "busy-delay": ("busy_delay", float),
         "second-idle": ("second_idle", float),
@@ -83,8 +83,8 @@ class Request:
     json: Any
 
 
-class MemoryOpenCodeLauncher(BaseLauncher[OpenCodeBehaviour, "FakeOpenCodeServer"]):
-    """A ``Launcher`` that starts :class:`FakeOpenCodeServer` tasks; records what happened.
+class OpenCodeLauncher(MemoryLauncher[OpenCodeBehaviour, "OpenCodeServer"]):
+    """A ``Launcher`` that starts :class:`OpenCodeServer` tasks; records what happened.
 
     Its ``violations``: rules the client broke (a request before the event stream was open,
     the blocking ``/message`` route).
@@ -98,11 +98,11 @@ class MemoryOpenCodeLauncher(BaseLauncher[OpenCodeBehaviour, "FakeOpenCodeServer
         #: permission request ids whose reply was answered 404 (gone)
         self.replies_gone: list[str] = []
 
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeOpenCodeServer:
-        return FakeOpenCodeServer(link, self)
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> OpenCodeServer:
+        return OpenCodeServer(link, self)
 
     @property
-    def servers(self) -> list[FakeOpenCodeServer]:
+    def servers(self) -> list[OpenCodeServer]:
         return self.agents
 
     def sent(self, path_end: str, generation: int | None = None) -> list[Request]:
@@ -114,8 +114,8 @@ class MemoryOpenCodeLauncher(BaseLauncher[OpenCodeBehaviour, "FakeOpenCodeServer
         ]
 
 
-class FakeOpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
-    def __init__(self, link: MemoryLink, launcher: MemoryOpenCodeLauncher):
+class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: OpenCodeLauncher):
         super().__init__(link, launcher)
         self.requests = launcher.requests
         self.ready = False

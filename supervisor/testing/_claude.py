@@ -9,8 +9,8 @@ at start; ``system/init`` after each user message; partial ``stream_event`` delt
 ``control_cancel_request``); ``--resume`` of an unknown session refused with a ``result`` and
 exit 1; an interrupt while idle acknowledged and otherwise ignored.
 
-Behaviour is set per launcher and overridden per prompt with tokens in the prompt text: those of
-``memory_agent.Behaviour`` (``words=3``, ``interval=0.1``, ``stop-delay=0.5``,
+AcpBehaviour is set per launcher and overridden per prompt with tokens in the prompt text: those of
+``memory_agent.AcpBehaviour`` (``words=3``, ``interval=0.1``, ``stop-delay=0.5``,
 ``ignore-cancel``, ``permission``, ``crash``) plus ``lost-result`` (acknowledges the interrupt,
 stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
 ``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before ``system/init`` is lost,
@@ -18,8 +18,8 @@ like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request
 ``background`` (a second ``result`` after the turn's, like a background task), and ``fail-turn``
 (the turn ends on an API error: ``success``/``completed`` with ``is_error``).
 
-Background tasks, as 2.1.332 runs them (``tests/real/test_real_claude_tasks.py``): ``tasks=N`` starts
-N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
+Background tasks, as 2.1.332 runs them (``tests/real/test_real_claude_tasks.py``): ``tasks=N``
+starts N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
 ``[0-9a-z]``) when the turn starts; like the CLI's, they survive the interrupt and run until
 stopped. ``stop_task`` ends a running task (``task_updated`` ``killed``, ``task_notification``
 ``stopped``, ``background_tasks_changed``) and is answered success ``{}``, also for a task that
@@ -36,14 +36,14 @@ from typing import Any
 import trio
 from attrs import define, field
 
-from fakes.memory_agent import Behaviour
-from fakes.memory_base import BaseLauncher, MemoryAgent, MemoryLink, never, on
 from protocols.claude import ClaudeClient
 from supervisor.config import AgentSpec
+from supervisor.testing._acp import AcpBehaviour
+from supervisor.testing._memory import MemoryAgent, MemoryLauncher, MemoryLink, never, on
 
 
 @define
-class ClaudeBehaviour(Behaviour):
+class ClaudeBehaviour(AcpBehaviour):
     lost_result: bool = False
     deaf: bool = False
     drop_early_interrupt: bool = False
@@ -57,7 +57,7 @@ class ClaudeBehaviour(Behaviour):
     interrupt_kills_tasks: bool = False
 
     TOKENS = {
-        **Behaviour.TOKENS,
+        **AcpBehaviour.TOKENS,
         "lost-result": ("lost_result", on),
         "deaf": ("deaf", on),
         "drop-early-interrupt": ("drop_early_interrupt", on),
@@ -72,8 +72,8 @@ class ClaudeBehaviour(Behaviour):
     }
 
 
-class ClaudeMemoryLauncher(BaseLauncher[ClaudeBehaviour, "FakeClaudeCli"]):
-    """A ``Launcher`` starting :class:`FakeClaudeCli` tasks from the argv the protocol builds."""
+class ClaudeLauncher(MemoryLauncher[ClaudeBehaviour, "ClaudeCli"]):
+    """A ``Launcher`` starting :class:`ClaudeCli` tasks from the argv the protocol builds."""
 
     behaviour_type = ClaudeBehaviour
 
@@ -81,13 +81,13 @@ class ClaudeMemoryLauncher(BaseLauncher[ClaudeBehaviour, "FakeClaudeCli"]):
         super().__init__(behaviour, **kwargs)
         self.argvs: list[list[str]] = []
 
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeClaudeCli:
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> ClaudeCli:
         argv = ClaudeClient.command(spec.command, resume)
         self.argvs.append(argv)
-        return FakeClaudeCli(link, self, argv)
+        return ClaudeCli(link, self, argv)
 
     @property
-    def clis(self) -> list[FakeClaudeCli]:
+    def clis(self) -> list[ClaudeCli]:
         return self.agents
 
     def sent_subtypes(self) -> list[str]:
@@ -114,8 +114,8 @@ class _Turn:
     aborted: str = "aborted_streaming"
 
 
-class FakeClaudeCli(MemoryAgent[ClaudeBehaviour]):
-    def __init__(self, link: MemoryLink, launcher: ClaudeMemoryLauncher, argv: list[str]):
+class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: ClaudeLauncher, argv: list[str]):
         super().__init__(link, launcher)
         self.argv = argv
         self.session_id: str | None = None

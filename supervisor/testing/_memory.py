@@ -4,9 +4,9 @@ An in-memory agent plugs into the session through the same ``Launcher`` signatur
 process, but its "process" is a trio task: messages are dicts, a kill is a cancel scope, and
 every delay is virtual, so tests can assert exact receipt times. A protocol's fake
 (``memory_agent.py`` for ACP, ``memory_amp.py``, ``memory_claude.py``, ``memory_codex.py``,
-``memory_opencode.py``) adds only what its protocol says: a :class:`BaseBehaviour` with its
+``memory_opencode.py``) adds only what its protocol says: a :class:`Behaviour` with its
 knobs and prompt tokens, a :class:`MemoryAgent` that answers messages, and a
-:class:`BaseLauncher` that says how a launch starts one.
+:class:`MemoryLauncher` that says how a launch starts one.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def never(_: str) -> None:
 
 
 @define
-class BaseBehaviour:
+class Behaviour:
     """What every fake can be told: how much it says and how fast, how it stops and dies.
 
     Set per launcher; :meth:`for_prompt` overrides it for one prompt with the tokens of
@@ -70,7 +70,7 @@ class BaseBehaviour:
         return attrs.evolve(self, **changes)
 
 
-B = TypeVar("B", bound=BaseBehaviour)
+B = TypeVar("B", bound=Behaviour)
 A = TypeVar("A", bound="MemoryAgent[Any]")
 
 
@@ -85,7 +85,7 @@ class Store:
 class MemoryLink(AgentLink):
     """The supervisor's end of one in-memory process; kills follow the launcher's behaviour."""
 
-    def __init__(self, launcher: BaseLauncher[Any, Any], generation: int, inbox: Inbox):
+    def __init__(self, launcher: MemoryLauncher[Any, Any], generation: int, inbox: Inbox):
         self.generation = generation
         self.launcher = launcher
         self.inbox = inbox
@@ -170,7 +170,7 @@ class MemoryLink(AgentLink):
 class MemoryAgent(Generic[B]):
     """One in-memory process: :meth:`boot`, then :meth:`handle` every message until killed."""
 
-    def __init__(self, link: MemoryLink, launcher: BaseLauncher[B, Any]):
+    def __init__(self, link: MemoryLink, launcher: MemoryLauncher[B, Any]):
         self.link = link
         self.launcher = launcher
         self.behaviour: B = launcher.behaviour
@@ -215,7 +215,7 @@ class MemoryAgent(Generic[B]):
         self.link.scope.cancel()
 
 
-class BaseLauncher(Generic[B, A]):
+class MemoryLauncher(Generic[B, A]):
     """A ``Launcher`` whose processes are :class:`MemoryAgent` tasks; records what happened.
 
     A protocol's launcher names its behaviour type and says in :meth:`launch` which agent a

@@ -1,12 +1,13 @@
 """An in-memory ACP agent for actor tests on virtual time.
 
 Its "process" is a trio task (``memory_base.py``: messages are dicts, a kill is a cancel scope,
-every delay is virtual). Behaviour is set per launcher and can be overridden per prompt with
+every delay is virtual). AcpBehaviour is set per launcher and can be overridden per prompt with
 tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
 ``crash``, ``flood``, ``deferred-id=0.2``, ``fail-turn``: the turn fails once its words are out,
 in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error;
 ``silent-after=2``: after two words it says nothing more, only logging to stderr (once a
-second, or as fast as it can with ``flood``), until cancelled; ``tool=30``: before its second word it runs a tool call for 30 s, silently).
+second, or as fast as it can with ``flood``), until cancelled; ``tool=30``: before its second
+word it runs a tool call for 30 s, silently).
 
 ``steering`` (set per launcher) advertises ``_meta.steering.supported`` and answers
 ``_session/steering`` as claude-agent-acp does: ``injected`` while a prompt runs (the text is
@@ -23,22 +24,11 @@ from attrs import define
 
 from supervisor.agents.link import AgentStderrLines
 from supervisor.config import AgentSpec
-
-try:
-    from fakes.memory_base import BaseBehaviour, BaseLauncher, MemoryAgent, MemoryLink, never, on
-except ModuleNotFoundError:  # imported as ``memory_agent``, tests/fakes on the path (bench/)
-    from memory_base import (  # type: ignore[import-not-found,no-redef]
-        BaseBehaviour,
-        BaseLauncher,
-        MemoryAgent,
-        MemoryLink,
-        never,
-        on,
-    )
+from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
 
 
 @define
-class Behaviour(BaseBehaviour):
+class AcpBehaviour(Behaviour):
     load_session: bool = True
     permission: bool = False
     crash_after: int | None = None
@@ -57,7 +47,7 @@ class Behaviour(BaseBehaviour):
     mode_answer: str = "ok"  # or "refuse", "exit" (dies before it answers session/set_mode)
 
     TOKENS = {
-        **BaseBehaviour.TOKENS,
+        **Behaviour.TOKENS,
         "ignore-cancel": ("stop_delay", never),
         "permission": ("permission", on),
         "crash": ("crash_after", lambda value: int(value or 1)),
@@ -71,17 +61,17 @@ class Behaviour(BaseBehaviour):
     }
 
 
-class MemoryLauncher(BaseLauncher[Behaviour, "FakeAcpAgent"]):
-    """A ``Launcher`` that starts :class:`FakeAcpAgent` tasks; records what happened."""
+class AcpLauncher(MemoryLauncher[AcpBehaviour, "AcpAgent"]):
+    """A ``Launcher`` that starts :class:`AcpAgent` tasks; records what happened."""
 
-    behaviour_type = Behaviour
+    behaviour_type = AcpBehaviour
 
-    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> FakeAcpAgent:
-        return FakeAcpAgent(link, self)
+    def launch(self, link: MemoryLink, spec: AgentSpec, resume: str | None) -> AcpAgent:
+        return AcpAgent(link, self)
 
 
-class FakeAcpAgent(MemoryAgent[Behaviour]):
-    def __init__(self, link: MemoryLink, launcher: MemoryLauncher):
+class AcpAgent(MemoryAgent[AcpBehaviour]):
+    def __init__(self, link: MemoryLink, launcher: AcpLauncher):
         super().__init__(link, launcher)
         self.session_id: str | None = None
         self.cancelled = trio.Event()
@@ -202,14 +192,14 @@ class FakeAcpAgent(MemoryAgent[Behaviour]):
         elif request_id is not None:
             await self.error(request_id, -32601, f"Method not found: {method}")
 
-    async def turn(self, request_id: Any, behaviour: Behaviour) -> None:
+    async def turn(self, request_id: Any, behaviour: AcpBehaviour) -> None:
         self.running = request_id
         try:
             await self._turn(request_id, behaviour)
         finally:
             self.running = None
 
-    async def _turn(self, request_id: Any, behaviour: Behaviour) -> None:
+    async def _turn(self, request_id: Any, behaviour: AcpBehaviour) -> None:
         if behaviour.fail:
             await self.error(request_id, -32603, "model backend unavailable")
             return
