@@ -1,18 +1,22 @@
-"""An in-memory ACP agent for actor tests on virtual time.
+"""An in-memory ACP agent (JSON-RPC over stdio) for tests on virtual time.
 
-Its "process" is a trio task (``memory_base.py``: messages are dicts, a kill is a cancel scope,
-every delay is virtual). AcpBehaviour is set per launcher and can be overridden per prompt with
-tokens in the prompt text (``ignore-cancel``, ``stop-delay=0.5``, ``words=3``, ``permission``,
-``crash``, ``flood``, ``deferred-id=0.2``, ``fail-turn``: the turn fails once its words are out,
-in each protocol's own way; here the ``session/prompt`` answer is a JSON-RPC error;
-``silent-after=2``: after two words it says nothing more, only logging to stderr (once a
-second, or as fast as it can with ``flood``), until cancelled; ``tool=30``: before its second
-word it runs a tool call for 30 s, silently).
+Its "process" is a trio task (``_memory.py``: messages are dicts, a kill is a cancel scope,
+every delay is virtual). It answers ``initialize`` (``loadSession`` unless it cannot
+``resume``), ``session/new`` and ``session/load`` (the history replayed as
+``user_message_chunk``), and a ``session/prompt`` with ``agent_message_chunk`` updates and then
+the prompt's answer ``{"stopReason": "end_turn"}``; ``session/cancel`` ends it ``cancelled``.
+A permission is ``session/request_permission`` (like Gemini, a pending one holds the cancel
+until it is answered); a tool call is a ``tool_call`` ``in_progress`` and its
+``tool_call_update`` ``completed``; a failed turn (``fail_turn``) is a JSON-RPC error answer to
+the prompt; a silent one logs to stderr (once a second, or as fast as it can with ``flood``).
 
-``steering`` (set per launcher) advertises ``_meta.steering.supported`` and answers
-``_session/steering`` as claude-agent-acp does: ``injected`` while a prompt runs (the text is
-said back as a chunk ``steered:<text>`` and the turn goes on), ``promptRequired`` when idle;
-``steer_answer`` ``refuse`` answers with an error, ``silent`` never answers.
+Prompt tokens beyond the shared ones (``_memory.Behaviour``): ``ignore-cancel``, ``flood``,
+``fail`` (the prompt is answered with an error at once), ``pad=N``, ``deferred-id=0.2``.
+
+``steering`` advertises ``_meta.steering.supported`` and answers ``_session/steering`` as
+claude-agent-acp does: ``injected`` while a prompt runs (the text is said back as a chunk
+``steered:<text>`` and the turn goes on), ``promptRequired`` when idle; ``steer_answer``
+``refuse`` answers with an error, ``silent`` never answers.
 """
 
 from __future__ import annotations
@@ -22,26 +26,29 @@ from typing import Any
 import trio
 from attrs import define
 
-from supervisor.agents.link import AgentStderrLines
 from supervisor.config import AgentSpec
-from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
+from supervisor.testing._memory import (
+    SILENT_LOG_INTERVAL_S,
+    TOOL_CALL_ID,
+    TOOL_COMMAND,
+    Behaviour,
+    MemoryAgent,
+    MemoryLauncher,
+    MemoryLink,
+    never,
+    on,
+)
 
 
 @define
 class AcpBehaviour(Behaviour):
-    load_session: bool = True
-    permission: bool = False
-    crash_after: int | None = None
-    flood: bool = False
+    flood: bool = False  # says its words (or its stderr, once silent) as fast as it can
     deferred_id: float | None = None  # announce the turn id this late (deferred protocol)
     fail_start: bool = False
     fail: bool = False  # the turn ends at once with an error response (the agent is fine)
-    fail_turn: bool = False  # the turn ends with the agent's error (see each fake)
     pad: int = 0  # extra characters per word, to make big events
     steering: bool = False
     steer_answer: str = "injected"  # or "refuse", "silent"
-    silent_after: int | None = None  # words said before the agent goes silent (a stall)
-    tool: float | None = None  # seconds a tool call runs, silent, before the second word
     modes: bool = False  # offers session modes "ask" and "code"
     images: bool = False  # promptCapabilities: image and embeddedContext
     mode_answer: str = "ok"  # or "refuse", "exit" (dies before it answers session/set_mode)
@@ -49,15 +56,10 @@ class AcpBehaviour(Behaviour):
     TOKENS = {
         **Behaviour.TOKENS,
         "ignore-cancel": ("stop_delay", never),
-        "permission": ("permission", on),
-        "crash": ("crash_after", lambda value: int(value or 1)),
         "flood": ("flood", on),
         "fail": ("fail", on),
         "pad": ("pad", int),
         "deferred-id": ("deferred_id", float),
-        "fail-turn": ("fail_turn", on),
-        "silent-after": ("silent_after", int),
-        "tool": ("tool", float),
     }
 
 
@@ -79,10 +81,8 @@ class AcpAgent(MemoryAgent[AcpBehaviour]):
         self.next_request = 0
         self.permission_answers: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.updates_after_response = 0
-        self.turns: list[str] = []
         self.permission_pending: trio.Event | None = None
         self.running: Any = None  # the running session/prompt's request id
-        self.steers: list[str] = []  # texts injected into running turns
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -124,7 +124,7 @@ class AcpAgent(MemoryAgent[AcpBehaviour]):
             result: dict[str, Any] = {
                 "protocolVersion": 1,
                 "agentCapabilities": {
-                    "loadSession": self.behaviour.load_session,
+                    "loadSession": self.behaviour.resumes,
                     **(
                         {"promptCapabilities": {"image": True, "embeddedContext": True}}
                         if self.behaviour.images
@@ -213,6 +213,9 @@ class AcpAgent(MemoryAgent[AcpBehaviour]):
 
             async def watch_cancel() -> None:
                 await self.cancelled.wait()
+                if behaviour.crash_on_cancel:
+                    await self.crash()
+                    return
                 if behaviour.stop_delay is None:
                     return  # wedged: pretends it never heard
                 await trio.sleep(behaviour.stop_delay)
@@ -221,39 +224,32 @@ class AcpAgent(MemoryAgent[AcpBehaviour]):
                     await self.permission_pending.wait()
                 nursery.cancel_scope.cancel()
 
-            nursery.start_soon(watch_cancel)
-            for index in range(behaviour.words):
-                if behaviour.crash_after is not None and index == behaviour.crash_after:
-                    await self.exit(3)
-                    return
-                if behaviour.permission and index == 1:
-                    outcome = await self.ask_permission()
-                    if outcome == "cancelled":
-                        stop_reason = "cancelled"
-                        nursery.cancel_scope.cancel()
-                        break
-                if behaviour.tool is not None and index == 1:
-                    await self.run_tool(behaviour.tool)
-                if index == behaviour.silent_after:
-                    while True:  # a model call that never answers; only stderr goes on
-                        await self.link.inbox.send(
-                            AgentStderrLines(self.link.generation, ["waiting for the model"])
-                        )
-                        await trio.sleep(0 if behaviour.flood else 1.0)
+            async def say(word: str) -> None:
                 await self.update(
                     {
                         "sessionUpdate": "agent_message_chunk",
-                        "content": {"type": "text", "text": f"w{index} " + "x" * behaviour.pad},
+                        "content": {"type": "text", "text": word + "x" * behaviour.pad},
                     }
                 )
-                if behaviour.flood:
-                    await trio.sleep(0)
-                else:
-                    await trio.sleep(behaviour.word_interval)
+
+            async def ask() -> bool:
+                return await self.ask_permission() != "cancelled"
+
+            nursery.start_soon(watch_cancel)
+            flood = behaviour.flood
+            if not await self.speak(
+                behaviour,
+                say,
+                ask=ask,
+                tool=self.run_tool,
+                interval=0.0 if flood else None,
+                silent_interval=0.0 if flood else SILENT_LOG_INTERVAL_S,
+            ):
+                stop_reason = "cancelled"
             nursery.cancel_scope.cancel()
         if self.cancelled.is_set() and behaviour.stop_delay is not None:
             stop_reason = "cancelled"
-        elif behaviour.fail_turn:
+        elif behaviour.fail_turn and stop_reason == "end_turn":
             await self.error(request_id, -32603, "Internal error: model overloaded")
             return
         await self.reply(request_id, {"stopReason": stop_reason})
@@ -262,15 +258,15 @@ class AcpAgent(MemoryAgent[AcpBehaviour]):
         await self.update(
             {
                 "sessionUpdate": "tool_call",
-                "toolCallId": "call_tool",
-                "title": "make test",
+                "toolCallId": TOOL_CALL_ID,
+                "title": TOOL_COMMAND,
                 "kind": "execute",
                 "status": "in_progress",
             }
         )
         await trio.sleep(seconds)
         await self.update(
-            {"sessionUpdate": "tool_call_update", "toolCallId": "call_tool", "status": "completed"}
+            {"sessionUpdate": "tool_call_update", "toolCallId": TOOL_CALL_ID, "status": "completed"}
         )
 
     async def ask_permission(self) -> str:

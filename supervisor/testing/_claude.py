@@ -1,22 +1,27 @@
-"""An in-memory Claude Code CLI (stream-json) for actor tests on virtual time.
+"""An in-memory Claude Code CLI (stream-json) for tests on virtual time.
 
-The same trick as ``memory_agent.py`` (the plumbing of ``memory_base.py``): the "process" is a
-trio task, messages are dicts, a kill is a cancel scope, every delay is virtual.
-It speaks what ``protocols/claude.py`` expects of Claude Code 2.1.332: ``initialize`` answered
-at start; ``system/init`` after each user message; partial ``stream_event`` deltas; the
-``interrupt`` acknowledged at once and the turn ended by a ``result`` (``aborted_streaming``, or
+The same trick as ``_acp.py`` (the plumbing of ``_memory.py``): the "process" is a trio task,
+messages are dicts, a kill is a cancel scope, every delay is virtual. It speaks what
+``protocols/claude.py`` expects of Claude Code 2.1.332: ``initialize`` answered at start;
+``system/init`` after each user message; partial ``stream_event`` deltas; the ``interrupt``
+acknowledged at once and the turn ended by a ``result`` (``aborted_streaming``, or
 ``aborted_tools`` while a permission is pending, which it withdraws with
 ``control_cancel_request``); ``--resume`` of an unknown session refused with a ``result`` and
-exit 1; an interrupt while idle acknowledged and otherwise ignored.
+exit 1; an interrupt while idle acknowledged and otherwise ignored. A permission is a
+``can_use_tool`` request for ``Bash``; a tool call an ``assistant`` ``tool_use`` and its
+``tool_result``. A steer (a ``user`` line with a ``uuid`` mid-turn) is taken into the running
+turn as the CLI takes one while a tool runs: ``command_lifecycle`` ``queued``, the text said
+back as ``steered:<text>``, and the turn's ``result`` naming its uuid; with ``steer_answer``
+``refuse`` the CLI says ``command_lifecycle`` ``cancelled`` instead. A conversation it cannot
+``resume`` is not kept, so ``--resume`` finds nothing.
 
-AcpBehaviour is set per launcher and overridden per prompt with tokens in the prompt text: those of
-``memory_agent.AcpBehaviour`` (``words=3``, ``interval=0.1``, ``stop-delay=0.5``,
-``ignore-cancel``, ``permission``, ``crash``) plus ``lost-result`` (acknowledges the interrupt,
-stops, never writes the result), ``deaf`` (ignores interrupt requests entirely),
-``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before ``system/init`` is lost,
-like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own permission request),
-``background`` (a second ``result`` after the turn's, like a background task), and ``fail-turn``
-(the turn ends on an API error: ``success``/``completed`` with ``is_error``).
+Prompt tokens beyond the shared ones (``_memory.Behaviour``): ``ignore-cancel``, ``lost-result``
+(acknowledges the interrupt, stops, never writes the result), ``deaf`` (ignores interrupt
+requests entirely), ``drop-early-interrupt`` and ``init-delay=0.3`` (an interrupt before
+``system/init`` is lost, like older CLIs), ``withdraw=0.5`` (the CLI withdraws its own
+permission request), ``background`` (a second ``result`` after the turn's, like a background
+task). ``fail-turn``: the turn ends on an API error (``success``/``completed`` with
+``is_error``).
 
 Background tasks, as 2.1.332 runs them (``tests/real/test_real_claude_tasks.py``): ``tasks=N``
 starts N background shells (``system/task_started``, ids like the CLI's: ``b`` and eight of
@@ -38,26 +43,35 @@ from attrs import define, field
 
 from protocols.claude import ClaudeClient
 from supervisor.config import AgentSpec
-from supervisor.testing._acp import AcpBehaviour
-from supervisor.testing._memory import MemoryAgent, MemoryLauncher, MemoryLink, never, on
+from supervisor.testing._memory import (
+    TOOL_CALL_ID,
+    TOOL_COMMAND,
+    Behaviour,
+    MemoryAgent,
+    MemoryLauncher,
+    MemoryLink,
+    never,
+    on,
+)
 
 
 @define
-class ClaudeBehaviour(AcpBehaviour):
+class ClaudeBehaviour(Behaviour):
     lost_result: bool = False
     deaf: bool = False
     drop_early_interrupt: bool = False
     init_delay: float = 0.0
     withdraw_after: float | None = None
     background: bool = False
-    persist: bool = True  # False: conversations are not saved, so --resume fails
     tasks: int = 0
     task_stop_delay: float | None = 0.0  # None: stop_task is never answered
     task_refuse: bool = False
     interrupt_kills_tasks: bool = False
+    steer_answer: str = "injected"  # or "refuse": the steer's command_lifecycle is cancelled
 
     TOKENS = {
-        **AcpBehaviour.TOKENS,
+        **Behaviour.TOKENS,
+        "ignore-cancel": ("stop_delay", never),
         "lost-result": ("lost_result", on),
         "deaf": ("deaf", on),
         "drop-early-interrupt": ("drop_early_interrupt", on),
@@ -112,6 +126,9 @@ class _Turn:
     pending_permission: str | None = None
     permission_answer: trio.MemorySendChannel[dict[str, Any]] | None = None
     aborted: str = "aborted_streaming"
+    #: what it said so far, and the uuids of the steers it took
+    said: list[str] = field(factory=list)
+    steers: list[str] = field(factory=list)
 
 
 class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
@@ -120,7 +137,6 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         self.argv = argv
         self.session_id: str | None = None
         self.turn: _Turn | None = None
-        self.turns: list[str] = []
         self.idle_interrupts = 0
         self.dropped_interrupts = 0
         self.late_answers: list[dict[str, Any]] = []
@@ -173,8 +189,13 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         elif kind == "control_response":
             await self.on_permission_answer(message["response"])
         elif kind == "user":
-            assert self.turn is None, "a user message while a turn runs"
             text = message["message"]["content"]
+            if self.turn is not None and "uuid" in message:
+                await self.on_steer(self.turn, message["uuid"], text)
+                return
+            if self.turn is not None:
+                self.launcher.violations.append(f"a user message while a turn runs: {text!r}")
+                return
             self.turns.append(text)
             turn = _Turn(text, self.behaviour.for_prompt(text))
             self.turn = turn
@@ -234,9 +255,32 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         ):
             await self.post({"type": "system", **message, "session_id": self.session_id})
 
+    async def on_steer(self, turn: _Turn, message_uuid: str, text: str) -> None:
+        if turn.behaviour.steer_answer == "refuse":
+            await self.lifecycle(message_uuid, "cancelled")
+            return
+        await self.lifecycle(message_uuid, "queued")
+        self.steers.append(text)
+        turn.steers.append(message_uuid)
+        await self.say(turn, f"steered:{text} ")
+
+    async def lifecycle(self, message_uuid: str, state: str) -> None:
+        await self.post(
+            {
+                "type": "system",
+                "subtype": "command_lifecycle",
+                "command_uuid": message_uuid,
+                "state": state,
+                "session_id": self.session_id,
+            }
+        )
+
     async def on_interrupt(self, request_id: str) -> None:
         turn = self.turn
         if turn is not None and turn.behaviour.deaf:
+            return
+        if turn is not None and turn.behaviour.crash_on_cancel:
+            await self.crash()
             return
         if turn is not None and turn.behaviour.interrupt_kills_tasks:
             for task_id in self.running_tasks():
@@ -280,7 +324,7 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         if self.session_id is None:
             self.store.counter += 1
             self.session_id = f"sess-{self.store.counter}"
-        if behaviour.persist:
+        if behaviour.resumes:
             self.store.sessions.setdefault(self.session_id, []).append(turn.text)
         await self.post(
             {"type": "system", "subtype": "init", "session_id": self.session_id, "argv": self.argv}
@@ -308,7 +352,6 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                     "session_id": self.session_id,
                 }
             )
-        words: list[str] = []
         finished = False
         async with trio.open_nursery() as nursery:
 
@@ -320,24 +363,14 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(watch_interrupt)
-            for index in range(behaviour.words):
-                if behaviour.crash_after is not None and index == behaviour.crash_after:
-                    await self.exit(3)
-                    return
-                if behaviour.permission and index == 1:
-                    if not await self.ask_permission(turn, nursery):
-                        break
-                words.append(f"w{index} ")
-                await self.stream(
-                    {
-                        "type": "content_block_delta",
-                        "index": 0,
-                        "delta": {"type": "text_delta", "text": words[-1]},
-                    }
-                )
-                await trio.sleep(behaviour.word_interval)
-            else:
-                finished = True
+
+            async def say(word: str) -> None:
+                await self.say(turn, word)
+
+            async def ask() -> bool:
+                return await self.ask_permission(turn, nursery)
+
+            finished = await self.speak(behaviour, say, ask=ask, tool=self.run_tool)
             nursery.cancel_scope.cancel()
         if not finished and behaviour.lost_result:
             return  # stopped, but the result never comes (edge case 22)
@@ -349,11 +382,13 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                 "message": {
                     "id": message_id,
                     "role": "assistant",
-                    "content": [{"type": "text", "text": "".join(words)}],
+                    "content": [{"type": "text", "text": "".join(turn.said)}],
                 },
             }
         )
         self.turn = None
+        # The result names the steers the turn took (the CLI's ``user_message_uuids``).
+        named = {"user_message_uuids": turn.steers} if turn.steers else {}
         if finished and behaviour.fail_turn:
             # An API error: the CLI still says success/completed, with is_error.
             await self.post(
@@ -362,6 +397,7 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                     is_error=True,
                     terminal_reason="completed",
                     result="API Error: 500 internal",
+                    **named,
                 )
             )
         elif finished:
@@ -370,7 +406,8 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                     subtype="success",
                     is_error=False,
                     terminal_reason="completed",
-                    result="".join(words),
+                    result="".join(turn.said),
+                    **named,
                 )
             )
         else:
@@ -403,6 +440,40 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                     result="background done",
                 )
             )
+
+    async def say(self, turn: _Turn, text: str) -> None:
+        turn.said.append(text)
+        await self.stream(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": text},
+            }
+        )
+
+    async def run_tool(self, seconds: float) -> None:
+        tool_input = {"command": TOOL_COMMAND}
+        await self.post(
+            {
+                "type": "assistant",
+                "session_id": self.session_id,
+                "parent_tool_use_id": None,
+                "message": {
+                    "id": f"msg_{TOOL_CALL_ID}",
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": TOOL_CALL_ID,
+                            "name": "Bash",
+                            "input": tool_input,
+                        }
+                    ],
+                },
+            }
+        )
+        await trio.sleep(seconds)
+        await self.post(self.tool_result("ok", is_error=False, tool_use_id=TOOL_CALL_ID))
 
     def result(self, **fields: Any) -> dict[str, Any]:
         return {"type": "result", "num_turns": 1, "session_id": self.session_id, **fields}
@@ -482,7 +553,9 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         await self.post(self.tool_result("withdrawn", is_error=True))
         return not turn.interrupted.is_set()
 
-    def tool_result(self, text: str, *, is_error: bool) -> dict[str, Any]:
+    def tool_result(
+        self, text: str, *, is_error: bool, tool_use_id: str = "toolu_1"
+    ) -> dict[str, Any]:
         return {
             "type": "user",
             "session_id": self.session_id,
@@ -492,7 +565,7 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
                 "content": [
                     {
                         "type": "tool_result",
-                        "tool_use_id": "toolu_1",
+                        "tool_use_id": tool_use_id,
                         "content": text,
                         "is_error": is_error,
                     }

@@ -1,19 +1,23 @@
-"""An in-memory ``codex app-server`` for actor tests on virtual time.
+"""An in-memory ``codex app-server`` for tests on virtual time.
 
-The sibling of ``memory_agent.AcpAgent``: it plugs into the session through the same
-``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
-but speaks the Codex app-server protocol as ``shared/protocols.md`` section 2 describes it:
-no ``"jsonrpc"`` member, server request ids from 0 (colliding with the client's), the
-``turn/start`` reply naming the turn before ``turn/started``, ``turn/interrupt`` answered ``{}``
-only when the turn aborts and rejected at once for a stale id or before the turn runs,
-approvals retracted with ``serverRequest/resolved`` at the turn's end.
+The sibling of ``_acp.AcpAgent``: it plugs into the session through the same ``_memory.py``
+machinery (a kill is a cancel scope, every delay is virtual), but speaks the Codex app-server
+protocol as ``shared/protocols.md`` section 2 describes it: no ``"jsonrpc"`` member, server
+request ids from 0 (colliding with the client's), the ``turn/start`` reply naming the turn
+before ``turn/started``, ``turn/interrupt`` answered ``{}`` only when the turn aborts and
+rejected at once for a stale id or before the turn runs, approvals retracted with
+``serverRequest/resolved`` at the turn's end. A permission is a ``commandExecution`` approval
+request; a tool call a ``commandExecution`` item, started and completed; ``turn/steer`` joins
+the running turn (the text said back as ``steered:<text>``), or with ``steer_answer`` ``refuse``
+is answered -32601, as by a server without it; a thread it cannot ``resume`` is answered "no
+rollout found".
 
-AcpBehaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (ignore
-``turn/interrupt``: never answered, never stops), ``stop-delay=S``, ``words=N``, ``interval=S``,
-``reply-delay=S`` (the turn/start reply this late), ``started-delay=S`` (turn/started this long
-after the reply), ``stale`` (the reply names a phantom turn; another id runs), ``approval``,
-``fail-turn`` (once its words are out the turn fails: an ``error`` notification that will not be
-retried, then ``turn/completed`` ``failed`` with the same error, the real server's order).
+Prompt tokens beyond the shared ones (``_memory.Behaviour``): ``wedged`` (ignore
+``turn/interrupt``: never answered, never stops), ``reply-delay=S`` (the turn/start reply this
+late), ``started-delay=S`` (turn/started this long after the reply), ``stale`` (the reply names
+a phantom turn; another id runs), ``approval`` (``permission``). ``fail-turn``: once its words
+are out the turn fails: an ``error`` notification that will not be retried, then
+``turn/completed`` ``failed`` with the same error, the real server's order.
 
 Sub-agents and goals (shapes from the 0.171.0 schema): ``children=N`` makes the turn spawn N
 child threads as the multi-agent tool does (a ``collabAgentToolCall`` ``spawnAgent`` item on our
@@ -41,7 +45,16 @@ import trio
 from attrs import define, field
 
 from supervisor.config import AgentSpec
-from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
+from supervisor.testing._memory import (
+    TOOL_CALL_ID,
+    TOOL_COMMAND,
+    Behaviour,
+    MemoryAgent,
+    MemoryLauncher,
+    MemoryLink,
+    never,
+    on,
+)
 
 #: How long after a turn completes with the goal active Codex starts the next goal turn
 #: (measured ~10 ms on 0.171.0, ``tests/real/test_real_codex_children.py``).
@@ -59,8 +72,7 @@ class CodexBehaviour(Behaviour):
     reply_delay: float = 0.0
     started_delay: float = 0.0
     stale: bool = False
-    approval: bool = False
-    lost_threads: bool = False  # thread/resume fails: the rollout is gone
+    steer_answer: str = "injected"  # or "refuse": turn/steer is answered -32601
     clean_delay: float = 0.0
     children: int = 0
     child_stop_delay: float | None = 0.0  # None: a child ignores turn/interrupt
@@ -68,7 +80,6 @@ class CodexBehaviour(Behaviour):
     goal: bool = False
     goal_turns: int = 2  # the goal turn in which the goal completes (0: the person's turn)
     goal_late: bool = False  # the goal's "complete" comes after that turn's turn/completed
-    fail_turn: bool = False  # the model fails once the words are out (see the module docstring)
 
     TOKENS = {
         **Behaviour.TOKENS,
@@ -76,7 +87,7 @@ class CodexBehaviour(Behaviour):
         "reply-delay": ("reply_delay", float),
         "started-delay": ("started_delay", float),
         "stale": ("stale", on),
-        "approval": ("approval", on),
+        "approval": ("permission", on),
         "goal": ("goal", on),
         "goal-turns": ("goal_turns", int),
         "goal-late": ("goal_late", on),
@@ -84,7 +95,6 @@ class CodexBehaviour(Behaviour):
         "child-stop-delay": ("child_stop_delay", float),
         "child-wedged": ("child_stop_delay", never),
         "child-refuse": ("child_refuse", on),
-        "fail-turn": ("fail_turn", on),
     }
 
 
@@ -130,14 +140,12 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
         self.active: _RunningTurn | None = None  # the turn Codex considers running
         self.next_request = 0
         self.answers: dict[Any, trio.MemorySendChannel[dict[str, Any]]] = {}
-        self.turns: list[str] = []
         self.cleaned = 0
         self.children: list[str] = []  # child thread ids, in spawn order
         self.child_active: dict[str, _RunningTurn] = {}
         self.goal: dict[str, Any] | None = None
         self.goal_behaviour = CodexBehaviour()  # of the turn that created the goal
         self.goal_turns = 0  # turns the server started by itself for an active goal
-        self.steers: list[str] = []  # texts turn/steer added to running turns
 
     async def reply(self, request_id: Any, result: Any) -> None:
         await self.link.post({"id": request_id, "result": result})
@@ -185,7 +193,7 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
             await self.notify("thread/started", {"thread": {"id": self.thread_id}})
         elif method == "thread/resume":
             thread_id = params.get("threadId")
-            if self.behaviour.lost_threads or thread_id not in self.store.sessions:
+            if not self.behaviour.resumes or thread_id not in self.store.sessions:
                 await self.error(request_id, -32600, f"no rollout found for thread id {thread_id}")
                 return
             self.thread_id = thread_id
@@ -200,7 +208,9 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
             # As turn_steer_inner: the expected turn must be the active one; the input joins it.
             active = self.active
             expected = params.get("expectedTurnId")
-            if active is None:
+            if self.behaviour.steer_answer == "refuse":
+                await self.error(request_id, -32601, f"Method not found: {method}")
+            elif active is None:
                 await self.error(request_id, -32600, "no active turn to steer")
             elif expected != active.real_id:
                 await self.error(
@@ -266,6 +276,8 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
             await self.error(
                 request_id, -32600, f"expected active turn id {turn_id} but found {active.real_id}"
             )
+        elif active.behaviour.crash_on_cancel:
+            await self.crash()
         elif active.behaviour.stop_delay is None:
             pass  # wedged: queued forever, like openai/codex#36926
         else:
@@ -294,7 +306,7 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
         """What the multi-agent ``spawn_agent`` tool shows: its item, the child's thread."""
         self.store.counter += 1
         child = f"thr_{self.store.counter}"
-        item = {
+        item: dict[str, Any] = {
             "type": "collabAgentToolCall",
             "id": f"call_spawn_{child}",
             "tool": "spawnAgent",
@@ -340,7 +352,7 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
         real_id = f"turn_{self.store.counter}"
         running = _RunningTurn(real_id, behaviour)
         self.child_active[child] = running
-        turn = {"id": real_id, "status": "inProgress", "items": [], "error": None}
+        turn: dict[str, Any] = {"id": real_id, "status": "inProgress", "items": [], "error": None}
         await self.notify("turn/started", {"threadId": child, "turn": turn})
         with running.scope:
             for index in range(behaviour.words):
@@ -426,16 +438,21 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
                 )
             for _ in range(behaviour.children if person else 0):
                 await self.spawn_child(ids, behaviour)
-            for index in range(behaviour.words):
-                if behaviour.approval and index == 1:
-                    decision = await self.ask_approval(running, ids)
-                    if decision == "cancel":  # "the turn will also be immediately interrupted"
-                        status = "interrupted"
-                        break
+
+            async def say(word: str) -> None:
                 await self.notify(
-                    "item/agentMessage/delta", {**ids, "itemId": "msg_1", "delta": f"w{index} "}
+                    "item/agentMessage/delta", {**ids, "itemId": "msg_1", "delta": word}
                 )
-                await trio.sleep(behaviour.word_interval)
+
+            async def ask() -> bool:
+                # "cancel": "the turn will also be immediately interrupted"
+                return await self.ask_approval(running, ids) != "cancel"
+
+            async def tool(seconds: float) -> None:
+                await self.run_tool(ids, seconds)
+
+            if not await self.speak(behaviour, say, ask=ask, tool=tool):
+                status = "interrupted"
             goal_active = self.goal is not None and self.goal["status"] == "active"
             if completes and goal_active and not behaviour.goal_late:
                 await self.set_goal("complete", real_id)
@@ -470,6 +487,17 @@ class CodexServer(MemoryAgent[CodexBehaviour]):
         elif goal_active and status == "completed":
             assert self.nursery is not None
             self.nursery.start_soon(self.goal_turn)
+
+    async def run_tool(self, ids: dict[str, Any], seconds: float) -> None:
+        item = {
+            "id": TOOL_CALL_ID,
+            "type": "commandExecution",
+            "command": TOOL_COMMAND,
+            "status": "inProgress",
+        }
+        await self.notify("item/started", {**ids, "item": item})
+        await trio.sleep(seconds)
+        await self.notify("item/completed", {**ids, "item": {**item, "status": "completed"}})
 
     async def ask_approval(self, running: _RunningTurn, ids: dict[str, Any]) -> str:
         request_id = self.next_request

@@ -2,30 +2,51 @@
 
 An in-memory agent plugs into the session through the same ``Launcher`` signature as a real
 process, but its "process" is a trio task: messages are dicts, a kill is a cancel scope, and
-every delay is virtual, so tests can assert exact receipt times. A protocol's fake
-(``memory_agent.py`` for ACP, ``memory_amp.py``, ``memory_claude.py``, ``memory_codex.py``,
-``memory_opencode.py``) adds only what its protocol says: a :class:`Behaviour` with its
-knobs and prompt tokens, a :class:`MemoryAgent` that answers messages, and a
-:class:`MemoryLauncher` that says how a launch starts one.
+every delay is virtual, so tests can assert exact receipt times. A protocol's fake (``_acp.py``,
+``_amp.py``, ``_claude.py``, ``_codex.py``, ``_opencode.py``) adds only what its protocol says:
+a :class:`Behaviour` with its knobs and prompt tokens, a :class:`MemoryAgent` that answers
+messages, and a :class:`MemoryLauncher` that says how a launch starts one.
+
+What each fake does with the knobs every protocol shares (:class:`Behaviour`), in its own words
+on the wire: it answers a prompt with :meth:`Behaviour.said`, a word every ``word_interval``;
+before word ``tool_at`` it asks a permission (``permission``) and runs a tool call for
+``tool`` seconds; after ``silent_after`` words it says nothing more (:meth:`MemoryAgent.go_silent`);
+at word ``crash_after`` it exits (:data:`CRASH_EXIT_CODE`); with ``fail_turn`` the turn fails
+once its words are out. The interrupt is obeyed ``stop_delay`` later (never when None), or
+answered by an exit (``crash_on_cancel``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, ClassVar, Generic, Self, TypeVar
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, ClassVar, Final, Generic, Self, TypeVar
 
 import attrs
 import trio
 from attrs import define, field
 
 from protocols.framing import Message
-from supervisor.agents.link import AgentFrame, AgentGone, AgentLink, Inbox
+from supervisor.agents.link import AgentFrame, AgentGone, AgentLink, AgentStderrLines, Inbox
 from supervisor.config import AgentSpec
 from supervisor.core.exit import ExitStatus
 
 #: A prompt token's effect: the field it sets and how its ``=value`` becomes that field's value.
 Token = tuple[str, Callable[[str], Any]]
+
+#: The exit code of a fake that crashes (``crash_after``, ``crash_on_cancel``): not 0, and not
+#: 1, which is what the agents' own start-up failures exit with.
+CRASH_EXIT_CODE: Final = 3
+#: What a silent fake (``silent_after``) writes to stderr while it says nothing about the turn.
+SILENT_LINE: Final = "waiting for the model"
+#: Its stderr's pace meanwhile (a real agent's keep-alive logging): once a virtual second.
+SILENT_LOG_INTERVAL_S: Final = 1.0
+#: The tool call a fake runs (``tool``): its id, and the command it says it runs.
+TOOL_CALL_ID: Final = "call_tool"
+TOOL_COMMAND: Final = "make test"
+#: A word of an answer: what is not space, and the spaces after it (so the words join back).
+_WORD = re.compile(r"\S+\s*")
 
 
 def on(_: str) -> bool:
@@ -40,34 +61,65 @@ def never(_: str) -> None:
 
 @define
 class Behaviour:
-    """What every fake can be told: how much it says and how fast, how it stops and dies.
+    """What every fake can be told: what it says and how fast, how it stops and dies.
 
-    Set per launcher; :meth:`for_prompt` overrides it for one prompt with the tokens of
-    ``TOKENS`` in the prompt text (``words=3 stop-delay=0.5``); other words are ignored.
+    Set per launcher; :meth:`for_prompt` makes the one a prompt runs with: ``script``'s answer
+    to the prompt, and (with ``prompt_tokens``) the tokens of ``TOKENS`` in the prompt text
+    (``words=3 stop-delay=0.5``; other words are ignored).
     """
 
+    #: how many words a turn says when ``text`` is None: ``w0 ``, ``w1 ``, ...
     words: int = 10
+    #: what a turn says, a word at a time (None: ``words`` numbered words)
+    text: str | None = None
+    #: the ``text`` for each prompt, from the prompt's text (None: ``text`` for every prompt)
+    script: Callable[[str], str] | None = None
+    #: whether prompt texts carry tokens (``words=3``) that change how their turn goes
+    prompt_tokens: bool = True
     word_interval: float = 0.1
     stop_delay: float | None = 0.0  # None: the protocol's interrupt is not obeyed (wedged)
-    start_delay: float = 0.0
-    ignores_sigterm: bool = False  # a kill then takes the launcher's kill_timeout
+    crash_on_cancel: bool = False  # the interrupt makes it exit instead (CRASH_EXIT_CODE)
+    start_delay: float = 0.0  # from the launch to the answer of the handshake
+    ignores_sigterm: bool = False  # a kill then takes the spec's kill_timeout_s
     kill_time: float = 0.0  # virtual time a kill takes after SIGTERM
     close_time: float = 0.0  # virtual time it takes to exit once its stdin is closed
+    permission: bool = False  # asks a permission before word ``tool_at``
+    tool: float | None = None  # seconds a tool call runs, silently, before word ``tool_at``
+    tool_at: int = 1
+    silent_after: int | None = None  # words said before the agent goes silent (a stall)
+    crash_after: int | None = None  # words said before the process exits mid-turn
+    fail_turn: bool = False  # the turn ends with the agent's error once its words are out
+    resumes: bool = True  # False: a respawned process cannot go on with the conversation
 
     TOKENS: ClassVar[dict[str, Token]] = {
         "stop-delay": ("stop_delay", float),
         "words": ("words", int),
         "interval": ("word_interval", float),
+        "permission": ("permission", on),
+        "crash": ("crash_after", lambda value: int(value or 1)),
+        "fail-turn": ("fail_turn", on),
+        "silent-after": ("silent_after", int),
+        "tool": ("tool", float),
     }
 
     def for_prompt(self, text: str) -> Self:
         changes: dict[str, Any] = {}
-        for token in text.split():
-            key, _, value = token.partition("=")
-            if key in self.TOKENS:
-                name, convert = self.TOKENS[key]
-                changes[name] = convert(value)
+        if self.script is not None:
+            changes["text"] = self.script(text)
+        if self.prompt_tokens:
+            for token in text.split():
+                key, _, value = token.partition("=")
+                if key in self.TOKENS:
+                    name, convert = self.TOKENS[key]
+                    changes[name] = convert(value)
         return attrs.evolve(self, **changes)
+
+    def said(self) -> list[str]:
+        """The words of a turn's answer, each with the spaces after it: they join to ``text``
+        (but for its leading spaces)."""
+        if self.text is None:
+            return [f"w{index} " for index in range(self.words)]
+        return _WORD.findall(self.text)
 
 
 B = TypeVar("B", bound=Behaviour)
@@ -85,17 +137,27 @@ class Store:
 class MemoryLink(AgentLink):
     """The supervisor's end of one in-memory process; kills follow the launcher's behaviour."""
 
-    def __init__(self, launcher: MemoryLauncher[Any, Any], generation: int, inbox: Inbox):
+    def __init__(
+        self, launcher: MemoryLauncher[Any, Any], generation: int, inbox: Inbox, spec: AgentSpec
+    ):
         self.generation = generation
         self.launcher = launcher
         self.inbox = inbox
+        self.spec = spec
         self.to_agent_send, self.to_agent = trio.open_memory_channel[dict[str, Any]](math.inf)
+        #: what the supervisor sent, in order (written to the agent, or held: ``hold_writes``)
         self.sent: list[dict[str, Any]] = []
+        #: what reached the agent while it ran, in order
+        self.received: list[dict[str, Any]] = []
+        #: what the agent wrote, in order
+        self.written: list[dict[str, Any]] = []
         #: sent while writes are held (``hold_writes``), not yet given to the agent
         self.held: list[dict[str, Any]] | None = None
         self.scope = trio.CancelScope()
         self.alive = True
         self.signals: list[int] = []
+        #: the kill's steps, once the supervisor killed it
+        self.killed: list[str] | None = None
         self.agent: MemoryAgent[Any] | None = None
 
     def send(self, message: dict[str, Any]) -> None:
@@ -119,6 +181,7 @@ class MemoryLink(AgentLink):
         """The message reaches the agent (a pipe's link: it is written)."""
         self.launcher.log.append(("to_agent", self.generation, message))
         if self.alive:
+            self.received.append(message)
             self.to_agent_send.send_nowait(message)
 
     def signal(self, signum: int) -> None:
@@ -126,7 +189,7 @@ class MemoryLink(AgentLink):
             self.release_writes()  # what was sent before it reaches the agent before it
             self.hold_writes()
         self.signals.append(signum)
-        if self.agent is not None:
+        if self.agent is not None and self.alive:
             self.agent.on_signal(signum)
 
     async def memory_mb(self) -> float | None:
@@ -139,12 +202,14 @@ class MemoryLink(AgentLink):
         if not self.alive:
             return []
         steps = ["sigterm"]
-        if self.launcher.behaviour.ignores_sigterm:
-            await trio.sleep(self.launcher.spec_kill_timeout)
+        behaviour = self.launcher.behaviour
+        if behaviour.ignores_sigterm:
+            await trio.sleep(self.spec.kill_timeout_s)
             steps.append("sigkill")
-        elif self.launcher.behaviour.kill_time:
-            await trio.sleep(self.launcher.behaviour.kill_time)
+        elif behaviour.kill_time:
+            await trio.sleep(behaviour.kill_time)
         self._die()
+        self.killed = steps
         self.launcher.kills.append((self.generation, steps))
         return steps
 
@@ -163,6 +228,7 @@ class MemoryLink(AgentLink):
         return ["fake agent stderr"]
 
     async def post(self, message: dict[str, Any]) -> None:
+        self.written.append(message)
         self.launcher.log.append(("from_agent", self.generation, message))
         await self.post_output(AgentFrame(self.generation, Message(message)), self.inbox)
 
@@ -178,6 +244,10 @@ class MemoryAgent(Generic[B]):
         self.nursery: trio.Nursery | None = None
         #: what the tree "holds", for ``max_memory_mb`` (a test sets it)
         self.memory_mb: float = launcher.memory_mb
+        #: the prompts it was given, in order
+        self.turns: list[str] = []
+        #: the texts it took into a running turn (steered), in order
+        self.steers: list[str] = []
 
     async def run(self) -> None:
         with self.link.scope:
@@ -214,6 +284,51 @@ class MemoryAgent(Generic[B]):
         await self.link.inbox.send(AgentGone(self.link.generation, status))
         self.link.scope.cancel()
 
+    async def crash(self) -> None:
+        """The process dies mid-turn, with nothing more said."""
+        await self.exit(CRASH_EXIT_CODE)
+
+    async def speak(
+        self,
+        behaviour: B,
+        say: Callable[[str], Awaitable[None]],
+        *,
+        ask: Callable[[], Awaitable[bool]] | None = None,
+        tool: Callable[[float], Awaitable[None]] | None = None,
+        interval: float | None = None,
+        silent_interval: float = SILENT_LOG_INTERVAL_S,
+    ) -> bool:
+        """A turn's words (:meth:`Behaviour.said`), each ``say``-ed and followed by
+        ``interval`` (default ``word_interval``) of silence, with what the behaviour puts
+        before word N: at ``crash_after`` it crashes; at ``tool_at`` it asks a permission
+        (``ask``) and runs the ``tool``; at ``silent_after`` it goes silent. An answer too
+        short to reach N is said whole, without them.
+
+        False when the permission's answer ends the turn: ``ask`` said so.
+        """
+        pause = behaviour.word_interval if interval is None else interval
+        for index, word in enumerate(behaviour.said()):
+            if index == behaviour.crash_after:
+                await self.crash()
+                await trio.sleep_forever()  # the crash cancels the process
+            if index == behaviour.tool_at:
+                if behaviour.permission and ask is not None and not await ask():
+                    return False
+                if behaviour.tool is not None and tool is not None:
+                    await tool(behaviour.tool)
+            if index == behaviour.silent_after:
+                await self.go_silent(silent_interval)
+            await say(word)
+            await trio.sleep(pause)
+        return True
+
+    async def go_silent(self, interval: float = SILENT_LOG_INTERVAL_S) -> None:
+        """Say nothing more about the turn, ever (a model call that never answers); only the
+        stderr goes on, every ``interval`` (0: as fast as it can). Returns when cancelled."""
+        while True:
+            await self.link.inbox.send(AgentStderrLines(self.link.generation, [SILENT_LINE]))
+            await trio.sleep(interval)
+
 
 class MemoryLauncher(Generic[B, A]):
     """A ``Launcher`` whose processes are :class:`MemoryAgent` tasks; records what happened.
@@ -224,16 +339,10 @@ class MemoryLauncher(Generic[B, A]):
 
     behaviour_type: type[B]
 
-    def __init__(
-        self,
-        behaviour: B | None = None,
-        *,
-        kill_timeout: float = 1.0,
-        crash_on_launch: frozenset[int] = frozenset(),
-    ):
+    def __init__(self, behaviour: B | None = None, *, crash_on_launch: Iterable[int] = ()):
         self.behaviour: B = behaviour or self.behaviour_type()
-        self.crash_on_launch = crash_on_launch  # launch numbers (1-based) that die at once
-        self.spec_kill_timeout = kill_timeout
+        #: launch numbers (1-based) whose process exits 1 at once
+        self.crash_on_launch = frozenset(crash_on_launch)
         self.store = Store()
         #: what each agent's tree "holds" when it starts (``max_memory_mb`` tests change it)
         self.memory_mb = 10.0
@@ -255,7 +364,7 @@ class MemoryLauncher(Generic[B, A]):
         inbox: Inbox,
         nursery: trio.Nursery,
     ) -> AgentLink:
-        link = MemoryLink(self, generation, inbox)
+        link = MemoryLink(self, generation, inbox, spec)
         self.links.append(link)
         self.resumes.append(resume)
         agent = self.launch(link, spec, resume)

@@ -1,28 +1,31 @@
-"""An in-memory ``opencode serve`` for actor tests on virtual time.
+"""An in-memory ``opencode serve`` for tests on virtual time.
 
-The sibling of ``memory_agent.AcpAgent``: it plugs into the session through the same
-``memory_base.py`` machinery (a kill is a cancel scope, every delay is virtual),
-but speaks what the HTTP link delivers for OpenCode (``supervisor/agents/http_link.py``): it
-receives request envelopes ``{"http": {...}}`` and posts ``{"transport": "ready"}``,
-``{"http_response": ...}`` and ``{"sse": event}``, in the shapes the real server 1.18.33 produced
-(``tests/golden/opencode``): ``prompt_async`` answered 204 at once and ``session.status busy``
-when the turn runs; an abort answered ``200 true`` whatever happens, an idle session's abort
-emitting an idle pair, a running turn's abort emitting ``session.error`` MessageAbortedError, an
-idle pair, the late part and message updates, and a second idle pair; ``GET /session/{id}`` 404
-for a session it does not have; ``GET /session/status`` (``{}``, or the running turn's session
-``busy``); a permission ``reject`` ending the turn (``finish: "tool-calls"``); a reply to a
-request that is gone answered 404.
+The sibling of ``_acp.AcpAgent``: it plugs into the session through the same ``_memory.py``
+machinery (a kill is a cancel scope, every delay is virtual), but speaks what the HTTP link
+delivers for OpenCode (``supervisor/agents/http_link.py``): it receives request envelopes
+``{"http": {...}}`` and posts ``{"transport": "ready"}``, ``{"http_response": ...}`` and
+``{"sse": event}``, in the shapes the real server 1.18.33 produced (``tests/golden/opencode``):
+``prompt_async`` answered 204 at once and ``session.status busy`` when the turn runs; an abort
+answered ``200 true`` whatever happens, an idle session's abort emitting an idle pair, a running
+turn's abort emitting ``session.error`` MessageAbortedError, an idle pair, the late part and
+message updates, and a second idle pair; ``GET /session/{id}`` 404 for a session it does not
+have; ``GET /session/status`` (``{}``, or the running turn's session ``busy``); a permission
+``reject`` ending the turn (``finish: "tool-calls"``); a reply to a request that is gone
+answered 404. A permission is a ``bash`` ``permission.asked``; a tool call a ``bash`` tool part,
+``running`` then ``completed``; a failed turn (``fail_turn``) the model's ``APIError``, as
+``session.error`` and on the assistant message, before the idle pair. A server that cannot
+``resume`` has lost its sessions (``GET /session/{id}`` is 404). OpenCode has no way to steer a
+running turn.
 
-AcpBehaviour is set per launcher and per prompt with tokens in the prompt text: ``wedged`` (the
-abort is answered ``true`` but the stream never goes idle, edge case 25), ``stop-delay=S``,
-``words=N``, ``interval=S``, ``busy-delay=S`` (prompt accepted → busy), ``second-idle=S`` (the
-abort's second idle pair this late), ``duplicate-idles`` (a natural end emits two idle pairs),
-``permission`` (a bash permission before the second word), ``abort-first`` (an abort drops the
-turn's pending permission requests at once, before a reply sent with it is read: that reply is
-answered 404, the order the real server can take), ``fail-late`` (the prompt fails inside the
-server: ``busy``, the idle pair, then ``session.error`` ``UnknownError`` and no reply, the order
-of the real server's ``prompt_async``; the status says busy until the error is out, as the real
-server publishes it before it could serve our question).
+Prompt tokens beyond the shared ones (``_memory.Behaviour``): ``wedged`` (the abort is answered
+``true`` but the stream never goes idle, edge case 25), ``busy-delay=S`` (prompt accepted →
+busy), ``second-idle=S`` (the abort's second idle pair this late), ``duplicate-idles`` (a natural
+end emits two idle pairs), ``abort-first`` (an abort drops the turn's pending permission
+requests at once, before a reply sent with it is read: that reply is answered 404, the order the
+real server can take), ``fail-late`` (the prompt fails inside the server: ``busy``, the idle
+pair, then ``session.error`` ``UnknownError`` and no reply, the order of the real server's
+``prompt_async``; the status says busy until the error is out, as the real server publishes it
+before it could serve our question).
 """
 
 from __future__ import annotations
@@ -34,9 +37,23 @@ import trio
 from attrs import define, field
 
 from supervisor.config import AgentSpec
-from supervisor.testing._memory import Behaviour, MemoryAgent, MemoryLauncher, MemoryLink, never, on
+from supervisor.testing._memory import (
+    TOOL_CALL_ID,
+    TOOL_COMMAND,
+    Behaviour,
+    MemoryAgent,
+    MemoryLauncher,
+    MemoryLink,
+    never,
+    on,
+)
 
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
+#: What ``fail_turn`` fails with: the model provider's error, as the loop reports it.
+MODEL_ERROR = {
+    "name": "APIError",
+    "data": {"message": "Overloaded", "statusCode": 529, "isRetryable": False},
+}
 FAILED = {
     "name": "UnknownError",
     "data": {"message": "Error: All fibers interrupted without error"},
@@ -48,10 +65,8 @@ class OpenCodeBehaviour(Behaviour):
     busy_delay: float = 0.0
     second_idle: float = 0.0
     duplicate_idles: bool = False
-    permission: bool = False
     abort_first: bool = False
     fail_late: bool = False
-    lost_sessions: bool = False  # GET /session/{id} is 404: the new server lost its store
 
     TOKENS = {
         **Behaviour.TOKENS,
@@ -59,7 +74,6 @@ class OpenCodeBehaviour(Behaviour):
         "busy-delay": ("busy_delay", float),
         "second-idle": ("second_idle", float),
         "duplicate-idles": ("duplicate_idles", on),
-        "permission": ("permission", on),
         "abort-first": ("abort_first", on),
         "fail-late": ("fail_late", on),
     }
@@ -118,9 +132,9 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
     def __init__(self, link: MemoryLink, launcher: OpenCodeLauncher):
         super().__init__(link, launcher)
         self.requests = launcher.requests
+        self.replies_gone = launcher.replies_gone
         self.ready = False
         self.active: _Running | None = None
-        self.turns: list[str] = []
         self.pending: dict[str, trio.MemorySendChannel[str]] = {}
         self.counter = 0
 
@@ -180,7 +194,7 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
                 request_id, 200, {running.session: {"type": "busy"}} if running else {}
             )
         elif method == "GET" and len(parts) == 2 and parts[0] == "session":
-            if self.behaviour.lost_sessions or parts[1] not in self.store.sessions:
+            if not self.behaviour.resumes or parts[1] not in self.store.sessions:
                 message = f"Session not found: {parts[1]}"
                 await self.respond(
                     request_id, 404, {"name": "NotFoundError", "data": {"message": message}}
@@ -200,7 +214,7 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
         elif method == "POST" and len(parts) == 3 and parts[0] == "permission":
             answer = self.pending.pop(parts[1], None)
             if answer is None:
-                self.launcher.replies_gone.append(parts[1])
+                self.replies_gone.append(parts[1])
                 message = f"Permission request not found: {parts[1]}"
                 await self.respond(
                     request_id, 404, {"_tag": "PermissionNotFoundError", "message": message}
@@ -218,6 +232,9 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
         await self.respond(request_id, 200, True)  # whatever happens (edge case 24)
         if running is None:
             await self.idle_pair(session)  # an idle session's abort: a leftover pair
+            return
+        if running.behaviour.crash_on_cancel:
+            await self.crash()
             return
         if running.behaviour.stop_delay is None:
             return  # wedged: acknowledged, and the stream never goes idle (edge case 25)
@@ -279,13 +296,9 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
         said = ""
         rejected = False
         with running.scope:
-            for index in range(behaviour.words):
-                if behaviour.permission and index == 1:
-                    reply = await self.ask_permission(session, assistant)
-                    if reply == "reject":
-                        rejected = True
-                        break
-                word = f"w{index} "
+
+            async def say(word: str) -> None:
+                nonlocal said
                 said += word
                 await self.event(
                     "message.part.delta",
@@ -297,7 +310,14 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
                         "delta": word,
                     },
                 )
-                await trio.sleep(behaviour.word_interval)
+
+            async def ask() -> bool:
+                return await self.ask_permission(session, assistant) != "reject"
+
+            async def tool(seconds: float) -> None:
+                await self.run_tool(session, assistant, seconds)
+
+            rejected = not await self.speak(behaviour, say, ask=ask, tool=tool)
         self.active = None
         final = {
             "id": part,
@@ -319,10 +339,31 @@ class OpenCodeServer(MemoryAgent[OpenCodeBehaviour]):
         finish = "tool-calls" if rejected else "stop"
         await self.event("message.part.updated", {"sessionID": session, "part": final})
         done = {**info, "time": {"created": 1, "completed": 2}, "finish": finish}
+        if behaviour.fail_turn and not rejected:
+            # The model's error, as the loop reports one: on the stream and on the message.
+            await self.event("session.error", {"sessionID": session, "error": MODEL_ERROR})
+            done = {**info, "time": {"created": 1, "completed": 2}, "error": MODEL_ERROR}
         await self.event("message.updated", {"sessionID": session, "info": done})
         await self.idle_pair(session)
         if behaviour.duplicate_idles:
             await self.idle_pair(session)
+
+    async def run_tool(self, session: str, message: str, seconds: float) -> None:
+        tool = {
+            "id": self.new_id("prt"),
+            "messageID": message,
+            "sessionID": session,
+            "type": "tool",
+            "tool": "bash",
+            "callID": TOOL_CALL_ID,
+        }
+        for status in ("running", "completed"):
+            state = {"status": status, "input": {"command": TOOL_COMMAND}}
+            await self.event(
+                "message.part.updated", {"sessionID": session, "part": {**tool, "state": state}}
+            )
+            if status == "running":
+                await trio.sleep(seconds)
 
     async def ask_permission(self, session: str, message: str) -> str:
         request, call = self.new_id("per"), self.new_id("call")

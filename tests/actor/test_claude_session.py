@@ -157,7 +157,7 @@ async def test_resume_refused_starts_a_fresh_session(
     The machine reports StartFailed(resume_failed=True); the actor starts the CLI once more
     without --resume, and the receipt says the session could not be resumed (brief 4.5).
     """
-    behaviour = ClaudeBehaviour(words=1000, stop_delay=None, persist=False)
+    behaviour = ClaudeBehaviour(words=1000, stop_delay=None, resumes=False)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)

@@ -135,7 +135,7 @@ async def test_wedged_server_killed_exactly_at_grace_and_thread_resumed(
 async def test_kill_with_lost_rollout_gives_fresh_thread(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = CodexBehaviour(words=1000, stop_delay=None, lost_threads=True)
+    behaviour = CodexBehaviour(words=1000, stop_delay=None, resumes=False)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
@@ -210,7 +210,7 @@ async def test_stale_turn_id_retried_once_against_the_running_turn(
 async def test_pending_approval_answered_cancel_ends_wedged_turn_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = CodexBehaviour(words=100, stop_delay=None, approval=True)
+    behaviour = CodexBehaviour(words=100, stop_delay=None, permission=True)
     async with running(behaviour) as (session, launcher, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
@@ -242,7 +242,7 @@ async def test_pending_approval_answered_cancel_ends_wedged_turn_at_once(
 async def test_cancel_retracts_approval_when_server_stops(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = CodexBehaviour(words=100, stop_delay=0.0, approval=True)
+    behaviour = CodexBehaviour(words=100, stop_delay=0.0, permission=True)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_kind("permission.requested")
@@ -254,7 +254,7 @@ async def test_cancel_retracts_approval_when_server_stops(
 
 
 async def test_approval_accepted_by_client(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(CodexBehaviour(words=3, approval=True)) as (session, _, rec):
+    async with running(CodexBehaviour(words=3, permission=True)) as (session, _, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
         assert isinstance(requested, ev.PermissionRequested)

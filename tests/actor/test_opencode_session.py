@@ -134,7 +134,7 @@ async def test_wedged_server_killed_exactly_at_grace_and_session_resumed(
 async def test_kill_with_lost_session_gives_a_fresh_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = OpenCodeBehaviour(words=1000, stop_delay=None, lost_sessions=True)
+    behaviour = OpenCodeBehaviour(words=1000, stop_delay=None, resumes=False)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)

@@ -162,7 +162,7 @@ async def test_agent_ignoring_sigterm_adds_kill_time(
         t0 = trio.current_time()
         receipt = await session.cancel()
         await rec.catch_up()
-        kill_timeout = launcher.spec_kill_timeout
+        kill_timeout = session.spec.kill_timeout_s
         assert trio.current_time() - t0 == pytest.approx(GRACE + kill_timeout)
         assert receipt.escalation[:4] == ["interrupt", "grace_expired", "sigterm", "sigkill"]
         assert receipt.outcome == "killed" and session.state == "ready"
@@ -373,7 +373,7 @@ async def test_crash_mid_turn_fails_turn_and_recovers(
 async def test_kill_without_load_session_gives_fresh_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = AcpBehaviour(words=1000, stop_delay=None, load_session=False)
+    behaviour = AcpBehaviour(words=1000, stop_delay=None, resumes=False)
     async with running(behaviour) as (session, launcher, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)

@@ -133,7 +133,7 @@ async def test_a_receipt_of_a_session_that_failed_waits_for_the_failed_agent_to_
 ) -> None:
     """The respawn after the kill hangs in its handshake: the session fails at its start
     timeout, and the receipt says so once that agent (deaf to SIGTERM) is gone too."""
-    launcher = AcpLauncher(AcpBehaviour(words=1000, stop_delay=None), kill_timeout=1.0)
+    launcher = AcpLauncher(AcpBehaviour(words=1000, stop_delay=None))
     spec = fake_spec(start_timeout_s=5.0)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
