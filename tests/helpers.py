@@ -1,73 +1,22 @@
-"""Test helpers: record a session's events and check the invariants every test relies on."""
+"""Test helpers: a session on one of the kit's in-memory launchers, recorded and checked."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import pytest
 import trio
 
-from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.agents.containment import choose_blocking
+from supervisor.supervisor import AnySession
+from supervisor.testing import FakeAgent, Recorder, open_test_supervisor, record
 from supervisor.testing._memory import MemoryLauncher
 
 L = TypeVar("L", bound=MemoryLauncher[Any, Any])
-
-
-class Recorder:
-    """Every event of a session, from seq 1, gathered by a background task."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.events: list[ev.Event] = []
-        self._changed = trio.Event()
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self.session.subscribe(since_seq=0) as subscription:
-            task_status.started()
-            async for event in subscription:
-                self.events.append(event)
-                self._changed.set()
-                self._changed = trio.Event()
-
-    async def wait_for(self, predicate: Callable[[ev.Event], bool], *, count: int = 1) -> ev.Event:
-        """The ``count``-th event matching ``predicate`` (waits for it)."""
-        while True:
-            matches = [event for event in self.events if predicate(event)]
-            if len(matches) >= count:
-                return matches[count - 1]
-            await self._changed.wait()
-
-    async def wait_kind(self, kind: str, *, count: int = 1, **fields: object) -> ev.Event:
-        return await self.wait_for(
-            lambda e: e.kind == kind and all(getattr(e, k) == v for k, v in fields.items()),
-            count=count,
-        )
-
-    async def catch_up(self) -> None:
-        """Wait until every event the session has emitted so far has been recorded."""
-        target = self.session.last_seq
-        await self.wait_for(lambda e: e.seq >= target)
-
-    def of_kind(self, kind: str) -> list[ev.Event]:
-        return [event for event in self.events if event.kind == kind]
-
-    def check_invariants(self) -> None:
-        """Contiguous seq from 1; exactly one turn.ended for every turn that was announced."""
-        seqs = [event.seq for event in self.events]
-        assert seqs == list(range(1, len(seqs) + 1)), f"seq not contiguous: {seqs}"
-        ended: dict[str, int] = {}
-        for event in self.events:
-            if isinstance(event, ev.TurnEnded):
-                ended[event.turn_id] = ended.get(event.turn_id, 0) + 1
-        assert all(n == 1 for n in ended.values()), f"turn.ended counts: {ended}"
-        for event in self.events:
-            if isinstance(event, ev.TurnStarted):
-                assert ended.get(event.turn_id) == 1, f"turn {event.turn_id} never ended"
 
 
 @asynccontextmanager
@@ -91,6 +40,22 @@ async def running(
             recorder.check_invariants()
             nursery.cancel_scope.cancel()
     assert launcher.violations == []
+
+
+@asynccontextmanager
+async def fake_session(
+    fake: FakeAgent, *, catch_up: bool = False
+) -> AsyncIterator[tuple[AnySession, Recorder]]:
+    """A session of ``fake`` (the public kit's way), recorded from its start, checked as
+    :func:`running` checks its sessions on the way out."""
+    async with open_test_supervisor(agents={"fake": fake}) as sup:
+        session = await sup.start_session("fake")
+        async with record(session) as recorder:
+            yield session, recorder
+            if catch_up:
+                await recorder.catch_up()
+            recorder.check_invariants()
+    assert fake.violations == []
 
 
 def skip_or_fail(reason: str) -> None:

@@ -2,16 +2,17 @@
 
 Here the "process" is a trio task (see ``_memory.py``). Like Amp 0.0.1790142911
 (``protocols/amp.py``): ``system/init`` once, after the first prompt; a ``user`` echo, then one
-whole ``assistant`` message per word, the last with ``stop_reason: end_turn`` (no ``result``
-per turn). SIGINT or SIGTERM: after ``stop_delay`` it writes the ``error_during_execution``
-result ("User cancelled (SIGINT/SIGTERM)") and exits 0 ``exit_delay`` later (never, when
-``stop_delay`` is None: an Amp that does not answer the signal). ``threads continue`` (the
-launcher's ``resume``) picks up a known thread, or exits 1 at once (every thread, for an Amp
-that cannot ``resume``). A steering line (``"steer": true``) joins the running turn: echoed as
-a ``user`` line before the next word. A tool call is an ``assistant`` ``tool_use``
-(``stop_reason: tool_use``) and its ``tool_result``. ``fail_turn`` ends the turn with Amp's
-error ``result`` and exits 0 (the run is over); ``crash_after`` exits 3 mid-turn, with no
-``result`` at all. Amp has no permission protocol in this mode, and takes every steer.
+whole ``assistant`` message per word, each at the end of its ``word_interval``, the last with
+``stop_reason: end_turn`` (no ``result`` per turn). SIGINT or SIGTERM: after ``stop_delay`` it
+writes the ``error_during_execution`` result ("User cancelled (SIGINT/SIGTERM)") and exits 0
+``exit_delay`` later (never, when ``stop_delay`` is None: an Amp that does not answer the
+signal). ``threads continue`` (the launcher's ``resume``) picks up a known thread, or exits 1 at
+once (every thread, for an Amp that cannot ``resume``). A steering line (``"steer": true``)
+joins the running turn: echoed as a ``user`` line before the next word. A tool call is an
+``assistant`` ``tool_use`` (``stop_reason: tool_use``) and its ``tool_result``. ``fail_turn``
+ends the turn with Amp's error ``result`` and exits 0 (the run is over); ``crash_after`` exits 3
+mid-turn, with no ``result`` at all. Amp has no permission protocol in this mode, and takes
+every steer.
 
 Prompt tokens beyond the shared ones (``_memory.Behaviour``): ``ignore-cancel``,
 ``exit-delay=S``.
@@ -144,13 +145,16 @@ class AmpCli(MemoryAgent[AmpBehaviour]):
         said = 0
 
         async def say(word: str) -> None:
+            # A message is written whole, so once its time is over: the last, which ends the
+            # turn, ``word_interval`` after the one before, as the other fakes end theirs.
             nonlocal said
+            await trio.sleep(behaviour.word_interval)
             await self.take_steers()
             said += 1
             last = said == len(words) and not behaviour.fail_turn
             await self.assistant([{"type": "text", "text": word}], "end_turn" if last else None)
 
-        await self.speak(behaviour, say, tool=self.run_tool)
+        await self.speak(behaviour, say, tool=self.run_tool, interval=0.0)
         self.finished_turns += 1
         if behaviour.fail_turn:
             # Amp's error form: the text is in ``error``, not ``result`` (shared/amp/README.md).

@@ -265,15 +265,7 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
         await self.say(turn, f"steered:{text} ")
 
     async def lifecycle(self, message_uuid: str, state: str) -> None:
-        await self.post(
-            {
-                "type": "system",
-                "subtype": "command_lifecycle",
-                "command_uuid": message_uuid,
-                "state": state,
-                "session_id": self.session_id,
-            }
-        )
+        await self.post({"type": "command_lifecycle", "command_uuid": message_uuid, "state": state})
 
     async def on_interrupt(self, request_id: str) -> None:
         turn = self.turn
@@ -374,18 +366,19 @@ class ClaudeCli(MemoryAgent[ClaudeBehaviour]):
             nursery.cancel_scope.cancel()
         if not finished and behaviour.lost_result:
             return  # stopped, but the result never comes (edge case 22)
-        await self.post(
-            {
-                "type": "assistant",
-                "session_id": self.session_id,
-                "parent_tool_use_id": None,
-                "message": {
-                    "id": message_id,
-                    "role": "assistant",
-                    "content": [{"type": "text", "text": "".join(turn.said)}],
-                },
-            }
-        )
+        if turn.said:
+            await self.post(
+                {
+                    "type": "assistant",
+                    "session_id": self.session_id,
+                    "parent_tool_use_id": None,
+                    "message": {
+                        "id": message_id,
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": "".join(turn.said)}],
+                    },
+                }
+            )
         self.turn = None
         # The result names the steers the turn took (the CLI's ``user_message_uuids``).
         named = {"user_message_uuids": turn.steers} if turn.steers else {}

@@ -8,12 +8,10 @@ a :class:`Behaviour` with its knobs and prompt tokens, a :class:`MemoryAgent` th
 messages, and a :class:`MemoryLauncher` that says how a launch starts one.
 
 What each fake does with the knobs every protocol shares (:class:`Behaviour`), in its own words
-on the wire: it answers a prompt with :meth:`Behaviour.said`, a word every ``word_interval``;
-before word ``tool_at`` it asks a permission (``permission``) and runs a tool call for
-``tool`` seconds; after ``silent_after`` words it says nothing more (:meth:`MemoryAgent.go_silent`);
-at word ``crash_after`` it exits (:data:`CRASH_EXIT_CODE`); with ``fail_turn`` the turn fails
-once its words are out. The interrupt is obeyed ``stop_delay`` later (never when None), or
-answered by an exit (``crash_on_cancel``).
+on the wire, is :meth:`MemoryAgent.speak`: the words of :meth:`Behaviour.said`, one every
+``word_interval``, with a permission, a tool call, a crash or silence before word N. The
+interrupt is obeyed ``stop_delay`` later (never when None), or answered by an exit
+(``crash_on_cancel``). The public face of all this is ``_fake.FakeAgent``.
 """
 
 from __future__ import annotations
@@ -85,7 +83,7 @@ class Behaviour:
     close_time: float = 0.0  # virtual time it takes to exit once its stdin is closed
     permission: bool = False  # asks a permission before word ``tool_at``
     tool: float | None = None  # seconds a tool call runs, silently, before word ``tool_at``
-    tool_at: int = 1
+    tool_at: int = 1  # the word the permission and the tool come before
     silent_after: int | None = None  # words said before the agent goes silent (a stall)
     crash_after: int | None = None  # words said before the process exits mid-turn
     fail_turn: bool = False  # the turn ends with the agent's error once its words are out
