@@ -3,6 +3,10 @@
 Every branch of design brief section 4, with exact virtual times: a cooperative agent's receipt
 arrives exactly when it stops; a wedged agent's exactly at cancel time + grace (its kill and
 respawn take no virtual time here unless the test says so).
+
+Most tests script the agent as an application's tests would (``supervisor.testing.FakeAgent``);
+those that need what only the project's own fakes do (a flood, a turn id announced late, a
+crash at one launch, a slow kill, a prompt's own script) use the ACP fake directly.
 """
 
 from __future__ import annotations
@@ -17,9 +21,22 @@ import helpers
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
+from supervisor.testing import FakeAgent, open_test_supervisor
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 GRACE = 2.0
+#: An answer that outlasts any test: 1000 words, 100 s.
+LONG = "word " * 1000
+
+
+def fake(**options: object) -> FakeAgent:
+    """An ACP agent with this file's grace."""
+    options.setdefault("grace_s", GRACE)
+    return FakeAgent("acp", **options)  # type: ignore[arg-type]
+
+
+def methods(agent: FakeAgent) -> list[str]:
+    return [m.get("method", "<response>") for m in agent.received]
 
 
 def fake_spec(**changes: object) -> AgentSpec:
@@ -38,19 +55,20 @@ def is_delta(event: ev.Event) -> bool:
 
 
 async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=5, word_interval=0.1)) as (session, _, rec):
+    async with helpers.fake_session(fake(reply="w0 w1 w2 w3 w4")) as (session, rec):
         turn = await session.prompt("hello")
         ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
         assert isinstance(ended, ev.TurnEnded)
         assert (ended.outcome, ended.stop_reason, ended.receipt) == ("completed", "end_turn", None)
-        assert [e.text for e in rec.of_kind("message.delta")] == [f"w{i} " for i in range(5)]
+        assert [e.text for e in rec.of_kind("message.delta")] == ["w0 ", "w1 ", "w2 ", "w3 ", "w4"]
         assert session.state == "ready"
 
 
 async def test_cooperative_cancel_receipt_at_agent_stop_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
+    agent = fake(reply=LONG, on_cancel=0.05)
+    async with helpers.fake_session(agent) as (session, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta, count=3)
         t0 = trio.current_time()
@@ -61,27 +79,28 @@ async def test_cooperative_cancel_receipt_at_agent_stop_time(
         assert receipt.turn_id == turn.id
         assert receipt.escalation == ["interrupt"]
         assert receipt.stop_reason == "cancelled"
-        assert receipt.elapsed_ms == pytest.approx(50.0)
+        assert receipt.elapsed_ms == 50.0
         assert receipt.reason == "user" and receipt.resumed is None
         assert session.state == "ready"  # terminate-then-respond
         ended = rec.of_kind("turn.ended")
         assert len(ended) == 1 and isinstance(ended[0], ev.TurnEnded)
         assert ended[0].outcome == "cancelled" and ended[0].receipt is not None
-        assert ended[0].receipt["elapsed_ms"] == pytest.approx(50.0)
-        assert launcher.sent_methods().count("session/cancel") == 1
-        assert len(launcher.links) == 1  # nothing was killed
+        assert ended[0].receipt["elapsed_ms"] == 50.0
+        assert methods(agent).count("session/cancel") == 1
+        assert agent.starts == 1  # nothing was killed
 
 
 async def test_wedged_agent_receipt_exactly_at_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
+    agent = fake(reply=[LONG, "one two"], on_cancel="ignore")
+    async with helpers.fake_session(agent) as (session, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta, count=2)
         t0 = trio.current_time()
         receipt = await session.cancel()
         await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(GRACE)
+        assert trio.current_time() - t0 == GRACE
         assert receipt.outcome == "killed"
         assert receipt.escalation == [
             "interrupt",
@@ -91,20 +110,21 @@ async def test_wedged_agent_receipt_exactly_at_grace(
             "resumed",
         ]
         assert receipt.resumed is True
-        assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
+        assert receipt.elapsed_ms == GRACE * 1000
         assert session.state == "ready"
         # The new process was asked to load the same agent session.
-        assert len(launcher.links) == 2
-        loads = [m for m in launcher.links[1].sent if m.get("method") == "session/load"]
-        assert loads and loads[0]["params"]["sessionId"] == launcher.agents[0].session_id
+        first, second = agent.processes
+        assert first.killed == ["sigterm"] and second.resumed == session.agent_session_id
+        loads = [m for m in second.received if m.get("method") == "session/load"]
+        assert loads and loads[0]["params"]["sessionId"] == second.resumed
         ended = rec.of_kind("turn.ended")
         assert [(e.turn_id, e.outcome) for e in ended if isinstance(e, ev.TurnEnded)] == [
             (turn.id, "killed")
         ]
         # The resumed session takes the next prompt; the replayed history is not re-emitted.
         deltas_before = len(rec.of_kind("message.delta"))
-        second = await session.prompt("again words=2 interval=0.01")
-        done = await rec.wait_kind("turn.ended", turn_id=second.id)
+        second_turn = await session.prompt("again")
+        done = await rec.wait_kind("turn.ended", turn_id=second_turn.id)
         assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
         assert len(rec.of_kind("message.delta")) == deltas_before + 2
 
@@ -116,7 +136,8 @@ async def test_an_agent_stopping_exactly_at_grace_is_not_killed(
     order (trio shuffles a pass), as on a loaded machine the alarm and a pump holding an
     answer written in time do: what the inbox holds when the deadline is seen is read
     before the deadline is acted on, so the turn ended by then is cancelled, never killed."""
-    async with running(AcpBehaviour(words=1000, stop_delay=GRACE)) as (session, launcher, rec):
+    agent = fake(reply=LONG, on_cancel=GRACE)
+    async with helpers.fake_session(agent) as (session, rec):
         for _ in range(12):
             await session.prompt("hello")
             await rec.wait_for(is_delta)
@@ -126,7 +147,7 @@ async def test_an_agent_stopping_exactly_at_grace_is_not_killed(
             assert (receipt.outcome, receipt.escalation) == ("cancelled", ["interrupt"])
             await rec.catch_up()
             rec.events.clear()
-        assert len(launcher.links) == 1
+        assert agent.starts == 1
 
 
 async def test_no_grace_kills_even_an_agent_that_answers_at_once(
@@ -135,11 +156,8 @@ async def test_no_grace_kills_even_an_agent_that_answers_at_once(
     """``grace_s = 0``: no answer to the interrupt can come in time, so the kill never races
     one (the agent here answers at once; on a loaded machine it has often answered before the
     actor first looks at the deadline). Every cancel kills, respawns and resumes."""
-    async with running(AcpBehaviour(words=1000, stop_delay=0.0), grace_s=0.0) as (
-        session,
-        launcher,
-        rec,
-    ):
+    agent = fake(reply=LONG, grace_s=0.0)
+    async with helpers.fake_session(agent) as (session, rec):
         for round_ in range(6):
             await session.prompt("hello")
             await rec.wait_for(is_delta)
@@ -147,7 +165,7 @@ async def test_no_grace_kills_even_an_agent_that_answers_at_once(
             assert receipt.outcome == "killed", receipt
             assert receipt.escalation[:3] == ["interrupt", "grace_expired", "sigterm"], receipt
             assert receipt.escalation[-2:] == ["respawned", "resumed"], receipt
-            assert len(launcher.links) == round_ + 2
+            assert agent.starts == round_ + 2
             await rec.catch_up()
             rec.events.clear()
 
@@ -155,34 +173,37 @@ async def test_no_grace_kills_even_an_agent_that_answers_at_once(
 async def test_agent_ignoring_sigterm_adds_kill_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = AcpBehaviour(words=1000, stop_delay=None, ignores_sigterm=True)
-    async with running(behaviour) as (session, launcher, rec):
+    agent = fake(reply=LONG, on_cancel="ignore", ignores_sigterm=True)
+    async with helpers.fake_session(agent) as (session, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
         t0 = trio.current_time()
         receipt = await session.cancel()
         await rec.catch_up()
         kill_timeout = session.spec.kill_timeout_s
-        assert trio.current_time() - t0 == pytest.approx(GRACE + kill_timeout)
+        assert trio.current_time() - t0 == GRACE + kill_timeout
         assert receipt.escalation[:4] == ["interrupt", "grace_expired", "sigterm", "sigkill"]
         assert receipt.outcome == "killed" and session.state == "ready"
+        assert agent.processes[0].killed == ["sigterm", "sigkill"]
 
 
 async def test_cancel_with_no_turn_is_immediate(autojump_clock: trio.testing.MockClock) -> None:
-    async with running() as (session, launcher, rec):
+    agent = fake()
+    async with helpers.fake_session(agent) as (session, rec):
         t0 = trio.current_time()
         receipt = await session.cancel()
         await rec.catch_up()
         assert trio.current_time() == t0
         assert receipt.outcome == "no_active_turn"
         assert receipt.turn_id is None and receipt.escalation == []
-        assert "session/cancel" not in launcher.sent_methods()
+        assert "session/cancel" not in methods(agent)
 
 
 async def test_concurrent_cancels_share_one_receipt(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
+    agent = fake(reply=LONG, on_cancel=0.2)
+    async with helpers.fake_session(agent) as (session, rec):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
         receipts = []
@@ -196,14 +217,15 @@ async def test_concurrent_cancels_share_one_receipt(
         assert len(receipts) == 3
         assert receipts[0] == receipts[1] == receipts[2]
         assert receipts[0].outcome == "cancelled"
-        assert launcher.sent_methods().count("session/cancel") == 1
+        assert methods(agent).count("session/cancel") == 1
         assert len(rec.of_kind("turn.ended")) == 1
 
 
 async def test_cancel_racing_natural_completion_reports_completed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=3, word_interval=0.1)) as (session, launcher, rec):
+    agent = fake(reply="one two three")
+    async with helpers.fake_session(agent) as (session, rec):
         turn = await session.prompt("hello")
         await rec.wait_kind("turn.ended", turn_id=turn.id)
         # The user pressed Stop on the turn they saw, just as it finished.
@@ -211,12 +233,13 @@ async def test_cancel_racing_natural_completion_reports_completed(
         await rec.catch_up()
         assert receipt.outcome == "completed"
         assert receipt.turn_id == turn.id and receipt.stop_reason == "end_turn"
-        assert "session/cancel" not in launcher.sent_methods()
+        assert "session/cancel" not in methods(agent)
 
 
 async def test_cancel_never_cancels_a_newer_turn(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=5)) as (session, launcher, rec):
-        first = await session.prompt("one words=1")
+    agent = fake(reply=["done", "a b c d e"])
+    async with helpers.fake_session(agent) as (session, rec):
+        first = await session.prompt("one")
         await rec.wait_kind("turn.ended", turn_id=first.id)
         second = await session.prompt("two")
         await rec.wait_kind("turn.started", turn_id=second.id)
@@ -225,11 +248,11 @@ async def test_cancel_never_cancels_a_newer_turn(autojump_clock: trio.testing.Mo
         assert receipt.outcome == "completed" and receipt.turn_id == first.id
         ended = await rec.wait_kind("turn.ended", turn_id=second.id)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-        assert "session/cancel" not in launcher.sent_methods()
+        assert "session/cancel" not in methods(agent)
 
 
 async def test_cancel_unknown_turn_is_bad_request(autojump_clock: trio.testing.MockClock) -> None:
-    async with running() as (session, _, _rec):
+    async with helpers.fake_session(fake()) as (session, _rec):
         with pytest.raises(BadRequest):
             await session.cancel(turn_id="t99")
 
@@ -237,8 +260,8 @@ async def test_cancel_unknown_turn_is_bad_request(autojump_clock: trio.testing.M
 async def test_pending_permission_answered_cancelled_before_grace(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = AcpBehaviour(words=100, stop_delay=0.0, permission=True)
-    async with running(behaviour) as (session, launcher, rec):
+    agent = fake(reply=LONG, permission=True)
+    async with helpers.fake_session(agent) as (session, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
         assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
@@ -251,7 +274,7 @@ async def test_pending_permission_answered_cancelled_before_grace(
         assert trio.current_time() == t0
         assert receipt.outcome == "cancelled"
         assert receipt.escalation == ["interrupt", "permissions_cancelled"]
-        answers = [m for m in launcher.links[0].sent if m.get("id") == 1000]
+        answers = [m for m in agent.received if m.get("id") == 1000]
         assert answers == [
             {"jsonrpc": "2.0", "id": 1000, "result": {"outcome": {"outcome": "cancelled"}}}
         ]
@@ -262,8 +285,7 @@ async def test_pending_permission_answered_cancelled_before_grace(
 
 
 async def test_permission_answered_by_client(autojump_clock: trio.testing.MockClock) -> None:
-    behaviour = AcpBehaviour(words=3, permission=True)
-    async with running(behaviour) as (session, launcher, rec):
+    async with helpers.fake_session(fake(permission=True)) as (session, rec):
         turn = await session.prompt("hello")
         requested = await rec.wait_kind("permission.requested")
         assert isinstance(requested, ev.PermissionRequested)
@@ -280,7 +302,8 @@ async def test_permission_answered_by_client(autojump_clock: trio.testing.MockCl
 
 
 async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
+    agent = fake(reply=LONG, on_cancel=0.01)
+    async with helpers.fake_session(agent) as (session, rec):
         first = await session.prompt("one")
         second = await session.prompt("two")
         third = await session.prompt("three")
@@ -297,21 +320,22 @@ async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.Mo
         assert ended[third.id].stop_reason == "dropped"
         assert ended[first.id].outcome == "cancelled"
         assert session.state == "ready" and session.turn_id is None
-        assert launcher.agents[0].turns == ["one"]
+        assert agent.prompts == ["one"]
 
 
 async def test_prompt_during_cancel_runs_after_it(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=100, stop_delay=None)) as (session, launcher, rec):
+    agent = fake(reply=[LONG, "a b"], on_cancel="ignore")
+    async with helpers.fake_session(agent) as (session, rec):
         await session.prompt("one")
         await rec.wait_for(is_delta)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.cancel)
             await rec.wait_kind("session.state", state="cancelling")
-            later = await session.prompt("two words=2 stop-delay=0")
+            later = await session.prompt("two")
             assert later.queued
         ended = await rec.wait_kind("turn.ended", turn_id=later.id)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-        assert launcher.agents[1].turns == ["two words=2 stop-delay=0"]
+        assert agent.processes[1].prompts == ["two"]
 
 
 async def test_cancel_served_while_agent_floods(autojump_clock: trio.testing.MockClock) -> None:
@@ -373,8 +397,10 @@ async def test_crash_mid_turn_fails_turn_and_recovers(
 async def test_kill_without_load_session_gives_fresh_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = AcpBehaviour(words=1000, stop_delay=None, resumes=False)
-    async with running(behaviour) as (session, launcher, rec):
+    async with helpers.fake_session(fake(reply=LONG, on_cancel="ignore", resumes=False)) as (
+        session,
+        rec,
+    ):
         await session.prompt("hello")
         await rec.wait_for(is_delta)
         receipt = await session.cancel()
@@ -398,7 +424,7 @@ async def test_start_failure_raises_with_reason(autojump_clock: trio.testing.Moc
 
 
 async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=100)) as (session, launcher, rec):
+    async with helpers.fake_session(fake(reply=LONG)) as (session, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta)
         status = await session.stop()
@@ -417,7 +443,7 @@ async def test_stop_ends_session(autojump_clock: trio.testing.MockClock) -> None
 async def test_slow_subscriber_is_cut_off_and_catches_up(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=50, word_interval=0.01)) as (session, launcher, rec):
+    async with helpers.fake_session(fake(reply="word " * 50, word_delay=0.01)) as (session, rec):
         async with session.subscribe(max_buffer=5) as slow:
             turn = await session.prompt("hello")
             await rec.wait_kind("turn.ended", turn_id=turn.id)
@@ -435,12 +461,12 @@ async def test_slow_subscriber_is_cut_off_and_catches_up(
 async def test_leaving_supervisor_stops_every_session(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = AcpLauncher(AcpBehaviour(words=1000))
-    async with open_supervisor(agents={"fake": fake_spec()}, launcher=launcher) as sup:
-        sessions = [await sup.start_session("fake", cwd="/") for _ in range(3)]
+    agent = fake(reply=LONG)
+    async with open_test_supervisor(agents={"fake": agent}) as sup:
+        sessions = [await sup.start_session("fake") for _ in range(3)]
         for session in sessions:
             await session.prompt("hello")
-    assert all(not link.alive for link in launcher.links)
+    assert agent.starts == 3 and all(not process.alive for process in agent.processes)
     assert all(session.state == "stopped" for session in sessions)
 
 
@@ -469,14 +495,14 @@ async def test_agent_dying_during_respawn_fails_session_without_looping(
 async def test_start_timeout_fails_session_at_exact_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    launcher = AcpLauncher(AcpBehaviour(start_delay=1000.0))
-    spec = fake_spec(start_timeout_s=5.0)
-    async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+    agent = fake(start_delay=1000.0, start_timeout_s=5.0)
+    async with open_test_supervisor(agents={"fake": agent}) as sup:
         t0 = trio.current_time()
         with pytest.raises(AgentNotRunning, match="handshake"):
-            await sup.start_session("fake", cwd="/")
-        assert trio.current_time() - t0 == pytest.approx(5.0)
-    assert launcher.kills == [(1, ["sigterm"])]  # the silent agent was killed, not closed
+            await sup.start_session("fake")
+        assert trio.current_time() - t0 == 5.0
+    [process] = agent.processes
+    assert process.killed == ["sigterm"]  # the silent agent was killed, not closed
 
 
 async def test_error_answer_to_the_prompt_fails_the_turn(

@@ -5,6 +5,10 @@ where the agent steers natively (ACP ``_session/steering`` here; each protocol's
 its machine's tests), ``interrupted`` (the turn cancelled through the whole ladder, the text
 first after it) where it cannot, ``started`` when no turn runs. ``turn.steered`` tells every
 subscriber, and queued prompts keep their place behind the steered text.
+
+The agents are scripted as an application's tests would (``supervisor.testing.FakeAgent``),
+but where a test needs what only the project's own fakes do (a steer never answered, a
+``turn/start`` reply held back, a crash in one turn).
 """
 
 from __future__ import annotations
@@ -21,11 +25,10 @@ from protocols import events as ev
 from supervisor import AgentSpec, CancelReceipt, Session
 from supervisor.errors import BadRequest
 from supervisor.steering import SteerResult
+from supervisor.supervisor import AnySession
+from supervisor.testing import FakeAgent
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
-from supervisor.testing._amp import AmpBehaviour, AmpLauncher
 from supervisor.testing._codex import CodexBehaviour, CodexLauncher
-
-SLOW = AcpBehaviour(words=40, word_interval=0.1)
 
 
 def running(
@@ -35,7 +38,20 @@ def running(
     return helpers.running(AcpLauncher(behaviour), spec.with_options(**changes), catch_up=True)
 
 
-async def running_turn(session: Session, rec: Recorder, text: str = "go") -> str:
+def fake(
+    protocol: str = "acp", **options: object
+) -> AbstractAsyncContextManager[tuple[AnySession, Recorder]]:
+    """A session of a ``FakeAgent`` (a grace of 2 s unless told), caught up on the way out."""
+    options.setdefault("grace_s", 2.0)
+    agent = FakeAgent(protocol, **options)  # type: ignore[arg-type]
+    return helpers.fake_session(agent, catch_up=True)
+
+
+#: Forty words, four seconds.
+WORDS_40 = "word " * 40
+
+
+async def running_turn(session: AnySession, rec: Recorder, text: str = "go") -> str:
     turn = await session.prompt(text)
     await rec.wait_kind("message.delta", turn_id=turn.id)
     return turn.id
@@ -52,11 +68,8 @@ def texts(rec: Recorder, turn_id: str) -> str:
 async def test_an_agent_that_steers_takes_the_text_into_the_running_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=5, word_interval=0.1, steering=True)) as (
-        session,
-        launcher,
-        rec,
-    ):
+    agent = FakeAgent("acp", reply="a b c d e", steer="inject", grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("use tabs, not spaces")
         assert (result.mode, result.turn_id, result.receipt) == ("injected", first, None)
@@ -70,7 +83,7 @@ async def test_an_agent_that_steers_takes_the_text_into_the_running_turn(
         ended = await rec.wait_kind("turn.ended", turn_id=first)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
         assert "steered:use tabs, not spaces" in texts(rec, first)
-        assert launcher.agents[0].steers == ["use tabs, not spaces"]
+        assert agent.steers == ["use tabs, not spaces"]
         # No cancel, no second turn: one turn took both texts.
         assert [e.turn_id for e in rec.of_kind("turn.started")] == [first]
 
@@ -78,7 +91,8 @@ async def test_an_agent_that_steers_takes_the_text_into_the_running_turn(
 async def test_an_agent_that_cannot_steer_makes_way_through_the_ladder(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(SLOW) as (session, launcher, rec):
+    agent = FakeAgent("acp", reply=WORDS_40, grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         queued = await session.prompt("afterwards")
         assert queued.queued
@@ -98,39 +112,36 @@ async def test_an_agent_that_cannot_steer_makes_way_through_the_ladder(
         # The queued prompt kept its place, behind the steered text.
         await rec.wait_kind("turn.ended", turn_id=result.turn_id)
         await rec.wait_kind("turn.started", turn_id=queued.id)
-        assert launcher.agents[0].turns == ["go", "stop that, do this", "afterwards"]
+        assert agent.prompts == ["go", "stop that, do this", "afterwards"]
         await session.cancel()
 
 
 async def test_a_steer_with_no_turn_running_starts_one_ahead_of_the_queue(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=2, word_interval=0.1, steering=True)) as (
-        session,
-        launcher,
-        rec,
-    ):
+    agent = FakeAgent("acp", reply="a b", steer="inject")
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         result = await session.steer("hello")
         assert result.mode == "started" and result.receipt is None
         started = await rec.wait_kind("turn.started", turn_id=result.turn_id)
         steered = await rec.wait_kind("turn.steered", turn_id=result.turn_id)
         assert steered.seq < started.seq
         await rec.wait_kind("turn.ended", turn_id=result.turn_id)
-        assert launcher.agents[0].turns == ["hello"]
+        assert agent.prompts == ["hello"]
 
 
 async def test_a_steer_the_agent_refuses_falls_back_to_the_ladder(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    behaviour = AcpBehaviour(words=40, word_interval=0.1, steering=True, steer_answer="refuse")
-    async with running(behaviour) as (session, launcher, rec):
+    agent = FakeAgent("acp", reply=WORDS_40, steer="refuse", grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("instead")
         assert result.mode == "interrupted" and result.receipt is not None
         assert result.receipt.turn_id == first
         assert result.detail is not None and "cannot steer now" in result.detail
         await rec.wait_kind("message.delta", turn_id=result.turn_id)
-        assert launcher.agents[0].turns == ["go", "instead"]
+        assert agent.prompts == ["go", "instead"]
         await session.cancel()
 
 
@@ -153,7 +164,7 @@ async def test_a_steer_the_agent_never_answers_is_bounded_by_the_grace(
 async def test_a_steer_while_a_turn_is_being_cancelled_starts_right_after_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(SLOW.for_prompt("stop-delay=0.5")) as (session, launcher, rec):
+    async with fake(reply=WORDS_40, on_cancel=0.5) as (session, rec):
         first = await running_turn(session, rec)
         async with trio.open_nursery() as nursery:
             receipts = []
@@ -173,22 +184,23 @@ async def test_a_steer_while_a_turn_is_being_cancelled_starts_right_after_it(
 async def test_a_wedged_agent_is_killed_and_the_steered_text_runs_on_the_respawned_one(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(SLOW.for_prompt("ignore-cancel")) as (session, launcher, rec):
+    agent = FakeAgent("acp", reply=WORDS_40, on_cancel="ignore", grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("after the kill")
         assert result.mode == "interrupted" and result.receipt is not None
         assert result.receipt.outcome == "killed"
         assert "grace_expired" in result.receipt.escalation
         assert result.receipt.resumed is True
-        assert len(launcher.agents) == 2 and session.turn_id == result.turn_id
+        assert agent.starts == 2 and session.turn_id == result.turn_id
         await rec.wait_kind("message.delta", turn_id=result.turn_id)
-        assert launcher.agents[1].turns == ["after the kill"]
+        assert agent.processes[1].prompts == ["after the kill"]
         assert first != result.turn_id
         await session.cancel()
 
 
 async def test_steer_refuses_empty_text(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(SLOW) as (session, launcher, rec):
+    async with fake(reply=WORDS_40) as (session, rec):
         with pytest.raises(BadRequest):
             await session.steer("   ")
 
@@ -206,21 +218,18 @@ def codex_running(
 async def test_codex_takes_the_text_into_the_running_turn_with_turn_steer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with codex_running(CodexBehaviour(words=5, word_interval=0.1)) as (
-        session,
-        launcher,
-        rec,
-    ):
+    agent = FakeAgent("codex", reply="a b c d e", grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("and add tests")
         assert (result.mode, result.turn_id) == ("injected", first)
-        [steer] = launcher.sent("turn/steer")
+        [steer] = [m for m in agent.received if m.get("method") == "turn/steer"]
         assert steer["params"]["input"] == [{"type": "text", "text": "and add tests"}]
         assert steer["params"]["expectedTurnId"].startswith("turn_")
         ended = await rec.wait_kind("turn.ended", turn_id=first)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
         assert "steered:and add tests" in texts(rec, first)
-        assert launcher.servers[0].steers == ["and add tests"]
+        assert agent.steers == ["and add tests"]
 
 
 async def test_codex_steer_before_the_turn_is_named_waits_for_its_id(
@@ -240,18 +249,15 @@ async def test_codex_steer_as_the_turn_ends_starts_the_next_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # One word: the turn is over on the server by the time turn/steer reaches it.
-    async with codex_running(CodexBehaviour(words=1, word_interval=0.0)) as (
-        session,
-        launcher,
-        rec,
-    ):
+    agent = FakeAgent("codex", reply="done", word_delay=0.0, grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("one more thing")
         # Either the session heard of the turn's end first, or Codex answered "no active
         # turn to steer": both ways the text starts the next turn.
         assert result.mode == "started" and result.turn_id != first
         await rec.wait_kind("turn.ended", turn_id=result.turn_id)
-        assert launcher.servers[0].turns == ["go", "one more thing"]
+        assert agent.prompts == ["go", "one more thing"]
 
 
 # -- Amp: ``"steer": true`` ------------------------------------------------------------------------
@@ -260,13 +266,12 @@ async def test_codex_steer_as_the_turn_ends_starts_the_next_turn(
 async def test_amp_takes_the_text_into_the_running_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    spec = AgentSpec(name="amp", protocol="amp", command=["amp", "--execute"], grace_s=2.0)
-    launcher = AmpLauncher(AmpBehaviour(words=10, word_interval=0.1))
-    async with helpers.running(launcher, spec, catch_up=True) as (session, launcher, rec):
+    agent = FakeAgent("amp", reply="word " * 10, grace_s=2.0)
+    async with helpers.fake_session(agent, catch_up=True) as (session, rec):
         first = await running_turn(session, rec)
         result = await session.steer("go left")
         assert (result.mode, result.turn_id) == ("injected", first)
-        [line] = [m for m in launcher.agents[0].link.sent if m.get("steer")]
+        [line] = [m for m in agent.received if m.get("steer")]
         assert line["message"]["content"] == [{"type": "text", "text": "go left"}]
         echo = await rec.wait_for(
             lambda e: isinstance(e, ev.MessageDelta) and e.role == "user" and e.text == "go left"
@@ -274,10 +279,11 @@ async def test_amp_takes_the_text_into_the_running_turn(
         assert echo.turn_id == first
         ended = await rec.wait_kind("turn.ended", turn_id=first)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+        assert agent.steers == ["go left"]
 
 
 async def test_steer_refuses_text_utf8_cannot_carry(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(SLOW) as (session, launcher, rec):
+    async with fake(reply=WORDS_40) as (session, rec):
         first = await running_turn(session, rec)
         with pytest.raises(BadRequest, match="steer text"):
             await session.steer("broken \ud800 paste")
@@ -308,7 +314,7 @@ async def test_steers_while_the_agent_restarts_start_in_the_order_they_came(
 
 
 async def stop_after_a_steer(
-    session: Session, rec: Recorder, turn_id: str, text: str
+    session: AnySession, rec: Recorder, turn_id: str, text: str
 ) -> CancelReceipt:
     """A steer, and once it is in hand (sent to the agent, or its cancel under way) a Stop: the
     steer's text is dropped with the turn, as a queued prompt is; its caller hears so."""
@@ -340,11 +346,7 @@ async def test_a_stop_after_a_steer_stops_the_steered_text_too(
 ) -> None:
     """The agent cannot steer: the steer interrupts the turn (its cancel under way, the text
     to start once it has ended); the user's Stop then drops the text, as it drops the queue."""
-    async with running(AcpBehaviour(words=400, word_interval=0.1, stop_delay=1.0)) as (
-        session,
-        launcher,
-        rec,
-    ):
+    async with fake(reply="word " * 400, on_cancel=1.0) as (session, rec):
         turn_id = await running_turn(session, rec)
         receipt = await stop_after_a_steer(session, rec, turn_id, "do this instead")
         assert receipt.outcome == "cancelled"  # (the steer's own cancel, which the Stop joined)

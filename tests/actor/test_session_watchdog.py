@@ -5,6 +5,9 @@ Tier 2 (virtual time, in-memory agents: every deadline exact) and, at the end, t
 agent as a real process, on the real clock, generous bounds). "Nothing" means no turn event:
 stderr goes on in the silent fakes and does not count; a pending permission waits on a person,
 not on the agent; a tool call in progress is judged by ``tool_stall_s`` only.
+
+The tier-2 tests script the agent as an application's tests would (``supervisor.testing``),
+but where they need the ACP fake's own knobs (a flood of stderr, a tool call in some turns only).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.config import DEFAULT_STALL_S, DEFAULT_TOOL_STALL_S
+from supervisor.supervisor import AnySession
+from supervisor.testing import FakeAgent
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_from_json, event_json
 
@@ -48,6 +53,25 @@ async def running(
             yield it
 
 
+#: An answer that outlasts any test here.
+LONG = "word " * 1000
+
+
+@asynccontextmanager
+async def fake_running(**options: object) -> AsyncIterator[tuple[AnySession, FakeAgent, Recorder]]:
+    """A session of an ACP ``FakeAgent`` with this file's grace and watchdog (``options``
+    override them)."""
+    options = {"grace_s": GRACE, "stall_s": STALL, **options}
+    agent = FakeAgent("acp", **options)  # type: ignore[arg-type]
+    with trio.fail_after(VIRTUAL_BOUND):
+        async with helpers.fake_session(agent) as (session, rec):
+            yield session, agent, rec
+
+
+def methods(agent: FakeAgent) -> list[str]:
+    return [m.get("method", "<response>") for m in agent.received]
+
+
 def is_delta(event: ev.Event) -> bool:
     return event.kind == "message.delta"
 
@@ -64,7 +88,7 @@ async def stalled(rec: Recorder) -> ev.TurnStalled:
     return event
 
 
-async def completes(session: Session, rec: Recorder, text: str = "words=2") -> None:
+async def completes(session: AnySession, rec: Recorder, text: str = "words=2") -> None:
     turn = await session.prompt(text)
     assert (await ended(rec, turn.id)).outcome == "completed"
 
@@ -72,8 +96,8 @@ async def completes(session: Session, rec: Recorder, text: str = "words=2") -> N
 async def test_a_silent_turn_is_cancelled_at_stall_s_with_reason_stalled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running() as (session, launcher, rec):
-        turn = await session.prompt("silent-after=2")
+    async with fake_running(reply=[LONG, "a b"], silent_after=2) as (session, agent, rec):
+        turn = await session.prompt("go")
         await rec.wait_for(is_delta, count=2)
         last_word = trio.current_time()
         end = await ended(rec, turn.id)
@@ -96,18 +120,18 @@ async def test_a_silent_turn_is_cancelled_at_stall_s_with_reason_stalled(
         assert end.receipt is not None
         assert end.receipt["reason"] == "stalled" and end.receipt["escalation"] == ["interrupt"]
         assert end.receipt["elapsed_ms"] == 0.0
-        assert launcher.sent_methods().count("session/cancel") == 1 and len(launcher.links) == 1
+        assert methods(agent).count("session/cancel") == 1 and agent.starts == 1
         # A cancel naming the turn later gets that receipt; the session goes on.
         again = await session.cancel(turn_id=turn.id)
         assert (again.outcome, again.reason) == ("cancelled", "stalled")
         assert again.summary().startswith("Stalled: cancelled in ")
-        await completes(session, rec)
+        await completes(session, rec)  # two words: said whole
         assert len(rec.of_kind("turn.stalled")) == 1
 
 
 async def test_a_steady_stream_is_never_stalled(autojump_clock: trio.testing.MockClock) -> None:
     """A word just inside the limit, 200 times: the watchdog's deadline moves on each time."""
-    async with running(AcpBehaviour(words=200, word_interval=STALL * 0.99)) as (session, _, rec):
+    async with fake_running(reply="w " * 200, word_delay=STALL * 0.99) as (session, _, rec):
         t0 = trio.current_time()
         await completes(session, rec, "hello")
         assert trio.current_time() - t0 == pytest.approx(200 * STALL * 0.99)
@@ -117,12 +141,12 @@ async def test_a_steady_stream_is_never_stalled(autojump_clock: trio.testing.Moc
 async def test_the_silence_is_counted_from_the_last_event(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=50, word_interval=9.0)) as (session, _, rec):
+    async with fake_running(reply=LONG, word_delay=9.0, silent_after=3) as (session, _, rec):
         t0 = trio.current_time()
-        turn = await session.prompt("silent-after=3")  # words at 0, 9 and 18, then nothing
+        turn = await session.prompt("go")  # words at 0, 9 and 18, then nothing
         stall = await stalled(rec)
-        assert trio.current_time() - t0 == pytest.approx(18 + STALL)
-        assert stall.silent_s == pytest.approx(STALL)
+        assert trio.current_time() - t0 == 18 + STALL
+        assert stall.silent_s == STALL
         assert (await ended(rec, turn.id)).reason == "stalled"
 
 
@@ -146,15 +170,15 @@ async def test_a_tool_call_in_progress_is_not_a_stall(
     """Without ``tool_stall_s`` a running tool may be silent for as long as it runs; once it
     is done, ``stall_s`` applies again, from its completion."""
     assert DEFAULT_TOOL_STALL_S is None
-    async with running(AcpBehaviour(words=10, word_interval=0.1)) as (session, _, rec):
+    async with fake_running(tool_s=100, silent_after=2, word_delay=0.5) as (session, _, rec):
         t0 = trio.current_time()
-        # w0 at 0; the tool from 0.1 to 100.1 (silent), w1 at 100.1, then nothing.
-        turn = await session.prompt("tool=100 silent-after=2")
+        # The tool from 0 to 100 (silent), w0 at 100, w1 at 100.5, then nothing.
+        turn = await session.prompt("go")
         done = await rec.wait_kind("tool.update", tool_call_id="call_tool", status="completed")
-        assert trio.current_time() - t0 == pytest.approx(100.1)
+        assert trio.current_time() - t0 == 100.0
         assert rec.of_kind("turn.stalled") == [] and session.state == "running"
         stall = await stalled(rec)
-        assert trio.current_time() - t0 == pytest.approx(100.1 + STALL)
+        assert trio.current_time() - t0 == 100.5 + STALL
         assert stall.seq > done.seq and stall.tool_calls == [] and stall.stall_s == STALL
         assert (await ended(rec, turn.id)).reason == "stalled"
 
@@ -163,19 +187,14 @@ async def test_tool_stall_s_stops_a_silent_tool_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A limit for tools shorter than ``stall_s``: the deadline moves earlier when it starts."""
-    async with running(AcpBehaviour(words=10, word_interval=0.1), tool_stall_s=5.0) as (
-        session,
-        _,
-        rec,
-    ):
+    async with fake_running(tool_s=1000, tool_stall_s=5.0) as (session, _, rec):
         t0 = trio.current_time()
-        turn = await session.prompt("tool=1000")  # the tool starts at 0.1
+        turn = await session.prompt("go")  # the tool starts at once
         stall = await stalled(rec)
-        assert trio.current_time() - t0 == pytest.approx(0.1 + 5.0)
+        assert trio.current_time() - t0 == 5.0
         assert (stall.stall_s, stall.silent_s, stall.tool_calls) == (5.0, 5.0, ["call_tool"])
         end = await ended(rec, turn.id)
         assert (end.outcome, end.reason) == ("cancelled", "stalled")
-        await completes(session, rec)
 
 
 async def test_an_agent_flooding_stderr_while_silent_is_still_stalled(
@@ -199,36 +218,36 @@ async def test_a_pending_permission_is_not_a_stall(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The turn waits on a person: no limit, however long; the answer starts the count again."""
-    async with running(AcpBehaviour(words=10, word_interval=0.1)) as (session, _, rec):
-        turn = await session.prompt("permission silent-after=2")
+    async with fake_running(permission=True, silent_after=1) as (session, _, rec):
+        turn = await session.prompt("go")
         request = await rec.wait_kind("permission.requested")
         assert isinstance(request, ev.PermissionRequested)
         await trio.sleep(100 * STALL)  # on virtual time: nobody answers for 1000 s
         assert rec.of_kind("turn.stalled") == [] and session.state == "running"
         await session.respond_permission(request.request_id, "allow")
-        answered = trio.current_time()  # the agent says its second word at once, then nothing
+        answered = trio.current_time()  # the agent says its first word at once, then nothing
         stall = await stalled(rec)
-        assert trio.current_time() - answered == pytest.approx(STALL)
+        assert trio.current_time() - answered == STALL
         end = await ended(rec, turn.id)
         assert (end.outcome, end.reason) == ("cancelled", "stalled")
         assert end.receipt is not None and "permissions_cancelled" not in end.receipt["escalation"]
-        assert stall.silent_s == pytest.approx(STALL)
+        assert stall.silent_s == STALL
 
 
 async def test_a_stalled_agent_that_ignores_the_interrupt_is_killed_and_resumed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(AcpBehaviour(words=10, word_interval=0.1, stop_delay=None)) as (
+    async with fake_running(reply=[LONG, "done"], silent_after=1, on_cancel="ignore") as (
         session,
-        launcher,
+        agent,
         rec,
     ):
         t0 = trio.current_time()
-        turn = await session.prompt("silent-after=1")  # one word at 0, then nothing
+        turn = await session.prompt("go")  # one word at 0, then nothing
         await stalled(rec)
-        assert trio.current_time() - t0 == pytest.approx(STALL)
+        assert trio.current_time() - t0 == STALL
         end = await ended(rec, turn.id)
-        assert trio.current_time() - t0 == pytest.approx(STALL + GRACE)
+        assert trio.current_time() - t0 == STALL + GRACE
         assert (end.outcome, end.reason) == ("killed", "stalled")
         assert end.receipt is not None
         assert end.receipt["escalation"] == [
@@ -239,19 +258,19 @@ async def test_a_stalled_agent_that_ignores_the_interrupt_is_killed_and_resumed(
             "resumed",
         ]
         assert end.receipt["resumed"] is True and end.receipt["reason"] == "stalled"
-        assert session.state == "ready" and len(launcher.links) == 2
-        assert launcher.resumes[1] == launcher.agents[0].session_id
-        await completes(session, rec)
-        assert launcher.agents[1].turns == ["words=2"]
+        assert session.state == "ready" and agent.starts == 2
+        assert agent.processes[1].resumed == session.agent_session_id
+        await completes(session, rec, "again")
+        assert agent.processes[1].prompts == ["again"]
 
 
 async def test_prompts_queued_behind_a_stalled_turn_still_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The user queued them behind the turn and did not give up on it: the watchdog did."""
-    async with running() as (session, _, rec):
-        turn = await session.prompt("silent-after=1")
-        queued = await session.prompt("words=2")
+    async with fake_running(reply=[LONG, "done"], silent_after=1) as (session, _, rec):
+        turn = await session.prompt("go")
+        queued = await session.prompt("next")
         assert queued.queued
         end = await ended(rec, turn.id)
         assert end.reason == "stalled"
@@ -264,18 +283,22 @@ async def test_a_cancel_during_a_stall_cancel_joins_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Same receipt as the watchdog's cancel; a caller's cancel drops the queue, as ever."""
-    async with running(AcpBehaviour(stop_delay=None)) as (session, _, rec):
-        turn = await session.prompt("silent-after=1")
-        queued = await session.prompt("words=2")
+    async with fake_running(reply=[LONG, "done"], silent_after=1, on_cancel="ignore") as (
+        session,
+        _,
+        rec,
+    ):
+        turn = await session.prompt("go")
+        queued = await session.prompt("next")
         await stalled(rec)
         await trio.sleep(GRACE / 2)
         t0 = trio.current_time()
         receipt = await session.cancel()
-        assert trio.current_time() - t0 == pytest.approx(GRACE / 2)  # the grace left, no more
+        assert trio.current_time() - t0 == GRACE / 2  # the grace left, no more
         end = await ended(rec, turn.id)
         assert end.receipt is not None
         assert end.receipt["reason"] == receipt.reason == "stalled"
-        assert end.receipt["elapsed_ms"] == receipt.elapsed_ms == pytest.approx(GRACE * 1000)
+        assert end.receipt["elapsed_ms"] == receipt.elapsed_ms == GRACE * 1000
         assert (receipt.turn_id, receipt.outcome) == (turn.id, "killed")
         assert [p.turn_id for p in receipt.dropped_prompts] == [queued.id]
         dropped = await ended(rec, queued.id)
@@ -284,7 +307,7 @@ async def test_a_cancel_during_a_stall_cancel_joins_it(
 
 
 async def test_a_caller_cancel_says_user(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(AcpBehaviour(words=100, word_interval=0.1)) as (session, _, rec):
+    async with fake_running(reply=LONG) as (session, _, rec):
         turn = await session.prompt("hello")
         await rec.wait_for(is_delta)
         receipt = await session.cancel()
@@ -300,7 +323,7 @@ async def test_a_subscriber_holding_the_agent_back_is_not_the_agent_s_silence(
 ) -> None:
     """A full subscriber that asked for backpressure stops the actor reading the agent: the
     agent has things to say and blocks on its pipe. The watchdog does not count that time."""
-    async with running(AcpBehaviour(words=200, word_interval=0.01)) as (session, _, rec):
+    async with fake_running(reply="w " * 200, word_delay=0.01) as (session, _, rec):
         subscription = await session.open_subscription(max_buffer=16, stall_s=100 * STALL)
         try:
             turn = await session.prompt("hello")
@@ -319,8 +342,8 @@ async def test_a_subscriber_holding_the_agent_back_is_not_the_agent_s_silence(
 
 
 async def test_a_watchdog_left_off_never_stalls(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(stall_s=None) as (session, _, rec):
-        turn = await session.prompt("silent-after=1")
+    async with fake_running(silent_after=1, stall_s=None) as (session, _, rec):
+        turn = await session.prompt("go")
         await trio.sleep(2 * DEFAULT_STALL_S)
         assert session.state == "running" and rec.of_kind("turn.stalled") == []
         assert (await session.cancel()).reason == "user"
