@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         SupervisorError,
     )
     from supervisor.receipt import CancelReceipt, DroppedPrompt
+    from supervisor.runtime.handle import SessionHandle
     from supervisor.runtime.session import Session, SessionSummary, Subscription, TurnHandle
     from supervisor.steering import SteerResult
     from supervisor.supervisor import Supervisor, open_supervisor
@@ -45,6 +46,7 @@ _EXPORTS = {
     "CancelReceipt": "supervisor.receipt",
     "DroppedPrompt": "supervisor.receipt",
     "Session": "supervisor.runtime.session",
+    "SessionHandle": "supervisor.runtime.handle",
     "SteerResult": "supervisor.steering",
     "SessionSummary": "supervisor.runtime.session",
     "Subscription": "supervisor.runtime.session",
@@ -62,6 +64,7 @@ __all__ = [
     "ConfigError",
     "DroppedPrompt",
     "Session",
+    "SessionHandle",
     "SessionNotFound",
     "SessionSummary",
     "SteerResult",

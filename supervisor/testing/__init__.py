@@ -21,7 +21,7 @@ Claude Code, OpenCode, Amp), scripted by keyword arguments; :func:`open_test_sup
 a real :class:`~supervisor.supervisor.Supervisor` whose sessions run those agents;
 :func:`record` keeps a session's events for the test to wait on. Only the agent processes are
 fake: their every delay is virtual, so outcomes and times are exact and the same on every run.
-What is real and what is not, and how each protocol's fake speaks: ``design/testing.md``.
+What is real and what is not, and how each protocol's fake speaks: ``docs/testing.md``.
 Fixtures for pytest: ``supervisor.testing.pytest_plugin`` (this package needs no pytest).
 """
 

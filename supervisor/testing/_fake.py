@@ -5,7 +5,7 @@ steer, a permission) and a record (every process started from it, what went to i
 said). It runs as one of the protocol fakes of this package (``_acp.py``, ``_codex.py``,
 ``_claude.py``, ``_opencode.py``, ``_amp.py``), which speak the real protocol's messages to the
 real protocol machine; only the process is a trio task. How the options become each
-protocol's wire: ``design/testing.md``.
+protocol's wire: ``docs/testing.md``.
 """
 
 from __future__ import annotations
