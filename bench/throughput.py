@@ -80,8 +80,8 @@ from bench.transport_floor import Lines
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
 from supervisor.gateway import Gateway
-from supervisor.gateway.websocket import text_frame as gateway_text_frame
 from supervisor.wire.codec import dumps
+from supervisor.wire.frames import text_frame as gateway_text_frame
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "fakes"))  # read-only use of the memory agent

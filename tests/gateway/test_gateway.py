@@ -19,9 +19,9 @@ from fakes.memory_base import MemoryLink
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
-from supervisor.gateway.websocket import text_frame
 from supervisor.runtime.fanout import Fanout
 from supervisor.runtime.session import DEFAULT_HISTORY
+from supervisor.wire.frames import text_frame
 from supervisor.wire.requests import MAX_FRAME_BYTES
 
 BOUND = 20.0
