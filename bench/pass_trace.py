@@ -82,8 +82,8 @@ class Traced:
         work_through_lines = Session._work_through_lines
         send_frames = ServerWebSocket.send_frames
 
-        async def traced_read(stream: trio.abc.ReceiveStream) -> bytes:
-            data = await read_pipe(stream)
+        async def traced_read(stream: trio.abc.ReceiveStream, drained: bool = False) -> bytes:
+            data = await read_pipe(stream, drained)
             seams.lines_per_read[data.count(b"\n")] += 1
             return data
 

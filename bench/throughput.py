@@ -54,8 +54,9 @@ msgspec) and our server CPU per event (target <= 15 us).
 untimed run, ``bench/opcount.py``): a figure load does not move. ``--diagnose RUNS`` instead
 traces RUNS runs of ours, each beside a run of the floor (``bench/pass_trace.py``: passes,
 epoll waits, task steps, lines per pipe read and per actor run, frames per socket write,
-collections, context switches). Usage: ``python -m bench.throughput [--words 20000]
-[--repeats 5] [--receiver-processes 5] [--profile FILE] [--ops WORDS] [--diagnose RUNS]``.
+collections, context switches). Both with one subscriber, or ``--subscribers N``. Usage:
+``python -m bench.throughput [--words 20000] [--repeats 5] [--receiver-processes 5]
+[--profile FILE] [--ops WORDS] [--diagnose RUNS] [--subscribers 1]``.
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ from bench.transport_floor import Lines
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
 from supervisor.gateway import Gateway
-from supervisor.gateway.websocket import text_frame as gateway_text_frame
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import dumps
+from supervisor.wire.frames import text_frame as gateway_text_frame
 
 HERE = Path(__file__).resolve().parent
 
@@ -366,17 +367,17 @@ async def run_ours(
     return figures(result, words, n, cpu)
 
 
-async def diagnose(words: int, runs: int, most: int) -> None:
-    """``runs`` runs of the floor and of ours, 1 subscriber, interleaved; each of ours traced
-    (``bench/pass_trace.py``): what differs between a fast run and a slow one."""
+async def diagnose(words: int, runs: int, most: int, n: int) -> None:
+    """``runs`` runs of the floor and of ours, ``n`` subscribers, interleaved; each of ours
+    traced (``bench/pass_trace.py``): what differs between a fast run and a slow one."""
     from bench import pass_trace
 
     for index in range(runs):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        floor = await run_floor(1, words, most, piped=False, frame=stdlib_frame)
+        floor = await run_floor(n, words, most, piped=False, frame=stdlib_frame)
         floor_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
         trace = pass_trace.Traced()
-        ours = await run_ours(1, words, most, memory=False, window=trace)
+        ours = await run_ours(n, words, most, memory=False, window=trace)
         print(
             f"  run {index + 1}: ratio {ours['events_per_s'] / floor['events_per_s']:.2f};"
             f" floor {floor['events_per_s']:.0f} events/s {floor['server_us_per_event']:.1f}"
@@ -387,11 +388,11 @@ async def diagnose(words: int, runs: int, most: int) -> None:
         print(trace.report(words))
 
 
-async def count_ours(words: int, most: int) -> float:
-    """Python bytecodes the server runs per streamed event, one subscriber (an untimed run of
-    its own: tracing is slow): a count machine load does not move (``bench/opcount.py``)."""
+async def count_ours(words: int, most: int, n: int) -> float:
+    """Python bytecodes the server runs per streamed event, ``n`` subscribers (an untimed run
+    of its own: tracing is slow): a count machine load does not move (``bench/opcount.py``)."""
     count = OpCount()
-    await run_ours(1, words, most, memory=False, window=count)
+    await run_ours(n, words, most, memory=False, window=count)
     return count.ops / words
 
 
@@ -524,16 +525,23 @@ if __name__ == "__main__":
         "--diagnose",
         type=int,
         metavar="RUNS",
-        help="only trace RUNS runs of ours beside the floor, 1 subscriber (bench/pass_trace.py)",
+        help="only trace RUNS runs of ours beside the floor (bench/pass_trace.py)",
+    )
+    parser.add_argument(
+        "--subscribers", type=int, default=1, help="for --ops and --diagnose (default 1)"
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.diagnose:
-        trio.run(diagnose, args.words, args.diagnose, args.receiver_processes)
+        trio.run(diagnose, args.words, args.diagnose, args.receiver_processes, args.subscribers)
         sys.exit(0)
     if args.ops:
-        ops = trio.run(count_ours, args.ops, args.receiver_processes)
-        print(f"Python bytecodes per streamed event, 1 subscriber, {args.ops} events: {ops:.0f}")
+        n = args.subscribers
+        ops = trio.run(count_ours, args.ops, args.receiver_processes, n)
+        print(
+            f"Python bytecodes per streamed event, {n} subscriber{'s' if n > 1 else ''},"
+            f" {args.ops} events: {ops:.0f}"
+        )
         sys.exit(0)
     result = trio.run(main, args.words, args.repeats, args.receiver_processes, args.profile)
     report(result)

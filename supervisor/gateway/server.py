@@ -39,12 +39,11 @@ from supervisor.gateway.websocket import (
     HandshakeFailed,
     ServerWebSocket,
     WebSocketClosed,
-    text_frame,
-    text_frames,
 )
 from supervisor.runtime.session import Subscription
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import dumps, receipt_to_wire, steer_to_wire
+from supervisor.wire.frames import text_frame
 from supervisor.wire.requests import (
     HARD_FRAME_BYTES,
     Request,
@@ -997,10 +996,10 @@ class _Client:
         """Append the frames of up to ``limit`` buffered events; how many there were."""
         if limit <= 0:
             return 0
-        # Each event was serialized once, by its session; only the frame header is ours.
-        payloads = subscription.take_wire(limit)
-        frames.extend(text_frames(payloads))
-        return len(payloads)
+        # Each event was serialized and framed once, by its session, for every subscriber.
+        taken = subscription.take_frames(limit)
+        frames.extend(taken)
+        return len(taken)
 
     def _finish(self, session_id: str, subscription: Subscription, frames: list[bytes]) -> None:
         """A subscription the session ended, all its events taken: say so, and forget it."""

@@ -3,15 +3,15 @@
 The gateway's HTTP layer (h11) has already read the upgrade request; :class:`ServerWebSocket`
 completes the handshake from those bytes and then serves one reader (:meth:`get_message`) and one
 writer (:meth:`send_frames`). The writer sends *several* messages with one transport write: under
-a flood a subscriber's queued events go out in one ``send_all`` instead of one per event, and an
-event's frame bytes are built once (:func:`text_frame`) and shared by every subscriber. The frames
-on the wire are exactly what trio-websocket sends (unfragmented, unmasked text frames; no
-extensions are negotiated); only the number of writes differs.
+a flood a subscriber's queued events go out in one ``send_all`` instead of one per event. An
+event's frame is built once, by its session's fan-out (``supervisor/wire/frames.py``), and the
+same bytes go to every subscriber. The frames on the wire are exactly what trio-websocket sends
+(unfragmented, unmasked text frames; no extensions are negotiated); only the number of writes
+differs.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Final
 
 import trio
@@ -35,8 +35,6 @@ __all__ = [
     "HandshakeFailed",
     "ServerWebSocket",
     "WebSocketClosed",
-    "text_frame",
-    "text_frames",
 ]
 
 #: RFC 6455 section 7.4.1: "the message is too big to process".
@@ -52,40 +50,6 @@ class WebSocketClosed(Exception):
 
 class HandshakeFailed(Exception):
     """The upgrade request was not a valid WebSocket handshake."""
-
-
-def text_frame(payload: bytes) -> bytes:
-    """One complete text message as a server sends it: FIN, opcode 1, no mask (RFC 6455 5.2)."""
-    return _text_header(len(payload)) + payload
-
-
-def _text_header(size: int) -> bytes:
-    """The header of a text frame of ``size`` bytes, its length in the fewest bytes."""
-    if size < 126:
-        return bytes((0x81, size))
-    if size < 65536:
-        return struct.pack("!BBH", 0x81, 126, size)
-    return struct.pack("!BBQ", 0x81, 127, size)
-
-
-class _Headers(dict[int, bytes]):
-    """Text frame headers by payload size, each built once: most events are of a few sizes."""
-
-    def __missing__(self, size: int) -> bytes:
-        header = _text_header(size)
-        if size < _CACHED_HEADERS:
-            self[size] = header
-        return header
-
-
-#: Headers of payloads up to this size are kept (a few hundred bytes each at most in all).
-_CACHED_HEADERS = 4096
-_HEADERS = _Headers()
-
-
-def text_frames(payloads: list[bytes]) -> list[bytes]:
-    """:func:`text_frame` of each payload, for a batch: headers looked up, frames built in C."""
-    return list(map(bytes.__add__, map(_HEADERS.__getitem__, map(len, payloads)), payloads))
 
 
 def _wire_size(data: str | bytes) -> int:
@@ -141,7 +105,7 @@ class ServerWebSocket:
         return self._messages.pop(0)
 
     async def send_frames(self, frames: list[bytes]) -> None:
-        """Send complete frames (from :func:`text_frame`) with one transport write."""
+        """Send complete frames (``supervisor/wire/frames.py``) with one transport write."""
         await self._send(b"".join(frames) if len(frames) > 1 else frames[0], data_frames=True)
 
     async def ping(self) -> int:

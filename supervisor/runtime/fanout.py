@@ -6,9 +6,12 @@ wire form (JSON bytes, serialized once: ``supervisor/wire/codec.py``), not as an
 never walked by Python's cyclic garbage collector, so 10,000 events of history per session,
 times hundreds of flooding sessions, add nothing to a full collection (as objects they made one
 last ~0.2-0.8 s, stopping every session at once), and take a fraction of the memory. A
-subscriber gets either the event objects (the Python API) or the same wire bytes (``wire=True``:
-the gateway, which sends them as they are); a replay of objects is decoded from the history.
-While no subscriber takes the wire form, the newest events published one at a time (a turn's
+subscriber gets either the event objects (the Python API) or the event's WebSocket text frame
+(``supervisor/wire/frames.py``; ``wire=True``: the gateway, which sends it as it is). Each
+event is framed once, for every wire subscriber at once: what a gateway connection does per
+event is hand the same bytes to its socket, however many connections follow the session. A
+replay is decoded (objects) or framed (wire) from the history.
+While no subscriber takes frames, the newest events published one at a time (a turn's
 start and end, state changes: not a stream's runs, :meth:`Fanout.publish_many`) wait as
 objects and are serialized in one batch when the session next waits in its own step
 (:meth:`Fanout.serialize`), the history is read, or ``_UNSERIALIZED_MAX`` have come: nobody
@@ -34,12 +37,14 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import trio
 
 from protocols import events as ev
 from supervisor.wire.codec import dumps, event_from_json, event_json, event_to_wire, events_json
+from supervisor.wire.frames import frame_payload, text_frame, text_frames
 
 __all__ = ["Fanout", "Subscription"]
 
@@ -51,8 +56,14 @@ _HARD_LIMIT_FACTOR = 2
 #: A listener (a batching writer, :meth:`Subscription.set_listener`) is told of new events when
 #: the session is about to wait (:meth:`Fanout.flush`) or, while it is busy, every this many
 #: events: a flood reaches the writer in batches, and a single event is not delayed at all.
-_ANNOUNCE_EVERY = 64
-#: While no subscriber takes wire bytes, up to this many of the newest events are kept as
+#: One gateway write's worth (``GatewayLimits.batch_events``): a wake-up of a connection's
+#: writer is then about one full socket write, and each subscriber's writer is woken that
+#: often (with ten subscribers, a quarter of it, 64, makes 1.6 times the writes and 15 % more
+#: Python bytecodes per event: ``bench/throughput.py --ops 5000 --subscribers 10``). A flood's
+#: 256 events take ~2 ms; a stream at an agent's pace reaches the writer event by event, as
+#: the session waits.
+_ANNOUNCE_EVERY = 256
+#: While no subscriber takes frames, up to this many of the newest events are kept as
 #: objects, to be serialized at once (few enough that the collector never minds them).
 _UNSERIALIZED_MAX = 64
 
@@ -109,9 +120,9 @@ class Subscription:
         on_ack: Callable[[int], None] | None = None,
         wire: bool = False,
     ):
-        #: buffered events: objects, or (``wire``) their JSON
+        #: buffered events: objects, or (``wire``) their WebSocket text frames
         self._events: deque[Any] = deque(replay)
-        #: what this subscriber takes: wire bytes (the gateway) or event objects
+        #: what this subscriber takes: text frames (the gateway) or event objects
         self.wire = wire
         #: a full buffer: the session cuts us off, or (with stall_s) stops reading the agent
         self.capacity = max(1, max_buffer) + len(replay)
@@ -165,12 +176,13 @@ class Subscription:
     def take(self, limit: int) -> list[ev.Event]:
         """Up to ``limit`` buffered events at once, without waiting (a batching writer's call)."""
         taken = self._take(limit)
-        return [event_from_json(item) for item in taken] if self.wire else taken
+        return [event_from_json(frame_payload(item)) for item in taken] if self.wire else taken
 
-    def take_wire(self, limit: int) -> list[bytes]:
-        """Like :meth:`take`, each event in its wire form (JSON bytes)."""
+    def take_frames(self, limit: int) -> list[bytes]:
+        """Like :meth:`take`, each event as the WebSocket text frame that carries its JSON
+        (``wire``: the very bytes every wire subscriber of the session is given)."""
         taken = self._take(limit)
-        return taken if self.wire else [event_json(event) for event in taken]
+        return taken if self.wire else text_frames(events_json(taken))
 
     def _take(self, limit: int) -> list[Any]:
         events = self._events
@@ -179,7 +191,7 @@ class Subscription:
             taken = list(events)
             events.clear()
         else:
-            taken = [events.popleft() for _ in range(limit)]
+            taken = list(map(deque.popleft, repeat(events, limit)))  # a loop in C
         if taken:
             # Events are contiguous: the last taken is as many seqs on as were taken.
             self.taken += len(taken)
@@ -230,12 +242,13 @@ class Subscription:
 
     # -- the session's side (its actor task only) ---------------------------------------------
 
-    def _offer(self, event: ev.Event, payload: bytes | None) -> bool:
-        """Buffer one event; False if we are over the limit (the caller cuts us off)."""
+    def _offer(self, item: Any) -> bool:
+        """Buffer one event (the object, or ``wire`` its frame); False if we are over the
+        limit (the caller cuts us off)."""
         events = self._events
         if len(events) >= self._limit:
             return False
-        events.append(payload if self.wire else event)
+        events.append(item)
         if self._parked:
             self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
         self._unannounced += 1
@@ -243,18 +256,18 @@ class Subscription:
             self._announce()
         return True
 
-    def _offer_many(self, events: list[ev.Event], payloads: list[bytes]) -> bool:
+    def _offer_many(self, items: list[Any]) -> bool:
         """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
         (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
         buffered = self._events
         room = self._limit - len(buffered)
-        count = len(events)
+        count = len(items)
         fits = room >= count
         if not fits:
             count = max(room, 0)
-            events, payloads = events[:count], payloads[:count]
+            items = items[:count]
         if count:
-            buffered.extend(payloads if self.wire else events)
+            buffered.extend(items)
             if self._parked:
                 self._lot.unpark_all()
             self._unannounced += count
@@ -289,7 +302,9 @@ class Fanout:
         self._history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
         #: newer events than those, not yet serialized: nobody has asked for their bytes
         self._unserialized: list[ev.Event] = []
-        #: a subscriber takes wire bytes (or a front must be able to trim): serialize at once
+        #: a subscriber takes text frames: each event is framed once, for all of them
+        self._framed = False
+        #: a subscriber takes frames (or a front must be able to trim): serialize at once
         self._serialize_now = hold_unacknowledged
         self.head_seq = 0
         self.history_size = max(1, history_size)
@@ -328,7 +343,8 @@ class Fanout:
         self._unserialized = []
 
     def _subscriptions_changed(self) -> None:
-        self._serialize_now = self.hold_unacknowledged or any(s.wire for s in self._subscriptions)
+        self._framed = any(s.wire for s in self._subscriptions)
+        self._serialize_now = self.hold_unacknowledged or self._framed
 
     @property
     def subscribed(self) -> bool:
@@ -361,8 +377,7 @@ class Fanout:
                 # Never a silent jump: the replay opens with what was lost, and why.
                 replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
                 last_seq = oldest - 2
-            if not wire:
-                replay = [event_from_json(payload) for payload in replay]
+            replay = text_frames(replay) if wire else list(map(event_from_json, replay))
         subscription = Subscription(
             replay,
             last_seq=last_seq,
@@ -380,7 +395,7 @@ class Fanout:
             self._subscriptions.append(subscription)
             self._maybe_full = self._maybe_full or subscription._full
             if wire:
-                self._serialize_now = True
+                self._framed = self._serialize_now = True
         return subscription
 
     def publish(self, event: ev.Event, payload: bytes | None = None) -> None:
@@ -388,6 +403,7 @@ class Fanout:
         the event's wire form when the caller has it already (a remote session's, as the
         node sent it plus ``host``)."""
         self.head_seq = event.seq
+        frame = None
         if payload is None and not self._serialize_now:
             unserialized = self._unserialized
             unserialized.append(event)  # only objects are offered: no bytes needed yet
@@ -400,12 +416,14 @@ class Fanout:
             history.append(payload)
             if self.hold_unacknowledged and len(history) > self.history_size:
                 self._trim()
+            if self._framed:
+                frame = text_frame(payload)
         drop = False
         full = False
         for subscription in self._subscriptions:
             if subscription._closed:
                 drop = True
-            elif not subscription._offer(event, payload):
+            elif not subscription._offer(frame if subscription.wire else event):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:
@@ -430,12 +448,13 @@ class Fanout:
         history.extend(payloads)
         if self.hold_unacknowledged and len(history) > self.history_size:
             self._trim()
+        frames = text_frames(payloads) if self._framed else []
         drop = False
         full = False
         for subscription in self._subscriptions:
             if subscription._closed:
                 drop = True
-            elif not subscription._offer_many(events, payloads):
+            elif not subscription._offer_many(frames if subscription.wire else events):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:

@@ -604,8 +604,8 @@ class Session:
         wire: bool = False,
     ) -> Subscription:
         """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
-        ``wire=True``: the subscriber takes the events' JSON (``take_wire``), as the gateway
-        sends it, instead of event objects."""
+        ``wire=True``: the subscriber takes each event's WebSocket text frame
+        (``take_frames``), as the gateway sends it, instead of event objects."""
         check_subscription(since_seq, max_buffer, stall_s)
         reply: Reply[Subscription] = Reply()
         return await self._ask(_Subscribe(since_seq, max_buffer, reply, stall_s, wire), reply)

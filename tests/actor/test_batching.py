@@ -34,7 +34,6 @@ from protocols.framing import (
 from protocols.machine import PartialStep, Step, TurnFinished
 from supervisor import AgentSpec
 from supervisor.agents.link import AgentLines
-from supervisor.gateway.websocket import text_frame, text_frames
 from supervisor.receipt import CancelReceipt, DroppedPrompt, new_cancel_receipt
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
@@ -46,6 +45,7 @@ from supervisor.wire.codec import (
     events_json,
     receipt_to_wire,
 )
+from supervisor.wire.frames import frame_payload, text_frame, text_frames
 
 # -- framing -------------------------------------------------------------------------------------
 
@@ -541,6 +541,7 @@ def test_text_frames_match_text_frame_at_every_length_boundary() -> None:
     payloads = [b"x" * n for n in (0, 1, 125, 126, 127, 4095, 4096, 65535, 65536, 70000)]
     assert text_frames(payloads) == [text_frame(p) for p in payloads]
     assert text_frames(payloads) == [text_frame(p) for p in payloads]  # cached headers too
+    assert [frame_payload(frame) for frame in text_frames(payloads)] == payloads
 
 
 # -- the session: a run of lines in one inbox item ----------------------------------------------
@@ -648,7 +649,7 @@ def _fanout_state(publish_in_runs: bool, hold: bool) -> list[Any]:
         fanout.head_seq,
         fanout.must_wait(),
         [(s.lagged, s.ended, s.pending) for s in subscriptions],
-        subscriptions[1].take_wire(100),
+        subscriptions[1].take_frames(100),
         [e.seq for e in subscriptions[2].take(100)],
         heard[-1:],
     ]
@@ -763,9 +764,36 @@ def test_history_serialized_late_is_what_serialized_at_once_would_be() -> None:
     assert list(lazy.history) == list(eager.history)
     assert lazy.head_seq == eager.head_seq == total
     assert [e.seq for e in objects.take(total)] == list(range(1, total + 1))
-    assert wire is not None and all(isinstance(item, bytes) for item in wire.take_wire(total))
+    assert wire is not None and all(isinstance(item, bytes) for item in wire.take_frames(total))
     replay = lazy.subscribe(total - 50, head_seq=lazy.head_seq, max_buffer=10)
     assert replay.take(100) == events[total - 50 :]
+
+
+def test_every_wire_subscriber_is_given_the_same_frames() -> None:
+    """An event is framed once for all the wire subscribers (a gateway connection each): they
+    hold the very same bytes, the text frames of the history's JSON, however it was published;
+    a replay is framed from the history; a wire subscriber that asks for objects gets them."""
+    fanout = Fanout(history_size=100)
+    objects = fanout.subscribe(None, head_seq=0, max_buffer=100)
+    wires = [fanout.subscribe(None, head_seq=0, max_buffer=100, wire=True) for _ in range(3)]
+    events = [_stamped(seq) for seq in range(1, 31)]
+    fanout.publish_many(events[:20])
+    for event in events[20:25]:
+        fanout.publish(event)
+    for event in events[25:]:
+        fanout.publish(event, event_json(event))  # a remote session's: its bytes as they came
+    taken = [wire.take_frames(100) for wire in wires]
+    assert taken[0] == text_frames(list(fanout.history))
+    for frames in taken[1:]:
+        assert all(mine is first for mine, first in zip(frames, taken[0], strict=True))
+    assert objects.take(100) == events
+    replay = fanout.subscribe(10, head_seq=30, max_buffer=5, wire=True)
+    assert replay.take_frames(100) == taken[0][10:]
+    replay = fanout.subscribe(10, head_seq=30, max_buffer=5, wire=True)
+    assert replay.take(100) == events[10:]
+    assert objects.take_frames(100) == []
+    fanout.publish(_stamped(31))
+    assert objects.take_frames(1) == replay.take_frames(1) == [text_frame(fanout.history[-1])]
 
 
 def test_a_session_with_no_wire_subscriber_keeps_few_objects() -> None:

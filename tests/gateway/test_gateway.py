@@ -17,11 +17,11 @@ from wsproto.events import AcceptConnection, TextMessage
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
 from supervisor.gateway import Gateway, GatewayLimits
-from supervisor.gateway.websocket import text_frame
 from supervisor.runtime.fanout import Fanout
 from supervisor.runtime.session import DEFAULT_HISTORY
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.testing._memory import MemoryLink
+from supervisor.wire.frames import text_frame
 from supervisor.wire.requests import MAX_FRAME_BYTES
 
 BOUND = 20.0
