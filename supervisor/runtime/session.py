@@ -52,7 +52,8 @@ from supervisor.core.calls import (
     check_subscription,
 )
 from supervisor.core.exit import ExitStatus
-from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle, survivors_text
+from supervisor.core.lifecycle import survivors_text
+from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle
 from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
@@ -189,7 +190,7 @@ class _WaitReady:
     reply: Reply[None]
 
     def run(self, session: Session) -> None:
-        session.core.wait_ready(self.reply)
+        session.core.life.wait_ready(self.reply)
 
 
 @define
@@ -197,7 +198,7 @@ class _Stop:
     reply: Reply[ExitStatus | None]
 
     def run(self, session: Session) -> None:
-        session.core.stop(self.reply)
+        session.core.life.stop(self.reply)
 
 
 _Call = _Prompt | _Cancel | _Steer | _RespondPermission | _SetMode | _Subscribe | _WaitReady | _Stop
@@ -837,29 +838,29 @@ class Session:
             if item.generation == core.live_generation:
                 link, self._io.link = self._io.link, None
                 tail = link.stderr_tail if link is not None else []
-                core.agent_gone(item.generation, item.status, item.steps, item.survivors, tail)
+                core.life.agent_gone(item.generation, item.status, item.steps, item.survivors, tail)
         elif isinstance(item, _Spawned):
             self._spawned(item)
         elif isinstance(item, _SpawnFailed):
-            core.spawn_failed(item.generation, item.message)
+            core.life.spawn_failed(item.generation, item.message)
         elif isinstance(item, _KillDone):
-            core.kill_done(item.steps, item.survivors)
+            core.life.kill_done(item.steps, item.survivors)
         elif isinstance(item, _Closed):
-            core.closed(item.status, item.steps, item.survivors)
+            core.life.closed(item.status, item.steps, item.survivors)
         elif isinstance(item, _Swept):
             core.swept(item.generation, item.killed, item.survivors)
         elif isinstance(item, _MemoryOver):
-            core.memory_over(item.generation, item.used_mb)
+            core.life.memory_over(item.generation, item.used_mb)
 
     def _spawned(self, spawned: _Spawned) -> None:
         core = self.core
-        if not core.takes_agent(spawned.generation):
+        if not core.life.takes_agent(spawned.generation):
             assert self._io.nursery is not None
             self._io.nursery.start_soon(self._io.kill_quietly, spawned.link)
             return
         self._io.link = spawned.link
         spawned.link.take_now = self._take_now
-        core.spawned(spawned.generation)
+        core.life.spawned(spawned.generation)
 
     async def _kill_link_on_exit(self) -> None:
         link, self._io.link = self._io.link, None
@@ -892,7 +893,9 @@ class Session:
             or item.generation != core.agent.live
             # not urgent (core.urgent, spelled out: this is a cancel's cold path)
             or not (
-                core.state in URGENT_STATES or core.stopping or core.agent.phase in STARTING_PHASES
+                core.state in URGENT_STATES
+                or core.life.stopping
+                or core.agent.phase in STARTING_PHASES
             )
             or self._inbox_send.posted  # it has something before this, or may have
         ):

@@ -130,8 +130,8 @@ class AcpAgent:
     def come_up(self) -> None:
         """The newest process asked for runs: the handshake, answered in full."""
         generation, _ = self.io.spawns[-1]
-        assert self.core.takes_agent(generation)
-        self.core.spawned(generation)
+        assert self.core.life.takes_agent(generation)
+        self.core.life.spawned(generation)
         self.answer()
 
     def answer(self) -> None:

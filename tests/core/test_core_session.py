@@ -88,7 +88,7 @@ def test_an_agent_that_ignores_the_interrupt_is_killed_at_the_grace_and_resumed(
     assert io.kills == [1] and core.live_generation is None
     assert io.states()[-1] == "cancelling"
     io.clock += 0.05
-    core.kill_done(["sigterm"], [])
+    core.life.kill_done(["sigterm"], [])
     assert io.spawns[-1] == (2, "S1")  # the next process resumes the agent's session
     io.clock += 0.2
     agent.come_up()  # initialize, then session/load of S1
@@ -156,7 +156,7 @@ def test_a_tree_that_outlives_sigkill_fails_the_session_and_says_so() -> None:
     io.clock = GRACE
     core.deadline_passed()
     survivor = {"pid": 4242, "command": "sleep 1000"}
-    core.kill_done(["sigterm", "sigkill"], [survivor])
+    core.life.kill_done(["sigterm", "sigkill"], [survivor])
     receipt = slot.receipt
     assert receipt.outcome == "killed" and receipt.survivors == [survivor]
     assert receipt.resumed is None and receipt.session_failed is not None
@@ -192,7 +192,7 @@ def test_the_stall_watchdog_stops_a_silent_turn_through_the_ladder() -> None:
 
 def test_an_unexpected_exit_fails_the_turn_and_respawns_resuming() -> None:
     core, io, agent = running_turn()
-    core.agent_gone(1, ExitStatus(code=1, signal=None), [], [], ["oops"])
+    core.life.agent_gone(1, ExitStatus(code=1, signal=None), [], [], ["oops"])
     [ended] = io.ended_turns()
     assert ended.outcome == "failed" and "exit 1" in (ended.error or "")
     assert "oops" in (ended.error or "")
@@ -225,10 +225,10 @@ def test_a_steer_the_agent_cannot_take_interrupts_the_turn() -> None:
 def test_a_stop_ends_the_turn_with_the_agent() -> None:
     core, io, agent = running_turn()
     cancel, stop = Slot(), Slot()
-    core.stop(stop)
+    core.life.stop(stop)
     core.cancel(None, "user", cancel)  # meets the stop: answered once the turn ended with it
     assert io.closes == 1 and core.state is State.RUNNING
-    core.closed(ExitStatus(code=0, signal=None), [], [])
+    core.life.closed(ExitStatus(code=0, signal=None), [], [])
     assert cancel.receipt.outcome == "cancelled"
     assert cancel.receipt.stop_reason == "session_stopped"
     assert stop.value == ExitStatus(code=0, signal=None)
@@ -237,8 +237,8 @@ def test_a_stop_ends_the_turn_with_the_agent() -> None:
 
 def test_calls_of_a_stopped_session_are_refused() -> None:
     core, io, agent = running_turn()
-    core.stop(Slot())
-    core.closed(None, [], [])
+    core.life.stop(Slot())
+    core.life.closed(None, [], [])
     refused = Slot()
     core.cancel(None, "user", refused)
     assert isinstance(refused.error, AgentNotRunning)
@@ -277,7 +277,7 @@ def test_a_machine_that_wants_a_restart_gets_one_once_its_turn_is_over(
     [recycled] = [e for e in io.events if isinstance(e, ev.SessionRecycled)]
     assert recycled.reason == "stuck: only a restart clears it" and recycled.failed_turns == 0
     assert io.kills == [1] and core.state is State.STARTING
-    core.kill_done(["sigterm"], [])
+    core.life.kill_done(["sigterm"], [])
     assert io.spawns[-1] == (2, "S1")  # resumed
     agent.prompts.clear()
     agent.come_up()

@@ -109,7 +109,7 @@ class Walk:
             elif name == "crash" and core.live_generation is not None:
                 generation = core.live_generation
                 agent.prompts.clear()
-                core.agent_gone(generation, ExitStatus(code=1, signal=None), [], [])
+                core.life.agent_gone(generation, ExitStatus(code=1, signal=None), [], [])
             elif name == "deadline":
                 deadline = core.next_deadline()
                 if deadline != math.inf:
@@ -118,18 +118,18 @@ class Walk:
             elif name == "kill_done" and self.kills_done < len(io.kills):
                 self.kills_done += 1
                 agent.prompts.clear()
-                core.kill_done(["sigterm"], [])
-            elif name == "come_up" and io.spawns and core.takes_agent(io.spawns[-1][0]):
+                core.life.kill_done(["sigterm"], [])
+            elif name == "come_up" and io.spawns and core.life.takes_agent(io.spawns[-1][0]):
                 agent.prompts.clear()
                 agent.come_up()
             elif name == "stop":
                 self.stops.append(Slot())
-                core.stop(self.stops[-1])
+                core.life.stop(self.stops[-1])
             elif name == "closed" and io.closes and not self.closed:
                 self.closed = True
-                core.closed(ExitStatus(code=0, signal=None), [], [])
+                core.life.closed(ExitStatus(code=0, signal=None), [], [])
             elif name == "memory" and core.live_generation is not None:
-                core.memory_over(core.live_generation, 500.0)
+                core.life.memory_over(core.live_generation, 500.0)
         except SupervisorError:
             pass  # a call the session refuses, as it tells its caller
         self.check()
