@@ -227,8 +227,8 @@ class _SessionView:
 
     #: prompts accepted by the session: turn id -> the ``session/prompt`` to answer
     turns: dict[str, RequestId] = field(factory=dict)
-    #: prompts sent to the session, not accepted yet: their texts (a TurnStarted of one of
-    #: these is ours, not a prompt from another client to echo)
+    #: prompts sent to the session, not accepted yet: their texts as events show them (a
+    #: ``TurnStarted`` of one of these is ours, not a prompt from another client to echo)
     pending_texts: list[str] = field(factory=list)
     #: turns that ended before their acceptance was told: turn id -> the ended event
     ended: dict[str, ev.TurnEnded] = field(factory=dict)
@@ -356,7 +356,7 @@ class AcpAgentSide:
             if not text.strip():
                 return self._invalid(rid, "the prompt is empty")
             only_text = all(part.kind == "text" for part in parts)
-            self._view(session_id).pending_texts.append(text)
+            self._view(session_id).pending_texts.append(_shown(text))
             return Output(
                 actions=[PromptRequested(rid, session_id, text, () if only_text else parts)]
             )
@@ -488,8 +488,8 @@ class AcpAgentSide:
     ) -> Output:
         """A prompt accepted by a session that was gone by then (closed, replaced)."""
         view = self._view(session_id)
-        if text in view.pending_texts:
-            view.pending_texts.remove(text)
+        if _shown(text) in view.pending_texts:
+            view.pending_texts.remove(_shown(text))
         view.turns.pop(turn_id, None)
         view.ended.pop(turn_id, None)
         return Output(send=[self._ended_answer(rpc_id, error)])
@@ -525,8 +525,8 @@ class AcpAgentSide:
         """The session refused the prompt (stopped, failed, too many queued; ``INVALID_PARAMS``:
         content the agent behind cannot take)."""
         view = self._view(session_id)
-        if text in view.pending_texts:
-            view.pending_texts.remove(text)
+        if _shown(text) in view.pending_texts:
+            view.pending_texts.remove(_shown(text))
         if not view.known and view.holds_nothing():
             del self._sessions[session_id]  # a session never ready here (made up, say)
         return self.fail(rpc_id, message, code=code)
@@ -536,8 +536,8 @@ class AcpAgentSide:
     ) -> Output:
         """The session took the prompt as turn ``turn_id``; its response waits for its end."""
         view = self._view(session_id)
-        if text in view.pending_texts:
-            view.pending_texts.remove(text)
+        if _shown(text) in view.pending_texts:
+            view.pending_texts.remove(_shown(text))
         ended = view.ended.pop(turn_id, None)
         if ended is not None:
             return Output(send=[self._prompt_answer(rpc_id, ended)])
@@ -960,3 +960,9 @@ def _plan_entries(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _shown(text: str) -> str:
+    """A prompt's text as the session's events show it (``turn.started`` previews a long
+    one): what a ``TurnStarted`` of it is matched by."""
+    return ev.preview(text)[0]

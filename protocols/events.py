@@ -9,7 +9,7 @@ name of each is its ``kind``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 import attrs
 from attrs import field, frozen
@@ -37,9 +37,11 @@ __all__ = [
     "TurnStarted",
     "TurnSteered",
     "EVENT_TYPES",
+    "PREVIEW_CHARS",
     "new_message_delta",
     "new_session_state",
     "new_turn_ended",
+    "preview",
     "quick_constructor",
 ]
 
@@ -75,9 +77,14 @@ class SessionRecycled(Event):
 
 @frozen(kw_only=True)
 class TurnStarted(Event):
+    """A turn started with the prompt ``text``: whole, or (``text_bytes`` set) its first
+    :data:`PREVIEW_CHARS` characters, the prompt being ``text_bytes`` bytes long (the agent got
+    it whole; a session keeps thousands of events, and a prompt may be megabytes)."""
+
     kind: ClassVar[str] = "turn.started"
     turn_id: str
     text: str
+    text_bytes: int | None = None
 
 
 @frozen(kw_only=True)
@@ -88,8 +95,10 @@ class TurnSteered(Event):
     kind: ClassVar[str] = "turn.steered"
     turn_id: str
     mode: str
+    #: the steer's text, or its preview (``text_bytes`` set): as :class:`TurnStarted`'s
     text: str
     interrupted_turn_id: str | None = None
+    text_bytes: int | None = None
 
 
 @frozen(kw_only=True)
@@ -282,6 +291,21 @@ EVENT_TYPES: dict[str, type[Event]] = {
 
 
 T = TypeVar("T", bound=attrs.AttrsInstance)
+
+
+#: How much of a prompt's or a steer's text an event carries. The agent gets the text whole;
+#: an event that carries a longer one carries its first this many characters and its size
+#: (``text_bytes``): a session keeps thousands of events, each subscriber a buffer of them,
+#: and a pasted file may be megabytes.
+PREVIEW_CHARS: Final = 16_000
+
+
+def preview(text: str) -> tuple[str, int | None]:
+    """``text`` as an event carries it: itself and None, or its first :data:`PREVIEW_CHARS`
+    characters and its whole size in UTF-8 bytes."""
+    if len(text) <= PREVIEW_CHARS:
+        return text, None
+    return text[:PREVIEW_CHARS], len(text.encode("utf-8", "surrogatepass"))
 
 
 def quick_constructor(cls: type[T]) -> Callable[..., T]:

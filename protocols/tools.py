@@ -3,7 +3,7 @@
 Universal events speak ACP's words for a tool call (``ToolKind``, ``ToolCallStatus`` of the ACP
 v1 schema), whatever the agent said: Codex ``commandExecution``/``inProgress``, OpenCode
 ``bash``/``running``, Claude Code ``Bash``. Each protocol machine declares its own words once in
-a :class:`ToolVocabulary`; ``tests/protocols/test_schemas.py`` checks every one of them against
+a :class:`ToolVocabulary`; ``tests/machines/test_schemas.py`` checks every one of them against
 the schema.
 """
 

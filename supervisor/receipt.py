@@ -7,7 +7,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from protocols.events import quick_constructor
+from protocols.events import preview, quick_constructor
 
 __all__ = [
     "ESCALATION_STEPS",
@@ -62,10 +62,18 @@ _REASON_PREFIXES = {
 
 @frozen
 class DroppedPrompt:
-    """A queued prompt the cancel threw away (it gets its own ``turn.ended`` too)."""
+    """A queued prompt the cancel threw away (it gets its own ``turn.ended`` too). ``text`` is
+    its preview when ``text_bytes`` is set (``protocols.events.preview``): a receipt lists what
+    a cancel dropped, not megabytes of it."""
 
     turn_id: str
     text: str
+    text_bytes: int | None = None
+
+    @classmethod
+    def of(cls, turn_id: str, text: str) -> DroppedPrompt:
+        shown, size = preview(text)
+        return cls(turn_id, shown, size)
 
 
 @frozen(kw_only=True)

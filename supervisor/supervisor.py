@@ -40,6 +40,7 @@ from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.alarm import AlarmClock
+from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, DEFAULT_HISTORY_BYTES
 from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
 from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
@@ -105,10 +106,16 @@ class Supervisor:
         session_ids: Callable[[], str] | None = None,
         history_size: int = DEFAULT_HISTORY,
         hold_unacknowledged: bool = False,
+        history_bytes: int = DEFAULT_HISTORY_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     ) -> None:
         self._nursery = nursery
-        #: events of history each session keeps (for a resubscribe with ``since_seq``)
+        #: events of history each session keeps (for a resubscribe with ``since_seq``), and
+        #: the bytes they may take at most
         self.history_size = history_size
+        self.history_bytes = history_bytes
+        #: the bytes a subscriber may have buffered at most
+        self.buffer_bytes = buffer_bytes
         #: a node's: sessions keep what the front has not acknowledged (``open_supervisor``)
         self.hold_unacknowledged = hold_unacknowledged
         #: leaving leaves the sessions that run in a node running there, recorded for the
@@ -209,6 +216,8 @@ class Supervisor:
             resume=resume,
             history_size=self.history_size,
             hold_unacknowledged=self.hold_unacknowledged,
+            history_bytes=self.history_bytes,
+            buffer_bytes=self.buffer_bytes,
         )
         self._sessions[session.id] = session
         session.on_ended = self._poke  # a retired node's drain counts a failed session too
@@ -396,6 +405,8 @@ async def open_supervisor(
     session_ids: Callable[[], str] | None = None,
     history_size: int = DEFAULT_HISTORY,
     hold_unacknowledged: bool = False,
+    history_bytes: int = DEFAULT_HISTORY_BYTES,
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -415,7 +426,10 @@ async def open_supervisor(
     supervisor to adopt (their node stops them after its ``detach_s`` if none comes); needs a
     ``state_dir``. Sessions without a node are stopped either way.
     ``session_ids``: names new sessions (default ``s1``, ``s2``, ...).
-    ``history_size``: events each session keeps for a resubscribe with ``since_seq``.
+    ``history_size``: events each session keeps for a resubscribe with ``since_seq``;
+    ``history_bytes``: the most bytes of JSON they take (the oldest go first, and a late
+    subscriber hears of them as a ``stream.gap``); ``buffer_bytes``: the most one subscriber
+    may have buffered (past it, it is cut off as for a full buffer of events).
     ``hold_unacknowledged`` (a node's): a session drops no event its driver has not
     acknowledged; with ``history_size`` of them it stops reading its agent until they are.
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
@@ -456,6 +470,8 @@ async def open_supervisor(
                 session_ids=session_ids,
                 history_size=history_size,
                 hold_unacknowledged=hold_unacknowledged,
+                history_bytes=history_bytes,
+                buffer_bytes=buffer_bytes,
             )
             try:
                 yield supervisor

@@ -33,7 +33,7 @@ STUBBORN_CANCEL_S = 3.0 + 1.0 + 3.0
 
 @pytest.fixture(scope="module")
 def schema() -> AcpSchema:
-    """The ACP v1 schema the TypeScript SDK ships (as ``tests/protocols/test_schemas.py`` reads it)."""
+    """The ACP v1 schema the TypeScript SDK ships (as ``tests/machines/test_schemas.py`` reads it)."""
     folder = Path(sdk_entry()).parents[3] / "schema" / "v1"
     return AcpSchema.load(folder / "schema.json")
 

@@ -2,7 +2,7 @@
 the goldens against, and what the front door's and the real agents' tests check live wire with.
 
 How each schema is obtained, and how a message is matched to its part of it, is said in
-``tests/protocols/test_schemas.py``.
+``tests/machines/test_schemas.py``.
 """
 
 from __future__ import annotations

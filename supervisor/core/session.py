@@ -406,7 +406,8 @@ class SessionCore:
         watch = StallWatch.start(now, self.spec.stall_s, self.spec.tool_stall_s)
         self.turn = Turn(turn_id, text, now, self._io.tree_clock(), watch)
         self.set_state(State.RUNNING)
-        self.emit(ev.TurnStarted(turn_id=turn_id, text=text))
+        shown, size = ev.preview(text)  # the agent got it whole
+        self.emit(ev.TurnStarted(turn_id=turn_id, text=shown, text_bytes=size))
         self._apply_events(step)
 
     def start_next(self) -> None:

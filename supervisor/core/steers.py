@@ -96,7 +96,7 @@ class Steering:
         if pending is None:
             return
         if answer.injected:
-            self._log.emit(ev.TurnSteered(turn_id=turn.id, mode="injected", text=pending.text))
+            self._log.emit(_steered(turn.id, "injected", pending.text))
             pending.waiter.resolve(
                 SteerResult(session_id=self._session_id, mode="injected", turn_id=turn.id)
             )
@@ -136,15 +136,8 @@ class Steering:
         dropped = []
         for steer_turn_id, steer in steers:
             turn_id = steer_turn_id if steer_turn_id is not None else self._ids.next()
-            self._log.emit(
-                ev.TurnSteered(
-                    turn_id=turn_id,
-                    mode="interrupted",
-                    text=steer.text,
-                    interrupted_turn_id=turn.id,
-                )
-            )
-            prompt = DroppedPrompt(turn_id, steer.text)
+            self._log.emit(_steered(turn_id, "interrupted", steer.text, turn.id))
+            prompt = DroppedPrompt.of(turn_id, steer.text)
             self._host.drop(prompt, reason)
             dropped.append(prompt)
             steer.waiter.resolve(
@@ -183,12 +176,7 @@ class Steering:
             queued.append((turn_id, steer.text))
             interrupted = steer.mode == "interrupted"
             self._log.emit(
-                ev.TurnSteered(
-                    turn_id=turn_id,
-                    mode=steer.mode,
-                    text=steer.text,
-                    interrupted_turn_id=turn.id if interrupted else None,
-                )
+                _steered(turn_id, steer.mode, steer.text, turn.id if interrupted else None)
             )
             steer.waiter.resolve(
                 SteerResult(
@@ -207,7 +195,7 @@ class Steering:
         """The text starts a turn: now if the session is ready, else first in the queue."""
         turn_id = self._ids.next()
         self._queue.put_steered(turn_id, text)
-        self._log.emit(ev.TurnSteered(turn_id=turn_id, mode=mode, text=text))
+        self._log.emit(_steered(turn_id, mode, text))
         waiter.resolve(
             SteerResult(session_id=self._session_id, mode=mode, turn_id=turn_id, detail=detail)
         )
@@ -243,3 +231,13 @@ def _steers_of(turn: Turn) -> TurnSteers:
     if turn.steers is None:
         turn.steers = TurnSteers()
     return turn.steers
+
+
+def _steered(
+    turn_id: str, mode: SteerMode, text: str, interrupted: str | None = None
+) -> ev.TurnSteered:
+    """``turn.steered``, its text previewed as events carry it (the agent gets it whole)."""
+    shown, size = ev.preview(text)
+    return ev.TurnSteered(
+        turn_id=turn_id, mode=mode, text=shown, interrupted_turn_id=interrupted, text_bytes=size
+    )

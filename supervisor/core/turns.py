@@ -165,14 +165,14 @@ class PromptQueue(deque[tuple[str, str]]):
                 del self[index]
                 self._steered.discard(turn_id)
                 self._parts.pop(turn_id, None)
-                return DroppedPrompt(turn_id, text)
+                return DroppedPrompt.of(turn_id, text)
         return None
 
     def take_all(self) -> list[DroppedPrompt]:
         """Empty the queue: every prompt in it, in order, never to run."""
         if not self:
             return []
-        dropped = [DroppedPrompt(turn_id, text) for turn_id, text in self]
+        dropped = [DroppedPrompt.of(turn_id, text) for turn_id, text in self]
         self.clear()
         self._steered.clear()
         for prompt in dropped:

@@ -37,7 +37,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 import trio
@@ -46,7 +46,7 @@ from protocols import events as ev
 from supervisor.wire.codec import dumps, event_from_json, event_json, event_to_wire, events_json
 from supervisor.wire.frames import frame_payload, text_frame, text_frames
 
-__all__ = ["Fanout", "Subscription"]
+__all__ = ["DEFAULT_BUFFER_BYTES", "DEFAULT_HISTORY_BYTES", "Fanout", "Subscription"]
 
 #: A backpressured subscriber may hold this many buffers' worth before it is cut off anyway.
 #: The session stops reading the agent at one buffer, so the excess is only what one agent
@@ -66,6 +66,17 @@ _ANNOUNCE_EVERY = 256
 #: While no subscriber takes frames, up to this many of the newest events are kept as
 #: objects, to be serialized at once (few enough that the collector never minds them).
 _UNSERIALIZED_MAX = 64
+#: What a session's history holds at most, in bytes of JSON, beside its count of events: a
+#: session is bounded in memory whatever its events carry (a tool's 1 MB output, a pasted
+#: file's preview). 10,000 stream events are ~1.5 MB; a gateway's default cap gives each
+#: session 512 MiB of the machine, so history and buffers stay a small share of it.
+DEFAULT_HISTORY_BYTES = 4 * 1024 * 1024
+#: What one subscriber may have buffered at most, in bytes, beside its count of events: past
+#: it, it is cut off (or, backpressured, holds the agent back) as for a full count.
+DEFAULT_BUFFER_BYTES = 4 * 1024 * 1024
+#: The size counted for an event buffered before it was serialized (a state change, a turn's
+#: start or end: events the session makes, small, a prompt's text previewed).
+_UNSERIALIZED_SIZE = 1024
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -119,9 +130,19 @@ class Subscription:
         on_room: Callable[[], None] | None = None,
         on_ack: Callable[[int], None] | None = None,
         wire: bool = False,
+        sizes: list[int] | None = None,
+        max_bytes: int = DEFAULT_BUFFER_BYTES,
     ):
         #: buffered events: objects, or (``wire``) their WebSocket text frames
         self._events: deque[Any] = deque(replay)
+        #: each buffered event's size in bytes (its JSON), and their sum
+        self._sizes: deque[int] = deque(sizes if sizes is not None else map(len, replay))
+        self._bytes = sum(self._sizes)
+        #: a full buffer in bytes (as ``capacity`` in events); the replay is room of its own
+        self.byte_capacity = max(1, max_bytes) + self._bytes
+        self._byte_limit = (
+            self.byte_capacity if stall_s is None else _HARD_LIMIT_FACTOR * self.byte_capacity
+        )
         #: what this subscriber takes: text frames (the gateway) or event objects
         self.wire = wire
         #: a full buffer: the session cuts us off, or (with stall_s) stops reading the agent
@@ -187,16 +208,23 @@ class Subscription:
     def _take(self, limit: int) -> list[Any]:
         events = self._events
         before = len(events)
+        was_full = self._full
         if limit >= before:
             taken = list(events)
             events.clear()
+            self._sizes.clear()
+            self._bytes = 0
         else:
             taken = list(map(deque.popleft, repeat(events, limit)))  # a loop in C
+            self._bytes -= sum(map(deque.popleft, repeat(self._sizes, limit)))
         if taken:
             # Events are contiguous: the last taken is as many seqs on as were taken.
             self.taken += len(taken)
             self.last_seq += len(taken)
-            if before > self._low_water >= len(events) and self._on_room is not None:
+            if self._on_room is not None and (
+                before > self._low_water >= len(events)
+                or (was_full and self._bytes <= self.byte_capacity // 2)
+            ):
                 self._on_room()
         return taken
 
@@ -236,19 +264,23 @@ class Subscription:
             return
         self._closed = True
         self._events.clear()
+        self._sizes.clear()
+        self._bytes = 0
         self._lot.unpark_all()
         if self._on_room is not None:
             self._on_room()  # a session held back for us goes on
 
     # -- the session's side (its actor task only) ---------------------------------------------
 
-    def _offer(self, item: Any) -> bool:
-        """Buffer one event (the object, or ``wire`` its frame); False if we are over the
-        limit (the caller cuts us off)."""
+    def _offer(self, item: Any, size: int) -> bool:
+        """Buffer one event (the object, or ``wire`` its frame) of ``size`` bytes; False if we
+        are over the limit (the caller cuts us off)."""
         events = self._events
-        if len(events) >= self._limit:
+        if len(events) >= self._limit or self._bytes >= self._byte_limit:
             return False
         events.append(item)
+        self._sizes.append(size)
+        self._bytes += size
         if self._parked:
             self._lot.unpark_all()  # a task waiting in receive() hears at once, as it always did
         self._unannounced += 1
@@ -256,18 +288,27 @@ class Subscription:
             self._announce()
         return True
 
-    def _offer_many(self, items: list[Any]) -> bool:
-        """Buffer a run of events, as :meth:`_offer` each would: False if they did not all fit
-        (those that did are buffered, and the caller cuts us off). One wake-up for the run."""
+    def _offer_many(self, items: list[Any], sizes: list[int], total: int) -> bool:
+        """Buffer a run of events of ``sizes`` bytes (``total`` in all), as :meth:`_offer` each
+        would: False if they did not all fit (those that did are buffered, and the caller cuts
+        us off). One wake-up for the run."""
         buffered = self._events
         room = self._limit - len(buffered)
         count = len(items)
-        fits = room >= count
+        fits = room >= count and self._bytes + total <= self._byte_limit
         if not fits:
             count = max(room, 0)
-            items = items[:count]
+            spare = self._byte_limit - self._bytes
+            for index, size in enumerate(sizes[:count]):  # (rare: a cut-off)
+                if spare < size and (index or self._bytes):
+                    count = index
+                    break
+                spare -= size
+            items, sizes, total = items[:count], sizes[:count], sum(sizes[:count])
         if count:
             buffered.extend(items)
+            self._sizes.extend(sizes)
+            self._bytes += total
             if self._parked:
                 self._lot.unpark_all()
             self._unannounced += count
@@ -291,15 +332,31 @@ class Subscription:
 
     @property
     def _full(self) -> bool:
-        return len(self._events) >= self.capacity
+        return len(self._events) >= self.capacity or self._bytes >= self.byte_capacity
 
 
 class Fanout:
     """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
 
-    def __init__(self, history_size: int, *, hold_unacknowledged: bool = False) -> None:
-        #: the newest events in wire form (see :attr:`history`)
-        self._history: deque[bytes] = deque(maxlen=None if hold_unacknowledged else history_size)
+    def __init__(
+        self,
+        history_size: int,
+        *,
+        hold_unacknowledged: bool = False,
+        history_bytes: int = DEFAULT_HISTORY_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    ) -> None:
+        #: the newest events in wire form (see :attr:`history`), each one's size, and their
+        #: bytes in all; a node's history is trimmed by hand (``_trim``), a front's drops its
+        #: oldest by itself at ``history_size``
+        length = None if hold_unacknowledged else max(1, history_size)
+        self._history: deque[bytes] = deque(maxlen=length)
+        self._sizes: deque[int] = deque(maxlen=length)
+        self._history_total = 0
+        #: the most bytes the history holds (the oldest events go first, as for its count)
+        self.history_bytes = max(1, history_bytes)
+        #: the most bytes a subscriber may have buffered
+        self.buffer_bytes = buffer_bytes
         #: newer events than those, not yet serialized: nobody has asked for their bytes
         self._unserialized: list[ev.Event] = []
         #: a subscriber takes text frames: each event is framed once, for all of them
@@ -339,8 +396,28 @@ class Fanout:
             self._serialize()
 
     def _serialize(self) -> None:
-        self._history.extend(events_json(self._unserialized))
+        payloads = events_json(self._unserialized)
         self._unserialized = []
+        sizes = list(map(len, payloads))
+        self._keep(payloads, sizes, sum(sizes))
+
+    def _keep(self, payloads: list[bytes], sizes: list[int], total: int) -> None:
+        """Add events to the history, its oldest going as its count or its bytes require."""
+        history, kept = self._history, self._sizes
+        if kept.maxlen is not None:
+            over = len(kept) + len(sizes) - kept.maxlen
+            if over > 0:  # what the extend drops by itself, the oldest
+                self._history_total -= sum(islice(kept, min(over, len(kept))))
+        history.extend(payloads)
+        kept.extend(sizes)
+        if len(sizes) > len(kept):  # a run longer than the whole history
+            self._history_total = sum(kept)
+        else:
+            self._history_total += total
+        if self._history_total > self.history_bytes or (
+            self.hold_unacknowledged and len(history) > self.history_size
+        ):
+            self._trim()
 
     def _subscriptions_changed(self) -> None:
         self._framed = any(s.wire for s in self._subscriptions)
@@ -377,7 +454,10 @@ class Fanout:
                 # Never a silent jump: the replay opens with what was lost, and why.
                 replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
                 last_seq = oldest - 2
+            sizes = list(map(len, replay))
             replay = text_frames(replay) if wire else list(map(event_from_json, replay))
+        else:
+            sizes = []
         subscription = Subscription(
             replay,
             last_seq=last_seq,
@@ -388,6 +468,8 @@ class Fanout:
             on_room=self._on_room if stall_s is not None else None,
             on_ack=self.acknowledge if self.hold_unacknowledged else None,
             wire=wire,
+            sizes=sizes,
+            max_bytes=self.buffer_bytes,
         )
         if self._closed:
             subscription._end()
@@ -405,6 +487,7 @@ class Fanout:
         self.head_seq = event.seq
         frame = None
         if payload is None and not self._serialize_now:
+            size = _UNSERIALIZED_SIZE
             unserialized = self._unserialized
             unserialized.append(event)  # only objects are offered: no bytes needed yet
             if len(unserialized) >= _UNSERIALIZED_MAX:
@@ -412,10 +495,9 @@ class Fanout:
         else:
             if payload is None:
                 payload = event_json(event)
-            history = self.history
-            history.append(payload)
-            if self.hold_unacknowledged and len(history) > self.history_size:
-                self._trim()
+            size = len(payload)
+            self.serialize()  # what waits as objects is kept first, in order
+            self._keep([payload], [size], size)
             if self._framed:
                 frame = text_frame(payload)
         drop = False
@@ -423,7 +505,7 @@ class Fanout:
         for subscription in self._subscriptions:
             if subscription._closed:
                 drop = True
-            elif not subscription._offer(frame if subscription.wire else event):
+            elif not subscription._offer(frame if subscription.wire else event, size):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:
@@ -444,17 +526,19 @@ class Fanout:
         # encoded in one pass, and a flood's events kept as objects would live long enough to
         # be walked by the collector (measured: 6-9 % of the time at 100-300 flooding sessions).
         payloads = events_json(events)
-        history = self.history
-        history.extend(payloads)
-        if self.hold_unacknowledged and len(history) > self.history_size:
-            self._trim()
+        sizes = list(map(len, payloads))
+        total = sum(sizes)
+        self.serialize()  # what waits as objects is kept first, in order
+        self._keep(payloads, sizes, total)
         frames = text_frames(payloads) if self._framed else []
         drop = False
         full = False
         for subscription in self._subscriptions:
             if subscription._closed:
                 drop = True
-            elif not subscription._offer_many(frames if subscription.wire else events):
+            elif not subscription._offer_many(
+                frames if subscription.wire else events, sizes, total
+            ):
                 subscription._end(lagged=True)
                 drop = True
             elif subscription.stall_s is not None and subscription._full:
@@ -489,15 +573,27 @@ class Fanout:
             self._room.set()  # (also when held for a full subscriber too: it looks again)
 
     def _trim(self) -> None:
-        """Forget acknowledged events beyond ``history_size``; unacknowledged ones only past
-        twice that (what a cancel, read at full speed, may add while held: then the front
-        is told of a gap, ``stream.gap``)."""
-        history = self.history
-        size = self.history_size
-        oldest = self.head_seq - len(history) + 1
-        while len(history) > size and (oldest <= self.acked_seq or len(history) > 2 * size):
-            history.popleft()
-            oldest += 1
+        """Forget the oldest events beyond ``history_size`` or ``history_bytes`` (the newest
+        one always stays); a node's only once its front acknowledged them, or past twice the
+        count (what a cancel, read at full speed, may add while held: then the front is told
+        of a gap, ``stream.gap``). A late subscriber hears of what is gone (``stream.gap``)."""
+        history, kept = self._history, self._sizes
+        size, most = self.history_size, self.history_bytes
+        total = self._history_total
+        if self.hold_unacknowledged:
+            oldest = self.head_seq - len(history) + 1 - len(self._unserialized)
+            acked = self.acked_seq
+            while len(history) > 1 and (len(history) > size or total > most):
+                if oldest > acked and len(history) <= 2 * size:
+                    break
+                history.popleft()
+                total -= kept.popleft()
+                oldest += 1
+        else:
+            while len(history) > 1 and total > most:
+                history.popleft()
+                total -= kept.popleft()
+        self._history_total = total
 
     @property
     def _unacknowledged_full(self) -> bool:

@@ -58,7 +58,12 @@ from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.runtime.alarm import AlarmClock
-from supervisor.runtime.fanout import Fanout, Subscription
+from supervisor.runtime.fanout import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_HISTORY_BYTES,
+    Fanout,
+    Subscription,
+)
 from supervisor.runtime.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.runtime.reply import Reply
 from supervisor.steering import SteerResult
@@ -424,6 +429,8 @@ class Session:
         alarms: AlarmClock | None = None,
         resume: str | None = None,
         hold_unacknowledged: bool = False,
+        history_bytes: int = DEFAULT_HISTORY_BYTES,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -453,7 +460,12 @@ class Session:
         self._inbox_send = _PostBox(inbox_send)
         # The history and the subscribers; a node's sessions keep what their front has not
         # acknowledged, holding the agent back rather than drop it (design/remote.md).
-        self._fanout = Fanout(history_size, hold_unacknowledged=hold_unacknowledged)
+        self._fanout = Fanout(
+            history_size,
+            hold_unacknowledged=hold_unacknowledged,
+            history_bytes=history_bytes,
+            buffer_bytes=buffer_bytes,
+        )
         self._io = _AgentIO(self)
         self.core = SessionCore(
             session_id, spec, cwd=cwd, io=self._io, max_queued=max_queued, resume=resume

@@ -306,6 +306,22 @@ class FakeAgent:
         """Rules of its protocol the supervisor broke, as the fake noticed them."""
         return list(self._launcher.violations)
 
+    def forget(self) -> None:
+        """Drop the messages, prompts and steers recorded so far, and the conversations the
+        fake keeps to replay on a resume (the counts of starts and kills stay): a long test of
+        an application's own memory then measures the application's, not the fake's."""
+        launcher = self._launcher
+        launcher.log.clear()
+        for history in launcher.store.sessions.values():
+            history.clear()
+        for link in launcher.links:
+            link.received.clear()
+            link.written.clear()
+            link.sent.clear()
+        for agent in launcher.agents:
+            agent.turns.clear()
+            agent.steers.clear()
+
     def __repr__(self) -> str:
         return f"<FakeAgent {self.protocol}, {self.starts} starts, {self.kills} kills>"
 

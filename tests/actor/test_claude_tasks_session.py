@@ -3,7 +3,7 @@
 The actor runs against ``supervisor/testing/_claude.py`` with prompts that start background tasks
 (``tasks=N``): a cooperative CLI's receipt lists every task confirmed at exactly the time the
 last answer (result or stop_task) came; a CLI that never answers a ``stop_task`` is killed at
-exactly cancel time + grace. The machine alone is ``tests/protocols/test_claude_tasks.py``.
+exactly cancel time + grace. The machine alone is ``tests/machines/test_claude_tasks.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ lists them at exactly the time the last one stopped; a child that never answers 
 exactly cancel time + grace; an active goal is paused before the interrupt, so the server does
 not start its next goal turn by itself; the goal turns the server starts after a turn completes
 are part of that turn (one ``turn.ended``), and a cancel during one pauses the goal and
-interrupts it. The machine alone is ``tests/protocols/test_codex_children.py``.
+interrupts it. The machine alone is ``tests/machines/test_codex_children.py``.
 """
 
 from __future__ import annotations

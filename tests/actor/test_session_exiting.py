@@ -1,6 +1,6 @@
 """Tier 2: an agent whose cooperative stop ends its process, whatever its protocol.
 
-Amp is one (``tests/protocols/test_amp.py``), but nothing in the actor is about Amp: a machine announces
+Amp is one (``tests/machines/test_amp.py``), but nothing in the actor is about Amp: a machine announces
 the exit with :class:`protocols.machine.AgentExiting` and the actor lets the process go. Here
 the protocol is ACP plus that one announcement, and the agent the in-memory ACP agent plus an
 exit after it answered the cancelled prompt; resuming is ACP's ``session/load``. Virtual time:

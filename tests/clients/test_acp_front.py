@@ -4,7 +4,7 @@ Not our code on the client side: the TypeScript SDK (``@agentclientprotocol/sdk@
 ``client()`` app, from ``tests/acp_clients/ts_client.mjs`` on the machine's node) and the Python
 SDK (``agent-client-protocol``'s ``ClientSideConnection``). The front door runs as a real process
 behind ``tests/realagents/tee.py``, which logs every line both ways; every message of every
-conversation is then checked against the ACP v1 schema (``tests/protocols/test_schemas.py``), ours
+conversation is then checked against the ACP v1 schema (``tests/machines/test_schemas.py``), ours
 strictly (no member name the schema does not declare), the client's as the schema says.
 
 Behind the front door: the demo agent, ``demo-stubborn`` (it ignores the interrupt, so the

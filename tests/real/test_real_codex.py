@@ -22,7 +22,7 @@ shell commands with ``sandbox_permissions: "require_escalated"``: every command 
     holds the conversation from before the kill;
 (f) the wire of a session (a turn, an approval, a cancel, a clean, another turn) logged both
     ways and checked, line by line, against the JSON schema that the same binary generates
-    (``tests/protocols/test_schemas.py``): what we send, and what the real server sends.
+    (``tests/machines/test_schemas.py``): what we send, and what the real server sends.
 
 Every test checks that the adapter saw no protocol error; notifications it does not classify
 (``agent.unparsed``) must be among :data:`UNCLASSIFIED` (a gap in the adapter, reported).
@@ -276,7 +276,7 @@ async def test_killed_turn_resumes_thread(open_codex: Any) -> None:
 
 async def test_wire_matches_the_schema(open_codex: Any, tmp_path: Path) -> None:
     """(f) Every line between the supervisor and the real server, both ways, against the schema
-    the same binary generates: our messages completely (as ``tests/protocols/test_schemas.py`` does for the
+    the same binary generates: our messages completely (as ``tests/machines/test_schemas.py`` does for the
     goldens), the server's completely too (they are real, nothing is abbreviated)."""
     from schemas import load_codex_schema, violations, walk_messages
 

@@ -117,7 +117,7 @@ PACKAGES: dict[str, Package] = {
             "codex",
             "@openai/codex",
             "0.171.0",
-            # Codex app-server (tests/real/test_real_codex.py, tests/protocols/test_schemas.py): the native
+            # Codex app-server (tests/real/test_real_codex.py, tests/machines/test_schemas.py): the native
             # binary, not the npm .js shim, which runs it as a child and does not forward signals
             "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
         ),
@@ -143,7 +143,7 @@ PACKAGES: dict[str, Package] = {
             "acp-sdk",
             "@agentclientprotocol/sdk",
             "2.4.0",
-            # only its schema/v1/*.json are used (tests/protocols/test_schemas.py); the entry (the
+            # only its schema/v1/*.json are used (tests/machines/test_schemas.py); the entry (the
             # package's main module) proves the install is whole
             "node_modules/@agentclientprotocol/sdk/dist/v1/stable/acp.js",
         ),

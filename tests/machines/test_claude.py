@@ -1,6 +1,6 @@
 """Tests for protocols.claude.ClaudeClient: golden transcripts replayed against a fresh machine.
 
-The transcript format is the ACP one (see ``tests/protocols/test_acp.py``; its ``event_to_dict`` and
+The transcript format is the ACP one (see ``tests/machines/test_acp.py``; its ``event_to_dict`` and
 ``step_to_dict`` are reused so the formats cannot drift apart): each
 ``tests/golden/claude/*.json`` file is one conversation of ``call``/``agent``/``check`` steps
 with the exact ``send`` and ``events`` each produced. The machine is built with a constant

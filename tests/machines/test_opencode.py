@@ -1,6 +1,6 @@
 """Tests for protocols.opencode.OpenCodeClient: golden transcripts replayed against a fresh machine.
 
-The transcript format is the ACP one (see ``tests/protocols/test_acp.py``; its ``event_to_dict`` and
+The transcript format is the ACP one (see ``tests/machines/test_acp.py``; its ``event_to_dict`` and
 ``step_to_dict`` are reused). What differs is the wire: the machine sends HTTP request
 envelopes ``{"http": {"id", "method", "path", "json"?}}`` and is fed ``{"http_response": ...}``,
 ``{"sse": event}`` and ``{"transport": "ready"}``. The ``sse`` payloads of most transcripts were

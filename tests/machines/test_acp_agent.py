@@ -366,3 +366,17 @@ def test_ids_a_client_makes_up_cost_no_memory() -> None:
     action = prompt(m, 200, "hello")
     m.prompt_failed(action.rpc_id, "S", "hello", "too many queued")
     assert list(m._sessions) == ["S"]
+
+
+def test_a_long_prompt_of_ours_is_known_by_its_preview() -> None:
+    """``turn.started`` carries a long prompt's first characters: still ours, not another
+    client's prompt to echo back."""
+    m = machine()
+    text = "x" * (ev.PREVIEW_CHARS + 10)
+    action = prompt(m, 1, text)
+    shown, size = ev.preview(text)
+    started = ev.TurnStarted(turn_id="t1", text=shown, text_bytes=size)
+    assert m.event("S", started).send == []
+    m.prompt_accepted(action.rpc_id, "S", text, "t1")
+    (answer,) = m.event("S", ev.TurnEnded(turn_id="t1", outcome="completed")).send
+    assert answer["id"] == 1
