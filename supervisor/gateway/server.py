@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hmac
 import importlib.resources
-import json
 import logging
 import re
 import secrets
@@ -22,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from http import HTTPStatus
-from typing import Any, Final
+from typing import Any, Final, assert_never
 from urllib.parse import quote, unquote, unquote_plus, urlsplit
 
 import h11
@@ -30,10 +29,8 @@ import trio
 from attrs import define, field, frozen
 
 from protocols import PROTOCOLS
-from protocols.content import Part, parts_from_acp, parts_text
-from protocols.mcp import McpServer, mcp_servers_from_acp
 from supervisor.config import AgentSpec
-from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError, check_text
+from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.gateway.websocket import (
     CLOSE_GOING_AWAY,
     HandshakeFailed,
@@ -46,11 +43,24 @@ from supervisor.wire.codec import dumps, receipt_to_wire, steer_to_wire
 from supervisor.wire.frames import text_frame
 from supervisor.wire.requests import (
     HARD_FRAME_BYTES,
+    Cancel,
+    ListAgents,
+    ListSessions,
+    Prompt,
     Request,
     RequestError,
+    RespondPermission,
+    SetMode,
+    StartSession,
+    Steer,
+    StopSession,
+    Subscribe,
+    Unsubscribe,
+    decode_abort,
     decode_request,
     error_response,
     ok_response,
+    session_of,
 )
 
 __all__ = ["Gateway", "LIMITS", "GatewayLimits"]
@@ -650,34 +660,12 @@ class Gateway:
     async def _http_abort(
         self, session_id: str, body: bytes
     ) -> tuple[int, str, bytes, list[tuple[str, str]]]:
-        reason: str = "http"
-        task_id: str | None = None
-        if body.strip():
-            try:
-                payload = json.loads(body)
-            except (ValueError, RecursionError):  # (a deeply nested body)
-                return 400, "application/json", _json_error("bad_request", "body must be JSON"), []
-            # As ``agent.cancel`` over the WebSocket: a body it cannot take is refused, not
-            # half read (a cancel with another reason, or of another turn, than was asked).
-            problem = None
-            if not isinstance(payload, dict):
-                problem = "body must be a JSON object"
-            else:
-                for key in ("reason", "task_id"):
-                    if payload.get(key) is not None and not isinstance(payload[key], str):
-                        problem = f"'{key}' must be a string"
-                if isinstance(payload.get("reason"), str):
-                    reason = payload["reason"]
-                if isinstance(payload.get("task_id"), str):
-                    task_id = payload["task_id"]
-            if problem is not None:
-                return 400, "application/json", _json_error("bad_request", problem), []
+        call = decode_abort(session_id, body)
         try:
-            check_text("'reason'", reason)
-            if task_id is not None:
-                check_text("'task_id'", task_id)
-            session = self.supervisor.get(session_id)
-            receipt = await session.cancel(turn_id=task_id, reason=reason)
+            if isinstance(call, RequestError):
+                raise BadRequest(call.message)
+            session = self.supervisor.get(call.session_id)
+            receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
         except SupervisorError as exc:
             return (
                 _HTTP_STATUS.get(exc.code, 500),
@@ -1036,72 +1024,66 @@ class _Client:
             response = ok_response(request.id, result)
         finally:
             self._pending -= 1
-        session_id = request.payload.get("session_id")
-        self._send(response, session_id if isinstance(session_id, str) else None)
+        self._send(response, session_of(request.call))
 
     async def _dispatch(self, request: Request) -> dict[str, Any] | None:
-        payload = request.payload
-        action = request.action
+        call = request.call
         sup = self.supervisor
-        if action == "agents.list":
-            return self.gateway._agents_result()
-        if action == "session.list":
-            return self.gateway._sessions_result()
-        if action == "session.start":
-            at_most = payload.get("max_sessions")
-            if at_most is not None and not self.gateway.accept_specs:
-                raise BadRequest("'max_sessions' is for nodes (agent-supervisor node)")
-            session = await sup.start_session(
-                self._agent(payload),
-                cwd=payload.get("cwd"),
-                host=payload.get("host"),
-                mcp_servers=_mcp_servers(payload),
-                at_most=at_most,
-            )
-            host = {"host": session.host} if session.host is not None else {}
-            return {"session_id": session.id, "state": session.state, **host}
-        session = sup.get(payload["session_id"])
-        if action == "session.subscribe":
-            await self._subscribe(request, session, payload.get("since_seq"))
-            return None
-        if action == "session.unsubscribe":
-            self._unsubscribe(session.id)
-            return {}
-        if action == "agent.prompt":
-            parts = _prompt_parts(payload)
-            turn = await session.prompt(payload.get("text") or parts_text(parts), parts)
-            return {"turn_id": turn.id, "queued": turn.queued}
-        if action == "agent.set_mode":
-            await session.set_mode(payload["mode_id"])
-            return {}
-        if action == "agent.steer":
-            return steer_to_wire(await session.steer(payload["text"]))
-        if action == "agent.cancel":
-            receipt = await session.cancel(
-                turn_id=payload.get("task_id"), reason=payload.get("reason")
-            )
-            return {**receipt_to_wire(receipt), "success": True}
-        if action == "permission.respond":
-            await session.respond_permission(
-                payload["request_id"],
-                payload.get("option_id"),
-                cancelled=bool(payload.get("cancelled")),
-            )
-            return {}
-        if action == "session.stop":
-            status = await sup.stop_session(session.id)
-            return {"exit_code": status.code if status is not None else None}
-        raise AssertionError(f"unhandled action {action}")  # decode_request knows every action
+        match call:
+            case ListAgents():
+                return self.gateway._agents_result()
+            case ListSessions():
+                return self.gateway._sessions_result()
+            case StartSession():
+                if call.max_sessions is not None and not self.gateway.accept_specs:
+                    raise BadRequest("'max_sessions' is for nodes (agent-supervisor node)")
+                session = await sup.start_session(
+                    self._agent(call),
+                    cwd=call.cwd,
+                    host=call.host,
+                    mcp_servers=call.mcp_servers,
+                    at_most=call.max_sessions,
+                )
+                host = {"host": session.host} if session.host is not None else {}
+                return {"session_id": session.id, "state": session.state, **host}
+            case Subscribe():
+                await self._subscribe(request, sup.get(call.session_id), call.since_seq)
+                return None
+            case Unsubscribe():
+                self._unsubscribe(sup.get(call.session_id).id)
+                return {}
+            case Prompt():
+                turn = await sup.get(call.session_id).prompt(call.text, call.parts)
+                return {"turn_id": turn.id, "queued": turn.queued}
+            case SetMode():
+                await sup.get(call.session_id).set_mode(call.mode_id)
+                return {}
+            case Steer():
+                return steer_to_wire(await sup.get(call.session_id).steer(call.text))
+            case Cancel():
+                session = sup.get(call.session_id)
+                receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
+                return {**receipt_to_wire(receipt), "success": True}
+            case RespondPermission():
+                await sup.get(call.session_id).respond_permission(
+                    call.request_id, call.option_id, cancelled=call.cancelled
+                )
+                return {}
+            case StopSession():
+                status = await sup.stop_session(sup.get(call.session_id).id)
+                return {"exit_code": status.code if status is not None else None}
+            case _:
+                assert_never(call)
 
-    def _agent(self, payload: dict[str, Any]) -> str | AgentSpec:
-        if "spec" not in payload:
-            return str(payload["agent"])
+    def _agent(self, call: StartSession) -> str | AgentSpec:
+        if call.spec is None:
+            return call.agent
         if not self.gateway.accept_specs:
             raise BadRequest("'spec' is for nodes (agent-supervisor node): name a configured agent")
         from supervisor.remote.handshake import spec_from_wire
 
         try:
-            return spec_from_wire(payload["agent"], payload["spec"])
+            return spec_from_wire(call.agent, dict(call.spec))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
 
@@ -1206,24 +1188,6 @@ def _static_carries(spec: AgentSpec) -> frozenset[str]:
     if spec.hosts or protocol is None:
         return frozenset()  # a host's session says what it takes when subscribed
     return protocol.prompt_carries
-
-
-def _prompt_parts(payload: dict[str, Any]) -> tuple[Part, ...]:
-    """``agent.prompt``'s ``content`` (ACP content blocks) as parts, or ``bad_request``."""
-    if "content" not in payload:
-        return ()
-    parts = parts_from_acp(payload["content"])
-    if isinstance(parts, str):
-        raise BadRequest(f"content: {parts}")
-    return parts
-
-
-def _mcp_servers(payload: dict[str, Any]) -> tuple[McpServer, ...]:
-    """``session.start``'s ``mcp_servers`` (ACP ``McpServer`` objects), or ``bad_request``."""
-    try:
-        return mcp_servers_from_acp(payload.get("mcp_servers", []))
-    except ValueError as exc:
-        raise BadRequest(f"mcp_servers{exc}") from None
 
 
 def _json(value: Any) -> bytes:
