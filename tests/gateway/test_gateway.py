@@ -765,7 +765,7 @@ async def test_a_client_without_the_token_cannot_fill_the_log(
     """A connection that never showed the token and fails in a way nobody foresaw (here the
     target split raises) is told in one line a minute with the count since, not a traceback
     per request; the clients with the token are served meanwhile."""
-    from supervisor.gateway import server as gateway_server
+    from supervisor.gateway import http as gateway_server
 
     def broken(target: str) -> tuple[str, str] | None:
         raise RuntimeError("a failure nobody foresaw")
@@ -776,7 +776,7 @@ async def test_a_client_without_the_token_cannot_fill_the_log(
             for _ in range(20):
                 assert await _exchange(url, _head(url, "/v1/sessions")) == b""
             assert await client.sessions() == []  # a WebSocket: no target to split
-    told = [r for r in caplog.records if r.name == "supervisor.gateway.server"]
+    told = [r for r in caplog.records if r.name == "supervisor.gateway.http"]
     assert [r.levelname for r in told] == ["WARNING"], [r.getMessage() for r in told]
     assert "never showed the token" in told[0].getMessage() and not told[0].exc_info
 

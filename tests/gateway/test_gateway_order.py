@@ -19,7 +19,7 @@ import trio.testing
 
 from protocols import events as ev
 from supervisor.gateway import Gateway, GatewayLimits
-from supervisor.gateway.server import _Client
+from supervisor.gateway.http import _Client
 from supervisor.gateway.websocket import ServerWebSocket
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.supervisor import Supervisor
