@@ -765,18 +765,18 @@ async def test_a_client_without_the_token_cannot_fill_the_log(
     """A connection that never showed the token and fails in a way nobody foresaw (here the
     target split raises) is told in one line a minute with the count since, not a traceback
     per request; the clients with the token are served meanwhile."""
-    from supervisor.gateway import http as gateway_server
+    from supervisor.gateway import http as gateway_http
 
     def broken(target: str) -> tuple[str, str] | None:
         raise RuntimeError("a failure nobody foresaw")
 
     async with gateway() as (_, url, _launcher):
         async with connect(url) as client:
-            monkeypatch.setattr(gateway_server, "_split_target", broken)
+            monkeypatch.setattr(gateway_http, "_split_target", broken)
             for _ in range(20):
                 assert await _exchange(url, _head(url, "/v1/sessions")) == b""
             assert await client.sessions() == []  # a WebSocket: no target to split
-    told = [r for r in caplog.records if r.name == "supervisor.gateway.http"]
+    told = [r for r in caplog.records if r.name == "supervisor.gateway.server"]
     assert [r.levelname for r in told] == ["WARNING"], [r.getMessage() for r in told]
     assert "never showed the token" in told[0].getMessage() and not told[0].exc_info
 
