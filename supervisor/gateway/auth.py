@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 from urllib.parse import quote, unquote_plus
 
@@ -47,9 +47,16 @@ class Auth:
             self.cookie_key.encode(),
         )
 
-    def check(self, headers: Mapping[str, str], query: str) -> str | None:
-        """None when a request with these headers and query may be served; else what it is
-        refused as: ``forbidden`` (another origin, or another host) or ``unauthorized``."""
+    def check(
+        self, headers: Mapping[str, str], query: str, repeated: Collection[str] = ()
+    ) -> str | None:
+        """None when a request with these headers (``repeated``: the names that came more than
+        once) and query may be served; else what it is refused as: ``forbidden`` (another
+        origin, or another host) or ``unauthorized``."""
+        if "origin" in repeated:
+            # A browser sends one Origin. Of two, which one a proxy or a framework takes is
+            # anyone's guess: none is, rather than the one a check happened to look at.
+            return "forbidden"
         if not self._origin_ok(headers):
             return "forbidden"
         if not self._token_ok(headers, query):

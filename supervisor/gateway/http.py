@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Final
 from urllib.parse import unquote, urlsplit
@@ -159,9 +160,13 @@ class Http:
         event = await self._next_event(conn, stream, raw, lines)
         if not isinstance(event, h11.Request):
             return None  # closed, or malformed (answered)
+        if event.http_version not in _VERSIONS:
+            message = "only HTTP/1.1 (and 1.0) is served here"
+            await respond(conn, stream, 505, json_error("bad_request", message), close=True)
+            return None
         # Before the token is checked, no more work than the head's size asks: the target is
         # split, not parsed, and the query only searched for the token.
-        headers = {k.decode().lower(): v.decode("latin-1") for k, v in event.headers}
+        headers, repeated = _fields(event.headers)
         target = event.target.decode("latin-1")
         split = _split_target(target)
         if split is None:
@@ -169,7 +174,7 @@ class Http:
             await respond(conn, stream, 400, error, close=True)
             return None
         path, query = split
-        denied = self.auth.check(headers, query)
+        denied = self.auth.check(headers, query, repeated)
         method = event.method.decode()
         if denied == "unauthorized" and method == "GET" and path in _PAGE_PATHS:
             if self.auth.page_cookie_ok(headers):
@@ -350,6 +355,19 @@ async def respond(
         await stream.send_all(data)
 
 
+def _fields(fields: Iterable[tuple[bytes, bytes]]) -> tuple[dict[str, str], frozenset[str]]:
+    """A head's fields by name, and the names that came more than once (where one only is
+    meant, as ``Origin``, a second is refused, never silently taken over the first)."""
+    headers: dict[str, str] = {}
+    repeated: set[str] = set()
+    for name, value in fields:
+        key = name.decode().lower()
+        if key in headers:
+            repeated.add(key)
+        headers[key] = value.decode("latin-1")
+    return headers, frozenset(repeated)
+
+
 _STATUSES: Final = {status.value for status in HTTPStatus}
 
 
@@ -393,6 +411,9 @@ def _page(title: str, text: str) -> bytes:
 def _static(name: str) -> bytes:
     return importlib.resources.files("supervisor.gateway").joinpath("static", name).read_bytes()
 
+
+#: The HTTP versions served; h11 reads any ``HTTP/d.d`` (and would answer it in 1.1).
+_VERSIONS: Final = (b"1.1", b"1.0")
 
 #: The web UI's page.
 _PAGE_PATHS: Final = ("/", "/index.html")

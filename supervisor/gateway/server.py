@@ -244,7 +244,8 @@ class Gateway:
             await websocket.accept(upgrade.raw)
         except HandshakeFailed as exc:
             error = json_error("bad_request", str(exc))
-            await respond(upgrade.conn, stream, 400, error, close=True)
+            extra = list(exc.headers)
+            await respond(upgrade.conn, stream, exc.status, error, extra=extra, close=True)
             return
         client = Connection(websocket, self.limits, self.actions)
         scope = self.client_scope() if self.client_scope is not None else nullcontext()
