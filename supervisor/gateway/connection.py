@@ -18,6 +18,7 @@ from supervisor.errors import AgentNotRunning, SupervisorError
 from supervisor.gateway.actions import Actions
 from supervisor.gateway.limits import GatewayLimits
 from supervisor.gateway.websocket import CLOSE_GOING_AWAY, ServerWebSocket, WebSocketClosed
+from supervisor.labels import label
 from supervisor.runtime.session import Subscription
 from supervisor.supervisor import AnySession
 from supervisor.wire.codec import dumps
@@ -311,10 +312,14 @@ class Connection:
             response = error_response(request.id, exc.code, str(exc))
         except Exception as exc:
             # The action, the error and the size, never the payload: a prompt may be megabytes,
-            # and it is the user's. The traceback only at debug level.
+            # and it is the user's. The traceback only at debug level. The error may quote a
+            # client's text: the log line has it escaped (``supervisor/labels.py``).
             error = _brief(exc)
             log.error(
-                "gateway request %s failed (%d bytes): %s", request.action, request.size, error
+                "gateway request %s failed (%d bytes): %s",
+                request.action,
+                request.size,
+                label(error),
             )
             log.debug("gateway request %s failed", request.action, exc_info=True)
             response = error_response(request.id, "internal", error)

@@ -656,6 +656,32 @@ async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
     assert not [r for r in caplog.records if "private prompt" in r.getMessage()]
 
 
+async def test_a_failed_request_quoting_its_text_is_logged_with_controls_escaped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A steer's text goes to the agent as it is; a log line that quotes it (here an error
+    nobody foresaw does) has its control characters and bidi controls escaped: whoever reads
+    the log sees them, the terminal or viewer does not act on them."""
+    from supervisor.runtime.session import Session
+
+    async def steer(self: Session, text: str) -> None:
+        raise RuntimeError(f"could not steer with {text}")
+
+    monkeypatch.setattr(Session, "steer", steer)
+    text = "stop\x1b[2J now \u202eexe.txt"
+    async with gateway() as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            with pytest.raises(GatewayError) as failed:
+                await client.steer(session_id, text)
+            # The client is answered with the error as it is (JSON carries it escaped).
+            assert failed.value.code == "internal" and text in failed.value.message
+    [line] = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("gateway request")
+    ]
+    assert line.endswith(r"RuntimeError: could not steer with stop\x1b[2J now \u202eexe.txt")
+
+
 # -- what a client without the token can make the gateway do -----------------------------------
 
 
