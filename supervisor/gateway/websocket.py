@@ -24,9 +24,11 @@ from wsproto.events import (
     Message,
     Ping,
     Pong,
+    RejectConnection,
     Request,
     TextMessage,
 )
+from wsproto.handshake import WEBSOCKET_VERSION
 from wsproto.utilities import RemoteProtocolError
 
 __all__ = [
@@ -49,7 +51,16 @@ class WebSocketClosed(Exception):
 
 
 class HandshakeFailed(Exception):
-    """The upgrade request was not a valid WebSocket handshake."""
+    """The upgrade request was not a valid WebSocket handshake: the HTTP ``status`` and
+    ``headers`` to refuse it with (426 and the version we speak for another version, RFC 6455
+    section 4.4)."""
+
+    def __init__(
+        self, message: str, status: int = 400, headers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
 
 
 def _wire_size(data: str | bytes) -> int:
@@ -87,6 +98,13 @@ class ServerWebSocket:
             self._ws.receive_data(request)
             events = list(self._ws.events())
         except RemoteProtocolError as exc:
+            hint = exc.event_hint
+            if isinstance(hint, RejectConnection) and hint.status_code == 426:
+                # A version other than 13 (wsproto's message would say the header is missing).
+                versions = tuple((k.decode(), v.decode()) for k, v in hint.headers)
+                ours = WEBSOCKET_VERSION.decode()
+                message = f"unsupported WebSocket version: this server speaks {ours}"
+                raise HandshakeFailed(message, 426, versions) from None
             raise HandshakeFailed(str(exc)) from None
         if not any(isinstance(event, Request) for event in events):
             raise HandshakeFailed("incomplete upgrade request")

@@ -17,6 +17,7 @@ import reprlib
 from typing import Any, Final
 
 from protocols.framing import Message, decode_line, is_text
+from supervisor.core.states import State
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
@@ -24,6 +25,7 @@ __all__ = [
     "as_is",
     "check_event",
     "check_response",
+    "check_state",
     "read_frame",
     "text_field",
 ]
@@ -109,6 +111,20 @@ def text_field(result: dict[str, Any], key: str) -> str:
     value = result.get(key)
     if not isinstance(value, str) or not value or not is_text(value):
         raise NodeProtocolError(f"without a text {key!r} ({_brief(value)})")
+    return value
+
+
+#: The words a session's state is (``supervisor/core/states.py``).
+_STATES: Final = frozenset(state.value for state in State)
+
+
+def check_state(value: object, what: str) -> str:
+    """``value``, a session's state as the node says it (a start's answer, a
+    ``session.state`` event): one of the state words, or the node is broken. The front hands
+    it on as it is, to every client's ``session.list`` and event stream (a browser's page, an
+    editor's list), so nothing else may pass for one."""
+    if not isinstance(value, str) or value not in _STATES:
+        raise NodeProtocolError(f"{what} is not a session state ({_brief(value)})")
     return value
 
 

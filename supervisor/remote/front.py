@@ -27,7 +27,7 @@ from protocols.framing import is_text
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.errors import BadRequest, SupervisorError
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
-from supervisor.remote.frames import NodeProtocolError, as_is, text_field
+from supervisor.remote.frames import as_is, check_state, text_field
 from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.remote.link import Connection, NodeLink
@@ -270,9 +270,7 @@ class RemoteHosts:
 
 def _started(result: dict[str, Any]) -> tuple[str, str]:
     """A start's answer: the node's session id, and the session's state."""
-    state = result.get("state", "ready")
-    if not isinstance(state, str):
-        raise NodeProtocolError("whose 'state' is not a string")
+    state = check_state(result.get("state", "ready"), "whose 'state'")
     return text_field(result, "session_id"), state
 
 

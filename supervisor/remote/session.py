@@ -36,7 +36,7 @@ from supervisor.core.exit import ExitStatus
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.remote.errors import HostUnreachable, LinkLost
-from supervisor.remote.frames import NodeProtocolError, as_is, text_field
+from supervisor.remote.frames import NodeProtocolError, as_is, check_state, text_field
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.runtime.session import (
     DEFAULT_HISTORY,
@@ -362,6 +362,8 @@ class RemoteSession:
             # Another kind, or fields of other types: the wire's number is the same, so the
             # node is broken, and the mirror cannot go on faithfully past a lost event.
             raise NodeProtocolError(f"a {kind} event this front cannot read")
+        if isinstance(event, ev.SessionState):
+            check_state(event.state, "a session.state event's state")
         if seq != self._seq + 1 and not _announces_gap(message, self._seq + 1):
             self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         self._seq = seq

@@ -1,32 +1,54 @@
 """The gateway's wire protocol (``design/gateway.md``, "The wire protocol"), without I/O.
 
 A request is one JSON text frame ``{"id", "action", "payload"}``; :func:`decode_request` turns it
-into a typed :class:`Request` or a :class:`RequestError` that already knows the error code and
-the id to answer (when one could be read). It never raises: every byte sequence a client can send
-gets an answer, and the connection stays usable.
+into a :class:`Request` carrying its action's *call* (:class:`Prompt`, :class:`Cancel`, ...: one
+small frozen class per action, its fields typed; an ACP ``content`` is read as parts and
+``mcp_servers`` as :class:`~protocols.mcp.McpServer` objects, here and only here), or a
+:class:`RequestError` that already knows the error code and the id to answer (when one could be
+read). It never raises: every byte sequence a client can send gets an answer, and the connection
+stays usable. The gateway dispatches on the call's type and reads no payload itself; its HTTP
+abort route is decoded here too (:func:`decode_abort`), into the same :class:`Cancel`.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import Any, ClassVar, Final
 
 from attrs import field, frozen
 
+from protocols.content import Part, parts_from_acp, parts_text
 from protocols.framing import is_text
+from protocols.mcp import McpServer, mcp_servers_from_acp
+from supervisor.errors import BadRequest, check_text
 
 __all__ = [
     "ACTIONS",
     "HARD_FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_PROMPT_FRAME_BYTES",
+    "Call",
+    "Cancel",
+    "ListAgents",
+    "ListSessions",
+    "Prompt",
     "Request",
     "RequestError",
+    "RespondPermission",
+    "SetMode",
+    "StartSession",
+    "Steer",
+    "StopSession",
+    "Subscribe",
+    "Unsubscribe",
+    "decode_abort",
     "decode_request",
     "error_response",
     "frame_bytes",
     "ok_response",
+    "session_of",
 ]
 
 #: A request is a few hundred bytes; a prompt may paste a file. 1 MiB is generous for both and
@@ -95,13 +117,137 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
 }
 
 
+# -- the calls: one per action --------------------------------------------------------------
+
+
+@frozen
+class ListAgents:
+    action: ClassVar[str] = "agents.list"
+
+
+@frozen
+class ListSessions:
+    action: ClassVar[str] = "session.list"
+
+
+@frozen(kw_only=True)
+class StartSession:
+    action: ClassVar[str] = "session.start"
+
+    agent: str
+    cwd: str | None = None
+    #: a ``[hosts.NAME]`` the agent may run on
+    host: str | None = None
+    #: ACP ``McpServer`` objects, on top of the agent's own
+    mcp_servers: tuple[McpServer, ...] = ()
+    #: the agent's definition (nodes only), as the wire has it: whether a gateway takes one at
+    #: all is its own to say (``Gateway(accept_specs=)``), before what it holds is judged
+    spec: Mapping[str, Any] | None = None
+    #: nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
+    max_sessions: int | None = None
+
+
+@frozen
+class Subscribe:
+    action: ClassVar[str] = "session.subscribe"
+
+    session_id: str
+    since_seq: int | None = None
+
+
+@frozen
+class Unsubscribe:
+    action: ClassVar[str] = "session.unsubscribe"
+
+    session_id: str
+
+
+@frozen
+class Prompt:
+    action: ClassVar[str] = "agent.prompt"
+
+    session_id: str
+    #: what events show of the prompt: the payload's ``text``, else the text of ``parts``
+    text: str
+    #: the prompt's ``content`` when it is more than text, in order (empty: text only)
+    parts: tuple[Part, ...] = ()
+
+
+@frozen
+class SetMode:
+    action: ClassVar[str] = "agent.set_mode"
+
+    session_id: str
+    mode_id: str
+
+
+@frozen
+class Steer:
+    action: ClassVar[str] = "agent.steer"
+
+    session_id: str
+    text: str
+
+
+@frozen(kw_only=True)
+class Cancel:
+    action: ClassVar[str] = "agent.cancel"
+
+    session_id: str
+    #: the turn meant (the wire's ``task_id``); None: whichever runs
+    task_id: str | None = None
+    reason: str | None = None
+
+
+@frozen(kw_only=True)
+class RespondPermission:
+    action: ClassVar[str] = "permission.respond"
+
+    session_id: str
+    request_id: str
+    #: exactly one of an option and ``cancelled``
+    option_id: str | None = None
+    cancelled: bool = False
+
+
+@frozen
+class StopSession:
+    action: ClassVar[str] = "session.stop"
+
+    session_id: str
+
+
+Call = (
+    ListAgents
+    | ListSessions
+    | StartSession
+    | Subscribe
+    | Unsubscribe
+    | Prompt
+    | SetMode
+    | Steer
+    | Cancel
+    | RespondPermission
+    | StopSession
+)
+
+
+def session_of(call: Call) -> str | None:
+    """The session a call names (its answer's order follows that session's events)."""
+    session_id = getattr(call, "session_id", None)
+    return session_id if isinstance(session_id, str) else None
+
+
 @frozen
 class Request:
     id: str | int
-    action: str
-    payload: dict[str, Any] = field(factory=dict)
+    call: Call
     #: the frame's size in bytes (what a log line says of a request, instead of its payload)
     size: int = field(default=0, eq=False)
+
+    @property
+    def action(self) -> str:
+        return self.call.action
 
 
 @frozen
@@ -141,20 +287,34 @@ def decode_request(frame: str | bytes) -> Request | RequestError:
     if size > MAX_PROMPT_FRAME_BYTES:
         message = f"frame exceeds {MAX_PROMPT_FRAME_BYTES} bytes"
         return RequestError(_leading_id(frame), "too_large", message)
-    decoded = _decode(frame, size)
+    checked = _decode(frame)
     if size > MAX_FRAME_BYTES and (
-        not isinstance(decoded, Request)
-        or decoded.action != "agent.prompt"
-        or "content" not in decoded.payload
+        not isinstance(checked, _Checked)
+        or checked.action != "agent.prompt"
+        or "content" not in checked.payload
     ):
         # Only a prompt's content may be this big (a request not even read is no better).
-        request_id = decoded.id if decoded.id is not None else _leading_id(frame)
+        request_id = checked.id if checked.id is not None else _leading_id(frame)
         message = f"frame exceeds {MAX_FRAME_BYTES} bytes (a prompt with content may have"
         return RequestError(request_id, "too_large", f"{message} {MAX_PROMPT_FRAME_BYTES})")
-    return decoded
+    if isinstance(checked, RequestError):
+        return checked
+    call = _call(checked.action, checked.payload)
+    if isinstance(call, str):
+        return RequestError(checked.id, "bad_request", call)
+    return Request(checked.id, call, size=size)
 
 
-def _decode(frame: str | bytes, size: int) -> Request | RequestError:
+@frozen
+class _Checked:
+    """A request whose envelope and payload fields have the types :data:`ACTIONS` names."""
+
+    id: str | int
+    action: str
+    payload: dict[str, Any]
+
+
+def _decode(frame: str | bytes) -> _Checked | RequestError:
     try:
         message = json.loads(frame)
     except (ValueError, RecursionError) as exc:
@@ -211,7 +371,99 @@ def _decode(frame: str | bytes, size: int) -> Request | RequestError:
                 request_id, "bad_request", "give exactly one of 'option_id' or 'cancelled': true"
             )
     clean = {spec.name: payload[spec.name] for spec in fields if payload.get(spec.name) is not None}
-    return Request(request_id, action, clean, size=size)
+    return _Checked(request_id, action, clean)
+
+
+def _call(action: str, p: dict[str, Any]) -> Call | str:
+    """A checked payload (its fields of the types :data:`ACTIONS` names, the absent ones left
+    out) as its action's call, or why it cannot be one: ACP content blocks and MCP servers are
+    read here, once (their errors are ``bad_request`` with the reason)."""
+    match action:
+        case "agents.list":
+            return ListAgents()
+        case "session.list":
+            return ListSessions()
+        case "session.start":
+            try:
+                servers = mcp_servers_from_acp(p.get("mcp_servers", []))
+            except ValueError as exc:
+                return f"mcp_servers{exc}"
+            return StartSession(
+                agent=p["agent"],
+                cwd=p.get("cwd"),
+                host=p.get("host"),
+                mcp_servers=servers,
+                spec=p.get("spec"),
+                max_sessions=p.get("max_sessions"),
+            )
+        case "session.subscribe":
+            return Subscribe(p["session_id"], p.get("since_seq"))
+        case "session.unsubscribe":
+            return Unsubscribe(p["session_id"])
+        case "agent.prompt":
+            parts: tuple[Part, ...] = ()
+            if "content" in p:
+                read = parts_from_acp(p["content"])
+                if isinstance(read, str):
+                    return f"content: {read}"
+                parts = read
+            return Prompt(p["session_id"], p.get("text") or parts_text(parts), parts)
+        case "agent.set_mode":
+            return SetMode(p["session_id"], p["mode_id"])
+        case "agent.steer":
+            return Steer(p["session_id"], p["text"])
+        case "agent.cancel":
+            return Cancel(
+                session_id=p["session_id"], task_id=p.get("task_id"), reason=p.get("reason")
+            )
+        case "permission.respond":
+            return RespondPermission(
+                session_id=p["session_id"],
+                request_id=p["request_id"],
+                option_id=p.get("option_id"),
+                cancelled=bool(p.get("cancelled")),
+            )
+        case "session.stop":
+            return StopSession(p["session_id"])
+    raise AssertionError(f"no call for action {action}")  # ACTIONS and this match agree
+
+
+#: What an HTTP abort cancels for when its body names no reason.
+ABORT_REASON: Final = "http"
+
+
+def decode_abort(session_id: str, body: bytes) -> Cancel | RequestError:
+    """``POST /v1/sessions/{id}/abort``'s body (optional: ``{"reason", "task_id"}``) as the
+    :class:`Cancel` that ``agent.cancel`` makes. As that action, a body it cannot take is
+    refused, not half read (a cancel with another reason, or of another turn, than was
+    asked); the error has no id (an HTTP answer needs none)."""
+    reason: str = ABORT_REASON
+    task_id: str | None = None
+    if body.strip():
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):  # (a deeply nested body)
+            return RequestError(None, "bad_request", "body must be JSON")
+        problem = None
+        if not isinstance(payload, dict):
+            problem = "body must be a JSON object"
+        else:
+            for key in ("reason", "task_id"):
+                if payload.get(key) is not None and not isinstance(payload[key], str):
+                    problem = f"'{key}' must be a string"
+            if isinstance(payload.get("reason"), str):
+                reason = payload["reason"]
+            if isinstance(payload.get("task_id"), str):
+                task_id = payload["task_id"]
+        if problem is not None:
+            return RequestError(None, "bad_request", problem)
+    try:
+        check_text("'reason'", reason)
+        if task_id is not None:
+            check_text("'task_id'", task_id)
+    except BadRequest as exc:
+        return RequestError(None, exc.code, str(exc))
+    return Cancel(session_id=session_id, task_id=task_id, reason=reason)
 
 
 def ok_response(request_id: str | int, result: dict[str, Any]) -> dict[str, Any]:

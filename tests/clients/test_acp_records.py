@@ -93,3 +93,47 @@ async def test_the_front_door_prunes_at_start_and_keeps_the_session_it_opens(
         session_id = answer["result"]["sessionId"]
         assert _ids(tmp_path) == {session_id}
         await to_front.aclose()
+
+
+async def _listed(front: AcpFront) -> list[dict[str, Any]]:
+    """The sessions the front door's ``session/list`` answers."""
+    to_front, from_client = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(front.serve, from_client, from_client)
+        await to_front.send_all(line({"id": 1, "method": "session/list", "params": {}}))
+        received = b""
+        with trio.fail_after(5):
+            while True:
+                received += await to_front.receive_some(65536)
+                for raw in received.split(b"\n")[:-1]:
+                    message = json.loads(raw)
+                    if message.get("id") == 1:
+                        await to_front.aclose()
+                        sessions: list[dict[str, Any]] = message["result"]["sessions"]
+                        return sessions
+
+
+class _OverAGateway(OneSession):
+    async def list(self) -> list[dict[str, Any]]:
+        return [{"session_id": "s1\u202e@h", "agent": "demo\x1b[2J", "cwd": "/w", "state": "ready"}]
+
+
+async def test_session_titles_are_listed_with_control_and_bidi_characters_escaped(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A title (the first prompt's first line; over a gateway, the agent and the session's id)
+    is shown in the editor's list among the others: its control characters and bidi controls
+    are escaped there. The record keeps the prompt as it was (a load replays it)."""
+    prompt = "fix \u202eexe.txt\x1b[2J please"
+    records = Records(tmp_path)
+    record = Record("acp-s1", "demo", "/w")
+    record.add("user", prompt)
+    records.save(record)
+    assert [s["title"] for s in await _listed(AcpFront(_Recorded(), records=records))] == [
+        r"fix \u202eexe.txt\x1b[2J please"
+    ]
+    assert [s["title"] for s in await _listed(AcpFront(_OverAGateway(), records=records))] == [
+        r"demo\x1b[2J (s1\u202e@h)"
+    ]
+    kept = records.load("acp-s1")
+    assert kept is not None and kept.transcript == [["user", prompt]]

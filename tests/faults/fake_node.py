@@ -21,6 +21,8 @@ answer and the turn's first events):
 - ``surrogate``: an event whose ``session_id`` is a lone surrogate (``"\\ud800"``);
 - ``oversize``: a frame one byte over the front's ``MAX_MESSAGE_BYTES``;
 - ``bad_event``: ``"event": ["list"]``;
+- ``bad_state``: a ``session.state`` event whose state is no state but markup
+  (:data:`BAD_STATE`); at ``start``, the start's answer says that state;
 
 and an answer that is wrong (the point's request is answered with it):
 
@@ -72,11 +74,14 @@ FRAMES = (
     "surrogate",
     "oversize",
     "bad_event",
+    "bad_state",
 )
 ANSWERS = ("no_result", "bad_result", "silent")
 POINTS = ("connect", "start", "subscribe", "turn", "cancel")
 #: As deep as the audit's frame: far past what a recursive decoder follows.
 DEEP = 200_000
+#: What a broken (or hostile) node says its session's state is.
+BAD_STATE = "<img src=x onerror=alert(1)>"
 #: The fake's node id: the same on every connection, so a front that reconnects finds "its" node.
 INSTANCE = "fake-node"
 
@@ -153,6 +158,18 @@ class FakeNode:
             self.send(
                 {"event": ["list"], "session_id": sid, "seq": seq, "timestamp": 1.0, "data": {}}
             )
+        elif self.fault == "bad_state":
+            self.seqs[sid] = seq
+            data = {"state": BAD_STATE, "detail": None}
+            self.send(
+                {
+                    "event": "session.state",
+                    "session_id": sid,
+                    "seq": seq,
+                    "timestamp": 1.0,
+                    "data": data,
+                }
+            )
         else:
             raise AssertionError(self.fault)
 
@@ -205,6 +222,9 @@ class FakeNode:
                 return
             if action == "agent.prompt":  # mid-turn: its answer, its first events, the frame
                 self.prompt(request_id, payload)
+            if self.fault == "bad_state" and action == "session.start":
+                self.answer(request_id, {"session_id": self.current, "state": BAD_STATE})
+                return
             self.bad_frame()
             return
         if action == "session.list":

@@ -656,6 +656,32 @@ async def test_a_prompt_the_agent_cannot_be_handed_is_never_announced(
     assert not [r for r in caplog.records if "private prompt" in r.getMessage()]
 
 
+async def test_a_failed_request_quoting_its_text_is_logged_with_controls_escaped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A steer's text goes to the agent as it is; a log line that quotes it (here an error
+    nobody foresaw does) has its control characters and bidi controls escaped: whoever reads
+    the log sees them, the terminal or viewer does not act on them."""
+    from supervisor.runtime.session import Session
+
+    async def steer(self: Session, text: str) -> None:
+        raise RuntimeError(f"could not steer with {text}")
+
+    monkeypatch.setattr(Session, "steer", steer)
+    text = "stop\x1b[2J now \u202eexe.txt"
+    async with gateway() as (_, url, _l):
+        async with connect(url) as client:
+            session_id = await start_and_subscribe(client)
+            with pytest.raises(GatewayError) as failed:
+                await client.steer(session_id, text)
+            # The client is answered with the error as it is (JSON carries it escaped).
+            assert failed.value.code == "internal" and text in failed.value.message
+    [line] = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("gateway request")
+    ]
+    assert line.endswith(r"RuntimeError: could not steer with stop\x1b[2J now \u202eexe.txt")
+
+
 # -- what a client without the token can make the gateway do -----------------------------------
 
 
@@ -765,14 +791,14 @@ async def test_a_client_without_the_token_cannot_fill_the_log(
     """A connection that never showed the token and fails in a way nobody foresaw (here the
     target split raises) is told in one line a minute with the count since, not a traceback
     per request; the clients with the token are served meanwhile."""
-    from supervisor.gateway import server as gateway_server
+    from supervisor.gateway import http as gateway_http
 
     def broken(target: str) -> tuple[str, str] | None:
         raise RuntimeError("a failure nobody foresaw")
 
     async with gateway() as (_, url, _launcher):
         async with connect(url) as client:
-            monkeypatch.setattr(gateway_server, "_split_target", broken)
+            monkeypatch.setattr(gateway_http, "_split_target", broken)
             for _ in range(20):
                 assert await _exchange(url, _head(url, "/v1/sessions")) == b""
             assert await client.sessions() == []  # a WebSocket: no target to split

@@ -1,4 +1,4 @@
-"""The connection writer keeps causal order (``_Client._collect``): a response never overtakes an
+"""The connection writer keeps causal order (``Connection._collect``): a response never overtakes an
 event its session had buffered for the connection before the response was queued.
 
 Deterministic and without sockets or agents: a :class:`Fanout` stands in for a session (the
@@ -18,8 +18,9 @@ import trio
 import trio.testing
 
 from protocols import events as ev
-from supervisor.gateway import Gateway, GatewayLimits
-from supervisor.gateway.server import _Client
+from supervisor.gateway import GatewayLimits
+from supervisor.gateway.actions import Actions
+from supervisor.gateway.connection import Connection
 from supervisor.gateway.websocket import ServerWebSocket
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.supervisor import Supervisor
@@ -44,15 +45,14 @@ class Session:
         return self.fanout.subscribe(since_seq, head_seq=self.seq, max_buffer=1000, stall_s=5.0)
 
 
-def client(batch_events: int = 256) -> _Client:
+def client(batch_events: int = 256) -> Connection:
     limits = GatewayLimits()
     limits.batch_events = batch_events
-    gateway = Gateway(cast(Supervisor, None), limits=limits)
-    return _Client(gateway, cast(ServerWebSocket, None))
+    return Connection(cast(ServerWebSocket, None), limits, Actions(cast(Supervisor, None)))
 
 
-def subscribe(c: _Client, session: Session, since_seq: int | None = None) -> None:
-    """What ``_Client._subscribe`` does once the session answered: the answer, then the events."""
+def subscribe(c: Connection, session: Session, since_seq: int | None = None) -> None:
+    """What ``Connection.subscribe`` does once the session answered: the answer, then the events."""
     subscription = session.subscribe(since_seq)
     c._send({"id": f"sub-{session.id}", "ok": True, "result": {"last_seq": subscription.head_seq}})
     c._subscriptions[session.id] = subscription
@@ -83,7 +83,7 @@ def _payload(frame: bytes) -> bytes:
     return frame[2:]
 
 
-def drain(c: _Client) -> list[list[str]]:
+def drain(c: Connection) -> list[list[str]]:
     """Every socket write the writer would make now, until it has nothing left."""
     writes = []
     c._ready = True
@@ -197,7 +197,7 @@ def test_a_closed_subscription_does_not_hold_a_response() -> None:
     drain(c)
     session.delta()
     c._send({"id": "prompt", "ok": True, "result": {}}, "s1")
-    c._unsubscribe(session.id)
+    c.unsubscribe(session.id)
     assert drain(c) == [["prompt"]]
 
 
@@ -259,7 +259,7 @@ async def test_flight_bytes_paces_events_by_pongs_but_never_an_answer() -> None:
     limits = GatewayLimits()
     limits.batch_events, limits.write_events, limits.flight_bytes = 4, 4, 2400
     socket = PingingSocket()
-    c = _Client(Gateway(cast(Supervisor, None), limits=limits), cast(ServerWebSocket, socket))
+    c = Connection(cast(ServerWebSocket, socket), limits, Actions(cast(Supervisor, None)))
     flooder, quiet = Session("s1"), Session("s2")
     subscribe(c, quiet)
     subscribe(c, flooder)

@@ -1,4 +1,4 @@
-"""The gateway's request decoder: every input gets a typed request or a coded error."""
+"""The gateway's request decoder: every input gets a typed call or a coded error."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from protocols.content import Part
 from supervisor.wire.requests import (
     ACTIONS,
     MAX_FRAME_BYTES,
     MAX_PROMPT_FRAME_BYTES,
+    Cancel,
+    ListSessions,
+    Prompt,
     Request,
     RequestError,
+    RespondPermission,
+    decode_abort,
     decode_request,
 )
 
@@ -65,12 +71,14 @@ def test_structured_requests_are_typed_or_refused(
 ) -> None:
     result = decode_request(json.dumps({"id": request_id, "action": action, "payload": payload}))
     if isinstance(result, Request):
-        assert result.action in ACTIONS
+        assert result.action == action and type(result.call).action == action
         for spec in ACTIONS[result.action]:
-            value = result.payload.get(spec.name)
+            if not hasattr(result.call, spec.name):
+                continue  # read into another form (content: parts)
+            value = getattr(result.call, spec.name)
             if spec.required:
-                assert value is not None
-            if value is not None:
+                assert value is not None and value == payload[spec.name]
+            if value is not None and spec.types != (list,):
                 assert isinstance(value, spec.types) and (
                     bool in spec.types or not isinstance(value, bool)
                 )
@@ -111,7 +119,9 @@ def test_only_a_prompt_with_content_may_exceed_the_frame_limit() -> None:
 
     image = {"type": "image", "data": "A" * (2 * MAX_FRAME_BYTES), "mimeType": "image/png"}
     taken = decode_request(prompt(session_id="s1", content=[image]))
-    assert isinstance(taken, Request) and taken.payload["content"] == [image]
+    assert isinstance(taken, Request) and isinstance(taken.call, Prompt)
+    assert taken.call.parts == (Part("image", data=image["data"], mime_type="image/png"),)
+    assert taken.call.text == "[image image/png]"  # what events show of it
     for frame in (
         prompt(session_id="s1", text="x" * (2 * MAX_FRAME_BYTES)),  # a big text: no content
         json.dumps({"id": "c2", "action": "session.list", "payload": {"x": image}}),
@@ -170,7 +180,7 @@ def test_unknown_payload_keys_are_ignored() -> None:
     result = decode_request(
         '{"id": "a", "action": "agent.prompt", "payload": {"session_id": "s1", "text": "hi", "extra": 1}}'
     )
-    assert result == Request("a", "agent.prompt", {"session_id": "s1", "text": "hi"})
+    assert result == Request("a", Prompt("s1", "hi"))
 
 
 def test_permission_respond_needs_exactly_one_answer() -> None:
@@ -182,3 +192,57 @@ def test_permission_respond_needs_exactly_one_answer() -> None:
         '{"id": 1, "action": "permission.respond", "payload": {"session_id": "s", "request_id": "r", "cancelled": true}}'
     )
     assert isinstance(cancelled, Request)
+    assert cancelled.call == RespondPermission(session_id="s", request_id="r", cancelled=True)
+
+
+def test_content_the_decoder_cannot_read_is_bad_request_with_the_reason() -> None:
+    frame = json.dumps(
+        {
+            "id": 4,
+            "action": "agent.prompt",
+            "payload": {"session_id": "s1", "content": [{"type": "image", "mimeType": "x"}]},
+        }
+    )
+    assert decode_request(frame) == RequestError(
+        4, "bad_request", "content: an image block needs its data (base64) and mimeType"
+    )
+
+
+def test_each_action_has_its_call() -> None:
+    calls = {}
+    for action in ACTIONS:
+        payload: dict[str, object] = {s.name: "x" for s in ACTIONS[action] if s.required}
+        if action == "agent.prompt":
+            payload["text"] = "x"
+        if action == "permission.respond":
+            payload["cancelled"] = True
+        result = decode_request(json.dumps({"id": 1, "action": action, "payload": payload}))
+        assert isinstance(result, Request), (action, result)
+        calls[action] = type(result.call)
+    assert all(call.action == action for action, call in calls.items())
+    assert len(set(calls.values())) == len(ACTIONS)
+    assert calls["session.list"] is ListSessions
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b"", Cancel(session_id="s1", reason="http")),
+        (b"  ", Cancel(session_id="s1", reason="http")),
+        (b'{"reason": "r", "task_id": "t2"}', Cancel(session_id="s1", task_id="t2", reason="r")),
+        (b"[", RequestError(None, "bad_request", "body must be JSON")),
+        (b"[1]", RequestError(None, "bad_request", "body must be a JSON object")),
+        (b'{"reason": 1}', RequestError(None, "bad_request", "'reason' must be a string")),
+        (b'{"task_id": []}', RequestError(None, "bad_request", "'task_id' must be a string")),
+    ],
+)
+def test_an_abort_body_is_the_cancel_agent_cancel_makes(
+    body: bytes, expected: Cancel | RequestError
+) -> None:
+    assert decode_abort("s1", body) == expected
+
+
+def test_an_abort_reason_utf8_cannot_carry_is_bad_request() -> None:
+    refused = decode_abort("s1", json.dumps({"reason": "\ud800"}).encode())
+    assert isinstance(refused, RequestError) and refused.code == "bad_request"
+    assert refused.message.startswith("'reason' is not valid Unicode text")

@@ -319,6 +319,69 @@ async def test_a_token_on_the_command_line_works_with_a_warning(tmp_path: Path) 
         assert "--token is visible to every local user" in served.stderr
 
 
+# -- what no browser sends ------------------------------------------------------------------------
+
+
+async def test_a_request_with_two_origins_is_refused_whichever_comes_last(tmp_path: Path) -> None:
+    async with serve(tmp_path) as served:
+        path = f"/v1/sessions?token={served.token}"
+        own, other = f"origin: http://127.0.0.1:{served.port}", "origin: http://evil.example"
+        for origins, expected in (((own,), 200), ((other, own), 403), ((own, other), 403)):
+            stream = await trio.open_tcp_stream("127.0.0.1", served.port)
+            await stream.send_all(head(served.port, "GET", path, *origins))
+            with trio.fail_after(BOUND):
+                response = await read_response(stream)
+            await stream.aclose()
+            assert status_of(response) == expected, (origins, response)
+
+
+async def test_an_http_version_other_than_1_0_or_1_1_is_505(tmp_path: Path) -> None:
+    async with serve(tmp_path) as served:
+        for version, expected in (("1.1", 200), ("1.0", 200), ("9.9", 505), ("2.0", 505)):
+            request = (
+                f"GET /v1/sessions?token={served.token} HTTP/{version}\r\n"
+                f"host: 127.0.0.1:{served.port}\r\n\r\n"
+            )
+            stream = await trio.open_tcp_stream("127.0.0.1", served.port)
+            await stream.send_all(request.encode())
+            with trio.fail_after(BOUND):
+                response = await read_response(stream)
+                assert status_of(response) == expected, (version, response)
+                if expected == 505:
+                    assert await closed_by_peer(stream) == b""  # and nothing more is read
+            await stream.aclose()
+
+
+def upgrade(port: int, token: str, version: str) -> bytes:
+    return head(
+        port,
+        "GET",
+        f"/ws?token={token}",
+        "upgrade: websocket",
+        "connection: Upgrade",
+        "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==",
+        f"sec-websocket-version: {version}",
+    )
+
+
+async def test_another_websocket_version_is_426_naming_13(tmp_path: Path) -> None:
+    """RFC 6455 section 4.4: a version the server does not speak is answered 426 Upgrade
+    Required with the versions it does; the connection closes."""
+    async with serve(tmp_path) as served:
+        stream = await trio.open_tcp_stream("127.0.0.1", served.port)
+        await stream.send_all(upgrade(served.port, served.token, "8"))
+        with trio.fail_after(BOUND):
+            response = await closed_by_peer(stream)
+        assert status_of(response) == 426, response
+        assert b"sec-websocket-version: 13\r\n" in response.lower()
+        assert b"unsupported WebSocket version" in response
+        stream = await trio.open_tcp_stream("127.0.0.1", served.port)
+        await stream.send_all(upgrade(served.port, served.token, "13"))
+        with trio.fail_after(BOUND):
+            assert status_of(await read_response(stream)) == 101
+        await stream.aclose()
+
+
 # -- beyond loopback -----------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ from protocols.mcp import (
 from protocols.opencode import CONFIG_CONTENT_VAR, OpenCodeClient
 from supervisor.config import AgentSpec, ConfigError, load_agents
 from supervisor.remote.handshake import spec_from_wire, spec_to_wire
-from supervisor.wire.requests import Request, decode_request
+from supervisor.wire.requests import Request, StartSession, decode_request
 
 STDIO = McpServer(
     name="files",
@@ -331,8 +331,8 @@ def test_gateway_session_start_takes_mcp_servers() -> None:
         {"id": 1, "action": "session.start", "payload": {"agent": "demo", "mcp_servers": servers}}
     )
     request = decode_request(frame)
-    assert isinstance(request, Request)
-    assert request.payload["mcp_servers"] == servers
+    assert isinstance(request, Request) and isinstance(request.call, StartSession)
+    assert request.call.mcp_servers == (STDIO,)
     bad = json.dumps(
         {"id": 2, "action": "session.start", "payload": {"agent": "demo", "mcp_servers": {}}}
     )

@@ -49,9 +49,11 @@ FAR = AgentSpec(
     start_timeout_s=1.0,
 )
 #: The points of a session's life each fault is tried at: a bad frame anywhere; a bad answer
-#: where there is one; the handshake only before any.
+#: where there is one; the handshake only before any; a state that is none where the node
+#: says a session's state (a start's answer, an event of a known session).
 FAULTS = {
-    **{fault: POINTS for fault in FRAMES},
+    **{fault: POINTS for fault in FRAMES if fault != "bad_state"},
+    "bad_state": ("start", "turn"),
     **{fault: tuple(at for at in POINTS if at != "connect") for fault in ANSWERS},
     "handshake": ("connect",),
 }

@@ -46,6 +46,7 @@ from supervisor.clients.acp_front.backends import (
     FrontSession,
 )
 from supervisor.clients.acp_front.records import Record, Records, new_session_id
+from supervisor.labels import label
 
 __all__ = ["AGENT_INFO", "AcpFront", "LIST_PAGE"]
 
@@ -446,7 +447,7 @@ class AcpFront:
                 info: dict[str, Any] = {
                     "sessionId": str(summary.get("session_id")),
                     "cwd": cwd,
-                    "title": f"{summary.get('agent')} ({summary.get('session_id')})",
+                    "title": label(f"{summary.get('agent')} ({summary.get('session_id')})"),
                     "_meta": {"agentSupervisor": {"agent": summary.get("agent")}},
                 }
                 sessions.append(info)
@@ -644,7 +645,8 @@ def _session_info(record: Record) -> dict[str, Any]:
         "_meta": {"agentSupervisor": {"agent": record.agent}},
     }
     if record.title:
-        info["title"] = record.title
+        # The first prompt's first line, shown in the editor's list of sessions: a label.
+        info["title"] = label(record.title)
     return info
 
 

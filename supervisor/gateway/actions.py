@@ -1,0 +1,161 @@
+"""What each call of the wire protocol does (``design/gateway.md``, "The wire protocol"): the
+table from a decoded call (``supervisor/wire/requests.py``) to the supervisor's API, and the
+result it answers. A WebSocket connection runs every call here; the HTTP routes run the lists
+and an abort (a :class:`~supervisor.wire.requests.Cancel`, as ``agent.cancel``)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, assert_never
+
+from protocols import PROTOCOLS
+from supervisor.config import AgentSpec
+from supervisor.errors import BadRequest
+from supervisor.supervisor import AnySession, Supervisor
+from supervisor.wire.codec import receipt_to_wire, steer_to_wire
+from supervisor.wire.requests import (
+    Call,
+    Cancel,
+    ListAgents,
+    ListSessions,
+    Prompt,
+    RespondPermission,
+    SetMode,
+    StartSession,
+    Steer,
+    StopSession,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = ["Actions", "Subscriber"]
+
+
+class Subscriber(Protocol):
+    """The connection a call came on, for the calls about its own subscriptions."""
+
+    async def subscribe(
+        self, request_id: str | int, session: AnySession, since_seq: int | None
+    ) -> None:
+        """Subscribe to ``session`` from ``since_seq``, answering ``request_id`` itself (the
+        answer goes before the events)."""
+
+    def unsubscribe(self, session_id: str) -> None: ...
+
+
+class Actions:
+    """The calls of one gateway over ``supervisor``. ``accept_specs``: ``session.start`` may
+    carry the agent's definition (``spec``) and ``max_sessions``: a node's gateway, driven by a
+    front that already runs commands on this host (``supervisor/remote/``)."""
+
+    def __init__(self, supervisor: Supervisor, *, accept_specs: bool = False) -> None:
+        self.supervisor = supervisor
+        self.accept_specs = accept_specs
+
+    async def run(
+        self, request_id: str | int, call: Call, client: Subscriber
+    ) -> dict[str, Any] | None:
+        """The call's result, or None when ``client`` answered it already (a subscribe)."""
+        sup = self.supervisor
+        match call:
+            case ListAgents():
+                return self.agents()
+            case ListSessions():
+                return self.sessions()
+            case StartSession():
+                return await self.start(call)
+            case Subscribe():
+                await client.subscribe(request_id, sup.get(call.session_id), call.since_seq)
+                return None
+            case Unsubscribe():
+                client.unsubscribe(sup.get(call.session_id).id)
+                return {}
+            case Prompt():
+                turn = await sup.get(call.session_id).prompt(call.text, call.parts)
+                return {"turn_id": turn.id, "queued": turn.queued}
+            case SetMode():
+                await sup.get(call.session_id).set_mode(call.mode_id)
+                return {}
+            case Steer():
+                return steer_to_wire(await sup.get(call.session_id).steer(call.text))
+            case Cancel():
+                return await self.cancel(call)
+            case RespondPermission():
+                await sup.get(call.session_id).respond_permission(
+                    call.request_id, call.option_id, cancelled=call.cancelled
+                )
+                return {}
+            case StopSession():
+                status = await sup.stop_session(sup.get(call.session_id).id)
+                return {"exit_code": status.code if status is not None else None}
+            case _:
+                assert_never(call)
+
+    async def start(self, call: StartSession) -> dict[str, Any]:
+        if call.max_sessions is not None and not self.accept_specs:
+            raise BadRequest("'max_sessions' is for nodes (agent-supervisor node)")
+        session = await self.supervisor.start_session(
+            self._agent(call),
+            cwd=call.cwd,
+            host=call.host,
+            mcp_servers=call.mcp_servers,
+            at_most=call.max_sessions,
+        )
+        host = {"host": session.host} if session.host is not None else {}
+        return {"session_id": session.id, "state": session.state, **host}
+
+    async def cancel(self, call: Cancel) -> dict[str, Any]:
+        """The receipt, once the turn has ended (``agent.cancel``, ``POST .../abort``)."""
+        session = self.supervisor.get(call.session_id)
+        receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
+        return {**receipt_to_wire(receipt), "success": True}
+
+    def sessions(self) -> dict[str, Any]:
+        return {
+            "sessions": [
+                {
+                    "session_id": s.session_id,
+                    "agent": s.agent,
+                    "state": s.state,
+                    "turn_id": s.turn_id,
+                    "recycles": s.recycles,
+                    "recycle_reason": s.recycle_reason,
+                    **({"host": s.host} if s.host is not None else {}),
+                    **({"cwd": s.cwd} if s.cwd is not None else {}),
+                }
+                for s in self.supervisor.list()
+            ]
+        }
+
+    def agents(self) -> dict[str, Any]:
+        return {
+            "agents": [
+                {
+                    "name": name,
+                    "protocol": a.protocol,
+                    "description": a.description,
+                    # what its protocol takes in a prompt besides text, before a session runs
+                    # (an ACP agent's own comes with its session's subscribe)
+                    "prompt_carries": sorted(_static_carries(a)),
+                }
+                for name, a in self.supervisor.agents.items()
+            ]
+        }
+
+    def _agent(self, call: StartSession) -> str | AgentSpec:
+        if call.spec is None:
+            return call.agent
+        if not self.accept_specs:
+            raise BadRequest("'spec' is for nodes (agent-supervisor node): name a configured agent")
+        from supervisor.remote.handshake import spec_from_wire
+
+        try:
+            return spec_from_wire(call.agent, dict(call.spec))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
+
+def _static_carries(spec: AgentSpec) -> frozenset[str]:
+    protocol = PROTOCOLS.get(spec.protocol)
+    if spec.hosts or protocol is None:
+        return frozenset()  # a host's session says what it takes when subscribed
+    return protocol.prompt_carries
