@@ -18,6 +18,11 @@ from supervisor.testing._memory import MemoryLauncher
 
 L = TypeVar("L", bound=MemoryLauncher[Any, Any])
 
+#: A killed turn's escalation: the grace ran out, the tree was killed, the agent started again
+#: and its session resumed; ``KILLED_HARD`` when SIGTERM was not enough.
+KILLED = ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
+KILLED_HARD = ["interrupt", "grace_expired", "sigterm", "sigkill", "respawned", "resumed"]
+
 
 @asynccontextmanager
 async def running(
