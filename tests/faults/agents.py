@@ -13,7 +13,8 @@ from pathlib import Path
 
 import attrs
 
-from faults.harness import FAKES
+from faults.harness import FAKES, FaultRecorder
+from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
 from supervisor import AgentSpec
 
@@ -234,3 +235,46 @@ FAULTS = [
 #: the fault whose words and flags they reuse (an agent that ignores the interrupt and SIGTERM).
 CONTAINMENT_FAULTS = {"shim_killed": "shim", "keeper_killed": "cgroup"}
 SAME_AGENT_AS = {"shim_killed": "ignores_sigterm", "keeper_killed": "ignores_sigterm"}
+
+
+#: What each agent says on stderr as it goes on with a session it was started to resume.
+RESUMING = {
+    "acp": "demo-agent: loading session ",
+    "codex": "fake-codex: resumed thr_",
+    "opencode": "fake-opencode: resumed ses_",
+    "amp": "fake-amp: continuing T-",
+}
+
+
+def said_it_resumed(protocol: str, rec: FaultRecorder) -> bool:
+    """Whether the agent's newest process went on with the session, in its own words (the
+    fakes and the demo agent log it; the Claude CLI's ``system/init`` echoes its argv)."""
+    if protocol == "claude":
+        inits = [
+            e.data
+            for e in rec.of_kind("session.info")
+            if isinstance(e, ev.SessionInfo) and e.info_kind == "init"
+        ]
+        argv = inits[-1]["argv"]
+        return isinstance(argv, list) and argv[-2:] == ["--resume", inits[0]["session_id"]]
+    return any(line.startswith(RESUMING[protocol]) for line in rec.stderr())
+
+
+async def grandchild_pid(protocol: str, rec: FaultRecorder, turn_id: str) -> int:
+    """The pid of the helper the agent started in its own session, as the agent reports it."""
+    if protocol == "opencode":
+        line = await rec.wait_for(
+            lambda e: (
+                isinstance(e, ev.AgentStderr) and e.line.startswith("fake-opencode: grandchild ")
+            )
+        )
+        assert isinstance(line, ev.AgentStderr)
+        return int(line.line.split()[-1])
+    tool = await rec.wait_kind("tool.call", turn_id=turn_id)
+    assert isinstance(tool, ev.ToolCall)
+    raw = tool.raw
+    if protocol == "acp":
+        return int(raw["rawOutput"]["setsidGrandchild"])
+    if protocol == "codex":
+        return int(raw["processId"])
+    return int(raw["input"]["pid"])  # claude, amp
