@@ -63,6 +63,25 @@ async def fake_session(
     assert fake.violations == []
 
 
+@asynccontextmanager
+async def process_session(
+    spec: AgentSpec, cwd: str, *, bound: float = 30.0
+) -> AsyncIterator[tuple[Session, Recorder]]:
+    """A session of ``spec`` on real processes (tier 3), recorded from its start, within
+    ``bound`` seconds (a stuck test fails instead of hanging the suite). On the way out every
+    event is in and the recorded events keep the invariants."""
+    with trio.fail_after(bound):
+        async with open_supervisor(agents={spec.name: spec}) as sup:
+            session = await sup.start_session(spec.name, cwd=cwd)
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                await recorder.catch_up()
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
+
+
 def skip_or_fail(reason: str) -> None:
     """Skip with ``reason``; in strict mode (``AGENT_SUPERVISOR_STRICT_SKIPS=1``, CI) fail."""
     if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":

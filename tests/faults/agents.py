@@ -8,15 +8,18 @@ from an agent's ``words`` is not meaningful for its protocol; the comment beside
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import psutil
+import trio
 
-from faults.harness import FAKES, FaultRecorder
+from faults.harness import BOUND, FAKES, FaultRecorder, living, tree, wait_gone
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
-from supervisor import AgentSpec
+from supervisor import AgentSpec, Session, Supervisor, open_supervisor
 
 #: Between SIGTERM and SIGKILL of the tree: short, the cells wait for it.
 KILL_TIMEOUT = 0.3
@@ -235,6 +238,27 @@ FAULTS = [
 #: the fault whose words and flags they reuse (an agent that ignores the interrupt and SIGTERM).
 CONTAINMENT_FAULTS = {"shim_killed": "shim", "keeper_killed": "cgroup"}
 SAME_AGENT_AS = {"shim_killed": "ignores_sigterm", "keeper_killed": "ignores_sigterm"}
+
+
+@asynccontextmanager
+async def agent_session(
+    protocol: str, fault: str, state_dir: Path, grace: float
+) -> AsyncIterator[tuple[Supervisor, Session, FaultRecorder, trio.Nursery]]:
+    """A session of the protocol's agent, started for ``fault`` (its flags), recorded from its
+    start; leaving it leaves no process behind. Bounded by :data:`BOUND`."""
+    spec = AGENTS[protocol].spec(state_dir, fault, grace)
+    seen: list[psutil.Process] = []
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={protocol: spec}) as sup:
+            session = await sup.start_session(protocol, cwd=str(state_dir))
+            rec = FaultRecorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(rec.run)
+                yield sup, session, rec, nursery
+                seen = tree()
+                nursery.cancel_scope.cancel()
+        assert await wait_gone(seen, 5.0) == [], "leaving the supervisor left processes"
+    assert living(tree()) == []
 
 
 #: What each agent says on stderr as it goes on with a session it was started to resume.

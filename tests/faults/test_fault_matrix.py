@@ -39,13 +39,14 @@ from faults.agents import (
     CONTAINMENT_FAULTS,
     FAULTS,
     Agent,
+    agent_session,
     grandchild_pid,
     said_it_resumed,
 )
-from faults.harness import BOUND, LONG, FaultRecorder, living, session_of, tree, wait_gone
+from faults.harness import LONG, FaultRecorder, living, session_of, tree, wait_gone
 from helpers import require_cgroups
 from protocols import events as ev
-from supervisor import CancelReceipt, Session, Supervisor, open_supervisor
+from supervisor import CancelReceipt, Session, Supervisor
 from supervisor.agents.containment import CONTAINMENT_VARIABLE, choose_blocking
 from supervisor.agents.process import ShimProcess
 from supervisor.agents.process_link import ProcessLink
@@ -154,20 +155,8 @@ class Cell:
 async def cell(
     protocol: str, fault: str, state_dir: Path, grace: float
 ) -> AsyncIterator[tuple[Cell, trio.Nursery]]:
-    agent = AGENTS[protocol]
-    spec = agent.spec(state_dir, fault, grace)
-    seen: list[psutil.Process] = []
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={protocol: spec}) as sup:
-            session = await sup.start_session(protocol, cwd=str(state_dir))
-            rec = FaultRecorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(rec.run)
-                yield Cell(agent, fault, sup, session, rec), nursery
-                seen = tree()
-                nursery.cancel_scope.cancel()
-        assert await wait_gone(seen, 5.0) == [], "leaving the supervisor left processes"
-    assert living(tree()) == []
+    async with agent_session(protocol, fault, state_dir, grace) as (sup, session, rec, nursery):
+        yield Cell(AGENTS[protocol], fault, sup, session, rec), nursery
 
 
 def assert_gone_now(processes: list[psutil.Process], what: str) -> None:

@@ -20,13 +20,13 @@ from pathlib import Path
 import attrs
 import psutil
 import pytest
-import trio
+from faults import agents
 from faults.agents import AGENTS, MANY, grandchild_pid, said_it_resumed
-from faults.harness import BOUND, FaultRecorder, living, session_of, tree, wait_gone
+from faults.harness import FaultRecorder, living, session_of, tree
 
 from helpers import KILLED, KILLED_HARD
 from protocols import events as ev
-from supervisor import Session, open_supervisor
+from supervisor import Session
 
 pytestmark = pytest.mark.real_process
 
@@ -88,22 +88,11 @@ async def agent_session(
     protocol: str, state_dir: Path, grace: float, fault: str = ""
 ) -> AsyncIterator[tuple[Session, FaultRecorder]]:
     """A session of the protocol's agent (started as for ``fault`` of the fault suite),
-    recorded; on the way out the events keep the invariants, and leaving the supervisor
-    leaves no process."""
-    spec = AGENTS[protocol].spec(state_dir, fault, grace)
-    seen: list[psutil.Process] = []
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={protocol: spec}) as sup:
-            session = await sup.start_session(protocol, cwd=str(state_dir))
-            rec = FaultRecorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(rec.run)
-                yield session, rec
-                await rec.catch_up()
-                rec.check_invariants()
-                seen = tree()
-                nursery.cancel_scope.cancel()
-        assert await wait_gone(seen, 5.0) == [], "leaving the supervisor left processes"
+    recorded; on the way out the events keep the invariants, and no process is left."""
+    async with agents.agent_session(protocol, fault, state_dir, grace) as (_, session, rec, _):
+        yield session, rec
+        await rec.catch_up()
+        rec.check_invariants()
 
 
 async def next_prompt_completes(session: Session, rec: FaultRecorder) -> None:

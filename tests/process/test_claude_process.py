@@ -11,19 +11,17 @@ tests' job.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import psutil
 import pytest
-import trio
 
-from helpers import KILLED, Recorder
+from helpers import KILLED, Recorder, process_session
 from paths import TESTS
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 
 pytestmark = pytest.mark.real_process
 
@@ -46,18 +44,10 @@ def fake_claude(state_dir: Path, *args: str) -> AgentSpec:
     )
 
 
-@asynccontextmanager
-async def claude_session(state_dir: Path, *args: str) -> AsyncIterator[tuple[Session, Recorder]]:
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"claude": fake_claude(state_dir, *args)}) as sup:
-            session = await sup.start_session("claude", cwd=str(state_dir))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                yield session, recorder
-                await recorder.catch_up()
-                recorder.check_invariants()
-                nursery.cancel_scope.cancel()
+def claude_session(
+    state_dir: Path, *args: str
+) -> AbstractAsyncContextManager[tuple[Session, Recorder]]:
+    return process_session(fake_claude(state_dir, *args), str(state_dir))
 
 
 def tree_of_this_test() -> list[psutil.Process]:

@@ -11,18 +11,17 @@ reaches us as its stderr lines, ``agent.stderr`` events.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import psutil
 import pytest
 import trio
 
-from helpers import Recorder
+from helpers import Recorder, process_session
 from paths import TESTS
 from protocols import events as ev
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 
 pytestmark = pytest.mark.real_process
 
@@ -51,17 +50,8 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
     assert alive == [], f"still alive: {alive}"
 
 
-@asynccontextmanager
-async def codex_session(tmp_path: Path) -> AsyncIterator[tuple[Session, Recorder]]:
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"codex": codex_spec(tmp_path)}) as sup:
-            session = await sup.start_session("codex", cwd=str(tmp_path))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                yield session, recorder
-                recorder.check_invariants()
-                nursery.cancel_scope.cancel()
+def codex_session(tmp_path: Path) -> AbstractAsyncContextManager[tuple[Session, Recorder]]:
+    return process_session(codex_spec(tmp_path), str(tmp_path))
 
 
 def is_delta(event: ev.Event) -> bool:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import trio
 
-from helpers import Recorder
+from helpers import Recorder, process_session
 from opencode_server import (
     assert_refused_without_the_password,
     assert_secret_nowhere,
@@ -77,18 +77,10 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
 async def opencode_session(
     tmp_path: Path, *extra: str, grace_s: float = GRACE
 ) -> AsyncIterator[tuple[Session, Recorder]]:
-    seen: list[psutil.Process] = []
     spec = opencode_spec(tmp_path, *extra, grace_s=grace_s)
-    with trio.fail_after(BOUND + grace_s):
-        async with open_supervisor(agents={"opencode": spec}) as sup:
-            session = await sup.start_session("opencode", cwd=str(tmp_path))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                yield session, recorder
-                recorder.check_invariants()
-                seen = tree_of_this_test()
-                nursery.cancel_scope.cancel()
+    async with process_session(spec, str(tmp_path), bound=BOUND + grace_s) as (session, rec):
+        yield session, rec
+        seen = tree_of_this_test()
     assert_all_gone(seen)  # leaving the supervisor left nothing behind
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import psutil
@@ -21,7 +21,7 @@ import pytest
 import trio
 from faults.harness import tree as harness_tree
 
-from helpers import Recorder
+from helpers import Recorder, process_session
 from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 
@@ -46,20 +46,10 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
     assert alive == [], f"still alive: {alive}"
 
 
-@asynccontextmanager
-async def demo_session(
+def demo_session(
     *args: str, state_dir: str, **changes: object
-) -> AsyncIterator[tuple[Session, Recorder]]:
-    spec = demo("--state-dir", state_dir, *args, **changes)
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"demo": spec}) as sup:
-            session = await sup.start_session("demo", cwd="/")
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                yield session, recorder
-                recorder.check_invariants()
-                nursery.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[tuple[Session, Recorder]]:
+    return process_session(demo("--state-dir", state_dir, *args, **changes), "/", bound=BOUND)
 
 
 async def second_prompt_completes(session: Session, rec: Recorder) -> None:
