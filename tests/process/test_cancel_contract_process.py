@@ -170,8 +170,9 @@ async def test_an_agent_ignoring_the_interrupt_is_killed_with_its_whole_tree_and
 async def test_a_pending_permission_is_answered_cancelled_and_its_tool_never_runs(
     protocol: str, tmp_path: Path
 ) -> None:
-    assert CLIS[protocol].permission is not None
-    words, stop_reason = CLIS[protocol].permission
+    permission = CLIS[protocol].permission
+    assert permission is not None
+    words, stop_reason = permission
     async with agent_session(protocol, tmp_path, COOPERATIVE_GRACE) as (session, rec):
         turn = await session.prompt(words)
         requested = await rec.wait_kind("permission.requested", turn_id=turn.id)
