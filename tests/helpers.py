@@ -18,6 +18,11 @@ from supervisor.testing._memory import MemoryLauncher
 
 L = TypeVar("L", bound=MemoryLauncher[Any, Any])
 
+#: A killed turn's escalation: the grace ran out, the tree was killed, the agent started again
+#: and its session resumed; ``KILLED_HARD`` when SIGTERM was not enough.
+KILLED = ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
+KILLED_HARD = ["interrupt", "grace_expired", "sigterm", "sigkill", "respawned", "resumed"]
+
 
 @asynccontextmanager
 async def running(
@@ -56,6 +61,25 @@ async def fake_session(
                 await recorder.catch_up()
             recorder.check_invariants()
     assert fake.violations == []
+
+
+@asynccontextmanager
+async def process_session(
+    spec: AgentSpec, cwd: str, *, bound: float = 30.0
+) -> AsyncIterator[tuple[Session, Recorder]]:
+    """A session of ``spec`` on real processes (tier 3), recorded from its start, within
+    ``bound`` seconds (a stuck test fails instead of hanging the suite). On the way out every
+    event is in and the recorded events keep the invariants."""
+    with trio.fail_after(bound):
+        async with open_supervisor(agents={spec.name: spec}) as sup:
+            session = await sup.start_session(spec.name, cwd=cwd)
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                yield session, recorder
+                await recorder.catch_up()
+                recorder.check_invariants()
+                nursery.cancel_scope.cancel()
 
 
 def skip_or_fail(reason: str) -> None:

@@ -1,10 +1,11 @@
-"""Tier 2: the unchanged session actor driving Claude Code's stream-json protocol, on virtual time.
+"""Tier 2: the session actor driving Claude Code's stream-json protocol, on virtual time.
 
-The scenario table of ``test_session_cancel.py`` against an in-memory Claude CLI
-(``supervisor/testing/_claude.py``): a cooperative cancel's receipt arrives exactly when the CLI writes
-its ``result``; a CLI that goes on after the interrupt, or acknowledges it and never writes the
-``result`` ("lost result"), is killed at exactly cancel time + grace and respawned with
-``--resume <the session id from system/init>``. Kills and respawns take no virtual time here.
+What is Claude Code's own, against an in-memory CLI (``supervisor/testing/_claude.py``): its
+command line and ``--resume``, an interrupt acknowledged that proves nothing (the ``result``
+alone ends a turn), a resume the CLI refuses by exiting, an interrupt lost before
+``system/init``, permissions withdrawn by the CLI or denied with ``interrupt``, background
+results, API errors. What every protocol does when cancelled is the contract,
+``test_cancel_contract.py``. Kills and respawns take no virtual time here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import trio
 import trio.testing
 
 import helpers
-from helpers import Recorder
+from helpers import KILLED, Recorder
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
 from supervisor import AgentNotRunning, AgentSpec, BadRequest, Session, open_supervisor
@@ -58,32 +59,13 @@ async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.M
         assert launcher.argvs == [list(CLAUDE_COMMAND)]
 
 
-async def test_cooperative_cancel_receipt_at_result_time(
+async def test_lost_result_is_killed_at_grace_and_resumed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with running(ClaudeBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=3)
-        t0 = trio.current_time()
-        receipt = await session.cancel(reason="user")
-        await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(0.05)
-        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
-        assert receipt.escalation == ["interrupt"]
-        assert receipt.stop_reason == "aborted_streaming"
-        assert receipt.elapsed_ms == pytest.approx(50.0)
-        assert receipt.resumed is None and receipt.details == {}
-        assert session.state == "ready"  # terminate-then-respond
-        [ended] = rec.of_kind("turn.ended")
-        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "cancelled"
-        assert ended.error is None  # is_error true on an interrupted result is not an error
-        assert interrupts(launcher) == 1 and len(launcher.links) == 1
-
-
-@pytest.mark.parametrize("mode", ["ignore-cancel", "lost-result"])
-async def test_wedged_cli_killed_at_grace_and_resumed(
-    mode: str, autojump_clock: trio.testing.MockClock
-) -> None:
+    """The CLI acknowledges the interrupt and stops, but never writes the ``result``: only the
+    result ends a turn, so the grace runs out, and the CLI is killed and started again with
+    ``--resume``."""
+    mode = "lost-result"
     async with running(ClaudeBehaviour(words=1000)) as (session, launcher, rec):
         turn = await session.prompt(f"hello {mode}")
         await rec.wait_for(is_delta, count=2)
@@ -91,14 +73,7 @@ async def test_wedged_cli_killed_at_grace_and_resumed(
         receipt = await session.cancel()
         await rec.catch_up()
         assert trio.current_time() - t0 == pytest.approx(GRACE)
-        assert receipt.outcome == "killed"
-        assert receipt.escalation == [
-            "interrupt",
-            "grace_expired",
-            "sigterm",
-            "respawned",
-            "resumed",
-        ]
+        assert (receipt.outcome, receipt.escalation) == ("killed", KILLED)
         assert receipt.resumed is True
         assert receipt.elapsed_ms == pytest.approx(GRACE * 1000)
         assert session.state == "ready"
@@ -149,13 +124,14 @@ async def test_kill_before_the_cli_named_its_session_starts_fresh(
         assert session.state == "ready"
 
 
-async def test_resume_refused_starts_a_fresh_session(
+async def test_resume_refused_is_an_exit_at_start_and_the_cli_starts_afresh(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The CLI lost the conversation: it refuses --resume before answering initialize.
 
-    The machine reports StartFailed(resume_failed=True); the actor starts the CLI once more
-    without --resume, and the receipt says the session could not be resumed (brief 4.5).
+    The machine reports StartFailed(resume_failed=True); the actor starts the CLI once more,
+    without --resume: three CLIs in all, and an error event says why. (The receipt and the
+    fresh session are the contract's, ``test_cancel_contract.py``.)
     """
     behaviour = ClaudeBehaviour(words=1000, stop_delay=None, resumes=False)
     async with running(behaviour) as (session, launcher, rec):
@@ -163,98 +139,15 @@ async def test_resume_refused_starts_a_fresh_session(
         await rec.wait_for(is_delta)
         receipt = await session.cancel()
         await rec.catch_up()
-        assert receipt.outcome == "killed"
-        assert receipt.resumed is False
-        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
-        assert "fresh session" in receipt.summary()
-        assert session.state == "ready"
+        assert (receipt.outcome, receipt.resumed) == ("killed", False)
         [refused] = [
             e
             for e in rec.of_kind("error")
             if isinstance(e, ev.ErrorEvent) and e.code == "resume_failed"
         ]
         assert "No conversation found with session ID: sess-1" in refused.message
-        assert len(launcher.links) == 3  # the killed CLI, the refused resume, the fresh one
-        turn = await session.prompt("again words=2")
-        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
-        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-
-
-async def test_idle_cancel_sends_no_interrupt(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(ClaudeBehaviour(words=2)) as (session, launcher, rec):
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        assert (receipt.outcome, receipt.escalation) == ("no_active_turn", [])
-        assert trio.current_time() == t0
-        turn = await session.prompt("hello")
-        await rec.wait_kind("turn.ended", turn_id=turn.id)
-        late = await session.cancel()
-        assert late.outcome == "no_active_turn"
-        # Stop on the turn that just finished: an honest "completed", still no interrupt.
-        named = await session.cancel(turn_id=turn.id)
-        assert named.outcome == "completed" and named.stop_reason == "completed"
-        await rec.catch_up()
-        assert interrupts(launcher) == 0
-        assert launcher.clis[0].idle_interrupts == 0
-
-
-async def test_concurrent_cancels_share_one_receipt(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(ClaudeBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
-        await session.prompt("hello")
-        await rec.wait_for(is_delta)
-        receipts = []
-
-        async def cancel() -> None:
-            receipts.append(await session.cancel())
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(3):
-                nursery.start_soon(cancel)
-        await rec.catch_up()
-        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
-        assert receipts[0].outcome == "cancelled"
-        assert interrupts(launcher) == 1
-        assert len(rec.of_kind("turn.ended")) == 1
-
-
-async def test_pending_permission_answered_before_grace(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    behaviour = ClaudeBehaviour(words=100, stop_delay=0.0, permission=True)
-    async with running(behaviour) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        requested = await rec.wait_kind("permission.requested")
-        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
-        assert [o.option_id for o in requested.options] == ["allow", "deny"]
-        assert requested.tool_call["title"] == "Bash"
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert trio.current_time() == t0
-        assert receipt.outcome == "cancelled"
-        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
-        assert receipt.stop_reason == "aborted_tools"
-        # Interrupt first, then the deny; the CLI had withdrawn the request by then.
-        sent = [m for m in launcher.links[0].sent if m["type"] != "user"]
-        assert [m["type"] for m in sent] == [
-            "control_request",
-            "control_request",
-            "control_response",
-        ]
-        assert sent[1]["request"] == {"subtype": "interrupt"}
-        assert sent[2]["response"]["response"] == {
-            "behavior": "deny",
-            "message": "The user stopped the turn",
-            "interrupt": True,
-        }
-        assert len(launcher.clis[0].late_answers) == 1
-        [resolved] = rec.of_kind("permission.resolved")
-        assert isinstance(resolved, ev.PermissionResolved)
-        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
-        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
-        assert session.state == "ready"
+        # the killed CLI, the refused resume, the fresh one
+        assert launcher.resumes == [None, "sess-1", None]
 
 
 async def test_deny_with_interrupt_stops_a_cli_that_ignores_interrupts(
@@ -339,34 +232,6 @@ async def test_exactly_one_turn_end_with_background_results(
         ended = await rec.wait_kind("turn.ended", turn_id=second.id)
         assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
         assert len(rec.of_kind("turn.ended")) == 2
-
-
-async def test_queued_prompts_dropped_and_listed(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(ClaudeBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
-        first = await session.prompt("one")
-        second = await session.prompt("two")
-        await rec.wait_for(is_delta)
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert [d.turn_id for d in receipt.dropped_prompts] == [second.id]
-        assert launcher.clis[0].turns == ["one"]
-        ended = {e.turn_id: e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)}
-        assert ended[first.id].outcome == "cancelled"
-        assert ended[second.id].stop_reason == "dropped"
-
-
-async def test_crash_mid_turn_fails_turn_and_resumes(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(ClaudeBehaviour(words=10)) as (session, launcher, rec):
-        turn = await session.prompt("crash=2")
-        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
-        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "failed"
-        await session.wait_ready()
-        assert launcher.resumes == [None, launcher.clis[0].session_id]
-        second = await session.prompt("words=2")
-        done = await rec.wait_kind("turn.ended", turn_id=second.id)
-        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
 
 
 async def test_start_timeout_when_initialize_is_never_answered(

@@ -1,9 +1,9 @@
-"""Tier 2: the unchanged session actor driving the Codex machine, on virtual time.
+"""Tier 2: the session actor driving the Codex machine, on virtual time.
 
-The scenario table of ``test_session_cancel.py`` against an in-memory ``codex app-server``
-(``supervisor/testing/_codex.py``), with exact virtual times: a cooperative server's receipt arrives
-exactly when it stops (the background-terminal clean included), a wedged one's exactly at cancel
-time + grace, after which the new process resumes the thread with ``thread/resume``.
+What is Codex's own, against an in-memory ``codex app-server`` (``supervisor/testing/_codex.py``),
+with exact virtual times: the background-terminal clean a stop waits for, an interrupt held
+until the turn is named or started, a stale turn id, approvals the server retracts, a failed
+turn. What every protocol does when cancelled is the contract, ``test_cancel_contract.py``.
 """
 
 from __future__ import annotations
@@ -60,30 +60,6 @@ async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.M
         assert session.state == "ready"
 
 
-async def test_cooperative_cancel_receipt_at_server_stop_time(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(CodexBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=3)
-        t0 = trio.current_time()
-        receipt = await session.cancel(reason="user")
-        await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(0.05)
-        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
-        assert receipt.escalation == ["interrupt"]
-        assert receipt.stop_reason == "interrupted"
-        assert receipt.details == CLEANED
-        assert receipt.elapsed_ms == pytest.approx(50.0)
-        assert session.state == "ready"  # terminate-then-respond
-        [ended] = rec.of_kind("turn.ended")
-        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "cancelled"
-        assert ended.receipt is not None and ended.receipt["details"] == CLEANED
-        assert interrupted_ids(launcher) == ["turn_2"]  # thr_1 took counter 1
-        assert launcher.servers[0].cleaned == 1
-        assert len(launcher.links) == 1  # nothing was killed
-
-
 async def test_turn_end_waits_for_background_terminal_clean(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -96,61 +72,6 @@ async def test_turn_end_waits_for_background_terminal_clean(
         assert trio.current_time() - t0 == pytest.approx(0.35)
         await rec.catch_up()
         assert receipt.outcome == "cancelled" and receipt.details == CLEANED
-
-
-async def test_wedged_server_killed_exactly_at_grace_and_thread_resumed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(CodexBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=2)
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(GRACE)
-        assert receipt.outcome == "killed"
-        assert receipt.escalation == [
-            "interrupt",
-            "grace_expired",
-            "sigterm",
-            "respawned",
-            "resumed",
-        ]
-        assert receipt.resumed is True and session.state == "ready"
-        # One interrupt, never repeated while it hung (edge case 9); the new process resumed
-        # the same thread.
-        assert len(launcher.sent("turn/interrupt")) == 1
-        thread = launcher.servers[0].thread_id
-        [resume] = launcher.sent("thread/resume", generation=2)
-        assert resume["params"] == {"threadId": thread}
-        assert launcher.sent("thread/start", generation=2) == []
-        ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
-        assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
-        second = await session.prompt("again words=2 interval=0.01")
-        done = await rec.wait_kind("turn.ended", turn_id=second.id)
-        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
-        assert launcher.sent("turn/start", generation=2)[0]["params"]["threadId"] == thread
-
-
-async def test_kill_with_lost_rollout_gives_fresh_thread(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    behaviour = CodexBehaviour(words=1000, stop_delay=None, resumes=False)
-    async with running(behaviour) as (session, launcher, rec):
-        await session.prompt("hello")
-        await rec.wait_for(is_delta)
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert receipt.outcome == "killed" and receipt.resumed is False
-        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
-        assert "fresh session" in receipt.summary()
-        to_second = [
-            m.get("method") for kind, gen, m in launcher.log if kind == "to_agent" and gen == 2
-        ]
-        assert to_second == ["initialize", "initialized", "thread/resume", "thread/start"]
-        states = [e for e in rec.of_kind("session.state") if isinstance(e, ev.SessionState)]
-        assert any(s.detail and "no rollout found" in s.detail for s in states)
-        assert session.state == "ready"
 
 
 async def test_cancel_before_turn_identified(autojump_clock: trio.testing.MockClock) -> None:
@@ -207,38 +128,6 @@ async def test_stale_turn_id_retried_once_against_the_running_turn(
         assert rec.of_kind("error") == []
 
 
-async def test_pending_approval_answered_cancel_ends_wedged_turn_at_once(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    behaviour = CodexBehaviour(words=100, stop_delay=None, permission=True)
-    async with running(behaviour) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        requested = await rec.wait_kind("permission.requested")
-        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
-        # The server numbers its requests from 0, like our initialize: separate spaces.
-        assert requested.request_id == "0"
-        assert [o.option_id for o in requested.options] == [
-            "accept",
-            "acceptForSession",
-            "decline",
-            "cancel",
-        ]
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        await rec.catch_up()
-        # The server ignores turn/interrupt here, but "cancel" interrupts the turn itself.
-        assert trio.current_time() == t0
-        assert receipt.outcome == "cancelled"
-        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
-        assert receipt.details == CLEANED
-        answers = [m for m in launcher.links[0].sent if m.get("id") == 0 and "result" in m]
-        assert answers == [{"id": 0, "result": {"decision": "cancel"}}]
-        [resolved] = rec.of_kind("permission.resolved")
-        assert isinstance(resolved, ev.PermissionResolved)
-        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
-        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
-
-
 async def test_cancel_retracts_approval_when_server_stops(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -268,28 +157,6 @@ async def test_approval_accepted_by_client(autojump_clock: trio.testing.MockCloc
         assert (resolved.option_id, resolved.by) == ("accept", "client")
 
 
-async def test_concurrent_cancels_share_one_receipt(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(CodexBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
-        await session.prompt("hello")
-        await rec.wait_for(is_delta)
-        receipts = []
-
-        async def cancel() -> None:
-            receipts.append(await session.cancel())
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(3):
-                nursery.start_soon(cancel)
-        await rec.catch_up()
-        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
-        assert receipts[0].outcome == "cancelled"
-        assert len(launcher.sent("turn/interrupt")) == 1
-        assert len(launcher.sent("thread/backgroundTerminals/clean")) == 1
-        assert len(rec.of_kind("turn.ended")) == 1
-
-
 async def test_interrupt_overtaken_by_natural_completion_reports_completed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -303,30 +170,6 @@ async def test_interrupt_overtaken_by_natural_completion_reports_completed(
         assert receipt.outcome == "completed" and receipt.stop_reason == "completed"
         assert receipt.details == {}
         assert launcher.sent("thread/backgroundTerminals/clean") == []
-
-
-async def test_cancel_with_no_turn_sends_nothing(autojump_clock: trio.testing.MockClock) -> None:
-    async with running() as (session, launcher, rec):
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert receipt.outcome == "no_active_turn"
-        assert launcher.sent("turn/interrupt") == []
-
-
-async def test_queued_prompt_runs_after_cancel(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(CodexBehaviour(words=100, stop_delay=0.01)) as (session, launcher, rec):
-        first = await session.prompt("one")
-        await rec.wait_for(is_delta)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(session.cancel)
-            await rec.wait_kind("session.state", state="cancelling")
-            later = await session.prompt("two words=2")
-            assert later.queued
-        ended = await rec.wait_kind("turn.ended", turn_id=later.id)
-        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-        assert launcher.servers[0].turns == ["one", "two words=2"]
-        first_end = await rec.wait_kind("turn.ended", turn_id=first.id)
-        assert isinstance(first_end, ev.TurnEnded) and first_end.outcome == "cancelled"
 
 
 async def test_failed_turn_is_failed_with_its_error(autojump_clock: trio.testing.MockClock) -> None:

@@ -1,13 +1,12 @@
-"""Tier 2: the unchanged session actor driving the OpenCode machine, on virtual time.
+"""Tier 2: the session actor driving the OpenCode machine, on virtual time.
 
-The scenario table of ``test_session_cancel.py`` against an in-memory ``opencode serve``
-(``supervisor/testing/_opencode.py``, shapes from the real server), with exact virtual times: a
-cooperative server's receipt arrives exactly when its stream goes idle, a wedged one's (abort
-acknowledged ``true``, no idle ever: edge case 25) exactly at cancel time + grace, after which
-the new process resumes the session with ``GET /session/{id}``. Plus what is OpenCode's own:
+What is OpenCode's own, against an in-memory ``opencode serve``
+(``supervisor/testing/_opencode.py``, shapes from the real server), with exact virtual times:
 the abort's answer is never the end, an abort is held until the turn runs, duplicate and
-leftover idles end nothing (edge cases 24 and 28), a pending permission is answered
-``reject``, and a prompt whose error comes after its idle fails, never completes.
+leftover idles end nothing (edge cases 24 and 28), a permission the abort dropped first, a
+natural end that overtakes the abort, and a prompt whose error comes after its idle fails,
+never completes. What every protocol does when cancelled is the contract,
+``test_cancel_contract.py``.
 """
 
 from __future__ import annotations
@@ -75,82 +74,6 @@ async def test_turn_completes_with_one_turn_ended(autojump_clock: trio.testing.M
         assert session.state == "ready"
 
 
-async def test_cooperative_abort_receipt_at_the_stream_idle(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    async with running(OpenCodeBehaviour(words=100, stop_delay=0.05)) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=3)
-        t0 = trio.current_time()
-        receipt = await session.cancel(reason="user")
-        await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(0.05)
-        assert (receipt.outcome, receipt.turn_id, receipt.stop_reason) == (
-            "cancelled",
-            turn.id,
-            "aborted",
-        )
-        assert receipt.escalation == ["interrupt"]
-        assert receipt.elapsed_ms == pytest.approx(50.0)
-        assert session.state == "ready"  # terminate-then-respond
-        assert ended(rec) == [(turn.id, "cancelled", "aborted")]
-        [abort] = launcher.sent("/abort")
-        assert (abort.at, abort.path) == (t0, "/session/ses_1/abort")
-        assert len(launcher.links) == 1  # nothing was killed
-
-
-async def test_wedged_server_killed_exactly_at_grace_and_session_resumed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """Edge case 25: the abort is acknowledged ``true`` but the stream never goes idle."""
-    async with running(OpenCodeBehaviour(words=1000, stop_delay=None)) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=2)
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert trio.current_time() - t0 == pytest.approx(GRACE)
-        assert receipt.outcome == "killed"
-        assert receipt.escalation == [
-            "interrupt",
-            "grace_expired",
-            "sigterm",
-            "respawned",
-            "resumed",
-        ]
-        assert receipt.resumed is True and session.state == "ready"
-        assert len(launcher.sent("/abort")) == 1  # acknowledged at once, never repeated
-        assert [(r.method, r.path) for r in launcher.requests if r.generation == 2] == [
-            ("GET", "/session/ses_1"),
-        ]
-        assert ended(rec) == [(turn.id, "killed", "killed")]
-        second = await session.prompt("again words=2 interval=0.01")
-        done = await rec.wait_kind("turn.ended", turn_id=second.id)
-        assert isinstance(done, ev.TurnEnded) and done.outcome == "completed"
-        [prompt] = launcher.sent("/prompt_async", generation=2)
-        assert prompt.path == "/session/ses_1/prompt_async"
-
-
-async def test_kill_with_lost_session_gives_a_fresh_one(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    behaviour = OpenCodeBehaviour(words=1000, stop_delay=None, resumes=False)
-    async with running(behaviour) as (session, launcher, rec):
-        await session.prompt("hello")
-        await rec.wait_for(is_delta)
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert receipt.outcome == "killed" and receipt.resumed is False
-        assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned"]
-        assert [(r.method, r.path) for r in launcher.requests if r.generation == 2] == [
-            ("GET", "/session/ses_1"),
-            ("POST", "/session"),
-        ]
-        states = [e for e in rec.of_kind("session.state") if isinstance(e, ev.SessionState)]
-        assert any(s.detail and "Session not found: ses_1" in s.detail for s in states)
-        assert session.state == "ready"
-
-
 async def test_cancel_before_busy_sends_the_abort_when_the_turn_runs(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -204,37 +127,6 @@ async def test_leftover_idle_of_an_abort_does_not_end_the_next_turn(
         assert prompt.at == t1  # the leftover pair (at t1 + 0.05) came after it
 
 
-async def test_pending_permission_answered_reject_ends_a_wedged_turn_at_once(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    behaviour = OpenCodeBehaviour(words=100, stop_delay=None, permission=True)
-    async with running(behaviour) as (session, launcher, rec):
-        turn = await session.prompt("hello")
-        requested = await rec.wait_kind("permission.requested")
-        assert isinstance(requested, ev.PermissionRequested) and requested.turn_id == turn.id
-        assert [o.option_id for o in requested.options] == ["once", "always", "reject"]
-        assert requested.tool_call["title"] == "rm -rf build"
-        t0 = trio.current_time()
-        receipt = await session.cancel()
-        await rec.catch_up()
-        # The server ignores the abort here, but a rejected permission stops the turn.
-        assert trio.current_time() == t0
-        assert receipt.outcome == "cancelled"
-        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
-        assert receipt.stop_reason == "permission_rejected"
-        [reply] = launcher.sent("/reply")
-        assert (reply.path, reply.json) == (
-            f"/permission/{requested.request_id}/reply",
-            {"reply": "reject"},
-        )
-        [resolved] = rec.of_kind("permission.resolved")
-        assert isinstance(resolved, ev.PermissionResolved)
-        assert (resolved.outcome, resolved.by) == ("cancelled", "supervisor")
-        assert resolved.seq < rec.of_kind("turn.ended")[0].seq
-        second = await session.prompt("again words=1")
-        await rec.wait_kind("turn.ended", turn_id=second.id)
-
-
 async def test_pending_permission_dropped_by_the_abort_first_is_no_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -275,25 +167,6 @@ async def test_permission_answered_once_by_a_person(autojump_clock: trio.testing
         assert [r.json for r in launcher.sent("/reply")] == [{"reply": "once"}]
 
 
-async def test_concurrent_cancels_share_one_receipt(autojump_clock: trio.testing.MockClock) -> None:
-    async with running(OpenCodeBehaviour(words=100, stop_delay=0.2)) as (session, launcher, rec):
-        await session.prompt("hello")
-        await rec.wait_for(is_delta)
-        receipts = []
-
-        async def cancel() -> None:
-            receipts.append(await session.cancel())
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(3):
-                nursery.start_soon(cancel)
-        await rec.catch_up()
-        assert len(receipts) == 3 and receipts[0] == receipts[1] == receipts[2]
-        assert receipts[0].outcome == "cancelled"
-        assert len(launcher.sent("/abort")) == 1
-        assert len(rec.of_kind("turn.ended")) == 1
-
-
 async def test_natural_end_overtaking_the_abort_reports_completed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -311,14 +184,6 @@ async def test_natural_end_overtaking_the_abort_reports_completed(
         assert len(launcher.sent("/abort")) == 1
         assert deltas(rec, second.id) == ["w0 ", "w1 "]
         assert ended(rec)[0] == (turn.id, "completed", "stop")
-
-
-async def test_cancel_with_no_turn_sends_nothing(autojump_clock: trio.testing.MockClock) -> None:
-    async with running() as (session, launcher, rec):
-        receipt = await session.cancel()
-        await rec.catch_up()
-        assert receipt.outcome == "no_active_turn"
-        assert launcher.sent("/abort") == []
 
 
 async def test_error_after_the_idle_fails_the_turn(autojump_clock: trio.testing.MockClock) -> None:

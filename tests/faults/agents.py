@@ -8,14 +8,18 @@ from an agent's ``words`` is not meaningful for its protocol; the comment beside
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import psutil
+import trio
 
-from faults.harness import FAKES
+from faults.harness import BOUND, FAKES, FaultRecorder, living, tree, wait_gone
+from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
-from supervisor import AgentSpec
+from supervisor import AgentSpec, Session, Supervisor, open_supervisor
 
 #: Between SIGTERM and SIGKILL of the tree: short, the cells wait for it.
 KILL_TIMEOUT = 0.3
@@ -234,3 +238,67 @@ FAULTS = [
 #: the fault whose words and flags they reuse (an agent that ignores the interrupt and SIGTERM).
 CONTAINMENT_FAULTS = {"shim_killed": "shim", "keeper_killed": "cgroup"}
 SAME_AGENT_AS = {"shim_killed": "ignores_sigterm", "keeper_killed": "ignores_sigterm"}
+
+
+@asynccontextmanager
+async def agent_session(
+    protocol: str, fault: str, state_dir: Path, grace: float
+) -> AsyncIterator[tuple[Supervisor, Session, FaultRecorder, trio.Nursery]]:
+    """A session of the protocol's agent, started for ``fault`` (its flags), recorded from its
+    start; leaving it leaves no process behind. Bounded by :data:`BOUND`."""
+    spec = AGENTS[protocol].spec(state_dir, fault, grace)
+    seen: list[psutil.Process] = []
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={protocol: spec}) as sup:
+            session = await sup.start_session(protocol, cwd=str(state_dir))
+            rec = FaultRecorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(rec.run)
+                yield sup, session, rec, nursery
+                seen = tree()
+                nursery.cancel_scope.cancel()
+        assert await wait_gone(seen, 5.0) == [], "leaving the supervisor left processes"
+    assert living(tree()) == []
+
+
+#: What each agent says on stderr as it goes on with a session it was started to resume.
+RESUMING = {
+    "acp": "demo-agent: loading session ",
+    "codex": "fake-codex: resumed thr_",
+    "opencode": "fake-opencode: resumed ses_",
+    "amp": "fake-amp: continuing T-",
+}
+
+
+def said_it_resumed(protocol: str, rec: FaultRecorder) -> bool:
+    """Whether the agent's newest process went on with the session, in its own words (the
+    fakes and the demo agent log it; the Claude CLI's ``system/init`` echoes its argv)."""
+    if protocol == "claude":
+        inits = [
+            e.data
+            for e in rec.of_kind("session.info")
+            if isinstance(e, ev.SessionInfo) and e.info_kind == "init"
+        ]
+        argv = inits[-1]["argv"]
+        return isinstance(argv, list) and argv[-2:] == ["--resume", inits[0]["session_id"]]
+    return any(line.startswith(RESUMING[protocol]) for line in rec.stderr())
+
+
+async def grandchild_pid(protocol: str, rec: FaultRecorder, turn_id: str) -> int:
+    """The pid of the helper the agent started in its own session, as the agent reports it."""
+    if protocol == "opencode":
+        line = await rec.wait_for(
+            lambda e: (
+                isinstance(e, ev.AgentStderr) and e.line.startswith("fake-opencode: grandchild ")
+            )
+        )
+        assert isinstance(line, ev.AgentStderr)
+        return int(line.line.split()[-1])
+    tool = await rec.wait_kind("tool.call", turn_id=turn_id)
+    assert isinstance(tool, ev.ToolCall)
+    raw = tool.raw
+    if protocol == "acp":
+        return int(raw["rawOutput"]["setsidGrandchild"])
+    if protocol == "codex":
+        return int(raw["processId"])
+    return int(raw["input"]["pid"])  # claude, amp

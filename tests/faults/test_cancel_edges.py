@@ -17,8 +17,10 @@ import psutil
 import pytest
 import trio
 
+import helpers
 from faults.agents import AGENTS
 from faults.harness import FaultRecorder, living, tree
+from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, CancelReceipt, Session, open_supervisor
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
@@ -28,19 +30,12 @@ BOUND = 20.0
 
 
 @asynccontextmanager
-async def memory_session() -> AsyncIterator[tuple[Session, FaultRecorder]]:
+async def memory_session() -> AsyncIterator[tuple[Session, Recorder]]:
     launcher = AcpLauncher(AcpBehaviour(words=10_000, word_interval=0.01, stop_delay=0.02))
     spec = AgentSpec(name="m", protocol="acp", command=["memory"], grace_s=2.0)
     with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"m": spec}, launcher=launcher) as sup:
-            session = await sup.start_session("m", cwd="/")
-            rec = FaultRecorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(rec.run)
-                yield session, rec
-                await rec.catch_up()
-                rec.check_invariants()
-                nursery.cancel_scope.cancel()
+        async with helpers.running(launcher, spec, catch_up=True) as (session, _, rec):
+            yield session, rec
 
 
 async def test_named_cancel_of_a_queued_turn_drops_it_and_leaves_the_running_one() -> None:

@@ -34,11 +34,19 @@ import psutil
 import pytest
 import trio
 
-from faults.agents import AGENTS, CONTAINMENT_FAULTS, FAULTS, Agent
-from faults.harness import BOUND, LONG, FaultRecorder, living, session_of, tree, wait_gone
+from faults.agents import (
+    AGENTS,
+    CONTAINMENT_FAULTS,
+    FAULTS,
+    Agent,
+    agent_session,
+    grandchild_pid,
+    said_it_resumed,
+)
+from faults.harness import LONG, FaultRecorder, living, session_of, tree, wait_gone
 from helpers import require_cgroups
 from protocols import events as ev
-from supervisor import CancelReceipt, Session, Supervisor, open_supervisor
+from supervisor import CancelReceipt, Session, Supervisor
 from supervisor.agents.containment import CONTAINMENT_VARIABLE, choose_blocking
 from supervisor.agents.process import ShimProcess
 from supervisor.agents.process_link import ProcessLink
@@ -147,20 +155,8 @@ class Cell:
 async def cell(
     protocol: str, fault: str, state_dir: Path, grace: float
 ) -> AsyncIterator[tuple[Cell, trio.Nursery]]:
-    agent = AGENTS[protocol]
-    spec = agent.spec(state_dir, fault, grace)
-    seen: list[psutil.Process] = []
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={protocol: spec}) as sup:
-            session = await sup.start_session(protocol, cwd=str(state_dir))
-            rec = FaultRecorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(rec.run)
-                yield Cell(agent, fault, sup, session, rec), nursery
-                seen = tree()
-                nursery.cancel_scope.cancel()
-        assert await wait_gone(seen, 5.0) == [], "leaving the supervisor left processes"
-    assert living(tree()) == []
+    async with agent_session(protocol, fault, state_dir, grace) as (sup, session, rec, nursery):
+        yield Cell(AGENTS[protocol], fault, sup, session, rec), nursery
 
 
 def assert_gone_now(processes: list[psutil.Process], what: str) -> None:
@@ -201,7 +197,7 @@ async def killed_at_grace(c: Cell) -> None:
     turn = await c.session.prompt(c.agent.prompt(c.fault))
     grandchild = None
     if c.fault == "grandchild":
-        grandchild = psutil.Process(await grandchild_pid(c, turn.id))
+        grandchild = psutil.Process(await grandchild_pid(c.agent.protocol, c.rec, turn.id))
         assert session_of(grandchild) == grandchild.pid, "the grandchild has its own session"
     await c.first_delta(turn.id, count=3 if c.fault == "mute" else 1)
     before = tree()
@@ -217,26 +213,6 @@ async def killed_at_grace(c: Cell) -> None:
     assert_gone_now(before, "the killed tree")
 
 
-async def grandchild_pid(c: Cell, turn_id: str) -> int:
-    """The pid of the helper the agent started in its own session, as the agent reports it."""
-    if c.agent.protocol == "opencode":
-        line = await c.rec.wait_for(
-            lambda e: (
-                isinstance(e, ev.AgentStderr) and e.line.startswith("fake-opencode: grandchild ")
-            )
-        )
-        assert isinstance(line, ev.AgentStderr)
-        return int(line.line.split()[-1])
-    tool = await c.rec.wait_kind("tool.call", turn_id=turn_id)
-    assert isinstance(tool, ev.ToolCall)
-    raw = tool.raw
-    if c.agent.protocol == "acp":
-        return int(raw["rawOutput"]["setsidGrandchild"])
-    if c.agent.protocol == "codex":
-        return int(raw["processId"])
-    return int(raw["input"]["pid"])  # claude, amp
-
-
 async def crash(c: Cell) -> None:
     """Crashes mid-turn with no cancel: the turn fails, the agent is respawned and resumed."""
     turn = await c.session.prompt(c.agent.prompt("crash"))
@@ -250,25 +226,7 @@ async def crash(c: Cell) -> None:
     receipt = await c.cancel()
     assert receipt.outcome == "no_active_turn" and receipt.escalation == []
     await c.next_prompt_completes()
-    assert resumed_after_crash(c), "the respawned agent did not resume the session"
-
-
-def resumed_after_crash(c: Cell) -> bool:
-    """What each agent says when it resumes (the fakes and the demo log it on stderr)."""
-    if c.agent.protocol == "claude":  # the CLI's system/init echoes its argv
-        inits = [
-            e.data
-            for e in c.rec.of_kind("session.info")
-            if isinstance(e, ev.SessionInfo) and e.info_kind == "init"
-        ]
-        return "--resume" in inits[-1]["argv"]
-    marker = {
-        "acp": "demo-agent: loading session ",
-        "codex": "fake-codex: resumed thr_",
-        "opencode": "fake-opencode: resumed ses_",
-        "amp": "fake-amp: continuing T-",
-    }[c.agent.protocol]
-    return any(line.startswith(marker) for line in c.rec.stderr())
+    assert said_it_resumed(c.agent.protocol, c.rec), "the respawned agent did not resume"
 
 
 async def crash_during_cancel(c: Cell) -> None:

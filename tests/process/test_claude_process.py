@@ -1,27 +1,27 @@
 """Tier 3: the whole supervisor against a scripted fake ``claude`` CLI, as subprocesses, real clock.
 
-``fakes/fake_claude.py`` speaks stream-json like Claude Code 2.1.332. Each mode is cancelled
-mid-turn; afterwards no process of a killed tree is alive (including a helper the CLI started in
-its own session, as the Bash tool does) and the session takes a new prompt that completes.
-Bounds are generous (shared, slow machines); exact timing is the virtual-time tests' job.
+``fakes/fake_claude.py`` speaks stream-json like Claude Code 2.1.332. Here is what is Claude's
+own: a lost result (the interrupt acknowledged, the result never written), a permission
+allowed, an idle cancel that sends nothing, an interrupt the CLI drops before ``system/init``.
+What every protocol's agent does when a cancel is obeyed, ignored, or meets a pending
+permission is the contract, ``test_cancel_contract_process.py``. Bounds are generous (shared, slow machines); exact timing is the virtual-time
+tests' job.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import psutil
 import pytest
-import trio
 
-from helpers import Recorder
+from helpers import KILLED, Recorder, process_session
 from paths import TESTS
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 
 pytestmark = pytest.mark.real_process
 
@@ -44,18 +44,10 @@ def fake_claude(state_dir: Path, *args: str) -> AgentSpec:
     )
 
 
-@asynccontextmanager
-async def claude_session(state_dir: Path, *args: str) -> AsyncIterator[tuple[Session, Recorder]]:
-    with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"claude": fake_claude(state_dir, *args)}) as sup:
-            session = await sup.start_session("claude", cwd=str(state_dir))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                yield session, recorder
-                await recorder.catch_up()
-                recorder.check_invariants()
-                nursery.cancel_scope.cancel()
+def claude_session(
+    state_dir: Path, *args: str
+) -> AbstractAsyncContextManager[tuple[Session, Recorder]]:
+    return process_session(fake_claude(state_dir, *args), str(state_dir))
 
 
 def tree_of_this_test() -> list[psutil.Process]:
@@ -95,27 +87,10 @@ async def second_prompt_completes(session: Session, rec: Recorder) -> None:
     assert (ended.outcome, ended.stop_reason) == ("completed", "completed"), ended
 
 
-async def test_cooperative(tmp_path: Path) -> None:
-    async with claude_session(tmp_path) as (session, rec):
-        before = tree_of_this_test()
-        turn = await session.prompt("hello")
-        await rec.wait_for(is_delta, count=3)
-        receipt = await session.cancel()
-        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id)
-        assert receipt.escalation == ["interrupt"]
-        assert receipt.stop_reason == "aborted_streaming"
-        assert receipt.elapsed_ms < GRACE * 1000
-        assert all(p.is_running() for p in before)  # nothing was killed
-        await second_prompt_completes(session, rec)
-        await rec.catch_up()
-        assert got(rec, "interrupt") == 1
-
-
-@pytest.mark.parametrize("mode", ["wedged", "ignore-interrupt"])
-async def test_lost_result_killed_and_resumed(mode: str, tmp_path: Path) -> None:
+async def test_lost_result_killed_and_resumed(tmp_path: Path) -> None:
     """The interrupt is acknowledged but no result comes: killed at grace, tree gone, resumed."""
     async with claude_session(tmp_path) as (session, rec):
-        await session.prompt(f"hello {mode} child")
+        await session.prompt("hello wedged child")
         tool = await rec.wait_kind("tool.call")
         assert isinstance(tool, ev.ToolCall)
         helper = psutil.Process(tool.raw["input"]["pid"])
@@ -123,14 +98,7 @@ async def test_lost_result_killed_and_resumed(mode: str, tmp_path: Path) -> None
         await rec.wait_for(is_delta)
         before = tree_of_this_test()
         receipt = await session.cancel()
-        assert receipt.outcome == "killed"
-        assert receipt.escalation == [
-            "interrupt",
-            "grace_expired",
-            "sigterm",
-            "respawned",
-            "resumed",
-        ]
+        assert (receipt.outcome, receipt.escalation) == ("killed", KILLED)
         assert receipt.resumed is True
         assert receipt.elapsed_ms >= GRACE * 1000
         assert_all_gone([*before, helper])
@@ -140,21 +108,6 @@ async def test_lost_result_killed_and_resumed(mode: str, tmp_path: Path) -> None
         argv = second["argv"]
         assert isinstance(argv, list) and argv[-2:] == ["--resume", first["session_id"]]
         assert first["pid"] != second["pid"]
-
-
-async def test_pending_permission_cancelled_tool_never_runs(tmp_path: Path) -> None:
-    async with claude_session(tmp_path) as (session, rec):
-        await session.prompt("permission")
-        requested = await rec.wait_kind("permission.requested")
-        assert isinstance(requested, ev.PermissionRequested)
-        receipt = await session.cancel()
-        assert receipt.outcome == "cancelled"
-        assert receipt.escalation == ["interrupt", "permissions_cancelled"]
-        assert receipt.stop_reason == "aborted_tools"
-        assert receipt.elapsed_ms < GRACE * 1000
-        updates = [e for e in rec.of_kind("tool.update") if isinstance(e, ev.ToolUpdate)]
-        assert [u.status for u in updates] == ["failed"]
-        await second_prompt_completes(session, rec)
 
 
 async def test_permission_allowed_runs_the_tool(tmp_path: Path) -> None:
