@@ -55,11 +55,17 @@ def check_permission_answer(request_id: str, option_id: str | None, cancelled: b
         check_text("option_id", option_id)
 
 
-def check_subscription(since_seq: object, max_buffer: object, stall_s: object) -> None:
+def check_subscription(
+    since_seq: object, max_buffer: object, stall_s: object, max_buffer_bytes: object = None
+) -> None:
     if since_seq is not None and (type(since_seq) is not int or since_seq < 0):
         raise BadRequest(f"since_seq must be a whole number >= 0 or None, not {since_seq!r}")
     if type(max_buffer) is not int or max_buffer < 1:
         raise BadRequest(f"max_buffer must be a whole number >= 1, not {max_buffer!r}")
+    if max_buffer_bytes is not None and (type(max_buffer_bytes) is not int or max_buffer_bytes < 1):
+        raise BadRequest(
+            f"max_buffer_bytes must be a whole number >= 1 or None, not {max_buffer_bytes!r}"
+        )
     if stall_s is not None and (
         isinstance(stall_s, bool)
         or not isinstance(stall_s, int | float)

@@ -274,9 +274,13 @@ class RemoteSession:
         since_seq: int | None = None,
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         stall_s: float | None = None,
+        max_buffer_bytes: int | None = None,
     ) -> AsyncIterator[Subscription]:
         subscription = await self.open_subscription(
-            since_seq=since_seq, max_buffer=max_buffer, stall_s=stall_s
+            since_seq=since_seq,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            max_buffer_bytes=max_buffer_bytes,
         )
         try:
             yield subscription
@@ -290,14 +294,20 @@ class RemoteSession:
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         stall_s: float | None = None,
         wire: bool = False,
+        max_buffer_bytes: int | None = None,
     ) -> Subscription:
         """Events of the front's mirror. A subscriber that falls behind is cut off
         (``lagged``) at twice its buffer even with ``stall_s``: the agent it would hold back
         runs on another host (the node holds it back for the link instead)."""
-        check_subscription(since_seq, max_buffer, stall_s)
+        check_subscription(since_seq, max_buffer, stall_s, max_buffer_bytes)
         await self._caught_up.wait()
         return self._fanout.subscribe(
-            since_seq, head_seq=self._seq, max_buffer=max_buffer, stall_s=stall_s, wire=wire
+            since_seq,
+            head_seq=self._seq,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            wire=wire,
+            max_bytes=max_buffer_bytes,
         )
 
     async def wait_ready(self) -> None:

@@ -436,6 +436,7 @@ class Fanout:
         max_buffer: int,
         stall_s: float | None = None,
         wire: bool = False,
+        max_bytes: int | None = None,
     ) -> Subscription:
         replay: list[Any] = []
         gap = False
@@ -469,7 +470,7 @@ class Fanout:
             on_ack=self.acknowledge if self.hold_unacknowledged else None,
             wire=wire,
             sizes=sizes,
-            max_bytes=self.buffer_bytes,
+            max_bytes=self.buffer_bytes if max_bytes is None else max_bytes,
         )
         if self._closed:
             subscription._end()

@@ -71,6 +71,7 @@ class SessionHandle(Protocol):
         since_seq: int | None = None,
         max_buffer: int = ...,
         stall_s: float | None = None,
+        max_buffer_bytes: int | None = None,
     ) -> AbstractAsyncContextManager[Subscription]: ...
 
     async def open_subscription(
@@ -80,6 +81,7 @@ class SessionHandle(Protocol):
         max_buffer: int = ...,
         stall_s: float | None = None,
         wire: bool = False,
+        max_buffer_bytes: int | None = None,
     ) -> Subscription: ...
 
     async def wait_ready(self) -> None: ...

@@ -169,6 +169,7 @@ class _Subscribe:
     reply: Reply[Subscription]
     stall_s: float | None = None
     wire: bool = False
+    max_buffer_bytes: int | None = None
 
     def run(self, session: Session) -> None:
         head = session.core.seq
@@ -186,6 +187,7 @@ class _Subscribe:
                 max_buffer=self.max_buffer,
                 stall_s=self.stall_s,
                 wire=self.wire,
+                max_bytes=self.max_buffer_bytes,
             )
         )
 
@@ -594,14 +596,20 @@ class Session:
         since_seq: int | None = None,
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         stall_s: float | None = None,
+        max_buffer_bytes: int | None = None,
     ) -> AsyncIterator[Subscription]:
         """Events from now on (or replayed after ``since_seq``), in order, until you leave.
 
-        A subscriber a full buffer behind is cut off (``lagged``); with ``stall_s`` it holds
-        the agent back instead (its output is not read meanwhile) and is cut off only once it
-        has taken nothing for ``stall_s`` (see ``supervisor/runtime/fanout.py``)."""
+        A subscriber a full buffer behind (``max_buffer`` events, or ``max_buffer_bytes`` of
+        them, the supervisor's ``buffer_bytes`` by default) is cut off (``lagged``); with
+        ``stall_s`` it holds the agent back instead (its output is not read meanwhile) and is
+        cut off only once it has taken nothing for ``stall_s`` (see
+        ``supervisor/runtime/fanout.py``)."""
         subscription = await self.open_subscription(
-            since_seq=since_seq, max_buffer=max_buffer, stall_s=stall_s
+            since_seq=since_seq,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            max_buffer_bytes=max_buffer_bytes,
         )
         try:
             yield subscription
@@ -615,13 +623,15 @@ class Session:
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
         stall_s: float | None = None,
         wire: bool = False,
+        max_buffer_bytes: int | None = None,
     ) -> Subscription:
         """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
         ``wire=True``: the subscriber takes each event's WebSocket text frame
         (``take_frames``), as the gateway sends it, instead of event objects."""
-        check_subscription(since_seq, max_buffer, stall_s)
+        check_subscription(since_seq, max_buffer, stall_s, max_buffer_bytes)
         reply: Reply[Subscription] = Reply()
-        return await self._ask(_Subscribe(since_seq, max_buffer, reply, stall_s, wire), reply)
+        call = _Subscribe(since_seq, max_buffer, reply, stall_s, wire, max_buffer_bytes)
+        return await self._ask(call, reply)
 
     async def wait_ready(self) -> None:
         """Return once the agent is up and the session takes prompts; raise if it failed."""

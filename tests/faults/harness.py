@@ -78,7 +78,9 @@ class FaultRecorder(Recorder):
     """A :class:`Recorder` whose subscription never lags (floods must not cut it off)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self.session.subscribe(since_seq=0, max_buffer=10_000_000) as subscription:
+        async with self.session.subscribe(
+            since_seq=0, max_buffer=10_000_000, max_buffer_bytes=1 << 40
+        ) as subscription:
             task_status.started()
             async for event in subscription:
                 self.events.append(event)
