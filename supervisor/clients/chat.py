@@ -281,11 +281,14 @@ Command = SendPrompt | SendCancel | SendSteer | SendPermission | Quit
 
 # -- the core --------------------------------------------------------------------------------
 
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: C0 (but tab and newline), DEL and C1 controls drive the terminal; the bidi embeddings,
+#: overrides and isolates reorder what follows on screen (``supervisor/labels.py`` says why).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _clean(text: str) -> str:
-    """Agent text without control characters: it must not drive our terminal."""
+    """Text from the wire without control characters or bidi controls: it must not drive
+    our terminal, nor make one line read as another."""
     return _UNSAFE.sub("", text)
 
 

@@ -169,6 +169,12 @@ class Http:
         headers, repeated = _fields(event.headers)
         target = event.target.decode("latin-1")
         split = _split_target(target)
+        if "host" in repeated:
+            # RFC 9112 3.2: a request with more than one Host is answered 400. Which one a proxy
+            # in front routed by is unknown, so neither is checked against the allowed hosts.
+            error = json_error("bad_request", "more than one Host header")
+            await respond(conn, stream, 400, error, close=True)
+            return None
         if split is None:
             error = json_error("bad_request", "malformed request target")
             await respond(conn, stream, 400, error, close=True)

@@ -139,6 +139,16 @@ def test_a_status_line_at_the_prompt_redraws_the_line_being_typed() -> None:
     assert core.take_output() == "\nerror: agent wrote [2Jgarbage\n› ab"
 
 
+def test_bidi_controls_from_the_wire_do_not_reorder_the_screen() -> None:
+    core = ChatCore(interactive=False, color=False)
+    core.feed(Line("go"))
+    core.feed(PromptAccepted("t1"))
+    core.take_output()
+    core.feed(ev.MessageDelta(turn_id="t1", text="rm \u202etxt.exe\u202c done \u2066x\u2069"))
+    core.feed(ev.ErrorEvent(code="agent_bad_line", message="a\u202eb"))
+    assert core.take_output() == "rm txt.exe done x\nerror: ab\n"
+
+
 def test_typing_while_a_turn_runs_steers_it_unechoed() -> None:
     core = ChatCore(interactive=True, color=False)
     core.start("fake")

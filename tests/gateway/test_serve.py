@@ -335,6 +335,20 @@ async def test_a_request_with_two_origins_is_refused_whichever_comes_last(tmp_pa
             assert status_of(response) == expected, (origins, response)
 
 
+async def test_a_request_with_two_hosts_is_400_whichever_is_allowed(tmp_path: Path) -> None:
+    """RFC 9112 section 3.2: more than one Host is a bad request, even when both are ours."""
+    async with serve(tmp_path) as served:
+        path = f"/v1/sessions?token={served.token}"
+        own, other = f"host: 127.0.0.1:{served.port}", "host: evil.example"
+        for hosts, expected in (((), 200), ((other,), 400), ((own,), 400)):
+            stream = await trio.open_tcp_stream("127.0.0.1", served.port)
+            await stream.send_all(head(served.port, "GET", path, *hosts))
+            with trio.fail_after(BOUND):
+                response = await read_response(stream)
+            await stream.aclose()
+            assert status_of(response) == expected, (hosts, response)
+
+
 async def test_an_http_version_other_than_1_0_or_1_1_is_505(tmp_path: Path) -> None:
     async with serve(tmp_path) as served:
         for version, expected in (("1.1", 200), ("1.0", 200), ("9.9", 505), ("2.0", 505)):
