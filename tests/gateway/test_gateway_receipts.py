@@ -130,6 +130,26 @@ async def test_how_many_and_since_which_by_websocket_and_http() -> None:
         assert status == 405
 
 
+async def test_the_gateway_keeps_its_last_stops_only() -> None:
+    over = 5
+    async with gateway(AcpBehaviour(words=10_000, word_interval=0.01, stop_delay=0.0)) as (
+        _,
+        url,
+        _l,
+    ):
+        async with connect(url) as client:
+            session_id = (await client.start_session("fake"))["session_id"]
+            for _ in range(RECENT_STOPS + over):
+                await client.prompt(session_id, "hello")
+                await client.cancel(session_id)
+            listed = await client.receipts()
+            status, body = await http(url, "GET", "/v1/receipts?limit=1000", AUTH)
+    seqs = [s["seq"] for s in listed["receipts"]]
+    assert seqs == list(range(over + 1, RECENT_STOPS + over + 1))
+    assert listed["last_seq"] == RECENT_STOPS + over and listed["kept"] == RECENT_STOPS
+    assert (status, body) == (200, listed)
+
+
 def receipt(n: int, **fields: Any) -> CancelReceipt:
     return CancelReceipt(session_id="s1", turn_id=f"t{n}", outcome="cancelled", **fields)
 
