@@ -63,6 +63,8 @@ class Actions:
                 return self.agents()
             case ListSessions():
                 return self.sessions()
+            case ListReceipts():
+                return self.receipts(call)
             case StartSession():
                 return await self.start(call)
             case Subscribe():
@@ -89,8 +91,6 @@ class Actions:
             case StopSession():
                 status = await sup.stop_session(sup.get(call.session_id).id)
                 return {"exit_code": status.code if status is not None else None}
-            case ListReceipts():
-                return self.receipts(call)
             case _:
                 assert_never(call)
 

@@ -95,6 +95,11 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("max_sessions", (int,), required=False),
     ),
     "session.list": (),
+    # the receipts of the last turns stopped in any session (``supervisor/stops.py``)
+    "receipts.list": (
+        _Field("limit", (int,), required=False),
+        _Field("since_seq", (int,), required=False),
+    ),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),
     "agent.prompt": (
@@ -118,11 +123,6 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("cancelled", (bool,), required=False),
     ),
     "session.stop": (_str("session_id"),),
-    # the receipts of the last turns stopped in any session (``supervisor/stops.py``)
-    "receipts.list": (
-        _Field("limit", (int,), required=False),
-        _Field("since_seq", (int,), required=False),
-    ),
 }
 
 
@@ -137,6 +137,16 @@ class ListAgents:
 @frozen
 class ListSessions:
     action: ClassVar[str] = "session.list"
+
+
+@frozen(kw_only=True)
+class ListReceipts:
+    action: ClassVar[str] = "receipts.list"
+
+    #: the newest this many (None: all that are kept)
+    limit: int | None = None
+    #: only those after this ``seq`` (None: from the oldest kept)
+    since_seq: int | None = None
 
 
 @frozen(kw_only=True)
@@ -226,19 +236,10 @@ class StopSession:
     session_id: str
 
 
-@frozen(kw_only=True)
-class ListReceipts:
-    action: ClassVar[str] = "receipts.list"
-
-    #: the newest this many (None: all that are kept)
-    limit: int | None = None
-    #: only those after this ``seq`` (None: from the oldest kept)
-    since_seq: int | None = None
-
-
 Call = (
     ListAgents
     | ListSessions
+    | ListReceipts
     | StartSession
     | Subscribe
     | Unsubscribe
@@ -248,7 +249,6 @@ Call = (
     | Cancel
     | RespondPermission
     | StopSession
-    | ListReceipts
 )
 
 
@@ -403,6 +403,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return ListAgents()
         case "session.list":
             return ListSessions()
+        case "receipts.list":
+            return _receipts(p.get("limit"), p.get("since_seq"))
         case "session.start":
             try:
                 servers = mcp_servers_from_acp(p.get("mcp_servers", []))
@@ -445,8 +447,6 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             )
         case "session.stop":
             return StopSession(p["session_id"])
-        case "receipts.list":
-            return _receipts(p.get("limit"), p.get("since_seq"))
     raise AssertionError(f"no call for action {action}")  # ACTIONS and this match agree
 
 
