@@ -173,6 +173,18 @@ class GatewayClient:
     async def stop(self, session_id: str) -> dict[str, Any]:
         return await self.request("session.stop", {"session_id": session_id})
 
+    async def receipts(
+        self, *, limit: int | None = None, since_seq: int | None = None
+    ) -> dict[str, Any]:
+        """The gateway's last stops, oldest first: ``{"receipts", "kept", "last_seq"}``
+        (``supervisor/stops.py``); ``since_seq``: only those after it."""
+        payload: dict[str, Any] = {}
+        if limit is not None:
+            payload["limit"] = limit
+        if since_seq is not None:
+            payload["since_seq"] = since_seq
+        return await self.request("receipts.list", payload)
+
     @asynccontextmanager
     async def subscribe(
         self, session_id: str, *, since_seq: int | None = None

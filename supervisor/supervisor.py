@@ -11,6 +11,7 @@ why and at what cost: ``design/actor.md``, "Garbage collection").
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -44,6 +45,7 @@ from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, DEFAULT_HISTORY_BYTE
 from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
 from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
+from supervisor.stops import RecentStops
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
 
@@ -127,6 +129,8 @@ class Supervisor:
         #: sessions that may run at once (None: no cap); each agent may have its own too
         self.max_sessions = max_sessions
         self._sessions: dict[str, AnySession] = {}
+        #: the receipts of the last turns stopped in any of its sessions (``stops.py``)
+        self.stops = RecentStops()
         check_agent_hosts(self.agents, hosts or {})
         #: the remote hosts and the links to their nodes
         self.remote = RemoteHosts(nursery, hosts or {}, remote_record)
@@ -134,6 +138,7 @@ class Supervisor:
             # Sessions a crashed front left on their hosts: ours again, same ids.
             for session in self.remote.recover(remote_record.adopt(), self.agents):
                 self._sessions[session.id] = session
+                self._watch_stops(session)
         ids = count(1)
         #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
@@ -198,6 +203,7 @@ class Supervisor:
                 spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
             )
             self._sessions[remote.id] = remote
+            self._watch_stops(remote)
             return remote
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if isinstance(where, bytes):
@@ -221,6 +227,7 @@ class Supervisor:
         )
         self._sessions[session.id] = session
         session.on_ended = self._poke  # a retired node's drain counts a failed session too
+        self._watch_stops(session)
         await self._nursery.start(self._run_session, session)
         if wait_ready:
             try:
@@ -235,6 +242,12 @@ class Supervisor:
                     self._forget_soon(session)
                 raise
         return session
+
+    def _watch_stops(self, session: Session | RemoteSession) -> None:
+        """Each stop of ``session`` goes to :attr:`stops`, with its agent."""
+        session.on_stop = functools.partial(
+            self.stops.add, session.spec.name, session.spec.protocol
+        )
 
     def _forget_soon(self, session: Session) -> None:
         with suppress(RuntimeError):  # the supervisor is closing: it stops all

@@ -6,6 +6,7 @@ from typing import Protocol
 
 from protocols import events as ev
 from protocols.machine import Step
+from supervisor.receipt import CancelReceipt
 
 __all__ = ["SessionIO"]
 
@@ -53,3 +54,6 @@ class SessionIO(Protocol):
 
     def ended(self) -> None:
         """The session is stopped or failed (its owner forgets it)."""
+
+    def stopped(self, receipt: CancelReceipt) -> None:
+        """A running turn was stopped and has ended: its receipt (the owner's recent stops)."""

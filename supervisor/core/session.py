@@ -551,6 +551,7 @@ class SessionCore:
                 for waiter in job.waiters:
                     waiter.resolve(receipt)
                 self._ending = None
+            self._io.stopped(receipt)
         if turn.steers is not None:
             refused = None
             if self.life.stopping or self.life.failure is not None:

@@ -1,7 +1,8 @@
 """What each call of the wire protocol does (``design/gateway.md``, "The wire protocol"): the
 table from a decoded call (``supervisor/wire/requests.py``) to the supervisor's API, and the
 result it answers. A WebSocket connection runs every call here; the HTTP routes run the lists
-and an abort (a :class:`~supervisor.wire.requests.Cancel`, as ``agent.cancel``)."""
+(the receipts', a :class:`~supervisor.wire.requests.ListReceipts` as ``receipts.list``) and an
+abort (a :class:`~supervisor.wire.requests.Cancel`, as ``agent.cancel``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from supervisor.wire.requests import (
     Call,
     Cancel,
     ListAgents,
+    ListReceipts,
     ListSessions,
     Prompt,
     RespondPermission,
@@ -61,6 +63,8 @@ class Actions:
                 return self.agents()
             case ListSessions():
                 return self.sessions()
+            case ListReceipts():
+                return self.receipts(call)
             case StartSession():
                 return await self.start(call)
             case Subscribe():
@@ -124,6 +128,17 @@ class Actions:
                 }
                 for s in self.supervisor.list()
             ]
+        }
+
+    def receipts(self, call: ListReceipts) -> dict[str, Any]:
+        """The last stops of every session, oldest first (``receipts.list``,
+        ``GET /v1/receipts``): ``kept`` says how many are kept at most, ``last_seq`` the newest
+        stop's number (a client asks ``since_seq`` it next time)."""
+        stops = self.supervisor.stops
+        return {
+            "receipts": [stop.to_wire() for stop in stops.recent(call.limit, call.since_seq)],
+            "kept": stops.kept,
+            "last_seq": stops.last_seq,
         }
 
     def agents(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The gateway's HTTP side (``design/gateway.md``): every connection starts here. Requests are
 read with h11, their token checked on the head before any body is read (a refused one closes its
-connection), then routed: the page, ``/v1/sessions``, ``/v1/agents``, and an abort; a first
-request for ``/ws`` that asks for an upgrade is handed back, for the WebSocket handshake.
+connection), then routed: the page, ``/v1/sessions``, ``/v1/agents``, ``/v1/receipts``, and an
+abort; a first request for ``/ws`` that asks for an upgrade is handed back, for the WebSocket
+handshake.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from supervisor.gateway.actions import Actions
 from supervisor.gateway.auth import Auth
 from supervisor.gateway.limits import GatewayLimits, Slot
 from supervisor.wire.codec import dumps
-from supervisor.wire.requests import RequestError, decode_abort
+from supervisor.wire.requests import RequestError, decode_abort, decode_receipts_query
 
 __all__ = ["Http", "Upgrade", "json_error", "respond"]
 
@@ -286,6 +287,8 @@ class Http:
             return 200, "application/json", dumps(self.actions.sessions()), []
         if method == "GET" and path == "/v1/agents":
             return 200, "application/json", dumps(self.actions.agents()), []
+        if method == "GET" and path == "/v1/receipts":
+            return self._receipts(request.target)
         segments = [unquote(s) for s in path.split("/")]
         if (
             method == "POST"
@@ -294,7 +297,7 @@ class Http:
             and segments[4] == "abort"
         ):
             return await self._abort(segments[3], body)
-        if path in (*_PAGE_PATHS, "/v1/sessions", "/v1/agents") or path.endswith("/abort"):
+        if path in (*_PAGE_PATHS, *_LISTS) or path.endswith("/abort"):
             return (
                 405,
                 "application/json",
@@ -302,6 +305,14 @@ class Http:
                 [],
             )
         return 404, "application/json", json_error("not_found", f"no route {path}"), []
+
+    def _receipts(self, target: str) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        """``GET /v1/receipts``: ``receipts.list``'s result, its query read as that action's
+        payload is."""
+        call = decode_receipts_query((_split_target(target) or ("", ""))[1])
+        if isinstance(call, RequestError):
+            return 400, "application/json", json_error(call.code, call.message), []
+        return 200, "application/json", dumps(self.actions.receipts(call)), []
 
     async def _abort(
         self, session_id: str, body: bytes
@@ -423,3 +434,5 @@ _VERSIONS: Final = (b"1.1", b"1.0")
 
 #: The web UI's page.
 _PAGE_PATHS: Final = ("/", "/index.html")
+#: The routes that list (GET only).
+_LISTS: Final = ("/v1/sessions", "/v1/agents", "/v1/receipts")

@@ -135,6 +135,9 @@ class RemoteSession:
         #: what the agent takes and its modes, as the node says when we subscribe
         self._carries: frozenset[str] = frozenset()
         self._modes: dict[str, Any] | None = None
+        #: called with the receipt of each stopped turn once it has ended, and when: the
+        #: supervisor's recent stops (as a local session's ``on_stop``)
+        self.on_stop: Callable[[CancelReceipt, float], None] | None = None
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -223,7 +226,12 @@ class RemoteSession:
             except HostUnreachable as exc:
                 # The host is gone, or its node broke the protocol, or did not answer in time:
                 # the turn's fate is unknown, and the receipt says so with the cause.
-                return self._unreachable_receipt(target, payload["reason"], started, exc)
+                unreachable = self._unreachable_receipt(target, payload["reason"], started, exc)
+                if self.on_stop is not None and target is not None and target == self._turn_id:
+                    # A stop no ``turn.ended`` told of (yet: a node that comes back tells its
+                    # own); one that did is a stop already.
+                    self.on_stop(unreachable, time.time())
+                return unreachable
             if attempts > 1:
                 receipt = converter.structure(
                     {
@@ -448,12 +456,28 @@ class RemoteSession:
             self._state = event.state
         elif isinstance(event, ev.TurnStarted):
             self._turn_id = event.turn_id
-        elif isinstance(event, ev.TurnEnded) and event.turn_id == self._turn_id:
-            self._turn_id = None
+        elif isinstance(event, ev.TurnEnded):
+            if event.turn_id == self._turn_id:
+                self._turn_id = None
+            if event.receipt is not None and event.stop_reason != "dropped":
+                self._stopped(event.receipt, event.timestamp)
         elif isinstance(event, ev.SessionInfo) and event.info_kind == "current_mode_update":
             mode = event.data.get("currentModeId")
             if self._modes is not None and isinstance(mode, str):
                 self._modes = {**self._modes, "currentModeId": mode}  # the agent switched
+
+    def _stopped(self, wire: dict[str, Any], timestamp: float) -> None:
+        """A stopped turn's ``turn.ended`` (not a dropped prompt's: that turn never ran) came:
+        its receipt to ``on_stop``; one this front cannot read is logged, not recorded (the
+        event itself is mirrored as it came)."""
+        if self.on_stop is None:
+            return
+        try:
+            receipt = self._receipt(wire)
+        except NodeProtocolError as exc:
+            log.warning("session %s: a turn.ended %s", self.id, exc)
+            return
+        self.on_stop(receipt, timestamp)
 
     def fail(self, cause: str) -> None:
         """The node is gone, or has lost this session: it fails here, with the cause (its

@@ -22,6 +22,7 @@ load, each behind one door and described where it lives (``design/actor.md`` mea
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -317,6 +318,11 @@ class _AgentIO:
         if on_ended is not None:
             on_ended()
 
+    def stopped(self, receipt: CancelReceipt) -> None:
+        on_stop = self._session.on_stop
+        if on_stop is not None:
+            on_stop(receipt, time.time())
+
     def spawn(self, generation: int, resume: str | None) -> None:
         assert self.nursery is not None
         self.nursery.start_soon(self._spawn, generation, resume)
@@ -482,6 +488,9 @@ class Session:
         self.closing: str | None = None
         #: called (from the actor, must not block) when the session is stopped or failed
         self.on_ended: Callable[[], None] | None = None
+        #: called (from the actor, must not block) with the receipt of each stopped turn once
+        #: it has ended, and when (wall clock): the supervisor's recent stops
+        self.on_stop: Callable[[CancelReceipt, float], None] | None = None
 
     # -- public API (any task) ---------------------------------------------------------------
 

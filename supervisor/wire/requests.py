@@ -7,7 +7,8 @@ small frozen class per action, its fields typed; an ACP ``content`` is read as p
 :class:`RequestError` that already knows the error code and the id to answer (when one could be
 read). It never raises: every byte sequence a client can send gets an answer, and the connection
 stays usable. The gateway dispatches on the call's type and reads no payload itself; its HTTP
-abort route is decoded here too (:func:`decode_abort`), into the same :class:`Cancel`.
+abort route is decoded here too (:func:`decode_abort`), into the same :class:`Cancel`, and its
+receipts route's query (:func:`decode_receipts_query`), into the same :class:`ListReceipts`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
+from urllib.parse import parse_qsl
 
 from attrs import field, frozen
 
@@ -32,6 +34,7 @@ __all__ = [
     "Call",
     "Cancel",
     "ListAgents",
+    "ListReceipts",
     "ListSessions",
     "Prompt",
     "Request",
@@ -44,6 +47,7 @@ __all__ = [
     "Subscribe",
     "Unsubscribe",
     "decode_abort",
+    "decode_receipts_query",
     "decode_request",
     "error_response",
     "frame_bytes",
@@ -91,6 +95,11 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("max_sessions", (int,), required=False),
     ),
     "session.list": (),
+    # the receipts of the last turns stopped in any session (``supervisor/stops.py``)
+    "receipts.list": (
+        _Field("limit", (int,), required=False),
+        _Field("since_seq", (int,), required=False),
+    ),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),
     "agent.prompt": (
@@ -128,6 +137,16 @@ class ListAgents:
 @frozen
 class ListSessions:
     action: ClassVar[str] = "session.list"
+
+
+@frozen(kw_only=True)
+class ListReceipts:
+    action: ClassVar[str] = "receipts.list"
+
+    #: the newest this many (None: all that are kept)
+    limit: int | None = None
+    #: only those after this ``seq`` (None: from the oldest kept)
+    since_seq: int | None = None
 
 
 @frozen(kw_only=True)
@@ -220,6 +239,7 @@ class StopSession:
 Call = (
     ListAgents
     | ListSessions
+    | ListReceipts
     | StartSession
     | Subscribe
     | Unsubscribe
@@ -383,6 +403,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return ListAgents()
         case "session.list":
             return ListSessions()
+        case "receipts.list":
+            return _receipts(p.get("limit"), p.get("since_seq"))
         case "session.start":
             try:
                 servers = mcp_servers_from_acp(p.get("mcp_servers", []))
@@ -426,6 +448,32 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
         case "session.stop":
             return StopSession(p["session_id"])
     raise AssertionError(f"no call for action {action}")  # ACTIONS and this match agree
+
+
+def _receipts(limit: int | None, since_seq: int | None) -> ListReceipts | str:
+    if limit is not None and limit < 0:
+        return "'limit' must not be negative"
+    if since_seq is not None and since_seq < 0:
+        return "'since_seq' must not be negative"
+    return ListReceipts(limit=limit, since_seq=since_seq)
+
+
+def decode_receipts_query(query: str) -> ListReceipts | RequestError:
+    """``GET /v1/receipts``'s query (``limit`` and ``since_seq``, both optional) as the
+    :class:`ListReceipts` that ``receipts.list`` makes; anything else in it is ignored, as
+    unknown payload keys are (the token may be there)."""
+    values: dict[str, int] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in ("limit", "since_seq"):
+            if not value.isascii() or not value.isdigit() or len(value) > _MOST_DIGITS:
+                return RequestError(None, "bad_request", f"'{name}' must be a whole number")
+            values[name] = int(value)
+    call = _receipts(values.get("limit"), values.get("since_seq"))
+    return RequestError(None, "bad_request", call) if isinstance(call, str) else call
+
+
+#: The most digits a number of a query may have (a count of receipts needs few).
+_MOST_DIGITS: Final = 18
 
 
 #: What an HTTP abort cancels for when its body names no reason.

@@ -60,6 +60,7 @@ class RecordingIO:
     memory_watches: list[int] = field(factory=list)
     leader_gone: bool = False
     ended_count: int = 0
+    stops: list[CancelReceipt] = field(factory=list)
 
     def now(self) -> float:
         return self.clock
@@ -97,6 +98,9 @@ class RecordingIO:
 
     def ended(self) -> None:
         self.ended_count += 1
+
+    def stopped(self, receipt: CancelReceipt) -> None:
+        self.stops.append(receipt)
 
     # -- what a test reads ---------------------------------------------------------------------
 

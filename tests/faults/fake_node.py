@@ -37,7 +37,8 @@ exits once that session is stopped (what the test waits for). ``none``: no fault
 
 ``--once FILE``: do it only if ``FILE`` does not exist, and create it (the next connection is
 a well-behaved node); ``--armed FILE``: do it only if ``FILE`` exists; ``--log FILE``: append
-each request's action and session id to ``FILE``, as they come.
+each request's action and session id to ``FILE``, as they come; ``--keep-turn``: a bad answer
+to a cancel leaves its turn running (no ``turn.ended`` says how it went).
 """
 
 from __future__ import annotations
@@ -87,11 +88,19 @@ INSTANCE = "fake-node"
 
 
 class FakeNode:
-    def __init__(self, fault: str, at: str, late_s: float = 0.0, log: Path | None = None) -> None:
+    def __init__(
+        self,
+        fault: str,
+        at: str,
+        late_s: float = 0.0,
+        log: Path | None = None,
+        keep_turn: bool = False,
+    ) -> None:
         self.fault = fault
         self.at = at
         self.late_s = late_s
         self.log = log
+        self.keep_turn = keep_turn
         self.ws = WSConnection(ConnectionType.SERVER)
         self.out = sys.stdout.buffer
         #: per session (``s1-PID``, ``s2-PID``, ... as started): its last seq, its running turn
@@ -216,7 +225,7 @@ class FakeNode:
             time.sleep(self.late_s)  # (the fake's own behaviour: a node that starts too slowly)
         elif point is not None and self.at_fault(point):
             if self.fault in ANSWERS:
-                if action == "agent.cancel" and self.turn is not None:
+                if action == "agent.cancel" and self.turn is not None and not self.keep_turn:
                     self.end_turn("cancelled")
                 self.bad_answer(request_id, str(action))
                 return
@@ -330,6 +339,7 @@ def main() -> None:
     parser.add_argument("--armed", type=Path)
     parser.add_argument("--late-s", type=float, default=0.0)
     parser.add_argument("--log", type=Path)
+    parser.add_argument("--keep-turn", action="store_true")
     args, _ = parser.parse_known_args()  # the bridge's own command line follows "--"
     fault = args.fault
     if args.once is not None:
@@ -340,7 +350,7 @@ def main() -> None:
     if args.armed is not None and not args.armed.exists():
         fault = "none"
     try:
-        FakeNode(fault, args.at, args.late_s, args.log).run()
+        FakeNode(fault, args.at, args.late_s, args.log, args.keep_turn).run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the front went away
 

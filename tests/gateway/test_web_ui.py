@@ -43,6 +43,7 @@ CHROMIUM = (
     os.environ.get("AGENT_SUPERVISOR_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 )
 SCREENSHOT = "/tmp/web-ui.png"
+STOPS_SCREENSHOT = "/tmp/web-ui-stops.png"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -353,6 +354,90 @@ def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThre
 
     send(page, "are you back words=6")
     expect_completed(page, 1, 6)
+
+
+def stop_marks(page: Page, chart: str, session_id: str) -> Any:
+    return page.locator(
+        f"[data-testid={chart}] [data-testid=stop-mark][data-session-id={session_id}]"
+    )
+
+
+def test_the_stops_are_charted_for_the_session_and_the_gateway(
+    page: Page, server: GatewayThread
+) -> None:
+    """A cancel and a kill: a mark each, in the shown session's chart and in every session's,
+    the kill a triangle of another colour, each titled with its receipt's summary; drawn on the
+    page itself (no request leaves the gateway)."""
+    base = server.url.split("/?")[0]
+    elsewhere: list[str] = []
+    page.on("request", lambda r: elsewhere.append(r.url) if not r.url.startswith(base) else None)
+    open_app(page, server)
+    session_chart = page.get_by_test_id("stops-session")
+    gateway_chart = page.get_by_test_id("stops-gateway")
+    polite = start_session(page, "demo")
+    expect(session_chart).to_have_attribute("aria-label", f"Stops of session {polite}: none yet")
+    send(page, "tell me a long story words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    page.get_by_test_id("stop").click()
+    expect(page.get_by_test_id("receipt")).to_have_text(re.compile(r"^Cancelled in \d+ ms$"))
+    cancelled = stop_marks(page, "stops-session", polite)
+    expect(cancelled).to_have_count(1)
+    expect(cancelled).to_have_attribute("data-outcome", "cancelled")
+    expect(cancelled.locator("title")).to_have_text(
+        re.compile(r"^Cancelled in \d+ ms\nturn t1\n[\d.]+ ms, reason: web\ninterrupt\n")
+    )
+    expect(session_chart).to_have_attribute(
+        "aria-label", f"Stops of session {polite}: 1 (1 cancelled)"
+    )
+    expect(stop_marks(page, "stops-gateway", polite)).to_have_count(1)
+
+    stubborn = start_session(page, "stubborn")
+    expect(session_chart).to_have_attribute("aria-label", f"Stops of session {stubborn}: none yet")
+    send(page, "ignore my stop words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    page.get_by_test_id("stop").click()
+    expect(page.get_by_test_id("receipt")).to_have_text("Killed after 1.0 s grace, session resumed")
+    killed = stop_marks(page, "stops-session", stubborn)
+    expect(killed).to_have_count(1)
+    expect(killed).to_have_attribute("data-outcome", "killed")
+    expect(session_chart).to_have_attribute(
+        "aria-label", f"Stops of session {stubborn}: 1 (1 killed)"
+    )
+    # Every session's chart: both stops, told apart by shape and by colour, each titled.
+    in_gateway = {
+        "cancelled": stop_marks(page, "stops-gateway", polite),
+        "killed": stop_marks(page, "stops-gateway", stubborn),
+    }
+    expect(in_gateway["killed"]).to_have_count(1)
+    expect(in_gateway["killed"].locator("title")).to_contain_text(
+        f"Killed after 1.0 s grace, session resumed\nsession {stubborn} (stubborn), turn t1\n"
+    )
+    expect(in_gateway["cancelled"].locator("title")).to_contain_text(f"session {polite} (demo)")
+    look = {
+        outcome: marks.evaluate(
+            "m => [m.tagName, m.dataset.shape, getComputedStyle(m).fill, m.getBBox().x]"
+        )
+        for outcome, marks in in_gateway.items()
+    }
+    assert look["cancelled"][:2] == ["circle", "dot"] and look["killed"][:2] == [
+        "polygon",
+        "triangle",
+    ]
+    assert look["cancelled"][2] != look["killed"][2]
+    assert look["killed"][3] > look["cancelled"][3]  # a second, against milliseconds
+    # (the other tests' stops are there too: the text alternative counts what is drawn)
+    kills = gateway_chart.locator("[data-testid=stop-mark][data-outcome=killed]").count()
+    marks = gateway_chart.get_by_test_id("stop-mark").count()
+    expect(gateway_chart).to_have_attribute(
+        "aria-label", re.compile(rf"^Stops of all sessions: {marks} \(.*\b{kills} killed\)$")
+    )
+    page.locator("section.stops").screenshot(path=STOPS_SCREENSHOT)
+
+    # Back to the first session: its chart again, from its history.
+    page.locator(f"[data-testid=session-item][data-session-id={polite}]").click()
+    expect(stop_marks(page, "stops-session", polite)).to_have_count(1)
+    expect(stop_marks(page, "stops-session", stubborn)).to_have_count(0)
+    assert elsewhere == []
 
 
 def test_permission_allow_then_a_cancel_resolves_the_card(
