@@ -26,6 +26,7 @@ __all__ = [
     "PermissionResolved",
     "Plan",
     "SessionInfo",
+    "SessionHeld",
     "SessionRecycled",
     "SessionState",
     "StreamGap",
@@ -73,6 +74,20 @@ class SessionRecycled(Event):
     kind: ClassVar[str] = "session.recycled"
     reason: str
     failed_turns: int
+
+
+@frozen(kw_only=True)
+class SessionHeld(Event):
+    """New turns are held (``held``: why; ``paused``: an operator paused the supervisor), or
+    released (``held`` null). While held, prompts are accepted and queued, and start in order
+    once released; the running turn goes on. ``deadline_s``: seconds after this event at which
+    a turn still running is stopped (``reason: "paused"``); null: it finishes by itself.
+    ``queued``: the prompts waiting then."""
+
+    kind: ClassVar[str] = "session.held"
+    held: str | None
+    deadline_s: float | None = None
+    queued: int = 0
 
 
 @frozen(kw_only=True)
@@ -268,6 +283,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
         SessionState,
+        SessionHeld,
         SessionRecycled,
         TurnStarted,
         TurnSteered,

@@ -13,6 +13,7 @@ __all__ = [
     "ESCALATION_STEPS",
     "OUTCOMES",
     "REASON_MEMORY_LIMIT",
+    "REASON_PAUSED",
     "REASON_STALLED",
     "REASON_STEER",
     "REASON_USER",
@@ -51,12 +52,16 @@ REASON_STALLED = "stalled"
 REASON_MEMORY_LIMIT = "memory_limit"
 #: a steer the agent could not take made the running turn make way (``supervisor/steering.py``)
 REASON_STEER = "steer"
+#: the supervisor was paused, and the turn still ran at the pause's deadline
+#: (``supervisor/core/pause.py``)
+REASON_PAUSED = "paused"
 
 
 #: How :meth:`CancelReceipt.summary` names a stop the supervisor made by itself.
 _REASON_PREFIXES = {
     REASON_STALLED: "Stalled: ",
     REASON_MEMORY_LIMIT: "Over its memory limit: ",
+    REASON_PAUSED: "Paused: ",
 }
 
 

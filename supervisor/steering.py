@@ -10,6 +10,8 @@ A person redirects a running turn without losing it. The text goes the best way 
   ladder (``receipt``) and the text starts the next turn, ahead of the queue.
 
 ``turn_id`` is the turn the text is part of: the running one when injected, else the new one.
+``held``: the new one waits, first in the queue, though nothing runs ahead of it (``paused``:
+until the supervisor is resumed; ``supervisor/core/pause.py``).
 """
 
 from __future__ import annotations
@@ -35,3 +37,5 @@ class SteerResult:
     receipt: CancelReceipt | None = None
     #: why the text did not join the running turn, when it could have (the agent refused)
     detail: str | None = None
+    #: why the turn the text starts waits (``paused``), else None
+    held: str | None = None

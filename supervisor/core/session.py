@@ -62,6 +62,7 @@ from supervisor.core.events import EventLog
 from supervisor.core.exit import ExitStatus
 from supervisor.core.ladder import CancelJob
 from supervisor.core.lifecycle import AgentLifecycle, survivors_text
+from supervisor.core.pause import Pause
 from supervisor.core.ports import SessionIO
 from supervisor.core.states import ENDS, TRANSITIONS, IllegalTransition, State
 from supervisor.core.steers import Steering
@@ -70,6 +71,7 @@ from supervisor.core.waiter import Waiter
 from supervisor.core.watchdog import STREAM_EVENTS, TURN_EVENTS, StallWatch
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.receipt import (
+    REASON_PAUSED,
     REASON_STALLED,
     CancelReceipt,
     DroppedPrompt,
@@ -87,10 +89,13 @@ URGENT_STATES = frozenset({State.CANCELLING, State.STARTING})
 
 @attrs.frozen
 class TurnHandle:
-    """A prompt accepted by the session: ``queued`` when it waits behind another turn."""
+    """A prompt accepted by the session: ``queued`` when it waits (behind another turn, or
+    held); ``held``: why it waits though no turn may be ahead of it (``paused``: it starts once
+    the supervisor is resumed), else None."""
 
     id: str
     queued: bool
+    held: str | None = None
 
 
 class SessionCore:
@@ -105,6 +110,7 @@ class SessionCore:
         io: SessionIO,
         max_queued: int,
         resume: str | None = None,
+        paused: Pause | None = None,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -133,6 +139,8 @@ class SessionCore:
         #: a receipt of a turn that ended as the session failed, and its waiters: answered
         #: once the agent that failed to start again is gone (``release_held``)
         self._held: tuple[CancelJob, CancelReceipt] | None = None
+        #: the operator's pause: while it holds, no turn starts (``pause.py``)
+        self.paused = paused if paused is not None else Pause()
 
     # -- what the shell reads -----------------------------------------------------------------
 
@@ -144,6 +152,11 @@ class SessionCore:
     @property
     def turn_id(self) -> str | None:
         return self.turn.id if self.turn is not None else None
+
+    @property
+    def held(self) -> str | None:
+        """Why no new turn starts (``paused``), else None."""
+        return self.paused.word
 
     @property
     def live_generation(self) -> int | None:
@@ -190,7 +203,10 @@ class SessionCore:
     # -- calls ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """The actor runs: start the first agent process."""
+        """The actor runs: start the first agent process (a session started paused says so
+        first)."""
+        if self.paused.held:
+            self.emit(self.paused.event(self._io.now(), 0))
         self.life.spawn()
 
     def prompt(self, text: str, parts: tuple[Part, ...]) -> TurnHandle:
@@ -201,11 +217,11 @@ class SessionCore:
             raise BadRequest(why)
         turn_id = self.turn_ids.next()
         self.queue.keep_parts(turn_id, parts)
-        if self.state is State.READY and self.turn is None:
+        if self.state is State.READY and self.turn is None and not self.paused.held:
             self._start_turn(turn_id, text)
             return TurnHandle(turn_id, queued=False)
         self.queue.put(turn_id, text)
-        return TurnHandle(turn_id, queued=True)
+        return TurnHandle(turn_id, queued=True, held=self.paused.word)
 
     def set_mode(self, mode_id: str, waiter: Waiter[None]) -> None:
         self._check_takes_calls()
@@ -385,6 +401,45 @@ class SessionCore:
         self._check_takes_calls()
         self.steering.steer(self.turn, self.agent.machine, self._io.now(), text, waiter)
 
+    # -- the operator's pause (pause.py) --------------------------------------------------------
+
+    def pause(self, deadline: float) -> None:
+        """Hold new turns; a turn still running at ``deadline`` (inf: never) is stopped."""
+        if self.state in ENDS or not self.paused.hold(deadline):
+            return
+        now = self._io.now()
+        self.emit(self.paused.event(now, len(self.queue)))
+        self._pause_check(now)
+
+    def resume(self) -> None:
+        """New turns start again: the queue, in order."""
+        if not self.paused.release() or self.state in ENDS:
+            return
+        self.emit(self.paused.event(self._io.now(), len(self.queue)))
+        self.start_next()
+
+    def _pause_check(self, now: float) -> None:
+        """The pause's deadline came: a turn that still simply runs is stopped through the
+        ladder; the queue is kept (those prompts run once the pause is released)."""
+        turn = self.turn
+        if (
+            turn is None
+            or turn.cancel is not None
+            or not self.paused.due(now)
+            or self.state is not State.RUNNING
+            or self.life.stopping
+            or self.agent.machine is None
+        ):
+            return
+        self.begin_cancel(
+            turn,
+            now,
+            REASON_PAUSED,
+            [],
+            keep_queue=True,
+            detail="paused: the pause's deadline passed: cancelling the turn",
+        )
+
     # -- turns ----------------------------------------------------------------------------------
 
     def _start_turn(self, turn_id: str, text: str) -> None:
@@ -411,7 +466,7 @@ class SessionCore:
         self._apply_events(step)
 
     def start_next(self) -> None:
-        if self.state is State.READY and self.turn is None and self.queue:
+        if self.state is State.READY and self.turn is None and self.queue and not self.paused.held:
             turn_id, text = self.queue.take_next()
             try:
                 self._start_turn(turn_id, text)
@@ -758,8 +813,8 @@ class SessionCore:
 
     def next_deadline(self) -> float:
         """When the core must next act though nothing comes (inf: never): a cancel's grace,
-        the start's timeout, a steer's answer, an exit that should come, or the stall
-        watchdog's limit (once the stream heard is dated)."""
+        the start's timeout, a steer's answer, an exit that should come, the stall
+        watchdog's limit (once the stream heard is dated), or a pause's deadline."""
         deadline = math.inf
         turn = self.turn
         if turn is not None:
@@ -767,10 +822,13 @@ class SessionCore:
             if job is not None:
                 if job.deadline is not None:
                     deadline = job.deadline
-            elif turn.watch.stall_at != math.inf:
-                if turn.watch.heard:
-                    turn.watch.note_time(self._io.now())
-                deadline = turn.watch.stall_at
+            else:
+                if turn.watch.stall_at != math.inf:
+                    if turn.watch.heard:
+                        turn.watch.note_time(self._io.now())
+                    deadline = turn.watch.stall_at
+                if self.paused.held:
+                    deadline = min(deadline, self.paused.deadline)
             steers = turn.steers
             if steers is not None and steers.pending:
                 deadline = min(deadline, steers.next_deadline())
@@ -800,6 +858,7 @@ class SessionCore:
         turn = self.turn
         if turn is not None and turn.cancel is None and now >= turn.watch.stall_at:
             self._stall_check(now)
+        self._pause_check(now)
 
     # -- the end ------------------------------------------------------------------------------
 

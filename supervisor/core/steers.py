@@ -10,6 +10,10 @@ What a steer becomes (``supervisor/steering.py`` has the answer's words):
   then the turn makes way through the ladder (``interrupted``);
 - the agent cannot: the turn makes way at once, and the text goes first once it is over.
 
+While the supervisor is paused (``pause.py``) the turn a steer starts waits first in the queue
+like any other, and its answer says so (``held``); a steer joined to the running turn is not
+held: a pause holds new turns, not the one running.
+
 A steer that is not settled belongs to the running turn (:class:`TurnSteers`): when the turn
 ends, what it did not take goes first in the queue, in order; when a caller stops it, those
 steers are dropped with it, each with its own turn id and ``turn.ended``.
@@ -45,6 +49,10 @@ class SteeringHost(Protocol):
     def apply(self, step: Step) -> None: ...
 
     def deliver(self, step: Step) -> None: ...
+
+    @property
+    def held(self) -> str | None:
+        """Why no turn starts now (``paused``), else None."""
 
 
 class Steering:
@@ -185,6 +193,7 @@ class Steering:
                     turn_id=turn_id,
                     receipt=receipt if interrupted else None,
                     detail=steer.detail,
+                    held=self._host.held,
                 )
             )
         self._queue.put_steered_first(queued)
@@ -197,7 +206,13 @@ class Steering:
         self._queue.put_steered(turn_id, text)
         self._log.emit(_steered(turn_id, mode, text))
         waiter.resolve(
-            SteerResult(session_id=self._session_id, mode=mode, turn_id=turn_id, detail=detail)
+            SteerResult(
+                session_id=self._session_id,
+                mode=mode,
+                turn_id=turn_id,
+                detail=detail,
+                held=self._host.held,
+            )
         )
         self._host.start_next()
 

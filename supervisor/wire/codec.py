@@ -230,10 +230,12 @@ def _receipt_encoder() -> Callable[[Any], dict[str, Any]]:
 
 
 def steer_to_wire(result: SteerResult) -> dict[str, Any]:
-    """``{"mode", "turn_id", "receipt"?, "detail"?}``: the answer to ``agent.steer``."""
+    """``{"mode", "turn_id", "receipt"?, "detail"?, "held"?}``: the answer to ``agent.steer``."""
     out: dict[str, Any] = {"mode": result.mode, "turn_id": result.turn_id}
     if result.receipt is not None:
         out["receipt"] = receipt_to_wire(result.receipt)
     if result.detail is not None:
         out["detail"] = result.detail
+    if result.held is not None:
+        out["held"] = result.held
     return out

@@ -422,6 +422,8 @@ def _every_event() -> list[ev.Event]:
         ev.SessionState(state="running", **stamp),
         ev.SessionState(state="failed", detail="it died: \u00e9\U0001f600", **stamp),
         ev.SessionRecycled(reason="3 failed turns", failed_turns=3, **stamp),
+        ev.SessionHeld(held="paused", deadline_s=29.5, queued=2, **stamp),
+        ev.SessionHeld(held=None),
         ev.TurnStarted(turn_id="t1", text="hello\nworld", **stamp),
         ev.TurnSteered(turn_id="t1", mode="interrupted", text="go", interrupted_turn_id="t0"),
         ev.TurnSteered(turn_id="t1", mode="injected", text="go", **stamp),

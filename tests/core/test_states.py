@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coreio import ACP, AcpAgent, RecordingIO, Slot
+from protocols import events as ev
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import SessionCore
 from supervisor.core.states import ENDS, TRANSITIONS, IllegalTransition, State, check_transition
@@ -68,6 +69,9 @@ OPERATIONS = st.sampled_from(
         "stop",
         "closed",
         "memory",
+        "pause",
+        "pause_deadline",
+        "resume",
     ]
 )
 
@@ -89,6 +93,8 @@ class Walk:
 
     def step(self, name: str) -> None:
         core, io, agent = self.core, self.io, self.agent
+        held = core.held is not None
+        starts = sum(1 for e in io.events if isinstance(e, ev.TurnStarted))
         try:
             if name == "prompt":
                 core.prompt(f"p{len(io.events)}", ())
@@ -130,8 +136,17 @@ class Walk:
                 core.life.closed(ExitStatus(code=0, signal=None), [], [])
             elif name == "memory" and core.live_generation is not None:
                 core.life.memory_over(core.live_generation, 500.0)
+            elif name == "pause":
+                core.pause(math.inf)
+            elif name == "pause_deadline":
+                core.pause(io.clock + 5.0)
+            elif name == "resume":
+                core.resume()
         except SupervisorError:
             pass  # a call the session refuses, as it tells its caller
+        if held and name != "resume":
+            now = sum(1 for e in io.events if isinstance(e, ev.TurnStarted))
+            assert now == starts, f"a turn started while paused ({name})"
         self.check()
 
     def check(self) -> None:
@@ -146,6 +161,8 @@ class Walk:
             assert all(slot.answers == 1 for slot in self.cancels), "an unanswered cancel"
         if core.turn is not None:
             assert core.state in (State.RUNNING, State.CANCELLING), core.state
+        if core.state is State.READY and core.turn is None and core.held is None:
+            assert not core.queue, "a prompt waits though nothing holds it"
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
