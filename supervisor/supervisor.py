@@ -36,6 +36,7 @@ from supervisor.errors import (
     SupervisorError,
     check_text,
 )
+from supervisor.pausing import PauseStatus, Pausing
 from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
@@ -134,11 +135,14 @@ class Supervisor:
         check_agent_hosts(self.agents, hosts or {})
         #: the remote hosts and the links to their nodes
         self.remote = RemoteHosts(nursery, hosts or {}, remote_record)
+        #: pause all, resume all (``pause``)
+        self._pausing = Pausing()
         if remote_record is not None:
             # Sessions a crashed front left on their hosts: ours again, same ids.
             for session in self.remote.recover(remote_record.adopt(), self.agents):
                 self._sessions[session.id] = session
                 self._watch_stops(session)
+                session.on_held = self._held_in_node
         ids = count(1)
         #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
@@ -199,11 +203,17 @@ class Supervisor:
         if host is not None or spec.hosts:
             if resume is not None:
                 raise BadRequest("resuming a session on another host is not supported")
+            changes = self._pausing.changes
             remote = await self.remote.start_session(
-                spec, host=host, cwd=os.fspath(cwd) if cwd is not None else spec.cwd
+                spec,
+                host=host,
+                cwd=os.fspath(cwd) if cwd is not None else spec.cwd,
+                paused=self._pausing.for_new_session(),
             )
             self._sessions[remote.id] = remote
             self._watch_stops(remote)
+            if self._pausing.changes != changes:  # paused or resumed while it was placed
+                await self._pausing.bring_one(remote)
             return remote
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if isinstance(where, bytes):
@@ -224,6 +234,7 @@ class Supervisor:
             hold_unacknowledged=self.hold_unacknowledged,
             history_bytes=self.history_bytes,
             buffer_bytes=self.buffer_bytes,
+            paused=self._pausing.for_new_session(),
         )
         self._sessions[session.id] = session
         session.on_ended = self._poke  # a retired node's drain counts a failed session too
@@ -337,6 +348,41 @@ class Supervisor:
         self._sessions.pop(session_id, None)
         self._poke()
         return status
+
+    async def pause(self, deadline_s: float | None = None) -> PauseStatus:
+        """Pause all: from now on no new turn starts in any session, this one's or one started
+        later, until :meth:`resume`. A prompt is accepted and queued, its answer saying
+        ``held: "paused"``; turns already running go on, and those still running
+        ``deadline_s`` seconds from now are cancelled through the ladder (``reason:
+        "paused"``; None: they finish by themselves). Paused already, an earlier deadline
+        stands. Returns once every session holds (a session on a host whose link is down is
+        ``pending``: its node is told once the link is back)."""
+        self._pausing.hold(deadline_s)
+        await self._pausing.bring(self._sessions.values())
+        return self.pause_status()
+
+    async def resume(self) -> PauseStatus:
+        """Resume all: every session starts what it held, in order. Idempotent."""
+        self._pausing.release()
+        await self._pausing.bring(self._sessions.values())
+        return self.pause_status()
+
+    def pause_status(self) -> PauseStatus:
+        return self._pausing.status(self._sessions.values())
+
+    def _held_in_node(self, session: RemoteSession) -> None:
+        """An adopted session is paused in its node (a front before this one paused it, and
+        nobody resumed it): the pause is this supervisor's now, never lost on the way."""
+        if self._pausing.held:
+            return
+        log.warning(
+            "session %s is paused in its node: this supervisor takes the pause up and holds"
+            " new turns in every session (resume releases them)",
+            session.id,
+        )
+        self._pausing.hold(None)
+        with suppress(RuntimeError):  # closing: nothing left to hold
+            self._nursery.start_soon(self._pausing.bring, list(self._sessions.values()))
 
     def _kept(self, session: AnySession) -> bool:
         """Left running in its node when this supervisor closes (``keep_node_sessions``)."""

@@ -25,6 +25,7 @@ import trio
 
 from protocols.framing import is_text
 from supervisor.config import AgentSpec, builtin_agents
+from supervisor.core.pause import Pause
 from supervisor.errors import BadRequest, SupervisorError
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
 from supervisor.remote.frames import as_is, check_state, text_field
@@ -123,11 +124,12 @@ class RemoteHosts:
         )
 
     async def start_session(
-        self, spec: AgentSpec, *, host: str | None, cwd: str | None
+        self, spec: AgentSpec, *, host: str | None, cwd: str | None, paused: Pause | None = None
     ) -> RemoteSession:
         """Place and start a session: on the host asked for, else on the agent's host with
         the most room as its node counts it (see :func:`rank`); a node refuses a start over
-        its ``max_sessions`` itself (``capacity``), and the next host is tried."""
+        its ``max_sessions`` itself (``capacity``), and the next host is tried. ``paused``:
+        the front is paused, and the node holds the session before it is anybody's."""
         candidates = self.candidates(spec, host)
         failures: list[tuple[HostSpec, SupervisorError]] = []
         if len(candidates) > 1:
@@ -152,13 +154,15 @@ class RemoteHosts:
             ordered = candidates
         for chosen in ordered:
             try:
-                return await self._start_on(chosen, spec, cwd)
+                return await self._start_on(chosen, spec, cwd, paused)
             except (HostCapacity, HostUnreachable) as exc:
                 failures.append((chosen, exc))  # (another front took the last place meanwhile)
                 log.info("placing a session of %r: %s refused: %s", spec.name, chosen.name, exc)
         raise _no_host(spec, candidates, failures)
 
-    async def _start_on(self, chosen: HostSpec, spec: AgentSpec, cwd: str | None) -> RemoteSession:
+    async def _start_on(
+        self, chosen: HostSpec, spec: AgentSpec, cwd: str | None, paused: Pause | None
+    ) -> RemoteSession:
         name = chosen.name
         if cwd is None and not chosen.transport:
             cwd = os.getcwd()  # this machine, with no transport: where a local session starts
@@ -189,7 +193,9 @@ class RemoteHosts:
                         raise
                     log.info("host %s: node pid %d is retired: a new link", name, link.node_pid)
                     self._retire(link)
-            session = RemoteSession(link, node_id=node_id, spec=spec, cwd=cwd, state=state)
+            session = RemoteSession(
+                link, node_id=node_id, spec=spec, cwd=cwd, state=state, paused=paused
+            )
             link.sessions[session.node_id] = session
             if self.record is not None:
                 self.record.add(session.record())

@@ -13,6 +13,7 @@ the front is ``NODE_ID@HOST`` (``s3@build1``), the same however often the front 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from supervisor.core.calls import (
     check_subscription,
 )
 from supervisor.core.exit import ExitStatus
+from supervisor.core.pause import Pause
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.remote.errors import HostUnreachable, LinkLost
@@ -112,6 +114,7 @@ class RemoteSession:
         cwd: str | None,
         state: str,
         history_size: int = DEFAULT_HISTORY,
+        paused: Pause | None = None,
     ) -> None:
         self.link = link
         self.node_id = node_id
@@ -138,6 +141,18 @@ class RemoteSession:
         #: called with the receipt of each stopped turn once it has ended, and when: the
         #: supervisor's recent stops (as a local session's ``on_stop``)
         self.on_stop: Callable[[CancelReceipt, float], None] | None = None
+        #: why the node's session holds new turns (``paused``), as it says (its subscribe
+        #: answer, its ``session.held`` events)
+        self._held: str | None = None
+        #: what this front wants of the node's hold (``pause``, ``resume``): None, no word yet
+        #: (what the node holds stands: a session adopted from a front that paused it); told
+        #: at once, and again first thing on every (re)subscription, before other calls
+        self._pause_wanted: Pause | None = paused
+        #: the wish last told on a connection (``_tell_when_back`` tells a newer one)
+        self._pause_told: Pause | None = None
+        #: called when the node says it holds this session and this front has said nothing:
+        #: the supervisor takes the pause up (``Supervisor._held_in_node``)
+        self.on_held: Callable[[RemoteSession], None] | None = None
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -153,9 +168,20 @@ class RemoteSession:
     def turn_id(self) -> str | None:
         return self._turn_id
 
+    @property
+    def held(self) -> str | None:
+        """Why the node's session holds new turns (``paused``), as its node last said."""
+        return self._held
+
     def summary(self) -> SessionSummary:
         return SessionSummary(
-            self.id, self.spec.name, self._state, self._turn_id, host=self.host, cwd=self.cwd
+            self.id,
+            self.spec.name,
+            self._state,
+            self._turn_id,
+            host=self.host,
+            cwd=self.cwd,
+            held=self._held,
         )
 
     @property
@@ -318,6 +344,53 @@ class RemoteSession:
             max_bytes=max_buffer_bytes,
         )
 
+    async def pause(self, deadline: float = math.inf) -> None:
+        """Hold new turns in the node's session (``Session.pause``; ``deadline`` on this
+        front's clock, sent as the seconds left). With the link down it returns at once: the
+        node is told first thing once the link is back, before any other call uses it."""
+        wanted = Pause()
+        if self._pause_wanted is not None and self._pause_wanted.held:
+            wanted = Pause(held=True, deadline=self._pause_wanted.deadline)
+        wanted.hold(deadline)
+        await self._want(wanted)
+
+    async def resume(self) -> None:
+        """Release the node's session's hold (told as :meth:`pause` is)."""
+        await self._want(Pause())
+
+    async def _want(self, wanted: Pause) -> None:
+        self._check_running()
+        self._pause_wanted = wanted
+        if not self.link.connected:
+            # Down: the resubscription tells the node (subscribe_on), or, if it has passed
+            # this session already, this does once the connection is ready.
+            self.link.start_soon(self._tell_when_back)
+            await trio.lowlevel.checkpoint()
+            return
+        try:
+            conn = await self.link.connection()
+            await self._tell_pause(conn, wanted)
+        except (LinkLost, HostUnreachable):
+            pass  # the reconnection tells it, or fails the session
+
+    async def _tell_when_back(self) -> None:
+        deadline = trio.current_time() + self.link.host.detach_s + CANCEL_REACH_MARGIN_S
+        try:
+            conn = await self.link.connection(deadline=deadline)
+            wanted = self._pause_wanted
+            if wanted is not None and wanted is not self._pause_told and not self._done:
+                await self._tell_pause(conn, wanted)
+        except SupervisorError:
+            pass  # gone for good: the link fails the session, with the cause
+
+    async def _tell_pause(self, conn: Connection, wanted: Pause) -> None:
+        payload: dict[str, Any] = {"session_id": self.node_id}
+        if wanted.held and wanted.deadline != math.inf:
+            payload["deadline_s"] = max(0.0, wanted.deadline - trio.current_time())
+        action = "session.pause" if wanted.held else "session.resume"
+        await conn.request(action, payload, as_is)
+        self._pause_told = wanted
+
     async def wait_ready(self) -> None:
         await trio.lowlevel.checkpoint()
         self._check_running()
@@ -352,8 +425,17 @@ class RemoteSession:
             self._carries = frozenset(word for word in carries if word in CARRY_WORDS)
         modes = result.get("modes")
         self._modes = modes if isinstance(modes, dict) else None
+        held = result.get("held")
+        self._held = held if isinstance(held, str) else None
         if self._seq >= self._catch_up_to:
             self._caught_up.set()
+        wanted = self._pause_wanted
+        if wanted is not None:
+            # Before any other call uses this connection: no turn starts that this front
+            # holds, and none stays held that it released while the link was down.
+            await self._tell_pause(conn, wanted)
+        elif self._held is not None and self.on_held is not None:
+            self.on_held(self)
         if result.get("gap"):
             log.warning(
                 "session %s: the node's history no longer reaches back to seq %d: events were lost",
@@ -454,6 +536,8 @@ class RemoteSession:
     def _track(self, event: ev.Event) -> None:
         if isinstance(event, ev.SessionState):
             self._state = event.state
+        elif isinstance(event, ev.SessionHeld):
+            self._held = event.held
         elif isinstance(event, ev.TurnStarted):
             self._turn_id = event.turn_id
         elif isinstance(event, ev.TurnEnded):

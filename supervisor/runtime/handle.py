@@ -4,6 +4,7 @@ supervisor, the gateway, the ACP front door and the chat use."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
@@ -39,6 +40,10 @@ class SessionHandle(Protocol):
 
     @property
     def turn_id(self) -> str | None: ...
+
+    @property
+    def held(self) -> str | None:
+        """Why no new turn starts (``paused``), else None."""
 
     @property
     def exit_status(self) -> ExitStatus | None: ...
@@ -83,6 +88,10 @@ class SessionHandle(Protocol):
         wire: bool = False,
         max_buffer_bytes: int | None = None,
     ) -> Subscription: ...
+
+    async def pause(self, deadline: float = math.inf) -> None: ...
+
+    async def resume(self) -> None: ...
 
     async def wait_ready(self) -> None: ...
 

@@ -22,6 +22,7 @@ load, each behind one door and described where it lives (``design/actor.md`` mea
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -54,6 +55,7 @@ from supervisor.core.calls import (
 )
 from supervisor.core.exit import ExitStatus
 from supervisor.core.lifecycle import survivors_text
+from supervisor.core.pause import Pause
 from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle
 from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
@@ -109,6 +111,8 @@ class SessionSummary:
     host: str | None = None
     #: the agent's working directory (None: not known here)
     cwd: str | None = None
+    #: why no new turn starts (``paused``: the supervisor is paused), else None
+    held: str | None = None
 
 
 # -- mailbox calls: what each runs on the core, in the order they came -------------------------
@@ -194,6 +198,25 @@ class _Subscribe:
 
 
 @define
+class _Pause:
+    deadline: float
+    reply: Reply[None]
+
+    def run(self, session: Session) -> None:
+        session.core.pause(self.deadline)
+        self.reply.resolve(None)
+
+
+@define
+class _Resume:
+    reply: Reply[None]
+
+    def run(self, session: Session) -> None:
+        session.core.resume()
+        self.reply.resolve(None)
+
+
+@define
 class _WaitReady:
     reply: Reply[None]
 
@@ -209,7 +232,18 @@ class _Stop:
         session.core.life.stop(self.reply)
 
 
-_Call = _Prompt | _Cancel | _Steer | _RespondPermission | _SetMode | _Subscribe | _WaitReady | _Stop
+_Call = (
+    _Prompt
+    | _Cancel
+    | _Steer
+    | _RespondPermission
+    | _SetMode
+    | _Subscribe
+    | _Pause
+    | _Resume
+    | _WaitReady
+    | _Stop
+)
 
 
 # -- inbox items from the session's own child tasks --------------------------------------------
@@ -439,6 +473,7 @@ class Session:
         hold_unacknowledged: bool = False,
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        paused: Pause | None = None,
     ) -> None:
         self.id = session_id
         self.spec = spec
@@ -475,8 +510,15 @@ class Session:
             buffer_bytes=buffer_bytes,
         )
         self._io = _AgentIO(self)
+        # ``paused``: it starts held (the supervisor is paused: ``core/pause.py``)
         self.core = SessionCore(
-            session_id, spec, cwd=cwd, io=self._io, max_queued=max_queued, resume=resume
+            session_id,
+            spec,
+            cwd=cwd,
+            io=self._io,
+            max_queued=max_queued,
+            resume=resume,
+            paused=paused,
         )
         # Agent output being worked through (one read's worth), at the actor's own pace.
         self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
@@ -523,6 +565,11 @@ class Session:
         return self.core.turn_id
 
     @property
+    def held(self) -> str | None:
+        """Why no new turn starts (``paused``), else None."""
+        return self.core.held
+
+    @property
     def agent_session_id(self) -> str | None:
         """The agent's own id of the session (ACP sessionId, Codex thread, Claude session):
         what ``resume=`` takes to go on with it in another process, later."""
@@ -538,6 +585,7 @@ class Session:
             recycles=core.recycler.recycles,
             recycle_reason=core.recycler.reason,
             cwd=self.cwd,
+            held=core.held,
         )
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
@@ -641,6 +689,19 @@ class Session:
         reply: Reply[Subscription] = Reply()
         call = _Subscribe(since_seq, max_buffer, reply, stall_s, wire, max_buffer_bytes)
         return await self._ask(call, reply)
+
+    async def pause(self, deadline: float = math.inf) -> None:
+        """Hold new turns: a prompt is queued (its answer says ``held``) until :meth:`resume`;
+        the running turn goes on, and is cancelled through the ladder (``reason: "paused"``)
+        if it still runs at ``deadline`` (trio's clock; inf: never). Paused already, the
+        earlier deadline stands (``supervisor/core/pause.py``)."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Pause(deadline, reply), reply)
+
+    async def resume(self) -> None:
+        """Start the prompts the pause held, in order, one turn at a time as always."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Resume(reply), reply)
 
     async def wait_ready(self) -> None:
         """Return once the agent is up and the session takes prompts; raise if it failed."""
