@@ -185,6 +185,17 @@ class GatewayClient:
             payload["since_seq"] = since_seq
         return await self.request("receipts.list", payload)
 
+    async def pause(self, deadline_s: float | None = None) -> dict[str, Any]:
+        """Pause all: no new turn starts in any session until :meth:`resume`; turns still
+        running ``deadline_s`` from now are cancelled. ``{"paused", "deadline_s", "held",
+        "running", "pending"}``: see :class:`supervisor.pausing.PauseStatus`."""
+        payload = {"deadline_s": deadline_s} if deadline_s is not None else {}
+        return await self.request("gateway.pause", payload)
+
+    async def resume(self) -> dict[str, Any]:
+        """Resume all: every session starts what it held, in order."""
+        return await self.request("gateway.resume")
+
     @asynccontextmanager
     async def subscribe(
         self, session_id: str, *, since_seq: int | None = None

@@ -6,11 +6,15 @@ abort (a :class:`~supervisor.wire.requests.Cancel`, as ``agent.cancel``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, assert_never
+
+import trio
 
 from protocols import PROTOCOLS
 from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
+from supervisor.pausing import PauseStatus
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
@@ -19,8 +23,12 @@ from supervisor.wire.requests import (
     ListAgents,
     ListReceipts,
     ListSessions,
+    PauseAll,
+    PauseSession,
     Prompt,
     RespondPermission,
+    ResumeAll,
+    ResumeSession,
     SetMode,
     StartSession,
     Steer,
@@ -45,9 +53,10 @@ class Subscriber(Protocol):
 
 
 class Actions:
-    """The calls of one gateway over ``supervisor``. ``accept_specs``: ``session.start`` may
-    carry the agent's definition (``spec``) and ``max_sessions``: a node's gateway, driven by a
-    front that already runs commands on this host (``supervisor/remote/``)."""
+    """The calls of one gateway over ``supervisor``. ``accept_specs``: a node's gateway, driven
+    by a front that already runs commands on this host (``supervisor/remote/``):
+    ``session.start`` may carry the agent's definition (``spec``) and ``max_sessions``, and
+    ``session.pause``/``session.resume`` pass the front's pause on to one session."""
 
     def __init__(self, supervisor: Supervisor, *, accept_specs: bool = False) -> None:
         self.supervisor = supervisor
@@ -75,7 +84,7 @@ class Actions:
                 return {}
             case Prompt():
                 turn = await sup.get(call.session_id).prompt(call.text, call.parts)
-                return {"turn_id": turn.id, "queued": turn.queued}
+                return {"turn_id": turn.id, "queued": turn.queued, "held": turn.held}
             case SetMode():
                 await sup.get(call.session_id).set_mode(call.mode_id)
                 return {}
@@ -91,6 +100,12 @@ class Actions:
             case StopSession():
                 status = await sup.stop_session(sup.get(call.session_id).id)
                 return {"exit_code": status.code if status is not None else None}
+            case PauseAll():
+                return pause_to_wire(await sup.pause(call.deadline_s))
+            case ResumeAll():
+                return pause_to_wire(await sup.resume())
+            case PauseSession() | ResumeSession():
+                return await self.pause_one(call)
             case _:
                 assert_never(call)
 
@@ -107,6 +122,18 @@ class Actions:
         host = {"host": session.host} if session.host is not None else {}
         return {"session_id": session.id, "state": session.state, **host}
 
+    async def pause_one(self, call: PauseSession | ResumeSession) -> dict[str, Any]:
+        """A front's pause of one session of this node (``held``: where it stands now)."""
+        if not self.accept_specs:
+            raise BadRequest(f"'{call.action}' is for nodes: gateway.pause pauses every session")
+        session = self.supervisor.get(call.session_id)
+        if isinstance(call, ResumeSession):
+            await session.resume()
+        else:
+            seconds = call.deadline_s
+            await session.pause(math.inf if seconds is None else trio.current_time() + seconds)
+        return {"held": session.held}
+
     async def cancel(self, call: Cancel) -> dict[str, Any]:
         """The receipt, once the turn has ended (``agent.cancel``, ``POST .../abort``)."""
         session = self.supervisor.get(call.session_id)
@@ -115,6 +142,7 @@ class Actions:
 
     def sessions(self) -> dict[str, Any]:
         return {
+            "paused": self.supervisor.pause_status().paused,
             "sessions": [
                 {
                     "session_id": s.session_id,
@@ -123,11 +151,12 @@ class Actions:
                     "turn_id": s.turn_id,
                     "recycles": s.recycles,
                     "recycle_reason": s.recycle_reason,
+                    "held": s.held,
                     **({"host": s.host} if s.host is not None else {}),
                     **({"cwd": s.cwd} if s.cwd is not None else {}),
                 }
                 for s in self.supervisor.list()
-            ]
+            ],
         }
 
     def receipts(self, call: ListReceipts) -> dict[str, Any]:
@@ -167,6 +196,17 @@ class Actions:
             return spec_from_wire(call.agent, dict(call.spec))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+
+
+def pause_to_wire(status: PauseStatus) -> dict[str, Any]:
+    """``gateway.pause`` and ``gateway.resume``'s answer."""
+    return {
+        "paused": status.paused,
+        "deadline_s": status.deadline_s,
+        "held": list(status.held),
+        "running": list(status.running),
+        "pending": list(status.pending),
+    }
 
 
 def _static_carries(spec: AgentSpec) -> frozenset[str]:

@@ -365,6 +365,7 @@ class Connection:
             "gap": subscription.gap,
             "prompt_carries": sorted(session.prompt_carries),
             "modes": session.modes,
+            "held": session.held,
         }
         self._send(ok_response(request_id, result))
         self._subscriptions[session.id] = subscription

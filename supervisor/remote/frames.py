@@ -17,6 +17,7 @@ import reprlib
 from typing import Any, Final
 
 from protocols.framing import Message, decode_line, is_text
+from supervisor.core.pause import PAUSED
 from supervisor.core.states import State
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "NodeProtocolError",
     "as_is",
     "check_event",
+    "check_held",
     "check_response",
     "check_state",
     "read_frame",
@@ -125,6 +127,19 @@ def check_state(value: object, what: str) -> str:
     editor's list), so nothing else may pass for one."""
     if not isinstance(value, str) or value not in _STATES:
         raise NodeProtocolError(f"{what} is not a session state ({_brief(value)})")
+    return value
+
+
+#: The words a held session says why with (``supervisor/core/pause.py``).
+_HELD: Final = frozenset({PAUSED})
+
+
+def check_held(value: object, what: str) -> str | None:
+    """``value``, why the node's session holds new turns (a prompt's or a steer's answer,
+    the subscribe answer, a ``session.held`` event): None or one of the words, as
+    :func:`check_state` checks a state, and for the same reason."""
+    if value is not None and (not isinstance(value, str) or value not in _HELD):
+        raise NodeProtocolError(f"{what} is not a reason to hold ({_brief(value)})")
     return value
 
 

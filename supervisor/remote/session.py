@@ -38,7 +38,13 @@ from supervisor.core.pause import Pause
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.remote.errors import HostUnreachable, LinkLost
-from supervisor.remote.frames import NodeProtocolError, as_is, check_state, text_field
+from supervisor.remote.frames import (
+    NodeProtocolError,
+    as_is,
+    check_held,
+    check_state,
+    text_field,
+)
 from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.runtime.session import (
     DEFAULT_HISTORY,
@@ -95,11 +101,12 @@ def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
 
 
 def _turn_handle(result: dict[str, Any]) -> TurnHandle:
-    """A prompt's answer: its turn's id, and whether it waits behind another."""
+    """A prompt's answer: its turn's id, whether it waits, and why it is held."""
     queued = result.get("queued")
     if not isinstance(queued, bool):
         raise NodeProtocolError("without a boolean 'queued'")
-    return TurnHandle(text_field(result, "turn_id"), queued)
+    held = check_held(result.get("held"), "whose 'held'")
+    return TurnHandle(text_field(result, "turn_id"), queued, held)
 
 
 class RemoteSession:
@@ -288,6 +295,7 @@ class RemoteSession:
             turn_id=text_field(result, "turn_id"),
             receipt=self._receipt(receipt) if receipt is not None else None,
             detail=detail if isinstance(detail, str) else None,
+            held=check_held(result.get("held"), "whose 'held'"),
         )
 
     async def respond_permission(
@@ -425,8 +433,10 @@ class RemoteSession:
             self._carries = frozenset(word for word in carries if word in CARRY_WORDS)
         modes = result.get("modes")
         self._modes = modes if isinstance(modes, dict) else None
-        held = result.get("held")
-        self._held = held if isinstance(held, str) else None
+        try:
+            self._held = check_held(result.get("held"), "whose 'held'")
+        except NodeProtocolError as exc:
+            raise conn.fault(f"an answer to session.subscribe {exc}") from None
         if self._seq >= self._catch_up_to:
             self._caught_up.set()
         wanted = self._pause_wanted
@@ -464,6 +474,8 @@ class RemoteSession:
             raise NodeProtocolError(f"a {kind} event this front cannot read")
         if isinstance(event, ev.SessionState):
             check_state(event.state, "a session.state event's state")
+        elif isinstance(event, ev.SessionHeld):
+            check_held(event.held, "a session.held event's held")
         if seq != self._seq + 1 and not _announces_gap(message, self._seq + 1):
             self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         self._seq = seq

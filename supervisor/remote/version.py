@@ -23,10 +23,11 @@ from typing import Final
 __all__ = ["TEST_VERSION_VARIABLE", "TEST_WIRE_VARIABLE", "WIRE", "package_version", "wire"]
 
 #: Bump when the hello, the bridge's options, what a front asks of a node or what an event
-#: means changes incompatibly (2: the node on a Unix socket, ``--instance``, ``node_retired``).
-#: A new event kind is such a change too: a front refuses a kind it does not know as a protocol
-#: error of that node (``supervisor/remote/frames.py``).
-WIRE: Final = 2
+#: means changes incompatibly (2: the node on a Unix socket, ``--instance``, ``node_retired``;
+#: 3: ``session.held``, ``session.pause``/``session.resume``). A new event kind is such a change
+#: too: a front refuses a kind it does not know as a protocol error of that node
+#: (``supervisor/remote/frames.py``).
+WIRE: Final = 3
 #: For tests only: the package version a process says it is.
 TEST_VERSION_VARIABLE: Final = "AGENT_SUPERVISOR_TEST_PACKAGE_VERSION"
 #: For tests only: the wire number a process speaks.

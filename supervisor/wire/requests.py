@@ -14,6 +14,7 @@ receipts route's query (:func:`decode_receipts_query`), into the same :class:`Li
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Final
@@ -36,10 +37,14 @@ __all__ = [
     "ListAgents",
     "ListReceipts",
     "ListSessions",
+    "PauseAll",
+    "PauseSession",
     "Prompt",
     "Request",
     "RequestError",
     "RespondPermission",
+    "ResumeAll",
+    "ResumeSession",
     "SetMode",
     "StartSession",
     "Steer",
@@ -123,6 +128,12 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("cancelled", (bool,), required=False),
     ),
     "session.stop": (_str("session_id"),),
+    # the operator's pause of every session (``supervisor/pausing.py``)
+    "gateway.pause": (_Field("deadline_s", (int, float), required=False),),
+    "gateway.resume": (),
+    # nodes only: one session's, as a front passes its pause on (``supervisor/remote/``)
+    "session.pause": (_str("session_id"), _Field("deadline_s", (int, float), required=False)),
+    "session.resume": (_str("session_id"),),
 }
 
 
@@ -236,6 +247,38 @@ class StopSession:
     session_id: str
 
 
+@frozen
+class PauseAll:
+    """No new turn starts in any session until :class:`ResumeAll`; turns still running
+    ``deadline_s`` seconds from now are cancelled (None: they finish by themselves)."""
+
+    action: ClassVar[str] = "gateway.pause"
+
+    deadline_s: float | None = None
+
+
+@frozen
+class ResumeAll:
+    action: ClassVar[str] = "gateway.resume"
+
+
+@frozen
+class PauseSession:
+    """One session's pause (a node's gateway only: a front passes its pause on)."""
+
+    action: ClassVar[str] = "session.pause"
+
+    session_id: str
+    deadline_s: float | None = None
+
+
+@frozen
+class ResumeSession:
+    action: ClassVar[str] = "session.resume"
+
+    session_id: str
+
+
 Call = (
     ListAgents
     | ListSessions
@@ -249,6 +292,10 @@ Call = (
     | Cancel
     | RespondPermission
     | StopSession
+    | PauseAll
+    | ResumeAll
+    | PauseSession
+    | ResumeSession
 )
 
 
@@ -447,6 +494,22 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             )
         case "session.stop":
             return StopSession(p["session_id"])
+        case "gateway.pause" | "session.pause":
+            deadline: float | None = None
+            if "deadline_s" in p:
+                try:
+                    deadline = float(p["deadline_s"])
+                except OverflowError:  # an integer too big for a float
+                    deadline = math.inf
+                if not (math.isfinite(deadline) and deadline >= 0):
+                    return "payload 'deadline_s' must be a number of seconds >= 0"
+            if action == "gateway.pause":
+                return PauseAll(deadline)
+            return PauseSession(p["session_id"], deadline)
+        case "gateway.resume":
+            return ResumeAll()
+        case "session.resume":
+            return ResumeSession(p["session_id"])
     raise AssertionError(f"no call for action {action}")  # ACTIONS and this match agree
 
 

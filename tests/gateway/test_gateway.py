@@ -92,7 +92,7 @@ async def test_ready_url_and_http_routes() -> None:
     async with gateway() as (server, url, _):
         assert url.startswith("http://127.0.0.1:") and url.endswith("?token=secret-token")
         status, body = await http(url, "GET", "/v1/sessions?token=secret-token")
-        assert (status, body) == (200, {"sessions": []})
+        assert (status, body) == (200, {"paused": False, "sessions": []})
         status, body = await http(
             url, "GET", "/v1/sessions", {"authorization": "Bearer secret-token"}
         )
@@ -147,7 +147,7 @@ async def test_websocket_needs_token_and_same_origin() -> None:
             assert json.loads(await ws.get_message()) == {
                 "id": 1,
                 "ok": True,
-                "result": {"sessions": []},
+                "result": {"paused": False, "sessions": []},
             }
 
 
@@ -165,7 +165,7 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
                 bob.subscribe(session_id) as bob_events,
             ):
                 turn = await alice.prompt(session_id, "hello")
-                assert turn == {"turn_id": "t1", "queued": False}
+                assert turn == {"turn_id": "t1", "queued": False, "held": None}
                 await next_event(alice_events, "message.delta")
                 receipt = await alice.cancel(session_id, reason="user")
                 assert receipt["success"] is True and receipt["outcome"] == "cancelled"
@@ -184,6 +184,7 @@ async def test_prompt_cancel_is_terminate_then_respond_and_fans_out() -> None:
                     "turn_id": None,
                     "recycles": 0,
                     "recycle_reason": None,
+                    "held": None,
                 }
 
 
