@@ -89,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except BackendError as exc:
                 print(f"agent-supervisor acp: {exc}", file=sys.stderr)
                 return 2
+        elif args.command in ("pause", "resume"):
+            return _operator(args)
         elif args.command == "node":
             from supervisor.node.daemon import main_node
 
@@ -209,12 +211,74 @@ def _parser() -> argparse.ArgumentParser:
     acp.add_argument(
         "--session", metavar="ID", help="with --connect: every session/new joins this session"
     )
+    _add_operator_parsers(commands)
     from supervisor.node.daemon import add_node_parser
 
     add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
     return parser
+
+
+def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``pause`` and ``resume``: an operator's actions on a running gateway."""
+    pause = commands.add_parser(
+        "pause",
+        help="pause all: no new turn starts in any session of a running gateway (prompts wait)",
+    )
+    pause.add_argument(
+        "--deadline",
+        type=float,
+        metavar="S",
+        help="cancel the turns still running S seconds from now (default: they finish)",
+    )
+    resume = commands.add_parser(
+        "resume", help="resume all: the prompts a pause held start, in order"
+    )
+    for command in (pause, resume):
+        command.add_argument(
+            "--url",
+            help="the gateway: the `ready` URL of serve (its ?token= is used), default"
+            " $AGENT_SUPERVISOR_URL or http://127.0.0.1:8765/",
+        )
+        command.add_argument(
+            "--token-file",
+            metavar="PATH",
+            help=f"read the token from PATH (else the URL's, else ${TOKEN_VARIABLE})",
+        )
+        command.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from supervisor.clients.operator import OperatorError, default_url, run_operator, token_for
+
+    deadline_s: float | None = getattr(args, "deadline", None)
+    if deadline_s is not None and not (0 <= deadline_s < float("inf")):
+        print("agent-supervisor: --deadline takes seconds, 0 or more", file=sys.stderr)
+        return 2
+    url = args.url or default_url()
+    try:
+        from_file = read_token_file(args.token_file) if args.token_file else None
+        token = token_for(url, from_file, os.environ)
+    except (ConfigError, OperatorError) as exc:
+        print(f"agent-supervisor {args.command}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trio.run(
+            partial(
+                run_operator,
+                args.command,
+                url,
+                token,
+                sys.stdout,
+                deadline_s=deadline_s,
+                as_json=args.json,
+            )
+        )
+    except OperatorError as exc:
+        print(f"agent-supervisor {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 class _Printer:
