@@ -605,6 +605,12 @@ class AcpAgentSide:
         elif isinstance(event, ev.TurnStalled):
             text = f"the agent said nothing for {event.silent_s:.0f} s: stopping the turn"
             out.send.append(self._notice(session_id, text, "stalled"))
+        elif isinstance(event, ev.SessionHeld):
+            if event.held is not None:
+                text = f"the supervisor is {event.held}: prompts wait until it is resumed"
+            else:
+                text = "the supervisor is resumed: waiting prompts start in order"
+            out.send.append(self._notice(session_id, text, event.held or "resumed"))
         elif isinstance(event, ev.ErrorEvent) and event.code == "resume_failed":
             text = f"the agent could not resume its session, it starts afresh: {event.message}"
             out.send.append(self._notice(session_id, text, "resume_failed"))

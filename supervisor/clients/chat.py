@@ -659,6 +659,11 @@ class ChatCore:
                 self._session_over = f"session failed: {_clean(event.detail or 'no detail')}"
             elif event.state == "stopped":
                 self._session_over = "the session was stopped"
+        elif isinstance(event, ev.SessionHeld):
+            if event.held is not None:
+                self._status(f"the supervisor is {event.held}: prompts wait until it is resumed")
+            else:
+                self._status("the supervisor is resumed: waiting prompts start in order")
         elif isinstance(event, ev.AgentExited):
             if not event.expected:
                 how = f"code {event.exit_code}" if event.exit_code is not None else "a signal"

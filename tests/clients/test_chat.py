@@ -149,6 +149,14 @@ def test_bidi_controls_from_the_wire_do_not_reorder_the_screen() -> None:
     assert core.take_output() == "rm txt.exe done x\nerror: ab\n"
 
 
+def test_a_pause_and_the_resume_are_status_lines() -> None:
+    core = ChatCore(interactive=False, color=False)
+    core.feed(ev.SessionHeld(held="paused"))
+    assert "the supervisor is paused: prompts wait until it is resumed" in core.take_output()
+    core.feed(ev.SessionHeld(held=None))
+    assert "resumed: waiting prompts start in order" in core.take_output()
+
+
 def test_typing_while_a_turn_runs_steers_it_unechoed() -> None:
     core = ChatCore(interactive=True, color=False)
     core.start("fake")

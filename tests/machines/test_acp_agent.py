@@ -282,6 +282,16 @@ def test_a_refused_resume_is_told_once() -> None:
     assert m.event("R", ev.SessionState(state="ready")).send == []  # resumed: nothing to say
 
 
+def test_a_pause_and_the_resume_are_told_as_notices() -> None:
+    m = machine()
+    (held,) = m.event("S", ev.SessionHeld(held="paused", deadline_s=30.0)).send
+    update = held["params"]["update"]
+    assert update["_meta"]["agentSupervisor"]["notice"] == "paused"
+    assert "prompts wait until it is resumed" in update["content"]["text"]
+    (released,) = m.event("S", ev.SessionHeld(held=None)).send
+    assert released["params"]["update"]["_meta"]["agentSupervisor"]["notice"] == "resumed"
+
+
 def test_a_request_with_a_wrong_jsonrpc_version_is_refused_under_its_own_id() -> None:
     m = machine()
     for version in ("1.0", 2, None):
