@@ -81,31 +81,45 @@ async def test_a_node_session_is_held_and_a_dropped_link_loses_no_pause(nodes: P
                 await nursery.start(recorder.run)
                 status = await sup.pause()
                 assert status.held == (session.id,) and status.pending == ()
-                handle = await session.prompt("hello words=3 fast")
-                assert (handle.queued, handle.held) == (True, "paused")
+                first = await session.prompt("hello words=3 fast")
+                assert (first.queued, first.held) == (True, "paused")
                 # The node answers a prompt after the events before it: had it started the
                 # turn, the mirror would have its turn.started by now.
                 assert session.turn_id is None and started(recorder) == []
                 await recorder.wait_kind("session.held", held="paused")
                 assert [s.held for s in sup.list()] == ["paused"]
 
-                # The link drops; the pause is told again before anything else goes through.
-                transport = session.link.process
-                assert transport is not None
-                transport.send_signal(signal.SIGKILL)
-                await sup.pause()  # (down, or found down: the resubscription tells it)
+                # The link drops, and the resume finds it down: the node is told once it is
+                # back, and the held prompt runs.
+                drop(session)
+                status = await sup.resume()
+                assert not status.paused and status.pending == (session.id,)
+                ended = await recorder.wait_kind("turn.ended", turn_id=first.id)
+                assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+
+                # It drops again, and the pause finds it down: told on the new connection
+                # before the next prompt goes through it.
+                drop(session)
+                status = await sup.pause()
+                assert status.paused and status.pending == (session.id,)
                 second = await session.prompt("again words=3 fast")
                 assert (second.queued, second.held) == (True, "paused")
-                assert session.turn_id is None and started(recorder) == []
+                assert session.turn_id is None and started(recorder) == [first.id]
 
                 await sup.resume()
-                for turn_id in (handle.id, second.id):
-                    ended = await recorder.wait_kind("turn.ended", turn_id=turn_id)
-                    assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
-                assert started(recorder) == [handle.id, second.id]
-                assert session.link.connects == 2
+                ended = await recorder.wait_kind("turn.ended", turn_id=second.id)
+                assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
+                assert started(recorder) == [first.id, second.id]
+                assert session.link.connects == 3
                 recorder.check_invariants()
                 nursery.cancel_scope.cancel()
+
+
+def drop(session: RemoteSession) -> None:
+    """Kill the link's transport process (the node and its session live on)."""
+    transport = session.link.process
+    assert transport is not None
+    transport.send_signal(signal.SIGKILL)
 
 
 async def test_at_the_deadline_the_node_stops_the_running_turn_with_reason_paused(
