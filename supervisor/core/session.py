@@ -418,18 +418,22 @@ class SessionCore:
         self.emit(self.paused.event(self._io.now(), len(self.queue)))
         self.start_next()
 
+    def _pause_applies(self, turn: Turn) -> bool:
+        """The pause's deadline is ``turn``'s: held, and the turn simply runs (no cancel, no
+        stop) on a live agent; else it is not looked at (a stop under way ends it anyway)."""
+        return (
+            self.paused.held
+            and turn.cancel is None
+            and self.state is State.RUNNING
+            and not self.life.stopping
+            and self.agent.machine is not None
+        )
+
     def _pause_check(self, now: float) -> None:
         """The pause's deadline came: a turn that still simply runs is stopped through the
         ladder; the queue is kept (those prompts run once the pause is released)."""
         turn = self.turn
-        if (
-            turn is None
-            or turn.cancel is not None
-            or not self.paused.due(now)
-            or self.state is not State.RUNNING
-            or self.life.stopping
-            or self.agent.machine is None
-        ):
+        if turn is None or not self.paused.due(now) or not self._pause_applies(turn):
             return
         self.begin_cancel(
             turn,
@@ -827,7 +831,7 @@ class SessionCore:
                     if turn.watch.heard:
                         turn.watch.note_time(self._io.now())
                     deadline = turn.watch.stall_at
-                if self.paused.held:
+                if self._pause_applies(turn):
                     deadline = min(deadline, self.paused.deadline)
             steers = turn.steers
             if steers is not None and steers.pending:

@@ -241,3 +241,17 @@ def test_a_pause_of_an_ended_session_is_nothing() -> None:
     core.pause(math.inf)
     core.resume()
     assert held_events(io) == [] and core.state is State.STOPPED
+
+
+def test_a_deadline_that_passes_during_a_stop_is_not_a_deadline_of_the_core() -> None:
+    core, io, agent = acp_session()
+    agent.start()
+    core.prompt("job", ())
+    agent.answer()
+    core.life.stop(Slot())  # the stop ends the turn with the agent: nothing for the pause to do
+    core.pause(5.0)
+    io.clock = 10.0
+    assert core.next_deadline() > io.clock  # else the actor would wake for it, at once, again
+    sent = len(io.sent)
+    core.deadline_passed()
+    assert len(io.sent) == sent and core.turn is not None and core.turn.cancel is None
