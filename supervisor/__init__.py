@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         SessionNotFound,
         SupervisorError,
     )
+    from supervisor.pausing import PauseStatus
     from supervisor.receipt import CancelReceipt, DroppedPrompt
     from supervisor.runtime.handle import SessionHandle
     from supervisor.runtime.session import Session, SessionSummary, Subscription, TurnHandle
@@ -45,6 +46,7 @@ _EXPORTS = {
     "SupervisorError": "supervisor.errors",
     "CancelReceipt": "supervisor.receipt",
     "DroppedPrompt": "supervisor.receipt",
+    "PauseStatus": "supervisor.pausing",
     "Session": "supervisor.runtime.session",
     "SessionHandle": "supervisor.runtime.handle",
     "SteerResult": "supervisor.steering",
@@ -63,6 +65,7 @@ __all__ = [
     "CancelReceipt",
     "ConfigError",
     "DroppedPrompt",
+    "PauseStatus",
     "Session",
     "SessionHandle",
     "SessionNotFound",

@@ -350,7 +350,7 @@ class Supervisor:
         return status
 
     async def pause(self, deadline_s: float | None = None) -> PauseStatus:
-        """Pause all: from now on no new turn starts in any session, this one's or one started
+        """Pause all: from now on no new turn starts in any session, running now or started
         later, until :meth:`resume`. A prompt is accepted and queued, its answer saying
         ``held: "paused"``; turns already running go on, and those still running
         ``deadline_s`` seconds from now are cancelled through the ladder (``reason:
