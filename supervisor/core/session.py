@@ -831,7 +831,7 @@ class SessionCore:
                     if turn.watch.heard:
                         turn.watch.note_time(self._io.now())
                     deadline = turn.watch.stall_at
-                if self._pause_applies(turn):
+                if self.paused.held and self._pause_applies(turn):  # (a call only when held)
                     deadline = min(deadline, self.paused.deadline)
             steers = turn.steers
             if steers is not None and steers.pending:
