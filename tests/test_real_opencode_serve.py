@@ -80,6 +80,11 @@ AGENT = AGENTS["opencode"]  # the same package and setup as ``opencode acp``
 BOUND_S = 120.0
 #: Fresh servers (f) may take before its abort lands inside the model lookup (~7 in 8 do).
 EARLY_ABORT_ATTEMPTS = 4
+#: (f)'s grace: an abort inside the fresh server's model lookup takes effect once the lookup is
+#: over, 1-4 s here under eight busy loops: past the default grace (GRACE_S), and a stop taken
+#: for a refusal is killed. What (f) looks at comes after the stop; this grace only has to tell
+#: a stop from none.
+EARLY_ABORT_GRACE_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +336,7 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
             async with serve_session(
                 tmp_path / f"attempt-{attempt}",
                 opencode_install,
+                grace_s=EARLY_ABORT_GRACE_S,
                 config={"agent": {"title": {"disable": True}}},
             ) as h:
                 first = await h.session.prompt("quick")
