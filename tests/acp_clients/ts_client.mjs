@@ -6,6 +6,7 @@
 //
 // Prints one JSON line: what the scenario saw. Every wait is bounded by the caller's timeout.
 import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import { Readable, Writable } from "node:stream";
 
 const [sdkEntry, scenario, argvJson, cwdArg] = process.argv.slice(2);
@@ -284,10 +285,11 @@ scenarios.real = async (argv) => {
     state.updates.length = 0;
     const turn = prompt(ctx, sessionId, "stream");
     // An agent that sends nothing while its model streams (Amp's CLI says a message once it is
-    // whole) is cancelled a while after its prompt instead: its server says it was streaming.
-    const after = Number(process.env.ACP_TEST_CANCEL_AFTER_MS || 0);
-    if (after) {
-      await new Promise((resolve) => setTimeout(resolve, after));
+    // whole) is cancelled once the test, which watches its server, has made the file
+    // ACP_TEST_CANCEL_WHEN: the server is streaming (polled: the test has no line to us).
+    const when = process.env.ACP_TEST_CANCEL_WHEN;
+    if (when) {
+      while (!existsSync(when)) await new Promise((resolve) => setTimeout(resolve, 20));
     } else {
       await nextUpdate(state, (u) => u.sessionUpdate === "agent_message_chunk");
     }

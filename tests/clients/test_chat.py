@@ -321,6 +321,9 @@ async def chat_in_pty(*args: str) -> AsyncIterator[Terminal]:
 
 @pytest.fixture
 def config(tmp_path: Path) -> str:
+    """The demo agent, and one that ignores cancels. A turn a test stops asks for
+    ``words=10000`` (five minutes at 0.03 s a word): it cannot end by itself before the stop,
+    however late a loaded machine lets the stop come."""
     demo = [
         sys.executable,
         "-m",
@@ -349,7 +352,7 @@ async def test_esc_stops_the_turn_and_the_next_one_completes(config: str) -> Non
         await terminal.expect(r"› ")
         modes = terminal.local_modes()
         assert not modes & termios.ECHO and not modes & termios.ICANON  # cbreak while chatting
-        await terminal.send(b"tell me about supervisors\r")
+        await terminal.send(b"tell me about supervisors words=10000\r")
         await terminal.expect(r"Hello! I am the demo")
         await terminal.send(b"\x1b")
         await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
@@ -365,7 +368,7 @@ async def test_esc_stops_the_turn_and_the_next_one_completes(config: str) -> Non
 async def test_ctrl_c_stops_the_turn_and_a_second_one_quits(config: str) -> None:
     async with chat_in_pty("--agent", "demo", "--config", config) as terminal:
         await terminal.expect(r"› ")
-        await terminal.send(b"count to forty\r")
+        await terminal.send(b"count to forty words=10000\r")
         await terminal.expect(r"Hello! I am")
         await terminal.send(b"\x03")  # ISIG: the line discipline sends SIGINT
         await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
@@ -379,7 +382,7 @@ async def test_ctrl_c_stops_the_turn_and_a_second_one_quits(config: str) -> None
 async def test_a_stubborn_agent_is_killed_after_its_grace_and_resumed(config: str) -> None:
     async with chat_in_pty("--agent", "stubborn", "--config", config) as terminal:
         await terminal.expect(r"› ")
-        await terminal.send(b"refactor the parser\r")
+        await terminal.send(b"refactor the parser words=10000\r")
         await terminal.expect(r"Hello! I am")
         await terminal.send(b"\x1b")
         await terminal.expect(r"■ Killed after 1\.0 s grace, session resumed\n› ")
@@ -404,7 +407,7 @@ async def test_permission_answered_with_y_lets_the_turn_complete(config: str) ->
 async def test_steer_the_running_turn_from_the_terminal(config: str) -> None:
     async with chat_in_pty("--agent", "demo", "--config", config) as terminal:
         await terminal.expect(r"› ")
-        await terminal.send(b"tell me a long story words=400\r")
+        await terminal.send(b"tell me a long story words=10000\r")
         await terminal.expect(r"Hello! I am the demo")
         await terminal.send(b"make it short")
         await terminal.expect(r"steering the running turn")
@@ -436,7 +439,7 @@ async def test_remote_chat_through_a_gateway(config: str) -> None:
         url = match.group(1).decode()
         async with chat_in_pty("--url", url) as terminal:
             await terminal.expect(r"› ")
-            await terminal.send(b"hello over the wire\r")
+            await terminal.send(b"hello over the wire words=10000\r")
             await terminal.expect(r"Hello! I am the demo")
             await terminal.send(b"\x1b")
             await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
@@ -452,7 +455,7 @@ async def test_piped_stdin_is_read_as_lines(config: str) -> None:
     with trio.fail_after(EXPECT_S):
         process = await trio.run_process(
             [sys.executable, "-m", "supervisor.cli", "chat", "--config", config],
-            stdin=b"hello\n/stop\nagain words=2\n",
+            stdin=b"hello words=10000\n/stop\nagain words=2\n",
             capture_stdout=True,
             capture_stderr=True,
             cwd=ROOT,

@@ -10,7 +10,9 @@ Words in the prompt script one turn:
 
 ``wedged``        ignore ``turn/interrupt`` (never answered, never obeyed)
 ``stale``         the ``turn/start`` reply names a phantom turn; another id runs (edge case 8)
-``late-started``  ``turn/started`` 0.3 s after the reply: an interrupt before it is rejected
+``late-started``  ``turn/started`` only 0.3 s after an interrupt was rejected (nothing runs
+                  before it), so the client's interrupt always comes too early, and its retry
+                  is accepted only if it waited for ``turn/started``
 ``approval``      ask ``item/commandExecution/requestApproval`` before the second word
 ``terminal``      start a "background terminal" (a sleeping child in its own session) that
                   survives ``turn/interrupt`` and dies on ``thread/backgroundTerminals/clean``
@@ -79,6 +81,8 @@ class FakeCodex:
         self.experimental = False
         self.thread_id: str | None = None
         self.active: Running | None = None
+        #: set when an interrupt came while no turn ran (what a ``late-started`` turn waits for)
+        self.refused = trio.Event()
         self.next_request = 0
         self.answers: dict[Any, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.terminals: list[subprocess.Popen[bytes]] = []
@@ -217,6 +221,7 @@ class FakeCodex:
         if active is None:
             log(f"interrupt {turn_id} rejected: no active turn to interrupt")
             self.error(request_id, "no active turn to interrupt")
+            self.refused.set()
         elif turn_id != active.real_id:
             log(f"interrupt {turn_id} rejected: stale, {active.real_id} is running")
             self.error(request_id, f"expected active turn id {turn_id} but found {active.real_id}")
@@ -256,7 +261,9 @@ class FakeCodex:
         if reply_delay:
             await trio.sleep(reply_delay)
         late = "late-started" in words
-        if not late:
+        if late:
+            self.refused = trio.Event()
+        else:
             self.active = running
         self.reply(
             request_id, {"turn": {"id": named, "status": "inProgress", "items": [], "error": None}}
@@ -265,7 +272,8 @@ class FakeCodex:
         status = "completed"
         with running.scope:
             if late:
-                await trio.sleep(LATE_STARTED_S)
+                await self.refused.wait()
+                await trio.sleep(LATE_STARTED_S)  # time for a retry that did not wait
                 self.active = running
             self.notify(
                 "turn/started",

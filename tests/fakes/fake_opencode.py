@@ -56,6 +56,7 @@ import os
 import queue
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,6 +72,10 @@ LEFTOVER_S = 0.05
 CRASH_AFTER_WORDS = 3
 #: A flood waits while a subscriber has this many events queued (bounded memory).
 FLOOD_BACKLOG = 256
+#: The event stream's socket send buffer, fixed (as a pipe's 64 KiB is): left to TCP's
+#: autotuning it grows to megabytes on loopback, and a flood then lies that far ahead of the
+#: abort's events, bounded by nothing but how fast a loaded machine lets the client read.
+STREAM_SNDBUF = 64 * 1024
 ABORTED = {"name": "MessageAbortedError", "data": {"message": "Aborted"}}
 FAILED = {
     "name": "UnknownError",
@@ -477,6 +482,7 @@ class Handler(BaseHTTPRequestHandler):
             flag.touch()
             deadline = time.monotonic() + fake.drop_stream_once
         try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")

@@ -83,7 +83,12 @@ class FaultRecorder(Recorder):
         ) as subscription:
             task_status.started()
             async for event in subscription:
+                # With it, everything already buffered: taken one at a time (a checkpoint
+                # each), the recorder let a flooding session publish ~40 events for each one
+                # it took, and a cell then spent minutes on a loaded machine reading the flood
+                # it had fallen behind on.
                 self.events.append(event)
+                self.events.extend(subscription.take(subscription.pending))
                 self._changed.set()
                 self._changed = trio.Event()
             assert not subscription.lagged, "the recorder fell behind"

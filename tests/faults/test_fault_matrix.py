@@ -58,8 +58,8 @@ pytestmark = pytest.mark.real_process
 
 #: Grace for cells that end in a kill (the wait is the cost of the cell) and for cells whose
 #: agent stops by itself (never waited for in full; long, so a loaded machine cannot turn a
-#: cooperative stop into a kill: an OpenCode flood has ~1.5 MB of events in the loopback
-#: socket buffers when the abort lands, 0.3 s to drain here when idle, over 3 s under load).
+#: cooperative stop into a kill: an OpenCode flood has up to ~1 MB of events in our end of the
+#: loopback socket when the abort lands, 0.3 s to drain here when idle, up to ~4 s under load).
 KILL_GRACE = 0.5
 COOPERATIVE_GRACE = 10.0
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-import trio
 
+from fakes.fake_codex import LATE_STARTED_S
 from helpers import Recorder, process_session
 from paths import TESTS
 from protocols import events as ev
@@ -117,11 +117,13 @@ async def test_stale_turn_id_is_retried_against_the_running_turn(tmp_path: Path)
 
 async def test_interrupt_before_turn_started_is_retried(tmp_path: Path) -> None:
     async with codex_session(tmp_path) as (session, rec):
+        # The fake starts the turn only after it has rejected an interrupt: whether ours goes
+        # out with the turn/start reply or after it, it comes before turn/started.
         await session.prompt("late-started words=10000")
-        await trio.sleep(0.1)  # the turn/start reply is in; turn/started comes at 0.3 s
         receipt = await session.cancel()
         assert receipt.outcome == "cancelled" and receipt.escalation == ["interrupt"]
-        assert 100 <= receipt.elapsed_ms < GRACE * 1000  # it waited for turn/started
+        assert receipt.elapsed_ms >= LATE_STARTED_S * 1000  # it waited for turn/started
+        assert receipt.elapsed_ms < GRACE * 1000
         await rec.wait_for(interrupt_accepted)
         decisions = [
             line for line in stderr_lines(rec) if line.startswith("fake-codex: interrupt ")

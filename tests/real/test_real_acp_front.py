@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from acp_harness import check_wire, run_ts
 from acp_harness import schema as schema  # the fixture
@@ -145,6 +146,11 @@ async def test_an_image_in_the_prompt_reaches_the_model(
     check_wire(tmp_path / "wire", schema)
 
 
+async def say_when_streaming(server: FakeAmp, flag: Path) -> None:
+    await server.wait_for(lambda t: t.scenario == "stream" and t.tokens_sent >= 3)
+    flag.touch()
+
+
 @pytest.mark.parametrize("key", sorted(AGENTS))
 async def test_real_agent_through_the_front_door(
     key: str, tmp_path: Path, schema: AcpSchema
@@ -160,16 +166,23 @@ async def test_real_agent_through_the_front_door(
         with (FakeAmp if key == "amp" else FakeModel)(listener) as model:
             prepared = agent.prepare(installed.argv, tmp_path, model.base_url)
             config = front_config(spec_of(prepared, grace_s=GRACE_S), namespace, tmp_path)
-            result: dict[str, Any] = await run_ts(
-                tmp_path,
-                "real",
-                "--config",
-                os.fspath(config),
-                "--agent",
-                key,
-                cwd=os.fspath(prepared.cwd),
-                env={"ACP_TEST_CANCEL_AFTER_MS": "3000"} if key == "amp" else None,
-            )
+            streaming = tmp_path / "streaming"
+            async with trio.open_nursery() as nursery:
+                if isinstance(model, FakeAmp):
+                    # Amp's CLI prints nothing while its server streams: the client cancels
+                    # once this file says the server does.
+                    nursery.start_soon(say_when_streaming, model, streaming)
+                result: dict[str, Any] = await run_ts(
+                    tmp_path,
+                    "real",
+                    "--config",
+                    os.fspath(config),
+                    "--agent",
+                    key,
+                    cwd=os.fspath(prepared.cwd),
+                    env={"ACP_TEST_CANCEL_WHEN": os.fspath(streaming)} if key == "amp" else None,
+                )
+                nursery.cancel_scope.cancel()
             if isinstance(model, FakeAmp):
                 # Amp says nothing until a message is whole: its server says it was streaming
                 # when the cancel came, and that the turn was cancelled, not finished.

@@ -79,6 +79,8 @@ SHORT_GRACE_S = 1.0
 CLOCK_TICK_S = 0.01
 #: The binary, as it shows in a process's command line.
 AMP_BINARY = "cli-linux-x64/amp"
+#: What Amp reports of a shell command a signal ended: it had no exit code, and printed nothing.
+KILLED_TOOL_RESULT = {"status": "done", "result": {"output": "", "exitCode": -1}}
 
 
 #: The tests' own stdio MCP server.
@@ -342,6 +344,7 @@ async def test_cancel_while_the_shell_tool_runs(open_amp: Any) -> None:
             leaf = scenarios.TOOL_LEAF
             tools = await scenarios.sample_until(lambda: tool_processes(h, leaf))
             await trio.sleep(scenarios.RUNNING_FOR_S)  # as a person would, a while later
+            cancelled_at = time.monotonic()
             receipt = await h.session.cancel()
             alive_at_receipt = [p for p in tools if is_alive(p)]
             assert alive_at_receipt == [], [p.cmdline() for p in alive_at_receipt]
@@ -351,8 +354,17 @@ async def test_cancel_while_the_shell_tool_runs(open_amp: Any) -> None:
             assert stopped.tool_call is not None and stopped.tool_call["args"] == {
                 "command": LONG_TOOL_COMMAND
             }
-            assert stopped.tool_result is None  # the command never finished
-            row(h, "shell", receipt, [f"tool_procs={len(tools)}"])
+            # The command never finished by itself. The cancel's SIGINT reaches the tool too
+            # (Amp runs it in a session of its own, beyond a terminal's Ctrl-C): when Amp sees
+            # it die before it handles its own SIGINT, it reports the death (no exit code: -1)
+            # beside its client_cancel; otherwise it reports nothing.
+            if stopped.tool_result is not None:
+                assert stopped.tool_result == KILLED_TOOL_RESULT, h.server.describe()
+                assert stopped.tool_result_at is not None
+                assert stopped.tool_result_at > cancelled_at, h.server.describe()
+            assert stopped.outcome == "cancelled", h.server.describe()
+            death = f"tool_death_reported={stopped.tool_result is not None}"
+            row(h, "shell", receipt, [f"tool_procs={len(tools)}", death])
             await completes(h, "quick")
 
 

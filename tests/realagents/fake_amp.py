@@ -22,7 +22,10 @@ of these words in it): ``quick`` (a short answer at once, also the default), ``s
 ``delta`` every 200 ms for 60 s, the assistant message only at its end), ``shell`` (a ``Bash``
 call running :data:`TOOL_COMMAND`, which writes :data:`TOOL_MARKER` into the CLI's cwd: leased
 to the executor, its result logged, then a short answer), ``longshell`` (a ``Bash`` call
-running :data:`fake_model.SHELL_COMMAND`, 29.7 s, to be cancelled while it runs).
+running :data:`fake_model.SHELL_COMMAND`, 29.7 s, to be cancelled while it runs; after its
+result the answer streams as ``stream`` does, so the turn is still running when the CLI's
+``client_cancel`` comes even if the CLI reported the command's death by the cancel's signal
+first).
 
 A turn ends early on ``client_cancel`` (the CLI's word on SIGINT/SIGTERM), when the thread's
 last connection closes (a killed CLI; the real server's agent loop may go on without it, which
@@ -124,6 +127,7 @@ class Turn:
     tool_call: dict[str, Any] | None = None  # {"toolCallId", "toolName", "args"}
     tool_acked_at: float | None = None  # executor_tool_lease_ack
     tool_result: dict[str, Any] | None = None  # the ``run`` of executor_tool_result
+    tool_result_at: float | None = None
     steered_with: list[str] = attrs.field(factory=list)
     cancelled_at: float | None = None  # client_cancel came
     abandoned_at: float | None = None  # every connection of the thread closed
@@ -477,7 +481,11 @@ class _Running:
         call = self.turn.tool_call
         if call is None or call["toolCallId"] != tool_call_id:
             return
-        self.server._update(self.turn, tool_result=run if isinstance(run, dict) else {"run": run})
+        self.server._update(
+            self.turn,
+            tool_result=run if isinstance(run, dict) else {"run": run},
+            tool_result_at=time.monotonic(),
+        )
         self.tool_done.set()
 
     def interrupted(self) -> bool:
@@ -494,23 +502,11 @@ class _Running:
         self.state("working", message_id)
         text = ""
         if turn.scenario == "stream":
-            self.state("streaming", message_id)
-            end = time.monotonic() + STREAM_DURATION_S
-            while time.monotonic() < end and not self.stop.wait(STREAM_INTERVAL_S):
-                text += f"token{turn.tokens_sent + 1} "
-                self.server._update(turn, tokens_sent=turn.tokens_sent + 1)
-                thread.broadcast(
-                    "delta",
-                    {
-                        "messageId": message_id,
-                        "role": "assistant",
-                        "contentMode": "snapshot",
-                        "blocks": [{"type": "text", "text": text}],
-                        "state": "generating",
-                    },
-                )
+            text = self.stream(message_id)
         elif turn.scenario in ("shell", "longshell"):
             message_id = self.tool_round(message_id)
+            if turn.scenario == "longshell" and not self.interrupted():
+                text = self.stream(message_id)
         if self.interrupted():
             if text:
                 self.assistant(message_id, text, "cancelled")
@@ -520,7 +516,7 @@ class _Running:
             if self.steering:
                 text = STEERED_PREFIX + " | ".join(self.steering)
                 outcome = "steered"
-            elif turn.scenario in ("shell", "longshell"):
+            elif turn.scenario == "shell":
                 run = turn.tool_result or {}
                 result = run.get("result") if isinstance(run.get("result"), dict) else {}
                 text = f"{AFTER_TOOL_TEXT} {result.get('exitCode')}."
@@ -532,6 +528,28 @@ class _Running:
         self.state("idle", None)
         self.server._update(turn, ended_at=time.monotonic(), outcome=outcome)
         thread.turn_over()
+
+    def stream(self, message_id: str) -> str:
+        """A ``delta`` every STREAM_INTERVAL_S until the turn stops or STREAM_DURATION_S
+        pass; the text streamed."""
+        thread, turn = self.thread, self.turn
+        self.state("streaming", message_id)
+        text = ""
+        end = time.monotonic() + STREAM_DURATION_S
+        while time.monotonic() < end and not self.stop.wait(STREAM_INTERVAL_S):
+            text += f"token{turn.tokens_sent + 1} "
+            self.server._update(turn, tokens_sent=turn.tokens_sent + 1)
+            thread.broadcast(
+                "delta",
+                {
+                    "messageId": message_id,
+                    "role": "assistant",
+                    "contentMode": "snapshot",
+                    "blocks": [{"type": "text", "text": text}],
+                    "state": "generating",
+                },
+            )
+        return text
 
     def tool_round(self, message_id: str) -> str:
         """A shell call leased to the executor, its result added to the thread; the id of the
