@@ -78,6 +78,7 @@ _RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
     "details": (dict,),
     "survivors": (list,),
     "session_failed": (str, type(None)),
+    "timeline": (dict,),
 }
 
 
