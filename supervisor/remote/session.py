@@ -148,6 +148,10 @@ class RemoteSession:
         return self._seq
 
     @property
+    def fanout(self) -> Fanout:
+        return self._fanout
+
+    @property
     def turn_id(self) -> str | None:
         return self._turn_id
 
