@@ -48,17 +48,29 @@ INSTRUMENTATION: Final = "agent-supervisor"
 _NS: Final = "agent_supervisor."
 #: The ladder's steps, as their rung spans are named (the grace is the wait, not its end).
 _RUNG_NAMES: Final = {"grace_expired": "grace"}
+#: What each step of the ladder waits for, the first of these the timeline has: it starts
+#: when that happened (the cancel's start if none did).
+_KILLED_AFTER: Final = ("grace_expired", "turn_ended", "interrupt")
+_STARTS_AFTER: Final[Mapping[str, tuple[str, ...]]] = {
+    "permissions_cancelled": ("interrupt",),
+    "grace_expired": ("interrupt",),
+    "tools_killed": ("turn_ended",),
+    "containment_lost": _KILLED_AFTER,
+    "sigterm": _KILLED_AFTER,
+    "sigkill": _KILLED_AFTER,
+    "respawned": ("sigkill", "sigterm", "containment_lost", "agent_exited", *_KILLED_AFTER),
+    "resumed": ("respawned",),
+}
 #: The ``OTEL_TRACES_EXPORTER`` values this package builds an exporter for.
 _EXPORTERS: Final = ("otlp", "console")
 
 
 def rungs(escalation: list[str], timeline: Mapping[str, float]) -> list[tuple[str, float, float]]:
     """(name, start ms, end ms) of each rung the cancel took, from its receipt: a step ends
-    when the timeline says it was taken, and starts at the last thing before it (the previous
-    step, or the agent's answer or end); the interrupt runs until the agent answered it (where
-    the protocol says; else it has no length). The grace runs from the interrupt to its
-    expiry; the kill ladder's ``sigterm`` and ``sigkill`` both span the kill (it reports once)."""
-    times = sorted({ms for ms in timeline.values()})
+    when the timeline says it was taken, and starts when what it follows ended
+    (``_STARTS_AFTER``). The interrupt runs until the agent answered it (where its protocol
+    says: else it has no length); the kill ladder's ``sigterm`` and ``sigkill`` both span the
+    whole kill (it reports once, at its end)."""
     out: list[tuple[str, float, float]] = []
     for step in escalation:
         end = timeline.get(step)
@@ -68,11 +80,9 @@ def rungs(escalation: list[str], timeline: Mapping[str, float]) -> list[tuple[st
             answered = timeline.get("interrupt_answered")
             out.append(("interrupt", end, answered if answered is not None else end))
             continue
-        if step == "grace_expired":  # the whole wait, whatever the agent said meanwhile
-            start = timeline.get("interrupt", 0.0)
-        else:
-            start = max((ms for ms in times if ms < end), default=0.0)
-        out.append((_RUNG_NAMES.get(step, step), start, end))
+        after = _STARTS_AFTER.get(step, ())
+        start = next((timeline[name] for name in after if name in timeline), 0.0)
+        out.append((_RUNG_NAMES.get(step, step), min(start, end), end))
     return out
 
 
