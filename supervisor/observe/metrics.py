@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Histogram,
@@ -59,6 +58,10 @@ LATENCY_BUCKETS: Final = (
     10.0,
     30.0,
 )
+#: What ``GET /metrics`` answers: the text format every Prometheus reads, which is what
+#: ``generate_latest`` writes for names like ours (plain ASCII), and what prometheus-client's own
+#: servers answer a scraper that asks for nothing newer.
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 #: The states a session is counted in (each is given, 0 included: a series that vanishes
 #: reads as missing data, not as none).
 _STATES: Final = ("starting", "ready", "running", "cancelling", "stopped", "failed")
@@ -163,7 +166,7 @@ class Metrics:
         registry.register(_ScrapeTime(self))
 
     #: ``Content-Type`` of :meth:`render`'s bytes
-    content_type: Final = CONTENT_TYPE_LATEST
+    content_type: Final = CONTENT_TYPE
 
     def render(self) -> bytes:
         """The registry's metrics, as ``GET /metrics`` serves them."""

@@ -29,6 +29,7 @@ from protocols import events as ev
 from supervisor.config import ConfigError
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
 __all__ = [
@@ -220,7 +221,7 @@ def global_provider() -> TracerProvider | None:
     return provider
 
 
-def provider_from_env(environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
+def provider_from_env(environ: Mapping[str, str] = os.environ) -> SdkTracerProvider | None:
     """A tracer provider as the standard variables ask, for a process the CLI owns; None when
     they ask for none. ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``; ``otlp`` by
     default once ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is
