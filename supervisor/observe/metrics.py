@@ -159,6 +159,8 @@ class Metrics:
         #: the supervisor's sessions and links, read at a scrape (:meth:`watch`)
         self._sessions: Callable[[], Iterable[_Session]] = tuple
         self._links: Callable[[], Iterable[_Link]] = tuple
+        #: each step's child of the escalations counter, looked up once for every session
+        self._steps: dict[str, Any] = {}
         #: events published by sessions no longer listed (so the total never goes back)
         self.retired_events = 0
         self._watched = False
@@ -190,7 +192,7 @@ class Metrics:
         module docstring). Each label's child is looked up once."""
         turns: dict[str, Any] = {}
         cancels: dict[str, Any] = {}
-        escalations = self._escalations
+        steps = self._steps
         delivery = self._delivery.labels(protocol)
         stalls = self._stalls.labels(protocol)
         recycles = self._recycles.labels(protocol)
@@ -210,7 +212,10 @@ class Metrics:
                 histogram = cancels[outcome] = self._cancel.labels(protocol, outcome)
             histogram.observe(float(receipt.get("elapsed_ms", 0.0)) / 1000)
             for step in receipt.get("escalation", ()):
-                escalations.labels(step).inc()
+                counter = steps.get(step)
+                if counter is None:
+                    counter = steps[step] = self._escalations.labels(step)
+                counter.inc()
             answered = (receipt.get("timeline") or {}).get("interrupt_answered")
             if answered is not None:
                 delivery.observe(float(answered) / 1000)
