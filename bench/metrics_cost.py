@@ -21,8 +21,10 @@ receipt. So the two figures it could move:
 
 Also, since a shared machine's noise is larger than what is measured here, a count load does
 not move: the Python bytecodes the supervisor runs per cancel (``session.cancel()`` to its
-receipt, ``--counted`` rounds each side, in rounds of their own) and per streamed event (one
-run each side, ``--ops-words`` events), metrics on and off (``bench/opcount.py``).
+receipt, ``--counted`` rounds each side, in rounds of their own; the agent's words still in
+flight vary it by a few hundred) and per streamed event (one run each side, ``--ops-words``
+events), metrics on and off (``bench/opcount.py``); and what the observer itself runs for a
+cancel's ``turn.ended`` and for any other event (bytecodes, and microseconds warm).
 
 Left out: a scrape (``GET /metrics`` reads every session once, when Prometheus asks, every 15 s
 or so; not on any event's way). Usage: ``python -m bench.metrics_cost [--rounds 200]
@@ -32,10 +34,12 @@ or so; not on any event's way). Usage: ``python -m bench.metrics_cost [--rounds 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import tempfile
+import timeit
 from typing import Any
 
 import trio
@@ -43,6 +47,7 @@ import trio
 from bench.cancel_overhead import AGENT_ARGS, gateway_cancel, percentile, supervisor_cancel
 from bench.opcount import OpCount
 from bench.throughput import run_ours
+from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import connect
 from supervisor.gateway import Gateway
@@ -89,8 +94,8 @@ async def cancels(rounds: int, counted: int) -> dict[str, Any]:
                 for side in order:
                     await one(side, record=index >= 5)
             ops: dict[str, list[int]] = {side: [] for side in SIDES}
-            for _ in range(counted):  # untimed: tracing is slow
-                for side in SIDES:
+            for index in range(counted):  # untimed: tracing is slow
+                for side in SIDES if index % 2 == 0 else SIDES[::-1]:
                     count = OpCount()
                     await supervisor_cancel(sessions[side], count=count)
                     ops[side].append(count.ops)
@@ -153,10 +158,42 @@ async def throughput(words: int, repeats: int, ops_words: int) -> dict[str, Any]
     return result
 
 
+def observer_cost() -> dict[str, Any]:
+    """What the observer runs for one event: a cancel's ``turn.ended`` (its receipt counted:
+    the turn, the latency, a step, the delivery) and a ``session.state`` (looked up, not
+    counted)."""
+    observe = Metrics().observer("codex")
+    receipt = {
+        "outcome": "cancelled",
+        "escalation": ["interrupt"],
+        "stop_reason": "interrupted",
+        "elapsed_ms": 3.0,
+        "timeline": {"interrupt": 0.0, "interrupt_answered": 1.0, "turn_ended": 3.0},
+    }
+    events = {
+        "turn_ended": ev.TurnEnded(turn_id="t1", outcome="cancelled", receipt=receipt),
+        "state": ev.SessionState(state="ready"),
+    }
+    result: dict[str, Any] = {}
+    for name, event in events.items():
+        observe(event)  # its label children made
+        count = OpCount()
+        with count:
+            observe(event)
+        result[f"observer_{name}_ops"] = count.ops
+        times = timeit.repeat(functools.partial(observe, event), number=10_000, repeat=5)
+        result[f"observer_{name}_us"] = min(times) / 10_000 * 1e6
+    return result
+
+
 async def main(
     rounds: int, words: int, repeats: int, counted: int, ops_words: int
 ) -> dict[str, Any]:
-    return {**await cancels(rounds, counted), **await throughput(words, repeats, ops_words)}
+    return {
+        **await cancels(rounds, counted),
+        **await throughput(words, repeats, ops_words),
+        **observer_cost(),
+    }
 
 
 def report(f: dict[str, Any]) -> None:
@@ -197,6 +234,11 @@ def report(f: dict[str, Any]) -> None:
         f"    Python bytecodes per streamed event ({f['ops_words']} events): off"
         f" {f['throughput_off_ops_per_event']:.1f}, on {f['throughput_on_ops_per_event']:.1f},"
         f" ratio {f['throughput_ops_ratio']:.3f}"
+    )
+    print(
+        f"  the observer itself, warm: a cancel's turn.ended {f['observer_turn_ended_ops']}"
+        f" bytecodes, {f['observer_turn_ended_us']:.2f} us; any other event"
+        f" {f['observer_state_ops']} bytecodes, {f['observer_state_us']:.3f} us"
     )
 
 

@@ -1,6 +1,6 @@
 """What an operator scrapes: the supervisor's metrics, in the Prometheus text format.
 
-:class:`Metrics` wraps a ``prometheus_client`` :class:`~prometheus_client.CollectorRegistry`
+:class:`Metrics` puts them in a ``prometheus_client`` :class:`~prometheus_client.CollectorRegistry`
 (``open_supervisor(metrics=Metrics())``; the gateway serves it at ``GET /metrics``). Two kinds
 of figures, each got the cheapest way it can be (``design/observe.md`` says why):
 
@@ -8,11 +8,15 @@ of figures, each got the cheapest way it can be (``design/observe.md`` says why)
   session's fan-out publishes): turns by outcome, cancels and the time they took (the receipt
   ``turn.ended`` carries), the ladder's steps, the interrupt's delivery (the receipt's
   ``timeline``), stalls, recycles, memory-limit stops. They agree with what every client sees
-  because they are made from the very events clients get. The observer looks at an event's
-  class and returns for all but five kinds: a stream's runs never reach it.
-- **Read at scrape time** (:class:`_ScrapeTime`, a custom collector): sessions by state, the
-  bytes their histories hold, subscribers, events published, what a node's front has not
-  acknowledged, each host's link. Nothing is updated per event for them.
+  because they are made from the very events clients get. The observer looks up an event's
+  class and returns for all but four kinds (a stream's runs never reach it); what it counts is
+  plain integers and floats (:class:`_Latencies`, dicts of counts), not prometheus-client's
+  metric objects: a cancel's ``turn.ended`` is counted on its way to the receipt, where their
+  locks and checks cost several times as much.
+- **Read at scrape time** (:class:`_Collector`, prometheus-client's custom collector): those
+  counts, and sessions by state, the bytes their histories hold, subscribers, events published,
+  what a node's front has not acknowledged, each host's link. Nothing is updated per event for
+  these.
 
 Every metric is listed, with its labels and what it leaves out, in ``docs/metrics.md``.
 """
@@ -20,23 +24,25 @@ Every metric is listed, with its labels and what it leaves out, in ``docs/metric
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from itertools import accumulate
 from typing import Any, Final, Protocol
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    ProcessCollector,
-    generate_latest,
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from protocols import events as ev
 from supervisor.receipt import REASON_MEMORY_LIMIT
 from supervisor.runtime.fanout import Fanout
 
-__all__ = ["LATENCY_BUCKETS", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LATENCY_BUCKETS", "Metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,8 @@ LATENCY_BUCKETS: Final = (
     10.0,
     30.0,
 )
+#: Each bucket's ``le`` label, as Prometheus writes it, and the one that takes every value.
+_LE: Final = (*map(floatToGoString, LATENCY_BUCKETS), "+Inf")
 #: What ``GET /metrics`` answers: the text format every Prometheus reads, which is what
 #: ``generate_latest`` writes for names like ours (plain ASCII), and what prometheus-client's own
 #: servers answer a scraper that asks for nothing newer.
@@ -101,71 +109,60 @@ class _Link(Protocol):
     def rtt_s(self) -> float | None: ...
 
 
+class _Latencies:
+    """One histogram's series: how many values fell in each bucket (not cumulative: the last
+    takes what is above every bound), and their sum."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(_LE)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # the first bound >= it
+        self.sum += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        return list(zip(_LE, accumulate(self.counts), strict=True))
+
+
+class _Protocol:
+    """What the sessions of one protocol counted."""
+
+    __slots__ = ("cancels", "delivery", "memory", "recycles", "stalls", "turns")
+
+    def __init__(self) -> None:
+        #: by the turn's outcome
+        self.turns: dict[str, int] = {}
+        #: by the receipt's outcome
+        self.cancels: dict[str, _Latencies] = {}
+        self.delivery = _Latencies()
+        self.stalls = 0
+        self.recycles = 0
+        self.memory = 0
+
+
 class Metrics:
     """The supervisor's metrics in ``registry`` (a new one by default; give your own to serve
-    them beside your application's). One supervisor feeds it (``open_supervisor``)."""
+    them beside your application's). One supervisor feeds it (``open_supervisor``).
+    ``process``: the supervisor process's own CPU, memory and files (prometheus-client's)."""
 
     def __init__(self, registry: CollectorRegistry | None = None, *, process: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        registry = self.registry
-        self._cancel = Histogram(
-            "agent_supervisor_cancel_seconds",
-            "Cancel to receipt: a turn stopped through the ladder, until its turn.ended"
-            " carried the receipt",
-            ("protocol", "outcome"),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self._delivery = Histogram(
-            "agent_supervisor_interrupt_delivery_seconds",
-            "Cancel to the agent's answer to the interrupt (codex, claude, opencode: protocols"
-            " whose interrupt is a request)",
-            ("protocol",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self._turns = Counter(
-            "agent_supervisor_turns",
-            "Turns ended (turn.ended), by outcome",
-            ("protocol", "outcome"),
-            registry=registry,
-        )
-        self._escalations = Counter(
-            "agent_supervisor_escalations",
-            "Steps the cancel ladder took, as receipts list them",
-            ("step",),
-            registry=registry,
-        )
-        self._stalls = Counter(
-            "agent_supervisor_stalls",
-            "Turns the stall watchdog stopped (turn.stalled)",
-            ("protocol",),
-            registry=registry,
-        )
-        self._recycles = Counter(
-            "agent_supervisor_recycles",
-            "Agents restarted that nobody asked to (session.recycled: failing turns, memory)",
-            ("protocol",),
-            registry=registry,
-        )
-        self._memory = Counter(
-            "agent_supervisor_memory_limit_stops",
-            "Agents found over max_memory_mb (error events with code memory_limit)",
-            ("protocol",),
-            registry=registry,
-        )
-        if process:  # the supervisor's own CPU, memory and file descriptors, read at a scrape
-            ProcessCollector(registry=registry)
+        #: what each protocol's sessions counted, and the ladder's steps, all of them
+        self._protocols: dict[str, _Protocol] = {}
+        self._steps: dict[str, int] = {}
         #: the supervisor's sessions and links, read at a scrape (:meth:`watch`)
         self._sessions: Callable[[], Iterable[_Session]] = tuple
         self._links: Callable[[], Iterable[_Link]] = tuple
-        #: each step's child of the escalations counter, looked up once for every session
-        self._steps: dict[str, Any] = {}
         #: events published by sessions no longer listed (so the total never goes back)
         self.retired_events = 0
         self._watched = False
         self._failed = False  # an event could not be counted (logged once)
-        registry.register(_ScrapeTime(self))
+        if process:
+            ProcessCollector(registry=self.registry)
+        self.registry.register(_Collector(self))
 
     #: ``Content-Type`` of :meth:`render`'s bytes
     content_type: Final = CONTENT_TYPE
@@ -189,46 +186,48 @@ class Metrics:
 
     def observer(self, protocol: str) -> Callable[[ev.Event], None]:
         """The observer of one session of ``protocol``: counts what the events say (see the
-        module docstring). Each label's child is looked up once."""
-        turns: dict[str, Any] = {}
-        cancels: dict[str, Any] = {}
-        steps = self._steps
-        delivery = self._delivery.labels(protocol)
-        stalls = self._stalls.labels(protocol)
-        recycles = self._recycles.labels(protocol)
-        memory = self._memory.labels(protocol)
+        module docstring)."""
+        counted = self._protocols.get(protocol)
+        if counted is None:
+            counted = self._protocols[protocol] = _Protocol()
+        turns, cancels, delivery, steps = (
+            counted.turns,
+            counted.cancels,
+            counted.delivery,
+            self._steps,
+        )
 
         def turn_ended(event: ev.TurnEnded) -> None:
             outcome = event.outcome
-            counter = turns.get(outcome)
-            if counter is None:
-                counter = turns[outcome] = self._turns.labels(protocol, outcome)
-            counter.inc()
+            turns[outcome] = turns.get(outcome, 0) + 1
             receipt = event.receipt
             if receipt is None or receipt.get("stop_reason") == _DROPPED:
                 return
-            histogram = cancels.get(outcome)
-            if histogram is None:
-                histogram = cancels[outcome] = self._cancel.labels(protocol, outcome)
-            histogram.observe(float(receipt.get("elapsed_ms", 0.0)) / 1000)
+            latencies = cancels.get(outcome)
+            if latencies is None:
+                latencies = cancels[outcome] = _Latencies()
+            latencies.observe(float(receipt.get("elapsed_ms", 0.0)) / 1000)
             for step in receipt.get("escalation", ()):
-                counter = steps.get(step)
-                if counter is None:
-                    counter = steps[step] = self._escalations.labels(step)
-                counter.inc()
+                steps[step] = steps.get(step, 0) + 1
             answered = (receipt.get("timeline") or {}).get("interrupt_answered")
             if answered is not None:
                 delivery.observe(float(answered) / 1000)
 
+        def stalled(_: ev.TurnStalled) -> None:
+            counted.stalls += 1
+
+        def recycled(_: ev.SessionRecycled) -> None:
+            counted.recycles += 1
+
         def error(event: ev.ErrorEvent) -> None:
             if event.code == REASON_MEMORY_LIMIT:
-                memory.inc()
+                counted.memory += 1
 
         # What each kind counts; every other kind is one dict lookup.
         handlers: dict[type, Callable[[Any], None]] = {
             ev.TurnEnded: turn_ended,
-            ev.TurnStalled: lambda _: stalls.inc(),
-            ev.SessionRecycled: lambda _: recycles.inc(),
+            ev.TurnStalled: stalled,
+            ev.SessionRecycled: recycled,
             ev.ErrorEvent: error,
         }
 
@@ -246,9 +245,9 @@ class Metrics:
         return observe
 
 
-class _ScrapeTime:
-    """The figures read when scraped, from the sessions and links themselves: nothing is
-    updated on an event's way for them."""
+class _Collector:
+    """Every figure of ours, made when the registry is collected (a scrape): the counts the
+    observers kept, and what is read from the sessions and links themselves."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
@@ -257,6 +256,64 @@ class _ScrapeTime:
         return iter(())  # (names unknown to the registry's duplicate check: all ours)
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._counted()
+        yield from self._sessions()
+        yield from self._links()
+
+    def _counted(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        protocols = sorted(metrics._protocols.items())
+        cancel = HistogramMetricFamily(
+            "agent_supervisor_cancel_seconds",
+            "Cancel to receipt: a turn stopped through the ladder, until its turn.ended"
+            " carried the receipt",
+            labels=("protocol", "outcome"),
+        )
+        delivery = HistogramMetricFamily(
+            "agent_supervisor_interrupt_delivery_seconds",
+            "Cancel to the agent's answer to the interrupt (codex, claude, opencode: protocols"
+            " whose interrupt is a request)",
+            labels=("protocol",),
+        )
+        turns = CounterMetricFamily(
+            "agent_supervisor_turns",
+            "Turns ended (turn.ended), by outcome",
+            labels=("protocol", "outcome"),
+        )
+        stalls = CounterMetricFamily(
+            "agent_supervisor_stalls",
+            "Turns the stall watchdog stopped (turn.stalled)",
+            labels=("protocol",),
+        )
+        recycles = CounterMetricFamily(
+            "agent_supervisor_recycles",
+            "Agents restarted that nobody asked to (session.recycled: failing turns, memory)",
+            labels=("protocol",),
+        )
+        memory = CounterMetricFamily(
+            "agent_supervisor_memory_limit_stops",
+            "Agents found over max_memory_mb (error events with code memory_limit)",
+            labels=("protocol",),
+        )
+        for protocol, counted in protocols:
+            for outcome, count in sorted(counted.turns.items()):
+                turns.add_metric((protocol, outcome), count)
+            for outcome, latencies in sorted(counted.cancels.items()):
+                cancel.add_metric((protocol, outcome), latencies.buckets(), latencies.sum)
+            delivery.add_metric((protocol,), counted.delivery.buckets(), counted.delivery.sum)
+            stalls.add_metric((protocol,), counted.stalls)
+            recycles.add_metric((protocol,), counted.recycles)
+            memory.add_metric((protocol,), counted.memory)
+        steps = CounterMetricFamily(
+            "agent_supervisor_escalations",
+            "Steps the cancel ladder took, as receipts list them",
+            labels=("step",),
+        )
+        for step, count in sorted(metrics._steps.items()):
+            steps.add_metric((step,), count)
+        yield from (cancel, delivery, turns, steps, stalls, recycles, memory)
+
+    def _sessions(self) -> Iterator[Metric]:
         metrics = self._metrics
         states = dict.fromkeys(_STATES, 0)
         held = subscribers = unacknowledged = 0
@@ -293,6 +350,8 @@ class _ScrapeTime:
             "Events a node's sessions hold that their front has not acknowledged",
             value=unacknowledged,
         )
+
+    def _links(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
             "agent_supervisor_link_up", "1 while the link to a host's node is up", labels=("host",)
         )
@@ -301,7 +360,7 @@ class _ScrapeTime:
             "The last keepalive ping's round trip on the link to a host's node",
             labels=("host",),
         )
-        for link in list(metrics._links()):
+        for link in list(self._metrics._links()):
             host = link.host.name
             up.add_metric((host,), 1 if link.connected else 0)
             seconds = link.rtt_s
