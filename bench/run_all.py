@@ -37,7 +37,7 @@ BENCHMARKS = [
     ("scale", []),
     ("remote_cancel", ["--rounds", "50"]),
     ("remote_fairness", ["--k", "0,10,50", "--rounds", "100"]),
-    ("metrics_cost", ["--rounds", "200", "--words", "20000", "--repeats", "5"]),
+    ("metrics_cost", ["--rounds", "200", "--words", "100000", "--repeats", "7"]),
 ]
 
 
