@@ -37,6 +37,7 @@ BENCHMARKS = [
     ("scale", []),
     ("remote_cancel", ["--rounds", "50"]),
     ("remote_fairness", ["--k", "0,10,50", "--rounds", "100"]),
+    ("metrics_cost", ["--rounds", "200", "--words", "100000", "--repeats", "7"]),
 ]
 
 
@@ -62,6 +63,10 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
     ],
     "session_cost": [
         ("cgroup_light_owned_per_session_mb", "supervisor-owned memory per session (MB; <= 1)"),
+    ],
+    "metrics_cost": [
+        ("cancel_sup_ratio_p50", "cancel p50, metrics on/off (ratio; within 3 %)"),
+        ("throughput_ratio", "events/s, metrics on/off (ratio; within 3 %)"),
     ],
 }
 

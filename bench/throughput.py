@@ -81,6 +81,7 @@ from bench.transport_floor import Lines
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import websocket_url
 from supervisor.gateway import Gateway
+from supervisor.observe import Metrics
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import dumps
 from supervisor.wire.frames import text_frame as gateway_text_frame
@@ -339,17 +340,20 @@ async def run_ours(
     most: int,
     memory: bool,
     window: contextlib.AbstractContextManager[Any] | None = None,
+    metrics: bool = False,
 ) -> dict[str, Any]:
     """One run of ours; ``window``: a context (a bytecode count, a trace) around the flood,
-    from the prompt until the receivers reported."""
+    from the prompt until the receivers reported; ``metrics``: the supervisor keeps them
+    (``bench/metrics_cost.py``)."""
+    kept = Metrics() if metrics else None
     if memory:
         launcher = AcpLauncher(AcpBehaviour(flood=True, words=words))
         spec = AgentSpec(name="flood", protocol="acp", command=["in-memory"])
-        supervisor = open_supervisor(agents={"flood": spec}, launcher=launcher)
+        supervisor = open_supervisor(agents={"flood": spec}, launcher=launcher, metrics=kept)
         prompt = "go"
     else:
         spec = AgentSpec(name="flood", protocol="acp", command=LIGHT_AGENT)
-        supervisor = open_supervisor(agents={"flood": spec})
+        supervisor = open_supervisor(agents={"flood": spec}, metrics=kept)
         prompt = f"flood words={words}"
     async with supervisor as sup, trio.open_nursery() as nursery:
         gateway = Gateway(sup, port=0)

@@ -147,6 +147,7 @@ from protocols.content import Part
 from protocols.machine import (
     NOT_RESUMABLE,
     AgentProtocol,
+    InterruptAnswered,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -287,6 +288,8 @@ class ClaudeClient(AgentProtocol):
     _init_session_id: str | None = None
     _request_count: int = 0
     _requests: dict[str, str] = field(factory=dict)  # our control requests: id -> subtype
+    #: our interrupts not answered yet: request id -> the turn they stop
+    _interrupting: dict[str, str] = field(factory=dict)
     _turn_id: str | None = None
     _interrupt_sent: bool = False
     _init_in_turn: bool = False  # a system/init arrived since this turn's user message
@@ -490,6 +493,8 @@ class ClaudeClient(AgentProtocol):
         self._request_count += 1
         request_id = f"req_{self._request_count}_{self._new_hex()}"
         self._requests[request_id] = str(request["subtype"])
+        if request["subtype"] == "interrupt" and self._turn_id is not None:
+            self._interrupting[request_id] = self._turn_id
         return {"type": "control_request", "request_id": request_id, "request": request}
 
     def _on_control_response(self, message: dict[str, Any]) -> Step:
@@ -508,6 +513,7 @@ class ClaudeClient(AgentProtocol):
                 ]
             )
         failed = response.get("subtype") == "error"
+        interrupted = self._interrupting.pop(request_id, None)
         if subtype == "initialize":
             return self._on_initialized(response, failed)
         if subtype == "stop_task":
@@ -522,6 +528,8 @@ class ClaudeClient(AgentProtocol):
                 ]
             )
         # An acknowledgement (for interrupt: a receipt); the turn ends only with its result.
+        if interrupted is not None:
+            return Step(events=[InterruptAnswered(interrupted)])
         return Step()
 
     def _on_initialized(self, response: dict[str, Any], failed: bool) -> Step:

@@ -123,6 +123,7 @@ from protocols.jsonrpc import (
 )
 from protocols.machine import (
     AgentProtocol,
+    InterruptAnswered,
     SessionEstablished,
     StartFailed,
     SteerAnswered,
@@ -698,15 +699,15 @@ class CodexClient(AgentProtocol):
         return Step(send=[message])
 
     def _on_interrupt_answered(self, response: IncomingResponse[_Sent]) -> Step:
-        """``{}`` (possibly long after the turn ended) needs nothing; a rejection may retry."""
+        """``{}`` says the interrupt reached the turn (it comes as the turn aborts, possibly
+        long after it ended); a rejection may retry."""
         turn = self._turn
         sent = response.context
-        if (
-            response.error is None
-            or turn is None
-            or turn.turn_id != sent.turn_id
-            or turn.finishing is not None
-        ):
+        if response.error is None:
+            if turn is None or turn.turn_id != sent.turn_id:
+                return Step()
+            return Step(events=[InterruptAnswered(turn.turn_id)])
+        if turn is None or turn.turn_id != sent.turn_id or turn.finishing is not None:
             return Step()
         if sent.codex_turn_id is not None and sent.codex_turn_id in self._finished:
             # A goal turn we interrupted ended and the next was adopted (and interrupted).

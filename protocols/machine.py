@@ -26,6 +26,7 @@ __all__ = [
     "AgentExiting",
     "AgentProtocol",
     "Control",
+    "InterruptAnswered",
     "ModeSet",
     "Output",
     "PartialStep",
@@ -144,6 +145,17 @@ class TurnFinished(Control):
     error: str | None = None
     #: protocol facts worth a line in the receipt (e.g. background terminals cleaned)
     details: dict[str, Any] = field(factory=dict)
+
+
+@frozen
+class InterruptAnswered(Control):
+    """The agent answered the interrupt of turn ``turn_id``: it has it. Only where the
+    protocol's interrupt is a request with an answer (Codex's ``turn/interrupt``, Claude's
+    ``interrupt`` control request, OpenCode's abort); ACP's ``session/cancel`` is a
+    notification and Amp's a signal, so their delivery is never known. Not the turn's end,
+    which :class:`TurnFinished` alone says."""
+
+    turn_id: str
 
 
 @frozen

@@ -77,6 +77,7 @@ from protocols import events as ev
 from protocols.content import Part, data_url
 from protocols.machine import (
     AgentProtocol,
+    InterruptAnswered,
     RestartWanted,
     SessionEstablished,
     StartFailed,
@@ -441,7 +442,11 @@ class OpenCodeClient(AgentProtocol):
         if sent.purpose == "abort":
             step = self._abort_answered(sent.turn_id)
             if ok:
-                return step  # "true" proves nothing (edge case 24): the stream decides
+                # "true" proves nothing of the turn (edge case 24): the stream decides. It
+                # does say the server has the abort: its delivery, first.
+                if sent.turn_id is not None:
+                    step.events.insert(0, InterruptAnswered(sent.turn_id))
+                return step
             step.events.insert(
                 0,
                 ev.ErrorEvent(

@@ -37,6 +37,8 @@ from supervisor.config import (
 if TYPE_CHECKING:
     import ssl
 
+    from opentelemetry.sdk.trace import TracerProvider
+
     from protocols import events as ev
     from supervisor.receipt import CancelReceipt
     from supervisor.remote.hosts import HostSpec
@@ -416,6 +418,8 @@ class ServeOptions:
     #: on exit, leave the sessions that run in nodes running there (no ``--stop-node-sessions``)
     keep_node_sessions: bool = True
     warnings: tuple[str, ...] = ()
+    #: where spans go, as the ``OTEL_*`` variables ask (None: no traces)
+    tracer_provider: TracerProvider | None = None
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -447,6 +451,9 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     if args.max_sessions is not None and args.max_sessions < 1:
         raise ConfigError("--max-sessions must be a whole number >= 1")
     hosts = _hosts(args.config) if args.config else None
+    from supervisor.observe.tracing import provider_from_env
+
+    tracer_provider = provider_from_env()
     local = args.local_node or config.gateway.local_node
     if local and hosts and LOCAL_NODE in hosts:
         raise ConfigError(
@@ -465,6 +472,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
         local_node=local,
         keep_node_sessions=not args.stop_node_sessions,
         warnings=tuple(warnings),
+        tracer_provider=tracer_provider,
     )
 
 
@@ -603,6 +611,7 @@ async def run_serve(options: ServeOptions) -> int:
 async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     from supervisor.agents.statefile import default_state_dir
     from supervisor.gateway import LIMITS, Gateway
+    from supervisor.observe import Metrics
     from supervisor.supervisor import apply_gc_policy, open_supervisor
 
     for warning in options.warnings:
@@ -642,6 +651,8 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         max_sessions=max_sessions,
         hosts=hosts,
         keep_node_sessions=options.keep_node_sessions,
+        metrics=Metrics(),  # GET /metrics, with the gateway's token
+        tracer_provider=options.tracer_provider,
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(
@@ -665,6 +676,9 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
             await supervisor.cancel_turns("shutdown")
             await gateway.close_connections()
             nursery.cancel_scope.cancel()
+    if options.tracer_provider is not None:
+        # The spans still batched (the stop's own) are exported before the process goes.
+        await trio.to_thread.run_sync(options.tracer_provider.shutdown)
 
 
 def _say(text: str) -> None:

@@ -106,6 +106,12 @@ class CancelReceipt:
     session_failed: str | None = None
     #: the ``[hosts.NAME]`` whose node stopped the turn (``supervisor/remote/``); None: here
     host: str | None = None
+    #: when each step of ``escalation`` was taken, in ms after the cancel began (a kill's
+    #: ``sigterm`` and ``sigkill`` at the kill's end: the kill ladder reports once), and when
+    #: the agent answered the interrupt (``interrupt_answered``: only protocols whose interrupt
+    #: is a request with an answer), ended the turn (``turn_ended``) or exited
+    #: (``agent_exited``)
+    timeline: dict[str, float] = field(factory=dict)
 
     def summary(self) -> str:
         """One line a person reads: "Killed after 3.0 s grace, session resumed"."""

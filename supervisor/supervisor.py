@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager, suppress
 from itertools import count
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -47,6 +48,12 @@ from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
 from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
 from supervisor.stops import RecentStops
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from supervisor.observe.metrics import Metrics
+    from supervisor.observe.observers import Observers
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
 
@@ -111,8 +118,11 @@ class Supervisor:
         hold_unacknowledged: bool = False,
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        observers: Observers | None = None,
     ) -> None:
         self._nursery = nursery
+        #: what observes the sessions (metrics, traces); None: nothing does
+        self._observers = observers
         #: events of history each session keeps (for a resubscribe with ``since_seq``), and
         #: the bytes they may take at most
         self.history_size = history_size
@@ -143,6 +153,7 @@ class Supervisor:
                 self._sessions[session.id] = session
                 self._watch_stops(session)
                 session.on_held = self._held_in_node
+                self._observe(session)
         ids = count(1)
         #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
@@ -157,6 +168,17 @@ class Supervisor:
         #: the deadlines of every session's actor (``alarm.py``)
         self.alarms = AlarmClock()
         nursery.start_soon(self.alarms.run)
+        if observers is not None and observers.metrics is not None:
+            observers.metrics.watch(lambda: self._sessions.values(), self.remote.links)
+
+    @property
+    def metrics(self) -> Metrics | None:
+        """The metrics its sessions feed (``open_supervisor(metrics=)``); None: off."""
+        return self._observers.metrics if self._observers is not None else None
+
+    def _observe(self, session: AnySession) -> None:
+        if self._observers is not None:
+            self._observers.attach(session)
 
     async def start_session(
         self,
@@ -214,6 +236,7 @@ class Supervisor:
             self._watch_stops(remote)
             if self._pausing.changes != changes:  # paused or resumed while it was placed
                 await self._pausing.bring_one(remote)
+            self._observe(remote)
             return remote
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if isinstance(where, bytes):
@@ -237,6 +260,7 @@ class Supervisor:
             paused=self._pausing.for_new_session(),
         )
         self._sessions[session.id] = session
+        self._observe(session)
         session.on_ended = self._poke  # a retired node's drain counts a failed session too
         self._watch_stops(session)
         await self._nursery.start(self._run_session, session)
@@ -345,7 +369,8 @@ class Supervisor:
     async def stop_session(self, session_id: str) -> ExitStatus | None:
         session = self.get(session_id)
         status = await session.stop()
-        self._sessions.pop(session_id, None)
+        if self._sessions.pop(session_id, None) is not None and self._observers is not None:
+            self._observers.retire(session)
         self._poke()
         return status
 
@@ -466,6 +491,8 @@ async def open_supervisor(
     hold_unacknowledged: bool = False,
     history_bytes: int = DEFAULT_HISTORY_BYTES,
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    metrics: Metrics | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -493,6 +520,11 @@ async def open_supervisor(
     acknowledged; with ``history_size`` of them it stops reading its agent until they are.
     ``gc_policy=True`` applies :func:`apply_gc_policy` (once per process): the CLI does, since
     it owns its process; an embedding application owns its garbage collector and opts in.
+    ``metrics``: a :class:`~supervisor.observe.Metrics` its sessions feed (None: none kept;
+    ``serve`` and ``node`` keep one, at ``GET /metrics``). ``tracer_provider``: OpenTelemetry
+    spans per session, turn, cancel and rung of the ladder go to it (``agent-supervisor[otel]``);
+    None: to the application's global provider if it set one, else none are made
+    (``supervisor/observe/``, ``docs/metrics.md``).
     """
     if gc_policy:
         apply_gc_policy()
@@ -516,6 +548,7 @@ async def open_supervisor(
         raise ConfigError(
             "keep_node_sessions needs a state_dir: that is where the next supervisor finds them"
         )
+    observers = _observers(metrics, tracer_provider)
     try:
         async with trio.open_nursery() as nursery:
             supervisor = Supervisor(
@@ -531,6 +564,7 @@ async def open_supervisor(
                 hold_unacknowledged=hold_unacknowledged,
                 history_bytes=history_bytes,
                 buffer_bytes=buffer_bytes,
+                observers=observers,
             )
             try:
                 yield supervisor
@@ -545,6 +579,24 @@ async def open_supervisor(
     finally:
         if state is not None:
             state.close()
+
+
+def _observers(metrics: Metrics | None, provider: TracerProvider | None) -> Observers | None:
+    """What observes the sessions; None when nothing is asked for (nothing is imported)."""
+    if provider is None:
+        from supervisor.observe.tracing import global_provider
+
+        provider = global_provider()
+    if metrics is None and provider is None:
+        return None
+    from supervisor.observe.observers import Observers
+
+    tracing = None
+    if provider is not None:
+        from supervisor.observe.tracing import Tracing
+
+        tracing = Tracing(provider)
+    return Observers(metrics, tracing)
 
 
 async def _open_state(directory: Path) -> StateFile | None:

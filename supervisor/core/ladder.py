@@ -23,6 +23,12 @@ receipts, so a receipt's every word can be traced to one method here:
 6. :meth:`CancelJob.closed`: a stop of the session ended the turn with the agent.
 7. :meth:`CancelJob.receipt`: the answer, made once the turn has ended and the session is
    ready again (terminate-then-respond).
+
+Each rung is given the time it is reached: the receipt's ``timeline`` says when each step was
+taken, in ms after the cancel began, and when the agent answered the interrupt
+(``interrupt_answered``, where its protocol says: :meth:`interrupt_answered`), ended the turn
+(``turn_ended``) or exited (``agent_exited``). Traces are built from it
+(``supervisor/observe/tracing.py``), and the interrupt's delivery time is measured with it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ from supervisor.core.waiter import Waiter
 from supervisor.receipt import CancelReceipt, DroppedPrompt, new_cancel_receipt
 
 __all__ = ["CancelJob"]
+
+
+def _ms(seconds: float) -> float:
+    """To the microsecond, not by round(x, 3): that converts through decimal strings, ~1 us
+    warm and 12-15 us on a cancel's cold path."""
+    return int(seconds * 1_000_000 + 0.5) / 1000
 
 
 @define  # made on a cancel's cold path: see protocols.events.quick_constructor
@@ -62,6 +74,15 @@ class CancelJob:
     #: the queue stays (the watchdog's, a steer's, the memory limit's cancel); a caller who
     #: joins drops it
     queue_kept: bool = False
+    #: when each step was taken (and what the agent did meanwhile), in ms after ``started_at``
+    timeline: dict[str, float] = field(factory=dict)
+
+    def _at(self, now: float, *names: str) -> None:
+        """The steps ``names`` were taken at ``now`` (a step taken again keeps its first)."""
+        ms = _ms(now - self.started_at)
+        timeline = self.timeline
+        for name in names:
+            timeline.setdefault(name, ms)
 
     # -- 1. at once ---------------------------------------------------------------------------
 
@@ -79,8 +100,12 @@ class CancelJob:
     ) -> CancelJob:
         """The interrupt is being sent (and ``permissions``: pending permission requests
         answered cancelled); the grace races the turn's end from ``now``."""
-        escalation = ["interrupt", "permissions_cancelled"] if permissions else ["interrupt"]
-        job = cls(turn_id, now, reason, grace_s, escalation, waiters=waiters)
+        if permissions:
+            escalation = ["interrupt", "permissions_cancelled"]
+            timeline = {"interrupt": 0.0, "permissions_cancelled": 0.0}
+        else:
+            escalation, timeline = ["interrupt"], {"interrupt": 0.0}
+        job = cls(turn_id, now, reason, grace_s, escalation, waiters=waiters, timeline=timeline)
         job.queue_kept = keep_queue
         job.deadline = now + grace_s
         return job
@@ -98,9 +123,12 @@ class CancelJob:
     ) -> CancelJob:
         """A cancel that meets a stop of the session under way: the stop already interrupted
         the turn (``interrupted``) and closes the agent; no grace of its own is raced."""
-        return cls(
-            turn_id, now, reason, grace_s, ["interrupt"] if interrupted else [], waiters=[waiter]
-        )
+        if interrupted:  # by the stop, before this cancel came
+            timeline = {"interrupt": 0.0}
+            return cls(
+                turn_id, now, reason, grace_s, ["interrupt"], waiters=[waiter], timeline=timeline
+            )
+        return cls(turn_id, now, reason, grace_s, [], waiters=[waiter])
 
     def join(self, waiter: Waiter[CancelReceipt], dropped: list[DroppedPrompt]) -> None:
         """Another cancel of the same turn: it shares this receipt, and what it dropped (the
@@ -109,11 +137,17 @@ class CancelJob:
         self.dropped.extend(dropped)
         self.queue_kept = False
 
+    def interrupt_answered(self, now: float) -> None:
+        """The agent answered the interrupt (a protocol whose interrupt is a request): it was
+        delivered; the turn's end is another matter."""
+        self._at(now, "interrupt_answered")
+
     # -- 2. the turn ended in time --------------------------------------------------------------
 
-    def turn_ended(self, finished: TurnFinished) -> None:
+    def turn_ended(self, finished: TurnFinished, now: float) -> None:
         """The agent ended the turn: ``completed`` only on its own positive word that it
         finished by itself, else ``cancelled``."""
+        self._at(now, "turn_ended")
         finished_itself = finished.interrupted is False and finished.error is None
         self.outcome = "completed" if finished_itself else "cancelled"
         self.stop_reason = finished.stop_reason
@@ -122,28 +156,34 @@ class CancelJob:
             self.stop_reason = "error"
         self.error = finished.error
 
-    def tools_swept(self, killed: list[dict[str, Any]], survivors: list[dict[str, Any]]) -> None:
+    def tools_swept(
+        self, killed: list[dict[str, Any]], survivors: list[dict[str, Any]], now: float
+    ) -> None:
         """The turn's tools that the agent left running were killed (``killed``); members that
         outlived SIGKILL are listed (the agent itself is fine)."""
         if killed:
             self.escalation.append("tools_killed")
+            self._at(now, "tools_killed")
             self.details["tool_processes_killed"] = killed
         self.survivors.extend(survivors)
 
     # -- 3. the grace expired -------------------------------------------------------------------
 
-    def grace_expired(self) -> None:
+    def grace_expired(self, now: float) -> None:
         self.deadline = None
         self.escalation.append("grace_expired")
+        self._at(now, "grace_expired")
         self.outcome = "killed"
         self.stop_reason = "killed"
 
     # -- 4. the tree killed, or gone by itself ---------------------------------------------------
 
-    def killed(self, steps: list[str]) -> None:
+    def killed(self, steps: list[str], now: float) -> None:
         """The kill ladder ran: its steps (``sigterm``, ``sigkill``; ``containment_lost``
-        first when what held the tree together died and the tree was killed loose)."""
+        first when what held the tree together died and the tree was killed loose). The
+        ladder reports them once it is done: each is timed at its end."""
         self.escalation.extend(steps)
+        self._at(now, *steps)
 
     def details_at_kill(self, details: dict[str, Any]) -> None:
         """What the cancel asked of sub-agents or tasks that never confirmed (the protocol
@@ -151,11 +191,12 @@ class CancelJob:
         for key, value in details.items():
             self.details.setdefault(key, value)
 
-    def agent_exited(self, *, killed: bool, announced: bool) -> None:
+    def agent_exited(self, now: float, *, killed: bool, announced: bool) -> None:
         """The agent's process is gone while stopping: ``killed`` by us (containment was lost),
         or it exited. ``announced``: it said it would (Amp ends its run on the stop); if it also
         ended the turn first, that said how."""
         self.deadline = None
+        self._at(now, "agent_exited")
         if killed or not announced or self.outcome is None:
             self.outcome = "killed" if killed else "cancelled"
             self.stop_reason = "killed" if killed else "agent_exited"
@@ -174,11 +215,12 @@ class CancelJob:
 
     # -- 5. respawned and resumed, or not ------------------------------------------------------
 
-    def respawned(self) -> None:
+    def respawned(self, now: float) -> None:
         if "respawned" not in self.escalation:  # a fresh retry after a refused resume: the same
             self.escalation.append("respawned")
+            self._at(now, "respawned")
 
-    def resumed_as(self, resumed: bool | None) -> None:
+    def resumed_as(self, resumed: bool | None, now: float) -> None:
         """The new agent is up: it restored the session (``True``), could not (``False``: a
         fresh session), or was never asked to (``None``)."""
         if resumed is None and "respawned" in self.escalation:
@@ -186,6 +228,7 @@ class CancelJob:
         self.resumed = resumed
         if resumed:
             self.escalation.append("resumed")
+            self._at(now, "resumed")
 
     def session_failed(self, message: str) -> None:
         """The session cannot go on (the agent could not be started again after the kill):
@@ -195,10 +238,11 @@ class CancelJob:
 
     # -- 6. a stop of the session ended the turn -------------------------------------------------
 
-    def closed(self, steps: list[str], survivors: list[dict[str, Any]]) -> str:
+    def closed(self, steps: list[str], survivors: list[dict[str, Any]], now: float) -> str:
         """The stop closed the agent, taking ``steps``; the turn's outcome: ``killed`` if the
         close had to kill, or a kill of this cancel's own came first, else ``cancelled``."""
         self.escalation.extend(steps)
+        self._at(now, *steps)
         self.stop_reason = "session_stopped"
         self.survivors.extend(survivors)
         return "killed" if steps or self.outcome == "killed" else "cancelled"
@@ -216,14 +260,13 @@ class CancelJob:
             stop_reason=self.stop_reason,
             dropped_prompts=list(self.dropped),
             resumed=self.resumed,
-            # To the microsecond, not by round(x, 3): that converts through decimal strings,
-            # ~1 us warm and 12-15 us on a cancel's cold path.
-            elapsed_ms=int((now - self.started_at) * 1_000_000 + 0.5) / 1000,
+            elapsed_ms=_ms(now - self.started_at),
             grace_s=self.grace_s,
             reason=self.reason,
             details=dict(self.details),
             survivors=list(self.survivors),
             session_failed=self.session_failed_,
+            timeline=dict(self.timeline),
         )
 
     def answer(self, receipt: CancelReceipt) -> None:

@@ -181,7 +181,7 @@ class AgentLifecycle:
             self._io.watch_memory(generation, limit)
         turn = self._host.turn
         if turn is not None and turn.cancel is not None:
-            turn.cancel.respawned()  # 5. respawned
+            turn.cancel.respawned(self._io.now())  # 5. respawned
         self._host.apply(
             machine.start(
                 cwd=self.cwd, resume=self.agent.resume_from, mcp_servers=self.spec.mcp_servers
@@ -198,7 +198,7 @@ class AgentLifecycle:
         turn = self._host.turn
         if turn is not None and turn.cancel is not None:
             job = turn.cancel
-            job.resumed_as(resumed)  # 5. resumed (or a fresh session)
+            job.resumed_as(resumed, self._io.now())  # 5. resumed (or a fresh session)
             self._host.end_turn(turn, job.outcome or "killed", job.stop_reason, error=job.error)
         self._host.set_state(State.READY, established.detail or refused)
         for waiter in self.ready_waiters:
@@ -279,7 +279,7 @@ class AgentLifecycle:
             return
         turn = self._host.turn
         if turn is not None and turn.cancel is not None and not fresh:
-            turn.cancel.killed(steps)  # 4. the tree killed
+            turn.cancel.killed(steps, self._io.now())  # 4. the tree killed
         self._host.emit(ev.AgentExited(exit_code=None, expected=True, killed=True))
         if survivors:
             self.tree_survived(survivors)
@@ -334,7 +334,7 @@ class AgentLifecycle:
         turn = self._host.turn
         job = turn.cancel if turn is not None else None
         if job is not None:
-            job.killed(steps)  # 4. what losing containment took, if it was lost
+            job.killed(steps, self._io.now())  # 4. what losing containment took, if it was lost
         if survivors:
             if job is not None:
                 job.lost_with_the_agent()
@@ -360,7 +360,9 @@ class AgentLifecycle:
                 # It died while stopping (or we killed it: containment lost): the turn has
                 # ended; the receipt waits for the respawn, so the session is ready when the
                 # caller hears back.
-                job.agent_exited(killed="sigkill" in steps, announced=exiting is not None)
+                job.agent_exited(
+                    self._io.now(), killed="sigkill" in steps, announced=exiting is not None
+                )
                 self._host.set_state(State.CANCELLING, detail)
         if resumed_process_was_mute:
             # Protocols without a handshake (Amp) cannot refuse a resume; a resumed process
@@ -515,7 +517,7 @@ class AgentLifecycle:
         if turn is not None:
             job = turn.cancel
             if job is not None:
-                outcome = job.closed(steps, survivors)  # 6. the stop ended the turn
+                outcome = job.closed(steps, survivors, self._io.now())  # 6. the stop ended it
             else:
                 outcome = "killed" if steps else "cancelled"
             self._host.end_turn(turn, outcome, "session_stopped")

@@ -47,6 +47,7 @@ from protocols.machine import (
     AgentExiting,
     AgentProtocol,
     Control,
+    InterruptAnswered,
     ModeSet,
     PartialStep,
     RestartWanted,
@@ -351,7 +352,7 @@ class SessionCore:
 
     def grace_expired(self, turn: Turn, job: CancelJob) -> None:
         """5. The agent did not end the turn in time: kill its tree, then respawn and resume."""
-        job.grace_expired()
+        job.grace_expired(self._io.now())
         self.set_state(State.CANCELLING, f"no turn end after {job.grace_s:g} s grace: killing")
         self.life.kill_live_agent()
 
@@ -521,7 +522,7 @@ class SessionCore:
             return
         if self.recycler.failed_in_a_row:
             self.recycler.turn_stopped()
-        job.turn_ended(finished)  # 4. ended in time: cancelled, or completed
+        job.turn_ended(finished, self._io.now())  # 4. ended in time: cancelled, or completed
         if self.agent.exiting is not None:
             # The turn is over but its process is not (Amp ends its run on the SIGINT that
             # stopped it): the receipt waits until it is gone and a new one runs, within the
@@ -560,7 +561,7 @@ class SessionCore:
         turn = self.turn
         if generation != self.agent.live or turn is None or turn.cancel is None:
             return  # the agent died meanwhile: the respawn path ends the turn
-        turn.cancel.tools_swept(killed, survivors)
+        turn.cancel.tools_swept(killed, survivors, self._io.now())
         if survivors:
             # The agent is fine; tools of its turn outlived SIGKILL: say so, never hide it.
             self.emit(ev.ErrorEvent(code="kill_failed", message=survivors_text(survivors)))
@@ -739,6 +740,10 @@ class SessionCore:
             self.life.agent_exiting(control)
         elif isinstance(control, RestartWanted):
             self.life.restart_wanted(control.reason)
+        elif isinstance(control, InterruptAnswered):
+            turn = self.turn
+            if turn is not None and turn.id == control.turn_id and turn.cancel is not None:
+                turn.cancel.interrupt_answered(self._io.now())
 
     def _mode_set(self, answer: ModeSet) -> None:
         if not self.agent.mode_waiters:

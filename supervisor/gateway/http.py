@@ -1,8 +1,8 @@
 """The gateway's HTTP side (``design/gateway.md``): every connection starts here. Requests are
 read with h11, their token checked on the head before any body is read (a refused one closes its
-connection), then routed: the page, ``/v1/sessions``, ``/v1/agents``, ``/v1/receipts``, and an
-abort; a first request for ``/ws`` that asks for an upgrade is handed back, for the WebSocket
-handshake.
+connection), then routed: the page, ``/v1/sessions``, ``/v1/agents``, ``/v1/receipts``,
+``/metrics``, and an abort; a first request for ``/ws`` that asks for an upgrade is handed back,
+for the WebSocket handshake.
 """
 
 from __future__ import annotations
@@ -289,6 +289,8 @@ class Http:
             return 200, "application/json", dumps(self.actions.agents()), []
         if method == "GET" and path == "/v1/receipts":
             return self._receipts(request.target)
+        if method == "GET" and path == "/metrics":
+            return self._metrics()
         segments = [unquote(s) for s in path.split("/")]
         if (
             method == "POST"
@@ -297,7 +299,7 @@ class Http:
             and segments[4] == "abort"
         ):
             return await self._abort(segments[3], body)
-        if path in (*_PAGE_PATHS, *_LISTS) or path.endswith("/abort"):
+        if path in (*_PAGE_PATHS, *_GET_PATHS) or path.endswith("/abort"):
             return (
                 405,
                 "application/json",
@@ -313,6 +315,15 @@ class Http:
         if isinstance(call, RequestError):
             return 400, "application/json", json_error(call.code, call.message), []
         return 200, "application/json", dumps(self.actions.receipts(call)), []
+
+    def _metrics(self) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        """``GET /metrics``: the supervisor's metrics in the Prometheus text format (read from
+        its sessions as the request is answered: ``supervisor/observe/metrics.py``)."""
+        metrics = self.actions.supervisor.metrics
+        if metrics is None:
+            message = "this supervisor keeps no metrics (open_supervisor(metrics=Metrics()))"
+            return 404, "application/json", json_error("not_found", message), []
+        return 200, metrics.content_type, metrics.render(), []
 
     async def _abort(
         self, session_id: str, body: bytes
@@ -434,5 +445,5 @@ _VERSIONS: Final = (b"1.1", b"1.0")
 
 #: The web UI's page.
 _PAGE_PATHS: Final = ("/", "/index.html")
-#: The routes that list (GET only).
-_LISTS: Final = ("/v1/sessions", "/v1/agents", "/v1/receipts")
+#: The routes only ``GET`` reaches.
+_GET_PATHS: Final = ("/v1/sessions", "/v1/agents", "/v1/receipts", "/metrics")

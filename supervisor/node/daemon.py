@@ -8,6 +8,10 @@ its directory (mode 0700, the socket 0600) with a random token, written to its h
 a front runs through the transport) is ``supervisor/node/bridge.py``; the files are
 described there.
 
+It keeps metrics of its host (``GET /metrics`` on its socket, with its token; ``node --metrics``
+prints them) and, when the standard ``OTEL_*`` variables ask, exports traces
+(``supervisor/observe/``).
+
 Signals: SIGTERM, SIGINT and SIGHUP stop every session, then the node. SIGUSR1 *retires* it
 (what a bridge of a newer package does, and a user may too): it stops being the host's current
 node (lets ``daemon.lock`` go: a new node may start beside it), refuses new sessions
@@ -29,13 +33,16 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import trio
 
 from supervisor.node.bridge import bind_unix, node_dir, private_dir, run_bridge, try_lock
 from supervisor.remote.handshake import Hello, package_version, wire
 from supervisor.remote.hosts import DEFAULT_DETACH_S, DEFAULT_HISTORY
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 
 __all__ = ["add_node_parser", "main_node", "node_dir"]
 
@@ -52,6 +59,11 @@ def add_node_parser(commands: Any) -> None:
     )
     node.add_argument("--bridge", action="store_true", help="relay stdio to the node")
     node.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print this host's node's metrics (Prometheus text format) and exit",
+    )
+    node.add_argument(
         "--detach",
         type=float,
         default=DEFAULT_DETACH_S,
@@ -67,12 +79,17 @@ def add_node_parser(commands: Any) -> None:
     node.add_argument("--config", help="agents TOML file on this host (the front sends its own)")
     node.add_argument("--state-dir", help="default: $XDG_STATE_HOME/agent-supervisor")
     node.add_argument(
-        "--instance", help="(--bridge) the node to reach while it lives, else the current one"
+        "--instance",
+        help="(--bridge, --metrics) the node to reach while it lives, else the current one",
     )
 
 
 def main_node(args: argparse.Namespace) -> int:
     state_dir = Path(args.state_dir) if args.state_dir else None
+    if args.metrics:
+        from supervisor.node.scrape import print_metrics
+
+        return print_metrics(state_dir, args.instance)
     if args.detach <= 0:
         print("agent-supervisor node: --detach must be > 0", file=sys.stderr)
         return 2
@@ -260,10 +277,12 @@ async def _serve_node(
 ) -> None:
     from supervisor.agents.statefile import default_state_dir
     from supervisor.config import builtin_agents, load_agents
+    from supervisor.observe import Metrics
     from supervisor.remote.errors import NodeRetired
     from supervisor.supervisor import open_supervisor
 
     agents = load_agents(config) if config else builtin_agents()
+    tracer_provider = _tracer_provider()
     presence = Presence()
     listener = trio.SocketListener(
         trio.socket.from_stdlib_socket(bind_unix(directory / f"{instance}.sock"))
@@ -280,6 +299,8 @@ async def _serve_node(
                     # Nothing the front has not acknowledged is dropped: the agent waits.
                     history_size=history,
                     hold_unacknowledged=True,
+                    metrics=Metrics(),  # GET /metrics on its socket; node --metrics
+                    tracer_provider=tracer_provider,
                 ) as supervisor,
                 trio.open_nursery() as nursery,
             ):
@@ -339,7 +360,24 @@ async def _serve_node(
                 nursery.cancel_scope.cancel()
             # Leaving open_supervisor stopped every session and killed every tree.
         finally:
+            if tracer_provider is not None:  # the spans still batched, before the node goes
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(tracer_provider.shutdown)
             log.info("node %s exited", instance)
+
+
+def _tracer_provider() -> SdkTracerProvider | None:
+    """The tracer provider the ``OTEL_*`` variables ask for; None (and one line in the log)
+    when they ask for what cannot be made: a node is started by a bridge, whose front would
+    only see it fail to start, so it runs without traces instead."""
+    from supervisor.config import ConfigError
+    from supervisor.observe.tracing import provider_from_env
+
+    try:
+        return provider_from_env()
+    except ConfigError as exc:
+        log.warning("no traces: %s", exc)
+        return None
 
 
 class _HostIds:

@@ -61,6 +61,10 @@ class RemoteHosts:
         self._retired: list[NodeLink[RemoteSession]] = []
         self._starting: dict[str, int] = {}  # sessions being placed, not yet started
 
+    def links(self) -> list[NodeLink[RemoteSession]]:
+        """The links to the hosts' current nodes (made so far)."""
+        return list(self._links.values())
+
     def link(self, host: str) -> NodeLink[RemoteSession]:
         """The link to ``host`` (made on first use; it connects on its first request)."""
         link = self._links.get(host)

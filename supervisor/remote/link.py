@@ -149,6 +149,8 @@ class Connection:
         self._late: dict[str, Callable[[dict[str, Any]], None]] = {}
         #: the connection's own tasks (its reader, its keepalive, a request's watch)
         self.nursery: trio.Nursery | None = None
+        #: the last ping's round trip, in seconds (None: none answered yet): its metric
+        self.rtt_s: float | None = None
 
     async def request(
         self,
@@ -304,11 +306,13 @@ class Connection:
         ``timeout`` closes the connection."""
         while not self.closed.is_set() and (reply is None or not reply.done):
             with trio.move_on_after(timeout) as late:
+                sent = trio.current_time()
                 try:
                     await self.websocket.ping()
                 except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
                     self.close()
                     return
+                self.rtt_s = trio.current_time() - sent
             if late.cancelled_caught:
                 log.warning(
                     "node pid %d: no pong in %g s: the link is given up", self.hello.pid, timeout
@@ -391,6 +395,11 @@ class NodeLink(Generic[S]):
     def connected(self) -> bool:
         conn = self._conn
         return conn is not None and conn.ready.is_set() and not conn.closed.is_set()
+
+    @property
+    def rtt_s(self) -> float | None:
+        """The live connection's last ping round trip (None: down, or none answered yet)."""
+        return self._conn.rtt_s if self.connected and self._conn is not None else None
 
     def _poke(self) -> None:
         self._changed.set()

@@ -86,6 +86,7 @@ _RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
     "details": (dict,),
     "survivors": (list,),
     "session_failed": (str, type(None)),
+    "timeline": (dict,),
 }
 
 
@@ -170,6 +171,10 @@ class RemoteSession:
     @property
     def last_seq(self) -> int:
         return self._seq
+
+    @property
+    def fanout(self) -> Fanout:
+        return self._fanout
 
     @property
     def turn_id(self) -> str | None:

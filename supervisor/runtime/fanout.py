@@ -380,6 +380,27 @@ class Fanout:
         self._closed = False
         #: times the session held the agent back for a full subscriber (a diagnostic)
         self.holds = 0
+        #: told of each event :meth:`publish` publishes: the session's own (its states, its
+        #: turns' starts and ends, stalls, recycles), never a stream's runs
+        #: (:meth:`publish_many`). None: nobody watches (``supervisor/observe/``: metrics and
+        #: traces), and a publish costs one test more
+        self.observer: Callable[[ev.Event], None] | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes the history holds (an event not serialized yet counted as
+        ``_UNSERIALIZED_SIZE``): read at a metrics scrape, never on the way of an event."""
+        return self._history_total + len(self._unserialized) * _UNSERIALIZED_SIZE
+
+    @property
+    def subscriber_count(self) -> int:
+        """Subscriptions neither closed nor ended."""
+        return sum(1 for s in self._subscriptions if not s._closed and not s._ended)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Events its driver has not acknowledged (``hold_unacknowledged``: a node's; else 0)."""
+        return self.head_seq - self.acked_seq if self.hold_unacknowledged else 0
 
     @property
     def history(self) -> deque[bytes]:
@@ -516,6 +537,9 @@ class Fanout:
             self._subscriptions_changed()
         if full:
             self._maybe_full = True
+        observer = self.observer
+        if observer is not None:
+            observer(event)
 
     def publish_many(self, events: list[ev.Event]) -> None:
         """:meth:`publish` each of a run of stamped events (contiguous seqs, in order), the

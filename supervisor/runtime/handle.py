@@ -14,7 +14,7 @@ from supervisor.config import AgentSpec
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import TurnHandle
 from supervisor.receipt import CancelReceipt
-from supervisor.runtime.fanout import Subscription
+from supervisor.runtime.fanout import Fanout, Subscription
 from supervisor.steering import SteerResult
 
 __all__ = ["SessionHandle"]
@@ -37,6 +37,11 @@ class SessionHandle(Protocol):
 
     @property
     def last_seq(self) -> int: ...
+
+    @property
+    def fanout(self) -> Fanout:
+        """Its history and subscribers: what metrics read at a scrape, and whose ``observer``
+        is told of the session's own events (``supervisor/observe/``)."""
 
     @property
     def turn_id(self) -> str | None: ...

@@ -561,6 +561,10 @@ class Session:
         return self.core.seq
 
     @property
+    def fanout(self) -> Fanout:
+        return self._fanout
+
+    @property
     def turn_id(self) -> str | None:
         return self.core.turn_id
 

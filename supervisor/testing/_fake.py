@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
 import trio
@@ -32,6 +32,11 @@ from supervisor.testing._claude import ClaudeBehaviour, ClaudeLauncher
 from supervisor.testing._codex import CodexBehaviour, CodexLauncher
 from supervisor.testing._memory import Behaviour, MemoryLauncher
 from supervisor.testing._opencode import OpenCodeBehaviour, OpenCodeLauncher
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
+    from supervisor.observe.metrics import Metrics
 
 __all__ = [
     "DEFAULT_REPLY",
@@ -391,6 +396,8 @@ async def open_test_supervisor(
     max_sessions: int | None = None,
     session_ids: Callable[[], str] | None = None,
     history_size: int = DEFAULT_HISTORY,
+    metrics: Metrics | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A real :class:`~supervisor.supervisor.Supervisor` whose agents are ``agents``, each
     run in memory under its name (``sup.start_session(name)``).
@@ -418,5 +425,7 @@ async def open_test_supervisor(
         max_sessions=max_sessions,
         session_ids=session_ids,
         history_size=history_size,
+        metrics=metrics,
+        tracer_provider=tracer_provider,
     ) as supervisor:
         yield supervisor

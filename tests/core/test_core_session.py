@@ -69,6 +69,8 @@ def test_a_cooperative_cancel_is_answered_once_the_turn_ended() -> None:
         "cancelled",
     )
     assert receipt.elapsed_ms == 250.0 and receipt.reason == "user"
+    # ACP's interrupt is a notification: its delivery is never known, only the turn's end
+    assert receipt.timeline == {"interrupt": 0.0, "turn_ended": 250.0}
     assert core.state is State.READY and core.next_deadline() == math.inf
     # the turn.ended carries the receipt and comes before the answer (one, for the one turn)
     [ended] = io.ended_turns()
@@ -97,6 +99,16 @@ def test_an_agent_that_ignores_the_interrupt_is_killed_at_the_grace_and_resumed(
     assert receipt.outcome == "killed" and receipt.resumed is True
     assert receipt.escalation == ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
     assert receipt.elapsed_ms == pytest.approx(GRACE * 1000 + 250.0)
+    # each rung at the time it was reached, in ms after the cancel
+    assert receipt.timeline == pytest.approx(
+        {
+            "interrupt": 0.0,
+            "grace_expired": GRACE * 1000,
+            "sigterm": GRACE * 1000 + 50.0,
+            "respawned": GRACE * 1000 + 250.0,  # the new process runs: its handshake at once
+            "resumed": GRACE * 1000 + 250.0,
+        }
+    )
     assert core.state is State.READY
     kinds = io.kinds()
     assert kinds.count("turn.ended") == 1 and "agent.exited" in kinds
