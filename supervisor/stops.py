@@ -2,10 +2,12 @@
 
 Every stop of a running turn ends in a receipt (``supervisor/receipt.py``): a caller's cancel,
 the stall watchdog's, a memory limit's, a steer that had to interrupt, a shutdown's, here or in
-a node on another host. The supervisor keeps the last :data:`RECENT_STOPS` of them, as compact
-:class:`Stop` records, for a picture of how stops go (the web UI's chart, ``receipts.list``,
-``GET /v1/receipts``). A record is added once per stop, on its cold path (one append); nothing
-is added per event.
+a node on another host. The supervisor keeps the last :data:`RECENT_STOPS` of them for a picture
+of how stops go (the web UI's chart, ``receipts.list``, ``GET /v1/receipts``). A stop costs one
+append in the step that answers the cancel: a plain receipt is kept as it came, and the compact
+:class:`Stop` record and its summary are made when asked for; one that carries more (the previews
+of the prompts it dropped, the adapter's details, survivors) is made a record at once, so the
+ring holds at most a few hundred bytes a stop. Nothing is added per event.
 """
 
 from __future__ import annotations
@@ -29,10 +31,7 @@ _MOST_STEPS: Final = 16
 
 class Stop(NamedTuple):
     """One stop: its receipt's fields a picture of stops needs (not what it dropped, nor the
-    adapter's details: a receipt may carry megabytes of dropped prompts), what it was a stop
-    of, and the receipt's one-line summary. A named tuple: it is made on the stop's path, in the
-    step that answers the cancel, in ~0.4 us where a frozen class takes ~1.7 (measured; the
-    whole record, summary included, ~2 us)."""
+    adapter's details), what it was a stop of, and the receipt's one-line summary."""
 
     #: numbered from 1 over the supervisor's life: ``since_seq`` asks for the newer ones
     seq: int
@@ -78,35 +77,46 @@ class RecentStops:
 
     def __init__(self, kept: int = RECENT_STOPS) -> None:
         self.kept = kept
-        self._stops: deque[Stop] = deque(maxlen=kept)
+        #: a :class:`Stop`, or ``(seq, time, agent, protocol, receipt)`` to make one of
+        self._stops: deque[Stop | _Kept] = deque(maxlen=kept)
         self._seq = itertools.count(1)
 
     @property
     def last_seq(self) -> int:
         """The newest stop's ``seq`` (0 before the first)."""
-        return self._stops[-1].seq if self._stops else 0
+        return self._stops[-1][0] if self._stops else 0
 
     def add(self, agent: str, protocol: str, receipt: CancelReceipt, time: float) -> None:
         """Record ``receipt``, the stop of a turn of an ``agent`` session, ended at ``time``."""
-        self._stops.append(
-            Stop(
-                next(self._seq),
-                time,
-                receipt.session_id,
-                receipt.turn_id,
-                receipt.host,
-                agent,
-                protocol,
-                receipt.outcome,
-                receipt.elapsed_ms,
-                tuple(receipt.escalation[:_MOST_STEPS]),
-                receipt.reason,
-                receipt.stop_reason,
-                receipt.summary(),
-            )
-        )
+        kept = (next(self._seq), time, agent, protocol, receipt)
+        plain = not (receipt.dropped_prompts or receipt.details or receipt.survivors)
+        self._stops.append(kept if plain else _record(*kept))
 
     def recent(self, limit: int | None = None, since_seq: int | None = None) -> list[Stop]:
         """The newest ``limit`` stops (all kept: None) after ``since_seq``, oldest first."""
-        stops = [s for s in self._stops if since_seq is None or s.seq > since_seq]
-        return stops if limit is None else stops[len(stops) - min(limit, len(stops)) :]
+        kept = [s for s in self._stops if since_seq is None or s[0] > since_seq]
+        if limit is not None:
+            kept = kept[len(kept) - min(limit, len(kept)) :]
+        return [s if isinstance(s, Stop) else _record(*s) for s in kept]
+
+
+#: A plain stop as :meth:`RecentStops.add` keeps it.
+_Kept = tuple[int, float, str, str, CancelReceipt]
+
+
+def _record(seq: int, time: float, agent: str, protocol: str, receipt: CancelReceipt) -> Stop:
+    return Stop(
+        seq,
+        time,
+        receipt.session_id,
+        receipt.turn_id,
+        receipt.host,
+        agent,
+        protocol,
+        receipt.outcome,
+        receipt.elapsed_ms,
+        tuple(receipt.escalation[:_MOST_STEPS]),
+        receipt.reason,
+        receipt.stop_reason,
+        receipt.summary(),
+    )

@@ -147,7 +147,7 @@ class CancelJob:
     def turn_ended(self, finished: TurnFinished, now: float) -> None:
         """The agent ended the turn: ``completed`` only on its own positive word that it
         finished by itself, else ``cancelled``."""
-        self._at(now, "turn_ended")
+        self.timeline.setdefault("turn_ended", _ms(now - self.started_at))
         finished_itself = finished.interrupted is False and finished.error is None
         self.outcome = "completed" if finished_itself else "cancelled"
         self.stop_reason = finished.stop_reason

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -172,6 +173,9 @@ def test_the_ring_keeps_the_last_stops_compact() -> None:
         escalation=["interrupt"] * 100,
     )
     stops.add("demo", "acp", big, 2000.0)
+    kept = weakref.ref(big)
+    del big
+    assert kept() is None  # the ring made its record at once, and let the receipt go
     newest = stops.recent(limit=1)[0]
     assert len(repr(newest)) < 1000 and len(newest.escalation) == 16
     assert newest.summary.endswith("; 32 queued prompt(s) dropped")
