@@ -134,7 +134,11 @@ def main() -> None:
         if only is not None and name != only:
             continue
         base_figures: dict[str, object] | None = None
-        if base_root is not None and name in HEADLINES:
+        if (
+            base_root is not None
+            and name in HEADLINES
+            and (base_root / "bench" / f"{name}.py").exists()
+        ):
             print(f"running bench/{name}.py on {base} ...", flush=True)
             base_figures, _ = run(name, args, base_root)
         print(f"running bench/{name}.py ...", flush=True)
