@@ -43,7 +43,7 @@ from protocols import events as ev
 from realagents import scenarios, steering
 from realagents.conftest import Harness
 from realagents.fake_model import BRIEF_SHELL_COMMAND, SHELL_COMMAND
-from realagents.scenarios import TOOL_LEAF, family, sample_until
+from realagents.scenarios import TOOL_LEAF, family
 from realagents.steering import MARK, PROMPT_MARK, STEER_QUICK, STEER_STREAM
 
 pytestmark = pytest.mark.real_process
@@ -89,7 +89,7 @@ async def _bash_running(h: Harness, prompt: str, nursery: trio.Nursery) -> tuple
     """A turn whose Bash (approved) runs; the approvals go on in ``nursery``."""
     turn = await h.session.prompt(prompt)
     nursery.start_soon(approve_permissions, h, turn.id, [])
-    tools = await sample_until(lambda: h.tool_processes(TOOL_LEAF))
+    tools = await scenarios.command_running(h)
     return turn, list({p.pid: p for t in tools for p in [t, *family(t)]}.values())
 
 

@@ -61,7 +61,6 @@ from realagents.scenarios import (
     family,
     is_alive,
     ms_after,
-    sample_until,
 )
 
 pytestmark = pytest.mark.real_process
@@ -292,7 +291,7 @@ async def test_wire_matches_the_schema(open_codex: Any, tmp_path: Path) -> None:
             async with trio.open_nursery() as nursery:
                 turn = await h.session.prompt("shell")
                 nursery.start_soon(approve_permissions, h, turn.id, approved)
-                await sample_until(lambda: h.tool_processes(TOOL_LEAF))
+                await scenarios.command_running(h)
                 nursery.cancel_scope.cancel()
             receipt = await h.session.cancel()
             assert receipt.outcome == "cancelled", receipt

@@ -81,6 +81,25 @@ async def sample_until(check: Callable[[], Any]) -> Any:
     return found
 
 
+async def command_running(h: Harness) -> list[psutil.Process]:
+    """The shell command's processes, once the command itself runs (its ``tail``): a shell
+    caught between its fork and its exec still carries the command in its own command line,
+    and on a loaded machine a sample may fall in between."""
+
+    def sample() -> list[psutil.Process]:
+        found = h.tool_processes(TOOL_LEAF)
+        return found if any(_named(p, "tail") for p in found) else []
+
+    return list(await sample_until(sample))
+
+
+def _named(proc: psutil.Process, name: str) -> bool:
+    try:
+        return bool(proc.name() == name)
+    except psutil.Error:
+        return False
+
+
 async def approve_permissions(
     h: Harness,
     turn_id: str,
@@ -218,7 +237,7 @@ async def shell_running(
         turn = await h.session.prompt("shell")
         if approve is not None:
             nursery.start_soon(approve, h, turn.id, approved)
-        tools = await sample_until(lambda: h.tool_processes(TOOL_LEAF))
+        tools = await command_running(h)
         seen_at = trio.current_time()
         nursery.cancel_scope.cancel()
     # Stop a command that has been running for a while, as a person would.
