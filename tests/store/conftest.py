@@ -1,0 +1,22 @@
+"""The store's fixtures: ``store_url``, one per backend the contract runs on.
+
+Adding a backend is one entry in ``BACKENDS`` (its name) and one branch in ``store_url``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BACKENDS = ("sqlite",)
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A URL of an empty store of each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'sessions.db'}"
+    else:  # pragma: no cover
+        raise AssertionError(request.param)
