@@ -10,13 +10,19 @@ from pathlib import Path
 
 import pytest
 
-BACKENDS = ("sqlite",)
+from pg import PostgresServer
+
+BACKENDS = ("sqlite", "postgresql")
 
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A URL of an empty store of each backend."""
+    """A URL of an empty store of each backend (PostgreSQL: a new database in the run's
+    cluster, ``tests/pg.py``)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'sessions.db'}"
+    elif request.param == "postgresql":
+        server: PostgresServer = request.getfixturevalue("postgresql")
+        yield server.database()
     else:  # pragma: no cover
         raise AssertionError(request.param)

@@ -1,0 +1,418 @@
+"""The session store in a PostgreSQL database (psycopg 3, its synchronous API).
+
+For a gateway whose state lives on a managed database: the same tables as SQLite (the
+``postgresql`` dialect of :data:`~supervisor.store.backend.MIGRATIONS`), the same behaviour.
+One connection in autocommit mode (a read never leaves a transaction open), used from the
+store's one worker thread; a batch is one explicit transaction.
+
+Events are written with ``COPY`` (about three times as fast as ``executemany`` for batches of
+100-1,000 small rows, ``design/store.md``). ``COPY`` cannot skip a row already stored, so a
+batch that meets one (a batch written again after a commit whose answer was lost) is written
+again, whole, with ``INSERT ... ON CONFLICT DO NOTHING``: still one transaction, still nothing
+twice.
+
+The database is held by one supervisor at a time, as the SQLite file is: a session-level
+advisory lock, taken at open and held by the connection (two supervisors writing the same
+sessions would interleave two histories with the same seqs). When the server goes away (a
+restart, a failover), the next call connects again, takes the lock again and carries on; a
+batch that failed is written again by the caller, and nothing of it is stored twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from supervisor.store import backend as contract
+from supervisor.store.backend import (
+    Batch,
+    ReceiptRow,
+    SearchHit,
+    StoredSession,
+    StoreError,
+    TextRow,
+)
+
+__all__ = ["PostgresBackend"]
+
+#: Connection settings given unless the URL sets them. ``connect_timeout``: a server that does
+#: not answer (a dropped route, a firewall) is reported after this long rather than after the
+#: kernel's TCP retries (minutes). Keepalives and ``tcp_user_timeout``: a connection whose
+#: server vanished without closing it fails within about a minute instead of hanging a write.
+_CONNECTION_DEFAULTS = {
+    "connect_timeout": "10",
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+    "application_name": "agent-supervisor",
+}
+#: The advisory lock that makes one supervisor the database's only writer (any fixed 64-bit
+#: number; advisory locks are per database). This one spells "asup-ses".
+_LOCK_KEY = 0x617375702D736573
+#: A text's first characters that its ``tsvector`` indexes (the ``search`` column): a tsvector
+#: holds at most 1 MB, and a text whose vector would not fit must not make its batch fail.
+#: 100,000 characters of distinct words stay well under it.
+_INDEXED_CHARS = 100_000
+#: The search snippet: about a dozen words around the first match, the words in brackets
+#: (as SQLite's ``snippet()`` gives it).
+_HEADLINE = "StartSel=[, StopSel=], MaxWords=12, MinWords=5, ShortWord=0"
+_WORD = re.compile(r"\w+", re.UNICODE)
+_SECRET_IN_USERINFO = re.compile(r"(://[^/@?#:]*):[^/@?#]*@")
+_SECRET_IN_QUERY = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+_T = TypeVar("_T")
+
+
+class PostgresBackend:
+    """The store in the PostgreSQL database ``url`` names (``postgresql://user:pw@host/db``;
+    libpq's parameters, such as ``sslmode``, in its query string)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.where = redacted(url)
+        self._connection: psycopg.Connection[Any] | None = None
+        self._opened = False
+
+    # -- connecting
+
+    def open(self) -> None:
+        self._connection = self._connect()
+        self._opened = True
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """A connection holding the lock, the schema at :data:`SCHEMA_VERSION`."""
+        try:
+            parameters = conninfo_to_dict(self.url)
+            for key, value in _CONNECTION_DEFAULTS.items():
+                parameters.setdefault(key, value)
+            conninfo = make_conninfo("", **parameters)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"store URL {self.where} is not a valid PostgreSQL URL ({_line(exc)}); "
+                "it looks like postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+            ) from None
+        try:
+            connection = psycopg.connect(conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(_connect_error(self.where, exc)) from None
+        try:
+            self._setup(connection)
+        except BaseException as exc:
+            connection.close()
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(_setup_error(self.where, exc)) from None
+            raise
+        return connection
+
+    def _setup(self, connection: psycopg.Connection[Any]) -> None:
+        held = connection.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,)).fetchone()
+        if held is None or not held[0]:
+            raise StoreError(
+                f"the store {self.where} is in use by another process (another "
+                "agent-supervisor serve?); stop it or choose another database with "
+                "[store] url or --store"
+            )
+        newest = contract.SCHEMA_VERSION
+        with connection.transaction():
+            # The migrations one at a time in one transaction; a second supervisor that opens
+            # the database meanwhile finds the lock taken (above) and never gets here.
+            exists = connection.execute("SELECT to_regclass('schema_version')").fetchone()
+            if exists is None or exists[0] is None:
+                connection.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+            row = connection.execute("SELECT max(version) FROM schema_version").fetchone()
+            version = (row[0] if row else None) or 0
+            if version > newest:
+                raise StoreError(
+                    f"the store {self.where} has schema version {version}, newer than this "
+                    f"agent-supervisor's ({newest}); upgrade agent-supervisor or choose "
+                    "another database"
+                )
+            for number in range(version, newest):
+                for statement in contract.MIGRATIONS[number]["postgresql"]:
+                    connection.execute(statement)
+                connection.execute("DELETE FROM schema_version")
+                connection.execute(
+                    "INSERT INTO schema_version (version) VALUES (%s)", (number + 1,)
+                )
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection; a new one when the server dropped the last (a restart)."""
+        if not self._opened:
+            raise StoreError(f"the store {self.where} is not open")
+        connection = self._connection
+        if connection is None or connection.closed:
+            connection = self._connection = self._connect()
+        return connection
+
+    def _run(self, what: str, work: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        """``work`` on the connection; once more on a new connection if the old one turns out
+        to be gone (the server restarted since the last call: every call is safe to repeat).
+        ``what``: "write to" or "read"."""
+        for attempt in range(2):
+            connection = self._live()
+            try:
+                return work(connection)
+            except psycopg.OperationalError as exc:
+                if connection.broken:
+                    connection.close()
+                    self._connection = None
+                    if attempt == 0:
+                        continue
+                raise StoreError(f"cannot {what} the store {self.where}: {_line(exc)}") from None
+            except (psycopg.Error, TypeError, ValueError) as exc:
+                # What the server refused or the driver could not send (a value it cannot
+                # adapt, text it cannot encode): the batch is not written.
+                raise StoreError(f"cannot {what} the store {self.where}: {_line(exc)}") from None
+        raise AssertionError("unreachable")
+
+    # -- writing
+
+    def write(self, batch: Batch) -> None:
+        if batch:
+            self._run("write to", lambda connection: _write(connection, batch))
+
+    # -- reading
+
+    def sessions(self) -> list[StoredSession]:
+        rows = self._read(
+            """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
+                last_active, state, open_turn_id,
+                (SELECT max(seq) FROM events WHERE session_id = sessions.id)
+            FROM sessions ORDER BY last_active DESC, id DESC""",
+            (),
+        )
+        return [
+            StoredSession(
+                id=row[0],
+                agent=row[1],
+                protocol=row[2],
+                host=row[3],
+                cwd=row[4],
+                mcp_servers=row[5],
+                agent_session_id=row[6],
+                created=row[7],
+                last_active=row[8],
+                state=row[9],
+                open_turn_id=row[10],
+                last_seq=row[11] or 0,
+            )
+            for row in rows
+        ]
+
+    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        return [
+            (seq, bytes(payload))
+            for seq, payload in self._read(
+                "SELECT seq, payload FROM events WHERE session_id = %s AND seq > %s "
+                "ORDER BY seq LIMIT %s",
+                (session_id, since_seq, limit),
+            )
+        ]
+
+    def texts(self, session_id: str) -> list[TextRow]:
+        return [
+            TextRow(session_id=session_id, seq=seq, kind=kind, turn_id=turn_id, text=text)
+            for seq, kind, turn_id, text in self._read(
+                "SELECT seq, kind, turn_id, text FROM texts WHERE session_id = %s "
+                "ORDER BY seq, kind",
+                (session_id,),
+            )
+        ]
+
+    def receipts(self, session_id: str) -> list[ReceiptRow]:
+        return [
+            ReceiptRow(session_id=session_id, seq=seq, turn_id=turn_id, payload=bytes(payload))
+            for seq, turn_id, payload in self._read(
+                "SELECT seq, turn_id, payload FROM receipts WHERE session_id = %s ORDER BY seq",
+                (session_id,),
+            )
+        ]
+
+    def search(self, query: str, limit: int) -> list[SearchHit]:
+        words = _WORD.findall(query)
+        if not words:
+            return []
+        # The words only, each a lexeme that must be present: what the user typed is text to
+        # find, never tsquery syntax. The snippet is made for the rows returned, not all hits.
+        rows = self._read(
+            f"""WITH q AS (SELECT plainto_tsquery('simple', %s) AS q),
+            hits AS (
+                SELECT t.session_id, t.turn_id, t.seq, t.kind, t.text,
+                    ts_rank(t.search, q.q) AS rank
+                FROM texts t, q WHERE t.search @@ q.q
+                ORDER BY rank DESC, t.session_id, t.seq LIMIT %s
+            )
+            SELECT session_id, turn_id, seq, kind,
+                ts_headline('simple', left(text, {_INDEXED_CHARS}), q.q, %s)
+            FROM hits, q ORDER BY rank DESC, session_id, seq""",
+            (" ".join(words), limit, _HEADLINE),
+        )
+        return [
+            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            for row in rows
+        ]
+
+    def _read(self, sql: str, parameters: Sequence[object]) -> list[Any]:
+        def read(connection: psycopg.Connection[Any]) -> list[Any]:
+            return connection.execute(sql, parameters).fetchall()
+
+        return self._run("read", read)
+
+    def close(self) -> None:
+        self._opened = False
+        if self._connection is not None:
+            self._connection.close()  # the server lets go of the lock with it
+            self._connection = None
+
+
+# -- a batch's SQL
+
+_UPSERT_SESSION = """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
+        agent_session_id, created, last_active, state)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (id) DO UPDATE SET agent = excluded.agent, protocol = excluded.protocol,
+        host = excluded.host, cwd = excluded.cwd, mcp_servers = excluded.mcp_servers,
+        agent_session_id = excluded.agent_session_id, last_active = excluded.last_active,
+        state = excluded.state"""
+_EVENT_COLUMNS = "events (session_id, seq, kind, turn_id, time, payload)"
+_INSERT_EVENT = (
+    f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+#: An event's effect on its session's open turn, in order: ``turn.started`` opens its turn,
+#: ``turn.ended`` closes it if it is the open one.
+_OPEN_TURN = """UPDATE sessions
+    SET open_turn_id = CASE WHEN %(started)s THEN %(turn)s ELSE NULL END
+    WHERE id = %(session)s AND (%(started)s OR open_turn_id = %(turn)s)"""
+_INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
+    VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+_INSERT_TEXT = """INSERT INTO texts (session_id, seq, kind, turn_id, text)
+    VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+
+
+def _write(connection: psycopg.Connection[Any], batch: Batch) -> None:
+    try:
+        _write_batch(connection, batch, copy_events=True)
+    except errors.UniqueViolation:
+        # Some of its events are stored already (a batch written again): the same batch,
+        # skipping what is there.
+        _write_batch(connection, batch, copy_events=False)
+
+
+def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_events: bool) -> None:
+    with connection.transaction(), connection.cursor() as cursor:
+        if batch.sessions:
+            cursor.executemany(
+                _UPSERT_SESSION,
+                [
+                    (
+                        s.id,
+                        s.agent,
+                        s.protocol,
+                        s.host,
+                        s.cwd,
+                        s.mcp_servers,
+                        s.agent_session_id,
+                        s.created,
+                        s.last_active,
+                        s.state,
+                    )
+                    for s in batch.sessions
+                ],
+            )
+        if batch.events:
+            rows = [
+                (e.session_id, e.seq, e.kind, e.turn_id, e.time, e.payload) for e in batch.events
+            ]
+            if copy_events:
+                with cursor.copy(f"COPY {_EVENT_COLUMNS} FROM STDIN") as copy:
+                    for row in rows:
+                        copy.write_row(row)
+            else:
+                cursor.executemany(_INSERT_EVENT, rows)
+            turns = [
+                {"started": e.kind == "turn.started", "turn": e.turn_id, "session": e.session_id}
+                for e in batch.events
+                if e.kind in ("turn.started", "turn.ended")
+            ]
+            if turns:
+                cursor.executemany(_OPEN_TURN, turns)
+        if batch.receipts:
+            cursor.executemany(
+                _INSERT_RECEIPT,
+                [(r.session_id, r.seq, r.turn_id, r.payload) for r in batch.receipts],
+            )
+        if batch.texts:
+            cursor.executemany(
+                _INSERT_TEXT,
+                [(t.session_id, t.seq, t.kind, t.turn_id, _storable(t.text)) for t in batch.texts],
+            )
+
+
+def _storable(text: str) -> str:
+    """PostgreSQL's text cannot hold NUL (an agent's answer may): U+FFFD stands in for it."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+# -- one-line messages
+
+
+def redacted(url: str) -> str:
+    """``url`` without a password it carries (it goes into messages and logs)."""
+    return _SECRET_IN_QUERY.sub(r"\1***", _SECRET_IN_USERINFO.sub(r"\1:***@", url))
+
+
+def _line(exc: BaseException) -> str:
+    """The error's text on one line (libpq's run over several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _connect_error(where: str, exc: psycopg.Error) -> str:
+    text = _line(exc)
+    lowered = text.lower()
+    if "password authentication failed" in lowered or "no password supplied" in lowered:
+        return (
+            f"the PostgreSQL server refused the credentials of {where} ({_tail(text)}); "
+            "fix the user or password in [store] url or --store"
+        )
+    if "does not exist" in lowered and "database" in lowered:
+        return (
+            f"the PostgreSQL server has no database {where} names ({_tail(text)}); "
+            "create it (createdb) or fix [store] url or --store"
+        )
+    if "role" in lowered and "does not exist" in lowered:
+        return (
+            f"the PostgreSQL server has no user {where} names ({_tail(text)}); "
+            "fix [store] url or --store"
+        )
+    if "pg_hba.conf" in lowered:
+        return (
+            f"the PostgreSQL server does not let {where} in ({_tail(text)}); "
+            "allow this host and user in its pg_hba.conf, or fix [store] url or --store"
+        )
+    return (
+        f"cannot reach the PostgreSQL server of {where} ({_tail(text)}); start it, or fix "
+        "[store] url or --store"
+    )
+
+
+def _setup_error(where: str, exc: psycopg.Error) -> str:
+    if isinstance(exc, errors.InsufficientPrivilege):
+        return (
+            f"the store {where} cannot create its tables ({_line(exc)}); grant the user "
+            "CREATE on the database's schema, or make it the database's owner"
+        )
+    return f"cannot open the store {where}: {_line(exc)}"
+
+
+def _tail(text: str) -> str:
+    """libpq's reason without its "connection failed: connection to server at ... failed:"
+    preamble (the URL says where)."""
+    reason = text.rpartition(" failed: ")[2] if " failed: " in text else text
+    return reason.removeprefix("FATAL: ").strip()
