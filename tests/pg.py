@@ -46,8 +46,9 @@ ROLE = "asup"
 START_BOUND_S = 30.0
 STOP_BOUND_S = 10.0
 #: What the server runs with: fsync and friends off (a test cluster need not survive a crash of
-#: the machine, and fsync is most of a commit's cost); small shared memory (several workers of
-#: a parallel run each start one); no logging collector (its log is the server's stderr).
+#: the machine, and fsync is most of a commit's cost; synchronous_commit off is a server's
+#: setting the backend must override for itself); small shared memory (several workers of a
+#: parallel run each start one); no logging collector (its log is the server's stderr).
 SETTINGS = {
     "fsync": "off",
     "synchronous_commit": "off",
@@ -101,6 +102,10 @@ class PostgresServer:
     def log(self) -> Path:
         return self.directory / "postgres.log"
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def url(self, database: str = "postgres") -> str:
         """Over the Unix socket, no password."""
         return f"postgresql://{ROLE}@/{database}?host={quote(str(self.directory))}&port={self.port}"
@@ -120,7 +125,7 @@ class PostgresServer:
         return self.url(name)
 
     def start(self) -> None:
-        assert self.process is None or self.process.poll() is not None
+        assert not self.running
         options = [arg for key, value in SETTINGS.items() for arg in ("-c", f"{key}={value}")]
         log = open(self.log, "ab")  # noqa: SIM115 (the server's lifetime; the child holds it)
         try:
@@ -176,7 +181,7 @@ class PostgresServer:
         """Fast shutdown (SIGINT: sessions are ended, a clean checkpoint), or immediate
         (SIGQUIT: as if the server crashed; it recovers from its WAL at the next start)."""
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None or not self.running:
             return
         try:
             children = psutil.Process(process.pid).children(recursive=True)

@@ -183,7 +183,8 @@ class Backend(Protocol):
 #: - ``receipts``: :class:`ReceiptRow`, primary key ``(session_id, seq)``.
 #: - ``texts``: :class:`TextRow`, primary key ``(session_id, seq, kind)``; SQLite indexes
 #:   ``text`` in the FTS5 table ``texts_fts`` (rowid: the row's ``rowid``), PostgreSQL in a
-#:   ``tsvector`` column ``search`` with a GIN index.
+#:   ``tsvector`` column ``search`` with a GIN index, of the text's first 100,000 characters
+#:   (a tsvector holds at most 1 MB: a longer text's would fail its batch).
 MIGRATIONS: list[dict[str, list[str]]] = [
     {
         "sqlite": [
@@ -266,7 +267,9 @@ MIGRATIONS: list[dict[str, list[str]]] = [
                 kind TEXT NOT NULL,
                 turn_id TEXT NOT NULL,
                 text TEXT NOT NULL,
-                search TSVECTOR GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED,
+                search TSVECTOR GENERATED ALWAYS AS (
+                    to_tsvector('simple', left(text, 100000))
+                ) STORED,
                 PRIMARY KEY (session_id, seq, kind)
             )""",
             "CREATE INDEX texts_search ON texts USING GIN (search)",

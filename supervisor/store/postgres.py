@@ -56,9 +56,9 @@ _CONNECTION_DEFAULTS = {
 #: The advisory lock that makes one supervisor the database's only writer (any fixed 64-bit
 #: number; advisory locks are per database). This one spells "asup-ses".
 _LOCK_KEY = 0x617375702D736573
-#: A text's first characters that its ``tsvector`` indexes (the ``search`` column): a tsvector
-#: holds at most 1 MB, and a text whose vector would not fit must not make its batch fail.
-#: 100,000 characters of distinct words stay well under it.
+#: A text's first characters that its ``tsvector`` indexes (the ``search`` column, as the
+#: migration defines it: a tsvector holds at most 1 MB, and a text whose vector would not fit
+#: must not make its batch fail); the snippet is made from the same characters.
 _INDEXED_CHARS = 100_000
 #: The search snippet: about a dozen words around the first match, the words in brackets
 #: (as SQLite's ``snippet()`` gives it).
@@ -112,6 +112,9 @@ class PostgresBackend:
         return connection
 
     def _setup(self, connection: psycopg.Connection[Any]) -> None:
+        # A batch the store counts as written must outlive a crash of the server, whatever
+        # the server's default (synchronous_commit = off loses the last commits on a crash).
+        connection.execute("SET synchronous_commit = on")
         held = connection.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,)).fetchone()
         if held is None or not held[0]:
             raise StoreError(

@@ -1,0 +1,203 @@
+"""What only the PostgreSQL backend meets: a server that restarts under it, a connection that
+drops, the one-line errors of a URL that does not lead to a usable database, and text a
+PostgreSQL column or tsvector cannot hold as it is. The rest is the backend contract
+(``test_backend_contract.py``), which runs on PostgreSQL too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from pg import PostgresServer
+from supervisor.store.backend import Batch, EventRow, StoredSession, StoreError, TextRow
+from supervisor.store.postgres import PostgresBackend, redacted
+from supervisor.store.url import backend_for
+
+
+def session(id: str = "s1") -> StoredSession:
+    return StoredSession(
+        id=id,
+        agent="claude",
+        protocol="claude",
+        host=None,
+        cwd="/tmp",
+        mcp_servers="[]",
+        agent_session_id=None,
+        created=1.0,
+        last_active=2.0,
+        state="ready",
+    )
+
+
+def events(first: int, count: int, sid: str = "s1") -> list[EventRow]:
+    return [
+        EventRow(
+            session_id=sid,
+            seq=seq,
+            kind="message.delta",
+            turn_id="t1",
+            time=float(seq),
+            payload=b'{"seq":%d}' % seq,
+        )
+        for seq in range(first, first + count)
+    ]
+
+
+@pytest.fixture
+def url(postgresql: PostgresServer) -> str:
+    return postgresql.database()
+
+
+@pytest.fixture
+def backend(url: str) -> Iterator[PostgresBackend]:
+    backend = PostgresBackend(url)
+    backend.open()
+    yield backend
+    backend.close()
+
+
+def stored_seqs(backend: PostgresBackend, sid: str = "s1") -> list[int]:
+    return [seq for seq, _ in backend.events(sid, 0, 1_000_000)]
+
+
+@pytest.fixture
+def restartable(postgresql: PostgresServer) -> Iterator[PostgresServer]:
+    """The run's server, running again after the test whatever it did to it."""
+    yield postgresql
+    if not postgresql.running:
+        postgresql.start()
+
+
+@pytest.mark.parametrize("immediate", [False, True], ids=["shutdown", "crash"])
+def test_the_next_batch_after_a_server_restart_is_written_once(
+    backend: PostgresBackend, restartable: PostgresServer, immediate: bool
+) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 100)))
+    restartable.stop(immediate=immediate)
+    restartable.start()
+    # The backend's connection died with the server: the write connects again, unasked.
+    backend.write(Batch(events=events(101, 100)))
+    assert stored_seqs(backend) == list(range(1, 201))
+
+
+def test_a_batch_refused_while_the_server_is_down_is_written_once_when_it_is_back(
+    backend: PostgresBackend, restartable: PostgresServer
+) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 10)))
+    restartable.stop()
+    batch = Batch(events=events(11, 10))
+    with pytest.raises(StoreError) as raised:
+        backend.write(batch)
+    message = str(raised.value)
+    assert "\n" not in message and "cannot reach the PostgreSQL server" in message, message
+    with pytest.raises(StoreError):
+        backend.write(batch)  # still down: refused again, nothing half-written
+    restartable.start()
+    backend.write(batch)  # the caller's retry
+    backend.write(batch)  # and once more, as after a commit whose answer was lost
+    assert stored_seqs(backend) == list(range(1, 21))
+
+
+def test_a_connection_the_server_ends_is_replaced(backend: PostgresBackend, url: str) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 5)))
+    with psycopg.connect(url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE application_name = 'agent-supervisor'"
+        ).fetchall()
+    assert ended == [(True,)]
+    assert stored_seqs(backend) == [1, 2, 3, 4, 5]  # a read reconnects too
+    backend.write(Batch(events=events(6, 5)))
+    assert stored_seqs(backend) == list(range(1, 11))
+
+
+def test_a_second_supervisor_on_the_same_database_is_refused(
+    backend: PostgresBackend, url: str
+) -> None:
+    second = PostgresBackend(url)
+    with pytest.raises(StoreError, match="in use by another process"):
+        second.open()
+    backend.close()
+    second.open()  # the lock went with the first one's connection
+    second.close()
+
+
+@pytest.mark.parametrize(
+    "make_url, expected",
+    [
+        (lambda pg: "postgresql://a b@@/x", "not a valid PostgreSQL URL"),
+        (lambda pg: pg.tcp_url(password="wrong-secret"), "refused the credentials"),
+        (
+            lambda pg: pg.tcp_url().replace(f":{pg.port}/", f":{_closed_port()}/"),
+            "cannot reach the PostgreSQL server",
+        ),
+        (lambda pg: pg.url("no_such_database"), "has no database"),
+        (lambda pg: pg.url().replace("asup@", "nobody@"), "has no user"),
+    ],
+    ids=["malformed", "bad-password", "unreachable", "no-database", "no-user"],
+)
+def test_a_url_that_leads_nowhere_is_one_line(
+    postgresql: PostgresServer, make_url: object, expected: str
+) -> None:
+    url: str = make_url(postgresql)  # type: ignore[operator]
+    backend = backend_for(url)
+    assert backend is not None
+    with pytest.raises(StoreError) as raised:
+        backend.open()
+    message = str(raised.value)
+    assert "\n" not in message and expected in message, message
+    assert "wrong-secret" not in message and postgresql.password not in message
+    assert "Traceback" not in message
+
+
+def test_a_user_without_create_is_told_what_to_grant(postgresql: PostgresServer, url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS reader")
+        admin.execute("CREATE ROLE reader LOGIN")
+    try:
+        backend = PostgresBackend(url.replace("asup@", "reader@"))
+        with pytest.raises(StoreError) as raised:
+            backend.open()
+        message = str(raised.value)
+        assert "\n" not in message and "grant the user CREATE" in message, message
+    finally:
+        with psycopg.connect(postgresql.url(), autocommit=True) as admin:
+            admin.execute("DROP OWNED BY reader")
+            admin.execute("DROP ROLE reader")
+
+
+def test_text_postgresql_cannot_hold_as_is_is_stored_and_found(backend: PostgresBackend) -> None:
+    # 2 MB of distinct words: a tsvector of all of it would pass its 1 MB bound.
+    long = " ".join(f"w{i}" for i in range(300_000))
+    backend.write(
+        Batch(
+            sessions=[session()],
+            texts=[
+                TextRow(session_id="s1", turn_id="t1", seq=1, kind="answer", text=long),
+                TextRow(session_id="s1", turn_id="t1", seq=2, kind="prompt", text="a nul\x00 here"),
+            ],
+        )
+    )
+    answer, prompt = backend.texts("s1")
+    assert answer.text == long  # stored in full; its first 100,000 characters indexed
+    assert prompt.text == "a nul\ufffd here"
+    assert [h.seq for h in backend.search("w5", 10)] == [1]
+    assert [h.seq for h in backend.search("here", 10)] == [2]
+
+
+def test_the_password_never_shows() -> None:
+    assert redacted("postgresql://u:s3cret@h/db") == "postgresql://u:***@h/db"
+    assert redacted("postgresql://h/db?sslmode=require&password=s3cret") == (
+        "postgresql://h/db?sslmode=require&password=***"
+    )
+    assert redacted("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again: nothing listens there
