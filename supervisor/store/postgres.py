@@ -14,14 +14,17 @@ twice.
 The database is held by one supervisor at a time, as the SQLite file is: a session-level
 advisory lock, taken at open and held by the connection (two supervisors writing the same
 sessions would interleave two histories with the same seqs). When the server goes away (a
-restart, a failover), the next call connects again, takes the lock again and carries on; a
-batch that failed is written again by the caller, and nothing of it is stored twice.
+restart, a failover) or the connection drops, the next call connects again, takes the lock
+again (from its own old connection's server process if that one has not noticed yet) and
+carries on; a batch that failed is written again by the caller, and nothing of it is stored
+twice.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -53,9 +56,14 @@ _CONNECTION_DEFAULTS = {
     "tcp_user_timeout": "60000",
     "application_name": "agent-supervisor",
 }
-#: The advisory lock that makes one supervisor the database's only writer (any fixed 64-bit
-#: number; advisory locks are per database). This one spells "asup-ses".
-_LOCK_KEY = 0x617375702D736573
+#: The advisory lock that makes one supervisor the store's only writer: this number ("asup")
+#: and the hash of the schema the store's tables are in (advisory locks are per database; two
+#: stores in two schemas of one database are two stores).
+_LOCK_CLASS = 0x61737570
+_LOCK = "%s, hashtext(current_schema())"
+#: How long taking the lock back from this backend's own lost connection waits for its server
+#: process to exit (it exits at its next check for interrupts: at once when idle).
+_TAKE_BACK_WAIT_MS = 5_000
 #: A text's first characters that its ``tsvector`` indexes (the ``search`` column, as the
 #: migration defines it: a tsvector holds at most 1 MB, and a text whose vector would not fit
 #: must not make its batch fail); the snippet is made from the same characters.
@@ -72,13 +80,17 @@ _T = TypeVar("_T")
 
 class PostgresBackend:
     """The store in the PostgreSQL database ``url`` names (``postgresql://user:pw@host/db``;
-    libpq's parameters, such as ``sslmode``, in its query string)."""
+    libpq's parameters, such as ``sslmode``, in its query string), in the first schema of its
+    ``search_path`` (``public`` by default; another: ``options=-csearch_path%3DNAME``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.where = redacted(url)
         self._connection: psycopg.Connection[Any] | None = None
         self._opened = False
+        #: the server process of the connection that holds the lock: its pid and start time
+        #: (a pid alone may be another process's after a restart)
+        self._server_process: tuple[int, datetime] | None = None
 
     # -- connecting
 
@@ -115,13 +127,13 @@ class PostgresBackend:
         # A batch the store counts as written must outlive a crash of the server, whatever
         # the server's default (synchronous_commit = off loses the last commits on a crash).
         connection.execute("SET synchronous_commit = on")
-        held = connection.execute("SELECT pg_try_advisory_lock(%s)", (_LOCK_KEY,)).fetchone()
-        if held is None or not held[0]:
+        schema = connection.execute("SELECT current_schema()").fetchone()
+        if schema is None or schema[0] is None:
             raise StoreError(
-                f"the store {self.where} is in use by another process (another "
-                "agent-supervisor serve?); stop it or choose another database with "
-                "[store] url or --store"
+                f"the store {self.where} has no schema to keep its tables in (none of its "
+                "search_path exists); create the schema or fix search_path in the URL"
             )
+        self._lock(connection)
         newest = contract.SCHEMA_VERSION
         with connection.transaction():
             # The migrations one at a time in one transaction; a second supervisor that opens
@@ -144,6 +156,29 @@ class PostgresBackend:
                 connection.execute(
                     "INSERT INTO schema_version (version) VALUES (%s)", (number + 1,)
                 )
+
+    def _lock(self, connection: psycopg.Connection[Any]) -> None:
+        """Take the advisory lock. Held already by this backend's own last connection (its
+        server process, which has not noticed yet that the connection is gone: a network that
+        dropped it rather than a server restart), the lock is taken back by ending that process;
+        held by anyone else, the database is in use."""
+        if not _try_lock(connection):
+            previous = self._server_process
+            if previous is None or not _end_server_process(connection, previous):
+                raise StoreError(
+                    f"the store {self.where} is in use by another process (another "
+                    "agent-supervisor serve?); stop it or choose another database with "
+                    "[store] url or --store"
+                )
+            if not _try_lock(connection):
+                raise StoreError(
+                    f"the store {self.where} was taken by another process while this one "
+                    "reconnected (another agent-supervisor serve?); stop it"
+                )
+        row = connection.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        self._server_process = (row[0], row[1]) if row else None
 
     def _live(self) -> psycopg.Connection[Any]:
         """The connection; a new one when the server dropped the last (a restart)."""
@@ -270,9 +305,42 @@ class PostgresBackend:
 
     def close(self) -> None:
         self._opened = False
-        if self._connection is not None:
-            self._connection.close()  # the server lets go of the lock with it
-            self._connection = None
+        self._server_process = None
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if not connection.broken:
+            # Let go of the lock now: the server would only when the closed connection's
+            # process exits, a moment after close() returns (a supervisor starting again at
+            # once would find the database in use).
+            try:
+                connection.execute(f"SELECT pg_advisory_unlock({_LOCK})", (_LOCK_CLASS,))
+            except psycopg.Error:
+                pass  # gone: its lock with it
+        connection.close()
+
+
+# -- the lock
+
+
+def _try_lock(connection: psycopg.Connection[Any]) -> bool:
+    row = connection.execute(f"SELECT pg_try_advisory_lock({_LOCK})", (_LOCK_CLASS,)).fetchone()
+    return bool(row and row[0])
+
+
+def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int, datetime]) -> bool:
+    """End the server process ``(pid, start time)`` if it is still there and holds the lock,
+    and wait (a bounded while) until it has exited, its lock released; whether it did."""
+    pid, started = process
+    row = connection.execute(
+        """SELECT pg_terminate_backend(a.pid, %s) FROM pg_stat_activity a
+        JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted
+            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            AND l.classid = %s AND l.objsubid = 2
+        WHERE a.pid = %s AND a.backend_start = %s""",
+        (_TAKE_BACK_WAIT_MS, _LOCK_CLASS, pid, started),
+    ).fetchone()
+    return bool(row and row[0])
 
 
 # -- a batch's SQL

@@ -102,15 +102,31 @@ def test_a_batch_refused_while_the_server_is_down_is_written_once_when_it_is_bac
 
 def test_a_connection_the_server_ends_is_replaced(backend: PostgresBackend, url: str) -> None:
     backend.write(Batch(sessions=[session()], events=events(1, 5)))
+    assert backend._connection is not None
     with psycopg.connect(url, autocommit=True) as admin:
         ended = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'agent-supervisor'"
-        ).fetchall()
-    assert ended == [(True,)]
+            "SELECT pg_terminate_backend(%s)", (backend._connection.info.backend_pid,)
+        ).fetchone()
+    assert ended == (True,)
     assert stored_seqs(backend) == [1, 2, 3, 4, 5]  # a read reconnects too
     backend.write(Batch(events=events(6, 5)))
     assert stored_seqs(backend) == list(range(1, 11))
+
+
+def test_the_lock_of_its_own_lost_connection_is_taken_back(backend: PostgresBackend) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 5)))
+    # The connection is lost to the backend while its server process lives on, the lock held
+    # (a network that dropped it: the server notices only when its keepalives give up).
+    lost = backend._connection
+    assert lost is not None
+    backend._connection = None
+    try:
+        backend.write(Batch(events=events(6, 5)))
+        assert stored_seqs(backend) == list(range(1, 11))
+        with pytest.raises(psycopg.OperationalError):
+            lost.execute("SELECT 1")  # its server process was ended
+    finally:
+        lost.close()
 
 
 def test_a_second_supervisor_on_the_same_database_is_refused(
@@ -156,6 +172,7 @@ def test_a_user_without_create_is_told_what_to_grant(postgresql: PostgresServer,
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("DROP ROLE IF EXISTS reader")
         admin.execute("CREATE ROLE reader LOGIN")
+        admin.execute("GRANT USAGE ON SCHEMA " + _schema(url) + " TO reader")
     try:
         backend = PostgresBackend(url.replace("asup@", "reader@"))
         with pytest.raises(StoreError) as raised:
@@ -166,6 +183,30 @@ def test_a_user_without_create_is_told_what_to_grant(postgresql: PostgresServer,
         with psycopg.connect(postgresql.url(), autocommit=True) as admin:
             admin.execute("DROP OWNED BY reader")
             admin.execute("DROP ROLE reader")
+
+
+def test_a_search_path_without_a_schema_is_one_line(url: str) -> None:
+    backend = PostgresBackend(url.replace(_schema(url), "no_such_schema"))
+    with pytest.raises(StoreError) as raised:
+        backend.open()
+    message = str(raised.value)
+    assert "\n" not in message and "create the schema" in message, message
+
+
+def test_two_schemas_of_one_database_are_two_stores(postgresql: PostgresServer) -> None:
+    first, second = PostgresBackend(postgresql.database()), PostgresBackend(postgresql.database())
+    first.open()
+    try:
+        second.open()  # not "in use": the lock is the schema's
+        try:
+            first.write(Batch(sessions=[session("a")], events=events(1, 3, "a")))
+            second.write(Batch(sessions=[session("b")], events=events(1, 2, "b")))
+            assert [s.id for s in first.sessions()] == ["a"]
+            assert [s.id for s in second.sessions()] == ["b"]
+        finally:
+            second.close()
+    finally:
+        first.close()
 
 
 def test_text_postgresql_cannot_hold_as_is_is_stored_and_found(backend: PostgresBackend) -> None:
@@ -193,6 +234,11 @@ def test_the_password_never_shows() -> None:
         "postgresql://h/db?sslmode=require&password=***"
     )
     assert redacted("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def _schema(url: str) -> str:
+    """The schema ``PostgresServer.database()`` put in the URL."""
+    return url.rpartition("search_path%3D")[2]
 
 
 def _closed_port() -> int:
