@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -96,6 +96,7 @@ class SessionStore:
         batch_events: int = BATCH_EVENTS,
         max_pending: int = MAX_PENDING,
         retry_s: tuple[float, ...] = RETRY_S,
+        run_sync: Callable[..., Awaitable[Any]] | None = None,
     ) -> None:
         self.backend = backend
         self.flush_s = flush_s
@@ -103,6 +104,9 @@ class SessionStore:
         self.max_pending = max_pending
         self.retry_s = retry_s
         self._limiter = trio.CapacityLimiter(1)
+        #: how the backend is called: on the store's one worker thread (tests on virtual time
+        #: give a direct call)
+        self._run_sync = run_sync if run_sync is not None else self._on_thread
         #: runs of (events, their wire bytes) recorded and not taken by a write yet
         self._pending: list[tuple[list[ev.Event], list[bytes]]] = []
         #: events recorded and not written yet (those of a write in progress too)
@@ -247,7 +251,7 @@ class SessionStore:
                 await self._in_thread(self._write, pending, attempt == 0)
                 self.written += count
                 break
-            except StoreError as exc:
+            except Exception as exc:  # a backend's bug too: the sessions go on
                 if pause is None or self._closing:
                     self._given_up(pending, count, exc)
                     break
@@ -260,7 +264,7 @@ class SessionStore:
                 callback()
 
     def _given_up(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: StoreError
+        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
     ) -> None:
         self._lost_events += count
         self._lost_batches += 1
@@ -279,7 +283,7 @@ class SessionStore:
             self._lost_events,
             self._lost_batches,
             where,
-            exc,
+            exc if isinstance(exc, StoreError) else repr(exc),
         )
         self._logged_at = now
         self._lost_events = self._lost_batches = 0
@@ -386,6 +390,10 @@ class SessionStore:
             await trio.sleep(self.flush_s)
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        result: T = await self._run_sync(fn, *args)
+        return result
+
+    async def _on_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     async def aclose(self) -> None:
