@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
@@ -673,9 +674,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
             for name, spec in agents.items()
         }
         _say(f"local sessions run in a node here (host {LOCAL_NODE!r}), and outlive a restart")
-    from supervisor.store.url import default_url
-
-    store = options.store or default_url(default_state_dir())
+    store = options.store or _default_store(default_state_dir())
     if store.strip().lower() != "none":
         _say(f"sessions are stored in {_shown_store(store)}")
     async with open_supervisor(
@@ -713,6 +712,25 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     if options.tracer_provider is not None:
         # The spans still batched (the stop's own) are exported before the process goes.
         await trio.to_thread.run_sync(options.tracer_provider.shutdown)
+
+
+def _default_store(state_dir: Path) -> str:
+    """The store in the state directory; ``none`` (and one line) if that directory cannot
+    be used: ``serve`` runs on, as without the state directory's crash safety."""
+    from supervisor.store.url import default_url
+
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        usable = os.access(state_dir, os.W_OK)
+    except OSError:
+        usable = False
+    if not usable:
+        _say(
+            f"sessions are not stored: {state_dir} cannot be used (give --store or"
+            " [store] url to keep them)"
+        )
+        return "none"
+    return default_url(state_dir)
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
