@@ -33,7 +33,7 @@ from protocols.events import PREVIEW_CHARS, preview
 from supervisor.store.backend import (
     Backend,
     Batch,
-    EventRow,
+    EventRun,
     ReceiptRow,
     StoredSession,
     StoreError,
@@ -80,6 +80,7 @@ class _Meta:
     session: Any
     state: str = "starting"
     last_active: float = 0.0
+    open_turn_id: str | None = None
 
 
 class SessionStore:
@@ -146,11 +147,12 @@ class SessionStore:
         away (stopped, killed, crashed): it ends now, in the history, failed, once."""
         stored = self.backend.sessions()
         now = time.time()
-        events: list[EventRow] = []
-        ended: list[StoredSession] = []
+        runs: list[EventRun] = []
+        changed: list[StoredSession] = []
+        sessions: list[StoredSession] = []
         for session in stored:
             if session.open_turn_id is None:
-                ended.append(session)
+                sessions.append(session)
                 continue
             seq = session.last_seq + 1
             event = ev.TurnEnded(
@@ -162,20 +164,15 @@ class SessionStore:
                 stop_reason="supervisor_gone",
                 error="the supervisor went away while the turn ran",
             )
-            events.append(
-                EventRow(
-                    session_id=session.id,
-                    seq=seq,
-                    kind=event.kind,
-                    turn_id=event.turn_id,
-                    time=now,
-                    payload=event_json(event),
-                )
+            runs.append(
+                EventRun(session_id=session.id, first_seq=seq, payloads=[event_json(event)])
             )
-            ended.append(attrs.evolve(session, last_seq=seq, open_turn_id=None))
-        if events:
-            self.backend.write(Batch(events=events))
-        return ended
+            ended = attrs.evolve(session, open_turn_id=None, last_active=now, last_seq=seq)
+            changed.append(ended)
+            sessions.append(ended)
+        if runs:
+            self.backend.write(Batch(sessions=changed, events=runs))
+        return sessions
 
     def attach(self, session: Any) -> None:
         """Store ``session`` (a local or remote session handle) and its events from now on."""
@@ -294,38 +291,46 @@ class SessionStore:
 
     def _batch(self, pending: list[tuple[list[ev.Event], list[bytes]]]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
-        rows: list[EventRow] = []
+        runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
         texts: list[TextRow] = []
         touched: dict[str, _Meta] = {}
+        newest: dict[str, EventRun] = {}  # each session's last run, to extend
         meta = self._meta
         answers = self._answers
         full_texts = self._full_texts
         for events, payloads in pending:
-            for event, payload in zip(events, payloads, strict=True):
-                sid = event.session_id
-                kind = event.kind
-                turn_id = getattr(event, "turn_id", None)
-                rows.append(
-                    EventRow(
-                        session_id=sid,
-                        seq=event.seq,
-                        kind=kind,
-                        turn_id=turn_id,
-                        time=event.timestamp,
-                        payload=payload,
+            if not events:
+                continue
+            sid = events[0].session_id
+            first = events[0].seq
+            if events[-1].seq - first != len(events) - 1:  # seqs with a hole (a node's gap)
+                for event, payload in zip(events, payloads, strict=True):
+                    runs.append(EventRun(session_id=sid, first_seq=event.seq, payloads=[payload]))
+            else:
+                run = newest.get(sid)
+                if run is not None and run.last_seq + 1 == first:
+                    run.payloads.extend(payloads)
+                else:
+                    run = newest[sid] = EventRun(
+                        session_id=sid, first_seq=first, payloads=list(payloads)
                     )
-                )
-                if kind == "message.delta":
+                    runs.append(run)
+            info = meta.get(sid)
+            if info is not None:
+                info.last_active = events[-1].timestamp
+                touched[sid] = info
+            for event in events:
+                cls = type(event)
+                if cls is ev.MessageDelta:
                     assert isinstance(event, ev.MessageDelta)
-                    if turn_id is not None and event.role == "assistant":
-                        answers.setdefault((sid, turn_id), []).append(event.text)
-                    continue
-                if kind == "session.state":
+                    if event.turn_id is not None and event.role == "assistant":
+                        answers.setdefault((sid, event.turn_id), []).append(event.text)
+                elif cls is ev.SessionState:
                     assert isinstance(event, ev.SessionState)
-                    if sid in meta:
-                        meta[sid].state = event.state
-                elif kind == "turn.started" or kind == "turn.steered":
+                    if info is not None:
+                        info.state = event.state
+                elif cls is ev.TurnStarted or cls is ev.TurnSteered:
                     assert isinstance(event, ev.TurnStarted | ev.TurnSteered)
                     text = event.text
                     if event.text_bytes is not None:
@@ -335,22 +340,25 @@ class SessionStore:
                             session_id=sid,
                             turn_id=event.turn_id,
                             seq=event.seq,
-                            kind="prompt" if kind == "turn.started" else "steer",
+                            kind="prompt" if cls is ev.TurnStarted else "steer",
                             text=text,
                         )
                     )
-                elif kind == "turn.ended":
+                    if cls is ev.TurnStarted and info is not None:
+                        info.open_turn_id = event.turn_id
+                elif cls is ev.TurnEnded:
                     assert isinstance(event, ev.TurnEnded)
+                    if info is not None and info.open_turn_id == event.turn_id:
+                        info.open_turn_id = None
                     parts = answers.pop((sid, event.turn_id), None)
                     if parts:
-                        answer = "".join(parts)[:MAX_ANSWER_CHARS]
                         texts.append(
                             TextRow(
                                 session_id=sid,
                                 turn_id=event.turn_id,
                                 seq=event.seq,
                                 kind="answer",
-                                text=answer,
+                                text="".join(parts)[:MAX_ANSWER_CHARS],
                             )
                         )
                     if event.receipt is not None:
@@ -362,13 +370,8 @@ class SessionStore:
                                 payload=dumps(event.receipt),
                             )
                         )
-            last = events[-1] if events else None
-            if last is not None and last.session_id in meta:
-                info = meta[last.session_id]
-                info.last_active = last.timestamp
-                touched[last.session_id] = info
         sessions = [_row(sid, info) for sid, info in touched.items()]
-        self._last_batch = Batch(sessions=sessions, events=rows, receipts=receipts, texts=texts)
+        self._last_batch = Batch(sessions=sessions, events=runs, receipts=receipts, texts=texts)
         return self._last_batch
 
     # -- reading ---------------------------------------------------------------------------
@@ -418,6 +421,7 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         created=info.created,
         last_active=info.last_active,
         state=info.state,
+        open_turn_id=info.open_turn_id,
     )
 
 

@@ -14,7 +14,7 @@ import trio
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
-from supervisor.store.backend import Batch, EventRow, StoredSession
+from supervisor.store.backend import Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json, event_to_wire
@@ -101,26 +101,10 @@ async def test_a_turn_running_when_the_supervisor_went_away_ends_once(tmp_path: 
                     created=1.0,
                     last_active=2.0,
                     state="running",
+                    open_turn_id="t1",
                 )
             ],
-            events=[
-                EventRow(
-                    session_id="s7",
-                    seq=1,
-                    kind="session.state",
-                    turn_id=None,
-                    time=1.0,
-                    payload=state,
-                ),
-                EventRow(
-                    session_id="s7",
-                    seq=2,
-                    kind="turn.started",
-                    turn_id="t1",
-                    time=2.0,
-                    payload=started,
-                ),
-            ],
+            events=[EventRun(session_id="s7", first_seq=1, payloads=[state, started])],
         )
     )
     backend.close()
