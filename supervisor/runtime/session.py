@@ -33,6 +33,7 @@ import trio
 from attrs import define, frozen
 
 from protocols.content import Part
+from protocols.events import PREVIEW_CHARS
 from protocols.framing import FramingError, decode_line, decode_lines
 from protocols.machine import Step
 from supervisor.agents.link import (
@@ -533,6 +534,9 @@ class Session:
         #: called (from the actor, must not block) with the receipt of each stopped turn once
         #: it has ended, and when (wall clock): the supervisor's recent stops
         self.on_stop: Callable[[CancelReceipt, float], None] | None = None
+        #: called with the id and the whole text of each prompt and steer longer than an
+        #: event's preview (``protocols.events.PREVIEW_CHARS``): the session store keeps it
+        self.on_text: Callable[[str, str], None] | None = None
 
     # -- public API (any task) ---------------------------------------------------------------
 
@@ -600,6 +604,8 @@ class Session:
         the agent cannot take is refused here (:class:`BadRequest`), before anything is sent."""
         parts = check_prompt(text, parts)
         self._check_open()
+        if self.on_text is not None and len(text) > PREVIEW_CHARS:
+            self.on_text(self.id, text)
         reply: Reply[TurnHandle] = Reply()
         return await self._ask(_Prompt(text, parts, reply), reply)
 
@@ -640,6 +646,8 @@ class Session:
         ``interrupted``, once the old turn has ended (terminate-then-respond)."""
         check_steer(text)
         self._check_open()
+        if self.on_text is not None and len(text) > PREVIEW_CHARS:
+            self.on_text(self.id, text)
         reply: Reply[SteerResult] = Reply()
         return await self._ask(_Steer(text, reply), reply)
 

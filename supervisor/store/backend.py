@@ -5,7 +5,8 @@ every call through ``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``): t
 never blocks on a database. Each backend keeps one connection, opened by :meth:`Backend.open`.
 
 What is stored (``design/store.md``): every session (:class:`StoredSession`), every event
-with its ``seq`` as the clients got it (its wire JSON bytes, :class:`EventRow`), every receipt
+with its ``seq`` as the clients got it (its wire JSON bytes, in runs: :class:`EventRun`),
+every receipt
 (:class:`ReceiptRow`), and every prompt and steer in full beside each turn's answer
 (:class:`TextRow`, searchable with the database's own full-text search).
 
@@ -28,7 +29,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Backend",
     "Batch",
-    "EventRow",
+    "EventRun",
     "ReceiptRow",
     "SearchHit",
     "StoreError",
@@ -48,9 +49,8 @@ class StoreError(Exception):
 @frozen(kw_only=True)
 class StoredSession:
     """A session as the store keeps it. Written (upserted) whenever it changes; ``created`` is
-    kept from its first write. ``last_seq`` and ``open_turn_id`` are the store's own, filled
-    when read (ignored in a :class:`Batch`): the newest ``seq`` stored, and the turn whose
-    ``turn.started`` is stored without its ``turn.ended``."""
+    kept from its first write. ``last_seq`` is the store's own, filled when read (ignored in a
+    :class:`Batch`): the newest ``seq`` stored."""
 
     id: str
     agent: str
@@ -65,23 +65,26 @@ class StoredSession:
     last_active: float
     #: its last ``session.state`` (``supervisor/core/states.py``)
     state: str
-    last_seq: int = 0
+    #: the turn whose ``turn.started`` is stored without its ``turn.ended`` (None: none): a
+    #: supervisor that finds one at its start ends it (it ran when the last one went away)
     open_turn_id: str | None = None
+    last_seq: int = 0
 
 
 @frozen(kw_only=True)
-class EventRow:
-    """One event as clients got it."""
+class EventRun:
+    """Events of one session with contiguous seqs, from ``first_seq`` on, as clients got them:
+    each its wire JSON (``supervisor/wire/codec.py``), byte for byte. Stored as one row (the
+    payloads joined by ``\\n``, which compact JSON never holds): a row per event costs a
+    flood ~3 us per event in SQLite, as much as the rest of the supervisor's work on it."""
 
     session_id: str
-    seq: int
-    #: the event's ``kind`` (``turn.started``, ``message.delta``, ...)
-    kind: str
-    turn_id: str | None
-    #: its timestamp (seconds since the epoch)
-    time: float
-    #: its wire JSON (``supervisor/wire/codec.py``), byte for byte
-    payload: bytes
+    first_seq: int
+    payloads: list[bytes]
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.payloads) - 1
 
 
 @frozen(kw_only=True)
@@ -125,12 +128,12 @@ class SearchHit:
 
 @frozen(kw_only=True)
 class Batch:
-    """What one :meth:`Backend.write` writes, in one transaction: all of it or none. Events
-    and texts already stored (the same ``session_id`` and ``seq``, or ``seq`` and ``kind``)
-    are left as they are: a batch written twice stores nothing twice."""
+    """What one :meth:`Backend.write` writes, in one transaction: all of it or none. Runs,
+    receipts and texts already stored (the same ``session_id`` and ``first_seq``, ``seq``, or
+    ``seq`` and ``kind``) are left as they are: a batch written twice stores nothing twice."""
 
     sessions: list[StoredSession] = field(factory=list)
-    events: list[EventRow] = field(factory=list)
+    events: list[EventRun] = field(factory=list)
     receipts: list[ReceiptRow] = field(factory=list)
     texts: list[TextRow] = field(factory=list)
 
@@ -150,8 +153,7 @@ class Backend(Protocol):
 
     def write(self, batch: Batch) -> None:
         """Write ``batch`` in one transaction; :class:`StoreError` if it could not (nothing of
-        it is written). Each event's ``turn.started``/``turn.ended`` also sets or clears its
-        session's ``open_turn_id``."""
+        it is written)."""
 
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""
@@ -178,8 +180,9 @@ class Backend(Protocol):
 #: transaction with the version's ``schema_version`` row. Tables and columns are the same in
 #: every dialect (the names the backends query); only types and full-text indexing differ.
 #:
-#: - ``sessions``: :class:`StoredSession` (``open_turn_id`` kept by the backend).
-#: - ``events``: :class:`EventRow`, primary key ``(session_id, seq)``.
+#: - ``sessions``: :class:`StoredSession`.
+#: - ``events``: :class:`EventRun`, primary key ``(session_id, first_seq)``, with its
+#:   ``last_seq`` and ``payloads`` (joined by ``\n``).
 #: - ``receipts``: :class:`ReceiptRow`, primary key ``(session_id, seq)``.
 #: - ``texts``: :class:`TextRow`, primary key ``(session_id, seq, kind)``; SQLite indexes
 #:   ``text`` in the FTS5 table ``texts_fts`` (rowid: the row's ``rowid``), PostgreSQL in a
@@ -204,13 +207,12 @@ MIGRATIONS: list[dict[str, list[str]]] = [
             "CREATE INDEX sessions_by_activity ON sessions (last_active)",
             """CREATE TABLE events (
                 session_id TEXT NOT NULL,
-                seq INTEGER NOT NULL,
-                kind TEXT NOT NULL,
-                turn_id TEXT,
-                time REAL NOT NULL,
-                payload BLOB NOT NULL,
-                PRIMARY KEY (session_id, seq)
+                first_seq INTEGER NOT NULL,
+                last_seq INTEGER NOT NULL,
+                payloads BLOB NOT NULL,
+                PRIMARY KEY (session_id, first_seq)
             ) WITHOUT ROWID""",
+            "CREATE INDEX events_by_last ON events (session_id, last_seq)",
             """CREATE TABLE receipts (
                 session_id TEXT NOT NULL,
                 seq INTEGER NOT NULL,
@@ -247,13 +249,12 @@ MIGRATIONS: list[dict[str, list[str]]] = [
             "CREATE INDEX sessions_by_activity ON sessions (last_active)",
             """CREATE TABLE events (
                 session_id TEXT NOT NULL,
-                seq BIGINT NOT NULL,
-                kind TEXT NOT NULL,
-                turn_id TEXT,
-                time DOUBLE PRECISION NOT NULL,
-                payload BYTEA NOT NULL,
-                PRIMARY KEY (session_id, seq)
+                first_seq BIGINT NOT NULL,
+                last_seq BIGINT NOT NULL,
+                payloads BYTEA NOT NULL,
+                PRIMARY KEY (session_id, first_seq)
             )""",
+            "CREATE INDEX events_by_last ON events (session_id, last_seq)",
             """CREATE TABLE receipts (
                 session_id TEXT NOT NULL,
                 seq BIGINT NOT NULL,

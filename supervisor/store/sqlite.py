@@ -131,13 +131,14 @@ class SqliteBackend:
         if batch.sessions:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-                    agent_session_id, created, last_active, state)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    agent_session_id, created, last_active, state, open_turn_id)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
                     agent_session_id = excluded.agent_session_id,
-                    last_active = excluded.last_active, state = excluded.state""",
+                    last_active = excluded.last_active, state = excluded.state,
+                    open_turn_id = excluded.open_turn_id""",
                 [
                     (
                         s.id,
@@ -150,29 +151,21 @@ class SqliteBackend:
                         s.created,
                         s.last_active,
                         s.state,
+                        s.open_turn_id,
                     )
                     for s in batch.sessions
                 ],
             )
         if batch.events:
-            events = batch.events
             db.executemany(
-                "INSERT OR IGNORE INTO events (session_id, seq, kind, turn_id, time, payload) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.session_id, e.seq, e.kind, e.turn_id, e.time, e.payload) for e in events],
+                "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) "
+                "VALUES (?, ?, ?, ?)",
+                [
+                    (run.session_id, run.first_seq, run.last_seq, b"\n".join(run.payloads))
+                    for run in batch.events
+                    if run.payloads
+                ],
             )
-            turns = [e for e in events if e.kind in ("turn.started", "turn.ended")]
-            for event in turns:
-                if event.kind == "turn.started":
-                    db.execute(
-                        "UPDATE sessions SET open_turn_id = ? WHERE id = ?",
-                        (event.turn_id, event.session_id),
-                    )
-                else:
-                    db.execute(
-                        "UPDATE sessions SET open_turn_id = NULL WHERE id = ? AND open_turn_id = ?",
-                        (event.session_id, event.turn_id),
-                    )
         if batch.receipts:
             db.executemany(
                 "INSERT OR IGNORE INTO receipts (session_id, seq, turn_id, payload) "
@@ -190,7 +183,7 @@ class SqliteBackend:
         rows = self._read(
             """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
                 last_active, state, open_turn_id,
-                (SELECT max(seq) FROM events WHERE session_id = sessions.id)
+                (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
             FROM sessions ORDER BY last_active DESC, id DESC""",
             (),
         )
@@ -213,14 +206,22 @@ class SqliteBackend:
         ]
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
-        return [
-            (seq, bytes(payload))
-            for seq, payload in self._read(
-                "SELECT seq, payload FROM events WHERE session_id = ? AND seq > ? "
-                "ORDER BY seq LIMIT ?",
-                (session_id, since_seq, limit),
+        found: list[tuple[int, bytes]] = []
+        try:
+            runs = self._conn.execute(
+                "SELECT first_seq, payloads FROM events WHERE session_id = ? AND last_seq > ? "
+                "ORDER BY first_seq",
+                (session_id, since_seq),
             )
-        ]
+            for first, payloads in runs:
+                for seq, payload in enumerate(bytes(payloads).split(b"\n"), first):
+                    if seq > since_seq:
+                        found.append((seq, payload))
+                        if len(found) >= limit:
+                            return found
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store {self.where}: {exc}") from None
+        return found
 
     def texts(self, session_id: str) -> list[TextRow]:
         return [

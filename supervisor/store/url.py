@@ -6,7 +6,7 @@ from pathlib import Path
 
 from supervisor.store.backend import Backend, StoreError
 
-__all__ = ["DEFAULT_FILE", "backend_for", "default_url"]
+__all__ = ["DEFAULT_FILE", "backend_for", "default_url", "redacted"]
 
 #: The store's file in the state directory when no URL is given.
 DEFAULT_FILE = "sessions.db"
@@ -37,18 +37,18 @@ def backend_for(url: str) -> Backend | None:
             )
         except ImportError:
             raise StoreError(
-                f"store URL {_redacted(text)}: PostgreSQL support is not installed "
+                f"store URL {redacted(text)}: PostgreSQL support is not installed "
                 "(pip install 'agent-supervisor[postgresql]')"
             ) from None
         backend: Backend = PostgresBackend(text)
         return backend
     raise StoreError(
-        f"store URL {_redacted(text)!r} is not one this supervisor knows: "
+        f"store URL {redacted(text)!r} is not one this supervisor knows: "
         "sqlite:///PATH, postgresql://..., or none"
     )
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """``url`` without a password it may carry (it goes into messages and logs)."""
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:

@@ -13,7 +13,7 @@ from supervisor.store.backend import (
     SCHEMA_VERSION,
     Backend,
     Batch,
-    EventRow,
+    EventRun,
     ReceiptRow,
     StoredSession,
     StoreError,
@@ -46,10 +46,15 @@ def session(id: str = "s1", *, last_active: float = 2.0, state: str = "ready") -
     )
 
 
-def event(seq: int, kind: str = "message.delta", turn: str | None = "t1", sid: str = "s1"):
-    payload = b'{"event":"%s","session_id":"%s","seq":%d}' % (kind.encode(), sid.encode(), seq)
-    return EventRow(
-        session_id=sid, seq=seq, kind=kind, turn_id=turn, time=float(seq), payload=payload
+def payload(seq: int, kind: str = "message.delta", sid: str = "s1") -> bytes:
+    return b'{"event":"%s","session_id":"%s","seq":%d}' % (kind.encode(), sid.encode(), seq)
+
+
+def run(first: int, count: int = 1, sid: str = "s1") -> EventRun:
+    return EventRun(
+        session_id=sid,
+        first_seq=first,
+        payloads=[payload(seq, sid=sid) for seq in range(first, first + count)],
     )
 
 
@@ -57,7 +62,7 @@ def test_write_and_read_back(backend: Backend) -> None:
     backend.write(
         Batch(
             sessions=[session("s1", last_active=2.0), session("s2", last_active=3.0)],
-            events=[event(1, "turn.started"), event(2), event(3, "turn.ended")],
+            events=[run(1, 2), run(3)],
             receipts=[ReceiptRow(session_id="s1", turn_id="t1", seq=3, payload=b'{"a":1}')],
             texts=[
                 TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="x" * 100_000),
@@ -67,17 +72,9 @@ def test_write_and_read_back(backend: Backend) -> None:
     )
     stored = backend.sessions()
     assert [s.id for s in stored] == ["s2", "s1"]  # the most recently active first
-    assert stored[1].last_seq == 3 and stored[1].open_turn_id is None
+    assert stored[1].last_seq == 3
     assert stored[0].last_seq == 0
-    assert backend.events("s1", 0, 10) == [
-        (
-            n,
-            event(n).payload
-            if n == 2
-            else event(n, "turn.started" if n == 1 else "turn.ended").payload,
-        )
-        for n in (1, 2, 3)
-    ]
+    assert backend.events("s1", 0, 10) == [(n, payload(n)) for n in (1, 2, 3)]
     assert [seq for seq, _ in backend.events("s1", 1, 1)] == [2]
     assert backend.receipts("s1") == [
         ReceiptRow(session_id="s1", turn_id="t1", seq=3, payload=b'{"a":1}')
@@ -101,19 +98,26 @@ def test_upsert_keeps_created_and_updates_the_rest(backend: Backend) -> None:
     )
 
 
-def test_open_turn_is_the_started_turn_not_ended(backend: Backend) -> None:
-    backend.write(Batch(sessions=[session()], events=[event(1, "turn.started", "t1")]))
+def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session()], events=[run(1, 5), run(6, 1), run(7, 4)]))
+    backend.write(Batch(events=[run(1, 3, sid="s2")]))
+    assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
+    assert backend.events("s1", 3, 4) == [(n, payload(n)) for n in (4, 5, 6, 7)]
+    assert backend.events("s1", 10, 4) == []
+    assert [seq for seq, _ in backend.events("s2", 2, 100)] == [3]
+
+
+def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
+    backend.write(Batch(sessions=[attrs.evolve(session(), open_turn_id="t1")]))
     assert backend.sessions()[0].open_turn_id == "t1"
-    backend.write(Batch(events=[event(2, "turn.ended", "t1"), event(3, "turn.started", "t2")]))
-    assert backend.sessions()[0].open_turn_id == "t2"
-    backend.write(Batch(events=[event(4, "turn.ended", "t2")]))
+    backend.write(Batch(sessions=[session()]))
     assert backend.sessions()[0].open_turn_id is None
 
 
 def test_a_batch_written_twice_stores_nothing_twice(backend: Backend) -> None:
     batch = Batch(
         sessions=[session()],
-        events=[event(1), event(2)],
+        events=[run(1, 2)],
         texts=[TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="once")],
     )
     backend.write(batch)
@@ -125,11 +129,11 @@ def test_a_batch_written_twice_stores_nothing_twice(backend: Backend) -> None:
 
 def test_a_failed_batch_writes_nothing(backend: Backend) -> None:
     backend.write(Batch(sessions=[session()]))
-    bad = EventRow(session_id="s1", seq=2, kind="x", turn_id=None, time=1.0, payload=object())  # type: ignore[arg-type]
+    bad = TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text=object())  # type: ignore[arg-type]
     with pytest.raises(StoreError, match="cannot write"):
-        backend.write(Batch(events=[event(1), bad]))
+        backend.write(Batch(events=[run(1)], texts=[bad]))
     assert backend.events("s1", 0, 10) == []
-    backend.write(Batch(events=[event(1)]))  # and the store goes on
+    backend.write(Batch(events=[run(1)]))  # and the store goes on
     assert len(backend.events("s1", 0, 10)) == 1
 
 
@@ -164,7 +168,7 @@ def test_reopened_store_keeps_everything(store_url: str) -> None:
     first = backend_for(store_url)
     assert first is not None
     first.open()
-    first.write(Batch(sessions=[session()], events=[event(1)]))
+    first.write(Batch(sessions=[session()], events=[run(1)]))
     first.close()
     again = backend_for(store_url)
     assert again is not None
