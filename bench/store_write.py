@@ -1,9 +1,9 @@
 """Events per second a store backend writes, in batches of a given size.
 
 Each backend writes ``--events`` small events (wire JSON of ~130 bytes, the size of a
-``message.delta``) over ``--sessions`` sessions in batches of each ``--batches`` size, one
-transaction per batch, as the store's writer does, and the median of ``--repeats`` runs is
-reported. PostgreSQL runs on a throwaway cluster of Debian's PostgreSQL 15 (``tests/pg.py``,
+``message.delta``) over ``--sessions`` sessions in batches of each ``--batches`` size (a run of
+events per session in each), one transaction per batch, as the store's writer does, and the
+median of ``--repeats`` runs is reported. PostgreSQL runs on a throwaway cluster of Debian's PostgreSQL 15 (``tests/pg.py``,
 fsync off: the figure is the backend's and the server's CPU, not a disk's), or on ``--url``.
 
 ``--events-by insert`` writes PostgreSQL's events with ``INSERT ... ON CONFLICT DO NOTHING``
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from supervisor.store.backend import Backend, Batch, EventRow, StoredSession
+from supervisor.store.backend import Backend, Batch, EventRun, StoredSession
 from supervisor.store.url import backend_for
 
 
@@ -45,30 +45,23 @@ def _session(sid: str) -> StoredSession:
 
 
 def _batches(total: int, size: int, sessions: int, run: int) -> list[Batch]:
-    """Made before the clock starts: the figure is the backend's, not this loop's."""
+    """Made before the clock starts: the figure is the backend's, not this loop's. Each batch
+    holds ``size`` events, one run per session, as the store's writer makes them."""
     seqs = dict.fromkeys(range(sessions), 0)
     batches = []
     for number in range(total // size):
-        rows = []
+        runs: dict[int, EventRun] = {}
         for i in range(size):
             s = (number * size + i) % sessions
             seqs[s] += 1
             sid = f"r{run}s{s}"
-            payload = (
+            if s not in runs:
+                runs[s] = EventRun(session_id=sid, first_seq=seqs[s], payloads=[])
+            runs[s].payloads.append(
                 b'{"event":"message.delta","session_id":"%s","seq":%d,"turn_id":"t1",'
                 b'"text":"a few words of the answer, streamed"}' % (sid.encode(), seqs[s])
             )
-            rows.append(
-                EventRow(
-                    session_id=sid,
-                    seq=seqs[s],
-                    kind="message.delta",
-                    turn_id="t1",
-                    time=time.time(),
-                    payload=payload,
-                )
-            )
-        batches.append(Batch(events=rows))
+        batches.append(Batch(events=list(runs.values())))
     return batches
 
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from pg import PostgresServer
-from supervisor.store.backend import Batch, EventRow, StoredSession, StoreError, TextRow
+from supervisor.store.backend import Batch, EventRun, StoredSession, StoreError, TextRow
 from supervisor.store.postgres import PostgresBackend, redacted
 from supervisor.store.url import backend_for
 
@@ -31,17 +31,15 @@ def session(id: str = "s1") -> StoredSession:
     )
 
 
-def events(first: int, count: int, sid: str = "s1") -> list[EventRow]:
+def events(first: int, count: int, sid: str = "s1") -> list[EventRun]:
+    """``count`` events from ``first`` on, in runs of up to 3 (as the writer's batches hold)."""
     return [
-        EventRow(
+        EventRun(
             session_id=sid,
-            seq=seq,
-            kind="message.delta",
-            turn_id="t1",
-            time=float(seq),
-            payload=b'{"seq":%d}' % seq,
+            first_seq=start,
+            payloads=[b'{"seq":%d}' % seq for seq in range(start, min(start + 3, first + count))],
         )
-        for seq in range(first, first + count)
+        for start in range(first, first + count, 3)
     ]
 
 
