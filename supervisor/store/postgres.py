@@ -91,10 +91,13 @@ class PostgresBackend:
         #: the server process of the connection that holds the lock: its pid and start time
         #: (a pid alone may be another process's after a restart)
         self._server_process: tuple[int, datetime] | None = None
+        #: connections made since open: 1, and one more each time the server dropped one
+        self.connections = 0
 
     # -- connecting
 
     def open(self) -> None:
+        self.connections = 0
         self._connection = self._connect()
         self._opened = True
 
@@ -121,6 +124,7 @@ class PostgresBackend:
             if isinstance(exc, psycopg.Error):
                 raise StoreError(_setup_error(self.where, exc)) from None
             raise
+        self.connections += 1
         return connection
 
     def _setup(self, connection: psycopg.Connection[Any]) -> None:
