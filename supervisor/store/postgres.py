@@ -438,8 +438,9 @@ def redacted(url: str) -> str:
 
 
 def _line(exc: BaseException) -> str:
-    """The error's text on one line (libpq's run over several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """The error's text on one line (libpq's run over several: a reason, then a hint)."""
+    lines = (" ".join(line.split()) for line in str(exc).splitlines())
+    return "; ".join(line for line in lines if line) or type(exc).__name__
 
 
 def _connect_error(where: str, exc: psycopg.Error) -> str:
@@ -452,12 +453,12 @@ def _connect_error(where: str, exc: psycopg.Error) -> str:
         )
     if "does not exist" in lowered and "database" in lowered:
         return (
-            f"the PostgreSQL server has no database {where} names ({_tail(text)}); "
+            f"the PostgreSQL server of {where} has no such database ({_tail(text)}); "
             "create it (createdb) or fix [store] url or --store"
         )
     if "role" in lowered and "does not exist" in lowered:
         return (
-            f"the PostgreSQL server has no user {where} names ({_tail(text)}); "
+            f"the PostgreSQL server of {where} has no such user ({_tail(text)}); "
             "fix [store] url or --store"
         )
     if "pg_hba.conf" in lowered:

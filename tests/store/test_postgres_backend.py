@@ -147,8 +147,8 @@ def test_a_second_supervisor_on_the_same_database_is_refused(
             lambda pg: pg.tcp_url().replace(f":{pg.port}/", f":{_closed_port()}/"),
             "cannot reach the PostgreSQL server",
         ),
-        (lambda pg: pg.url("no_such_database"), "has no database"),
-        (lambda pg: pg.url().replace("asup@", "nobody@"), "has no user"),
+        (lambda pg: pg.url("no_such_database"), "has no such database"),
+        (lambda pg: pg.url().replace("asup@", "nobody@"), "has no such user"),
     ],
     ids=["malformed", "bad-password", "unreachable", "no-database", "no-user"],
 )
