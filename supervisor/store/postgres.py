@@ -56,6 +56,14 @@ _CONNECTION_DEFAULTS = {
     "tcp_user_timeout": "60000",
     "application_name": "agent-supervisor",
 }
+#: The same bounds on the server's side of the connection (session settings any user may
+#: set; ignored over a Unix socket).
+_SERVER_SIDE_TIMEOUTS = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
 #: The advisory lock that makes one supervisor the store's only writer: this number ("asup")
 #: and the hash of the schema the store's tables are in (advisory locks are per database; two
 #: stores in two schemas of one database are two stores).
@@ -131,6 +139,11 @@ class PostgresBackend:
         # A batch the store counts as written must outlive a crash of the server, whatever
         # the server's default (synchronous_commit = off loses the last commits on a crash).
         connection.execute("SET synchronous_commit = on")
+        # The server's side of the same: a supervisor whose machine vanished (no reset sent)
+        # leaves a connection holding the store's lock; the server ends it within about a
+        # minute instead of its default of hours, and the next supervisor gets the lock.
+        for setting, value in _SERVER_SIDE_TIMEOUTS.items():
+            connection.execute("SELECT set_config(%s, %s, false)", (setting, value))
         schema = connection.execute("SELECT current_schema()").fetchone()
         if schema is None or schema[0] is None:
             raise StoreError(
@@ -171,7 +184,8 @@ class PostgresBackend:
             if previous is None or not _end_server_process(connection, previous):
                 raise StoreError(
                     f"the store {self.where} is in use by another process (another "
-                    "agent-supervisor serve?); stop it or choose another database with "
+                    "agent-supervisor serve? the server lets go of one whose machine went "
+                    "away within a minute); stop it or choose another database with "
                     "[store] url or --store"
                 )
             if not _try_lock(connection):

@@ -127,6 +127,24 @@ def test_the_lock_of_its_own_lost_connection_is_taken_back(backend: PostgresBack
         lost.close()
 
 
+def test_the_server_ends_a_connection_whose_client_vanished_within_a_minute(
+    postgresql: PostgresServer,
+) -> None:
+    # Over TCP, the server's keepalives and user timeout for the connection (its defaults, the
+    # kernel's, take hours to let go of a vanished supervisor's lock).
+    backend = PostgresBackend(postgresql.tcp_url())
+    backend.open()
+    try:
+        assert backend._connection is not None
+        shown = [
+            backend._connection.execute(f"SHOW {name}").fetchone()
+            for name in ("tcp_keepalives_idle", "tcp_keepalives_count", "tcp_user_timeout")
+        ]
+        assert shown == [("30",), ("3",), ("60000",)]
+    finally:
+        backend.close()
+
+
 def test_a_second_supervisor_on_the_same_database_is_refused(
     backend: PostgresBackend, url: str
 ) -> None:
