@@ -96,6 +96,46 @@ def _store(name: str, url: str | None) -> Iterator[str]:
             cluster.close()
 
 
+def fill(backend: Backend, sessions: int, events: int, run_length: int) -> None:
+    """``events`` events over ``sessions`` sessions in runs of ``run_length``, batches of 100
+    runs, made as they are written (10 million events do not fit in memory at once)."""
+    backend.write(Batch(sessions=[_session(f"f{s}") for s in range(sessions)]))
+    per_session = events // sessions
+    runs = [
+        (f"f{s}", first) for first in range(1, per_session + 1, run_length) for s in range(sessions)
+    ]
+    for start in range(0, len(runs), 100):
+        batch = []
+        for sid, first in runs[start : start + 100]:
+            count = min(run_length, per_session - first + 1)
+            batch.append(
+                EventRun(
+                    session_id=sid,
+                    first_seq=first,
+                    payloads=[
+                        b'{"event":"message.delta","session_id":"%s","seq":%d,"turn_id":"t1",'
+                        b'"text":"a few words of the answer, streamed"}' % (sid.encode(), seq)
+                        for seq in range(first, first + count)
+                    ],
+                )
+            )
+        backend.write(Batch(events=batch))
+
+
+def reopen(url: str) -> tuple[float, float]:
+    """Seconds a new backend takes to open the store, and to list its sessions (what a
+    restarting supervisor does before it is ready)."""
+    backend = backend_for(url)
+    assert backend is not None
+    begun = time.perf_counter()
+    backend.open()
+    opened = time.perf_counter() - begun
+    backend.sessions()
+    listed = time.perf_counter() - begun - opened
+    backend.close()
+    return opened, listed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="sqlite,postgresql")
@@ -106,7 +146,41 @@ def main() -> None:
     parser.add_argument("--url", default=None, help="PostgreSQL: this database, not a new one")
     parser.add_argument("--events-by", choices=("copy", "insert"), default="copy")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--restart",
+        default=None,
+        metavar="SESSIONS,EVENTS",
+        help="instead: fill a store with EVENTS events of SESSIONS sessions (runs of 10), then "
+        "time a new backend's open and its list of sessions",
+    )
     args = parser.parse_args()
+    if args.restart is not None:
+        sessions, events = (int(n) for n in args.restart.split(","))
+        restart_figures: dict[str, float] = {}
+        for name in args.backends.split(","):
+            with _store(name, args.url) as url:
+                backend = backend_for(url)
+                assert backend is not None
+                backend.open()
+                begun = time.perf_counter()
+                try:
+                    fill(backend, sessions, events, 10)
+                finally:
+                    backend.close()
+                filled = time.perf_counter() - begun
+                opened, listed = min((reopen(url) for _ in range(3)), key=sum)
+            restart_figures[f"{name}_open_s"] = round(opened, 4)
+            restart_figures[f"{name}_sessions_s"] = round(listed, 4)
+            if not args.json:
+                print(
+                    f"{name:10s} {sessions:,} sessions, {events:,} events (filled in"
+                    f" {filled:.0f} s): open {opened * 1000:.0f} ms, sessions()"
+                    f" {listed * 1000:.0f} ms (best of 3)",
+                    flush=True,
+                )
+        if args.json:
+            print(json.dumps(restart_figures))
+        return
     if args.events_by == "insert":
         from supervisor.store import postgres
 
