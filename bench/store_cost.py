@@ -8,7 +8,7 @@ interleaved in one run.
   deltas (``bench/throughput.py``'s "ours"), ``--repeats`` runs each way; events/s and the
   server's CPU per event (the store's worker thread included: it is the same process);
 - **backend**: events/s the SQLite backend writes alone, in batches of 100 and of 1,000
-  events of ~120 bytes (one transaction each).
+  events of ~120 bytes (one transaction each, one session's run).
 
 Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]``.
 """
@@ -30,7 +30,7 @@ from bench.cancel_overhead import percentile, supervisor_cancel
 from bench.throughput import run_ours
 from bench.transport_floor import LIGHT_AGENT, SETTLE_S
 from supervisor import AgentSpec, open_supervisor
-from supervisor.store.backend import Batch, EventRow, StoredSession
+from supervisor.store.backend import Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
 
 #: receiver processes for the throughput runs (one subscriber needs one)
@@ -100,15 +100,11 @@ def backend_rate(directory: Path, batch: int, total: int = 200_000) -> float:
     start = time.perf_counter()
     while seq < total:
         rows = [
-            EventRow(
+            EventRun(
                 session_id="s1",
-                seq=n,
-                kind="message.delta",
-                turn_id="t1",
-                time=1.0,
-                payload=payload % n,
+                first_seq=seq + 1,
+                payloads=[payload % n for n in range(seq + 1, seq + batch + 1)],
             )
-            for n in range(seq + 1, seq + batch + 1)
         ]
         backend.write(Batch(sessions=[session], events=rows))
         seq += batch

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from supervisor.observe.metrics import Metrics
     from supervisor.observe.observers import Observers
     from supervisor.store.backend import StoredSession
+    from supervisor.store.dormant import DormantSession
     from supervisor.store.writer import SessionStore
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
@@ -171,7 +172,7 @@ class Supervisor:
                     spec = self.agents.get(record.agent) or AgentSpec(
                         name=record.agent, protocol=record.protocol, command=()
                     )
-                    self._sessions[record.id] = DormantSession(record, spec, store)
+                    self._sessions[record.id] = DormantSession(record, spec, store, self._revive)
             for adopted in self._sessions.values():
                 if isinstance(adopted, RemoteSession):
                     store.attach(adopted)
@@ -182,6 +183,8 @@ class Supervisor:
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
         #: raised by ``start_session`` instead of starting one (``refuse_new_sessions``)
         self._refusal: SupervisorError | None = None
+        #: stored sessions whose agent is being started again (``_revive``)
+        self._reviving: dict[str, trio.Event] = {}
         self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
@@ -192,9 +195,9 @@ class Supervisor:
         if observers is not None and observers.metrics is not None:
             observers.metrics.watch(lambda: self._sessions.values(), self.remote.links)
 
-    def _store(self, session: Session | RemoteSession) -> None:
+    def _store(self, session: Session | RemoteSession, resume: str | None = None) -> None:
         if self.store is not None:
-            self.store.attach(session)
+            self.store.attach(session, resume)
 
     @property
     def metrics(self) -> Metrics | None:
@@ -271,26 +274,7 @@ class Supervisor:
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec, at_most)
-        session = Session(
-            self._new_id(),
-            spec,
-            cwd=where,
-            launcher=self._launcher,
-            gate=self.gate,
-            alarms=self.alarms,
-            resume=resume,
-            history_size=self.history_size,
-            hold_unacknowledged=self.hold_unacknowledged,
-            history_bytes=self.history_bytes,
-            buffer_bytes=self.buffer_bytes,
-            paused=self._pausing.for_new_session(),
-        )
-        self._sessions[session.id] = session
-        self._observe(session)
-        self._store(session)
-        session.on_ended = self._poke  # a retired node's drain counts a failed session too
-        self._watch_stops(session)
-        await self._nursery.start(self._run_session, session)
+        session = await self._start_here(self._new_id(), spec, where, resume)
         if wait_ready:
             try:
                 await session.wait_ready()
@@ -303,6 +287,77 @@ class Supervisor:
                 if session.untouched:
                     self._forget_soon(session)
                 raise
+        return session
+
+    async def _start_here(
+        self,
+        session_id: str,
+        spec: AgentSpec,
+        where: str,
+        resume: str | None,
+        after: tuple[int, int] = (0, 0),
+    ) -> Session:
+        """A session on this machine, listed, its actor running (its agent starting)."""
+        session = Session(
+            session_id,
+            spec,
+            cwd=where,
+            launcher=self._launcher,
+            gate=self.gate,
+            alarms=self.alarms,
+            resume=resume,
+            history_size=self.history_size,
+            hold_unacknowledged=self.hold_unacknowledged,
+            history_bytes=self.history_bytes,
+            buffer_bytes=self.buffer_bytes,
+            paused=self._pausing.for_new_session(),
+            after=after,
+        )
+        self._sessions[session.id] = session
+        self._observe(session)
+        self._store(session, resume)
+        session.on_ended = self._poke  # a retired node's drain counts a failed session too
+        self._watch_stops(session)
+        await self._nursery.start(self._run_session, session)
+        return session
+
+    async def _revive(self, dormant: DormantSession) -> AnySession:
+        """Start the agent of a stored session again (a prompt or steer came for it): the
+        session keeps its id, its agent resumes its own session (``resume=``, as a respawn
+        does; a refused resume starts afresh and says so), and its seqs and turn ids go on
+        after the stored ones. Returns the live session once it takes prompts."""
+        reviving = self._reviving.get(dormant.id)
+        if reviving is not None:  # two prompts at once: one start
+            await reviving.wait()
+        current = self.get(dormant.id)
+        if current is not dormant:
+            return current
+        if self._closing:
+            raise BadRequest("the supervisor is shutting down")
+        if self._refusal is not None:
+            raise self._refusal
+        if dormant.host is not None:
+            raise BadRequest("starting a stored session on another host again is not supported")
+        spec = self._resolve(dormant.spec.name)
+        where = dormant.cwd or spec.cwd or os.getcwd()
+        if not os.path.isdir(where):
+            raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")
+        self._check_capacity(spec)
+        self._reviving[dormant.id] = done = trio.Event()
+        try:
+            assert self.store is not None
+            turns = await self.store.turns(dormant.id)
+            session = await self._start_here(
+                dormant.id,
+                spec,
+                where,
+                dormant.agent_session_id,
+                after=(dormant.last_seq, turns),
+            )
+            await session.wait_ready()  # failed to start: listed as failed, its history kept
+        finally:
+            del self._reviving[dormant.id]
+            done.set()
         return session
 
     def _watch_stops(self, session: Session | RemoteSession) -> None:

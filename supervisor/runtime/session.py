@@ -475,7 +475,11 @@ class Session:
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         paused: Pause | None = None,
+        after: tuple[int, int] = (0, 0),
     ) -> None:
+        """``after``: the last seq and the number of turns of the session's history so far
+        (a session stored by an earlier supervisor, started again): its seqs and turn ids go
+        on from there, never reused."""
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
@@ -521,6 +525,10 @@ class Session:
             resume=resume,
             paused=paused,
         )
+        last_seq, turns = after
+        if last_seq or turns:
+            self.core.log.seq = self._fanout.head_seq = last_seq
+            self.core.turn_ids.count = turns
         # Agent output being worked through (one read's worth), at the actor's own pace.
         self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
         self._batch_kind = ""  # "lines", "frames" or "stderr"

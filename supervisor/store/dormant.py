@@ -1,14 +1,16 @@
 """A stored session whose agent is not running: what an earlier supervisor left in the store.
 
 It is listed (``stopped``), and a subscribe replays its whole history from the store with the
-seqs clients saw then, and ends (as for any stopped session). It takes no prompt, cancel or
-steer (:class:`~supervisor.errors.AgentNotRunning`).
+seqs clients saw then, and ends (as for any stopped session). A prompt or a steer starts its
+agent again (its supervisor's ``revive``: the agent resumes its own session, the session keeps
+its id, and its seqs and turn ids go on); a cancel or a permission answer finds no agent
+(:class:`~supervisor.errors.AgentNotRunning`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +22,7 @@ from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning
 from supervisor.receipt import CancelReceipt
 from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, Fanout, Subscription
+from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.session import DEFAULT_SUBSCRIBER_BUFFER, SessionSummary
 from supervisor.steering import SteerResult
 from supervisor.store.backend import StoredSession
@@ -36,11 +39,19 @@ _READ_EVENTS = 10_000
 class DormantSession:
     """A stored session (``stored``) whose agent runs nowhere; ``spec`` is its agent's."""
 
-    def __init__(self, stored: StoredSession, spec: AgentSpec, store: SessionStore) -> None:
+    def __init__(
+        self,
+        stored: StoredSession,
+        spec: AgentSpec,
+        store: SessionStore,
+        revive: Callable[[DormantSession], Awaitable[SessionHandle]] | None = None,
+    ) -> None:
         self.id = stored.id
         self.spec = spec
         self.stored = stored
         self._store = store
+        #: starts its agent again, as a live session of the same id (None: it cannot be)
+        self._revive = revive
         self._fanout = Fanout(1)
         self._fanout.close()
 
@@ -100,7 +111,10 @@ class DormantSession:
         )
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
-        raise self._not_running()
+        if self._revive is None:
+            raise self._not_running()
+        live = await self._revive(self)
+        return await live.prompt(text, parts)
 
     async def set_mode(self, mode_id: str) -> None:
         raise self._not_running()
@@ -111,7 +125,10 @@ class DormantSession:
         raise self._not_running()
 
     async def steer(self, text: str) -> SteerResult:
-        raise self._not_running()
+        if self._revive is None:
+            raise self._not_running()
+        live = await self._revive(self)
+        return await live.steer(text)
 
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False

@@ -81,6 +81,8 @@ class _Meta:
     state: str = "starting"
     last_active: float = 0.0
     open_turn_id: str | None = None
+    #: the agent's own session id, as last known (a stopped agent's is kept: it resumes it)
+    agent_session_id: str | None = None
 
 
 class SessionStore:
@@ -174,8 +176,10 @@ class SessionStore:
             self.backend.write(Batch(sessions=changed, events=runs))
         return sessions
 
-    def attach(self, session: Any) -> None:
-        """Store ``session`` (a local or remote session handle) and its events from now on."""
+    def attach(self, session: Any, resume: str | None = None) -> None:
+        """Store ``session`` (a local or remote session handle) and its events from now on;
+        ``resume``: the agent's own session id it was started to go on with (kept until the
+        agent says its own)."""
         spec = session.spec
         self._meta[session.id] = _Meta(
             agent=spec.name,
@@ -185,6 +189,7 @@ class SessionStore:
             mcp_servers=json.dumps([_mcp_json(server) for server in spec.mcp_servers]),
             created=time.time(),
             session=session,
+            agent_session_id=resume,
         )
         session.fanout.recorder = self
         if hasattr(session, "on_text"):
@@ -381,6 +386,12 @@ class SessionStore:
         with the writes, so what was recorded before is there)."""
         return await self._in_thread(self.backend.events, session_id, since_seq, limit)
 
+    async def turns(self, session_id: str) -> int:
+        """How many turn ids (``t1``, ``t2``, ...) a stored session used: the highest."""
+        texts = await self._in_thread(self.backend.texts, session_id)
+        numbers = [int(t.turn_id[1:]) for t in texts if t.turn_id[1:].isdigit()]
+        return max(numbers, default=0)
+
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
 
@@ -410,6 +421,9 @@ class SessionStore:
 
 
 def _row(session_id: str, info: _Meta) -> StoredSession:
+    own = getattr(info.session, "agent_session_id", None)
+    if own is not None:
+        info.agent_session_id = own
     return StoredSession(
         id=session_id,
         agent=info.agent,
@@ -417,7 +431,7 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         host=info.host,
         cwd=info.cwd,
         mcp_servers=info.mcp_servers,
-        agent_session_id=getattr(info.session, "agent_session_id", None),
+        agent_session_id=info.agent_session_id,
         created=info.created,
         last_active=info.last_active,
         state=info.state,

@@ -68,7 +68,7 @@ async def test_sessions_and_their_history_come_back(tmp_path: Path) -> None:
                 assert [payload for _, payload in stored] == seen_wire[sid]
                 assert replay[-1].kind in ("session.state", "agent.exited", "turn.ended")
             with pytest.raises(AgentNotRunning):
-                await sup.get("s1").prompt("again")
+                await sup.get("s1").cancel()
             texts = await trio.to_thread.run_sync(sup.store.backend.texts, "s2")  # type: ignore[union-attr]
             assert [(t.kind, len(t.text)) for t in texts if t.kind == "prompt"] == [
                 ("prompt", len("a long one ") + 20_000)
@@ -122,3 +122,44 @@ async def test_a_turn_running_when_the_supervisor_went_away_ends_once(tmp_path: 
                 assert (ended.seq, ended.turn_id, ended.outcome) == (3, "t1", "failed")
                 assert "supervisor went away" in (ended.error or "")
                 assert (await sup.start_session("fake")).id == f"s{number}"
+
+
+async def test_a_prompt_to_a_stored_session_starts_its_agent_again_resumed(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=3, word_interval=0.01))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            first = await sup.start_session("fake")
+            async with first.subscribe() as events:
+                await first.prompt("remember this")
+                async for event in events:
+                    if event.kind == "turn.ended":
+                        break
+            own_id = first.agent_session_id
+            assert own_id is not None
+        last = first.last_seq
+        launcher.resumes.clear()
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            stored = sup.get("s1")
+            assert stored.state == "stopped"
+            handle = await stored.prompt("and now this")
+            assert handle.id == "t2"  # turn ids go on
+            live = sup.get("s1")
+            assert live is not stored and live.state in ("running", "ready")
+            assert launcher.resumes == [own_id]  # the agent's own session, resumed
+            async with live.subscribe(since_seq=last) as events:
+                seqs = []
+                async for event in events:
+                    seqs.append(event.seq)
+                    if event.kind == "turn.ended":
+                        break
+            assert seqs[0] == last + 1  # seqs go on
+            assert [s.session_id for s in sup.list()] == ["s1"]
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            async with sup.get("s1").subscribe(since_seq=0) as events:
+                replay = [event async for event in events]
+            assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
+            turns = [e.turn_id for e in replay if e.kind == "turn.ended"]
+            assert turns == ["t1", "t2"]

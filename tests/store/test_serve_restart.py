@@ -99,6 +99,14 @@ async def test_serve_again_on_the_same_store(tmp_path: Path, stop: str) -> None:
                     assert last["data"]["outcome"] == "cancelled"
                 new = (await client.start_session("talker"))["session_id"]
                 assert new not in (one, two)
+                # A prompt to a stored session starts its agent again; seqs go on.
+                answer = await client.prompt(one, "back again")
+                async with client.subscribe(one, since_seq=ones[-1]["seq"]) as events:
+                    started = await until(events, "turn.started")
+                    assert started["data"]["turn_id"] == answer["turn_id"] == "t3"
+                    assert started["seq"] > ones[-1]["seq"]
+                    await client.cancel(one)
+                    await until(events, "turn.ended")
         async with serve(tmp_path, "--config", str(config)) as third:
             async with connect(third.url) as client:
                 assert await whole_history(client, two) == twos  # ended once, not again
