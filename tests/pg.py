@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,10 @@ class PostgresServer:
         return f"{self.url()}&options=-csearch_path%3D{name}"
 
     def start(self) -> None:
+        """Start the server (again). From the main thread only: the server's parent-death
+        signal follows the thread that started it, and a worker thread that ends (trio's
+        idle ones do) would take the server with it."""
+        assert threading.current_thread() is threading.main_thread()
         assert not self.running
         options = [arg for key, value in SETTINGS.items() for arg in ("-c", f"{key}={value}")]
         log = open(self.log, "ab")  # noqa: SIM115 (the server's lifetime; the child holds it)
