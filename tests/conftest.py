@@ -1,7 +1,7 @@
 """Shared fixtures: nothing global; see tests/helpers.py for the event recorder.
 
 ``postgresql``: a throwaway PostgreSQL cluster for the whole run (tests/pg.py); a test takes a
-database of its own with ``postgresql.database()``.
+store of its own (a schema) with ``postgresql.database()``.
 
 ``containment``: a test that takes it runs once per containment (a cgroup per agent, and the
 shim), with ``AGENT_SUPERVISOR_CONTAINMENT`` set accordingly. Where cgroups cannot serve, the

@@ -17,7 +17,7 @@ BACKENDS = ("sqlite", "postgresql")
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A URL of an empty store of each backend (PostgreSQL: a new database in the run's
+    """A URL of an empty store of each backend (PostgreSQL: a new schema in the run's
     cluster, ``tests/pg.py``)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'sessions.db'}"
