@@ -98,6 +98,13 @@ def test_a_batch_refused_while_the_server_is_down_is_written_once_when_it_is_bac
     assert stored_seqs(backend) == list(range(1, 21))
 
 
+def test_a_batch_partly_stored_already_stores_the_rest_once(backend: PostgresBackend) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 6)))
+    # Its first runs are stored (COPY meets them), its last ones not: written once, all.
+    backend.write(Batch(sessions=[session()], events=events(1, 12)))
+    assert stored_seqs(backend) == list(range(1, 13))
+
+
 def test_a_connection_the_server_ends_is_replaced(backend: PostgresBackend, url: str) -> None:
     backend.write(Batch(sessions=[session()], events=events(1, 5)))
     assert backend._connection is not None
