@@ -5,8 +5,8 @@ For a gateway whose state lives on a managed database: the same tables as SQLite
 One connection in autocommit mode (a read never leaves a transaction open), used from the
 store's one worker thread; a batch is one explicit transaction.
 
-Event runs are written with ``COPY`` (about three times as fast as ``executemany`` for a
-batch of 100 events over 100 sessions, 1.6 times for 1,000: ``design/store-postgresql.md``).
+Event runs are written with binary ``COPY`` (2.2 times as fast as ``executemany`` for a
+batch of 100 events over 100 sessions, 2.5 times for 1,000: ``design/store-postgresql.md``).
 ``COPY`` cannot skip a row already stored, so a batch that meets one (a batch written again
 after a commit whose answer was lost) is written again, whole, with ``INSERT ... ON CONFLICT
 DO NOTHING``: still one transaction, still nothing twice.
@@ -421,7 +421,10 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                 if run.payloads
             ]
             if copy_events:
-                with cursor.copy(f"COPY {_EVENT_COLUMNS} FROM STDIN") as copy:
+                # Binary: the payloads go as they are, not hex-escaped and decoded again
+                # (1.7 times the rate of text COPY for runs of 10 events).
+                with cursor.copy(f"COPY {_EVENT_COLUMNS} FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(["text", "int8", "int8", "bytea"])
                     for row in rows:
                         copy.write_row(row)
             else:
