@@ -8,9 +8,13 @@ interleaved in one run.
   deltas (``bench/throughput.py``'s "ours"), ``--repeats`` runs each way; events/s and the
   server's CPU per event (the store's worker thread included: it is the same process);
 - **backend**: events/s the SQLite backend writes alone, in batches of 100 and of 1,000
-  events of ~120 bytes (one transaction each, one session's run).
+  events of ~120 bytes (one transaction each, one session's run);
+- **restart**: a store of ``--sessions`` sessions of ``--events`` events each (one in ten with
+  a turn left running), opened as a restarted ``serve`` opens it: the open, the running turns
+  ended, the sessions listed; then one session's whole history read for a replay.
 
-Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]``.
+Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]
+[--sessions 1000] [--events 1000]`` (``--events 10000``: 10 million events, a 1.3 GB file).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from bench.transport_floor import LIGHT_AGENT, SETTLE_S
 from supervisor import AgentSpec, open_supervisor
 from supervisor.store.backend import Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.writer import SessionStore
 
 #: receiver processes for the throughput runs (one subscriber needs one)
 RECEIVERS = 1
@@ -113,7 +118,57 @@ def backend_rate(directory: Path, batch: int, total: int = 200_000) -> float:
     return total / elapsed
 
 
-async def main(rounds: int, words: int, repeats: int) -> dict[str, Any]:
+async def restart(directory: Path, sessions: int, events: int) -> dict[str, Any]:
+    path = directory / "restart.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    payload = b'{"event":"message.delta","session_id":"s%d","seq":%d,"timestamp":1.0,' + (
+        b'"data":{"turn_id":"t1","text":"word ","role":"assistant"}}'
+    )
+    for number in range(1, sessions + 1):
+        row = StoredSession(
+            id=f"s{number}",
+            agent="demo",
+            protocol="acp",
+            host=None,
+            cwd="/",
+            mcp_servers="[]",
+            agent_session_id="own",
+            created=1.0,
+            last_active=float(number),
+            state="running",
+            open_turn_id="t1" if number % 10 == 0 else None,
+        )
+        runs = [
+            EventRun(
+                session_id=row.id,
+                first_seq=first,
+                payloads=[payload % (number, n) for n in range(first, first + 1000)],
+            )
+            for first in range(1, events + 1, 1000)
+        ]
+        backend.write(Batch(sessions=[row], events=runs))
+    backend.close()
+    start = time.perf_counter()
+    store = SessionStore(SqliteBackend(path))
+    listed = await store.open()
+    ready = time.perf_counter() - start
+    start = time.perf_counter()
+    replayed = await store.events(f"s{sessions // 2}", 0, 10**9)
+    replay = time.perf_counter() - start
+    await trio.to_thread.run_sync(store.backend.close)
+    assert len(listed) == sessions
+    return {
+        "restart_sessions": sessions,
+        "restart_events": sessions * events,
+        "restart_file_mb": path.stat().st_size / 2**20,
+        "restart_ready_ms": ready * 1000,
+        "restart_replay_one_session_ms": replay * 1000,
+        "restart_replayed_events": len(replayed),
+    }
+
+
+async def main(rounds: int, words: int, repeats: int, sessions: int, events: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-store-") as name:
         directory = Path(name)
         result = {"rounds": rounds, "words": words, "repeats": repeats}
@@ -121,6 +176,7 @@ async def main(rounds: int, words: int, repeats: int) -> dict[str, Any]:
         result.update(await throughput(words, repeats, directory))
         for batch in (100, 1000):
             result[f"sqlite_events_per_s_batch_{batch}"] = backend_rate(directory, batch)
+        result.update(await restart(directory, sessions, events))
     return result
 
 
@@ -129,7 +185,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--words", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--events", type=int, default=1000, help="per session, a multiple of 1000")
     args = parser.parse_args()
-    figures = trio.run(main, args.rounds, args.words, args.repeats)
+    figures = trio.run(main, args.rounds, args.words, args.repeats, args.sessions, args.events)
     json.dump(figures, sys.stdout, indent=1)
     print()

@@ -160,7 +160,8 @@ class Backend(Protocol):
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to ``limit`` events of the session with a seq above ``since_seq``, in order, as
-        ``(seq, wire JSON)``."""
+        ``(seq, wire JSON)``; each seq once, though stored runs overlap (a node's session
+        adopted again may hand over events already stored)."""
 
     def texts(self, session_id: str) -> list[TextRow]:
         """The session's prompts, steers and answers, in order of seq."""

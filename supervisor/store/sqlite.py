@@ -213,10 +213,12 @@ class SqliteBackend:
                 "ORDER BY first_seq",
                 (session_id, since_seq),
             )
+            after = since_seq
             for first, payloads in runs:
                 for seq, payload in enumerate(bytes(payloads).split(b"\n"), first):
-                    if seq > since_seq:
+                    if seq > after:  # (runs that overlap: each seq once)
                         found.append((seq, payload))
+                        after = seq
                         if len(found) >= limit:
                             return found
         except sqlite3.Error as exc:

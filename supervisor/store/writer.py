@@ -121,6 +121,7 @@ class SessionStore:
         self._enough = trio.Event()  # a batch's worth was recorded
         self._closing = False
         self._done = trio.Event()
+        self._batch_done = trio.Event()  # set (and replaced) as each write ends
         self._meta: dict[str, _Meta] = {}
         #: full texts of long prompts and steers, by (session, preview): events carry previews
         self._full_texts: dict[tuple[str, str], str] = {}
@@ -259,6 +260,8 @@ class SessionStore:
                     break
                 await trio.sleep(pause)
         self._count -= count
+        self._batch_done.set()
+        self._batch_done = trio.Event()
         if self.full and self._count < self.max_pending // 2:
             self.full = False
             room, self._room = self._room, []
@@ -399,9 +402,9 @@ class SessionStore:
         return await self._in_thread(self.backend.search, query, limit)
 
     async def flushed(self) -> None:
-        """Return once what was recorded before the call is written (or given up)."""
+        """Return once nothing recorded waits to be written (written, or given up)."""
         while self._count:
-            await trio.sleep(self.flush_s)
+            await self._batch_done.wait()
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         result: T = await self._run_sync(fn, *args)

@@ -105,6 +105,8 @@ def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
     assert backend.events("s1", 3, 4) == [(n, payload(n)) for n in (4, 5, 6, 7)]
     assert backend.events("s1", 10, 4) == []
     assert [seq for seq, _ in backend.events("s2", 2, 100)] == [3]
+    backend.write(Batch(events=[run(4, 5)]))  # overlaps what is stored: each seq once
+    assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
 
 
 def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
