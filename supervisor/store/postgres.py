@@ -263,18 +263,28 @@ class PostgresBackend:
         ]
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
-        # Each run holds one event at least: ``limit`` runs hold the events asked for.
+        # Runs in order of their first seq, a page at a time: the first run of a page has a
+        # seq past what was found (its last_seq is), so each page adds one event at least;
+        # runs may overlap (a node's session adopted again), so a page may add fewer than it
+        # has runs, and each seq is taken once.
         found: list[tuple[int, bytes]] = []
-        for first, payloads in self._read(
-            "SELECT first_seq, payloads FROM events WHERE session_id = %s AND last_seq > %s "
-            "ORDER BY first_seq LIMIT %s",
-            (session_id, since_seq, limit),
-        ):
-            for seq, payload in enumerate(bytes(payloads).split(b"\n"), first):
-                if seq > since_seq:
-                    found.append((seq, payload))
-                    if len(found) >= limit:
-                        return found
+        after = since_seq
+        while len(found) < limit:
+            wanted = limit - len(found)
+            page = self._read(
+                "SELECT first_seq, payloads FROM events WHERE session_id = %s AND last_seq > %s "
+                "ORDER BY first_seq LIMIT %s",
+                (session_id, after, wanted),
+            )
+            for first, payloads in page:
+                for seq, payload in enumerate(bytes(payloads).split(b"\n"), first):
+                    if seq > after:
+                        found.append((seq, payload))
+                        after = seq
+                        if len(found) >= limit:
+                            return found
+            if len(page) < wanted:  # no more runs
+                break
         return found
 
     def texts(self, session_id: str) -> list[TextRow]:

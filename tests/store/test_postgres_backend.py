@@ -105,6 +105,26 @@ def test_a_batch_partly_stored_already_stores_the_rest_once(backend: PostgresBac
     assert stored_seqs(backend) == list(range(1, 13))
 
 
+def test_overlapping_runs_are_read_a_page_at_a_time_each_seq_once(
+    backend: PostgresBackend,
+) -> None:
+    backend.write(Batch(sessions=[session()], events=events(1, 30)))  # runs of 3
+    # Runs inside what is stored (a node's session adopted again hands over events again):
+    # a page of runs may hold fewer new events than it has runs.
+    backend.write(
+        Batch(
+            events=[EventRun(session_id="s1", first_seq=n, payloads=[b"{}"]) for n in (2, 6, 8, 11)]
+        )
+    )
+    assert stored_seqs(backend) == list(range(1, 31))
+    assert [seq for seq, _ in backend.events("s1", 0, 5)] == [1, 2, 3, 4, 5]
+    assert [seq for seq, _ in backend.events("s1", 1, 4)] == [2, 3, 4, 5]
+    assert [seq for seq, _ in backend.events("s1", 26, 10)] == [27, 28, 29, 30]
+    # Two runs, [4-6] and [6], hold one event past 5: the second is read from another page.
+    assert [seq for seq, _ in backend.events("s1", 5, 2)] == [6, 7]
+    assert [payload for _, payload in backend.events("s1", 1, 1)] == [b'{"seq":2}']
+
+
 def test_a_connection_the_server_ends_is_replaced(backend: PostgresBackend, url: str) -> None:
     backend.write(Batch(sessions=[session()], events=events(1, 5)))
     assert backend._connection is not None
