@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # pytest-xdist workers for make test (the suite mostly waits on real processes: 2 on 2 cores)
 TEST_WORKERS ?= 2
 
-.PHONY: run test install typecheck demo clean browser openssh bench
+.PHONY: run test install typecheck demo clean browser openssh postgresql bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,10 @@ browser:
 openssh:
 	@sh scripts/ensure-openssh.sh
 
-test: $(STAMP) browser openssh
+postgresql:
+	@sh scripts/ensure-postgresql.sh
+
+test: $(STAMP) browser openssh postgresql
 	$(PY) -m mypy supervisor protocols
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -341,19 +341,22 @@ async def run_ours(
     memory: bool,
     window: contextlib.AbstractContextManager[Any] | None = None,
     metrics: bool = False,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """One run of ours; ``window``: a context (a bytecode count, a trace) around the flood,
     from the prompt until the receivers reported; ``metrics``: the supervisor keeps them
-    (``bench/metrics_cost.py``)."""
+    (``bench/metrics_cost.py``); ``store``: its session store's URL (``bench/store_cost.py``)."""
     kept = Metrics() if metrics else None
     if memory:
         launcher = AcpLauncher(AcpBehaviour(flood=True, words=words))
         spec = AgentSpec(name="flood", protocol="acp", command=["in-memory"])
-        supervisor = open_supervisor(agents={"flood": spec}, launcher=launcher, metrics=kept)
+        supervisor = open_supervisor(
+            agents={"flood": spec}, launcher=launcher, metrics=kept, store=store
+        )
         prompt = "go"
     else:
         spec = AgentSpec(name="flood", protocol="acp", command=LIGHT_AGENT)
-        supervisor = open_supervisor(agents={"flood": spec}, metrics=kept)
+        supervisor = open_supervisor(agents={"flood": spec}, metrics=kept, store=store)
         prompt = f"flood words={words}"
     async with supervisor as sup, trio.open_nursery() as nursery:
         gateway = Gateway(sup, port=0)

@@ -14,7 +14,8 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, TextIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
 import attrs
 import trio
@@ -175,6 +176,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sessions running at once (default: [gateway] max_sessions, else one per 512 MiB"
         " of memory)",
+    )
+    serve.add_argument(
+        "--store",
+        metavar="URL",
+        help="where sessions, their events and prompts are kept across restarts:"
+        " sqlite:///PATH, postgresql://..., or none (default: [store] url, else"
+        " sessions.db in the state directory)",
     )
     serve.add_argument(
         "--local-node",
@@ -420,6 +428,8 @@ class ServeOptions:
     warnings: tuple[str, ...] = ()
     #: where spans go, as the ``OTEL_*`` variables ask (None: no traces)
     tracer_provider: TracerProvider | None = None
+    #: the session store's URL (``--store``, ``[store] url``); None: the state directory's
+    store: str | None = None
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -460,7 +470,17 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
             f"--local-node ([gateway] local_node) runs a node named {LOCAL_NODE!r}:"
             f" [hosts.{LOCAL_NODE}] is taken; rename it"
         )
+    store = getattr(args, "store", None) or config.store.url
+    if store is not None:
+        from supervisor.store.backend import StoreError
+        from supervisor.store.url import backend_for
+
+        try:
+            backend_for(store)
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
     return ServeOptions(
+        store=store,
         config=config,
         host=args.host,
         port=args.port,
@@ -597,12 +617,21 @@ class _Shutdown:
 async def run_serve(options: ServeOptions) -> int:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting; on SIGINT or
     SIGTERM a graceful stop, exit 0 (a second signal: the agents are killed at once, exit 1)."""
+    from supervisor.store.backend import StoreError
+
+    refused: StoreError | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         shutdown = _Shutdown(trio.Event())
-        async with trio.open_nursery() as watcher:
-            watcher.start_soon(shutdown.watch, signals)
-            await _serve(options, shutdown)
-            watcher.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as watcher:
+                watcher.start_soon(shutdown.watch, signals)
+                await _serve(options, shutdown)
+                watcher.cancel_scope.cancel()
+        except* StoreError as group:  # the store cannot be opened: one line, what to do
+            refused = next(e for e in _leaves(group) if isinstance(e, StoreError))
+    if refused is not None:
+        _say(str(refused))
+        return 2
     if shutdown.forced:
         return 1
     return 0
@@ -645,7 +674,11 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
             for name, spec in agents.items()
         }
         _say(f"local sessions run in a node here (host {LOCAL_NODE!r}), and outlive a restart")
+    store = options.store or _default_store(default_state_dir())
+    if store.strip().lower() != "none":
+        _say(f"sessions are stored in {_shown_store(store)}")
     async with open_supervisor(
+        store=store,
         agents=agents,
         state_dir=default_state_dir(),
         max_sessions=max_sessions,
@@ -679,6 +712,38 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     if options.tracer_provider is not None:
         # The spans still batched (the stop's own) are exported before the process goes.
         await trio.to_thread.run_sync(options.tracer_provider.shutdown)
+
+
+def _default_store(state_dir: Path) -> str:
+    """The store in the state directory; ``none`` (and one line) if that directory cannot
+    be used: ``serve`` runs on, as without the state directory's crash safety."""
+    from supervisor.store.url import default_url
+
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        usable = os.access(state_dir, os.W_OK)
+    except OSError:
+        usable = False
+    if not usable:
+        _say(
+            f"sessions are not stored: {state_dir} cannot be used (give --store or"
+            " [store] url to keep them)"
+        )
+        return "none"
+    return default_url(state_dir)
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+def _shown_store(url: str) -> str:
+    from supervisor.store.url import redacted
+
+    return url[len("sqlite:///") :] if url.startswith("sqlite:///") else redacted(url)
 
 
 def _say(text: str) -> None:

@@ -228,9 +228,19 @@ class GatewaySettings:
 
 
 @frozen(kw_only=True)
+class StoreSettings:
+    """The ``[store]`` table: where ``serve`` keeps its sessions (``design/store.md``)."""
+
+    #: ``sqlite:///PATH``, ``postgresql://...`` or ``none``; None: ``sessions.db`` in the
+    #: state directory
+    url: str | None = None
+
+
+@frozen(kw_only=True)
 class Config:
     agents: dict[str, AgentSpec]
     gateway: GatewaySettings = GatewaySettings()
+    store: StoreSettings = StoreSettings()
 
 
 def default_max_sessions(memory_bytes: int | None = None, open_files: int | None = None) -> int:
@@ -271,7 +281,25 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """The agents (built-ins overlaid with ``[agents.NAME]``) and ``[gateway]`` of a file."""
     document, where = read_toml(path)
     agents = {**builtin_agents(), **parse_agents(document, where)}
-    return Config(agents=agents, gateway=parse_gateway(document, where))
+    return Config(
+        agents=agents,
+        gateway=parse_gateway(document, where),
+        store=parse_store(document, where),
+    )
+
+
+def parse_store(document: Mapping[str, Any], where: str = "<config>") -> StoreSettings:
+    table = document.get("store", {})
+    at = f"{where}: [store]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at} must be a table")
+    unknown = set(table) - {"url"}
+    if unknown:
+        raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))} (allowed: url)")
+    url = table.get("url")
+    if url is not None and (not isinstance(url, str) or not url.strip()):
+        raise ConfigError(f"{at}: 'url' must be sqlite:///PATH, postgresql://... or \"none\"")
+    return StoreSettings(url=url)
 
 
 def read_toml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:

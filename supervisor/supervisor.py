@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
     from supervisor.observe.metrics import Metrics
     from supervisor.observe.observers import Observers
+    from supervisor.store.backend import StoredSession
+    from supervisor.store.dormant import DormantSession
+    from supervisor.store.writer import SessionStore
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
 
@@ -119,8 +122,12 @@ class Supervisor:
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         observers: Observers | None = None,
+        store: SessionStore | None = None,
+        stored: Iterable[StoredSession] = (),
     ) -> None:
         self._nursery = nursery
+        #: where every session and its events are written (``supervisor/store/``); None: not
+        self.store = store
         #: what observes the sessions (metrics, traces); None: nothing does
         self._observers = observers
         #: events of history each session keeps (for a resubscribe with ``since_seq``), and
@@ -154,13 +161,30 @@ class Supervisor:
                 self._watch_stops(session)
                 session.on_held = self._held_in_node
                 self._observe(session)
-        ids = count(1)
+        stored = list(stored)
+        if store is not None:
+            # Sessions an earlier supervisor stored: listed, their history replayed from the
+            # store; their agents are not running.
+            from supervisor.store.dormant import DormantSession
+
+            for record in stored:
+                if record.id not in self._sessions:
+                    spec = self.agents.get(record.agent) or AgentSpec(
+                        name=record.agent, protocol=record.protocol, command=()
+                    )
+                    self._sessions[record.id] = DormantSession(record, spec, store, self._revive)
+            for adopted in self._sessions.values():
+                if isinstance(adopted, RemoteSession):
+                    store.attach(adopted)
+        ids = count(1 + _highest_number(record.id for record in stored))
         #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
         self._closing = False
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
         #: raised by ``start_session`` instead of starting one (``refuse_new_sessions``)
         self._refusal: SupervisorError | None = None
+        #: stored sessions whose agent is being started again (``_revive``)
+        self._reviving: dict[str, trio.Event] = {}
         self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
@@ -170,6 +194,10 @@ class Supervisor:
         nursery.start_soon(self.alarms.run)
         if observers is not None and observers.metrics is not None:
             observers.metrics.watch(lambda: self._sessions.values(), self.remote.links)
+
+    def _store(self, session: Session | RemoteSession, resume: str | None = None) -> None:
+        if self.store is not None:
+            self.store.attach(session, resume)
 
     @property
     def metrics(self) -> Metrics | None:
@@ -233,6 +261,7 @@ class Supervisor:
                 paused=self._pausing.for_new_session(),
             )
             self._sessions[remote.id] = remote
+            self._store(remote)
             self._watch_stops(remote)
             if self._pausing.changes != changes:  # paused or resumed while it was placed
                 await self._pausing.bring_one(remote)
@@ -245,25 +274,7 @@ class Supervisor:
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec, at_most)
-        session = Session(
-            self._new_id(),
-            spec,
-            cwd=where,
-            launcher=self._launcher,
-            gate=self.gate,
-            alarms=self.alarms,
-            resume=resume,
-            history_size=self.history_size,
-            hold_unacknowledged=self.hold_unacknowledged,
-            history_bytes=self.history_bytes,
-            buffer_bytes=self.buffer_bytes,
-            paused=self._pausing.for_new_session(),
-        )
-        self._sessions[session.id] = session
-        self._observe(session)
-        session.on_ended = self._poke  # a retired node's drain counts a failed session too
-        self._watch_stops(session)
-        await self._nursery.start(self._run_session, session)
+        session = await self._start_here(self._new_id(), spec, where, resume)
         if wait_ready:
             try:
                 await session.wait_ready()
@@ -276,6 +287,77 @@ class Supervisor:
                 if session.untouched:
                     self._forget_soon(session)
                 raise
+        return session
+
+    async def _start_here(
+        self,
+        session_id: str,
+        spec: AgentSpec,
+        where: str,
+        resume: str | None,
+        after: tuple[int, int] = (0, 0),
+    ) -> Session:
+        """A session on this machine, listed, its actor running (its agent starting)."""
+        session = Session(
+            session_id,
+            spec,
+            cwd=where,
+            launcher=self._launcher,
+            gate=self.gate,
+            alarms=self.alarms,
+            resume=resume,
+            history_size=self.history_size,
+            hold_unacknowledged=self.hold_unacknowledged,
+            history_bytes=self.history_bytes,
+            buffer_bytes=self.buffer_bytes,
+            paused=self._pausing.for_new_session(),
+            after=after,
+        )
+        self._sessions[session.id] = session
+        self._observe(session)
+        self._store(session, resume)
+        session.on_ended = self._poke  # a retired node's drain counts a failed session too
+        self._watch_stops(session)
+        await self._nursery.start(self._run_session, session)
+        return session
+
+    async def _revive(self, dormant: DormantSession) -> AnySession:
+        """Start the agent of a stored session again (a prompt or steer came for it): the
+        session keeps its id, its agent resumes its own session (``resume=``, as a respawn
+        does; a refused resume starts afresh and says so), and its seqs and turn ids go on
+        after the stored ones. Returns the live session once it takes prompts."""
+        reviving = self._reviving.get(dormant.id)
+        if reviving is not None:  # two prompts at once: one start
+            await reviving.wait()
+        current = self.get(dormant.id)
+        if current is not dormant:
+            return current
+        if self._closing:
+            raise BadRequest("the supervisor is shutting down")
+        if self._refusal is not None:
+            raise self._refusal
+        if dormant.host is not None:
+            raise BadRequest("starting a stored session on another host again is not supported")
+        spec = self._resolve(dormant.spec.name)
+        where = dormant.cwd or spec.cwd or os.getcwd()
+        if not os.path.isdir(where):
+            raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")
+        self._check_capacity(spec)
+        self._reviving[dormant.id] = done = trio.Event()
+        try:
+            assert self.store is not None
+            turns = await self.store.turns(dormant.id)
+            session = await self._start_here(
+                dormant.id,
+                spec,
+                where,
+                dormant.agent_session_id,
+                after=(dormant.last_seq, turns),
+            )
+            await session.wait_ready()  # failed to start: listed as failed, its history kept
+        finally:
+            del self._reviving[dormant.id]
+            done.set()
         return session
 
     def _watch_stops(self, session: Session | RemoteSession) -> None:
@@ -493,6 +575,7 @@ async def open_supervisor(
     buffer_bytes: int = DEFAULT_BUFFER_BYTES,
     metrics: Metrics | None = None,
     tracer_provider: TracerProvider | None = None,
+    store: str | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -525,6 +608,11 @@ async def open_supervisor(
     spans per session, turn, cancel and rung of the ladder go to it (``agent-supervisor[otel]``);
     None: to the application's global provider if it set one, else none are made
     (``supervisor/observe/``, ``docs/metrics.md``).
+    ``store``: the URL of a session store (``sqlite:///PATH``; ``design/store.md``) where
+    every session, event, receipt and prompt is written, and whose sessions are listed again
+    (stopped, their history replayed from it); None or ``"none"``: nothing is stored (the
+    default: an embedding application's sessions live in its memory). A store that cannot be
+    opened raises :class:`~supervisor.store.backend.StoreError`, one line saying what to do.
     """
     if gc_policy:
         apply_gc_policy()
@@ -549,8 +637,20 @@ async def open_supervisor(
             "keep_node_sessions needs a state_dir: that is where the next supervisor finds them"
         )
     observers = _observers(metrics, tracer_provider)
+    session_store: SessionStore | None = None
+    stored: list[StoredSession] = []
+    if store is not None:
+        from supervisor.store.url import backend_for
+        from supervisor.store.writer import SessionStore
+
+        backend = backend_for(store)
+        if backend is not None:
+            session_store = SessionStore(backend)
+            stored = await session_store.open()
     try:
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as writer, trio.open_nursery() as nursery:
+            if session_store is not None:
+                writer.start_soon(session_store.run)
             supervisor = Supervisor(
                 nursery,
                 agents=agents,
@@ -565,20 +665,33 @@ async def open_supervisor(
                 history_bytes=history_bytes,
                 buffer_bytes=buffer_bytes,
                 observers=observers,
+                store=session_store,
+                stored=stored,
             )
             try:
                 yield supervisor
             finally:
                 await supervisor.aclose()
+                if session_store is not None:
+                    # (its sessions' last events were recorded as they stopped)
+                    writer.start_soon(session_store.aclose)
     except BaseExceptionGroup as group:
         # Sessions never raise into this nursery, so a lone exception is the caller's own:
         # give it back as raised, not wrapped in a group it did not ask for.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
+        lone: BaseException = group
+        while isinstance(lone, BaseExceptionGroup) and len(lone.exceptions) == 1:
+            lone = lone.exceptions[0]  # (the writer's nursery holds the sessions')
+        if lone is not group:
+            raise lone from None
         raise
     finally:
         if state is not None:
             state.close()
+
+
+def _highest_number(ids: Iterable[str]) -> int:
+    """The highest N of ids ``sN`` (0: none): new sessions are numbered past it."""
+    return max((int(i[1:]) for i in ids if i[:1] == "s" and i[1:].isdigit()), default=0)
 
 
 def _observers(metrics: Metrics | None, provider: TracerProvider | None) -> Observers | None:

@@ -1,5 +1,8 @@
 """Shared fixtures: nothing global; see tests/helpers.py for the event recorder.
 
+``postgresql``: a throwaway PostgreSQL cluster for the whole run (tests/pg.py); a test takes a
+store of its own (a schema) with ``postgresql.database()``.
+
 ``containment``: a test that takes it runs once per containment (a cgroup per agent, and the
 shim), with ``AGENT_SUPERVISOR_CONTAINMENT`` set accordingly. Where cgroups cannot serve, the
 cgroup run skips with the reason (fails under ``AGENT_SUPERVISOR_STRICT_SKIPS=1``, as in CI).
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from helpers import require_cgroups  # noqa: E402
+from pg import PostgresServer, start_postgresql  # noqa: E402
 from supervisor.agents.containment import CONTAINMENT_VARIABLE  # noqa: E402
 
 CONTAINMENTS = ("cgroup", "shim")
@@ -71,3 +76,8 @@ def cgroup_containment(monkeypatch: pytest.MonkeyPatch) -> str:
     require_cgroups()
     monkeypatch.setenv(CONTAINMENT_VARIABLE, "cgroup")
     return "cgroup"
+
+
+@pytest.fixture(scope="session")
+def postgresql() -> Iterator[PostgresServer]:
+    yield from start_postgresql()

@@ -29,6 +29,11 @@ history drops only events the front acknowledged (:meth:`Subscription.acknowledg
 resubscribe from ``since_seq``), and once ``history_size`` events are unacknowledged the actor
 stops reading the agent, as for a full subscriber, until the front is back and catches up.
 See ``design/remote.md``, "Nothing lost across a partition".
+
+A :class:`Recorder` (the session store, ``supervisor/store/writer.py``) is handed every event
+as it enters the history, with its wire bytes; a recorder that is :attr:`Recorder.full` holds
+the agent back as a full backpressured subscriber does, with no stall window: what a store
+has not written yet is never dropped.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from itertools import islice, repeat
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -46,7 +51,13 @@ from protocols import events as ev
 from supervisor.wire.codec import dumps, event_from_json, event_json, event_to_wire, events_json
 from supervisor.wire.frames import frame_payload, text_frame, text_frames
 
-__all__ = ["DEFAULT_BUFFER_BYTES", "DEFAULT_HISTORY_BYTES", "Fanout", "Subscription"]
+__all__ = [
+    "DEFAULT_BUFFER_BYTES",
+    "DEFAULT_HISTORY_BYTES",
+    "Fanout",
+    "Recorder",
+    "Subscription",
+]
 
 #: A backpressured subscriber may hold this many buffers' worth before it is cut off anyway.
 #: The session stops reading the agent at one buffer, so the excess is only what one agent
@@ -77,6 +88,20 @@ DEFAULT_BUFFER_BYTES = 4 * 1024 * 1024
 #: The size counted for an event buffered before it was serialized (a state change, a turn's
 #: start or end: events the session makes, small, a prompt's text previewed).
 _UNSERIALIZED_SIZE = 1024
+
+
+class Recorder(Protocol):
+    """Told of each event kept in a session's history (the session store)."""
+
+    #: it cannot take more for now: the session holds its agent back until :meth:`when_room`
+    full: bool
+
+    def record(self, events: list[ev.Event], payloads: list[bytes]) -> None:
+        """Events as they enter the history, with their wire bytes (the session's actor:
+        must not block)."""
+
+    def when_room(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once it is no longer :attr:`full`."""
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -385,6 +410,11 @@ class Fanout:
         #: (:meth:`publish_many`). None: nobody watches (``supervisor/observe/``: metrics and
         #: traces), and a publish costs one test more
         self.observer: Callable[[ev.Event], None] | None = None
+        #: handed each event entering the history, with its bytes (the session store);
+        #: None: nothing is stored, and keeping an event costs one test more
+        self.recorder: Recorder | None = None
+        #: waits of the session held back for a full recorder (a diagnostic)
+        self.store_holds = 0
 
     @property
     def held_bytes(self) -> int:
@@ -418,12 +448,17 @@ class Fanout:
 
     def _serialize(self) -> None:
         payloads = events_json(self._unserialized)
-        self._unserialized = []
+        events, self._unserialized = self._unserialized, []
         sizes = list(map(len, payloads))
-        self._keep(payloads, sizes, sum(sizes))
+        self._keep(payloads, sizes, sum(sizes), events)
 
-    def _keep(self, payloads: list[bytes], sizes: list[int], total: int) -> None:
+    def _keep(
+        self, payloads: list[bytes], sizes: list[int], total: int, events: list[ev.Event]
+    ) -> None:
         """Add events to the history, its oldest going as its count or its bytes require."""
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.record(events, payloads)
         history, kept = self._history, self._sizes
         if kept.maxlen is not None:
             over = len(kept) + len(sizes) - kept.maxlen
@@ -519,7 +554,7 @@ class Fanout:
                 payload = event_json(event)
             size = len(payload)
             self.serialize()  # what waits as objects is kept first, in order
-            self._keep([payload], [size], size)
+            self._keep([payload], [size], size, [event])
             if self._framed:
                 frame = text_frame(payload)
         drop = False
@@ -554,7 +589,7 @@ class Fanout:
         sizes = list(map(len, payloads))
         total = sum(sizes)
         self.serialize()  # what waits as objects is kept first, in order
-        self._keep(payloads, sizes, total)
+        self._keep(payloads, sizes, total, events)
         frames = text_frames(payloads) if self._framed else []
         drop = False
         full = False
@@ -627,8 +662,11 @@ class Fanout:
     def must_wait(self) -> bool:
         """A backpressured subscriber's buffer is full, or (``hold_unacknowledged``) the
         history holds all the front has not acknowledged it can: the session should not read
-        the agent."""
+        the agent; or the recorder is full."""
         if self._unacknowledged_full:
+            return True
+        recorder = self.recorder
+        if recorder is not None and recorder.full:
             return True
         if not self._maybe_full:
             return False
@@ -644,6 +682,16 @@ class Fanout:
         subscriber that took nothing during it."""
         self.flush()
         full = [s for s in self._subscriptions if s.stall_s is not None and s._full]
+        recorder = self.recorder
+        if not full and recorder is not None and recorder.full:
+            # Held for the store, which has not written what it has: no stall window (the
+            # store is where events go for good; dropping them is not an option).
+            self.store_holds += 1
+            if self._room.is_set():
+                self._room = trio.Event()
+            recorder.when_room(self._on_room)
+            await self._room.wait()
+            return
         if not full and self._unacknowledged_full:
             # Held for the front, not for a subscriber: no stall window (a front away for
             # good is bounded by the node's detach_s). An acknowledgement or a call wakes us.
@@ -679,6 +727,8 @@ class Fanout:
 
     def close(self) -> None:
         """The session is done: every subscription ends (not lagged)."""
+        if self.recorder is not None:
+            self.serialize()  # its last events reach the store
         self._closed = True
         for subscription in self._subscriptions:
             subscription._end()

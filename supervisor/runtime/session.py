@@ -33,6 +33,7 @@ import trio
 from attrs import define, frozen
 
 from protocols.content import Part
+from protocols.events import PREVIEW_CHARS
 from protocols.framing import FramingError, decode_line, decode_lines
 from protocols.machine import Step
 from supervisor.agents.link import (
@@ -474,7 +475,11 @@ class Session:
         history_bytes: int = DEFAULT_HISTORY_BYTES,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         paused: Pause | None = None,
+        after: tuple[int, int] = (0, 0),
     ) -> None:
+        """``after``: the last seq and the number of turns of the session's history so far
+        (a session stored by an earlier supervisor, started again): its seqs and turn ids go
+        on from there, never reused."""
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
@@ -520,6 +525,10 @@ class Session:
             resume=resume,
             paused=paused,
         )
+        last_seq, turns = after
+        if last_seq or turns:
+            self.core.log.seq = self._fanout.head_seq = last_seq
+            self.core.turn_ids.count = turns
         # Agent output being worked through (one read's worth), at the actor's own pace.
         self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
         self._batch_kind = ""  # "lines", "frames" or "stderr"
@@ -533,6 +542,9 @@ class Session:
         #: called (from the actor, must not block) with the receipt of each stopped turn once
         #: it has ended, and when (wall clock): the supervisor's recent stops
         self.on_stop: Callable[[CancelReceipt, float], None] | None = None
+        #: called with the id and the whole text of each prompt and steer longer than an
+        #: event's preview (``protocols.events.PREVIEW_CHARS``): the session store keeps it
+        self.on_text: Callable[[str, str], None] | None = None
 
     # -- public API (any task) ---------------------------------------------------------------
 
@@ -600,6 +612,8 @@ class Session:
         the agent cannot take is refused here (:class:`BadRequest`), before anything is sent."""
         parts = check_prompt(text, parts)
         self._check_open()
+        if self.on_text is not None and len(text) > PREVIEW_CHARS:
+            self.on_text(self.id, text)
         reply: Reply[TurnHandle] = Reply()
         return await self._ask(_Prompt(text, parts, reply), reply)
 
@@ -640,6 +654,8 @@ class Session:
         ``interrupted``, once the old turn has ended (terminate-then-respond)."""
         check_steer(text)
         self._check_open()
+        if self.on_text is not None and len(text) > PREVIEW_CHARS:
+            self.on_text(self.id, text)
         reply: Reply[SteerResult] = Reply()
         return await self._ask(_Steer(text, reply), reply)
 

@@ -329,7 +329,7 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
 async def test_serve_stop_node_sessions_stops_them_at_a_clean_exit(nodes: Path) -> None:
     """``serve --local-node --stop-node-sessions``: SIGTERM stops the node's sessions too
     (their trees are gone, the node has nothing left to run), and the next ``serve`` finds
-    none."""
+    none running: the session is listed from the store, stopped."""
     from supervisor.client import connect
 
     state = nodes / "state"
@@ -360,7 +360,8 @@ async def test_serve_stop_node_sessions_stops_them_at_a_clean_exit(nodes: Path) 
     try:
         with trio.fail_after(BOUND):
             async with connect(url) as client:
-                assert await client.sessions() == []
+                listed = [(s["session_id"], s["state"]) for s in await client.sessions()]
+                assert listed == [(sid, "stopped")]
     finally:
         await end(second, signal.SIGTERM)
 

@@ -1,0 +1,283 @@
+"""The session store's contract: what a backend stores, how it is asked, and its schema.
+
+A backend is synchronous and used from one worker thread at a time (the store's writer runs
+every call through ``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``): the trio side
+never blocks on a database. Each backend keeps one connection, opened by :meth:`Backend.open`.
+
+What is stored (``design/store.md``): every session (:class:`StoredSession`), every event
+with its ``seq`` as the clients got it (its wire JSON bytes, in runs: :class:`EventRun`),
+every receipt
+(:class:`ReceiptRow`), and every prompt and steer in full beside each turn's answer
+(:class:`TextRow`, searchable with the database's own full-text search).
+
+The schema is :data:`MIGRATIONS`: one entry per schema version, each a list of SQL statements
+per dialect. A backend records the version it reached in its table ``schema_version`` (one
+column ``version``, created before the migrations as ``CREATE TABLE IF NOT EXISTS
+schema_version (version INTEGER NOT NULL)``, one row); a file or
+database of a version newer than ``len(MIGRATIONS)`` is refused (:class:`StoreError`), never
+written to.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from attrs import field, frozen
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Backend",
+    "Batch",
+    "EventRun",
+    "ReceiptRow",
+    "SearchHit",
+    "StoreError",
+    "StoredSession",
+    "TEXT_KINDS",
+    "TextRow",
+]
+
+
+class StoreError(Exception):
+    """The store cannot be used: one line naming the file or URL and what to do about it
+    (a corrupt file, a newer schema, a lock held by another process, a read-only directory,
+    an unreachable server, bad credentials), or a write that failed (the batch is not
+    written: all of it or none)."""
+
+
+@frozen(kw_only=True)
+class StoredSession:
+    """A session as the store keeps it. Written (upserted) whenever it changes; ``created`` is
+    kept from its first write. ``last_seq`` is the store's own, filled when read (ignored in a
+    :class:`Batch`): the newest ``seq`` stored."""
+
+    id: str
+    agent: str
+    protocol: str
+    host: str | None
+    cwd: str
+    #: the MCP servers given at start, as JSON text (a list of objects)
+    mcp_servers: str
+    #: the agent's own session id (what a resume passes to it); None: not known yet
+    agent_session_id: str | None
+    created: float
+    last_active: float
+    #: its last ``session.state`` (``supervisor/core/states.py``)
+    state: str
+    #: the turn whose ``turn.started`` is stored without its ``turn.ended`` (None: none): a
+    #: supervisor that finds one at its start ends it (it ran when the last one went away)
+    open_turn_id: str | None = None
+    last_seq: int = 0
+
+
+@frozen(kw_only=True)
+class EventRun:
+    """Events of one session with contiguous seqs, from ``first_seq`` on, as clients got them:
+    each its wire JSON (``supervisor/wire/codec.py``), byte for byte. Stored as one row (the
+    payloads joined by ``\\n``, which compact JSON never holds): a row per event costs a
+    flood ~3 us per event in SQLite, as much as the rest of the supervisor's work on it."""
+
+    session_id: str
+    first_seq: int
+    payloads: list[bytes]
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.payloads) - 1
+
+
+@frozen(kw_only=True)
+class ReceiptRow:
+    """A turn's receipt (the one its ``turn.ended`` at ``seq`` carries), as wire JSON."""
+
+    session_id: str
+    turn_id: str
+    seq: int
+    payload: bytes
+
+
+#: what a :class:`TextRow` holds: a prompt, a steer (both in full: events carry previews), or
+#: the agent's answer in a turn (its ``message.delta`` texts joined, written at the turn's end)
+TEXT_KINDS = ("prompt", "steer", "answer")
+
+
+@frozen(kw_only=True)
+class TextRow:
+    """Text of a turn, kept in full and indexed for :meth:`Backend.search`."""
+
+    session_id: str
+    turn_id: str
+    #: the seq of the event it goes with (the turn's start, the steer, the turn's end)
+    seq: int
+    #: one of :data:`TEXT_KINDS`
+    kind: str
+    text: str
+
+
+@frozen(kw_only=True)
+class SearchHit:
+    """Where a search's words were found; ``snippet`` shows them in context."""
+
+    session_id: str
+    turn_id: str
+    seq: int
+    kind: str
+    snippet: str
+
+
+@frozen(kw_only=True)
+class Batch:
+    """What one :meth:`Backend.write` writes, in one transaction: all of it or none. Runs,
+    receipts and texts already stored (the same ``session_id`` and ``first_seq``, ``seq``, or
+    ``seq`` and ``kind``) are left as they are: a batch written twice stores nothing twice."""
+
+    sessions: list[StoredSession] = field(factory=list)
+    events: list[EventRun] = field(factory=list)
+    receipts: list[ReceiptRow] = field(factory=list)
+    texts: list[TextRow] = field(factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.sessions or self.events or self.receipts or self.texts)
+
+
+class Backend(Protocol):
+    """A database the store writes to and reads from (SQLite: ``supervisor/store/sqlite.py``)."""
+
+    #: where it is, for messages (a path or a URL without its password)
+    where: str
+
+    def open(self) -> None:
+        """Connect; create the schema or migrate it to :data:`SCHEMA_VERSION`. Raises
+        :class:`StoreError` (one line: :attr:`where` and what to do) when it cannot."""
+
+    def write(self, batch: Batch) -> None:
+        """Write ``batch`` in one transaction; :class:`StoreError` if it could not (nothing of
+        it is written)."""
+
+    def sessions(self) -> list[StoredSession]:
+        """Every stored session, the most recently active first."""
+
+    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` events of the session with a seq above ``since_seq``, in order, as
+        ``(seq, wire JSON)``; each seq once, though stored runs overlap (a node's session
+        adopted again may hand over events already stored)."""
+
+    def texts(self, session_id: str) -> list[TextRow]:
+        """The session's prompts, steers and answers, in order of seq."""
+
+    def receipts(self, session_id: str) -> list[ReceiptRow]:
+        """The session's receipts, in order of seq."""
+
+    def search(self, query: str, limit: int) -> list[SearchHit]:
+        """Up to ``limit`` texts matching ``query`` (words, as the user typed them: the backend
+        quotes them for its full-text search), the best first."""
+
+    def close(self) -> None:
+        """Close the connection (the writer flushed what it had)."""
+
+
+#: The schema, one entry per version: its statements for each dialect, run in order in one
+#: transaction with the version's ``schema_version`` row. Tables and columns are the same in
+#: every dialect (the names the backends query); only types and full-text indexing differ.
+#:
+#: - ``sessions``: :class:`StoredSession`.
+#: - ``events``: :class:`EventRun`, primary key ``(session_id, first_seq)``, with its
+#:   ``last_seq`` and ``payloads`` (joined by ``\n``).
+#: - ``receipts``: :class:`ReceiptRow`, primary key ``(session_id, seq)``.
+#: - ``texts``: :class:`TextRow`, primary key ``(session_id, seq, kind)``; SQLite indexes
+#:   ``text`` in the FTS5 table ``texts_fts`` (rowid: the row's ``rowid``), PostgreSQL in a
+#:   ``tsvector`` column ``search`` with a GIN index, of the text's first 100,000 characters
+#:   (a tsvector holds at most 1 MB: a longer text's would fail its batch).
+MIGRATIONS: list[dict[str, list[str]]] = [
+    {
+        "sqlite": [
+            """CREATE TABLE sessions (
+                id TEXT PRIMARY KEY,
+                agent TEXT NOT NULL,
+                protocol TEXT NOT NULL,
+                host TEXT,
+                cwd TEXT NOT NULL,
+                mcp_servers TEXT NOT NULL,
+                agent_session_id TEXT,
+                created REAL NOT NULL,
+                last_active REAL NOT NULL,
+                state TEXT NOT NULL,
+                open_turn_id TEXT
+            )""",
+            "CREATE INDEX sessions_by_activity ON sessions (last_active)",
+            """CREATE TABLE events (
+                session_id TEXT NOT NULL,
+                first_seq INTEGER NOT NULL,
+                last_seq INTEGER NOT NULL,
+                payloads BLOB NOT NULL,
+                PRIMARY KEY (session_id, first_seq)
+            ) WITHOUT ROWID""",
+            "CREATE INDEX events_by_last ON events (session_id, last_seq)",
+            """CREATE TABLE receipts (
+                session_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                turn_id TEXT NOT NULL,
+                payload BLOB NOT NULL,
+                PRIMARY KEY (session_id, seq)
+            ) WITHOUT ROWID""",
+            """CREATE TABLE texts (
+                session_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                kind TEXT NOT NULL,
+                turn_id TEXT NOT NULL,
+                text TEXT NOT NULL,
+                UNIQUE (session_id, seq, kind)
+            )""",
+            """CREATE VIRTUAL TABLE texts_fts USING fts5(
+                text, content='texts', content_rowid='rowid'
+            )""",
+        ],
+        "postgresql": [
+            """CREATE TABLE sessions (
+                id TEXT PRIMARY KEY,
+                agent TEXT NOT NULL,
+                protocol TEXT NOT NULL,
+                host TEXT,
+                cwd TEXT NOT NULL,
+                mcp_servers TEXT NOT NULL,
+                agent_session_id TEXT,
+                created DOUBLE PRECISION NOT NULL,
+                last_active DOUBLE PRECISION NOT NULL,
+                state TEXT NOT NULL,
+                open_turn_id TEXT
+            )""",
+            "CREATE INDEX sessions_by_activity ON sessions (last_active)",
+            """CREATE TABLE events (
+                session_id TEXT NOT NULL,
+                first_seq BIGINT NOT NULL,
+                last_seq BIGINT NOT NULL,
+                payloads BYTEA NOT NULL,
+                PRIMARY KEY (session_id, first_seq)
+            )""",
+            "CREATE INDEX events_by_last ON events (session_id, last_seq)",
+            """CREATE TABLE receipts (
+                session_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                turn_id TEXT NOT NULL,
+                payload BYTEA NOT NULL,
+                PRIMARY KEY (session_id, seq)
+            )""",
+            """CREATE TABLE texts (
+                session_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                kind TEXT NOT NULL,
+                turn_id TEXT NOT NULL,
+                text TEXT NOT NULL,
+                search TSVECTOR GENERATED ALWAYS AS (
+                    to_tsvector('simple', left(text, 100000))
+                ) STORED,
+                PRIMARY KEY (session_id, seq, kind)
+            )""",
+            "CREATE INDEX texts_search ON texts USING GIN (search)",
+        ],
+    },
+]
+
+#: The schema version this code writes (a store of a newer one is refused).
+SCHEMA_VERSION = len(MIGRATIONS)

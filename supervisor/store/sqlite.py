@@ -1,0 +1,294 @@
+"""The session store in an SQLite file (stdlib ``sqlite3``), the default store.
+
+WAL with ``synchronous=NORMAL``: a batch is one transaction, appended to the log without an
+fsync per commit (a power cut may lose the last batches, never corrupt the file; a crash of
+the process loses nothing written). The file is locked for this process alone (an exclusive
+lock taken at open and held): two supervisors writing the same sessions would interleave two
+histories with the same seqs. FTS5 indexes the texts (``texts_fts``) for :meth:`search`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from supervisor.store.backend import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Batch,
+    ReceiptRow,
+    SearchHit,
+    StoredSession,
+    StoreError,
+    TextRow,
+)
+
+__all__ = ["SqliteBackend"]
+
+#: How long opening waits for a lock another process holds before saying so: long enough for
+#: a supervisor that is stopping to let go, short enough that a second ``serve`` on the same
+#: file says at once that it cannot.
+_LOCK_WAIT_S = 2.0
+#: SQLite's statements beyond the dialect's migrations: the FTS5 index kept in step with
+#: ``texts`` (an external-content table, fed by a trigger on each row really inserted).
+_FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON texts BEGIN
+    INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
+END"""
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class SqliteBackend:
+    """The store in the SQLite file ``path`` (created, with its directory, if missing)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+        self._db: sqlite3.Connection | None = None
+
+    def open(self) -> None:
+        where = self.where
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the store's directory {self.path.parent}: {exc.strerror}; "
+                "choose another with [store] url or --store"
+            ) from None
+        if not os.access(self.path.parent, os.W_OK) or (
+            self.path.exists() and not os.access(self.path, os.W_OK)
+        ):
+            raise StoreError(
+                f"the store {where} is not writable (read-only directory or file); make it "
+                "writable or choose another with [store] url or --store"
+            )
+        try:
+            db = sqlite3.connect(
+                self.path, timeout=_LOCK_WAIT_S, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {where}: {exc}") from None
+        try:
+            self._setup(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise StoreError(_open_error(where, exc)) from None
+        except StoreError:
+            db.close()
+            raise
+        self._db = db
+
+    def _setup(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA locking_mode = EXCLUSIVE")
+        if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
+            raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock, held from now on
+        try:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = db.execute("SELECT max(version) FROM schema_version").fetchone()
+            version = row[0] or 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"the store {self.where} has schema version {version}, newer than this "
+                    f"agent-supervisor's ({SCHEMA_VERSION}); upgrade agent-supervisor or "
+                    "choose another file"
+                )
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number]["sqlite"]:
+                    db.execute(statement)
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (number + 1,))
+            db.execute(_FTS_TRIGGER)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreError(f"the store {self.where} is not open")
+        return self._db
+
+    def write(self, batch: Batch) -> None:
+        db = self._conn
+        try:
+            db.execute("BEGIN")
+            try:
+                self._write(db, batch)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+
+    @staticmethod
+    def _write(db: sqlite3.Connection, batch: Batch) -> None:
+        if batch.sessions:
+            db.executemany(
+                """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
+                    agent_session_id, created, last_active, state, open_turn_id)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
+                    protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
+                    mcp_servers = excluded.mcp_servers,
+                    agent_session_id = excluded.agent_session_id,
+                    last_active = excluded.last_active, state = excluded.state,
+                    open_turn_id = excluded.open_turn_id""",
+                [
+                    (
+                        s.id,
+                        s.agent,
+                        s.protocol,
+                        s.host,
+                        s.cwd,
+                        s.mcp_servers,
+                        s.agent_session_id,
+                        s.created,
+                        s.last_active,
+                        s.state,
+                        s.open_turn_id,
+                    )
+                    for s in batch.sessions
+                ],
+            )
+        if batch.events:
+            db.executemany(
+                "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) "
+                "VALUES (?, ?, ?, ?)",
+                [
+                    (run.session_id, run.first_seq, run.last_seq, b"\n".join(run.payloads))
+                    for run in batch.events
+                    if run.payloads
+                ],
+            )
+        if batch.receipts:
+            db.executemany(
+                "INSERT OR IGNORE INTO receipts (session_id, seq, turn_id, payload) "
+                "VALUES (?, ?, ?, ?)",
+                [(r.session_id, r.seq, r.turn_id, r.payload) for r in batch.receipts],
+            )
+        if batch.texts:
+            db.executemany(
+                "INSERT OR IGNORE INTO texts (session_id, seq, kind, turn_id, text) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(t.session_id, t.seq, t.kind, t.turn_id, t.text) for t in batch.texts],
+            )
+
+    def sessions(self) -> list[StoredSession]:
+        rows = self._read(
+            """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
+                last_active, state, open_turn_id,
+                (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
+            FROM sessions ORDER BY last_active DESC, id DESC""",
+            (),
+        )
+        return [
+            StoredSession(
+                id=row[0],
+                agent=row[1],
+                protocol=row[2],
+                host=row[3],
+                cwd=row[4],
+                mcp_servers=row[5],
+                agent_session_id=row[6],
+                created=row[7],
+                last_active=row[8],
+                state=row[9],
+                open_turn_id=row[10],
+                last_seq=row[11] or 0,
+            )
+            for row in rows
+        ]
+
+    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        found: list[tuple[int, bytes]] = []
+        try:
+            runs = self._conn.execute(
+                "SELECT first_seq, payloads FROM events WHERE session_id = ? AND last_seq > ? "
+                "ORDER BY first_seq",
+                (session_id, since_seq),
+            )
+            after = since_seq
+            for first, payloads in runs:
+                for seq, payload in enumerate(bytes(payloads).split(b"\n"), first):
+                    if seq > after:  # (runs that overlap: each seq once)
+                        found.append((seq, payload))
+                        after = seq
+                        if len(found) >= limit:
+                            return found
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store {self.where}: {exc}") from None
+        return found
+
+    def texts(self, session_id: str) -> list[TextRow]:
+        return [
+            TextRow(session_id=session_id, seq=seq, kind=kind, turn_id=turn_id, text=text)
+            for seq, kind, turn_id, text in self._read(
+                "SELECT seq, kind, turn_id, text FROM texts WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            )
+        ]
+
+    def receipts(self, session_id: str) -> list[ReceiptRow]:
+        return [
+            ReceiptRow(session_id=session_id, seq=seq, turn_id=turn_id, payload=bytes(payload))
+            for seq, turn_id, payload in self._read(
+                "SELECT seq, turn_id, payload FROM receipts WHERE session_id = ? ORDER BY seq",
+                (session_id,),
+            )
+        ]
+
+    def search(self, query: str, limit: int) -> list[SearchHit]:
+        words = _WORD.findall(query)
+        if not words:
+            return []
+        # Each word quoted: what the user typed is text to find, never FTS5 syntax.
+        match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
+        rows = self._read(
+            """SELECT t.session_id, t.turn_id, t.seq, t.kind,
+                snippet(texts_fts, 0, '[', ']', '...', 12)
+            FROM texts_fts JOIN texts t ON t.rowid = texts_fts.rowid
+            WHERE texts_fts MATCH ? ORDER BY rank LIMIT ?""",
+            (match, limit),
+        )
+        return [
+            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            for row in rows
+        ]
+
+    def _read(self, sql: str, parameters: tuple[object, ...]) -> list[Any]:
+        try:
+            return list(self._conn.execute(sql, parameters))
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store {self.where}: {exc}") from None
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _open_error(where: str, exc: sqlite3.DatabaseError) -> str:
+    """The one line for a file that cannot be opened, and what to do."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return (
+            f"the store {where} is in use by another process (another agent-supervisor "
+            "serve?); stop it or choose another file with [store] url or --store"
+        )
+    if "readonly" in text or "read-only" in text:
+        return (
+            f"the store {where} is read-only; make it writable or choose another file "
+            "with [store] url or --store"
+        )
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return (
+            f"the store {where} is not a valid SQLite database ({text}); move it away to "
+            "start a new one, or choose another file with [store] url or --store"
+        )
+    return f"cannot open the store {where}: {text}; choose another file with --store"

@@ -1,0 +1,223 @@
+"""What every store backend does: write and read back, one transaction per batch, search,
+migrate, refuse a newer schema. Runs once per backend (``store_url``, ``conftest.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import attrs
+import pytest
+
+from supervisor.store.backend import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Backend,
+    Batch,
+    EventRun,
+    ReceiptRow,
+    StoredSession,
+    StoreError,
+    TextRow,
+)
+from supervisor.store.url import backend_for
+
+
+@pytest.fixture
+def backend(store_url: str) -> Iterator[Backend]:
+    backend = backend_for(store_url)
+    assert backend is not None
+    backend.open()
+    yield backend
+    backend.close()
+
+
+def session(id: str = "s1", *, last_active: float = 2.0, state: str = "ready") -> StoredSession:
+    return StoredSession(
+        id=id,
+        agent="claude",
+        protocol="claude",
+        host=None,
+        cwd="/tmp",
+        mcp_servers="[]",
+        agent_session_id=None,
+        created=1.0,
+        last_active=last_active,
+        state=state,
+    )
+
+
+def payload(seq: int, kind: str = "message.delta", sid: str = "s1") -> bytes:
+    return b'{"event":"%s","session_id":"%s","seq":%d}' % (kind.encode(), sid.encode(), seq)
+
+
+def run(first: int, count: int = 1, sid: str = "s1") -> EventRun:
+    return EventRun(
+        session_id=sid,
+        first_seq=first,
+        payloads=[payload(seq, sid=sid) for seq in range(first, first + count)],
+    )
+
+
+def test_write_and_read_back(backend: Backend) -> None:
+    backend.write(
+        Batch(
+            sessions=[session("s1", last_active=2.0), session("s2", last_active=3.0)],
+            events=[run(1, 2), run(3)],
+            receipts=[ReceiptRow(session_id="s1", turn_id="t1", seq=3, payload=b'{"a":1}')],
+            texts=[
+                TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="x" * 100_000),
+                TextRow(session_id="s1", turn_id="t1", seq=3, kind="answer", text="hello there"),
+            ],
+        )
+    )
+    stored = backend.sessions()
+    assert [s.id for s in stored] == ["s2", "s1"]  # the most recently active first
+    assert stored[1].last_seq == 3
+    assert stored[0].last_seq == 0
+    assert backend.events("s1", 0, 10) == [(n, payload(n)) for n in (1, 2, 3)]
+    assert [seq for seq, _ in backend.events("s1", 1, 1)] == [2]
+    assert backend.receipts("s1") == [
+        ReceiptRow(session_id="s1", turn_id="t1", seq=3, payload=b'{"a":1}')
+    ]
+    texts = backend.texts("s1")
+    assert [(t.kind, len(t.text)) for t in texts] == [("prompt", 100_000), ("answer", 11)]
+
+
+def test_upsert_keeps_created_and_updates_the_rest(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session(state="starting")]))
+    later = attrs.evolve(
+        session(), created=9.0, last_active=5.0, agent_session_id="abc", state="ready"
+    )
+    backend.write(Batch(sessions=[later]))
+    (stored,) = backend.sessions()
+    assert (stored.created, stored.last_active, stored.agent_session_id, stored.state) == (
+        1.0,
+        5.0,
+        "abc",
+        "ready",
+    )
+
+
+def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session()], events=[run(1, 5), run(6, 1), run(7, 4)]))
+    backend.write(Batch(events=[run(1, 3, sid="s2")]))
+    assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
+    assert backend.events("s1", 3, 4) == [(n, payload(n)) for n in (4, 5, 6, 7)]
+    assert backend.events("s1", 10, 4) == []
+    assert [seq for seq, _ in backend.events("s2", 2, 100)] == [3]
+    backend.write(Batch(events=[run(4, 5)]))  # overlaps what is stored: each seq once
+    assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
+
+
+def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
+    backend.write(Batch(sessions=[attrs.evolve(session(), open_turn_id="t1")]))
+    assert backend.sessions()[0].open_turn_id == "t1"
+    backend.write(Batch(sessions=[session()]))
+    assert backend.sessions()[0].open_turn_id is None
+
+
+def test_a_batch_written_twice_stores_nothing_twice(backend: Backend) -> None:
+    batch = Batch(
+        sessions=[session()],
+        events=[run(1, 2)],
+        texts=[TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="once")],
+    )
+    backend.write(batch)
+    backend.write(batch)
+    assert len(backend.events("s1", 0, 10)) == 2
+    assert len(backend.texts("s1")) == 1
+    assert len(backend.search("once", 10)) == 1
+
+
+def test_a_failed_batch_writes_nothing(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session()]))
+    bad = TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text=object())  # type: ignore[arg-type]
+    with pytest.raises(StoreError, match="cannot write"):
+        backend.write(Batch(events=[run(1)], texts=[bad]))
+    assert backend.events("s1", 0, 10) == []
+    backend.write(Batch(events=[run(1)]))  # and the store goes on
+    assert len(backend.events("s1", 0, 10)) == 1
+
+
+def test_search_finds_words_in_prompts_steers_and_answers(backend: Backend) -> None:
+    backend.write(
+        Batch(
+            sessions=[session("s1"), session("s2")],
+            texts=[
+                TextRow(
+                    session_id="s1", turn_id="t1", seq=1, kind="prompt", text="fix the parser bug"
+                ),
+                TextRow(
+                    session_id="s1", turn_id="t1", seq=5, kind="answer", text="The parser is fixed."
+                ),
+                TextRow(
+                    session_id="s2", turn_id="t1", seq=2, kind="steer", text="use the lexer instead"
+                ),
+            ],
+        )
+    )
+    hits = backend.search("parser", 10)
+    assert sorted((h.session_id, h.kind) for h in hits) == [("s1", "answer"), ("s1", "prompt")]
+    assert all("parser" in h.snippet.lower() for h in hits)
+    (hit,) = backend.search("LEXER", 10)
+    assert (hit.session_id, hit.turn_id, hit.seq, hit.kind) == ("s2", "t1", 2, "steer")
+    assert backend.search('"unbalanced AND (', 10) == []  # what is typed is text, not syntax
+    assert backend.search("", 10) == []
+    assert len(backend.search("parser", 1)) == 1
+
+
+def test_reopened_store_keeps_everything(store_url: str) -> None:
+    first = backend_for(store_url)
+    assert first is not None
+    first.open()
+    first.write(Batch(sessions=[session()], events=[run(1)]))
+    first.close()
+    again = backend_for(store_url)
+    assert again is not None
+    again.open()  # the schema is there: no migration runs twice
+    try:
+        assert [s.id for s in again.sessions()] == ["s1"]
+        assert len(again.events("s1", 0, 10)) == 1
+    finally:
+        again.close()
+
+
+def test_a_newer_schema_is_refused(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    newer = backend_for(store_url)
+    assert newer is not None
+    future = [
+        *MIGRATIONS,
+        {
+            "sqlite": ["CREATE TABLE later (x INTEGER)"],
+            "postgresql": ["CREATE TABLE later (x INTEGER)"],
+        },
+    ]
+    monkeypatch.setattr("supervisor.store.backend.MIGRATIONS", future)
+    import supervisor.store.backend as contract
+
+    for module in _backend_modules():
+        monkeypatch.setattr(module, "MIGRATIONS", future, raising=False)
+        monkeypatch.setattr(module, "SCHEMA_VERSION", SCHEMA_VERSION + 1, raising=False)
+    monkeypatch.setattr(contract, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    newer.open()  # migrates to the next version
+    newer.close()
+    monkeypatch.undo()
+    old = backend_for(store_url)
+    assert old is not None
+    with pytest.raises(StoreError) as raised:
+        old.open()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"schema version {SCHEMA_VERSION + 1}" in message and "upgrade" in message
+
+
+def _backend_modules() -> list[object]:
+    import importlib
+
+    modules = []
+    for name in ("supervisor.store.sqlite", "supervisor.store.postgres"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return modules

@@ -1,0 +1,165 @@
+"""A supervisor started again on the same store: every session listed with its id and agent
+(stopped), its whole history replayed with the same seqs, a turn that ran when the first went
+away ended once (failed), and new session ids past the stored ones. In-memory agents, on the
+real clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from protocols import events as ev
+from supervisor import AgentSpec, open_supervisor
+from supervisor.errors import AgentNotRunning
+from supervisor.store.backend import Batch, EventRun, StoredSession
+from supervisor.store.sqlite import SqliteBackend
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.wire.codec import event_json, event_to_wire
+
+BOUND = 30.0
+SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=0.5)
+
+
+async def history(session: Any) -> list[dict[str, Any]]:
+    async with session.subscribe(since_seq=0) as events:
+        got = []
+        with trio.move_on_after(0.5):  # a live session's replay, then whatever comes
+            async for event in events:
+                got.append(event_to_wire(event))
+        return got
+
+
+async def test_sessions_and_their_history_come_back(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=5, word_interval=0.01))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            one = await sup.start_session("fake")
+            two = await sup.start_session("fake")
+            async with one.subscribe() as events:
+                await one.prompt("first prompt")
+                async for event in events:
+                    if event.kind == "turn.ended":
+                        break
+            launcher.behaviour = AcpBehaviour(words=1000, word_interval=0.05)
+            async with two.subscribe() as events:
+                await two.prompt("a long one " + "x" * 20_000)
+                async for event in events:
+                    if event.kind == "message.delta":
+                        break
+                receipt = await two.cancel()
+            assert receipt.outcome == "cancelled"
+            before = {s.id: s.spec.name for s in (one, two)}
+        seen = {"s1": one.fanout.history, "s2": two.fanout.history}
+        seen_wire = {sid: [bytes(b) for b in h] for sid, h in seen.items()}
+
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            listed = {s.session_id: (s.agent, s.state) for s in sup.list()}
+            assert listed == {sid: (agent, "stopped") for sid, agent in before.items()}
+            for sid in ("s1", "s2"):
+                session = sup.get(sid)
+                async with session.subscribe(since_seq=0) as events:
+                    replay = [event async for event in events]
+                assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
+                stored = await sup.store.events(sid, 0, 100_000)  # type: ignore[union-attr]
+                assert [payload for _, payload in stored] == seen_wire[sid]
+                assert replay[-1].kind in ("session.state", "agent.exited", "turn.ended")
+            with pytest.raises(AgentNotRunning):
+                await sup.get("s1").cancel()
+            texts = await trio.to_thread.run_sync(sup.store.backend.texts, "s2")  # type: ignore[union-attr]
+            assert [(t.kind, len(t.text)) for t in texts if t.kind == "prompt"] == [
+                ("prompt", len("a long one ") + 20_000)
+            ]
+            hits = await sup.store.search("first", 10)  # type: ignore[union-attr]
+            assert [(h.session_id, h.kind) for h in hits] == [("s1", "prompt")]
+            three = await sup.start_session("fake")
+            assert three.id == "s3"
+
+
+async def test_a_turn_running_when_the_supervisor_went_away_ends_once(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    state = event_json(ev.SessionState(session_id="s7", seq=1, timestamp=1.0, state="ready"))
+    started = event_json(
+        ev.TurnStarted(session_id="s7", seq=2, timestamp=2.0, turn_id="t1", text="go")
+    )
+    backend.write(
+        Batch(
+            sessions=[
+                StoredSession(
+                    id="s7",
+                    agent="fake",
+                    protocol="acp",
+                    host=None,
+                    cwd="/",
+                    mcp_servers="[]",
+                    agent_session_id="agent-own-id",
+                    created=1.0,
+                    last_active=2.0,
+                    state="running",
+                    open_turn_id="t1",
+                )
+            ],
+            events=[EventRun(session_id="s7", first_seq=1, payloads=[state, started])],
+        )
+    )
+    backend.close()
+    url = f"sqlite:///{path}"
+    launcher = AcpLauncher(AcpBehaviour())
+    with trio.fail_after(BOUND):
+        for number in (8, 9):  # the second start finds the turn ended: nothing more is added
+            async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+                session = sup.get("s7")
+                assert session.last_seq == 3
+                async with session.subscribe(since_seq=0) as events:
+                    replay = [event async for event in events]
+                assert [e.kind for e in replay] == ["session.state", "turn.started", "turn.ended"]
+                ended = replay[-1]
+                assert (ended.seq, ended.turn_id, ended.outcome) == (3, "t1", "failed")
+                assert "supervisor went away" in (ended.error or "")
+                assert (await sup.start_session("fake")).id == f"s{number}"
+
+
+async def test_a_prompt_to_a_stored_session_starts_its_agent_again_resumed(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=3, word_interval=0.01))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            first = await sup.start_session("fake")
+            async with first.subscribe() as events:
+                await first.prompt("remember this")
+                async for event in events:
+                    if event.kind == "turn.ended":
+                        break
+            own_id = first.agent_session_id
+            assert own_id is not None
+        last = first.last_seq
+        launcher.resumes.clear()
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            stored = sup.get("s1")
+            assert stored.state == "stopped"
+            handle = await stored.prompt("and now this")
+            assert handle.id == "t2"  # turn ids go on
+            live = sup.get("s1")
+            assert live is not stored and live.state in ("running", "ready")
+            assert launcher.resumes == [own_id]  # the agent's own session, resumed
+            async with live.subscribe(since_seq=last) as events:
+                seqs = []
+                async for event in events:
+                    seqs.append(event.seq)
+                    if event.kind == "turn.ended":
+                        break
+            assert seqs[0] == last + 1  # seqs go on
+            assert [s.session_id for s in sup.list()] == ["s1"]
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            async with sup.get("s1").subscribe(since_seq=0) as events:
+                replay = [event async for event in events]
+            assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
+            turns = [e.turn_id for e in replay if e.kind == "turn.ended"]
+            assert turns == ["t1", "t2"]

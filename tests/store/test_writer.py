@@ -1,0 +1,174 @@
+"""The store's writer: batches (a few ms, or a batch's worth at once), a failing database
+(tried again, then given up in one log line, the sessions going on), and a database that
+falls behind (the sessions hold their agents back; nothing is dropped)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from protocols import events as ev
+from supervisor import AgentSpec, open_supervisor
+from supervisor.store.backend import (
+    Batch,
+    ReceiptRow,
+    SearchHit,
+    StoredSession,
+    StoreError,
+    TextRow,
+)
+from supervisor.store.writer import SessionStore
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.wire.codec import event_json
+
+
+class FakeBackend:
+    """Keeps batches in memory; fails the next ``failures`` writes; ``gate``: a write waits
+    for it (the database falls behind)."""
+
+    where = "memory"
+
+    def __init__(self, failures: int = 0, gate: threading.Event | None = None) -> None:
+        self.batches: list[tuple[float, Batch]] = []
+        self.failures = failures
+        self.gate = gate
+        self.clock = lambda: 0.0
+
+    def open(self) -> None:
+        pass
+
+    def write(self, batch: Batch) -> None:
+        if self.gate is not None:
+            assert self.gate.wait(60)
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("cannot write to the store memory: disk I/O error")
+        self.batches.append((self.clock(), batch))
+
+    def sessions(self) -> list[StoredSession]:
+        return []
+
+    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        return []
+
+    def texts(self, session_id: str) -> list[TextRow]:
+        return []
+
+    def receipts(self, session_id: str) -> list[ReceiptRow]:
+        return []
+
+    def search(self, query: str, limit: int) -> list[SearchHit]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def seqs(self) -> list[int]:
+        return [
+            seq
+            for _, batch in self.batches
+            for run in batch.events
+            for seq in range(run.first_seq, run.last_seq + 1)
+        ]
+
+
+async def direct(fn: Callable[..., Any], *args: Any) -> Any:
+    """The backend called in the test's own thread: virtual time sees it take none."""
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+def deltas(first: int, count: int, session_id: str = "s1") -> tuple[list[ev.Event], list[bytes]]:
+    events: list[ev.Event] = [
+        ev.MessageDelta(session_id=session_id, seq=seq, timestamp=1.0, turn_id="t1", text="w ")
+        for seq in range(first, first + count)
+    ]
+    return events, [event_json(e) for e in events]
+
+
+async def test_events_gather_for_a_few_ms_or_a_batch_worth(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, batch_events=100, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        store.record(*deltas(1, 3))
+        store.record(*deltas(4, 3))
+        await store.flushed()
+        ((at, batch),) = backend.batches
+        assert [(run.first_seq, run.last_seq) for run in batch.events] == [(1, 6)]  # one run
+        assert at - start == pytest.approx(0.005)  # gathered for flush_s
+        start = trio.current_time()
+        store.record(*deltas(7, 100))  # a batch's worth: written at once
+        await store.flushed()
+        assert backend.batches[-1][0] == start
+        await store.aclose()
+    assert backend.seqs() == list(range(1, 107))
+
+
+async def test_a_failing_database_is_tried_again_then_given_up_in_one_line(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = FakeBackend(failures=2)
+    store = SessionStore(backend, retry_s=(0.1, 0.1, 0.1), run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        store.record(*deltas(1, 2))
+        await store.flushed()
+        assert backend.seqs() == [1, 2]  # the third try wrote it
+        assert not caplog.records
+        backend.failures = 100
+        store.record(*deltas(3, 2))
+        await store.flushed()
+        store.record(*deltas(5, 2))  # given up too, within the rate limit: no second line
+        await store.flushed()
+        backend.failures = 0
+        store.record(*deltas(7, 1))  # and the store goes on
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 7]
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1
+    assert "2 events in 1 batches could not be written" in lines[0]
+    assert "s1 seq 3-4" in lines[0] and "disk I/O error" in lines[0]
+    assert "\n" not in lines[0]
+
+
+async def test_a_database_that_falls_behind_holds_the_agents_back(tmp_path: Path) -> None:
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    store = SessionStore(backend, max_pending=200, batch_events=50)
+    launcher = AcpLauncher(AcpBehaviour(words=3000, flood=True))
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake"])
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
+                sup.store = store
+                session = await sup.start_session("fake")
+                async with session.subscribe() as events:
+                    await session.prompt("flood")
+                    while not store.full:
+                        await trio.sleep(0.01)
+                    # Held: the session reads no more of the agent while the store is full.
+                    held_at = session.last_seq
+                    await trio.sleep(0.2)
+                    assert session.fanout.store_holds >= 1
+                    assert session.last_seq - held_at < 200
+                    gate.set()
+                    async for event in events:
+                        if event.kind == "turn.ended":
+                            break
+            last = session.last_seq  # its last events too, recorded as it stopped
+            await store.flushed()
+            await store.aclose()
+    assert backend.seqs() == list(range(1, last + 1))  # every event, once, in order
