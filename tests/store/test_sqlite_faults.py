@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,15 +51,30 @@ def test_a_file_in_use_by_another_process(tmp_path: Path) -> None:
     SqliteBackend(path).open()  # free again once it is gone
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+@contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` made read-only, also for root: the immutable attribute (``chattr +i``), which
+    root's writes obey where they ignore the mode bits."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o500 if path.is_dir() else 0o400)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    subprocess.run(["chattr", "+i", os.fspath(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", os.fspath(path)], check=True)
+
+
 def test_a_read_only_directory(tmp_path: Path) -> None:
     directory = tmp_path / "ro"
     directory.mkdir()
-    directory.chmod(0o500)
-    try:
+    with read_only(directory):
         assert "not writable" in _refused(directory / "sessions.db")
-    finally:
-        directory.chmod(0o700)
 
 
 def test_a_read_only_file(tmp_path: Path) -> None:
@@ -65,7 +82,5 @@ def test_a_read_only_file(tmp_path: Path) -> None:
     backend = SqliteBackend(path)
     backend.open()
     backend.close()
-    path.chmod(0o400)
-    if os.geteuid() == 0:
-        pytest.skip("root writes into a read-only file")
-    assert "not writable" in _refused(path)
+    with read_only(path):
+        assert "not writable" in _refused(path)
