@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from helpers import require_cgroups  # noqa: E402
 from pg import PostgresServer, start_postgresql  # noqa: E402
 from supervisor.agents.containment import CONTAINMENT_VARIABLE  # noqa: E402
+from supervisor.agents.statefile import STATE_DIR_VARIABLE  # noqa: E402
 
 CONTAINMENTS = ("cgroup", "shim")
 
@@ -53,6 +54,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         from realagents import conftest as tier4
 
         tier4.print_summary(terminalreporter)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What the run's supervisors keep (the state files, the session store of ``serve``) goes
+    to a folder of the run's own, never the user's: for what a test's fixtures of a wider
+    scope start before :func:`_state_dir_of_the_test` applies."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(STATE_DIR_VARIABLE, os.fspath(tmp_path_factory.mktemp("state")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _state_dir_of_the_test(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test's ``serve`` keeps its sessions apart: a session another test stored is not
+    listed in this one's. A test that names a state directory itself still does."""
+    monkeypatch.setenv(STATE_DIR_VARIABLE, os.fspath(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture(params=CONTAINMENTS)

@@ -36,7 +36,7 @@ from supervisor.agents.cgroups import ROOT_PREFIX, Cgroup
 if TYPE_CHECKING:
     from supervisor.agents.process import AgentProcess
 
-__all__ = ["StateFile", "SweepReport", "default_state_dir", "sweep_orphans"]
+__all__ = ["STATE_DIR_VARIABLE", "StateFile", "SweepReport", "default_state_dir", "sweep_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,12 @@ log = logging.getLogger(__name__)
 _SWEEP_WAIT_S = 2.0
 
 
+#: Names the state directory, over ``$XDG_STATE_HOME/agent-supervisor``.
+STATE_DIR_VARIABLE = "AGENT_SUPERVISOR_STATE_DIR"
+
+
 def default_state_dir() -> Path:
-    override = os.environ.get("AGENT_SUPERVISOR_STATE_DIR")
+    override = os.environ.get(STATE_DIR_VARIABLE)
     if override:
         return Path(override)
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")

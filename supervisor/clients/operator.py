@@ -99,6 +99,12 @@ async def run_operator(
     out.flush()
 
 
+def _duration(seconds: float) -> str:
+    """What is left of a deadline, as a person reads it: the answer says how much was left as
+    it was made (29.996 s of a 30 s deadline), not the deadline asked for."""
+    return f"{seconds:.0f}" if seconds >= 10 else f"{seconds:.1f}"
+
+
 def describe(action: str, answer: dict[str, Any]) -> str:
     """The answer as a person reads it, a line each."""
     held, running, pending = answer["held"], answer["running"], answer["pending"]
@@ -108,7 +114,7 @@ def describe(action: str, answer: dict[str, Any]) -> str:
         if running:
             deadline = answer.get("deadline_s")
             fate = (
-                f"cancelled (reason paused) in {deadline:g} s if still running"
+                f"cancelled (reason paused) in {_duration(deadline)} s if still running"
                 if deadline is not None
                 else "they finish by themselves"
             )
