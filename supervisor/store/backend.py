@@ -68,6 +68,13 @@ class StoredSession:
     #: the turn whose ``turn.started`` is stored without its ``turn.ended`` (None: none): a
     #: supervisor that finds one at its start ends it (it ran when the last one went away)
     open_turn_id: str | None = None
+    #: the supervisor that wrote it last closed the store cleanly (everything it recorded is
+    #: written); False while one writes it: a store opened with it False was left unclean
+    #: (a SIGKILL, a crash), and events clients saw may be missing (``design/store.md``)
+    clean: bool = True
+    #: turn numbers (``tN``) used at least, beside those the stored texts name: what an
+    #: unclean end reserved for turns that may have started unstored (never lowered)
+    turns: int = 0
     last_seq: int = 0
 
 
@@ -181,7 +188,7 @@ class Backend(Protocol):
 #: transaction with the version's ``schema_version`` row. Tables and columns are the same in
 #: every dialect (the names the backends query); only types and full-text indexing differ.
 #:
-#: - ``sessions``: :class:`StoredSession`.
+#: - ``sessions``: :class:`StoredSession` (``clean`` and ``turns`` from version 2).
 #: - ``events``: :class:`EventRun`, primary key ``(session_id, first_seq)``, with its
 #:   ``last_seq`` and ``payloads`` (joined by ``\n``).
 #: - ``receipts``: :class:`ReceiptRow`, primary key ``(session_id, seq)``.
@@ -275,6 +282,16 @@ MIGRATIONS: list[dict[str, list[str]]] = [
                 PRIMARY KEY (session_id, seq, kind)
             )""",
             "CREATE INDEX texts_search ON texts USING GIN (search)",
+        ],
+    },
+    {
+        "sqlite": [
+            "ALTER TABLE sessions ADD COLUMN clean INTEGER NOT NULL DEFAULT 1",
+            "ALTER TABLE sessions ADD COLUMN turns INTEGER NOT NULL DEFAULT 0",
+        ],
+        "postgresql": [
+            "ALTER TABLE sessions ADD COLUMN clean BOOLEAN NOT NULL DEFAULT TRUE",
+            "ALTER TABLE sessions ADD COLUMN turns BIGINT NOT NULL DEFAULT 0",
         ],
     },
 ]

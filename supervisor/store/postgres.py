@@ -239,7 +239,7 @@ class PostgresBackend:
     def sessions(self) -> list[StoredSession]:
         rows = self._read(
             """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
-                last_active, state, open_turn_id,
+                last_active, state, open_turn_id, clean, turns,
                 (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
             FROM sessions ORDER BY last_active DESC, id DESC""",
             (),
@@ -257,7 +257,9 @@ class PostgresBackend:
                 last_active=row[8],
                 state=row[9],
                 open_turn_id=row[10],
-                last_seq=row[11] or 0,
+                clean=bool(row[11]),
+                turns=row[12],
+                last_seq=row[13] or 0,
             )
             for row in rows
         ]
@@ -379,12 +381,13 @@ def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int,
 # -- a batch's SQL
 
 _UPSERT_SESSION = """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-        agent_session_id, created, last_active, state, open_turn_id)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        agent_session_id, created, last_active, state, open_turn_id, clean, turns)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (id) DO UPDATE SET agent = excluded.agent, protocol = excluded.protocol,
         host = excluded.host, cwd = excluded.cwd, mcp_servers = excluded.mcp_servers,
         agent_session_id = excluded.agent_session_id, last_active = excluded.last_active,
-        state = excluded.state, open_turn_id = excluded.open_turn_id"""
+        state = excluded.state, open_turn_id = excluded.open_turn_id, clean = excluded.clean,
+        turns = greatest(sessions.turns, excluded.turns)"""
 _EVENT_COLUMNS = "events (session_id, first_seq, last_seq, payloads)"
 _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
@@ -420,6 +423,8 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                         s.last_active,
                         s.state,
                         s.open_turn_id,
+                        s.clean,
+                        s.turns,
                     )
                     for s in batch.sessions
                 ],

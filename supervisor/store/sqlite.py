@@ -131,14 +131,15 @@ class SqliteBackend:
         if batch.sessions:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-                    agent_session_id, created, last_active, state, open_turn_id)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    agent_session_id, created, last_active, state, open_turn_id, clean, turns)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
                     agent_session_id = excluded.agent_session_id,
                     last_active = excluded.last_active, state = excluded.state,
-                    open_turn_id = excluded.open_turn_id""",
+                    open_turn_id = excluded.open_turn_id, clean = excluded.clean,
+                    turns = max(sessions.turns, excluded.turns)""",
                 [
                     (
                         s.id,
@@ -152,6 +153,8 @@ class SqliteBackend:
                         s.last_active,
                         s.state,
                         s.open_turn_id,
+                        s.clean,
+                        s.turns,
                     )
                     for s in batch.sessions
                 ],
@@ -182,7 +185,7 @@ class SqliteBackend:
     def sessions(self) -> list[StoredSession]:
         rows = self._read(
             """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
-                last_active, state, open_turn_id,
+                last_active, state, open_turn_id, clean, turns,
                 (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
             FROM sessions ORDER BY last_active DESC, id DESC""",
             (),
@@ -200,7 +203,9 @@ class SqliteBackend:
                 last_active=row[8],
                 state=row[9],
                 open_turn_id=row[10],
-                last_seq=row[11] or 0,
+                clean=bool(row[11]),
+                turns=row[12],
+                last_seq=row[13] or 0,
             )
             for row in rows
         ]

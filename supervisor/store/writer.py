@@ -11,9 +11,11 @@ event loop pays the append and nothing else.
 Bounded: when ``max_pending`` events wait (the database fell behind), :attr:`full` is set and
 the sessions hold their agents back, as for a full subscriber that asked for backpressure
 (the actor stops reading the agent's output until :meth:`when_room` calls back): events are
-never dropped to keep up. A batch that cannot be written is tried again a few times (a
-database restarting); then it is given up, with one log line saying which events of which
-sessions were not written (rate-limited), and the sessions go on.
+never dropped to keep up. A batch that cannot be written (a database restarting or failing
+over, a full disk) is tried again with backoff for as long as the supervisor runs, with one
+log line every ``LOG_EVERY_S`` at most: what waits meanwhile grows to ``max_pending``, and
+then the agents wait too. At close, what still cannot be written is said in one line, and
+its sessions are not marked clean (the next start puts a ``stream.gap`` where they were).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
-from supervisor.wire.codec import dumps, event_json
+from supervisor.wire.codec import dumps, event_json, event_to_wire
 
 __all__ = ["SessionStore"]
 
@@ -55,11 +57,26 @@ BATCH_EVENTS = 1000
 #: Events waiting (and being written) at most before sessions hold their agents back: a few
 #: seconds of a 100-session flood, ~1-10 MB of wire bytes, referenced, not copied.
 MAX_PENDING = 50_000
-#: A batch that failed is tried again after these pauses (a PostgreSQL restarting, a disk
-#: momentarily full); after the last, it is given up and said so.
-RETRY_S = (0.1, 0.5, 2.0)
-#: At most one log line per this many seconds about writes given up (each says how many).
+#: A batch that failed is tried again after these pauses, the last one repeated for as long
+#: as it fails (a PostgreSQL restarting or failing over, a disk full until someone frees it):
+#: quick for a blip, then a try every 5 s, which costs a database that is down nothing.
+RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+#: At most one log line per this many seconds about failing writes.
 LOG_EVERY_S = 10.0
+#: Seqs (and turn numbers) a stored session skips after an unclean end (no clean close was
+#: stored: a SIGKILL, a crash, a database that failed the last writes): clients get events
+#: before the writer stores them, so some they saw may be missing, and their seqs must never
+#: mean something else. Events recorded and not written are at most ``MAX_PENDING`` before
+#: every session holds its agent back; what a held session still publishes is the agent
+#: message it is handling (a few events each) and what a cancel reads (never held, ended by
+#: its ladder within seconds): the second ``MAX_PENDING`` is the room for those. The skipped
+#: range is a ``stream.gap`` in the history, so a replay says what is gone.
+UNCLEAN_SKIP = 2 * MAX_PENDING
+#: A run of at most this many events is looked at for a ``turn.ended`` (a turn's end, a
+#: cancel's receipt), which is written at once rather than after ``flush_s``: the session's
+#: own events come in short runs (``Fanout``'s ``_UNSERIALIZED_MAX``), a stream's runs need
+#: not be scanned on the actor.
+_SCAN_RUN = 64
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -83,6 +100,8 @@ class _Meta:
     open_turn_id: str | None = None
     #: the agent's own session id, as last known (a stopped agent's is kept: it resumes it)
     agent_session_id: str | None = None
+    #: its row was written (a clean close marks it clean)
+    stored: bool = False
 
 
 class SessionStore:
@@ -127,10 +146,13 @@ class SessionStore:
         self._full_texts: dict[tuple[str, str], str] = {}
         #: the worker thread's: each running turn's answer so far, by (session, turn)
         self._answers: dict[tuple[str, str], list[str]] = {}
-        #: writes given up since the last log line, and when it was
+        #: events that could not be written before the close, their sessions' seqs, and why
         self._lost_events = 0
-        self._lost_batches = 0
+        self._lost: dict[str, list[int]] = {}
+        self._lost_error: Exception | None = None
+        #: when the last line about failing writes was logged
         self._logged_at = -math.inf
+        self._closed = trio.Event()  # aclose was called: a retry's pause ends
         #: events written (a diagnostic, and what the benches read)
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
@@ -139,38 +161,70 @@ class SessionStore:
     # -- setting up ----------------------------------------------------------------------
 
     async def open(self) -> list[StoredSession]:
-        """Open the backend (:class:`StoreError` if it cannot be) and end the turns a
-        supervisor that went away left running (:meth:`end_open_turns`); returns the stored
-        sessions, the most recently active first."""
+        """Open the backend (:class:`StoreError` if it cannot be) and make good what a
+        supervisor that went away left (:meth:`_recover`); returns the stored sessions, the
+        most recently active first."""
         await self._in_thread(self.backend.open)
-        return await self._in_thread(self._end_open_turns)
+        return await self._in_thread(self._recover)
 
-    def _end_open_turns(self) -> list[StoredSession]:
-        """A turn whose ``turn.ended`` never reached the store ran when its supervisor went
-        away (stopped, killed, crashed): it ends now, in the history, failed, once."""
+    def _recover(self) -> list[StoredSession]:
+        """Sessions an earlier supervisor left: one that did not close cleanly gets a
+        ``stream.gap`` of :data:`UNCLEAN_SKIP` seqs after its last stored one (events clients
+        may have seen and the store never got: their seqs are never used again) and skips as
+        many turn numbers; a turn whose ``turn.ended`` never reached the store ran when its
+        supervisor went away (stopped, killed, crashed): it ends now, in the history, failed,
+        once. Written with the sessions' rows in one transaction: a second start adds
+        nothing."""
         stored = self.backend.sessions()
         now = time.time()
         runs: list[EventRun] = []
         changed: list[StoredSession] = []
         sessions: list[StoredSession] = []
         for session in stored:
-            if session.open_turn_id is None:
+            if session.clean and session.open_turn_id is None:
                 sessions.append(session)
                 continue
-            seq = session.last_seq + 1
-            event = ev.TurnEnded(
-                session_id=session.id,
-                seq=seq,
-                timestamp=now,
-                turn_id=session.open_turn_id,
-                outcome="failed",
-                stop_reason="supervisor_gone",
-                error="the supervisor went away while the turn ran",
-            )
+            seq = session.last_seq
+            payloads: list[bytes] = []
+            turns = session.turns
+            if not session.clean:
+                seq += UNCLEAN_SKIP
+                payloads.append(
+                    _wire_json(
+                        ev.StreamGap(
+                            session_id=session.id,
+                            seq=seq,
+                            timestamp=now,
+                            from_seq=session.last_seq + 1,
+                            to_seq=seq,
+                            cause="the supervisor went away before they were stored",
+                        ),
+                        session.host,
+                    )
+                )
+                turns = max(turns, _highest_turn(self.backend.texts(session.id))) + UNCLEAN_SKIP
+            if session.open_turn_id is not None:
+                seq += 1
+                payloads.append(
+                    _wire_json(
+                        ev.TurnEnded(
+                            session_id=session.id,
+                            seq=seq,
+                            timestamp=now,
+                            turn_id=session.open_turn_id,
+                            outcome="failed",
+                            stop_reason="supervisor_gone",
+                            error="the supervisor went away while the turn ran",
+                        ),
+                        session.host,
+                    )
+                )
             runs.append(
-                EventRun(session_id=session.id, first_seq=seq, payloads=[event_json(event)])
+                EventRun(session_id=session.id, first_seq=session.last_seq + 1, payloads=payloads)
             )
-            ended = attrs.evolve(session, open_turn_id=None, last_active=now, last_seq=seq)
+            ended = attrs.evolve(
+                session, open_turn_id=None, last_active=now, last_seq=seq, clean=True, turns=turns
+            )
             changed.append(ended)
             sessions.append(ended)
         if runs:
@@ -217,6 +271,13 @@ class SessionStore:
             self._enough.set()
             if count >= self.max_pending:
                 self.full = True
+        elif len(events) <= _SCAN_RUN:
+            # A turn's end or a cancel's receipt is written at once: what a client was told
+            # last before a crash is then stored (the window of an unclean end is shorter).
+            for event in events:
+                if type(event) is ev.TurnEnded:
+                    self._enough.set()
+                    break
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
@@ -249,16 +310,34 @@ class SessionStore:
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
         count = sum(len(events) for events, _ in pending)
-        for attempt, pause in enumerate((*self.retry_s, None)):
+        pauses = iter(self.retry_s)
+        pause = 0.0
+        failed_at: float | None = None
+        first = True
+        while True:
             try:
-                await self._in_thread(self._write, pending, attempt == 0)
+                await self._in_thread(self._write, pending, first)
                 self.written += count
+                if failed_at is not None:
+                    log.warning(
+                        "store: writing again after %.1f s of failed writes; nothing was lost",
+                        trio.current_time() - failed_at,
+                    )
+                    self._logged_at = -math.inf
                 break
             except Exception as exc:  # a backend's bug too: the sessions go on
-                if pause is None or self._closing:
+                first = False
+                if self._closing:
                     self._given_up(pending, count, exc)
                     break
-                await trio.sleep(pause)
+                if failed_at is None:
+                    failed_at = trio.current_time()
+                self._failing(pending, exc)
+                pause = next(pauses, pause)
+                # Never given up while the supervisor runs: what waits grows until the
+                # sessions hold their agents back (:attr:`full`); a close ends the wait.
+                with trio.move_on_after(pause):
+                    await self._closed.wait()
         self._count -= count
         self._batch_done.set()
         self._batch_done = trio.Event()
@@ -268,30 +347,31 @@ class SessionStore:
             for callback in room:
                 callback()
 
-    def _given_up(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
-    ) -> None:
-        self._lost_events += count
-        self._lost_batches += 1
+    def _failing(self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception) -> None:
+        """A write failed and is tried again: one log line at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
         if now - self._logged_at < LOG_EVERY_S:
             return
-        spans: dict[str, list[int]] = {}
-        for events, _ in pending:
-            for event in events:
-                span = spans.setdefault(event.session_id, [event.seq, event.seq])
-                span[0], span[1] = min(span[0], event.seq), max(span[1], event.seq)
-        where = ", ".join(f"{sid} seq {low}-{high}" for sid, (low, high) in spans.items())
-        log.error(
-            "store: %d events in %d batches could not be written (the last: %s): %s; the "
-            "sessions go on",
-            self._lost_events,
-            self._lost_batches,
-            where,
-            exc if isinstance(exc, StoreError) else repr(exc),
-        )
         self._logged_at = now
-        self._lost_events = self._lost_batches = 0
+        log.error(
+            "store: cannot write (%s); trying again, %d events of sessions %s wait and none is "
+            "dropped (past %d the agents are held back)",
+            exc if isinstance(exc, StoreError) else repr(exc),
+            self._count,
+            _names(_spans(pending)),
+            self.max_pending,
+        )
+
+    def _given_up(
+        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
+    ) -> None:
+        """At close, a batch that still cannot be written: said once for all in
+        :meth:`aclose`."""
+        self._lost_events += count
+        self._lost_error = exc
+        for sid, (low, high) in _spans(pending).items():
+            span = self._lost.setdefault(sid, [low, high])
+            span[0], span[1] = min(span[0], low), max(span[1], high)
 
     def _write(self, pending: list[tuple[list[ev.Event], list[bytes]]], first: bool) -> None:
         """(The worker thread.) The rows of ``pending``, written in one transaction."""
@@ -379,6 +459,8 @@ class SessionStore:
                             )
                         )
         sessions = [_row(sid, info) for sid, info in touched.items()]
+        for info in touched.values():
+            info.stored = True
         self._last_batch = Batch(sessions=sessions, events=runs, receipts=receipts, texts=texts)
         return self._last_batch
 
@@ -392,8 +474,8 @@ class SessionStore:
     async def turns(self, session_id: str) -> int:
         """How many turn ids (``t1``, ``t2``, ...) a stored session used: the highest."""
         texts = await self._in_thread(self.backend.texts, session_id)
-        numbers = [int(t.turn_id[1:]) for t in texts if t.turn_id[1:].isdigit()]
-        return max(numbers, default=0)
+        reserved = max((s.turns for s in await self.sessions() if s.id == session_id), default=0)
+        return max(_highest_turn(texts), reserved)
 
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
@@ -414,13 +496,38 @@ class SessionStore:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     async def aclose(self) -> None:
-        """Write what is left, then close the backend."""
+        """Write what is left, mark the sessions written clean (:attr:`StoredSession.clean`:
+        the next supervisor knows nothing is missing), then close the backend."""
         self._closing = True
+        self._closed.set()
         self._wake.set()
         self._enough.set()
         with trio.CancelScope(shield=True):
             await self._done.wait()
+            if self._lost_events:
+                exc = self._lost_error
+                log.error(
+                    "store: %d events could not be written before the supervisor stopped "
+                    "(%s): %s; the next start marks them as gone (stream.gap)",
+                    self._lost_events,
+                    _names(self._lost),
+                    exc if isinstance(exc, StoreError) else repr(exc),
+                )
+            try:
+                await self._in_thread(self._mark_clean)
+            except Exception:  # the next start treats them as unclean: nothing is reused
+                pass
             await self._in_thread(self.backend.close)
+
+    def _mark_clean(self) -> None:
+        """(The worker thread.) Every session whose row was written, marked clean."""
+        rows = [
+            attrs.evolve(_row(sid, info), clean=True)
+            for sid, info in self._meta.items()
+            if info.stored and sid not in self._lost
+        ]
+        if rows:
+            self.backend.write(Batch(sessions=rows))
 
 
 def _row(session_id: str, info: _Meta) -> StoredSession:
@@ -439,7 +546,41 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         last_active=info.last_active,
         state=info.state,
         open_turn_id=info.open_turn_id,
+        clean=False,
     )
+
+
+def _spans(pending: list[tuple[list[ev.Event], list[bytes]]]) -> dict[str, list[int]]:
+    """Each session's lowest and highest seq in ``pending``."""
+    spans: dict[str, list[int]] = {}
+    for events, _ in pending:
+        if events:
+            low, high = events[0].seq, events[-1].seq
+            span = spans.setdefault(events[0].session_id, [low, high])
+            span[0], span[1] = min(span[0], low), max(span[1], high)
+    return spans
+
+
+def _names(spans: dict[str, list[int]]) -> str:
+    """``s1 seq 3-40, s2 seq 7-9``: at most a few sessions named, then how many more."""
+    shown = [f"{sid} seq {low}-{high}" for sid, (low, high) in list(spans.items())[:5]]
+    if len(spans) > 5:
+        shown.append(f"{len(spans) - 5} more")
+    return ", ".join(shown)
+
+
+def _highest_turn(texts: list[TextRow]) -> int:
+    """The highest turn number (``tN``) the texts name."""
+    return max((int(t.turn_id[1:]) for t in texts if t.turn_id[1:].isdigit()), default=0)
+
+
+def _wire_json(event: ev.Event, host: str | None) -> bytes:
+    """``event``'s wire JSON, with ``host`` as a remote session's events carry it."""
+    if host is None:
+        return event_json(event)
+    message = event_to_wire(event)
+    message["host"] = host
+    return dumps(message)
 
 
 def _mcp_json(server: Any) -> Any:
