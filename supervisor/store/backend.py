@@ -20,6 +20,7 @@ written to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from attrs import field, frozen
@@ -36,6 +37,7 @@ __all__ = [
     "StoredSession",
     "TEXT_KINDS",
     "TextRow",
+    "store_beyond",
 ]
 
 
@@ -137,7 +139,9 @@ class SearchHit:
 class Batch:
     """What one :meth:`Backend.write` writes, in one transaction: all of it or none. Runs,
     receipts and texts already stored (the same ``session_id`` and ``first_seq``, ``seq``, or
-    ``seq`` and ``kind``) are left as they are: a batch written twice stores nothing twice."""
+    ``seq`` and ``kind``) are left as they are: a batch written twice stores nothing twice; a
+    run longer than the one stored at its first seq has the rest stored
+    (:func:`store_beyond`)."""
 
     sessions: list[StoredSession] = field(factory=list)
     events: list[EventRun] = field(factory=list)
@@ -146,6 +150,32 @@ class Batch:
 
     def __bool__(self) -> bool:
         return bool(self.sessions or self.events or self.receipts or self.texts)
+
+
+def store_beyond(
+    run: EventRun,
+    stored_last: Callable[[str, int], int | None],
+    insert: Callable[[EventRun], None],
+) -> None:
+    """Store what ``run`` holds beyond the runs stored at its first seq: a run starting at a
+    stored run's ``first_seq`` may be longer (a node's session adopted again hands over more
+    than was stored); the stored events stay as they are (what clients got), the rest is
+    inserted as a run of its own. ``stored_last(session_id, first_seq)``: the last seq of the
+    run stored there, None if none; ``insert``: store a run whose key is free (the backends
+    call this only for a batch that met a stored key: the common batch costs no query)."""
+    first = run.first_seq
+    while first <= run.last_seq:
+        last = stored_last(run.session_id, first)
+        if last is None:
+            insert(
+                EventRun(
+                    session_id=run.session_id,
+                    first_seq=first,
+                    payloads=run.payloads[first - run.first_seq :],
+                )
+            )
+            return
+        first = last + 1
 
 
 class Backend(Protocol):

@@ -8,8 +8,9 @@ store's one worker thread; a batch is one explicit transaction.
 Event runs are written with binary ``COPY`` (2.2 times as fast as ``executemany`` for a
 batch of 100 events over 100 sessions, 2.5 times for 1,000: ``design/store-postgresql.md``).
 ``COPY`` cannot skip a row already stored, so a batch that meets one (a batch written again
-after a commit whose answer was lost) is written again, whole, with ``INSERT ... ON CONFLICT
-DO NOTHING``: still one transaction, still nothing twice.
+after a commit whose answer was lost, a node's session adopted again handing over a longer
+run) is written again, whole, run by run, storing what each holds beyond the stored run
+(:func:`~supervisor.store.backend.store_beyond`): still one transaction, still nothing twice.
 
 The database is held by one supervisor at a time, as the SQLite file is: a session-level
 advisory lock, taken at open and held by the connection (two supervisors writing the same
@@ -34,11 +35,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
     Batch,
+    EventRun,
     ReceiptRow,
     SearchHit,
     StoredSession,
     StoreError,
     TextRow,
+    store_beyond,
 )
 
 __all__ = ["PostgresBackend"]
@@ -443,7 +446,24 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                     for row in rows:
                         copy.write_row(row)
             else:
-                cursor.executemany(_INSERT_EVENTS, rows)
+                # A batch that met stored runs (rare): each run on its own, and what a run
+                # holds beyond the one stored at its first seq.
+                def stored_last(session_id: str, first_seq: int) -> int | None:
+                    found = cursor.execute(
+                        "SELECT last_seq FROM events WHERE session_id = %s AND first_seq = %s",
+                        (session_id, first_seq),
+                    ).fetchone()
+                    return None if found is None else int(found[0])
+
+                def insert(r: EventRun) -> None:
+                    cursor.execute(
+                        _INSERT_EVENTS,
+                        (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+                    )
+
+                for r in batch.events:
+                    if r.payloads:
+                        store_beyond(r, stored_last, insert)
         if batch.receipts:
             cursor.executemany(
                 _INSERT_RECEIPT,

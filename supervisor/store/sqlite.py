@@ -19,11 +19,13 @@ from supervisor.store.backend import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Batch,
+    EventRun,
     ReceiptRow,
     SearchHit,
     StoredSession,
     StoreError,
     TextRow,
+    store_beyond,
 )
 
 __all__ = ["SqliteBackend"]
@@ -38,6 +40,9 @@ _FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON 
     INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
 END"""
 _WORD = re.compile(r"\w+", re.UNICODE)
+_INSERT_EVENTS = (
+    "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
+)
 
 
 class SqliteBackend:
@@ -160,15 +165,28 @@ class SqliteBackend:
                 ],
             )
         if batch.events:
-            db.executemany(
-                "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) "
-                "VALUES (?, ?, ?, ?)",
-                [
-                    (run.session_id, run.first_seq, run.last_seq, b"\n".join(run.payloads))
-                    for run in batch.events
-                    if run.payloads
-                ],
-            )
+            runs = [run for run in batch.events if run.payloads]
+            inserted = db.executemany(
+                _INSERT_EVENTS,
+                [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs],
+            ).rowcount
+            if inserted < len(runs):  # some met a stored run: what they hold beyond it
+
+                def stored_last(session_id: str, first_seq: int) -> int | None:
+                    row = db.execute(
+                        "SELECT last_seq FROM events WHERE session_id = ? AND first_seq = ?",
+                        (session_id, first_seq),
+                    ).fetchone()
+                    return None if row is None else int(row[0])
+
+                def insert(r: EventRun) -> None:
+                    db.execute(
+                        _INSERT_EVENTS,
+                        (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+                    )
+
+                for r in runs:
+                    store_beyond(r, stored_last, insert)
         if batch.receipts:
             db.executemany(
                 "INSERT OR IGNORE INTO receipts (session_id, seq, turn_id, payload) "

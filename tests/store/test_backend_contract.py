@@ -109,6 +109,23 @@ def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
     assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
 
 
+def test_a_longer_run_at_a_stored_first_seq_stores_the_rest(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session()], events=[run(1, 3)]))
+    # A node's session adopted again hands over more than was stored, from the same seq;
+    # what was stored stays as clients got it.
+    longer = EventRun(
+        session_id="s1", first_seq=1, payloads=[b"{}"] * 3 + [payload(n) for n in (4, 5, 6)]
+    )
+    backend.write(Batch(events=[longer, run(1, 2, sid="s2")]))
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 7)]
+    assert backend.events("s2", 0, 100) == [(n, payload(n, sid="s2")) for n in (1, 2)]
+    backend.write(Batch(events=[run(1, 8)]))  # past two stored runs: only 7 and 8 added
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 9)]
+    assert backend.sessions()[0].last_seq == 8
+    backend.write(Batch(events=[run(1, 8)]))  # the same again: nothing twice
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 9)]
+
+
 def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
     backend.write(Batch(sessions=[attrs.evolve(session(), open_turn_id="t1")]))
     assert backend.sessions()[0].open_turn_id == "t1"
