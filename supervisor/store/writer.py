@@ -32,6 +32,7 @@ import trio
 
 from protocols import events as ev
 from protocols.events import PREVIEW_CHARS, preview
+from protocols.mcp import McpServer, NameValue
 from supervisor.store.backend import (
     Backend,
     Batch,
@@ -43,7 +44,7 @@ from supervisor.store.backend import (
 )
 from supervisor.wire.codec import dumps, event_json, event_to_wire
 
-__all__ = ["SessionStore"]
+__all__ = ["SessionStore", "mcp_servers_from_json"]
 
 T = TypeVar("T")
 
@@ -585,3 +586,22 @@ def _wire_json(event: ev.Event, host: str | None) -> bytes:
 
 def _mcp_json(server: Any) -> Any:
     return attrs.asdict(server) if attrs.has(type(server)) else str(server)
+
+
+def mcp_servers_from_json(text: str) -> list[McpServer]:
+    """The MCP servers a session row holds (its ``mcp_servers``, as :meth:`attach` wrote
+    them), to give its agent again; one that cannot be read back is left out, and said."""
+    servers: list[McpServer] = []
+    try:
+        stored = json.loads(text or "[]")
+    except ValueError:
+        stored = None
+    for entry in stored if isinstance(stored, list) else [stored]:
+        try:
+            data = dict(entry)
+            for key in ("env", "headers"):
+                data[key] = [NameValue(**pair) for pair in data.get(key) or ()]
+            servers.append(McpServer(**data))
+        except (TypeError, ValueError) as exc:
+            log.warning("store: a stored MCP server cannot be read back (%s): %r", exc, entry)
+    return servers

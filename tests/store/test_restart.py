@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from protocols import events as ev
+from protocols.mcp import McpServer, NameValue
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
 from supervisor.store.backend import Batch, EventRun, StoredSession, TextRow
@@ -231,3 +232,19 @@ async def test_a_session_not_closed_cleanly_skips_what_clients_may_have_seen(
             async with sup.get("s1").subscribe(since_seq=0) as events:
                 kinds = [event.kind async for event in events]
             assert kinds.count("stream.gap") == 1
+
+
+async def test_a_restarted_session_gets_the_mcp_servers_it_was_started_with(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.01))
+    files = McpServer(name="files", command="/bin/true", args=("--root", "/"))
+    web = McpServer(name="web", command="/bin/cat", env=[NameValue("TOKEN", "x")])
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            session = await sup.start_session("fake", mcp_servers=[files, web])
+            assert launcher.links[-1].spec.mcp_servers == (files, web)
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            await sup.get(session.id).prompt("again")
+            assert launcher.links[-1].spec.mcp_servers == (files, web)
