@@ -40,6 +40,8 @@ _FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON 
     INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
 END"""
 _WORD = re.compile(r"\w+", re.UNICODE)
+#: The page size of a new file (``_setup``).
+_PAGE_SIZE = 16384
 _INSERT_EVENTS = (
     "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
 )
@@ -86,6 +88,9 @@ class SqliteBackend:
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
+        # A new file's pages (an existing file keeps its own): a flood's batch is ~100 KB of
+        # runs, written at a third less CPU in 16 KB pages than in the default 4 KB.
+        db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
         db.execute("PRAGMA locking_mode = EXCLUSIVE")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -182,13 +183,18 @@ class SessionStore:
         changed: list[StoredSession] = []
         sessions: list[StoredSession] = []
         for session in stored:
-            if session.clean and session.open_turn_id is None:
-                sessions.append(session)
+            # A node's session (``host``) is not: the node numbers its events, and hands over
+            # again what the store lacks when it is adopted again.
+            unclean = not session.clean and session.host is None
+            if not unclean and session.open_turn_id is None:
+                if not session.clean:
+                    changed.append(attrs.evolve(session, clean=True))
+                sessions.append(attrs.evolve(session, clean=True))
                 continue
             seq = session.last_seq
             payloads: list[bytes] = []
             turns = session.turns
-            if not session.clean:
+            if unclean:
                 seq += UNCLEAN_SKIP
                 payloads.append(
                     _wire_json(
@@ -228,7 +234,7 @@ class SessionStore:
             )
             changed.append(ended)
             sessions.append(ended)
-        if runs:
+        if changed:
             self.backend.write(Batch(sessions=changed, events=runs))
         return sessions
 
@@ -409,6 +415,12 @@ class SessionStore:
             if info is not None:
                 info.last_active = events[-1].timestamp
                 touched[sid] = info
+            if len(events) > 1 and _one_answer(events):
+                # A stream's run (most of a flood): its texts taken in C-speed passes, not
+                # event by event in Python (the thread holds the GIL the event loop needs).
+                turn = events[0].turn_id  # type: ignore[attr-defined]
+                answers.setdefault((sid, turn), []).extend(map(_TEXT, events))
+                continue
             for event in events:
                 cls = type(event)
                 if cls is ev.MessageDelta:
@@ -549,6 +561,21 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         open_turn_id=info.open_turn_id,
         clean=False,
     )
+
+
+_TEXT = operator.attrgetter("text")
+_TURN = operator.attrgetter("turn_id")
+_ROLE = operator.attrgetter("role")
+
+
+def _one_answer(events: list[ev.Event]) -> bool:
+    """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run)."""
+    if type(events[0]) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
+        return False
+    if set(map(type, events)) != {ev.MessageDelta}:
+        return False
+    turns = set(map(_TURN, events))
+    return len(turns) == 1 and None not in turns and set(map(_ROLE, events)) == {"assistant"}
 
 
 def _spans(pending: list[tuple[list[ev.Event], list[bytes]]]) -> dict[str, list[int]]:

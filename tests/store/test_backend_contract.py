@@ -4,6 +4,7 @@ migrate, refuse a newer schema. Runs once per backend (``store_url``, ``conftest
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import pytest
@@ -238,3 +239,41 @@ def _backend_modules() -> list[object]:
         except ImportError:
             pass
     return modules
+
+
+def test_a_store_of_the_first_schema_is_migrated_with_its_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.store import sqlite as module
+
+    path = tmp_path / "sessions.db"
+    monkeypatch.setattr(module, "SCHEMA_VERSION", 1)
+    first = module.SqliteBackend(path)
+    first.open()
+    db = first._conn
+    db.execute(
+        "INSERT INTO sessions VALUES ('s1', 'claude', 'claude', NULL, '/tmp', '[]', NULL, 1.0,"
+        " 2.0, 'ready', 't1')"
+    )
+    for r in (run(1, 3), run(4, 2)):
+        db.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?)",
+            (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+        )
+    first.close()
+    monkeypatch.undo()
+    second = module.SqliteBackend(path)
+    second.open()
+    try:
+        (stored,) = second.sessions()
+        assert (stored.last_seq, stored.open_turn_id, stored.clean, stored.turns) == (
+            5,
+            "t1",
+            True,
+            0,
+        )
+        assert second.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 6)]
+        second.write(Batch(events=[run(1, 7)]))  # the unique key holds after the rebuild
+        assert [seq for seq, _ in second.events("s1", 0, 100)] == list(range(1, 8))
+    finally:
+        second.close()
