@@ -24,7 +24,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
-from supervisor.store.writer import SessionStore
+from supervisor.store.writer import TURN_END_S, SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json
 
@@ -114,6 +114,26 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
         assert backend.batches[-1][0] == start
         await store.aclose()
     assert backend.seqs() == list(range(1, 107))
+
+
+async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        events, payloads = deltas(1, 3)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="cancelled"
+        )
+        store.record(events, payloads)
+        store.record([ended], [event_json(ended)])
+        await store.flushed()
+        ((at, _),) = backend.batches
+        assert at - start == pytest.approx(TURN_END_S)  # not flush_s
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 3, 4]
 
 
 async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
