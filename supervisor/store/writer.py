@@ -233,9 +233,9 @@ class SessionStore:
                         session.host,
                     )
                 )
-            runs.append(
-                EventRun(session_id=session.id, first_seq=session.last_seq + 1, payloads=payloads)
-            )
+            # One run, its seqs contiguous: the gap takes the seq of the last one it covers.
+            first = seq - len(payloads) + 1
+            runs.append(EventRun(session_id=session.id, first_seq=first, payloads=payloads))
             ended = attrs.evolve(
                 session, open_turn_id=None, last_active=now, last_seq=seq, clean=True, turns=turns
             )

@@ -219,6 +219,12 @@ async def test_a_session_not_closed_cleanly_skips_what_clients_may_have_seen(
             assert isinstance(gap, ev.StreamGap)
             assert (gap.from_seq, gap.to_seq, gap.seq) == (3, 2 + UNCLEAN_SKIP, 2 + UNCLEAN_SKIP)
             assert replay[3].seq == 3 + UNCLEAN_SKIP
+            assert sup.store is not None
+            (stored,) = await sup.store.sessions()
+            assert stored.last_seq == 3 + UNCLEAN_SKIP  # what the next start goes on from
+            assert await sup.store.events("s1", 2 + UNCLEAN_SKIP, 10) == [
+                (3 + UNCLEAN_SKIP, event_json(replay[3]))
+            ]
             handle = await session.prompt("again")
             assert int(handle.id[1:]) > 1 + UNCLEAN_SKIP  # turn ids past any unstored one
             live = sup.get("s1")
