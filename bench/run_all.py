@@ -38,6 +38,9 @@ BENCHMARKS = [
     ("remote_cancel", ["--rounds", "50"]),
     ("remote_fairness", ["--k", "0,10,50", "--rounds", "100"]),
     ("metrics_cost", ["--rounds", "200", "--words", "100000", "--repeats", "7"]),
+    # ~20 s here: the 1,000-session restart is 1 million events (10 million: ``--events
+    # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
+    ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
 ]
 
 
@@ -63,6 +66,11 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
     ],
     "session_cost": [
         ("cgroup_light_owned_per_session_mb", "supervisor-owned memory per session (MB; <= 1)"),
+    ],
+    "store_cost": [
+        ("cancel_ratio_p50", "cancel p50, store on/off (ratio; within 5 %)"),
+        ("cancel_ratio_p99", "cancel p99, store on/off (ratio; within 5 %)"),
+        ("throughput_ratio", "events/s, 1 subscriber, store on/off (ratio; >= 0.9)"),
     ],
     "metrics_cost": [
         ("cancel_sup_ratio_p50", "cancel p50, metrics on/off (ratio; within 3 %)"),

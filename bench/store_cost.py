@@ -14,7 +14,8 @@ interleaved in one run.
   ended, the sessions listed; then one session's whole history read for a replay.
 
 Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]
-[--sessions 1000] [--events 1000]`` (``--events 10000``: 10 million events, a 1.3 GB file).
+[--sessions 1000] [--events 1000] [--json]`` (``--events 10000``: 10 million events, a 1.3 GB
+file; ``--json``: a summary and the figures on one line, as ``bench/run_all.py`` reads them).
 """
 
 from __future__ import annotations
@@ -180,6 +181,29 @@ async def main(rounds: int, words: int, repeats: int, sessions: int, events: int
     return result
 
 
+def report(f: dict[str, Any]) -> None:
+    print(
+        f"cancel p50 off {f['cancel_off_p50_ms']:.3f} ms, on {f['cancel_on_p50_ms']:.3f} ms"
+        f" (ratio {f['cancel_ratio_p50']:.3f}); p99 off {f['cancel_off_p99_ms']:.3f}, on"
+        f" {f['cancel_on_p99_ms']:.3f} (ratio {f['cancel_ratio_p99']:.3f})"
+    )
+    print(
+        f"throughput, 1 subscriber: off {f['events_per_s_off']:,.0f} events/s, on"
+        f" {f['events_per_s_on']:,.0f} (ratio {f['throughput_ratio']:.3f}, target >= 0.9);"
+        f" server CPU per event off {f['us_per_event_off']:.2f} us, on"
+        f" {f['us_per_event_on']:.2f} us"
+    )
+    print(
+        f"SQLite backend alone: {f['sqlite_events_per_s_batch_100']:,.0f} events/s in batches"
+        f" of 100, {f['sqlite_events_per_s_batch_1000']:,.0f} in batches of 1,000"
+    )
+    print(
+        f"restart: {f['restart_sessions']} sessions, {f['restart_events']:,} events"
+        f" ({f['restart_file_mb']:.0f} MB): ready in {f['restart_ready_ms']:.1f} ms, one"
+        f" session's replay {f['restart_replay_one_session_ms']:.1f} ms"
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
@@ -187,7 +211,12 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--events", type=int, default=1000, help="per session, a multiple of 1000")
+    parser.add_argument("--json", action="store_true", help="the figures as one JSON line too")
     args = parser.parse_args()
     figures = trio.run(main, args.rounds, args.words, args.repeats, args.sessions, args.events)
-    json.dump(figures, sys.stdout, indent=1)
-    print()
+    if args.json:
+        report(figures)
+        print(json.dumps(figures))
+    else:
+        json.dump(figures, sys.stdout, indent=1)
+        print()

@@ -324,8 +324,9 @@ class Supervisor:
     async def _revive(self, dormant: DormantSession) -> AnySession:
         """Start the agent of a stored session again (a prompt or steer came for it): the
         session keeps its id, its agent resumes its own session (``resume=``, as a respawn
-        does; a refused resume starts afresh and says so), and its seqs and turn ids go on
-        after the stored ones. Returns the live session once it takes prompts."""
+        does; a refused resume starts afresh and says so), it gets the MCP servers it was
+        started with, and its seqs and turn ids go on after the stored ones. Returns the live
+        session once it takes prompts."""
         reviving = self._reviving.get(dormant.id)
         if reviving is not None:  # two prompts at once: one start
             await reviving.wait()
@@ -339,6 +340,15 @@ class Supervisor:
         if dormant.host is not None:
             raise BadRequest("starting a stored session on another host again is not supported")
         spec = self._resolve(dormant.spec.name)
+        from supervisor.store.writer import mcp_servers_from_json
+
+        stored_servers = mcp_servers_from_json(dormant.stored.mcp_servers)
+        if stored_servers:
+            # The servers it was started with, on top of its agent's own as configured now.
+            try:
+                spec = spec.with_mcp_servers(stored_servers)
+            except McpUnsupported as exc:
+                raise BadRequest(str(exc)) from None
         where = dormant.cwd or spec.cwd or os.getcwd()
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")

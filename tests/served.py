@@ -208,3 +208,26 @@ async def closed_by_peer(stream: trio.abc.Stream) -> bytes:
 
 def status_of(response: bytes) -> int:
     return int(response.split(b" ", 2)[1])
+
+
+def check_replay(history: list[dict[str, Any]], seen: dict[int, dict[str, Any]]) -> None:
+    """``history`` (a replay from seq 0) accounts for every event of ``seen`` (what a client
+    got), each seq meaning one event."""
+    seqs = [e["seq"] for e in history]
+    assert seqs == sorted(set(seqs)), "seqs strictly increase"
+    gone: list[tuple[int, int]] = []
+    previous = 0
+    for event in history:
+        if event["event"] == "stream.gap":
+            data = event["data"]
+            assert data["from_seq"] == previous + 1 and data["to_seq"] == event["seq"]
+            gone.append((data["from_seq"], data["to_seq"]))
+        else:
+            assert event["seq"] == previous + 1, f"a silent jump to {event['seq']}"
+        previous = event["seq"]
+    stored = {e["seq"]: e for e in history}
+    for seq, event in seen.items():
+        if any(low <= seq <= high for low, high in gone):
+            continue
+        assert seq in stored, f"seq {seq} the client saw is neither stored nor in a gap"
+        assert json.dumps(stored[seq], sort_keys=True) == json.dumps(event, sort_keys=True)

@@ -8,8 +8,9 @@ store's one worker thread; a batch is one explicit transaction.
 Event runs are written with binary ``COPY`` (2.2 times as fast as ``executemany`` for a
 batch of 100 events over 100 sessions, 2.5 times for 1,000: ``design/store-postgresql.md``).
 ``COPY`` cannot skip a row already stored, so a batch that meets one (a batch written again
-after a commit whose answer was lost) is written again, whole, with ``INSERT ... ON CONFLICT
-DO NOTHING``: still one transaction, still nothing twice.
+after a commit whose answer was lost, a node's session adopted again handing over a longer
+run) is written again, whole, run by run, storing what each holds beyond the stored run
+(:func:`~supervisor.store.backend.store_beyond`): still one transaction, still nothing twice.
 
 The database is held by one supervisor at a time, as the SQLite file is: a session-level
 advisory lock, taken at open and held by the connection (two supervisors writing the same
@@ -34,11 +35,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
     Batch,
+    EventRun,
     ReceiptRow,
     SearchHit,
     StoredSession,
     StoreError,
     TextRow,
+    store_beyond,
 )
 
 __all__ = ["PostgresBackend"]
@@ -239,7 +242,7 @@ class PostgresBackend:
     def sessions(self) -> list[StoredSession]:
         rows = self._read(
             """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
-                last_active, state, open_turn_id,
+                last_active, state, open_turn_id, clean, turns,
                 (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
             FROM sessions ORDER BY last_active DESC, id DESC""",
             (),
@@ -257,7 +260,9 @@ class PostgresBackend:
                 last_active=row[8],
                 state=row[9],
                 open_turn_id=row[10],
-                last_seq=row[11] or 0,
+                clean=bool(row[11]),
+                turns=row[12],
+                last_seq=row[13] or 0,
             )
             for row in rows
         ]
@@ -379,12 +384,13 @@ def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int,
 # -- a batch's SQL
 
 _UPSERT_SESSION = """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-        agent_session_id, created, last_active, state, open_turn_id)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        agent_session_id, created, last_active, state, open_turn_id, clean, turns)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (id) DO UPDATE SET agent = excluded.agent, protocol = excluded.protocol,
         host = excluded.host, cwd = excluded.cwd, mcp_servers = excluded.mcp_servers,
         agent_session_id = excluded.agent_session_id, last_active = excluded.last_active,
-        state = excluded.state, open_turn_id = excluded.open_turn_id"""
+        state = excluded.state, open_turn_id = excluded.open_turn_id, clean = excluded.clean,
+        turns = greatest(sessions.turns, excluded.turns)"""
 _EVENT_COLUMNS = "events (session_id, first_seq, last_seq, payloads)"
 _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
@@ -420,6 +426,8 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                         s.last_active,
                         s.state,
                         s.open_turn_id,
+                        s.clean,
+                        s.turns,
                     )
                     for s in batch.sessions
                 ],
@@ -438,7 +446,24 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                     for row in rows:
                         copy.write_row(row)
             else:
-                cursor.executemany(_INSERT_EVENTS, rows)
+                # A batch that met stored runs (rare): each run on its own, and what a run
+                # holds beyond the one stored at its first seq.
+                def stored_last(session_id: str, first_seq: int) -> int | None:
+                    found = cursor.execute(
+                        "SELECT last_seq FROM events WHERE session_id = %s AND first_seq = %s",
+                        (session_id, first_seq),
+                    ).fetchone()
+                    return None if found is None else int(found[0])
+
+                def insert(r: EventRun) -> None:
+                    cursor.execute(
+                        _INSERT_EVENTS,
+                        (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+                    )
+
+                for r in batch.events:
+                    if r.payloads:
+                        store_beyond(r, stored_last, insert)
         if batch.receipts:
             cursor.executemany(
                 _INSERT_RECEIPT,

@@ -19,11 +19,13 @@ from supervisor.store.backend import (
     MIGRATIONS,
     SCHEMA_VERSION,
     Batch,
+    EventRun,
     ReceiptRow,
     SearchHit,
     StoredSession,
     StoreError,
     TextRow,
+    store_beyond,
 )
 
 __all__ = ["SqliteBackend"]
@@ -38,6 +40,11 @@ _FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON 
     INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
 END"""
 _WORD = re.compile(r"\w+", re.UNICODE)
+#: The page size of a new file (``_setup``).
+_PAGE_SIZE = 16384
+_INSERT_EVENTS = (
+    "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
+)
 
 
 class SqliteBackend:
@@ -81,6 +88,9 @@ class SqliteBackend:
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
+        # A new file's pages (an existing file keeps its own): a flood's batch is ~100 KB of
+        # runs, written at a third less CPU in 16 KB pages than in the default 4 KB.
+        db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
         db.execute("PRAGMA locking_mode = EXCLUSIVE")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
@@ -131,14 +141,15 @@ class SqliteBackend:
         if batch.sessions:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-                    agent_session_id, created, last_active, state, open_turn_id)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    agent_session_id, created, last_active, state, open_turn_id, clean, turns)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
                     agent_session_id = excluded.agent_session_id,
                     last_active = excluded.last_active, state = excluded.state,
-                    open_turn_id = excluded.open_turn_id""",
+                    open_turn_id = excluded.open_turn_id, clean = excluded.clean,
+                    turns = max(sessions.turns, excluded.turns)""",
                 [
                     (
                         s.id,
@@ -152,20 +163,35 @@ class SqliteBackend:
                         s.last_active,
                         s.state,
                         s.open_turn_id,
+                        s.clean,
+                        s.turns,
                     )
                     for s in batch.sessions
                 ],
             )
         if batch.events:
-            db.executemany(
-                "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) "
-                "VALUES (?, ?, ?, ?)",
-                [
-                    (run.session_id, run.first_seq, run.last_seq, b"\n".join(run.payloads))
-                    for run in batch.events
-                    if run.payloads
-                ],
-            )
+            runs = [run for run in batch.events if run.payloads]
+            inserted = db.executemany(
+                _INSERT_EVENTS,
+                [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs],
+            ).rowcount
+            if inserted < len(runs):  # some met a stored run: what they hold beyond it
+
+                def stored_last(session_id: str, first_seq: int) -> int | None:
+                    row = db.execute(
+                        "SELECT last_seq FROM events WHERE session_id = ? AND first_seq = ?",
+                        (session_id, first_seq),
+                    ).fetchone()
+                    return None if row is None else int(row[0])
+
+                def insert(r: EventRun) -> None:
+                    db.execute(
+                        _INSERT_EVENTS,
+                        (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+                    )
+
+                for r in runs:
+                    store_beyond(r, stored_last, insert)
         if batch.receipts:
             db.executemany(
                 "INSERT OR IGNORE INTO receipts (session_id, seq, turn_id, payload) "
@@ -182,7 +208,7 @@ class SqliteBackend:
     def sessions(self) -> list[StoredSession]:
         rows = self._read(
             """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
-                last_active, state, open_turn_id,
+                last_active, state, open_turn_id, clean, turns,
                 (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
             FROM sessions ORDER BY last_active DESC, id DESC""",
             (),
@@ -200,7 +226,9 @@ class SqliteBackend:
                 last_active=row[8],
                 state=row[9],
                 open_turn_id=row[10],
-                last_seq=row[11] or 0,
+                clean=bool(row[11]),
+                turns=row[12],
+                last_seq=row[13] or 0,
             )
             for row in rows
         ]

@@ -11,9 +11,11 @@ event loop pays the append and nothing else.
 Bounded: when ``max_pending`` events wait (the database fell behind), :attr:`full` is set and
 the sessions hold their agents back, as for a full subscriber that asked for backpressure
 (the actor stops reading the agent's output until :meth:`when_room` calls back): events are
-never dropped to keep up. A batch that cannot be written is tried again a few times (a
-database restarting); then it is given up, with one log line saying which events of which
-sessions were not written (rate-limited), and the sessions go on.
+never dropped to keep up. A batch that cannot be written (a database restarting or failing
+over, a full disk) is tried again with backoff for as long as the supervisor runs, with one
+log line every ``LOG_EVERY_S`` at most: what waits meanwhile grows to ``max_pending``, and
+then the agents wait too. At close, what still cannot be written is said in one line, and
+its sessions are not marked clean (the next start puts a ``stream.gap`` where they were).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -30,6 +33,7 @@ import trio
 
 from protocols import events as ev
 from protocols.events import PREVIEW_CHARS, preview
+from protocols.mcp import McpServer, NameValue
 from supervisor.store.backend import (
     Backend,
     Batch,
@@ -39,9 +43,9 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
-from supervisor.wire.codec import dumps, event_json
+from supervisor.wire.codec import dumps, event_json, event_to_wire
 
-__all__ = ["SessionStore"]
+__all__ = ["SessionStore", "mcp_servers_from_json"]
 
 T = TypeVar("T")
 
@@ -55,11 +59,32 @@ BATCH_EVENTS = 1000
 #: Events waiting (and being written) at most before sessions hold their agents back: a few
 #: seconds of a 100-session flood, ~1-10 MB of wire bytes, referenced, not copied.
 MAX_PENDING = 50_000
-#: A batch that failed is tried again after these pauses (a PostgreSQL restarting, a disk
-#: momentarily full); after the last, it is given up and said so.
-RETRY_S = (0.1, 0.5, 2.0)
-#: At most one log line per this many seconds about writes given up (each says how many).
+#: A batch that failed is tried again after these pauses, the last one repeated for as long
+#: as it fails (a PostgreSQL restarting or failing over, a disk full until someone frees it):
+#: quick for a blip, then a try every 5 s, which costs a database that is down nothing.
+RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
+#: At most one log line per this many seconds about failing writes.
 LOG_EVERY_S = 10.0
+#: Seqs (and turn numbers) a stored session skips after an unclean end (no clean close was
+#: stored: a SIGKILL, a crash, a database that failed the last writes): clients get events
+#: before the writer stores them, so some they saw may be missing, and their seqs must never
+#: mean something else. Events recorded and not written are at most ``MAX_PENDING`` before
+#: every session holds its agent back; what a held session still publishes is the agent
+#: message it is handling (a few events each) and what a cancel reads (never held, ended by
+#: its ladder within seconds): the second ``MAX_PENDING`` is the room for those. The skipped
+#: range is a ``stream.gap`` in the history, so a replay says what is gone.
+UNCLEAN_SKIP = 2 * MAX_PENDING
+#: How soon after a turn's end (a cancel's receipt too) what was recorded is written, rather
+#: than after ``flush_s``: what a client was told last before a crash is then stored sooner.
+#: Not at once: the writer's thread then takes the GIL while the cancel's receipt is on its
+#: way (``bench.store_cost``, cancel p50 store on/off: 1.12 at once, 1.09 at 1 ms, 1.02 at
+#: 2.5 ms; 0.86 at 5 ms, where the writes fall on the store-off side's cancels instead).
+TURN_END_S = 0.0025
+#: A run of at most this many events is looked at for a ``turn.ended`` (a turn's end, a
+#: cancel's receipt), written after ``TURN_END_S`` rather than ``flush_s``: the session's
+#: own events come in short runs (``Fanout``'s ``_UNSERIALIZED_MAX``), a stream's runs need
+#: not be scanned on the actor.
+_SCAN_RUN = 64
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -83,6 +108,8 @@ class _Meta:
     open_turn_id: str | None = None
     #: the agent's own session id, as last known (a stopped agent's is kept: it resumes it)
     agent_session_id: str | None = None
+    #: its row was written (a clean close marks it clean)
+    stored: bool = False
 
 
 class SessionStore:
@@ -118,7 +145,8 @@ class SessionStore:
         self.full = False
         self._room: list[Callable[[], object]] = []
         self._wake = trio.Event()  # something was recorded
-        self._enough = trio.Event()  # a batch's worth was recorded
+        self._enough = trio.Event()  # a batch's worth, or a turn's end, was recorded
+        self._turn_ended = False
         self._closing = False
         self._done = trio.Event()
         self._batch_done = trio.Event()  # set (and replaced) as each write ends
@@ -127,10 +155,13 @@ class SessionStore:
         self._full_texts: dict[tuple[str, str], str] = {}
         #: the worker thread's: each running turn's answer so far, by (session, turn)
         self._answers: dict[tuple[str, str], list[str]] = {}
-        #: writes given up since the last log line, and when it was
+        #: events that could not be written before the close, their sessions' seqs, and why
         self._lost_events = 0
-        self._lost_batches = 0
+        self._lost: dict[str, list[int]] = {}
+        self._lost_error: Exception | None = None
+        #: when the last line about failing writes was logged
         self._logged_at = -math.inf
+        self._closed = trio.Event()  # aclose was called: a retry's pause ends
         #: events written (a diagnostic, and what the benches read)
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
@@ -139,41 +170,78 @@ class SessionStore:
     # -- setting up ----------------------------------------------------------------------
 
     async def open(self) -> list[StoredSession]:
-        """Open the backend (:class:`StoreError` if it cannot be) and end the turns a
-        supervisor that went away left running (:meth:`end_open_turns`); returns the stored
-        sessions, the most recently active first."""
+        """Open the backend (:class:`StoreError` if it cannot be) and make good what a
+        supervisor that went away left (:meth:`_recover`); returns the stored sessions, the
+        most recently active first."""
         await self._in_thread(self.backend.open)
-        return await self._in_thread(self._end_open_turns)
+        return await self._in_thread(self._recover)
 
-    def _end_open_turns(self) -> list[StoredSession]:
-        """A turn whose ``turn.ended`` never reached the store ran when its supervisor went
-        away (stopped, killed, crashed): it ends now, in the history, failed, once."""
+    def _recover(self) -> list[StoredSession]:
+        """Sessions an earlier supervisor left: one that did not close cleanly gets a
+        ``stream.gap`` of :data:`UNCLEAN_SKIP` seqs after its last stored one (events clients
+        may have seen and the store never got: their seqs are never used again) and skips as
+        many turn numbers; a turn whose ``turn.ended`` never reached the store ran when its
+        supervisor went away (stopped, killed, crashed): it ends now, in the history, failed,
+        once. Written with the sessions' rows in one transaction: a second start adds
+        nothing."""
         stored = self.backend.sessions()
         now = time.time()
         runs: list[EventRun] = []
         changed: list[StoredSession] = []
         sessions: list[StoredSession] = []
         for session in stored:
-            if session.open_turn_id is None:
-                sessions.append(session)
+            # A node's session (``host``) is not: the node numbers its events, and hands over
+            # again what the store lacks when it is adopted again.
+            unclean = not session.clean and session.host is None
+            if not unclean and session.open_turn_id is None:
+                if not session.clean:
+                    changed.append(attrs.evolve(session, clean=True))
+                sessions.append(attrs.evolve(session, clean=True))
                 continue
-            seq = session.last_seq + 1
-            event = ev.TurnEnded(
-                session_id=session.id,
-                seq=seq,
-                timestamp=now,
-                turn_id=session.open_turn_id,
-                outcome="failed",
-                stop_reason="supervisor_gone",
-                error="the supervisor went away while the turn ran",
+            seq = session.last_seq
+            payloads: list[bytes] = []
+            turns = session.turns
+            if unclean:
+                seq += UNCLEAN_SKIP
+                payloads.append(
+                    _wire_json(
+                        ev.StreamGap(
+                            session_id=session.id,
+                            seq=seq,
+                            timestamp=now,
+                            from_seq=session.last_seq + 1,
+                            to_seq=seq,
+                            cause="the supervisor went away before they were stored",
+                        ),
+                        session.host,
+                    )
+                )
+                turns = max(turns, _highest_turn(self.backend.texts(session.id))) + UNCLEAN_SKIP
+            if session.open_turn_id is not None:
+                seq += 1
+                payloads.append(
+                    _wire_json(
+                        ev.TurnEnded(
+                            session_id=session.id,
+                            seq=seq,
+                            timestamp=now,
+                            turn_id=session.open_turn_id,
+                            outcome="failed",
+                            stop_reason="supervisor_gone",
+                            error="the supervisor went away while the turn ran",
+                        ),
+                        session.host,
+                    )
+                )
+            # One run, its seqs contiguous: the gap takes the seq of the last one it covers.
+            first = seq - len(payloads) + 1
+            runs.append(EventRun(session_id=session.id, first_seq=first, payloads=payloads))
+            ended = attrs.evolve(
+                session, open_turn_id=None, last_active=now, last_seq=seq, clean=True, turns=turns
             )
-            runs.append(
-                EventRun(session_id=session.id, first_seq=seq, payloads=[event_json(event)])
-            )
-            ended = attrs.evolve(session, open_turn_id=None, last_active=now, last_seq=seq)
             changed.append(ended)
             sessions.append(ended)
-        if runs:
+        if changed:
             self.backend.write(Batch(sessions=changed, events=runs))
         return sessions
 
@@ -217,6 +285,14 @@ class SessionStore:
             self._enough.set()
             if count >= self.max_pending:
                 self.full = True
+        elif len(events) <= _SCAN_RUN:
+            # A turn's end or a cancel's receipt is written within TURN_END_S: what a client
+            # was told last before a crash is stored sooner (an unclean end's window shrinks).
+            for event in events:
+                if type(event) is ev.TurnEnded:
+                    self._turn_ended = True
+                    self._enough.set()
+                    break
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
@@ -241,6 +317,9 @@ class SessionStore:
                 if self._count < self.batch_events and not self._closing:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
+                        if self._turn_ended and self._count < self.batch_events:
+                            await trio.sleep(TURN_END_S)
+                self._turn_ended = False
                 self._enough = trio.Event()
                 await self._write_pending()
         finally:
@@ -249,16 +328,34 @@ class SessionStore:
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
         count = sum(len(events) for events, _ in pending)
-        for attempt, pause in enumerate((*self.retry_s, None)):
+        pauses = iter(self.retry_s)
+        pause = 0.0
+        failed_at: float | None = None
+        first = True
+        while True:
             try:
-                await self._in_thread(self._write, pending, attempt == 0)
+                await self._in_thread(self._write, pending, first)
                 self.written += count
+                if failed_at is not None:
+                    log.warning(
+                        "store: writing again after %.1f s of failed writes; nothing was lost",
+                        trio.current_time() - failed_at,
+                    )
+                    self._logged_at = -math.inf
                 break
             except Exception as exc:  # a backend's bug too: the sessions go on
-                if pause is None or self._closing:
+                first = False
+                if self._closing:
                     self._given_up(pending, count, exc)
                     break
-                await trio.sleep(pause)
+                if failed_at is None:
+                    failed_at = trio.current_time()
+                self._failing(pending, exc)
+                pause = next(pauses, pause)
+                # Never given up while the supervisor runs: what waits grows until the
+                # sessions hold their agents back (:attr:`full`); a close ends the wait.
+                with trio.move_on_after(pause):
+                    await self._closed.wait()
         self._count -= count
         self._batch_done.set()
         self._batch_done = trio.Event()
@@ -268,30 +365,31 @@ class SessionStore:
             for callback in room:
                 callback()
 
-    def _given_up(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
-    ) -> None:
-        self._lost_events += count
-        self._lost_batches += 1
+    def _failing(self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception) -> None:
+        """A write failed and is tried again: one log line at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
         if now - self._logged_at < LOG_EVERY_S:
             return
-        spans: dict[str, list[int]] = {}
-        for events, _ in pending:
-            for event in events:
-                span = spans.setdefault(event.session_id, [event.seq, event.seq])
-                span[0], span[1] = min(span[0], event.seq), max(span[1], event.seq)
-        where = ", ".join(f"{sid} seq {low}-{high}" for sid, (low, high) in spans.items())
-        log.error(
-            "store: %d events in %d batches could not be written (the last: %s): %s; the "
-            "sessions go on",
-            self._lost_events,
-            self._lost_batches,
-            where,
-            exc if isinstance(exc, StoreError) else repr(exc),
-        )
         self._logged_at = now
-        self._lost_events = self._lost_batches = 0
+        log.error(
+            "store: cannot write (%s); trying again, %d events of sessions %s wait and none is "
+            "dropped (past %d the agents are held back)",
+            exc if isinstance(exc, StoreError) else repr(exc),
+            self._count,
+            _names(_spans(pending)),
+            self.max_pending,
+        )
+
+    def _given_up(
+        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
+    ) -> None:
+        """At close, a batch that still cannot be written: said once for all in
+        :meth:`aclose`."""
+        self._lost_events += count
+        self._lost_error = exc
+        for sid, (low, high) in _spans(pending).items():
+            span = self._lost.setdefault(sid, [low, high])
+            span[0], span[1] = min(span[0], low), max(span[1], high)
 
     def _write(self, pending: list[tuple[list[ev.Event], list[bytes]]], first: bool) -> None:
         """(The worker thread.) The rows of ``pending``, written in one transaction."""
@@ -328,6 +426,12 @@ class SessionStore:
             if info is not None:
                 info.last_active = events[-1].timestamp
                 touched[sid] = info
+            if len(events) > 1 and _one_answer(events):
+                # A stream's run (most of a flood): its texts taken in C-speed passes, not
+                # event by event in Python (the thread holds the GIL the event loop needs).
+                turn = events[0].turn_id  # type: ignore[attr-defined]
+                answers.setdefault((sid, turn), []).extend(map(_TEXT, events))
+                continue
             for event in events:
                 cls = type(event)
                 if cls is ev.MessageDelta:
@@ -379,6 +483,8 @@ class SessionStore:
                             )
                         )
         sessions = [_row(sid, info) for sid, info in touched.items()]
+        for info in touched.values():
+            info.stored = True
         self._last_batch = Batch(sessions=sessions, events=runs, receipts=receipts, texts=texts)
         return self._last_batch
 
@@ -392,8 +498,8 @@ class SessionStore:
     async def turns(self, session_id: str) -> int:
         """How many turn ids (``t1``, ``t2``, ...) a stored session used: the highest."""
         texts = await self._in_thread(self.backend.texts, session_id)
-        numbers = [int(t.turn_id[1:]) for t in texts if t.turn_id[1:].isdigit()]
-        return max(numbers, default=0)
+        reserved = max((s.turns for s in await self.sessions() if s.id == session_id), default=0)
+        return max(_highest_turn(texts), reserved)
 
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
@@ -414,13 +520,38 @@ class SessionStore:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     async def aclose(self) -> None:
-        """Write what is left, then close the backend."""
+        """Write what is left, mark the sessions written clean (:attr:`StoredSession.clean`:
+        the next supervisor knows nothing is missing), then close the backend."""
         self._closing = True
+        self._closed.set()
         self._wake.set()
         self._enough.set()
         with trio.CancelScope(shield=True):
             await self._done.wait()
+            if self._lost_events:
+                exc = self._lost_error
+                log.error(
+                    "store: %d events could not be written before the supervisor stopped "
+                    "(%s): %s; the next start marks them as gone (stream.gap)",
+                    self._lost_events,
+                    _names(self._lost),
+                    exc if isinstance(exc, StoreError) else repr(exc),
+                )
+            try:
+                await self._in_thread(self._mark_clean)
+            except Exception:  # the next start treats them as unclean: nothing is reused
+                pass
             await self._in_thread(self.backend.close)
+
+    def _mark_clean(self) -> None:
+        """(The worker thread.) Every session whose row was written, marked clean."""
+        rows = [
+            attrs.evolve(_row(sid, info), clean=True)
+            for sid, info in self._meta.items()
+            if info.stored and sid not in self._lost
+        ]
+        if rows:
+            self.backend.write(Batch(sessions=rows))
 
 
 def _row(session_id: str, info: _Meta) -> StoredSession:
@@ -439,8 +570,76 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         last_active=info.last_active,
         state=info.state,
         open_turn_id=info.open_turn_id,
+        clean=False,
     )
+
+
+_TEXT = operator.attrgetter("text")
+_TURN = operator.attrgetter("turn_id")
+_ROLE = operator.attrgetter("role")
+
+
+def _one_answer(events: list[ev.Event]) -> bool:
+    """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run)."""
+    if type(events[0]) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
+        return False
+    if set(map(type, events)) != {ev.MessageDelta}:
+        return False
+    turns = set(map(_TURN, events))
+    return len(turns) == 1 and None not in turns and set(map(_ROLE, events)) == {"assistant"}
+
+
+def _spans(pending: list[tuple[list[ev.Event], list[bytes]]]) -> dict[str, list[int]]:
+    """Each session's lowest and highest seq in ``pending``."""
+    spans: dict[str, list[int]] = {}
+    for events, _ in pending:
+        if events:
+            low, high = events[0].seq, events[-1].seq
+            span = spans.setdefault(events[0].session_id, [low, high])
+            span[0], span[1] = min(span[0], low), max(span[1], high)
+    return spans
+
+
+def _names(spans: dict[str, list[int]]) -> str:
+    """``s1 seq 3-40, s2 seq 7-9``: at most a few sessions named, then how many more."""
+    shown = [f"{sid} seq {low}-{high}" for sid, (low, high) in list(spans.items())[:5]]
+    if len(spans) > 5:
+        shown.append(f"{len(spans) - 5} more")
+    return ", ".join(shown)
+
+
+def _highest_turn(texts: list[TextRow]) -> int:
+    """The highest turn number (``tN``) the texts name."""
+    return max((int(t.turn_id[1:]) for t in texts if t.turn_id[1:].isdigit()), default=0)
+
+
+def _wire_json(event: ev.Event, host: str | None) -> bytes:
+    """``event``'s wire JSON, with ``host`` as a remote session's events carry it."""
+    if host is None:
+        return event_json(event)
+    message = event_to_wire(event)
+    message["host"] = host
+    return dumps(message)
 
 
 def _mcp_json(server: Any) -> Any:
     return attrs.asdict(server) if attrs.has(type(server)) else str(server)
+
+
+def mcp_servers_from_json(text: str) -> list[McpServer]:
+    """The MCP servers a session row holds (its ``mcp_servers``, as :meth:`attach` wrote
+    them), to give its agent again; one that cannot be read back is left out, and said."""
+    servers: list[McpServer] = []
+    try:
+        stored = json.loads(text or "[]")
+    except ValueError:
+        stored = None
+    for entry in stored if isinstance(stored, list) else [stored]:
+        try:
+            data = dict(entry)
+            for key in ("env", "headers"):
+                data[key] = [NameValue(**pair) for pair in data.get(key) or ()]
+            servers.append(McpServer(**data))
+        except (TypeError, ValueError) as exc:
+            log.warning("store: a stored MCP server cannot be read back (%s): %r", exc, entry)
+    return servers

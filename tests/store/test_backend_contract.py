@@ -4,6 +4,7 @@ migrate, refuse a newer schema. Runs once per backend (``store_url``, ``conftest
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import pytest
@@ -107,6 +108,23 @@ def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
     assert [seq for seq, _ in backend.events("s2", 2, 100)] == [3]
     backend.write(Batch(events=[run(4, 5)]))  # overlaps what is stored: each seq once
     assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
+
+
+def test_a_longer_run_at_a_stored_first_seq_stores_the_rest(backend: Backend) -> None:
+    backend.write(Batch(sessions=[session()], events=[run(1, 3)]))
+    # A node's session adopted again hands over more than was stored, from the same seq;
+    # what was stored stays as clients got it.
+    longer = EventRun(
+        session_id="s1", first_seq=1, payloads=[b"{}"] * 3 + [payload(n) for n in (4, 5, 6)]
+    )
+    backend.write(Batch(events=[longer, run(1, 2, sid="s2")]))
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 7)]
+    assert backend.events("s2", 0, 100) == [(n, payload(n, sid="s2")) for n in (1, 2)]
+    backend.write(Batch(events=[run(1, 8)]))  # past two stored runs: only 7 and 8 added
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 9)]
+    assert backend.sessions()[0].last_seq == 8
+    backend.write(Batch(events=[run(1, 8)]))  # the same again: nothing twice
+    assert backend.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 9)]
 
 
 def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
@@ -221,3 +239,41 @@ def _backend_modules() -> list[object]:
         except ImportError:
             pass
     return modules
+
+
+def test_a_store_of_the_first_schema_is_migrated_with_its_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.store import sqlite as module
+
+    path = tmp_path / "sessions.db"
+    monkeypatch.setattr(module, "SCHEMA_VERSION", 1)
+    first = module.SqliteBackend(path)
+    first.open()
+    db = first._conn
+    db.execute(
+        "INSERT INTO sessions VALUES ('s1', 'claude', 'claude', NULL, '/tmp', '[]', NULL, 1.0,"
+        " 2.0, 'ready', 't1')"
+    )
+    for r in (run(1, 3), run(4, 2)):
+        db.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?)",
+            (r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)),
+        )
+    first.close()
+    monkeypatch.undo()
+    second = module.SqliteBackend(path)
+    second.open()
+    try:
+        (stored,) = second.sessions()
+        assert (stored.last_seq, stored.open_turn_id, stored.clean, stored.turns) == (
+            5,
+            "t1",
+            True,
+            0,
+        )
+        assert second.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 6)]
+        second.write(Batch(events=[run(1, 7)]))  # the unique key holds after the rebuild
+        assert [seq for seq, _ in second.events("s1", 0, 100)] == list(range(1, 8))
+    finally:
+        second.close()

@@ -12,10 +12,12 @@ import pytest
 import trio
 
 from protocols import events as ev
+from protocols.mcp import McpServer, NameValue
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
-from supervisor.store.backend import Batch, EventRun, StoredSession
+from supervisor.store.backend import Batch, EventRun, StoredSession, TextRow
 from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.writer import UNCLEAN_SKIP
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json, event_to_wire
 
@@ -163,3 +165,92 @@ async def test_a_prompt_to_a_stored_session_starts_its_agent_again_resumed(
             assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
             turns = [e.turn_id for e in replay if e.kind == "turn.ended"]
             assert turns == ["t1", "t2"]
+
+
+async def test_a_session_not_closed_cleanly_skips_what_clients_may_have_seen(
+    tmp_path: Path,
+) -> None:
+    """A writer that never closed (a SIGKILL): events clients saw past seq 2 may not be
+    stored; their seqs and turn ids are a gap, never used again."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    state = event_json(ev.SessionState(session_id="s1", seq=1, timestamp=1.0, state="ready"))
+    started = event_json(
+        ev.TurnStarted(session_id="s1", seq=2, timestamp=2.0, turn_id="t1", text="go")
+    )
+    backend.write(
+        Batch(
+            sessions=[
+                StoredSession(
+                    id="s1",
+                    agent="fake",
+                    protocol="acp",
+                    host=None,
+                    cwd=str(tmp_path),
+                    mcp_servers="[]",
+                    agent_session_id="agent-own-id",
+                    created=1.0,
+                    last_active=2.0,
+                    state="running",
+                    open_turn_id="t1",
+                    clean=False,
+                )
+            ],
+            events=[EventRun(session_id="s1", first_seq=1, payloads=[state, started])],
+            texts=[TextRow(session_id="s1", turn_id="t1", seq=2, kind="prompt", text="go")],
+        )
+    )
+    backend.close()
+    url = f"sqlite:///{path}"
+    launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.01))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            session = sup.get("s1")
+            async with session.subscribe(since_seq=0) as events:
+                replay = [event async for event in events]
+            assert [e.kind for e in replay] == [
+                "session.state",
+                "turn.started",
+                "stream.gap",
+                "turn.ended",
+            ]
+            gap = replay[2]
+            assert isinstance(gap, ev.StreamGap)
+            assert (gap.from_seq, gap.to_seq, gap.seq) == (3, 2 + UNCLEAN_SKIP, 2 + UNCLEAN_SKIP)
+            assert replay[3].seq == 3 + UNCLEAN_SKIP
+            assert sup.store is not None
+            (stored,) = await sup.store.sessions()
+            assert stored.last_seq == 3 + UNCLEAN_SKIP  # what the next start goes on from
+            assert await sup.store.events("s1", 2 + UNCLEAN_SKIP, 10) == [
+                (3 + UNCLEAN_SKIP, event_json(replay[3]))
+            ]
+            handle = await session.prompt("again")
+            assert int(handle.id[1:]) > 1 + UNCLEAN_SKIP  # turn ids past any unstored one
+            live = sup.get("s1")
+            async with live.subscribe(since_seq=replay[-1].seq) as events:
+                async for event in events:
+                    assert event.seq > replay[-1].seq
+                    if event.kind == "turn.ended":
+                        break
+        # Closed cleanly: a second start adds no gap.
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            async with sup.get("s1").subscribe(since_seq=0) as events:
+                kinds = [event.kind async for event in events]
+            assert kinds.count("stream.gap") == 1
+
+
+async def test_a_restarted_session_gets_the_mcp_servers_it_was_started_with(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.01))
+    files = McpServer(name="files", command="/bin/true", args=("--root", "/"))
+    web = McpServer(name="web", command="/bin/cat", env=[NameValue("TOKEN", "x")])
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            session = await sup.start_session("fake", mcp_servers=[files, web])
+            assert launcher.links[-1].spec.mcp_servers == (files, web)
+        async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+            await sup.get(session.id).prompt("again")
+            assert launcher.links[-1].spec.mcp_servers == (files, web)

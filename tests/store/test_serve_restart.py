@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from served import demo_command, serve, write_config
+from served import check_replay, demo_command, serve, write_config
 from supervisor.client import GatewayClient, connect
 
 BOUND = 90.0
@@ -77,7 +77,9 @@ async def test_serve_again_on_the_same_store(tmp_path: Path, stop: str) -> None:
                 }
                 for sid in (one, two):
                     history = await whole_history(client, sid)
-                    assert [e["seq"] for e in history] == list(range(1, len(history) + 1))
+                    check_replay(history, {})  # seqs increase, a jump only in a stream.gap
+                    gaps = [e for e in history if e["event"] == "stream.gap"]
+                    assert len(gaps) == (stop == "sigkill")  # where unstored events may be
                     started = [
                         e["data"]["turn_id"] for e in history if e["event"] == "turn.started"
                     ]
@@ -103,7 +105,8 @@ async def test_serve_again_on_the_same_store(tmp_path: Path, stop: str) -> None:
                 answer = await client.prompt(one, "back again")
                 async with client.subscribe(one, since_seq=ones[-1]["seq"]) as events:
                     started = await until(events, "turn.started")
-                    assert started["data"]["turn_id"] == answer["turn_id"] == "t3"
+                    assert started["data"]["turn_id"] == answer["turn_id"]
+                    assert int(answer["turn_id"][1:]) >= 3
                     assert started["seq"] > ones[-1]["seq"]
                     await client.cancel(one)
                     await until(events, "turn.ended")

@@ -24,7 +24,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
-from supervisor.store.writer import SessionStore
+from supervisor.store.writer import TURN_END_S, SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json
 
@@ -116,31 +116,72 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
     assert backend.seqs() == list(range(1, 107))
 
 
-async def test_a_failing_database_is_tried_again_then_given_up_in_one_line(
+async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        events, payloads = deltas(1, 3)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="cancelled"
+        )
+        store.record(events, payloads)
+        store.record([ended], [event_json(ended)])
+        await store.flushed()
+        ((at, _),) = backend.batches
+        assert at - start == pytest.approx(TURN_END_S)  # not flush_s
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 3, 4]
+
+
+async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = FakeBackend(failures=2)
-    store = SessionStore(backend, retry_s=(0.1, 0.1, 0.1), run_sync=direct)
+    backend = FakeBackend(failures=10**9)
+    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=direct)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         store.record(*deltas(1, 2))
+        await trio.sleep(60)  # a failover, a full disk: far longer than a blip
+        assert backend.seqs() == []
+        for first in range(3, 103, 10):
+            store.record(*deltas(first, 10))
+        assert store.full  # the sessions hold their agents back
+        room = trio.Event()
+        store.when_room(room.set)
+        await trio.sleep(60)
+        assert not room.is_set()
+        backend.failures = 0  # the database is back
+        await room.wait()
         await store.flushed()
-        assert backend.seqs() == [1, 2]  # the third try wrote it
-        assert not caplog.records
-        backend.failures = 100
-        store.record(*deltas(3, 2))
-        await store.flushed()
-        store.record(*deltas(5, 2))  # given up too, within the rate limit: no second line
-        await store.flushed()
-        backend.failures = 0
-        store.record(*deltas(7, 1))  # and the store goes on
+        assert not store.full
         await store.aclose()
-    assert backend.seqs() == [1, 2, 7]
+    assert backend.seqs() == list(range(1, 103))  # every event, once, in order
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert len(lines) == 1
-    assert "2 events in 1 batches could not be written" in lines[0]
-    assert "s1 seq 3-4" in lines[0] and "disk I/O error" in lines[0]
-    assert "\n" not in lines[0]
+    # One line per LOG_EVERY_S (10 s) at most over the two minutes, each on one line.
+    assert 1 <= len(lines) <= 13
+    assert "disk I/O error" in lines[0] and "s1 seq 1-2" in lines[0]
+    assert all("\n" not in line for line in lines)
+
+
+async def test_what_cannot_be_written_at_close_is_said_in_one_line(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = FakeBackend(failures=10**9)
+    store = SessionStore(backend, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        store.record(*deltas(1, 2))
+        store.record(*deltas(1, 3, session_id="s2"))
+        await trio.sleep(30)
+        await store.aclose()
+    assert backend.seqs() == []
+    (line,) = [
+        r.getMessage() for r in caplog.records if "before the supervisor stopped" in r.getMessage()
+    ]
+    assert "5 events" in line and "s1 seq 1-2" in line and "s2 seq 1-3" in line
 
 
 async def test_a_database_that_falls_behind_holds_the_agents_back(tmp_path: Path) -> None:

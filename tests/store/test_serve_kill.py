@@ -1,0 +1,78 @@
+"""``serve`` killed (SIGKILL) in the middle of a flood, with no wait for the store, and started
+again on the same store (each backend): every event the client saw is either stored with the
+same seq and bytes or inside the ``stream.gap`` the replay shows; seqs strictly increase; and
+what the session does next takes seqs and turn ids past everything the client saw. Real
+processes (serve, the demo agent, PostgreSQL) on the real clock."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from served import check_replay, demo_command, serve, write_config
+from supervisor.client import GatewayClient, connect
+
+BOUND = 120.0
+#: message.delta events the client sees before serve is killed: mid-flood, the writer's
+#: batches of a few ms behind what the client got.
+KILL_AFTER = 3000
+
+
+async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    async with client.subscribe(session_id, since_seq=0) as events:
+        async for event in events:
+            if event["event"].startswith("subscription."):
+                break
+            got.append(event)
+    return got
+
+
+async def test_serve_killed_mid_flood_reuses_no_seq(tmp_path: Path, store_url: str) -> None:
+    config = write_config(
+        tmp_path,
+        {"flood": {"command": demo_command(tmp_path, "--words", "200000", "--delay", "0")}},
+    )
+    seen: dict[int, dict[str, Any]] = {}
+    with trio.fail_after(BOUND):
+        async with serve(tmp_path, "--config", str(config), "--store", store_url) as first:
+            async with connect(first.url) as client:
+                sid = (await client.start_session("flood"))["session_id"]
+                async with client.subscribe(sid, since_seq=0) as events:
+                    await client.prompt(sid, "flood")
+                    deltas = 0
+                    async for event in events:
+                        seen[event["seq"]] = event
+                        deltas += event["event"] == "message.delta"
+                        if deltas == KILL_AFTER:
+                            break
+                first.signal(signal.SIGKILL)  # no wait for the store: the flood goes on
+                await first.wait_exit()
+        async with serve(tmp_path, "--config", str(config), "--store", store_url) as second:
+            async with connect(second.url) as client:
+                history = await whole_history(client, sid)
+                check_replay(history, seen)
+                (gap,) = [e for e in history if e["event"] == "stream.gap"]
+                assert gap["data"]["to_seq"] > max(seen)
+                (ended,) = [e for e in history if e["event"] == "turn.ended"]
+                assert ended["data"]["stop_reason"] == "supervisor_gone"
+                assert ended is history[-1]
+                # The session goes on past everything the client saw: no seq, no turn id
+                # means two things.
+                answer = await client.prompt(sid, "again")
+                seen_turns = {e["data"].get("turn_id") for e in seen.values()}
+                assert answer["turn_id"] not in seen_turns
+                async with client.subscribe(sid, since_seq=history[-1]["seq"]) as events:
+                    async for event in events:
+                        assert event["seq"] > max(seen)
+                        if event["event"] == "turn.started":
+                            break
+                    await client.cancel(sid)
+        # A clean stop leaves nothing to mark: a third start adds no gap.
+        async with serve(tmp_path, "--config", str(config), "--store", store_url) as third:
+            async with connect(third.url) as client:
+                again = await whole_history(client, sid)
+                assert [e for e in again if e["event"] == "stream.gap"] == [gap]
