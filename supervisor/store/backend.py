@@ -133,6 +133,10 @@ class SearchHit:
     seq: int
     kind: str
     snippet: str
+    #: the session's agent ("" for a text whose session row is missing)
+    agent: str = ""
+    #: when (Unix time) the event the text goes with happened; None: not stored
+    time: float | None = None
 
 
 @frozen(kw_only=True)

@@ -325,13 +325,22 @@ class PostgresBackend:
                 FROM texts t, q WHERE t.search @@ q.q
                 ORDER BY rank DESC, t.session_id, t.seq LIMIT %s
             )
-            SELECT session_id, turn_id, seq, kind,
-                ts_headline('simple', left(text, {_INDEXED_CHARS}), q.q, %s)
-            FROM hits, q ORDER BY rank DESC, session_id, seq""",
+            SELECT hits.session_id, turn_id, seq, kind,
+                ts_headline('simple', left(text, {_INDEXED_CHARS}), q.q, %s),
+                coalesce(s.agent, '')
+            FROM hits CROSS JOIN q LEFT JOIN sessions s ON s.id = hits.session_id
+            ORDER BY rank DESC, hits.session_id, seq""",
             (" ".join(words), limit, _HEADLINE),
         )
         return [
-            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            SearchHit(
+                session_id=row[0],
+                turn_id=row[1],
+                seq=row[2],
+                kind=row[3],
+                snippet=row[4],
+                agent=row[5],
+            )
             for row in rows
         ]
 

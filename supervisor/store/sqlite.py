@@ -279,13 +279,21 @@ class SqliteBackend:
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(
             """SELECT t.session_id, t.turn_id, t.seq, t.kind,
-                snippet(texts_fts, 0, '[', ']', '...', 12)
+                snippet(texts_fts, 0, '[', ']', '...', 12), coalesce(s.agent, '')
             FROM texts_fts JOIN texts t ON t.rowid = texts_fts.rowid
+            LEFT JOIN sessions s ON s.id = t.session_id
             WHERE texts_fts MATCH ? ORDER BY rank LIMIT ?""",
             (match, limit),
         )
         return [
-            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            SearchHit(
+                session_id=row[0],
+                turn_id=row[1],
+                seq=row[2],
+                kind=row[3],
+                snippet=row[4],
+                agent=row[5],
+            )
             for row in rows
         ]
 
