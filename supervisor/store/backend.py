@@ -210,6 +210,10 @@ class Backend(Protocol):
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         """The session's receipts, in order of seq."""
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        """Each session's first stored prompt, its first ``chars`` characters, by session id
+        (sessions without one left out): what a list of sessions shows of each."""
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         """Up to ``limit`` texts matching ``query`` (words, as the user typed them: the backend
         quotes them for its full-text search), the best first."""

@@ -311,6 +311,14 @@ class PostgresBackend:
             )
         ]
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        rows = self._read(
+            """SELECT DISTINCT ON (session_id) session_id, left(text, %s) FROM texts
+            WHERE kind = 'prompt' ORDER BY session_id, seq""",
+            (chars,),
+        )
+        return {session_id: text for session_id, text in rows}
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         words = _WORD.findall(query)
         if not words:

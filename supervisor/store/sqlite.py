@@ -271,6 +271,15 @@ class SqliteBackend:
             )
         ]
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        rows = self._read(
+            """SELECT session_id, substr(text, 1, ?) FROM texts t WHERE kind = 'prompt'
+            AND seq = (SELECT min(seq) FROM texts
+                WHERE session_id = t.session_id AND kind = 'prompt')""",
+            (chars,),
+        )
+        return {session_id: text for session_id, text in rows}
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         words = _WORD.findall(query)
         if not words:
