@@ -516,7 +516,10 @@ class SessionStore:
         is one run's read, and a search answers a few dozen hits at most)."""
         hits = self.backend.search(query, limit)
         return [
-            attrs.evolve(hit, time=_timestamp(self.backend.events(hit.session_id, hit.seq - 1, 1)))
+            attrs.evolve(
+                hit,
+                time=_timestamp(self.backend.events(hit.session_id, hit.seq - 1, 1), hit.seq),
+            )
             for hit in hits
         ]
 
@@ -567,10 +570,10 @@ class SessionStore:
             self.backend.write(Batch(sessions=rows))
 
 
-def _timestamp(found: list[tuple[int, bytes]]) -> float | None:
-    """The ``timestamp`` of the one stored event ``found`` holds (None if none, or none
-    readable)."""
-    if not found:
+def _timestamp(found: list[tuple[int, bytes]], seq: int) -> float | None:
+    """The ``timestamp`` of the event at ``seq``, if ``found`` is it (None: not stored, or
+    not readable)."""
+    if not found or found[0][0] != seq:
         return None
     try:
         value = json.loads(found[0][1]).get("timestamp")
