@@ -5,9 +5,11 @@ each backend; bad payloads are ``bad_request``, and so is a gateway that keeps n
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import trio
@@ -15,6 +17,9 @@ import trio
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
+from supervisor.store.backend import SearchHit
+from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.requests import (
     MAX_SEARCH_LIMIT,
@@ -125,3 +130,26 @@ async def test_a_bad_search_over_the_wire_is_answered_and_the_connection_stays()
                 await client.request("session.search", {"query": "x", "limit": -1})
             assert caught.value.code == "bad_request"
             assert await client.agents()
+
+
+async def test_the_search_runs_on_the_stores_thread_not_the_event_loop(tmp_path: Path) -> None:
+    threads: list[int] = []
+
+    class Watched(SqliteBackend):
+        def search(self, query: str, limit: int) -> list[SearchHit]:
+            threads.append(threading.get_ident())
+            return [SearchHit(session_id="s1", turn_id="t1", seq=1, kind="prompt", snippet="x")]
+
+        def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+            threads.append(threading.get_ident())
+            return [(1, b'{"timestamp": 12.5}')]
+
+    store = SessionStore(Watched(tmp_path / "sessions.db"))
+    with trio.fail_after(BOUND):
+        await store.open()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            [hit] = await store.search("x", 5)
+            await store.aclose()
+    assert hit.time == 12.5
+    assert len(threads) == 2 and threading.get_ident() not in threads
