@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
         elif args.command in ("pause", "resume"):
             return _operator(args)
+        elif args.command == "sessions":
+            return _sessions(args)
         elif args.command == "node":
             from supervisor.node.daemon import main_node
 
@@ -222,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
         "--session", metavar="ID", help="with --connect: every session/new joins this session"
     )
     _add_operator_parsers(commands)
+    _add_sessions_parser(commands)
     from supervisor.node.daemon import add_node_parser
 
     add_node_parser(commands)
@@ -257,6 +260,47 @@ def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.Argument
             help=f"read the token from PATH (else the URL's, else ${TOKEN_VARIABLE})",
         )
         command.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def _add_sessions_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``sessions list``, ``show ID``, ``export ID``: the store read directly."""
+    sessions = commands.add_parser(
+        "sessions", help="list, show or export the stored sessions (read from the store itself)"
+    )
+    sessions.add_argument(
+        "--store",
+        metavar="URL",
+        help="the session store, as serve's --store (default: sessions.db in the state"
+        " directory); one a running serve holds cannot be read: stop it, or use its gateway",
+    )
+    which = sessions.add_subparsers(dest="sessions_command", metavar="COMMAND", required=True)
+    which.add_parser("list", help="every stored session, the newest first")
+    show = which.add_parser("show", help="a session's turns and receipts")
+    export = which.add_parser("export", help="a session's events as JSONL (the wire's bytes)")
+    for command in (show, export):
+        command.add_argument("session_id", metavar="ID")
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    from supervisor.agents.statefile import default_state_dir
+    from supervisor.clients.sessions import SessionsError, run_sessions
+    from supervisor.store.url import default_url
+
+    url = args.store or default_url(default_state_dir())
+    try:
+        run_sessions(
+            args.sessions_command,
+            url,
+            getattr(args, "session_id", None),
+            sys.stdout,
+            sys.stdout.buffer,
+        )
+    except SessionsError as exc:
+        print(f"agent-supervisor sessions: {exc}", file=sys.stderr)
+        return exc.code
+    except BrokenPipeError:  # (| head)
+        return 0
+    return 0
 
 
 def _operator(args: argparse.Namespace) -> int:

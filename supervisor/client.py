@@ -185,6 +185,16 @@ class GatewayClient:
             payload["since_seq"] = since_seq
         return await self.request("receipts.list", payload)
 
+    async def search(self, query: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Stored texts (prompts, steers, answers) of every session holding ``query``'s words,
+        the best first: ``[{"session_id", "turn_id", "seq", "kind", "snippet", "time",
+        "agent"}]`` (``session.search``; a gateway without a store answers ``bad_request``)."""
+        payload: dict[str, Any] = {"query": query}
+        if limit is not None:
+            payload["limit"] = limit
+        hits: list[dict[str, Any]] = (await self.request("session.search", payload))["hits"]
+        return hits
+
     async def pause(self, deadline_s: float | None = None) -> dict[str, Any]:
         """Pause all: no new turn starts in any session until :meth:`resume`; turns still
         running ``deadline_s`` from now are cancelled. ``{"paused", "deadline_s", "held",

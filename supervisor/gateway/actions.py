@@ -29,6 +29,7 @@ from supervisor.wire.requests import (
     RespondPermission,
     ResumeAll,
     ResumeSession,
+    SearchSessions,
     SetMode,
     StartSession,
     Steer,
@@ -74,6 +75,8 @@ class Actions:
                 return self.sessions()
             case ListReceipts():
                 return self.receipts(call)
+            case SearchSessions():
+                return await self.search(call)
             case StartSession():
                 return await self.start(call)
             case Subscribe():
@@ -168,6 +171,31 @@ class Actions:
             "receipts": [stop.to_wire() for stop in stops.recent(call.limit, call.since_seq)],
             "kept": stops.kept,
             "last_seq": stops.last_seq,
+        }
+
+    async def search(self, call: SearchSessions) -> dict[str, Any]:
+        """Stored texts of every session holding the query's words, the best first
+        (``session.search``): the store's own full-text search, on the store's thread."""
+        store = self.supervisor.store
+        if store is None:
+            raise BadRequest(
+                "session.search needs a session store, and this gateway keeps none "
+                '([store] url = "none"): give serve --store or [store] url'
+            )
+        hits = await store.search(call.query, call.limit)
+        return {
+            "hits": [
+                {
+                    "session_id": hit.session_id,
+                    "turn_id": hit.turn_id,
+                    "seq": hit.seq,
+                    "kind": hit.kind,
+                    "snippet": hit.snippet,
+                    "time": hit.time,
+                    "agent": hit.agent,
+                }
+                for hit in hits
+            ]
         }
 
     def agents(self) -> dict[str, Any]:

@@ -133,6 +133,10 @@ class SearchHit:
     seq: int
     kind: str
     snippet: str
+    #: the session's agent ("" for a text whose session row is missing)
+    agent: str = ""
+    #: when (Unix time) the event the text goes with happened; None: not stored
+    time: float | None = None
 
 
 @frozen(kw_only=True)
@@ -205,6 +209,10 @@ class Backend(Protocol):
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         """The session's receipts, in order of seq."""
+
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        """Each session's first stored prompt, its first ``chars`` characters, by session id
+        (sessions without one left out): what a list of sessions shows of each."""
 
     def search(self, query: str, limit: int) -> list[SearchHit]:
         """Up to ``limit`` texts matching ``query`` (words, as the user typed them: the backend

@@ -311,6 +311,14 @@ class PostgresBackend:
             )
         ]
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        rows = self._read(
+            """SELECT DISTINCT ON (session_id) session_id, left(text, %s) FROM texts
+            WHERE kind = 'prompt' ORDER BY session_id, seq""",
+            (chars,),
+        )
+        return {session_id: text for session_id, text in rows}
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         words = _WORD.findall(query)
         if not words:
@@ -325,13 +333,22 @@ class PostgresBackend:
                 FROM texts t, q WHERE t.search @@ q.q
                 ORDER BY rank DESC, t.session_id, t.seq LIMIT %s
             )
-            SELECT session_id, turn_id, seq, kind,
-                ts_headline('simple', left(text, {_INDEXED_CHARS}), q.q, %s)
-            FROM hits, q ORDER BY rank DESC, session_id, seq""",
+            SELECT hits.session_id, turn_id, seq, kind,
+                ts_headline('simple', left(text, {_INDEXED_CHARS}), q.q, %s),
+                coalesce(s.agent, '')
+            FROM hits CROSS JOIN q LEFT JOIN sessions s ON s.id = hits.session_id
+            ORDER BY rank DESC, hits.session_id, seq""",
             (" ".join(words), limit, _HEADLINE),
         )
         return [
-            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            SearchHit(
+                session_id=row[0],
+                turn_id=row[1],
+                seq=row[2],
+                kind=row[3],
+                snippet=row[4],
+                agent=row[5],
+            )
             for row in rows
         ]
 

@@ -271,6 +271,15 @@ class SqliteBackend:
             )
         ]
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        rows = self._read(
+            """SELECT session_id, substr(text, 1, ?) FROM texts t WHERE kind = 'prompt'
+            AND seq = (SELECT min(seq) FROM texts
+                WHERE session_id = t.session_id AND kind = 'prompt')""",
+            (chars,),
+        )
+        return {session_id: text for session_id, text in rows}
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         words = _WORD.findall(query)
         if not words:
@@ -279,13 +288,21 @@ class SqliteBackend:
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(
             """SELECT t.session_id, t.turn_id, t.seq, t.kind,
-                snippet(texts_fts, 0, '[', ']', '...', 12)
+                snippet(texts_fts, 0, '[', ']', '...', 12), coalesce(s.agent, '')
             FROM texts_fts JOIN texts t ON t.rowid = texts_fts.rowid
+            LEFT JOIN sessions s ON s.id = t.session_id
             WHERE texts_fts MATCH ? ORDER BY rank LIMIT ?""",
             (match, limit),
         )
         return [
-            SearchHit(session_id=row[0], turn_id=row[1], seq=row[2], kind=row[3], snippet=row[4])
+            SearchHit(
+                session_id=row[0],
+                turn_id=row[1],
+                seq=row[2],
+                kind=row[3],
+                snippet=row[4],
+                agent=row[5],
+            )
             for row in rows
         ]
 

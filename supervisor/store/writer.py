@@ -39,6 +39,7 @@ from supervisor.store.backend import (
     Batch,
     EventRun,
     ReceiptRow,
+    SearchHit,
     StoredSession,
     StoreError,
     TextRow,
@@ -504,8 +505,23 @@ class SessionStore:
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
 
-    async def search(self, query: str, limit: int) -> list[Any]:
-        return await self._in_thread(self.backend.search, query, limit)
+    async def search(self, query: str, limit: int) -> list[SearchHit]:
+        """Up to ``limit`` stored texts matching ``query``, the best first, each with when its
+        event happened (on the store's thread, as every call of the backend)."""
+        return await self._in_thread(self._search, query, limit)
+
+    def _search(self, query: str, limit: int) -> list[SearchHit]:
+        """(The worker thread.) The backend's hits, each given its event's timestamp: read
+        from the event stored at its seq (the texts keep no time of their own; a hit's event
+        is one run's read, and a search answers a few dozen hits at most)."""
+        hits = self.backend.search(query, limit)
+        return [
+            attrs.evolve(
+                hit,
+                time=_timestamp(self.backend.events(hit.session_id, hit.seq - 1, 1), hit.seq),
+            )
+            for hit in hits
+        ]
 
     async def flushed(self) -> None:
         """Return once nothing recorded waits to be written (written, or given up)."""
@@ -552,6 +568,18 @@ class SessionStore:
         ]
         if rows:
             self.backend.write(Batch(sessions=rows))
+
+
+def _timestamp(found: list[tuple[int, bytes]], seq: int) -> float | None:
+    """The ``timestamp`` of the event at ``seq``, if ``found`` is it (None: not stored, or
+    not readable)."""
+    if not found or found[0][0] != seq:
+        return None
+    try:
+        value = json.loads(found[0][1]).get("timestamp")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _row(session_id: str, info: _Meta) -> StoredSession:

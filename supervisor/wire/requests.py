@@ -45,6 +45,7 @@ __all__ = [
     "RespondPermission",
     "ResumeAll",
     "ResumeSession",
+    "SearchSessions",
     "SetMode",
     "StartSession",
     "Steer",
@@ -73,6 +74,13 @@ MAX_PROMPT_FRAME_BYTES: Final = 8 * MAX_FRAME_BYTES
 HARD_FRAME_BYTES: Final = 16 * MAX_FRAME_BYTES
 #: Longest id we echo back: ids are correlation tokens, not payloads.
 MAX_ID_CHARS: Final = 128
+#: Hits a ``session.search`` answers when it names no ``limit``: a screenful.
+SEARCH_LIMIT: Final = 20
+#: Hits a ``session.search`` may ask for at most: each costs the store a read of its event's
+#: run (its time) on the store's one thread, which the sessions' writes share.
+MAX_SEARCH_LIMIT: Final = 200
+#: Longest query: words to find, not a document (the backends look for every word).
+MAX_QUERY_CHARS: Final = 1000
 
 
 @frozen
@@ -105,6 +113,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("limit", (int,), required=False),
         _Field("since_seq", (int,), required=False),
     ),
+    # words to find across every stored transcript (``supervisor/store/``)
+    "session.search": (_str("query"), _Field("limit", (int,), required=False)),
     "session.subscribe": (_str("session_id"), _Field("since_seq", (int,), required=False)),
     "session.unsubscribe": (_str("session_id"),),
     "agent.prompt": (
@@ -175,6 +185,16 @@ class StartSession:
     spec: Mapping[str, Any] | None = None
     #: nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
     max_sessions: int | None = None
+
+
+@frozen
+class SearchSessions:
+    """Stored texts (prompts, steers, answers) of every session that hold ``query``'s words."""
+
+    action: ClassVar[str] = "session.search"
+
+    query: str
+    limit: int = SEARCH_LIMIT
 
 
 @frozen
@@ -283,6 +303,7 @@ Call = (
     ListAgents
     | ListSessions
     | ListReceipts
+    | SearchSessions
     | StartSession
     | Subscribe
     | Unsubscribe
@@ -465,6 +486,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
                 spec=p.get("spec"),
                 max_sessions=p.get("max_sessions"),
             )
+        case "session.search":
+            return _search(p["query"], p.get("limit", SEARCH_LIMIT))
         case "session.subscribe":
             return Subscribe(p["session_id"], p.get("since_seq"))
         case "session.unsubscribe":
@@ -511,6 +534,16 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
         case "session.resume":
             return ResumeSession(p["session_id"])
     raise AssertionError(f"no call for action {action}")  # ACTIONS and this match agree
+
+
+def _search(query: str, limit: int) -> SearchSessions | str:
+    if not query.strip():
+        return "'query' must hold a word to find"
+    if len(query) > MAX_QUERY_CHARS:
+        return f"'query' is longer than {MAX_QUERY_CHARS} characters"
+    if not 1 <= limit <= MAX_SEARCH_LIMIT:
+        return f"'limit' must be from 1 to {MAX_SEARCH_LIMIT}"
+    return SearchSessions(query, limit)
 
 
 def _receipts(limit: int | None, since_seq: int | None) -> ListReceipts | str:

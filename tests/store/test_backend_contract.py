@@ -182,6 +182,26 @@ def test_search_finds_words_in_prompts_steers_and_answers(backend: Backend) -> N
     assert backend.search('"unbalanced AND (', 10) == []  # what is typed is text, not syntax
     assert backend.search("", 10) == []
     assert len(backend.search("parser", 1)) == 1
+    assert all(h.agent == "claude" for h in backend.search("parser", 10))
+
+
+def test_first_prompts_are_each_sessions_earliest_cut_short(backend: Backend) -> None:
+    def prompt(sid: str, seq: int, text: str, kind: str = "prompt") -> TextRow:
+        return TextRow(session_id=sid, turn_id=f"t{seq}", seq=seq, kind=kind, text=text)
+
+    backend.write(
+        Batch(
+            sessions=[session("s1"), session("s2"), session("s3")],
+            texts=[
+                prompt("s1", 9, "the second prompt"),
+                prompt("s1", 1, "the first prompt, a long one"),
+                prompt("s1", 0, "a steer before it", kind="steer"),
+                prompt("s2", 4, "only one"),
+                prompt("s3", 2, "an answer only", kind="answer"),
+            ],
+        )
+    )
+    assert backend.first_prompts(16) == {"s1": "the first prompt", "s2": "only one"}
 
 
 def test_reopened_store_keeps_everything(store_url: str) -> None:

@@ -64,6 +64,9 @@ class FakeBackend:
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         return []
 
+    def first_prompts(self, chars: int) -> dict[str, str]:
+        return {}
+
     def search(self, query: str, limit: int) -> list[SearchHit]:
         return []
 

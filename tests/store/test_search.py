@@ -1,0 +1,155 @@
+"""``session.search`` over the WebSocket: the stored prompts, steers and answers of every
+session found with the store's own full-text search (SQLite FTS5, PostgreSQL's tsvector), on
+each backend; bad payloads are ``bad_request``, and so is a gateway that keeps no store."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from supervisor import AgentSpec, Supervisor, open_supervisor
+from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.gateway import Gateway
+from supervisor.store.backend import SearchHit
+from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.writer import SessionStore
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.wire.requests import (
+    MAX_SEARCH_LIMIT,
+    SEARCH_LIMIT,
+    Request,
+    RequestError,
+    SearchSessions,
+    decode_request,
+)
+
+BOUND = 30.0
+SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=0.5)
+
+
+@asynccontextmanager
+async def served(store: str | None) -> AsyncIterator[tuple[GatewayClient, Supervisor]]:
+    """A gateway on a supervisor with ``store``, and a client of it."""
+    launcher = AcpLauncher(AcpBehaviour(text="the zebra crossed the river", word_interval=0))
+    async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=store) as sup:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(Gateway(sup, port=0, token="t").serve)
+            async with connect(url) as client:
+                yield client, sup
+            nursery.cancel_scope.cancel()
+
+
+async def turn(client: GatewayClient, session_id: str, text: str) -> None:
+    """Prompt and wait for the turn's end (its answer is stored with it)."""
+    async with client.subscribe(session_id) as events:
+        await client.prompt(session_id, text)
+        async for event in events:
+            if event["event"] == "turn.ended":
+                return
+
+
+async def test_search_finds_prompts_and_answers_of_every_session(store_url: str) -> None:
+    before = time.time()
+    with trio.fail_after(BOUND):
+        async with served(store_url) as (client, sup):
+            one = (await client.start_session("fake"))["session_id"]
+            two = (await client.start_session("fake"))["session_id"]
+            await turn(client, one, "tell me about a giraffe")
+            await turn(client, two, "and an elephant please")
+            assert sup.store is not None
+            await sup.store.flushed()  # (the answers are written a few ms after their turns)
+            answers = await client.search("zebra")
+            prompt = await client.search("giraffe")
+            both = await client.search("elephant please")
+            nothing = await client.search("okapi")
+            limited = await client.search("zebra", limit=1)
+    assert {hit["session_id"] for hit in answers} == {one, two}
+    assert {hit["kind"] for hit in answers} == {"answer"}
+    assert all(hit["agent"] == "fake" and hit["turn_id"] == "t1" for hit in answers)
+    assert all("[zebra]" in hit["snippet"] for hit in answers)
+    assert all(before <= hit["time"] <= time.time() for hit in answers)
+    [hit] = prompt
+    assert (hit["session_id"], hit["kind"], hit["turn_id"]) == (one, "prompt", "t1")
+    assert "[giraffe]" in hit["snippet"]
+    assert [h["session_id"] for h in both] == [two]
+    assert nothing == []
+    assert len(limited) == 1
+
+
+async def test_a_gateway_without_a_store_says_search_needs_one() -> None:
+    with trio.fail_after(BOUND):
+        async with served(None) as (client, _):
+            with pytest.raises(GatewayError) as caught:
+                await client.search("zebra")
+            assert await client.agents()  # the connection stays usable
+    assert caught.value.code == "bad_request"
+    assert "needs a session store" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({}, "payload needs 'query'"),
+        ({"query": 3}, "payload 'query' must be str"),
+        ({"query": "   "}, "'query' must hold a word to find"),
+        ({"query": "x" * 1001}, "'query' is longer than 1000 characters"),
+        ({"query": "x", "limit": "5"}, "payload 'limit' must be int"),
+        ({"query": "x", "limit": True}, "payload 'limit' must be int"),
+        ({"query": "x", "limit": 0}, f"'limit' must be from 1 to {MAX_SEARCH_LIMIT}"),
+        ({"query": "x", "limit": MAX_SEARCH_LIMIT + 1}, "'limit' must be from 1"),
+    ],
+)
+def test_a_bad_search_payload_is_bad_request(payload: dict[str, object], message: str) -> None:
+    result = decode_request(json.dumps({"id": 7, "action": "session.search", "payload": payload}))
+    assert isinstance(result, RequestError)
+    assert (result.id, result.code) == (7, "bad_request")
+    assert result.message.startswith(message)
+
+
+def test_a_search_payload_is_its_typed_call() -> None:
+    frame = {"id": 1, "action": "session.search", "payload": {"query": "zebra river"}}
+    assert decode_request(json.dumps(frame)) == Request(
+        1, SearchSessions("zebra river", SEARCH_LIMIT)
+    )
+    frame["payload"] = {"query": "zebra", "limit": 3}
+    result = decode_request(json.dumps(frame))
+    assert isinstance(result, Request) and result.call == SearchSessions("zebra", 3)
+
+
+async def test_a_bad_search_over_the_wire_is_answered_and_the_connection_stays() -> None:
+    with trio.fail_after(BOUND):
+        async with served(None) as (client, _):
+            with pytest.raises(GatewayError) as caught:
+                await client.request("session.search", {"query": "x", "limit": -1})
+            assert caught.value.code == "bad_request"
+            assert await client.agents()
+
+
+async def test_the_search_runs_on_the_stores_thread_not_the_event_loop(tmp_path: Path) -> None:
+    threads: list[int] = []
+
+    class Watched(SqliteBackend):
+        def search(self, query: str, limit: int) -> list[SearchHit]:
+            threads.append(threading.get_ident())
+            return [SearchHit(session_id="s1", turn_id="t1", seq=1, kind="prompt", snippet="x")]
+
+        def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+            threads.append(threading.get_ident())
+            return [(1, b'{"timestamp": 12.5}')]
+
+    store = SessionStore(Watched(tmp_path / "sessions.db"))
+    with trio.fail_after(BOUND):
+        await store.open()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            [hit] = await store.search("x", 5)
+            await store.aclose()
+    assert hit.time == 12.5
+    assert len(threads) == 2 and threading.get_ident() not in threads
