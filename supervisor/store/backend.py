@@ -20,14 +20,15 @@ written to.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from attrs import field, frozen
 
 __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
+    "SESSIONS_QUERY",
     "Backend",
     "Batch",
     "EventRun",
@@ -38,6 +39,7 @@ __all__ = [
     "TEXT_KINDS",
     "TextRow",
     "store_beyond",
+    "stored_session",
 ]
 
 
@@ -78,6 +80,34 @@ class StoredSession:
     #: unclean end reserved for turns that may have started unstored (never lowered)
     turns: int = 0
     last_seq: int = 0
+
+
+#: Every stored session, newest first, with its newest ``seq``: the same SQL in both dialects;
+#: each row is made a :class:`StoredSession` by :func:`stored_session`.
+SESSIONS_QUERY = """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
+    created, last_active, state, open_turn_id, clean, turns,
+    (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
+FROM sessions ORDER BY last_active DESC, id DESC"""
+
+
+def stored_session(row: Sequence[Any]) -> StoredSession:
+    """A row of :data:`SESSIONS_QUERY`."""
+    return StoredSession(
+        id=row[0],
+        agent=row[1],
+        protocol=row[2],
+        host=row[3],
+        cwd=row[4],
+        mcp_servers=row[5],
+        agent_session_id=row[6],
+        created=row[7],
+        last_active=row[8],
+        state=row[9],
+        open_turn_id=row[10],
+        clean=bool(row[11]),
+        turns=row[12],
+        last_seq=row[13] or 0,
+    )
 
 
 @frozen(kw_only=True)

@@ -34,6 +34,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
+    SESSIONS_QUERY,
     Batch,
     EventRun,
     ReceiptRow,
@@ -42,6 +43,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
     store_beyond,
+    stored_session,
 )
 
 __all__ = ["PostgresBackend"]
@@ -240,32 +242,7 @@ class PostgresBackend:
     # -- reading
 
     def sessions(self) -> list[StoredSession]:
-        rows = self._read(
-            """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id, created,
-                last_active, state, open_turn_id, clean, turns,
-                (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
-            FROM sessions ORDER BY last_active DESC, id DESC""",
-            (),
-        )
-        return [
-            StoredSession(
-                id=row[0],
-                agent=row[1],
-                protocol=row[2],
-                host=row[3],
-                cwd=row[4],
-                mcp_servers=row[5],
-                agent_session_id=row[6],
-                created=row[7],
-                last_active=row[8],
-                state=row[9],
-                open_turn_id=row[10],
-                clean=bool(row[11]),
-                turns=row[12],
-                last_seq=row[13] or 0,
-            )
-            for row in rows
-        ]
+        return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         # Runs in order of their first seq, a page at a time: the first run of a page has a
