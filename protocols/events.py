@@ -94,12 +94,19 @@ class SessionHeld(Event):
 class TurnStarted(Event):
     """A turn started with the prompt ``text``: whole, or (``text_bytes`` set) its first
     :data:`PREVIEW_CHARS` characters, the prompt being ``text_bytes`` bytes long (the agent got
-    it whole; a session keeps thousands of events, and a prompt may be megabytes)."""
+    it whole; a session keeps thousands of events, and a prompt may be megabytes).
+
+    ``context`` is ``"injected"`` when the agent got the conversation so far, ``context_bytes``
+    of it, in front of the prompt: its session could not be resumed after a respawn or a
+    restart, and a fresh one knows nothing of what was said (``text`` is still the prompt
+    alone)."""
 
     kind: ClassVar[str] = "turn.started"
     turn_id: str
     text: str
     text_bytes: int | None = None
+    context: str | None = None
+    context_bytes: int | None = None
 
 
 @frozen(kw_only=True)

@@ -47,6 +47,7 @@ from protocols import PROTOCOLS
 from protocols.mcp import McpServer, McpUnsupported, mcp_servers_from_acp, merge_mcp_servers
 
 __all__ = [
+    "DEFAULT_CONTEXT_BYTES",
     "DEFAULT_GRACE_S",
     "DEFAULT_KILL_TIMEOUT_S",
     "DEFAULT_MAX_FAILED_TURNS",
@@ -94,6 +95,12 @@ DEFAULT_STALL_S = 300.0
 #: None, never. Builds, test suites and dev servers run for as long as they run, silently;
 #: only the user knows how long is too long for theirs.
 DEFAULT_TOOL_STALL_S: float | None = None
+#: The conversation so far, given to an agent whose session could not be resumed (a respawn
+#: or a restart got a fresh one), at most this many bytes of UTF-8 with its preamble: the
+#: newest kept, the oldest left out first. 64 KiB is ~16K tokens, a small share of any coding
+#: agent's context window (Claude's and Codex's ~200K tokens, Gemini's 1M), and room for the
+#: last dozens of exchanges; a transcript of tool output would crowd the work out of it.
+DEFAULT_CONTEXT_BYTES = 64 * 1024
 
 KNOWN_PROTOCOLS = frozenset(PROTOCOLS)
 
@@ -155,6 +162,10 @@ class AgentSpec:
     hosts: tuple[str, ...] = field(default=(), converter=_to_args)
     #: MCP servers the agent is given in every session (a session may add its own)
     mcp_servers: tuple[McpServer, ...] = field(default=(), converter=_to_servers)
+    #: bytes of the conversation so far an agent gets with the next prompt when its session
+    #: could not be resumed (``design/store.md``, "Context for an agent that cannot resume");
+    #: 0: none
+    context_bytes: int = DEFAULT_CONTEXT_BYTES
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -397,6 +408,7 @@ _FIELDS = {
     "max_sessions",
     "hosts",
     "mcp_servers",
+    "context_bytes",
 }
 
 
@@ -480,6 +492,12 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
             f"{at}: 'max_failed_turns' must be a whole number >= 0 (0: never recycle),"
             f" not {max_failed!r}"
         )
+    context_bytes = table.get("context_bytes", DEFAULT_CONTEXT_BYTES)
+    if isinstance(context_bytes, bool) or not isinstance(context_bytes, int) or context_bytes < 0:
+        raise ConfigError(
+            f"{at}: 'context_bytes' must be a whole number of bytes >= 0 (0: none),"
+            f" not {context_bytes!r}"
+        )
     description = table.get("description", "")
     cwd = table.get("cwd")
     if not isinstance(description, str):
@@ -507,6 +525,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         max_sessions=_count(table, "max_sessions", at),
         hosts=hosts,
         mcp_servers=mcp_servers,
+        context_bytes=context_bytes,
     )
 
 

@@ -15,7 +15,7 @@ import functools
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from itertools import count
 from pathlib import Path
@@ -43,6 +43,7 @@ from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.alarm import AlarmClock
+from supervisor.runtime.context import Said
 from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, DEFAULT_HISTORY_BYTES
 from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
@@ -296,6 +297,7 @@ class Supervisor:
         where: str,
         resume: str | None,
         after: tuple[int, int] = (0, 0),
+        earlier: Sequence[Said] = (),
     ) -> Session:
         """A session on this machine, listed, its actor running (its agent starting)."""
         session = Session(
@@ -312,6 +314,7 @@ class Supervisor:
             buffer_bytes=self.buffer_bytes,
             paused=self._pausing.for_new_session(),
             after=after,
+            earlier=earlier,
         )
         self._sessions[session.id] = session
         self._observe(session)
@@ -357,12 +360,16 @@ class Supervisor:
         try:
             assert self.store is not None
             turns = await self.store.turns(dormant.id)
+            # What was said, should its agent start afresh (runtime/context.py): read now, as
+            # the agent's answer to the resume comes in the actor, which never waits on I/O.
+            earlier = await self.store.conversation(dormant.id, spec.context_bytes)
             session = await self._start_here(
                 dormant.id,
                 spec,
                 where,
                 dormant.agent_session_id,
                 after=(dormant.last_seq, turns),
+                earlier=earlier,
             )
             await session.wait_ready()  # failed to start: listed as failed, its history kept
         finally:

@@ -88,6 +88,8 @@ class LifecycleHost(Protocol):
 
     def release_held(self) -> None: ...
 
+    def fresh_agent_session(self) -> None: ...
+
 
 class AgentLifecycle:
     def __init__(
@@ -195,6 +197,8 @@ class AgentLifecycle:
     def established(self, established: SessionEstablished) -> None:
         refused = self.agent.established()
         resumed = False if refused is not None else established.resumed
+        if resumed is not True:  # nothing resumed: this agent knows nothing said before
+            self._host.fresh_agent_session()
         turn = self._host.turn
         if turn is not None and turn.cancel is not None:
             job = turn.cancel

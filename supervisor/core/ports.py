@@ -57,3 +57,8 @@ class SessionIO(Protocol):
 
     def stopped(self, receipt: CancelReceipt) -> None:
         """A running turn was stopped and has ended: its receipt (the owner's recent stops)."""
+
+    def conversation(self, limit: int) -> str:
+        """The conversation so far (its prompts, steers and answers, the newest kept) as an
+        agent whose session is a fresh one is to read it before the next prompt: at most
+        ``limit`` bytes, ending with what introduces that prompt; "" when there is none."""

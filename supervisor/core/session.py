@@ -142,6 +142,13 @@ class SessionCore:
         self._held: tuple[CancelJob, CancelReceipt] | None = None
         #: the operator's pause: while it holds, no turn starts (``pause.py``)
         self.paused = paused if paused is not None else Pause()
+        #: a turn has started in this session: here, or under an earlier supervisor (the shell
+        #: sets it for a stored session started again)
+        self.conversed = False
+        #: the agent's session is a fresh one though the conversation had begun (a respawn or
+        #: a restart could not resume it): the next turn's prompt carries the conversation so
+        #: far, once (the turns after it are the fresh session's own)
+        self.context_due = False
 
     # -- what the shell reads -----------------------------------------------------------------
 
@@ -451,8 +458,16 @@ class SessionCore:
         machine = self.agent.machine
         assert machine is not None
         parts = self.queue.parts_of(turn_id)
+        due, self.context_due = self.context_due, False
+        context = self._io.conversation(self.spec.context_bytes) if due else ""
+        sent = text
+        if context:  # in front of the prompt, as the first of its parts if it has parts
+            if parts:
+                parts = (Part("text", text=context), *parts)
+            else:
+                sent = context + text
         # A part the agent restarted since cannot take any more is written as its text.
-        step = machine.prompt(turn_id, text, parts) if parts else machine.prompt(turn_id, text)
+        step = machine.prompt(turn_id, sent, parts) if parts else machine.prompt(turn_id, sent)
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
         # the session is not left running a turn the agent never got).
         try:
@@ -460,15 +475,32 @@ class SessionCore:
         except Exception:
             # The machine now holds a turn the agent never got: the two no longer agree. The
             # one state both agree on again is a fresh agent, the session resumed.
+            self.context_due = due
             self.life.recycle("a prompt could not be handed to the agent")
             raise
+        self.conversed = True
         now = self._io.now()
         watch = StallWatch.start(now, self.spec.stall_s, self.spec.tool_stall_s)
         self.turn = Turn(turn_id, text, now, self._io.tree_clock(), watch)
         self.set_state(State.RUNNING)
-        shown, size = ev.preview(text)  # the agent got it whole
-        self.emit(ev.TurnStarted(turn_id=turn_id, text=shown, text_bytes=size))
+        shown, size = ev.preview(text)  # the agent got it whole (and the context before it)
+        self.emit(
+            ev.TurnStarted(
+                turn_id=turn_id,
+                text=shown,
+                text_bytes=size,
+                context="injected" if context else None,
+                context_bytes=len(context.encode("utf-8", "surrogatepass")) if context else None,
+            )
+        )
         self._apply_events(step)
+
+    def fresh_agent_session(self) -> None:
+        """The agent's session is a fresh one, not the one it had (a respawn or a restart could
+        not resume it, or it offers no resume): if anything was said before, the next prompt
+        carries the conversation so far (``spec.context_bytes`` of it; 0: never)."""
+        if self.conversed and self.spec.context_bytes > 0:
+            self.context_due = True
 
     def start_next(self) -> None:
         if self.state is State.READY and self.turn is None and self.queue and not self.paused.held:

@@ -62,6 +62,7 @@ from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.runtime.alarm import AlarmClock
+from supervisor.runtime.context import Said, context_text, said_in
 from supervisor.runtime.fanout import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_HISTORY_BYTES,
@@ -358,6 +359,11 @@ class _AgentIO:
         if on_stop is not None:
             on_stop(receipt, time.time())
 
+    def conversation(self, limit: int) -> str:
+        session = self._session
+        said = [*session.earlier, *said_in(session._fanout.history)]
+        return context_text(said, limit)
+
     def spawn(self, generation: int, resume: str | None) -> None:
         assert self.nursery is not None
         self.nursery.start_soon(self._spawn, generation, resume)
@@ -476,10 +482,12 @@ class Session:
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         paused: Pause | None = None,
         after: tuple[int, int] = (0, 0),
+        earlier: Sequence[Said] = (),
     ) -> None:
         """``after``: the last seq and the number of turns of the session's history so far
         (a session stored by an earlier supervisor, started again): its seqs and turn ids go
-        on from there, never reused."""
+        on from there, never reused; ``earlier``: what was said in it then (the newest of it),
+        for an agent that cannot resume its own session (``runtime/context.py``)."""
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
@@ -529,6 +537,9 @@ class Session:
         if last_seq or turns:
             self.core.log.seq = self._fanout.head_seq = last_seq
             self.core.turn_ids.count = turns
+            self.core.conversed = turns > 0
+        #: the conversation before this supervisor's history of the session (from the store)
+        self.earlier = list(earlier)
         # Agent output being worked through (one read's worth), at the actor's own pace.
         self._batch: list[Any] | None = None  # raw lines, frames, or stderr lines
         self._batch_kind = ""  # "lines", "frames" or "stderr"

@@ -34,6 +34,7 @@ import trio
 from protocols import events as ev
 from protocols.events import PREVIEW_CHARS, preview
 from protocols.mcp import McpServer, NameValue
+from supervisor.runtime.context import Said, newest
 from supervisor.store.backend import (
     Backend,
     Batch,
@@ -502,6 +503,16 @@ class SessionStore:
         reserved = max((s.turns for s in await self.sessions() if s.id == session_id), default=0)
         return max(_highest_turn(texts), reserved)
 
+    async def conversation(self, session_id: str, limit: int) -> list[Said]:
+        """What was said in a stored session (its prompts, the steers taken into a turn, the
+        agent's answers), the newest ``limit`` bytes of it: what an agent that cannot resume
+        its own session is given (``supervisor/runtime/context.py``)."""
+        return await self._in_thread(self._conversation, session_id, limit)
+
+    def _conversation(self, session_id: str, limit: int) -> list[Said]:
+        """(The worker thread.) :meth:`conversation`."""
+        return newest(said_in_texts(self.backend.texts(session_id)), limit)
+
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
 
@@ -634,6 +645,18 @@ def _names(spans: dict[str, list[int]]) -> str:
     if len(spans) > 5:
         shown.append(f"{len(spans) - 5} more")
     return ", ".join(shown)
+
+
+def said_in_texts(texts: list[TextRow]) -> list[Said]:
+    """The conversation the stored texts hold, in order: prompts and steers as the user's,
+    answers as the agent's. A steer that started a turn of its own is left out: that turn's
+    prompt is the same text."""
+    prompts = {(t.turn_id, t.text) for t in texts if t.kind == "prompt"}
+    return [
+        Said("assistant" if t.kind == "answer" else "user", t.text)
+        for t in texts
+        if t.kind != "steer" or (t.turn_id, t.text) not in prompts
+    ]
 
 
 def _highest_turn(texts: list[TextRow]) -> int:

@@ -61,6 +61,9 @@ class RecordingIO:
     leader_gone: bool = False
     ended_count: int = 0
     stops: list[CancelReceipt] = field(factory=list)
+    #: what :meth:`conversation` answers, and the limits it was asked with
+    said: str = ""
+    conversation_limits: list[int] = field(factory=list)
 
     def now(self) -> float:
         return self.clock
@@ -101,6 +104,11 @@ class RecordingIO:
 
     def stopped(self, receipt: CancelReceipt) -> None:
         self.stops.append(receipt)
+
+    def conversation(self, limit: int) -> str:
+        """What the shell would give a fresh agent session: ``said``, with ``limit`` noted."""
+        self.conversation_limits.append(limit)
+        return self.said
 
     # -- what a test reads ---------------------------------------------------------------------
 
