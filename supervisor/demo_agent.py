@@ -106,6 +106,10 @@ DEMO_WORDS: tuple[str, ...] = tuple(DEMO_SENTENCE.split())
 HUGE_LINE_BYTES = 50 * 1024 * 1024
 HUGE_CHUNK_BYTES = 1024 * 1024
 CRASH_AFTER_WORDS = 3
+#: How the supervisor ends the conversation so far that it gives an agent whose session could
+#: not be resumed, in front of the new message (``supervisor/runtime/context.py``'s
+#: ``ENDING``): the directives are the new message's, never the earlier ones'.
+CONTEXT_END = "\n\n(End of the conversation so far. The new message follows.)\n\n"
 SLOW_DELAY = 0.3
 FAST_DELAY = 0.005
 HANG_LOG_INTERVAL = 0.1  # a hung turn's "still waiting" lines on stderr
@@ -208,6 +212,9 @@ class Options:
     content: bool = False
     #: offer session modes (``ask``, ``code``) and say in each turn's thought which one runs
     modes: bool = False
+    #: advertise no ``loadSession``, as an agent that cannot resume its sessions: a respawn
+    #: or a restart gets a fresh session (and the supervisor gives it the conversation so far)
+    no_load: bool = False
     state_dir: str = field(
         default_factory=lambda: os.path.join(tempfile.gettempdir(), "agent-supervisor-demo")
     )
@@ -243,6 +250,15 @@ def _non_negative_float(text: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         return None
     return value
+
+
+def _recalled(earlier: str) -> str:
+    """The sentence that shows the earlier conversation reached the agent: what the person
+    said last in it."""
+    last = earlier.rpartition("\n\nUser: ")[2].split("\n\n", 1)[0].strip()
+    if len(last) > 80:
+        last = last[:77] + "..."
+    return f'(Given the earlier conversation: you last said "{last}".) '
 
 
 def parse_directives(text: str, options: Options) -> TurnPlan:
@@ -326,6 +342,8 @@ class Turn:
         self.done = trio.Event()
         #: steered texts not said yet (the stream says each at its next word)
         self.steers: list[str] = []
+        #: said first: what the earlier conversation given with the prompt held
+        self.recalled: str | None = None
         #: what a steer finds: ``speaking`` (its words stream: the text joins them),
         #: ``stuck`` (waiting on a model that does not answer: it cannot take it), or
         #: ``ending`` (its words are all said: the text must start a turn of its own)
@@ -800,7 +818,7 @@ class DemoAgent:
         return {
             "protocolVersion": PROTOCOL_VERSION,
             "agentCapabilities": {
-                "loadSession": True,
+                "loadSession": not self.options.no_load,
                 "promptCapabilities": {
                     "image": self.options.content,
                     "audio": self.options.content,
@@ -954,8 +972,11 @@ class DemoAgent:
             )
         # Register the turn now, before reading the next line, so that a
         # session/cancel sent right after the prompt finds it.
-        turn = Turn(request_id, session, parse_directives(text, self.options), text)
+        earlier, _, own = text.rpartition(CONTEXT_END)
+        turn = Turn(request_id, session, parse_directives(own, self.options), text)
         turn.received = received
+        if earlier:
+            turn.recalled = _recalled(earlier)
         session.turn = turn
         self.turns.add(turn)
         session.history.append(HistoryEntry("user", text))
@@ -1095,6 +1116,8 @@ class DemoAgent:
             else:
                 await trio.sleep(plan.delay)
             word = words[index % len(words)] + " "
+            if turn.recalled is not None:
+                word, turn.recalled = turn.recalled + word, None
             while turn.steers:
                 word = f"Steered: {turn.steers.pop(0)}. " + word
             await self.update(
@@ -1363,6 +1386,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="offer session modes ask and code (session/set_mode); thoughts name the mode",
     )
     parser.add_argument(
+        "--no-load",
+        action="store_true",
+        help="advertise no loadSession, as an agent that cannot resume its sessions",
+    )
+    parser.add_argument(
         "--state-dir",
         default=defaults.state_dir,
         help="where sessions are saved (default $TMPDIR/agent-supervisor-demo)",
@@ -1380,6 +1408,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         steering=not ns.no_steering,
         content=ns.content,
         modes=ns.modes,
+        no_load=ns.no_load,
         state_dir=ns.state_dir,
     )
 

@@ -279,3 +279,35 @@ async def test_odd_values_the_agent_sent_go_back_to_it_exactly(tmp_path: Path) -
                         break
             assert sorted(json.loads(text)) == ["m\ud800", "p\udfff"]
             assert session.state == "ready"
+
+
+async def test_a_killed_agent_that_cannot_resume_answers_with_the_conversation_in_mind(
+    tmp_path: Path,
+) -> None:
+    """The demo agent advertising no ``loadSession`` (as Gemini answers a resume with a fresh
+    session): killed past its grace, its fresh session gets the conversation so far with the
+    next prompt, and its answer shows it; an earlier prompt's directives are not run again."""
+    args = ("--ignore-cancel", "--no-load")
+    async with demo_session(*args, state_dir=str(tmp_path)) as (session, rec):
+        first = await session.prompt("remember the number 42 words=3")
+        await rec.wait_kind("turn.ended", turn_id=first.id)
+        await session.prompt("tell a long story words=10000")
+        await rec.wait_for(is_delta)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.resumed) == ("killed", False), receipt
+        turn = await session.prompt("what was the number?")
+        ended = await rec.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", ended
+        started = await rec.wait_kind("turn.started", turn_id=turn.id)
+        assert isinstance(started, ev.TurnStarted)
+        assert (started.text, started.context) == ("what was the number?", "injected")
+        answer = "".join(
+            e.text
+            for e in rec.of_kind("message.delta")
+            if isinstance(e, ev.MessageDelta) and e.turn_id == turn.id
+        )
+        assert 'you last said "tell a long story words=10000"' in answer
+        assert len(answer.split()) < 100  # its own words=N only: the default 40, not 10000
+        await second_prompt_completes(session, rec)
+        again = rec.of_kind("turn.started")[-1]
+        assert isinstance(again, ev.TurnStarted) and again.context is None
