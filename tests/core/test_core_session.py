@@ -294,3 +294,35 @@ def test_a_machine_that_wants_a_restart_gets_one_once_its_turn_is_over(
     agent.prompts.clear()
     agent.come_up()
     assert core.recycler.recycles == 1 and core.turn_id == "t2"  # the queued prompt runs now
+
+
+@pytest.mark.parametrize("load_session", [False, True])
+def test_a_fresh_agent_session_gets_the_conversation_with_the_next_prompt_once(
+    load_session: bool,
+) -> None:
+    """The core decides, the shell says what was said (``io.said``): an agent that could not
+    go on with its session (no ``loadSession``) gets it in front of the next prompt, once; one
+    that resumed gets the prompt alone."""
+    core, io, agent = running_turn()
+    agent.load_session = load_session
+    io.said = "(what was said)\n\n"
+    core.life.agent_gone(1, ExitStatus(code=1, signal=None), [], [], [])
+    agent.come_up()
+    for text in ("next", "and after"):
+        core.prompt(text, ())
+        agent.answer()
+        agent.end_turn()
+    prompts = [
+        m["params"]["prompt"][0]["text"] for m in io.sent if m.get("method") == "session/prompt"
+    ]
+    started = [e for e in io.events if isinstance(e, ev.TurnStarted)]
+    if load_session:
+        assert prompts[1:] == ["next", "and after"] and io.conversation_limits == []
+        assert [e.context for e in started] == [None, None, None]
+        return
+    assert prompts[1:] == ["(what was said)\n\nnext", "and after"]
+    assert io.conversation_limits == [ACP.context_bytes]
+    assert [(e.text, e.context, e.context_bytes) for e in started[1:]] == [
+        ("next", "injected", len("(what was said)\n\n")),
+        ("and after", None, None),
+    ]
