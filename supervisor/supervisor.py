@@ -465,6 +465,34 @@ class Supervisor:
     def list(self) -> list[SessionSummary]:
         return [session.summary() for session in self._sessions.values()]
 
+    async def reopen(self, session_id: str) -> AnySession:
+        """The session ``session_id`` to go on with: the one listed, unless its agent stopped
+        or failed here and the store has it: then it is listed again as stored
+        (:class:`~supervisor.store.dormant.DormantSession`, as an earlier supervisor's), and
+        a prompt starts its agent again, resuming its own session. Raises
+        :class:`SessionNotFound` when neither this supervisor nor its store knows it."""
+        current = self._sessions.get(session_id)
+        if self.store is None or (current is not None and current.state not in _ENDED):
+            return self.get(session_id)
+        from supervisor.store.dormant import DormantSession
+
+        if isinstance(current, DormantSession):
+            return current
+        await self.store.flushed()  # its last events and its row are in the store
+        stored = next((s for s in await self.store.sessions() if s.id == session_id), None)
+        current = self._sessions.get(session_id)
+        if stored is None or (current is not None and current.state not in _ENDED):
+            return self.get(session_id)  # unknown; or started again meanwhile
+        if isinstance(current, DormantSession):
+            return current
+        spec = self.agents.get(stored.agent) or AgentSpec(
+            name=stored.agent, protocol=stored.protocol, command=()
+        )
+        dormant = DormantSession(stored, spec, self.store, self._revive)
+        self._sessions[session_id] = dormant
+        self._poke()
+        return dormant
+
     async def stop_session(self, session_id: str) -> ExitStatus | None:
         session = self.get(session_id)
         status = await session.stop()

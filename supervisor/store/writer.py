@@ -516,6 +516,14 @@ class SessionStore:
     async def sessions(self) -> list[StoredSession]:
         return await self._in_thread(self.backend.sessions)
 
+    async def texts(self, session_id: str) -> list[TextRow]:
+        """A stored session's prompts, steers and answers, in order of seq."""
+        return await self._in_thread(self.backend.texts, session_id)
+
+    async def first_prompts(self, chars: int) -> dict[str, str]:
+        """Each stored session's first prompt, its first ``chars`` characters, by id."""
+        return await self._in_thread(self.backend.first_prompts, chars)
+
     async def search(self, query: str, limit: int) -> list[SearchHit]:
         """Up to ``limit`` stored texts matching ``query``, the best first, each with when its
         event happened (on the store's thread, as every call of the backend)."""

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from acp_harness import schema as schema  # the fixture
 from schemas import AcpSchema, walk_messages
 from served import serve
 from supervisor.client import connect
+from supervisor.store.sqlite import SqliteBackend
 
 
 async def test_ts_client_streams_a_turn(tmp_path: Path, schema: AcpSchema) -> None:
@@ -131,10 +133,18 @@ async def test_ts_client_sessions_list_load_resume_close(tmp_path: Path, schema:
     assert reopened["resumed"] == {"configOptions": reopened["loaded"]["configOptions"]}
     assert reopened["closed"] == {}
     check_wire(tmp_path / "wire", schema)
-    record = json.loads(
-        (tmp_path / "state" / "acp-sessions" / f"{created['sessionId']}.json").read_text()
-    )
-    assert record["agent_session_id"], "the agent's own session id is kept for the resume"
+    # One session in the store, the prompts of both processes in it.
+    store = SqliteBackend(tmp_path / "state" / "sessions.db")
+    store.open()
+    try:
+        (stored,) = store.sessions()
+        prompts = [t.text for t in store.texts(stored.id) if t.kind == "prompt"]
+    finally:
+        store.close()
+    assert stored.id == created["sessionId"]
+    assert stored.agent_session_id, "the agent's own session id is kept for the resume"
+    assert prompts == ["remember banana words=3 fast", "go on words=3 fast"]
+    assert 0 < datetime.fromisoformat(listed[0]["updatedAt"]).timestamp() <= stored.last_active
 
 
 async def test_ts_client_is_told_when_the_agent_cannot_resume(

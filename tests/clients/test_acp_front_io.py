@@ -31,6 +31,7 @@ class SlowSession:
     agent = "fake"
     cwd = "/"
     agent_session_id = None
+    resumes = False
 
     def __init__(self) -> None:
         self.transcript: list[list[str]] = []

@@ -24,6 +24,8 @@ from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
 from supervisor.errors import BadRequest, SupervisorError
 from supervisor.runtime.session import Session, Subscription
+from supervisor.store.backend import TextRow
+from supervisor.store.dormant import DormantSession
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import known_event
 
@@ -45,6 +47,12 @@ log = logging.getLogger(__name__)
 HISTORY_BOUND_S = 30.0
 #: Bound on stopping one session (its turn's ladder, the agent's exit) when the front closes.
 STOP_BOUND_S = 10.0
+#: Entries of a transcript ``session/load`` replays (a prompt or a reply each): the newest.
+MAX_TRANSCRIPT_ENTRIES = 200
+#: Characters of one replayed entry: a replay shows the conversation, not every byte of it.
+MAX_ENTRY_CHARS = 16_000
+#: Characters of a listed session's title (its first prompt's first line).
+MAX_TITLE_CHARS = 80
 
 
 class BackendError(Exception):
@@ -63,6 +71,8 @@ class FrontSession(Protocol):
     cwd: str
     #: what it said so far, when the backend keeps it (``attach(history=True)``): role, text
     transcript: list[list[str]]
+    #: its agent is not running: the next prompt starts it, resuming the agent's own session
+    resumes: bool
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
         """Returns the turn id once the session accepted the prompt; ``parts``: its content
@@ -113,8 +123,8 @@ class Backend(Protocol):
 
     @property
     def persistent_ids(self) -> bool:
-        """Whether the front door mints (and records) its own session ids, for ``session/list``
-        and ``session/load`` after this process ended; else the backend's ids are used."""
+        """Whether its sessions outlive this process (a store keeps them): ``session/list``
+        lists the stopped ones too, and ``session/load`` of one brings it back."""
         ...
 
     def mcp_transports(self, agent: str | None) -> frozenset[str]:
@@ -149,31 +159,55 @@ class Backend(Protocol):
 
 
 class EmbeddedSession:
-    def __init__(self, session: AnySession, subscription: Subscription) -> None:
+    """A session of the front door's own supervisor. One the store keeps whose agent is not
+    running (stored by an earlier process, or stopped here) starts its agent again on the
+    first prompt or steer (``Supervisor.reopen``): its events go on from there."""
+
+    def __init__(
+        self, session: AnySession, subscription: Subscription, supervisor: Supervisor
+    ) -> None:
         self._session = session
         self._subscription = subscription
+        self._supervisor = supervisor
         self.id = session.id
         self.agent = session.spec.name
         self.cwd: str = session.cwd or ""
-        self.transcript: list[list[str]] = []  # kept by the front door's records instead
+        #: what ``session/load`` replays (``EmbeddedSessions.attach(history=True)``)
+        self.transcript: list[list[str]] = []
+        #: its agent was started again (a prompt or steer came while it was stored)
+        self._revived = trio.Event()
+        self.resumes = isinstance(session, DormantSession) and session.agent_session_id is not None
+
+    @property
+    def _current(self) -> AnySession:
+        """The supervisor's session of this id: the live one once a stored one is revived."""
+        try:
+            return self._supervisor.get(self.id)
+        except SupervisorError:
+            return self._session
+
+    def _check_revived(self) -> None:
+        if isinstance(self._session, DormantSession) and self._current is not self._session:
+            self._revived.set()
 
     @property
     def agent_session_id(self) -> str | None:
-        if isinstance(self._session, Session):
-            return self._session.agent_session_id
+        current = self._current
+        if isinstance(current, Session | DormantSession):
+            return current.agent_session_id
         return None
 
     @property
     def prompt_carries(self) -> frozenset[str]:
-        return self._session.prompt_carries
+        return self._current.prompt_carries
 
     @property
     def modes(self) -> dict[str, Any] | None:
-        return self._session.modes
+        return self._current.modes
 
     async def set_mode(self, mode_id: str) -> None:
         try:
-            await self._session.set_mode(mode_id)
+            await self._current.set_mode(mode_id)
         except BadRequest as exc:
             raise BackendRefused(str(exc)) from exc
         except SupervisorError as exc:
@@ -181,27 +215,31 @@ class EmbeddedSession:
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> str:
         try:
-            return (await self._session.prompt(text, parts)).id
+            return (await self._current.prompt(text, parts)).id
         except BadRequest as exc:
             raise BackendRefused(str(exc)) from exc
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
+        finally:
+            self._check_revived()
 
     async def cancel(self) -> None:
         try:
-            await self._session.cancel(reason="user")
+            await self._current.cancel(reason="user")
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
 
     async def steer(self, text: str) -> str:
         try:
-            return (await self._session.steer(text)).mode
+            return (await self._current.steer(text)).mode
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
+        finally:
+            self._check_revived()
 
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
         try:
-            await self._session.respond_permission(
+            await self._current.respond_permission(
                 request_id, option_id, cancelled=option_id is None
             )
         except SupervisorError as exc:
@@ -215,8 +253,14 @@ class EmbeddedSession:
             except trio.ClosedResourceError:
                 return  # closed here: the session is being stopped
             if not self._subscription.lagged:
-                return
-            last_seq = self._subscription.last_seq  # cut off for falling behind: catch up
+                if not isinstance(self._session, DormantSession):
+                    return  # it stopped
+                # A stored session's (its history is the store's): its events start when a
+                # prompt starts its agent again, after the stored ones.
+                await self._revived.wait()
+                self._session = self._current
+            # Cut off for falling behind, or revived: on from the last event had.
+            last_seq = self._subscription.last_seq
             self._subscription.close()
             self._subscription = await self._session.open_subscription(since_seq=last_seq)
 
@@ -224,19 +268,19 @@ class EmbeddedSession:
         self._subscription.close()
         with trio.CancelScope(shield=True), trio.move_on_after(STOP_BOUND_S):
             try:
-                await self._session.stop()
+                await self._current.stop()
             except SupervisorError:
                 pass  # stopped or failed already
 
 
 class EmbeddedSessions:
-    """Sessions of a supervisor in this process."""
-
-    persistent_ids = True
+    """Sessions of a supervisor in this process; with a store (``open_supervisor(store=)``),
+    the stored ones too: listed, loaded with their history, revived by a prompt."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         self._supervisor = supervisor
         self.agents = [(spec.name, spec.description) for spec in supervisor.agents.values()]
+        self.persistent_ids = supervisor.store is not None
 
     async def start(
         self,
@@ -254,7 +298,7 @@ class EmbeddedSessions:
             raise BackendRefused(f"cannot start {agent}: {exc}") from exc
         except SupervisorError as exc:
             raise BackendError(f"cannot start {agent}: {exc}") from exc
-        return EmbeddedSession(session, subscription)
+        return EmbeddedSession(session, subscription, self._supervisor)
 
     def mcp_transports(self, agent: str | None) -> frozenset[str]:
         spec = self._supervisor.agents.get(agent) if agent is not None else None
@@ -269,10 +313,57 @@ class EmbeddedSessions:
         return protocol.prompt_carries if protocol is not None else frozenset()
 
     async def attach(self, session_id: str, *, history: bool = False) -> EmbeddedSession:
-        raise BackendError(f"no session {session_id!r}")
+        """The session ``session_id``, running or stored (a prompt revives a stored one); with
+        ``history``, its stored prompts and answers (``FrontSession.transcript``)."""
+        try:
+            session = await self._supervisor.reopen(session_id)
+            subscription = await session.open_subscription()
+        except SupervisorError as exc:
+            raise BackendError(f"no session {session_id!r} is known here") from exc
+        front = EmbeddedSession(session, subscription, self._supervisor)
+        store = self._supervisor.store
+        if history and store is not None:
+            await store.flushed()
+            front.transcript = _transcript(await store.texts(session_id))
+        return front
 
     async def list(self) -> list[dict[str, Any]]:
-        return []
+        """Every stored session, the most recently active first (``title``: its first
+        prompt's first line; ``updated_at``: its last activity, Unix time)."""
+        store = self._supervisor.store
+        if store is None:  # the sessions of this process only
+            return [
+                {"session_id": s.session_id, "agent": s.agent, "cwd": s.cwd, "state": s.state}
+                for s in self._supervisor.list()
+            ]
+        await store.flushed()
+        prompts = await store.first_prompts(MAX_TITLE_CHARS * 4)
+        listed = []
+        for stored in await store.sessions():
+            prompt = prompts.get(stored.id, "").strip()
+            listed.append(
+                {
+                    "session_id": stored.id,
+                    "agent": stored.agent,
+                    "cwd": stored.cwd,
+                    "state": stored.state,
+                    "title": prompt.splitlines()[0][:MAX_TITLE_CHARS] if prompt else None,
+                    "updated_at": stored.last_active,
+                }
+            )
+        return listed
+
+
+def _transcript(texts: Sequence[TextRow]) -> list[list[str]]:
+    """What ``session/load`` replays of stored texts: each prompt or steer (``user``) and
+    answer (``agent``), the newest :data:`MAX_TRANSCRIPT_ENTRIES`, each cut at
+    :data:`MAX_ENTRY_CHARS`."""
+    entries = [
+        ["agent" if row.kind == "answer" else "user", row.text[:MAX_ENTRY_CHARS]]
+        for row in texts
+        if row.text
+    ]
+    return entries[-MAX_TRANSCRIPT_ENTRIES:]
 
 
 async def _start_with_mcp(
@@ -320,6 +411,7 @@ class GatewaySession:
         self._modes: dict[str, Any] | None = modes if isinstance(modes, dict) else None
 
     agent_session_id = None
+    resumes = False
 
     async def read_history(self, head: int) -> None:
         """Take the replayed events up to ``head`` (the newest when subscribed) off the

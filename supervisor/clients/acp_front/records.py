@@ -1,17 +1,17 @@
-"""What the front door remembers of its sessions, so an editor finds them again.
+"""What the front door keeps beside the session store, and the JSON records it imports into it.
 
-An editor restarts its agent server and then asks ``session/list`` and ``session/load`` for a
-session it had. The agent behind can resume it (its own session id: an ACP ``sessionId``, a
-Codex thread, a Claude session); what is needed to ask it is kept here, one small JSON file
-per session in ``<state dir>/acp-sessions/``: the agent, the cwd, the agent's session id, a
-title, the last activity, and a transcript (the prompts and the replies, capped) that
-``session/load`` replays, since an agent resumed with ``session/resume`` replays nothing and
-the editor wants to show the conversation.
+The front door's sessions are the store's (``supervisor/store/``): ``session/list`` lists the
+stored sessions, ``session/load`` replays one's stored prompts and answers and a prompt starts
+its agent again, resuming the agent's own session. Beside the store, ``<state dir>/acp-sessions/``
+holds ``prompt-carries.json``: what each agent last said it takes in a prompt besides text (an
+ACP agent says it only once it runs), for the next ``initialize`` to promise.
 
-The directory is bounded (:meth:`Records.prune`, when the front door starts and whenever it
-records a new session): a record untouched for :data:`MAX_AGE_S` goes, and beyond the
-:data:`MAX_RECORDS` newest the rest go too; the sessions open on this connection are kept
-whatever their age.
+A session record kept there as a JSON file (``acp-<hex>.json``: the agent, the cwd, the
+agent's session id, a title, the last activity and a transcript of ``[role, text]`` pairs) is
+imported into the store once, at start (:func:`import_records`): the session keeps its id, its
+transcript becomes its turns, and the file is renamed ``.json.imported`` (kept, never read
+again). A file that cannot be read as a record is said in one line and renamed
+``.json.unreadable``; a session the store has already is not imported twice.
 """
 
 from __future__ import annotations
@@ -19,121 +19,33 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from attrs import define, field
 
-__all__ = ["Record", "Records", "new_session_id"]
+from protocols import events as ev
+from supervisor.store.backend import Backend, Batch, EventRun, StoredSession, TextRow
+from supervisor.wire.codec import event_json
+
+__all__ = ["ImportReport", "Records", "import_records"]
 
 log = logging.getLogger(__name__)
 
-#: Entries of a transcript kept (a prompt or a reply each): the newest are kept.
-MAX_TRANSCRIPT_ENTRIES: Final = 200
-#: Characters of one entry kept: a replay shows the conversation, not every byte of it.
-MAX_ENTRY_CHARS: Final = 16_000
-#: A record whose session was last active this long ago is pruned (30 days).
-MAX_AGE_S: Final = 30 * 24 * 3600.0
-#: Records kept at most: the newest (by last activity).
-MAX_RECORDS: Final = 500
-#: Characters of a title (the first prompt's first line).
-MAX_TITLE_CHARS: Final = 80
-
-
-def new_session_id() -> str:
-    return f"acp-{secrets.token_hex(8)}"
-
-
-@define
-class Record:
-    session_id: str
-    agent: str
-    cwd: str
-    agent_session_id: str | None = None
-    title: str | None = None
-    updated_at: float = field(factory=time.time)
-    #: [role, text] pairs, role ``user`` or ``agent``
-    transcript: list[list[str]] = field(factory=list)
-
-    def add(self, role: str, text: str) -> None:
-        if not text:
-            return
-        if role == "user" and self.title is None:
-            self.title = text.strip().splitlines()[0][:MAX_TITLE_CHARS] if text.strip() else None
-        if self.transcript and self.transcript[-1][0] == role == "agent":
-            merged = self.transcript[-1][1] + text
-            self.transcript[-1][1] = merged[:MAX_ENTRY_CHARS]
-        else:
-            self.transcript.append([role, text[:MAX_ENTRY_CHARS]])
-        del self.transcript[:-MAX_TRANSCRIPT_ENTRIES]
-        self.updated_at = time.time()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "agent": self.agent,
-            "cwd": self.cwd,
-            "agent_session_id": self.agent_session_id,
-            "title": self.title,
-            "updated_at": self.updated_at,
-            "transcript": self.transcript,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any) -> Record | None:
-        if not isinstance(data, dict):
-            return None
-        try:
-            transcript = [[str(role), str(text)] for role, text in data.get("transcript") or []]
-            return cls(
-                session_id=str(data["session_id"]),
-                agent=str(data["agent"]),
-                cwd=str(data["cwd"]),
-                agent_session_id=data.get("agent_session_id") or None,
-                title=data.get("title") or None,
-                updated_at=float(data.get("updated_at") or 0.0),
-                transcript=transcript,
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
+#: What an imported file is renamed to: kept beside the others, never imported again.
+IMPORTED_SUFFIX: Final = ".imported"
+#: What a file that is no record is renamed to: said once, kept for a person to look at.
+UNREADABLE_SUFFIX: Final = ".unreadable"
 
 
 class Records:
-    """The records in one directory; every failure to write is logged, never raised (a
-    read-only home loses the list, not the session)."""
+    """``prompt-carries.json`` in ``directory`` (None: nothing is kept); every failure to
+    write is logged, never raised (a read-only home loses the hint, not the session)."""
 
-    def __init__(
-        self,
-        directory: Path | None,
-        *,
-        max_age_s: float = MAX_AGE_S,
-        max_records: int = MAX_RECORDS,
-    ) -> None:
+    def __init__(self, directory: Path | None) -> None:
         self.directory = directory
-        self.max_age_s = max_age_s
-        self.max_records = max_records
-
-    def _path(self, session_id: str) -> Path | None:
-        if self.directory is None or not session_id.startswith("acp-"):
-            return None
-        if not session_id[4:].isalnum():
-            return None  # an id we did not make: never a path
-        return self.directory / f"{session_id}.json"
-
-    def save(self, record: Record) -> None:
-        path = self._path(record.session_id)
-        if path is None:
-            return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            scratch = path.with_suffix(f".tmp{os.getpid()}")
-            scratch.write_text(json.dumps(record.to_json()))
-            os.replace(scratch, path)
-        except OSError as exc:
-            log.warning("cannot record ACP session %s: %s", record.session_id, exc)
 
     @property
     def _carries_path(self) -> Path | None:
@@ -173,57 +85,162 @@ class Records:
         except OSError as exc:
             log.warning("cannot record what %s takes in a prompt: %s", agent, exc)
 
-    def load(self, session_id: str) -> Record | None:
-        path = self._path(session_id)
-        if path is None:
-            return None
-        try:
-            return Record.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            return None
 
-    def all(self) -> list[Record]:
-        if self.directory is None:
-            return []
-        records = []
-        try:
-            paths = sorted(self.directory.glob("acp-*.json"))
-        except OSError:
-            return []
-        for path in paths:
-            record = self.load(path.stem)
-            if record is not None:
-                records.append(record)
-        return sorted(records, key=lambda r: r.updated_at, reverse=True)
+@define
+class _Record:
+    """One JSON record, as read."""
 
-    def prune(self, keep: Collection[str] = (), *, now: float | None = None) -> list[str]:
-        """Remove the records older than :attr:`max_age_s` and those beyond the
-        :attr:`max_records` newest, except ``keep`` (sessions open now); an unreadable record
-        goes too (nothing could load it). Returns the session ids removed."""
-        if self.directory is None:
-            return []
-        now = time.time() if now is None else now
-        try:
-            paths = sorted(self.directory.glob("acp-*.json"))
-        except OSError:
-            return []
-        dated: list[tuple[float, Path]] = []
-        for path in paths:
-            record = self.load(path.stem)
-            dated.append((record.updated_at if record is not None else -1.0, path))
-        dated.sort(key=lambda item: item[0], reverse=True)
-        removed = []
-        kept = sum(1 for _, path in dated if path.stem in keep)  # the open ones count first
-        for updated_at, path in dated:
-            if path.stem in keep:
-                continue
-            if updated_at >= 0 and now - updated_at <= self.max_age_s and kept < self.max_records:
-                kept += 1
-                continue
-            try:
-                path.unlink()
-            except OSError as exc:
-                log.warning("cannot prune ACP session record %s: %s", path.name, exc)
-                continue
-            removed.append(path.stem)
-        return removed
+    session_id: str
+    agent: str
+    cwd: str
+    agent_session_id: str | None
+    updated_at: float
+    #: [role, text] pairs, role ``user`` or ``agent``
+    transcript: list[tuple[str, str]] = field(factory=list)
+
+
+def _read(path: Path) -> _Record | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    try:
+        transcript = [(str(role), str(text)) for role, text in data.get("transcript") or []]
+        session_id = str(data["session_id"])
+        agent, cwd = str(data["agent"]), str(data["cwd"])
+        updated_at = float(data.get("updated_at") or 0.0)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if session_id != path.name.removesuffix(".json") or not cwd.startswith("/"):
+        return None
+    own = data.get("agent_session_id")
+    own = own if isinstance(own, str) and own else None
+    return _Record(session_id, agent, cwd, own, updated_at, transcript)
+
+
+@define
+class ImportReport:
+    imported: list[str] = field(factory=list)
+    #: already in the store (a file renamed back, an import the process died in)
+    present: list[str] = field(factory=list)
+    #: files that are no record (renamed ``.unreadable``)
+    unreadable: list[str] = field(factory=list)
+
+
+def pending_records(directory: Path) -> list[Path]:
+    """The JSON records in ``directory`` not imported yet (none if it cannot be read)."""
+    try:
+        return sorted(directory.glob("acp-*.json"))
+    except OSError:
+        return []
+
+
+def import_records(
+    directory: Path,
+    backend: Backend,
+    protocols: Mapping[str, str],
+    *,
+    say: Callable[[str], None] = log.warning,
+) -> ImportReport:
+    """Import the JSON records of ``directory`` into ``backend`` (open), in one transaction,
+    then rename each file (:data:`IMPORTED_SUFFIX`, :data:`UNREADABLE_SUFFIX`): a process that
+    dies between the two imports the same records again at its next start, and the store
+    keeps them once. ``protocols``: each configured agent's protocol (stored with the session;
+    an agent not configured any more is taken to be an ACP one). Blocking: a worker thread's."""
+    report = ImportReport()
+    stored = {session.id for session in backend.sessions()}
+    batch = Batch()
+    done: list[Path] = []
+    for path in pending_records(directory):
+        record = _read(path)
+        if record is None:
+            say(
+                f"ACP session record {path} cannot be read: skipped, kept as"
+                f" {path.name}{UNREADABLE_SUFFIX}"
+            )
+            report.unreadable.append(path.name)
+            _rename(path, UNREADABLE_SUFFIX)
+            continue
+        done.append(path)
+        if record.session_id in stored:
+            report.present.append(record.session_id)
+            continue
+        stored.add(record.session_id)
+        _add(batch, record, protocols.get(record.agent, "acp"))
+        report.imported.append(record.session_id)
+    if batch:
+        backend.write(batch)
+    for path in done:
+        _rename(path, IMPORTED_SUFFIX)
+    return report
+
+
+def _rename(path: Path, suffix: str) -> None:
+    try:
+        os.replace(path, path.with_name(path.name + suffix))
+    except OSError as exc:
+        log.warning("cannot rename %s: %s", path, exc)
+
+
+def _add(batch: Batch, record: _Record, protocol: str) -> None:
+    """The record's session as the store keeps one: each prompt a turn (``t1``, ``t2``, ...)
+    that started with it and completed, the agent's reply its answer."""
+    sid, at = record.session_id, record.updated_at or time.time()
+    events: list[ev.Event] = []
+    turn: str | None = None
+    answer: list[str] = []
+    seq = 0
+
+    def stamp() -> dict[str, Any]:
+        nonlocal seq
+        seq += 1
+        return {"session_id": sid, "seq": seq, "timestamp": at}
+
+    def end_turn() -> None:
+        if turn is None:
+            return
+        ended = ev.TurnEnded(**stamp(), turn_id=turn, outcome="completed")
+        events.append(ended)
+        if answer:
+            text = "".join(answer)
+            batch.texts.append(
+                TextRow(session_id=sid, turn_id=turn, seq=ended.seq, kind="answer", text=text)
+            )
+
+    turns = 0
+    for role, text in record.transcript:
+        if role == "user":
+            end_turn()
+            turns += 1
+            turn, answer = f"t{turns}", []
+            started = ev.TurnStarted(**stamp(), turn_id=turn, text=text)
+            events.append(started)
+            batch.texts.append(
+                TextRow(session_id=sid, turn_id=turn, seq=started.seq, kind="prompt", text=text)
+            )
+        elif turn is not None:
+            events.append(ev.MessageDelta(**stamp(), turn_id=turn, text=text))
+            answer.append(text)
+    end_turn()
+    events.append(ev.SessionState(**stamp(), state="stopped"))
+    batch.events.append(
+        EventRun(session_id=sid, first_seq=1, payloads=[event_json(e) for e in events])
+    )
+    batch.sessions.append(
+        StoredSession(
+            id=sid,
+            agent=record.agent,
+            protocol=protocol,
+            host=None,
+            cwd=record.cwd,
+            mcp_servers="[]",
+            agent_session_id=record.agent_session_id,
+            created=at,
+            last_active=at,
+            state="stopped",
+            clean=True,
+            turns=turns,
+        )
+    )

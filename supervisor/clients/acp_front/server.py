@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,12 +39,14 @@ from protocols.acp_agent import (
 from protocols.framing import Frame, FramingError, LineDecoder, Message, encode_message
 from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, RequestId
 from supervisor.clients.acp_front.backends import (
+    MAX_ENTRY_CHARS,
+    MAX_TRANSCRIPT_ENTRIES,
     Backend,
     BackendError,
     BackendRefused,
     FrontSession,
 )
-from supervisor.clients.acp_front.records import Record, Records, new_session_id
+from supervisor.clients.acp_front.records import Records
 from supervisor.labels import label
 
 __all__ = ["AGENT_INFO", "AcpFront", "LIST_PAGE"]
@@ -106,8 +107,19 @@ class _Live:
 
     acp_id: str
     front: FrontSession
-    record: Record
+    #: what a ``session/load`` of it on this connection replays: ``[role, text]`` pairs
+    transcript: list[list[str]] = field(factory=list)
     scope: trio.CancelScope = field(factory=trio.CancelScope)  # its event pump's
+
+    def add(self, role: str, text: str) -> None:
+        if not text:
+            return
+        if self.transcript and self.transcript[-1][0] == role == "agent":
+            merged = self.transcript[-1][1] + text
+            self.transcript[-1][1] = merged[:MAX_ENTRY_CHARS]
+        else:
+            self.transcript.append([role, text[:MAX_ENTRY_CHARS]])
+        del self.transcript[:-MAX_TRANSCRIPT_ENTRIES]
 
 
 class AcpFront:
@@ -164,7 +176,7 @@ class AcpFront:
         session here said it takes (an ACP agent's ``promptCapabilities``), else its
         protocol's word (an ACP agent not run here yet: text and resources only)."""
         remembered = self.records.carries(agent) if agent is not None else None
-        if remembered is not None and self.backend.persistent_ids:
+        if remembered is not None:
             return remembered
         return self.backend.prompt_carries(agent)
 
@@ -175,7 +187,6 @@ class AcpFront:
 
     async def serve(self, receive: trio.abc.ReceiveStream, send: trio.abc.SendStream) -> None:
         """Until the client closes its end (EOF), then every session here is stopped."""
-        self._prune()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -381,43 +392,29 @@ class AcpFront:
             front = await self.backend.start(
                 self.default_agent, action.cwd, mcp_servers=action.mcp_servers
             )
-        acp_id = new_session_id() if self.backend.persistent_ids else front.id
-        record = Record(acp_id, front.agent, front.cwd or action.cwd)
-        live = self._adopt(acp_id, front, record)
+        # For the next initialize's promptCapabilities.
+        self.records.remember_carries(front.agent, front.prompt_carries)
+        self._adopt(front.id, front)
         self._apply(
             self.machine.session_opened(
                 action.rpc_id,
-                acp_id,
+                front.id,
                 config_options=self._config_options(front.agent),
                 new=True,
                 modes=front.modes,
             )
         )
-        self._save(live)
-        self._prune()
 
     async def _open(self, action: OpenSession) -> None:
         live = self._live.get(action.session_id)
         if live is None:
-            if self.backend.persistent_ids:
-                record = self.records.load(action.session_id)
-                if record is None:
-                    raise BackendError(f"no session {action.session_id!r} is known here")
-                front = await self.backend.start(
-                    record.agent,
-                    action.cwd,
-                    mcp_servers=action.mcp_servers,
-                    resume=record.agent_session_id,
-                )
-                record.cwd = action.cwd
-                if record.agent_session_id is not None:
-                    self.machine.expect_resume(action.session_id)
-            else:
-                front = await self.backend.attach(action.session_id, history=action.replay)
-                record = Record(action.session_id, front.agent, front.cwd or action.cwd)
-                record.transcript = [list(entry) for entry in front.transcript]
-            live = self._adopt(action.session_id, front, record)
-        replay = [(role, text) for role, text in live.record.transcript] if action.replay else []
+            # A stored session's agent starts on the next prompt, resuming its own session.
+            front = await self.backend.attach(action.session_id, history=action.replay)
+            if front.resumes:
+                self.machine.expect_resume(action.session_id)
+            live = self._adopt(action.session_id, front)
+            live.transcript = [list(entry) for entry in front.transcript]
+        replay = [(role, text) for role, text in live.transcript] if action.replay else []
         self._apply(
             self.machine.session_opened(
                 action.rpc_id,
@@ -431,26 +428,13 @@ class AcpFront:
 
     async def _list(self, action: ListSessions) -> None:
         sessions: list[dict[str, Any]] = []
-        if self.backend.persistent_ids:
-            records = {r.session_id: r for r in self.records.all()}
-            for live in self._live.values():
-                records[live.acp_id] = live.record
-            for record in sorted(records.values(), key=lambda r: r.updated_at, reverse=True):
-                sessions.append(_session_info(record))
-        else:
-            for summary in await self.backend.list():
-                if summary.get("state") in ("stopped", "failed"):
-                    continue
-                cwd = summary.get("cwd")
-                if not isinstance(cwd, str) or not cwd.startswith("/"):
-                    continue  # ACP needs its cwd: a gateway too old to say it lists none
-                info: dict[str, Any] = {
-                    "sessionId": str(summary.get("session_id")),
-                    "cwd": cwd,
-                    "title": label(f"{summary.get('agent')} ({summary.get('session_id')})"),
-                    "_meta": {"agentSupervisor": {"agent": summary.get("agent")}},
-                }
-                sessions.append(info)
+        for summary in await self.backend.list():
+            if not self.backend.persistent_ids and summary.get("state") in ("stopped", "failed"):
+                continue  # it cannot be brought back
+            cwd = summary.get("cwd")
+            if not isinstance(cwd, str) or not cwd.startswith("/"):
+                continue  # ACP needs its cwd: a gateway too old to say it lists none
+            sessions.append(_session_info(summary, cwd, stored=self.backend.persistent_ids))
         if action.cwd is not None:
             sessions = [s for s in sessions if s["cwd"] == action.cwd]
         start = int(action.cursor) if action.cursor and action.cursor.isdigit() else 0
@@ -487,7 +471,7 @@ class AcpFront:
             )
             return
         if action.agent != live.front.agent:
-            front = await self.backend.start(action.agent, live.record.cwd)
+            front = await self.backend.start(action.agent, live.front.cwd)
             if self._live.get(action.session_id) is not live:
                 # Closed (or the client went away) while the new agent started: not adopted.
                 await front.stop()
@@ -495,10 +479,9 @@ class AcpFront:
             old = self._live.pop(action.session_id)
             await self._stop(old)
             self._apply(self.machine.session_ended(action.session_id, forget=False))
-            record = old.record
-            record.agent, record.agent_session_id = action.agent, None
-            live = self._adopt(action.session_id, front, record)
-            self._save(live)
+            self.records.remember_carries(front.agent, front.prompt_carries)
+            live = self._adopt(action.session_id, front)
+            live.transcript = old.transcript
         self._apply(
             self.machine.respond(
                 action.rpc_id, {"configOptions": self._config_options(action.agent)}
@@ -571,10 +554,8 @@ class AcpFront:
 
     # -- sessions ---------------------------------------------------------------------------
 
-    def _adopt(self, acp_id: str, front: FrontSession, record: Record) -> _Live:
-        if self.backend.persistent_ids:  # for the next initialize's promptCapabilities
-            self.records.remember_carries(front.agent, front.prompt_carries)
-        live = _Live(acp_id, front, record)
+    def _adopt(self, acp_id: str, front: FrontSession) -> _Live:
+        live = _Live(acp_id, front)
         self._live[acp_id] = live
         assert self._nursery is not None
         self._nursery.start_soon(self._pump, live)
@@ -599,33 +580,13 @@ class AcpFront:
             self._apply(self.machine.session_ended(live.acp_id, error=why, forget=False))
 
     def _remember(self, live: _Live, event: ev.Event) -> None:
-        record = live.record
         if isinstance(event, ev.TurnStarted):
-            record.add("user", event.text)
+            live.add("user", event.text)
         elif isinstance(event, ev.MessageDelta) and event.role != "user":
-            record.add("agent", event.text)
-        elif isinstance(event, ev.TurnEnded) or (
-            isinstance(event, ev.SessionState) and event.state == "ready"
-        ):
-            self._save(live)  # the agent's session id may be new (a refused resume)
-
-    def _prune(self) -> None:
-        """Keep ``acp-sessions/`` bounded (``Records.prune``); the sessions open here stay."""
-        if self.backend.persistent_ids:
-            self.records.prune(keep=self._live.keys())
-
-    def _save(self, live: _Live) -> None:
-        if not self.backend.persistent_ids:
-            return
-        agent_session_id = live.front.agent_session_id
-        if agent_session_id is not None:
-            live.record.agent_session_id = agent_session_id
-        live.record.updated_at = time.time()
-        self.records.save(live.record)
+            live.add("agent", event.text)
 
     async def _stop(self, live: _Live) -> None:
         live.scope.cancel()
-        self._save(live)
         await live.front.stop()
 
     async def _close_all(self) -> None:
@@ -637,16 +598,23 @@ class AcpFront:
             self._apply(self.machine.session_ended(live.acp_id))
 
 
-def _session_info(record: Record) -> dict[str, Any]:
+def _session_info(summary: dict[str, Any], cwd: str, *, stored: bool) -> dict[str, Any]:
+    """ACP's ``SessionInfo`` of a backend's session (``Backend.list``)."""
+    session_id, agent = str(summary.get("session_id")), summary.get("agent")
     info: dict[str, Any] = {
-        "sessionId": record.session_id,
-        "cwd": record.cwd,
-        "updatedAt": datetime.fromtimestamp(record.updated_at, UTC).isoformat(),
-        "_meta": {"agentSupervisor": {"agent": record.agent}},
+        "sessionId": session_id,
+        "cwd": cwd,
+        "_meta": {"agentSupervisor": {"agent": agent}},
     }
-    if record.title:
-        # The first prompt's first line, shown in the editor's list of sessions: a label.
-        info["title"] = label(record.title)
+    title = summary.get("title")
+    if not stored:
+        title = f"{agent} ({session_id})"
+    if isinstance(title, str) and title:
+        # Shown in the editor's list of sessions (the first prompt's first line): a label.
+        info["title"] = label(title)
+    updated = summary.get("updated_at")
+    if isinstance(updated, int | float):
+        info["updatedAt"] = datetime.fromtimestamp(updated, UTC).isoformat()
     return info
 
 
