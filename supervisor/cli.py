@@ -68,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "chat":
             if args.url and args.config:
                 parser.error("--config is for the embedded supervisor; a gateway has its own")
+            if args.session and not args.url:
+                parser.error("--session names a gateway's session: give --url too")
             from supervisor.clients.chat import run_chat
 
-            return trio.run(run_chat, args.agent, args.url, args.config)
+            return trio.run(
+                partial(run_chat, args.agent, args.url, args.config, session=args.session)
+            )
         elif args.command == "acp":
             if args.connect and args.config:
                 parser.error("--config is for the embedded supervisor; a gateway has its own")
@@ -206,6 +210,12 @@ def _parser() -> argparse.ArgumentParser:
         "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    chat.add_argument(
+        "--session",
+        metavar="ID",
+        help="with --url: join this session of the gateway (running or stored: a prompt brings"
+        " a stored one back), its conversation so far shown first; quitting leaves it running",
+    )
     acp = commands.add_parser(
         "acp", help="be an ACP agent on stdin/stdout (for Zed and any ACP client)"
     )

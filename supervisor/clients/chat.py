@@ -30,7 +30,13 @@ import signal
 import termios
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, nullcontext
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -49,7 +55,7 @@ from supervisor.remote.hosts import load_hosts
 from supervisor.runtime.session import Subscription
 from supervisor.steering import SteerResult
 from supervisor.supervisor import AnySession, open_supervisor
-from supervisor.wire.codec import converter
+from supervisor.wire.codec import converter, known_event
 
 __all__ = [
     "ChatBackend",
@@ -59,6 +65,7 @@ __all__ = [
     "Key",
     "KeyDecoder",
     "RemoteBackend",
+    "join_remote",
     "open_embedded",
     "open_remote",
     "run_chat",
@@ -73,6 +80,9 @@ ESC_TIMEOUT_S = 0.05
 DOUBLE_INTERRUPT_S = 1.0
 #: Bound on stopping the session on the way out (the supervisor's own bound per session).
 STOP_BOUND_S = 10.0
+#: For a gateway to replay a joined session's history (``--session``): at most 10,000 events
+#: in memory and more from its store, well under a second on loopback.
+HISTORY_BOUND_S = 30.0
 #: Inputs waiting for the UI loop; senders wait when it is full (the loop never does).
 _INBOX_SIZE = 64
 
@@ -351,6 +361,21 @@ class ChatCore:
 
     def error(self, message: str) -> None:
         self._status(f"✗ {message}")
+
+    def earlier(self, transcript: list[tuple[str, str]]) -> None:
+        """What the session said before the chat joined it: each prompt or steer (``user``)
+        as typed, each answer (``agent``) as streamed, and what is missing (``note``)."""
+        if not transcript:
+            return
+        self._status("earlier in this session:")
+        for role, text in transcript:
+            if role == "user":
+                self._finish_line(f"› {_clean(text)}")
+            elif role == "note":
+                self._status(text)
+            else:
+                self._write_stream("message", _clean(text))
+                self._end_line()
 
     def take_output(self) -> str:
         text = "".join(self._out)
@@ -898,11 +923,55 @@ class RemoteBackend:
         session_id: str,
         channel: trio.MemoryReceiveChannel[dict[str, Any]],
         label: str,
+        *,
+        stored: bool = False,
     ) -> None:
         self._client = client
         self._session_id = session_id
         self._channel = channel
         self.label = label
+        #: what the session said before the chat joined it (``read_history``): role (``user``,
+        #: ``agent``, or ``note``: what is missing), text
+        self.transcript: list[tuple[str, str]] = []
+        #: the seq of the last event had (the history's, for one joined)
+        self._last_seq = 0
+        #: its agent is not running (a stored session): its events end with its history,
+        #: and go on once a prompt or steer starts it again
+        self._dormant = stored
+        self._revived = trio.Event()
+        #: the gateway ended the subscription (``subscription.closed`` was read)
+        self._ended = False
+
+    async def read_history(self, head: int) -> None:
+        """Take the replayed events up to ``head`` off the channel as :attr:`transcript`;
+        a session whose replay ends there (``subscription.closed``) is a stored one."""
+        while self._last_seq < head:
+            try:
+                message = await self._channel.receive()
+            except trio.EndOfChannel:
+                raise ChatError("the connection ended while the history was read") from None
+            if message.get("event") == "subscription.closed":
+                self._ended = True
+                return
+            event = known_event(message)
+            if event is None:
+                continue
+            self._last_seq = event.seq
+            if isinstance(event, ev.StreamGap):
+                lost = event.to_seq - event.from_seq + 1
+                self.transcript.append(("note", f"({lost} earlier event(s) are not replayed here)"))
+            elif isinstance(event, ev.TurnStarted | ev.TurnSteered):
+                self.transcript.append(("user", event.text))
+            elif isinstance(event, ev.MessageDelta) and event.role != "user" and event.text:
+                if self.transcript and self.transcript[-1][0] == "agent":
+                    self.transcript[-1] = ("agent", self.transcript[-1][1] + event.text)
+                else:
+                    self.transcript.append(("agent", event.text))
+
+    def _started(self) -> None:
+        """A prompt or steer was taken: a stored session's agent runs again."""
+        if self._dormant:
+            self._revived.set()
 
     async def _request(self, action: str, payload: dict[str, Any]) -> dict[str, Any]:
         with _gateway_errors():
@@ -910,6 +979,7 @@ class RemoteBackend:
 
     async def prompt(self, text: str) -> str:
         result = await self._request("agent.prompt", {"text": text})
+        self._started()
         return str(result["turn_id"])
 
     async def cancel(self, turn_id: str) -> CancelReceipt:
@@ -921,6 +991,7 @@ class RemoteBackend:
 
     async def steer(self, text: str) -> SteerResult:
         result = await self._request("agent.steer", {"text": text})
+        self._started()
         try:
             return converter.structure({"session_id": self._session_id, **result}, SteerResult)
         except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
@@ -930,8 +1001,63 @@ class RemoteBackend:
         with _gateway_errors():
             await self._client.respond_permission(self._session_id, request_id, option_id)
 
-    def events(self) -> AsyncIterator[ev.Event]:
-        return self._client.events(self._session_id, self._channel, after_seq=0)
+    async def events(self) -> AsyncIterator[ev.Event]:
+        while True:
+            if not self._ended:
+                after = self._last_seq
+                channel = self._channel
+                async for event in self._client.events(self._session_id, channel, after_seq=after):
+                    self._last_seq = event.seq
+                    yield event
+            if not self._dormant or self._client.closed.is_set():
+                return
+            # A stored session: the prompt that starts its agent again has its events.
+            await self._revived.wait()
+            self._dormant = self._ended = False
+            payload = {"session_id": self._session_id, "since_seq": self._last_seq}
+            with _gateway_errors():
+                await self._client.request("session.subscribe", payload)
+
+
+async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
+    where = urlsplit(url).netloc or url  # not the token
+    try:
+        return await stack.enter_async_context(connect(url))
+    except ConnectionRejected as exc:
+        body = (exc.body or b"").decode("utf-8", errors="replace")
+        raise ChatError(f"{where} refused the connection (HTTP {exc.status_code}): {body}") from exc
+    except (OSError, HandshakeError, ConnectionClosed) as exc:
+        # trio-websocket's HandshakeError says nothing itself; its cause says why.
+        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+        raise ChatError(f"cannot connect to {where}: {why}") from exc
+
+
+@asynccontextmanager
+async def join_remote(url: str, session_id: str) -> AsyncIterator[RemoteBackend]:
+    """The session ``session_id`` of the gateway at ``url``, running or stored (a prompt starts
+    a stored one's agent again, resuming its own session), its history read first
+    (:attr:`RemoteBackend.transcript`); leaving leaves it as it is."""
+    where = urlsplit(url).netloc or url
+    async with AsyncExitStack() as stack:
+        client = await _connect(stack, url)
+        with _gateway_errors():
+            listed = await client.sessions()
+        summary = next((s for s in listed if s.get("session_id") == session_id), None)
+        if summary is None:
+            raise ChatError(f"the gateway at {where} has no session {session_id!r}")
+        try:
+            channel = await stack.enter_async_context(client.subscribe(session_id, since_seq=0))
+        except (GatewayError, ConnectionClosed) as exc:
+            raise ChatError(f"cannot follow session {session_id}: {exc}") from exc
+        host = summary.get("host")
+        on = f" on {host}" if isinstance(host, str) else ""
+        label = f"{summary.get('agent')}{on} (session {session_id} at {where})"
+        stored = summary.get("state") == "stopped"
+        backend = RemoteBackend(client, session_id, channel, label, stored=stored)
+        head = int(client.subscribed.get(session_id, {}).get("last_seq") or 0)
+        with trio.fail_after(HISTORY_BOUND_S):
+            await backend.read_history(head)
+        yield backend
 
 
 @asynccontextmanager
@@ -940,19 +1066,12 @@ async def open_remote(url: str, agent: str) -> AsyncIterator[RemoteBackend]:
     leaving stops that session on the gateway."""
     where = urlsplit(url).netloc or url  # not the token
     async with AsyncExitStack() as stack:
+        client = await _connect(stack, url)
         try:
-            client = await stack.enter_async_context(connect(url))
             started = await client.start_session(agent)
             session_id = str(started["session_id"])
-        except ConnectionRejected as exc:
-            body = (exc.body or b"").decode("utf-8", errors="replace")
-            raise ChatError(
-                f"{where} refused the connection (HTTP {exc.status_code}): {body}"
-            ) from exc
-        except (OSError, HandshakeError, ConnectionClosed) as exc:
-            # trio-websocket's HandshakeError says nothing itself; its cause says why.
-            why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
-            raise ChatError(f"cannot connect to {where}: {why}") from exc
+        except ConnectionClosed as exc:
+            raise ChatError(f"cannot start {agent}: the connection to {where} closed") from exc
         except GatewayError as exc:
             raise ChatError(f"cannot start {agent}: {exc.message}") from exc
 
@@ -1143,10 +1262,13 @@ async def run_chat(
     url: str | None = None,
     config: str | None = None,
     *,
+    session: str | None = None,
     stdin_fd: int = 0,
     stdout_fd: int = 1,
 ) -> int:
-    """``agent-supervisor chat``: returns the exit code (0 when the person quit)."""
+    """``agent-supervisor chat``: returns the exit code (0 when the person quit); with
+    ``session`` (and ``url``), the chat joins that session of the gateway instead of starting
+    one, and shows what it said so far."""
     console = _Console(stdin_fd, stdout_fd)
     try:
         core = ChatCore(interactive=console.interactive, color=console.color)
@@ -1156,8 +1278,14 @@ async def run_chat(
         failure: str | None = None
         code = 1
         try:
-            backend_cm = open_remote(url, agent) if url else open_embedded(agent, config)
+            backend_cm: AbstractAsyncContextManager[ChatBackend]
+            if url and session:
+                backend_cm = join_remote(url, session)
+            else:
+                backend_cm = open_remote(url, agent) if url else open_embedded(agent, config)
             async with backend_cm as backend:
+                if isinstance(backend, RemoteBackend):
+                    core.earlier(backend.transcript)
                 with _cbreak(stdin_fd) if console.interactive else nullcontext():
                     core.start(backend.label)  # the prompt shows once keys can be read
                     await console.write(core.take_output())

@@ -23,6 +23,7 @@ import trio
 
 from paths import REPO
 from protocols import events as ev
+from served import serve
 from supervisor.client import connect
 from supervisor.clients.chat import (
     CHAR,
@@ -493,3 +494,44 @@ async def test_a_chat_with_a_session_on_another_host_names_the_host(tmp_path: Pa
     out = process.stdout.decode()
     assert "chat with demo on here (embedded supervisor)" in out, out
     assert re.search(r"Hello! I \n", out), out
+
+
+async def _one_turn(url: str, text: str, cwd: Path) -> str:
+    """A session of the demo agent on the gateway at ``url`` that answered ``text``; its id."""
+    async with connect(url) as client:
+        session_id = str((await client.start_session("demo", str(cwd)))["session_id"])
+        async with client.subscribe(session_id) as channel:
+            await client.prompt(session_id, text)
+            with trio.fail_after(EXPECT_S):
+                async for event in client.events(session_id, channel):
+                    if isinstance(event, ev.TurnEnded):
+                        assert event.outcome == "completed"
+                        return session_id
+    raise AssertionError("the session's events ended before its turn did")
+
+
+async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_back(
+    tmp_path: Path, config: str
+) -> None:
+    """``chat --session ID`` on a session an earlier ``serve`` stored: its conversation is
+    shown, and a prompt starts its agent again and is answered; joined again while it runs,
+    its turn is shown; quitting leaves it running."""
+    async with serve(tmp_path, "--config", config) as served:
+        session_id = await _one_turn(served.url, "remember kiwi words=3", tmp_path)
+    async with serve(tmp_path, "--config", config) as served:
+        async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
+            await terminal.expect(r"earlier in this session:\n› remember kiwi words=3\nHello! I am")
+            await terminal.expect(rf"chat with demo \(session {session_id} at [^\n]*\n› ")
+            await terminal.send(b"and again words=3\r")
+            await terminal.expect(r"Hello! I am \n› ")
+            await terminal.send(b"\x04")
+            assert await terminal.wait_exit() == 0
+        async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
+            # (The gateway replays a running session's history from its memory.)
+            await terminal.expect(r"earlier in this session:\n[^›]*› and again words=3\n")
+            await terminal.expect(r"Hello! I am \nchat with demo [^\n]*\n› ")
+            await terminal.send(b"\x04")
+            assert await terminal.wait_exit() == 0
+        async with connect(served.url) as client:
+            (summary,) = [s for s in await client.sessions() if s["session_id"] == session_id]
+            assert summary["state"] == "ready"
