@@ -960,7 +960,10 @@ class RemoteBackend:
             if isinstance(event, ev.StreamGap):
                 lost = event.to_seq - event.from_seq + 1
                 self.transcript.append(("note", f"({lost} earlier event(s) are not replayed here)"))
-            elif isinstance(event, ev.TurnStarted | ev.TurnSteered):
+            elif isinstance(event, ev.TurnStarted) or (
+                # (A steer that starts a turn is that turn's prompt: shown once.)
+                isinstance(event, ev.TurnSteered) and event.mode == "injected"
+            ):
                 self.transcript.append(("user", event.text))
             elif isinstance(event, ev.MessageDelta) and event.role != "user" and event.text:
                 if self.transcript and self.transcript[-1][0] == "agent":

@@ -26,6 +26,7 @@ from supervisor.errors import BadRequest, SupervisorError
 from supervisor.runtime.session import Session, Subscription
 from supervisor.store.backend import TextRow
 from supervisor.store.dormant import DormantSession
+from supervisor.store.writer import said_in_texts
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import known_event
 
@@ -354,14 +355,14 @@ class EmbeddedSessions:
         return listed
 
 
-def _transcript(texts: Sequence[TextRow]) -> list[list[str]]:
+def _transcript(texts: list[TextRow]) -> list[list[str]]:
     """What ``session/load`` replays of stored texts: each prompt or steer (``user``) and
     answer (``agent``), the newest :data:`MAX_TRANSCRIPT_ENTRIES`, each cut at
     :data:`MAX_ENTRY_CHARS`."""
     entries = [
-        ["agent" if row.kind == "answer" else "user", row.text[:MAX_ENTRY_CHARS]]
-        for row in texts
-        if row.text
+        ["agent" if said.role == "assistant" else "user", said.text[:MAX_ENTRY_CHARS]]
+        for said in said_in_texts(texts)
+        if said.text
     ]
     return entries[-MAX_TRANSCRIPT_ENTRIES:]
 
