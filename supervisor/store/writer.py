@@ -25,7 +25,7 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -44,6 +44,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
+from supervisor.store.retention import Retention, expired
 from supervisor.wire.codec import dumps, event_json, event_to_wire
 
 __all__ = ["SessionStore", "mcp_servers_from_json"]
@@ -86,6 +87,9 @@ TURN_END_S = 0.0025
 #: own events come in short runs (``Fanout``'s ``_UNSERIALIZED_MAX``), a stream's runs need
 #: not be scanned on the actor.
 _SCAN_RUN = 64
+#: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
+#: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
+RECLAIM_PAGES = 4096
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -522,6 +526,31 @@ class SessionStore:
             )
             for hit in hits
         ]
+
+    # -- retention ---------------------------------------------------------------------------
+
+    async def expired(self, keep: Retention, protected: Collection[str]) -> list[str]:
+        """The stored sessions ``keep`` lets go (:func:`~supervisor.store.retention.expired`),
+        none of ``protected`` nor of those attached here (they run, or ran in this process)."""
+        return await self._in_thread(self._expired, keep, {*protected, *self._meta})
+
+    def _expired(self, keep: Retention, protected: set[str]) -> list[str]:
+        """(The worker thread.)"""
+        sizes = self.backend.sizes() if keep.keep_bytes is not None else {}
+        return expired(self.backend.sessions(), sizes, keep, time.time(), protected)
+
+    async def delete(self, session_ids: Sequence[str]) -> None:
+        """Delete the sessions (whole, in one transaction), then give back what they took, a
+        slice at a time (:data:`RECLAIM_PAGES`): writes go in between, as every call of the
+        backend runs on the store's one thread. :class:`StoreError` if they could not be
+        deleted."""
+        if not session_ids:
+            return
+        await self._in_thread(self.backend.delete, session_ids)
+        for session_id in session_ids:
+            self._meta.pop(session_id, None)
+        while await self._in_thread(self.backend.reclaim, RECLAIM_PAGES):
+            pass
 
     async def flushed(self) -> None:
         """Return once nothing recorded waits to be written (written, or given up)."""
