@@ -47,7 +47,13 @@ from supervisor.store.backend import (
 from supervisor.store.retention import Retention, expired
 from supervisor.wire.codec import dumps, event_json, event_to_wire
 
-__all__ = ["SessionStore", "mcp_servers_from_json"]
+__all__ = [
+    "SessionStore",
+    "StoreFault",
+    "StoreNotice",
+    "StoreRecovered",
+    "mcp_servers_from_json",
+]
 
 T = TypeVar("T")
 
@@ -95,6 +101,37 @@ MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
 #: soon as its turn starts is written: only prompts queued and not started wait here).
 _MAX_FULL_TEXTS = 10_000
+
+
+@attrs.frozen(kw_only=True)
+class StoreFault:
+    """Writes fail and are tried again (clients are told: ``store.error``). Said when the
+    first write fails, then with each log line (every ``LOG_EVERY_S`` at most)."""
+
+    #: the store (a path, or a URL without its password)
+    where: str
+    #: why the last write failed, one line
+    error: str
+    #: when the first failed write was (Unix time)
+    since: float
+    #: events recorded and not written (none is dropped: all are tried again)
+    waiting: int
+    #: the seqs waiting, by session: ``(lowest, highest)``
+    sessions: dict[str, tuple[int, int]]
+    #: so many wait that every session holds its agent back (``max_pending``)
+    held: bool
+
+
+@attrs.frozen(kw_only=True)
+class StoreRecovered:
+    """Writes go through again after ``failed_s`` seconds of failures; nothing was lost."""
+
+    where: str
+    failed_s: float
+
+
+#: What a :meth:`SessionStore.watch` callback is told.
+StoreNotice = StoreFault | StoreRecovered
 
 
 @attrs.define
@@ -171,6 +208,9 @@ class SessionStore:
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
         self._last_batch = Batch()
+        #: writes fail now, and are tried again (None: they go through)
+        self.fault: StoreFault | None = None
+        self._watchers: list[Callable[[StoreNotice], object]] = []
 
     # -- setting up ----------------------------------------------------------------------
 
@@ -306,6 +346,22 @@ class SessionStore:
         else:
             callback()
 
+    def watch(self, callback: Callable[[StoreNotice], object]) -> Callable[[], None]:
+        """Call ``callback(notice)`` (from the writer's task: it must not block) when writes
+        start failing, every ``LOG_EVERY_S`` while they fail, and once they go through again
+        (the gateway tells its clients). Returns what stops it."""
+        self._watchers.append(callback)
+
+        def stop() -> None:
+            if callback in self._watchers:
+                self._watchers.remove(callback)
+
+        return stop
+
+    def _tell(self, notice: StoreNotice) -> None:
+        for callback in list(self._watchers):
+            callback(notice)
+
     # -- the writer ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -336,17 +392,21 @@ class SessionStore:
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None
+        since = 0.0  # (the wall clock's failed_at, for clients)
         first = True
         while True:
             try:
                 await self._in_thread(self._write, pending, first)
                 self.written += count
                 if failed_at is not None:
+                    failed_s = trio.current_time() - failed_at
                     log.warning(
                         "store: writing again after %.1f s of failed writes; nothing was lost",
-                        trio.current_time() - failed_at,
+                        failed_s,
                     )
                     self._logged_at = -math.inf
+                    self.fault = None
+                    self._tell(StoreRecovered(where=self.backend.where, failed_s=failed_s))
                 break
             except Exception as exc:  # a backend's bug too: the sessions go on
                 first = False
@@ -355,7 +415,8 @@ class SessionStore:
                     break
                 if failed_at is None:
                     failed_at = trio.current_time()
-                self._failing(pending, exc)
+                    since = time.time()
+                self._failing(pending, exc, since)
                 pause = next(pauses, pause)
                 # Never given up while the supervisor runs: what waits grows until the
                 # sessions hold their agents back (:attr:`full`); a close ends the wait.
@@ -370,20 +431,35 @@ class SessionStore:
             for callback in room:
                 callback()
 
-    def _failing(self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception) -> None:
-        """A write failed and is tried again: one log line at most every ``LOG_EVERY_S``."""
+    def _failing(
+        self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception, since: float
+    ) -> None:
+        """A write failed and is tried again: one log line, and a :class:`StoreFault` told,
+        at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
         if now - self._logged_at < LOG_EVERY_S:
             return
         self._logged_at = now
+        error = str(exc) if isinstance(exc, StoreError) else repr(exc)
         log.error(
             "store: cannot write (%s); trying again, %d events of sessions %s wait and none is "
             "dropped (past %d the agents are held back)",
-            exc if isinstance(exc, StoreError) else repr(exc),
+            error,
             self._count,
             _names(_spans(pending)),
             self.max_pending,
         )
+        self.fault = StoreFault(
+            where=self.backend.where,
+            error=error,
+            since=since,
+            waiting=self._count,
+            sessions={
+                sid: (low, high) for sid, (low, high) in _spans(pending + self._pending).items()
+            },
+            held=self.full,
+        )
+        self._tell(self.fault)
 
     def _given_up(
         self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
