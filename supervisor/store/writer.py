@@ -181,6 +181,8 @@ class SessionStore:
         self._run_sync = run_sync if run_sync is not None else self._on_thread
         #: runs of (events, their wire bytes) recorded and not taken by a write yet
         self._pending: list[tuple[list[ev.Event], list[bytes]]] = []
+        #: those of the write in progress (tried again while it fails)
+        self._writing: list[tuple[list[ev.Event], list[bytes]]] = []
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
         #: sessions hold their agents back (the database fell behind)
@@ -388,6 +390,7 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        self._writing = pending
         count = sum(len(events) for events, _ in pending)
         pauses = iter(self.retry_s)
         pause = 0.0
@@ -422,6 +425,7 @@ class SessionStore:
                 # sessions hold their agents back (:attr:`full`); a close ends the wait.
                 with trio.move_on_after(pause):
                     await self._closed.wait()
+        self._writing = []
         self._count -= count
         self._batch_done.set()
         self._batch_done = trio.Event()
@@ -575,6 +579,26 @@ class SessionStore:
         """Stored events of a session after ``since_seq`` (on the store's thread: in order
         with the writes, so what was recorded before is there)."""
         return await self._in_thread(self.backend.events, session_id, since_seq, limit)
+
+    async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        """The session's events above ``after`` up to ``upto``, whether written or still
+        waiting to be: a subscriber from before a live session's history begins
+        (:func:`~supervisor.runtime.fanout.fill_from_recorder`). What waits is looked at
+        before the read: an event written meanwhile is then found by the read. Each seq
+        once; a store that cannot be read gives what waits alone (the caller keeps its gap)."""
+        waiting: dict[int, bytes] = {}
+        for events, payloads in [*self._writing, *self._pending]:
+            if events and events[0].session_id == session_id:
+                for event, payload in zip(events, payloads, strict=True):
+                    if after < event.seq <= upto:
+                        waiting[event.seq] = payload
+        try:
+            found = await self._in_thread(self.backend.events, session_id, after, upto - after)
+        except StoreError:
+            found = []
+        rows = dict(waiting)
+        rows.update((seq, payload) for seq, payload in found if seq <= upto)
+        return sorted(rows.items())
 
     async def turns(self, session_id: str) -> int:
         """How many turn ids (``t1``, ``t2``, ...) a stored session used: the highest."""
