@@ -6,7 +6,7 @@ is theirs to say (a store grows ~1 MB per 10,000 stream events; a disk that fill
 run time and the sessions go on, held back: ``design/store.md``). A sweep deletes whole
 sessions (the row, its events, receipts, prompts and answers, their search index), the least
 recently active first, never one that runs or is being started again. It runs at start and
-every :data:`SWEEP_EVERY_S` (:meth:`Supervisor._sweep_store`), on the store's worker thread.
+every :data:`SWEEP_EVERY_S` (``Supervisor.sweep_store``), on the store's worker thread.
 """
 
 from __future__ import annotations

@@ -45,7 +45,9 @@ END"""
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: The page size of a new file (``_setup``).
 _PAGE_SIZE = 16384
-#: ``PRAGMA auto_vacuum``'s answer for a file that gives freed pages back on request.
+#: ``PRAGMA auto_vacuum``'s answer for a file that gives freed pages back on request. A new
+#: file is not made so: its pointer-map pages, written with every batch, cost 25-50 % of the
+#: write rate (``design/store.md``, "Retention"); freed pages are reused for new rows instead.
 _INCREMENTAL = 2
 _INSERT_EVENTS = (
     "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
@@ -96,9 +98,6 @@ class SqliteBackend:
         # A new file's pages (an existing file keeps its own): a flood's batch is ~100 KB of
         # runs, written at a third less CPU in 16 KB pages than in the default 4 KB.
         db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
-        # A new file gives back what deleted sessions freed (``reclaim``); an existing file of
-        # none keeps its mode (only a VACUUM changes it) and reuses freed pages for new rows.
-        db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         db.execute("PRAGMA locking_mode = EXCLUSIVE")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
