@@ -695,6 +695,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     from supervisor.agents.statefile import default_state_dir
     from supervisor.gateway import LIMITS, Gateway
     from supervisor.observe import Metrics
+    from supervisor.store.retention import Retention
     from supervisor.supervisor import apply_gc_policy, open_supervisor
 
     for warning in options.warnings:
@@ -731,8 +732,12 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     store = options.store or _default_store(default_state_dir())
     if store.strip().lower() != "none":
         _say(f"sessions are stored in {_shown_store(store)}")
+    kept = options.config.store
     async with open_supervisor(
         store=store,
+        retention=Retention(
+            keep_days=kept.keep_days, keep_sessions=kept.keep_sessions, keep_bytes=kept.keep_bytes
+        ),
         agents=agents,
         state_dir=default_state_dir(),
         max_sessions=max_sessions,

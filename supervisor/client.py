@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,6 +34,9 @@ from protocols.mcp import McpServer, mcp_server_to_acp
 from supervisor.wire.codec import known_event
 
 __all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
+
+#: The gateway's notices a client keeps until taken (they come every 10 s at most).
+_NOTICES_KEPT = 64
 
 
 class GatewayError(Exception):
@@ -66,12 +70,21 @@ class GatewayClient:
         #: event then, so a replay from ``since_seq`` is over once that one has come)
         self.subscribed: dict[str, dict[str, Any]] = {}
         self.closed = trio.Event()
+        #: the gateway's own notices, of no session (``store.error``, ``store.recovered``),
+        #: the newest kept (:meth:`next_notice`)
+        self.notices: deque[dict[str, Any]] = deque(maxlen=_NOTICES_KEPT)
+        self._noticed = trio.Event()
 
     async def _read(self) -> None:
         try:
             while True:
                 message = json.loads(await self.websocket.get_message())
                 if "event" in message:
+                    if message.get("session_id") is None:
+                        self.notices.append(message)
+                        self._noticed.set()
+                        self._noticed = trio.Event()
+                        continue
                     channel = self._events.get(message.get("session_id"))
                     if channel is not None:
                         channel.send_nowait(message)
@@ -83,8 +96,17 @@ class GatewayClient:
             pass
         finally:
             self.closed.set()
+            self._noticed.set()  # a next_notice() waiting hears of the close
             for channel in [*self._waiting.values(), *self._events.values()]:
                 channel.close()
+
+    async def next_notice(self) -> dict[str, Any]:
+        """The oldest notice of the gateway's not taken yet, waiting for one if none is."""
+        while not self.notices:
+            if self.closed.is_set():
+                raise GatewayError("connection_closed", "the gateway closed the connection")
+            await self._noticed.wait()
+        return self.notices.popleft()
 
     async def request(self, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         """Send one request and wait for its response; raises :class:`GatewayError`."""

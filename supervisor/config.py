@@ -245,6 +245,13 @@ class StoreSettings:
     #: ``sqlite:///PATH``, ``postgresql://...`` or ``none``; None: ``sessions.db`` in the
     #: state directory
     url: str | None = None
+    #: stopped sessions last active longer ago than this many days are deleted (None: kept;
+    #: ``supervisor/store/retention.py`` says why nothing is deleted unless asked)
+    keep_days: float | None = None
+    #: the most sessions kept, the least recently active stopped ones deleted past it
+    keep_sessions: int | None = None
+    #: the most bytes the stored sessions take (``"500 MB"``, ``"2 GiB"``, or a number)
+    keep_bytes: int | None = None
 
 
 @frozen(kw_only=True)
@@ -304,13 +311,40 @@ def parse_store(document: Mapping[str, Any], where: str = "<config>") -> StoreSe
     at = f"{where}: [store]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    unknown = set(table) - {"url"}
+    allowed = ("url", "keep_days", "keep_sessions", "keep_bytes")
+    unknown = set(table) - set(allowed)
     if unknown:
-        raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))} (allowed: url)")
+        raise ConfigError(
+            f"{at}: unknown key(s) {', '.join(sorted(unknown))} (allowed: {', '.join(allowed)})"
+        )
     url = table.get("url")
     if url is not None and (not isinstance(url, str) or not url.strip()):
         raise ConfigError(f"{at}: 'url' must be sqlite:///PATH, postgresql://... or \"none\"")
-    return StoreSettings(url=url)
+    days = table.get("keep_days")
+    if days is not None and (
+        isinstance(days, bool) or not isinstance(days, int | float) or not days > 0
+    ):
+        raise ConfigError(f"{at}: 'keep_days' must be a number of days above 0")
+    count = table.get("keep_sessions")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ConfigError(f"{at}: 'keep_sessions' must be a whole number >= 1")
+    size = table.get("keep_bytes")
+    keep_bytes = None
+    if size is not None:
+        from supervisor.store.retention import parse_bytes
+
+        keep_bytes = parse_bytes(size)
+        if keep_bytes is None:
+            raise ConfigError(
+                f"{at}: 'keep_bytes' must be a size above 0: a number of bytes, or \"500 MB\","
+                ' "2 GiB"'
+            )
+    return StoreSettings(
+        url=url,
+        keep_days=None if days is None else float(days),
+        keep_sessions=count,
+        keep_bytes=keep_bytes,
+    )
 
 
 def read_toml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:

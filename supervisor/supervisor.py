@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from supervisor.observe.observers import Observers
     from supervisor.store.backend import StoredSession
     from supervisor.store.dormant import DormantSession
+    from supervisor.store.retention import Retention
     from supervisor.store.writer import SessionStore
 
 __all__ = ["AnySession", "Supervisor", "apply_gc_policy", "open_supervisor"]
@@ -125,6 +126,7 @@ class Supervisor:
         observers: Observers | None = None,
         store: SessionStore | None = None,
         stored: Iterable[StoredSession] = (),
+        retention: Retention | None = None,
     ) -> None:
         self._nursery = nursery
         #: where every session and its events are written (``supervisor/store/``); None: not
@@ -195,6 +197,12 @@ class Supervisor:
         nursery.start_soon(self.alarms.run)
         if observers is not None and observers.metrics is not None:
             observers.metrics.watch(lambda: self._sessions.values(), self.remote.links)
+        #: set once the store's retention sweep at start is done (at once: none to do)
+        self.first_sweep = trio.Event()
+        if store is not None and retention:
+            nursery.start_soon(self._sweep_store_forever, retention)
+        else:
+            self.first_sweep.set()
 
     def _store(self, session: Session | RemoteSession, resume: str | None = None) -> None:
         if self.store is not None:
@@ -438,6 +446,40 @@ class Supervisor:
         finally:
             self._poke()
 
+    async def _sweep_store_forever(self, keep: Retention) -> None:
+        from supervisor.store.backend import StoreError
+        from supervisor.store.retention import SWEEP_EVERY_S
+
+        while True:
+            try:
+                await self.sweep_store(keep)
+            except StoreError as exc:  # the database is away: the next sweep tries again
+                log.error("store: the retention sweep failed (%s); the next is in an hour", exc)
+            self.first_sweep.set()
+            await trio.sleep(SWEEP_EVERY_S)
+
+    async def sweep_store(self, keep: Retention) -> list[str]:
+        """Delete the stored sessions ``keep`` lets go (``supervisor/store/retention.py``):
+        stopped ones only, never one running or being started again; they leave the list
+        first, so nothing starts them meanwhile. Returns their ids."""
+        from supervisor.store.dormant import DormantSession
+
+        assert self.store is not None
+        running = {i for i, s in self._sessions.items() if not isinstance(s, DormantSession)}
+        found = await self.store.expired(keep, running | set(self._reviving))
+        gone = []
+        for session_id in found:
+            session = self._sessions.get(session_id)
+            if session_id in self._reviving or not isinstance(session, DormantSession | None):
+                continue  # started again since it was found
+            self._sessions.pop(session_id, None)
+            gone.append(session_id)
+        if gone:
+            self._poke()
+            await self.store.delete(gone)
+            log.info("store: %d stopped sessions deleted, as [store] keep_* asks", len(gone))
+        return gone
+
     def _poke(self) -> None:
         self._sessions_changed.set()
         self._sessions_changed = trio.Event()
@@ -621,6 +663,7 @@ async def open_supervisor(
     metrics: Metrics | None = None,
     tracer_provider: TracerProvider | None = None,
     store: str | None = None,
+    retention: Retention | None = None,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -658,6 +701,8 @@ async def open_supervisor(
     (stopped, their history replayed from it); None or ``"none"``: nothing is stored (the
     default: an embedding application's sessions live in its memory). A store that cannot be
     opened raises :class:`~supervisor.store.backend.StoreError`, one line saying what to do.
+    ``retention``: how long the store keeps stopped sessions (``[store] keep_days``,
+    ``keep_sessions``, ``keep_bytes``; None: for good), swept at start and every hour.
     """
     if gc_policy:
         apply_gc_policy()
@@ -712,6 +757,7 @@ async def open_supervisor(
                 observers=observers,
                 store=session_store,
                 stored=stored,
+                retention=retention,
             )
             try:
                 yield supervisor

@@ -128,6 +128,10 @@ class Connection:
         self._pending += 1
         self._nursery.start_soon(self._serve, decoded)
 
+    def notice(self, message: dict[str, Any]) -> None:
+        """Queue a notice of no session (the gateway's own: ``store.error``)."""
+        self._send(message)
+
     def _send(self, message: dict[str, Any], session_id: str | None = None) -> None:
         """Queue a response or notice for the writer, behind every event of ``session_id``
         (the session the request named) already buffered for this connection (bounded: the

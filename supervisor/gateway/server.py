@@ -30,6 +30,7 @@ from supervisor.gateway.connection import Connection
 from supervisor.gateway.http import Http, Upgrade, json_error, respond
 from supervisor.gateway.limits import LIMITS, GatewayLimits, Slot
 from supervisor.gateway.websocket import HandshakeFailed, ServerWebSocket, WebSocketClosed
+from supervisor.store.writer import StoreFault, StoreNotice
 from supervisor.supervisor import Supervisor
 
 __all__ = ["Gateway"]
@@ -131,9 +132,22 @@ class Gateway:
         hosts = host_names(self.host, self.port, self.allow_hosts, tls=tls)
         auth = Auth(self.token, port=self.port, hosts=hosts, scheme=self.scheme)
         self._http = Http(self.limits, auth, self.actions, tls=tls)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._accept, listeners, nursery)
-            task_status.started(self.url)
+        store = self.supervisor.store
+        unwatch = store.watch(self._store_notice) if store is not None else None
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._accept, listeners, nursery)
+                task_status.started(self.url)
+        finally:
+            if unwatch is not None:
+                unwatch()
+
+    def _store_notice(self, notice: StoreNotice) -> None:
+        """Writes to the store fail, or go through again: every client is told (the sessions
+        go on; ``design/store.md``, "Bounded")."""
+        message = store_message(notice)
+        for client in self._clients:
+            client.notice(message)
 
     async def _accept(
         self,
@@ -251,7 +265,39 @@ class Gateway:
         scope = self.client_scope() if self.client_scope is not None else nullcontext()
         async with scope:
             self._clients.add(client)
+            store = self.supervisor.store
+            if store is not None and store.fault is not None:
+                client.notice(store_message(store.fault))  # failing since before it came
             try:
                 await client.run()
             finally:
                 self._clients.discard(client)
+
+
+def store_message(notice: StoreNotice) -> dict[str, Any]:
+    """The wire's ``store.error`` (writes fail and are tried again: what waits, of which
+    sessions' seqs) or ``store.recovered``: the gateway's own notices, of no session."""
+    if isinstance(notice, StoreFault):
+        return {
+            "event": "store.error",
+            "session_id": None,
+            "seq": None,
+            "data": {
+                "where": notice.where,
+                "error": notice.error,
+                "since": notice.since,
+                "retrying": True,
+                "waiting": notice.waiting,
+                "held": notice.held,
+                "sessions": [
+                    {"session_id": sid, "from_seq": low, "to_seq": high}
+                    for sid, (low, high) in notice.sessions.items()
+                ],
+            },
+        }
+    return {
+        "event": "store.recovered",
+        "session_id": None,
+        "seq": None,
+        "data": {"where": notice.where, "failed_s": round(notice.failed_s, 3)},
+    }

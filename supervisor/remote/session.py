@@ -45,7 +45,7 @@ from supervisor.remote.frames import (
     check_state,
     text_field,
 )
-from supervisor.runtime.fanout import Fanout, Subscription
+from supervisor.runtime.fanout import Fanout, Subscription, fill_from_recorder
 from supervisor.runtime.session import (
     DEFAULT_HISTORY,
     DEFAULT_SUBSCRIBER_BUFFER,
@@ -348,7 +348,7 @@ class RemoteSession:
         runs on another host (the node holds it back for the link instead)."""
         check_subscription(since_seq, max_buffer, stall_s, max_buffer_bytes)
         await self._caught_up.wait()
-        return self._fanout.subscribe(
+        subscription = self._fanout.subscribe(
             since_seq,
             head_seq=self._seq,
             max_buffer=max_buffer,
@@ -356,6 +356,10 @@ class RemoteSession:
             wire=wire,
             max_bytes=max_buffer_bytes,
         )
+        recorder = self._fanout.recorder
+        if subscription.missing is not None and recorder is not None:
+            await fill_from_recorder(subscription, recorder, self.id)
+        return subscription
 
     async def pause(self, deadline: float = math.inf) -> None:
         """Hold new turns in the node's session (``Session.pause``; ``deadline`` on this

@@ -57,6 +57,7 @@ __all__ = [
     "Fanout",
     "Recorder",
     "Subscription",
+    "fill_from_recorder",
 ]
 
 #: A backpressured subscriber may hold this many buffers' worth before it is cut off anyway.
@@ -102,6 +103,11 @@ class Recorder(Protocol):
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once it is no longer :attr:`full`."""
+
+    async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        """The session's events with seqs above ``after`` up to ``upto``, as ``(seq, wire
+        JSON)``: what a subscriber from before the history's oldest event is replayed
+        (:func:`fill_from_recorder`); what it cannot read is left out."""
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -190,6 +196,9 @@ class Subscription:
         #: the session's newest seq when this subscription began
         self.head_seq = head_seq
         self.gap = gap
+        #: the seqs the history no longer held, a ``stream.gap`` first in the replay stands
+        #: for (:func:`fill_from_recorder` puts them there from the store); None: none
+        self.missing: tuple[int, int] | None = None
         self.lagged = False
 
     # -- the subscriber's side -------------------------------------------------------------
@@ -359,6 +368,48 @@ class Subscription:
     def _full(self) -> bool:
         return len(self._events) >= self.capacity or self._bytes >= self.byte_capacity
 
+    def _fill(self, items: list[Any], sizes: list[int]) -> None:
+        """``items`` (``sizes`` bytes each) in place of the ``stream.gap`` that opens the
+        replay (:attr:`missing`); nothing is taken yet. Room for them as for the replay."""
+        assert self.missing is not None and self.taken == 0 and self._events
+        self.missing = None
+        self._events.popleft()
+        gap_size = self._sizes.popleft()
+        self._events.extendleft(reversed(items))
+        self._sizes.extendleft(reversed(sizes))
+        more, more_bytes = len(items) - 1, sum(sizes) - gap_size
+        self._bytes += more_bytes
+        # The seq the last of them has is the gap's: the stream goes on as it did.
+        self.last_seq -= more
+        self.capacity += more
+        self.byte_capacity += more_bytes
+        factor = 1 if self.stall_s is None else _HARD_LIMIT_FACTOR
+        self._limit, self._byte_limit = factor * self.capacity, factor * self.byte_capacity
+        self._low_water = self.capacity // 2
+
+
+async def fill_from_recorder(subscription: Subscription, recorder: Recorder, sid: str) -> None:
+    """A subscriber from before the history's oldest event (:attr:`Subscription.missing`)
+    gets those events from the recorder (the session store), in place of the ``stream.gap``
+    that stood for them, before it takes anything: then the history's, then the live ones,
+    without a hole or an event twice. Seqs the store lacks at the start stay a gap; if it
+    lacks the last ones (it could not be read), the gap stays as it was."""
+    if subscription.missing is None:
+        return
+    low, high = subscription.missing
+    rows = await recorder.recorded(sid, low - 1, high)
+    if not rows or rows[-1][0] != high or subscription._closed:
+        return
+    payloads = [payload for _, payload in rows]
+    if rows[0][0] > low:  # the store begins later: what it lacks is said
+        payloads.insert(0, _gap_json(payloads[0], low, rows[0][0] - 1))
+    sizes = list(map(len, payloads))
+    wire = subscription.wire
+    subscription._fill(
+        text_frames(payloads) if wire else list(map(event_from_json, payloads)), sizes
+    )
+    subscription.gap = rows[0][0] > low
+
 
 class Fanout:
     """A session's history (for ``since_seq`` replay) and its subscribers; owned by the actor."""
@@ -496,6 +547,7 @@ class Fanout:
     ) -> Subscription:
         replay: list[Any] = []
         gap = False
+        missing = None
         last_seq = head_seq
         if since_seq is not None:
             if self.hold_unacknowledged:
@@ -511,6 +563,7 @@ class Fanout:
                 # Never a silent jump: the replay opens with what was lost, and why.
                 replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
                 last_seq = oldest - 2
+                missing = (since_seq + 1, oldest - 1)
             sizes = list(map(len, replay))
             replay = text_frames(replay) if wire else list(map(event_from_json, replay))
         else:
@@ -528,6 +581,7 @@ class Fanout:
             sizes=sizes,
             max_bytes=self.buffer_bytes if max_bytes is None else max_bytes,
         )
+        subscription.missing = missing
         if self._closed:
             subscription._end()
         else:

@@ -68,6 +68,7 @@ from supervisor.runtime.fanout import (
     DEFAULT_HISTORY_BYTES,
     Fanout,
     Subscription,
+    fill_from_recorder,
 )
 from supervisor.runtime.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.runtime.reply import Reply
@@ -719,7 +720,12 @@ class Session:
         check_subscription(since_seq, max_buffer, stall_s, max_buffer_bytes)
         reply: Reply[Subscription] = Reply()
         call = _Subscribe(since_seq, max_buffer, reply, stall_s, wire, max_buffer_bytes)
-        return await self._ask(call, reply)
+        subscription = await self._ask(call, reply)
+        recorder = self._fanout.recorder
+        if subscription.missing is not None and recorder is not None:
+            # Older than the history holds: the store has them (``design/store.md``).
+            await fill_from_recorder(subscription, recorder, self.id)
+        return subscription
 
     async def pause(self, deadline: float = math.inf) -> None:
         """Hold new turns: a prompt is queued (its answer says ``held``) until :meth:`resume`;

@@ -248,6 +248,19 @@ class Backend(Protocol):
         """Up to ``limit`` texts matching ``query`` (words, as the user typed them: the backend
         quotes them for its full-text search), the best first."""
 
+    def sizes(self) -> dict[str, int]:
+        """Each stored session's bytes: its events, receipts and texts as stored (what
+        ``keep_bytes`` bounds; indexes and free pages not counted), by session id."""
+
+    def delete(self, session_ids: Sequence[str]) -> None:
+        """Delete the sessions, each whole (its row, events, receipts, texts and their search
+        index), in one transaction; :class:`StoreError` if it could not (nothing is deleted)."""
+
+    def reclaim(self, pages: int) -> bool:
+        """Give back to the file system up to ``pages`` of the space deleted sessions freed
+        (SQLite's incremental vacuum); whether some is left to give back. A backend whose
+        database reuses freed space by itself (PostgreSQL) returns False."""
+
     def close(self) -> None:
         """Close the connection (the writer flushed what it had)."""
 

@@ -239,7 +239,35 @@ class PostgresBackend:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
 
+    def delete(self, session_ids: Sequence[str]) -> None:
+        # Freed rows are reused by later writes once autovacuum has been by; a VACUUM FULL
+        # to give them back would lock the tables against every write while it rewrites them.
+        def delete(connection: psycopg.Connection[Any]) -> None:
+            ids = list(session_ids)
+            with connection.transaction():
+                for table in ("texts", "receipts", "events"):
+                    connection.execute(f"DELETE FROM {table} WHERE session_id = ANY(%s)", (ids,))
+                connection.execute("DELETE FROM sessions WHERE id = ANY(%s)", (ids,))
+
+        if session_ids:
+            self._run("delete from", delete)
+
+    def reclaim(self, pages: int) -> bool:
+        return False
+
     # -- reading
+
+    def sizes(self) -> dict[str, int]:
+        # octet_length() of a stored value reads its size, not the value (nor its TOAST).
+        rows = self._read(
+            """SELECT session_id, sum(n) FROM (
+                SELECT session_id, octet_length(payloads) AS n FROM events
+                UNION ALL SELECT session_id, octet_length(payload) FROM receipts
+                UNION ALL SELECT session_id, octet_length(text) FROM texts
+            ) AS sized GROUP BY session_id""",
+            (),
+        )
+        return {session_id: int(size or 0) for session_id, size in rows}
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]

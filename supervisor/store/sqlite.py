@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,10 @@ END"""
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: The page size of a new file (``_setup``).
 _PAGE_SIZE = 16384
+#: ``PRAGMA auto_vacuum``'s answer for a file that gives freed pages back on request. A new
+#: file is not made so: its pointer-map pages, written with every batch, cost 25-50 % of the
+#: write rate (``design/store.md``, "Retention"); freed pages are reused for new rows instead.
+_INCREMENTAL = 2
 _INSERT_EVENTS = (
     "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
 )
@@ -282,6 +287,51 @@ class SqliteBackend:
             )
             for row in rows
         ]
+
+    def sizes(self) -> dict[str, int]:
+        # length() of a blob reads its size from the row's header, not its pages.
+        rows = self._read(
+            """SELECT session_id, sum(n) FROM (
+                SELECT session_id, length(payloads) AS n FROM events
+                UNION ALL SELECT session_id, length(payload) FROM receipts
+                UNION ALL SELECT session_id, length(text) FROM texts
+            ) GROUP BY session_id""",
+            (),
+        )
+        return {session_id: int(size or 0) for session_id, size in rows}
+
+    def delete(self, session_ids: Sequence[str]) -> None:
+        db = self._conn
+        ids = [(session_id,) for session_id in session_ids]
+        try:
+            db.execute("BEGIN")
+            try:
+                # The search index is an external-content table: told of each row that goes.
+                db.executemany(
+                    "INSERT INTO texts_fts (texts_fts, rowid, text) "
+                    "SELECT 'delete', rowid, text FROM texts WHERE session_id = ?",
+                    ids,
+                )
+                for table in ("texts", "receipts", "events"):
+                    db.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
+                db.executemany("DELETE FROM sessions WHERE id = ?", ids)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot delete from the store {self.where}: {exc}") from None
+
+    def reclaim(self, pages: int) -> bool:
+        db = self._conn
+        try:
+            if db.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+                return False
+            # (Each step of the statement frees a page: it is stepped to its end.)
+            db.execute(f"PRAGMA incremental_vacuum({int(pages)})").fetchall()
+            return int(db.execute("PRAGMA freelist_count").fetchone()[0]) > 0
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot reclaim space in the store {self.where}: {exc}") from None
 
     def _read(self, sql: str, parameters: tuple[object, ...]) -> list[Any]:
         try:

@@ -25,7 +25,7 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -45,9 +45,16 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
+from supervisor.store.retention import Retention, expired
 from supervisor.wire.codec import dumps, event_json, event_to_wire
 
-__all__ = ["SessionStore", "mcp_servers_from_json"]
+__all__ = [
+    "SessionStore",
+    "StoreFault",
+    "StoreNotice",
+    "StoreRecovered",
+    "mcp_servers_from_json",
+]
 
 T = TypeVar("T")
 
@@ -87,11 +94,45 @@ TURN_END_S = 0.0025
 #: own events come in short runs (``Fanout``'s ``_UNSERIALIZED_MAX``), a stream's runs need
 #: not be scanned on the actor.
 _SCAN_RUN = 64
+#: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
+#: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
+RECLAIM_PAGES = 4096
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
 #: soon as its turn starts is written: only prompts queued and not started wait here).
 _MAX_FULL_TEXTS = 10_000
+
+
+@attrs.frozen(kw_only=True)
+class StoreFault:
+    """Writes fail and are tried again (clients are told: ``store.error``). Said when the
+    first write fails, then with each log line (every ``LOG_EVERY_S`` at most)."""
+
+    #: the store (a path, or a URL without its password)
+    where: str
+    #: why the last write failed, one line
+    error: str
+    #: when the first failed write was (Unix time)
+    since: float
+    #: events recorded and not written (none is dropped: all are tried again)
+    waiting: int
+    #: the seqs waiting, by session: ``(lowest, highest)``
+    sessions: dict[str, tuple[int, int]]
+    #: so many wait that every session holds its agent back (``max_pending``)
+    held: bool
+
+
+@attrs.frozen(kw_only=True)
+class StoreRecovered:
+    """Writes go through again after ``failed_s`` seconds of failures; nothing was lost."""
+
+    where: str
+    failed_s: float
+
+
+#: What a :meth:`SessionStore.watch` callback is told.
+StoreNotice = StoreFault | StoreRecovered
 
 
 @attrs.define
@@ -141,6 +182,8 @@ class SessionStore:
         self._run_sync = run_sync if run_sync is not None else self._on_thread
         #: runs of (events, their wire bytes) recorded and not taken by a write yet
         self._pending: list[tuple[list[ev.Event], list[bytes]]] = []
+        #: those of the write in progress (tried again while it fails)
+        self._writing: list[tuple[list[ev.Event], list[bytes]]] = []
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
         #: sessions hold their agents back (the database fell behind)
@@ -168,6 +211,9 @@ class SessionStore:
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
         self._last_batch = Batch()
+        #: writes fail now, and are tried again (None: they go through)
+        self.fault: StoreFault | None = None
+        self._watchers: list[Callable[[StoreNotice], object]] = []
 
     # -- setting up ----------------------------------------------------------------------
 
@@ -303,6 +349,22 @@ class SessionStore:
         else:
             callback()
 
+    def watch(self, callback: Callable[[StoreNotice], object]) -> Callable[[], None]:
+        """Call ``callback(notice)`` (from the writer's task: it must not block) when writes
+        start failing, every ``LOG_EVERY_S`` while they fail, and once they go through again
+        (the gateway tells its clients). Returns what stops it."""
+        self._watchers.append(callback)
+
+        def stop() -> None:
+            if callback in self._watchers:
+                self._watchers.remove(callback)
+
+        return stop
+
+    def _tell(self, notice: StoreNotice) -> None:
+        for callback in list(self._watchers):
+            callback(notice)
+
     # -- the writer ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -329,21 +391,26 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        self._writing = pending
         count = sum(len(events) for events, _ in pending)
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None
+        since = 0.0  # (the wall clock's failed_at, for clients)
         first = True
         while True:
             try:
                 await self._in_thread(self._write, pending, first)
                 self.written += count
                 if failed_at is not None:
+                    failed_s = trio.current_time() - failed_at
                     log.warning(
                         "store: writing again after %.1f s of failed writes; nothing was lost",
-                        trio.current_time() - failed_at,
+                        failed_s,
                     )
                     self._logged_at = -math.inf
+                    self.fault = None
+                    self._tell(StoreRecovered(where=self.backend.where, failed_s=failed_s))
                 break
             except Exception as exc:  # a backend's bug too: the sessions go on
                 first = False
@@ -352,12 +419,14 @@ class SessionStore:
                     break
                 if failed_at is None:
                     failed_at = trio.current_time()
-                self._failing(pending, exc)
+                    since = time.time()
+                self._failing(pending, exc, since)
                 pause = next(pauses, pause)
                 # Never given up while the supervisor runs: what waits grows until the
                 # sessions hold their agents back (:attr:`full`); a close ends the wait.
                 with trio.move_on_after(pause):
                     await self._closed.wait()
+        self._writing = []
         self._count -= count
         self._batch_done.set()
         self._batch_done = trio.Event()
@@ -367,20 +436,35 @@ class SessionStore:
             for callback in room:
                 callback()
 
-    def _failing(self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception) -> None:
-        """A write failed and is tried again: one log line at most every ``LOG_EVERY_S``."""
+    def _failing(
+        self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception, since: float
+    ) -> None:
+        """A write failed and is tried again: one log line, and a :class:`StoreFault` told,
+        at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
         if now - self._logged_at < LOG_EVERY_S:
             return
         self._logged_at = now
+        error = str(exc) if isinstance(exc, StoreError) else repr(exc)
         log.error(
             "store: cannot write (%s); trying again, %d events of sessions %s wait and none is "
             "dropped (past %d the agents are held back)",
-            exc if isinstance(exc, StoreError) else repr(exc),
+            error,
             self._count,
             _names(_spans(pending)),
             self.max_pending,
         )
+        self.fault = StoreFault(
+            where=self.backend.where,
+            error=error,
+            since=since,
+            waiting=self._count,
+            sessions={
+                sid: (low, high) for sid, (low, high) in _spans(pending + self._pending).items()
+            },
+            held=self.full,
+        )
+        self._tell(self.fault)
 
     def _given_up(
         self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
@@ -497,6 +581,26 @@ class SessionStore:
         with the writes, so what was recorded before is there)."""
         return await self._in_thread(self.backend.events, session_id, since_seq, limit)
 
+    async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        """The session's events above ``after`` up to ``upto``, whether written or still
+        waiting to be: a subscriber from before a live session's history begins
+        (:func:`~supervisor.runtime.fanout.fill_from_recorder`). What waits is looked at
+        before the read: an event written meanwhile is then found by the read. Each seq
+        once; a store that cannot be read gives what waits alone (the caller keeps its gap)."""
+        waiting: dict[int, bytes] = {}
+        for events, payloads in [*self._writing, *self._pending]:
+            if events and events[0].session_id == session_id:
+                for event, payload in zip(events, payloads, strict=True):
+                    if after < event.seq <= upto:
+                        waiting[event.seq] = payload
+        try:
+            found = await self._in_thread(self.backend.events, session_id, after, upto - after)
+        except StoreError:
+            found = []
+        rows = dict(waiting)
+        rows.update((seq, payload) for seq, payload in found if seq <= upto)
+        return sorted(rows.items())
+
     async def turns(self, session_id: str) -> int:
         """How many turn ids (``t1``, ``t2``, ...) a stored session used: the highest."""
         texts = await self._in_thread(self.backend.texts, session_id)
@@ -541,6 +645,31 @@ class SessionStore:
             )
             for hit in hits
         ]
+
+    # -- retention ---------------------------------------------------------------------------
+
+    async def expired(self, keep: Retention, protected: Collection[str]) -> list[str]:
+        """The stored sessions ``keep`` lets go (:func:`~supervisor.store.retention.expired`),
+        none of ``protected`` nor of those attached here (they run, or ran in this process)."""
+        return await self._in_thread(self._expired, keep, {*protected, *self._meta})
+
+    def _expired(self, keep: Retention, protected: set[str]) -> list[str]:
+        """(The worker thread.)"""
+        sizes = self.backend.sizes() if keep.keep_bytes is not None else {}
+        return expired(self.backend.sessions(), sizes, keep, time.time(), protected)
+
+    async def delete(self, session_ids: Sequence[str]) -> None:
+        """Delete the sessions (whole, in one transaction), then give back what they took, a
+        slice at a time (:data:`RECLAIM_PAGES`): writes go in between, as every call of the
+        backend runs on the store's one thread. :class:`StoreError` if they could not be
+        deleted."""
+        if not session_ids:
+            return
+        await self._in_thread(self.backend.delete, session_ids)
+        for session_id in session_ids:
+            self._meta.pop(session_id, None)
+        while await self._in_thread(self.backend.reclaim, RECLAIM_PAGES):
+            pass
 
     async def flushed(self) -> None:
         """Return once nothing recorded waits to be written (written, or given up)."""

@@ -15,6 +15,8 @@ import trio
 from supervisor import AgentSpec, open_supervisor
 from supervisor.cli import main
 from supervisor.clients.sessions import run_sessions
+from supervisor.store.backend import Batch, StoredSession
+from supervisor.store.url import backend_for
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 BOUND = 30.0
@@ -75,6 +77,36 @@ async def test_list_show_and_export(store_url: str) -> None:
         assert [json.loads(line)["seq"] for line in exported.splitlines()] == list(
             range(1, len(history) + 1)
         )
+
+
+def test_list_is_newest_created_first_whatever_was_active_last(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    backend = backend_for(url)
+    assert backend is not None
+    backend.open()
+    rows = [("s1", 100.0, 900.0), ("s2", 200.0, 300.0), ("s10", 300.0, 400.0)]
+    backend.write(
+        Batch(
+            sessions=[
+                StoredSession(
+                    id=sid,
+                    agent="fake",
+                    protocol="acp",
+                    host=None,
+                    cwd="/tmp",
+                    mcp_servers="[]",
+                    agent_session_id=None,
+                    created=created,
+                    last_active=active,
+                    state="stopped",
+                )
+                for sid, created, active in rows
+            ]
+        )
+    )
+    backend.close()
+    listed, _ = run(url, "list")
+    assert [line.split()[0] for line in listed.splitlines()[1:]] == ["s10", "s2", "s1"]
 
 
 async def test_the_commands_through_main_and_their_errors(

@@ -24,7 +24,13 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
-from supervisor.store.writer import TURN_END_S, SessionStore
+from supervisor.store.writer import (
+    TURN_END_S,
+    SessionStore,
+    StoreFault,
+    StoreNotice,
+    StoreRecovered,
+)
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json
 
@@ -167,6 +173,44 @@ async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
     assert 1 <= len(lines) <= 13
     assert "disk I/O error" in lines[0] and "s1 seq 1-2" in lines[0]
     assert all("\n" not in line for line in lines)
+
+
+async def test_failing_writes_are_told_then_their_recovery_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = FakeBackend(failures=10**9)
+    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=direct)
+    told: list[tuple[float, StoreNotice]] = []
+    store.watch(lambda notice: told.append((trio.current_time(), notice)))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        store.record(*deltas(1, 2))
+        store.record(*deltas(1, 4, session_id="s2"))
+        await trio.sleep(1)
+        ((at, first),) = told  # at once, with what waits
+        assert at - start < 0.05
+        assert isinstance(first, StoreFault) and store.fault == first
+        assert first.where == "memory" and "disk I/O error" in first.error
+        assert first.sessions == {"s1": (1, 2), "s2": (1, 4)} and first.waiting == 6
+        assert not first.held
+        for begin in range(3, 103, 10):
+            store.record(*deltas(begin, 10))  # the agents are held back from now on
+        await trio.sleep(30)
+        faults = [notice for _, notice in told]
+        assert 3 <= len(faults) <= 5  # again with each log line, every 10 s
+        assert faults[-1].held and faults[-1].sessions["s1"] == (1, 102)  # type: ignore[union-attr]
+        backend.failures = 0
+        await store.flushed()
+        (_, recovered) = told[-1]
+        assert isinstance(recovered, StoreRecovered) and recovered.failed_s >= 30
+        assert store.fault is None
+        count = len(told)
+        store.record(*deltas(103, 1))
+        await store.flushed()
+        assert len(told) == count  # told once: writes that go through say nothing
+        await store.aclose()
+    assert backend.seqs().count(1) == 2  # (s1's and s2's), every event once
 
 
 async def test_what_cannot_be_written_at_close_is_said_in_one_line(
