@@ -15,6 +15,7 @@ from protocols import PROTOCOLS
 from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
 from supervisor.pausing import PauseStatus
+from supervisor.runtime.session import SessionSummary
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
@@ -157,6 +158,7 @@ class Actions:
                     "held": s.held,
                     **({"host": s.host} if s.host is not None else {}),
                     **({"cwd": s.cwd} if s.cwd is not None else {}),
+                    **_stored(s),
                 }
                 for s in self.supervisor.list()
             ],
@@ -224,6 +226,18 @@ class Actions:
             return spec_from_wire(call.agent, dict(call.spec))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+
+
+def _stored(summary: SessionSummary) -> dict[str, Any]:
+    """What ``session.list`` tells of a stored session besides the rest (a list of past
+    sessions shows it): when it was created and last active, and its first prompt's start."""
+    if summary.created is None:
+        return {}
+    return {
+        "created": summary.created,
+        "last_active": summary.last_active,
+        "first_prompt": summary.first_prompt or "",
+    }
 
 
 def pause_to_wire(status: PauseStatus) -> dict[str, Any]:

@@ -116,6 +116,12 @@ class SessionSummary:
     cwd: str | None = None
     #: why no new turn starts (``paused``: the supervisor is paused), else None
     held: str | None = None
+    #: when it was created and last active (Unix time), and the start of its first prompt:
+    #: known for a session an earlier supervisor stored (``supervisor/store/dormant.py``),
+    #: what a list of past sessions shows; None otherwise
+    created: float | None = None
+    last_active: float | None = None
+    first_prompt: str | None = None
 
 
 # -- mailbox calls: what each runs on the core, in the order they came -------------------------

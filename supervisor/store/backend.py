@@ -32,6 +32,7 @@ __all__ = [
     "Backend",
     "Batch",
     "EventRun",
+    "FIRST_PROMPT_CHARS",
     "ReceiptRow",
     "SearchHit",
     "StoreError",
@@ -80,13 +81,24 @@ class StoredSession:
     #: unclean end reserved for turns that may have started unstored (never lowered)
     turns: int = 0
     last_seq: int = 0
+    #: its first stored prompt, its first :data:`FIRST_PROMPT_CHARS` characters ("": none);
+    #: the store's own, filled when read (ignored in a :class:`Batch`), for lists of sessions
+    first_prompt: str = ""
 
 
-#: Every stored session, newest first, with its newest ``seq``: the same SQL in both dialects;
-#: each row is made a :class:`StoredSession` by :func:`stored_session`.
-SESSIONS_QUERY = """SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
+#: How much of a session's first prompt :data:`SESSIONS_QUERY` reads: a line of a list of
+#: sessions (the web UI's past sessions) and some to spare; cut in the database, so a prompt
+#: of megabytes costs a list nothing.
+FIRST_PROMPT_CHARS = 200
+
+#: Every stored session, newest first, with its newest ``seq`` and the start of its first
+#: prompt (each an index lookup: ``texts`` is keyed by session and seq): the same SQL in both
+#: dialects; each row is made a :class:`StoredSession` by :func:`stored_session`.
+SESSIONS_QUERY = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
     created, last_active, state, open_turn_id, clean, turns,
-    (SELECT max(last_seq) FROM events WHERE session_id = sessions.id)
+    (SELECT max(last_seq) FROM events WHERE session_id = sessions.id),
+    (SELECT substr(text, 1, {FIRST_PROMPT_CHARS}) FROM texts
+        WHERE session_id = sessions.id AND kind = 'prompt' ORDER BY seq LIMIT 1)
 FROM sessions ORDER BY last_active DESC, id DESC"""
 
 
@@ -107,6 +119,7 @@ def stored_session(row: Sequence[Any]) -> StoredSession:
         clean=bool(row[11]),
         turns=row[12],
         last_seq=row[13] or 0,
+        first_prompt=row[14] or "",
     )
 
 

@@ -101,7 +101,15 @@ class DormantSession:
 
     def summary(self) -> SessionSummary:
         return SessionSummary(
-            self.id, self.spec.name, State.STOPPED, None, host=self.host, cwd=self.cwd
+            self.id,
+            self.spec.name,
+            State.STOPPED,
+            None,
+            host=self.host,
+            cwd=self.cwd,
+            created=self.stored.created,
+            last_active=self.stored.last_active,
+            first_prompt=self.stored.first_prompt,
         )
 
     def _not_running(self) -> AgentNotRunning:

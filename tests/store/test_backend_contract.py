@@ -10,6 +10,7 @@ import attrs
 import pytest
 
 from supervisor.store.backend import (
+    FIRST_PROMPT_CHARS,
     MIGRATIONS,
     SCHEMA_VERSION,
     Backend,
@@ -202,6 +203,24 @@ def test_first_prompts_are_each_sessions_earliest_cut_short(backend: Backend) ->
         )
     )
     assert backend.first_prompts(16) == {"s1": "the first prompt", "s2": "only one"}
+
+
+def test_sessions_carry_their_first_prompt_cut_short(backend: Backend) -> None:
+    """What session.list shows of a stored session: read with the sessions, in one query."""
+    backend.write(
+        Batch(
+            sessions=[session("s1"), session("s2"), session("s3")],
+            texts=[
+                TextRow(session_id="s1", turn_id="t2", seq=9, kind="prompt", text="later"),
+                TextRow(session_id="s1", turn_id="t1", seq=2, kind="prompt", text="é" * 1000),
+                TextRow(session_id="s1", turn_id="t0", seq=1, kind="steer", text="a steer"),
+                TextRow(session_id="s2", turn_id="t1", seq=4, kind="prompt", text="only one"),
+                TextRow(session_id="s3", turn_id="t1", seq=2, kind="answer", text="no prompt"),
+            ],
+        )
+    )
+    firsts = {s.id: s.first_prompt for s in backend.sessions()}
+    assert firsts == {"s1": "é" * FIRST_PROMPT_CHARS, "s2": "only one", "s3": ""}
 
 
 def test_reopened_store_keeps_everything(store_url: str) -> None:
