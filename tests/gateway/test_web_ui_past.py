@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - reported by the browser fixture
 
 pytestmark = pytest.mark.real_process
 
+SCREENSHOT = "/tmp/web-ui-past.png"
+SEARCH_SCREENSHOT = "/tmp/web-ui-search.png"
 #: Generous: a loaded 2-core machine starts and stops ``serve`` in well under a second.
 SERVE_S = 30.0
 
@@ -155,6 +157,7 @@ def test_past_sessions_are_listed_opened_and_brought_back(
         )
         expect(past(page, one)).to_contain_text("talker")
         expect(page.get_by_test_id("session-item")).to_have_count(0)  # none running
+        page.screenshot(path=SCREENSHOT)
 
         # Opened: its transcript and receipt from the store, the agent not running.
         past(page, one).click()
@@ -191,6 +194,7 @@ def test_the_search_box_finds_words_of_one_transcript(
         expect(snippet.locator("mark")).to_have_text(["zebras"])
         expect(snippet).to_contain_text("<b>zebras</b> [striped]")
         expect(snippet.locator("b")).to_have_count(0)
+        page.screenshot(path=SEARCH_SCREENSHOT)
 
         search.fill("giraffes")
         expect(hits).to_have_count(1)
