@@ -176,6 +176,15 @@ def test_past_sessions_are_listed_opened_and_brought_back(
         expect(past(page, one)).to_have_count(0)
         expect(past(page, two)).to_have_count(1)
 
+        # Reloaded, the page opens it afresh: its whole transcript, before and after the restart.
+        page.reload()
+        expect(page.get_by_test_id("connection")).to_have_text("Connected")
+        expect(turn(page, 0).get_by_test_id("user-message")).to_have_text(FIRST)
+        expect_completed(page, 0, 5)
+        expect_completed(page, 1, 3)
+        expect(page.get_by_test_id("note")).to_have_count(0)  # no "no longer available"
+        expect(page.get_by_test_id("error-note")).to_have_count(0)
+
 
 def test_the_search_box_finds_words_of_one_transcript(
     tmp_path: Path,
