@@ -527,8 +527,11 @@ async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_
             await terminal.send(b"\x04")
             assert await terminal.wait_exit() == 0
         async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
-            # (The gateway replays a running session's history from its memory.)
-            await terminal.expect(r"earlier in this session:\n[^›]*› and again words=3\n")
+            # The turns from before the restart come from the store, the later from memory.
+            await terminal.expect(
+                r"earlier in this session:\n› remember kiwi words=3\nHello! I am[^›]*"
+                r"› and again words=3\n"
+            )
             await terminal.expect(r"Hello! I am \nchat with demo [^\n]*\n› ")
             await terminal.send(b"\x04")
             assert await terminal.wait_exit() == 0
