@@ -532,6 +532,44 @@ def test_reconnect_replays_missed_events_without_duplicates(
     expect(page.get_by_test_id("assistant-message")).to_have_count(2)
 
 
+def test_a_store_that_cannot_be_written_is_said_until_it_recovers(
+    page: Page, server: GatewayThread
+) -> None:
+    """The gateway's ``store.error`` (sent for real by ``tests/store/test_store_notices.py``)
+    shows a banner naming the store, what waits and whether agents are held back, with the
+    error as text; ``store.recovered`` takes it away."""
+    open_app(page, server)
+    banner = page.get_by_test_id("store-banner")
+    expect(banner).to_be_hidden()
+    error = {
+        "event": "store.error",
+        "session_id": None,
+        "seq": None,
+        "data": {
+            "where": "/state/sessions.db",
+            "error": "/state/sessions.db: <b>disk full</b>",
+            "since": 1.0,
+            "retrying": True,
+            "waiting": 12,
+            "held": True,
+            "sessions": [{"session_id": "s1", "from_seq": 3, "to_seq": 14}],
+        },
+    }
+    page.evaluate("message => window.__agentSupervisorTestHooks.inject(message)", error)
+    expect(banner).to_be_visible()
+    expect(banner).to_contain_text("The session store (/state/sessions.db) cannot be written")
+    expect(banner).to_contain_text("<b>disk full</b>")  # as text, never as markup
+    expect(banner).to_contain_text("12 events wait; retrying. Agents are held back")
+    recovered = {
+        "event": "store.recovered",
+        "session_id": None,
+        "seq": None,
+        "data": {"where": "/state/sessions.db", "failed_s": 2.5},
+    }
+    page.evaluate("message => window.__agentSupervisorTestHooks.inject(message)", recovered)
+    expect(banner).to_be_hidden()
+
+
 def test_without_a_token_the_page_asks_for_one(page: Page, server: GatewayThread) -> None:
     # Chromium logs each 401 (the page, its favicon) as a console error, whenever it likes.
     page.expected_problem = "status of 401"  # type: ignore[attr-defined]
