@@ -47,9 +47,8 @@ import base64
 import codecs
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import pyte
 from attrs import field, frozen
 
 from protocols import events as ev
@@ -63,6 +62,9 @@ from protocols.machine import (
     check_answer,
 )
 from protocols.mcp import McpServer
+
+if TYPE_CHECKING:
+    from protocols._screen import Screen, Stream
 
 __all__ = [
     "DEFAULT_COLS",
@@ -115,13 +117,6 @@ _FEED_CHARS: Final = 4096
 #: The most a picture of the screen takes: every cell of the largest screen as four bytes of
 #: UTF-8, plus a line break each; a picture over it (never, within the size bounds) is cut.
 MAX_SNAPSHOT_BYTES: Final = MAX_COLS * MAX_ROWS * 4 + MAX_ROWS * 2 + 64
-#: Answers to the agent's terminal queries sent per read at most: one or two are real; a
-#: program that floods queries gets no flood of keys back.
-_MAX_ANSWERS: Final = 8
-#: Answer lines kept per read as they scroll off the top before being told: a line a newline,
-#: so a read of the link's 64 KiB scrolls no more than this unless it is a flood of empty
-#: lines, whose rest is not told.
-_MAX_SCROLLED_LINES: Final = 4096
 #: Bracketed paste (xterm's mode 2004): what a terminal wraps pasted text in.
 _PASTE_START: Final = "\x1b[200~"
 _PASTE_END: Final = "\x1b[201~"
@@ -167,54 +162,6 @@ def check_size(cols: Any, rows: Any) -> None:
             raise ValueError(f"'{name}' must be a whole number from 1 to {top}, not {value!r}")
 
 
-class _Screen(pyte.Screen):
-    """pyte's screen, following the rows of a running turn's answer as lines scroll off the
-    top (a line that leaves untold is kept for the turn's text), and keeping what it would
-    answer the program."""
-
-    def __init__(self, cols: int, rows: int) -> None:
-        super().__init__(cols, rows)
-        #: a turn runs: rows at and below ``prompt_row`` are its answer; those above
-        #: ``told_row`` were told
-        self.following = False
-        self.prompt_row = 0
-        self.told_row = 0
-        #: answer lines that scrolled off the top before they were told
-        self.scrolled_off: list[str] = []
-        self.answers: list[str] = []
-
-    def index(self) -> None:
-        margins = self.margins
-        top, bottom = (0, self.lines - 1) if margins is None else margins
-        if self.cursor.y == bottom and top == 0:
-            if (
-                self.following
-                and self.prompt_row <= 0
-                and self.told_row <= 0
-                and len(self.scrolled_off) < _MAX_SCROLLED_LINES
-            ):
-                self.scrolled_off.append(_row_text(self, 0))
-            self.prompt_row = max(0, self.prompt_row - 1)
-            self.told_row = max(0, self.told_row - 1)
-        super().index()
-
-    def write_process_input(self, data: str) -> None:
-        if len(self.answers) < _MAX_ANSWERS:
-            self.answers.append(data)
-
-
-class _Stream(pyte.Stream):
-    """pyte's parser, with the two things a bounded feed needs of it: whether it is inside an
-    escape sequence, and a reset."""
-
-    @property
-    def in_sequence(self) -> bool:
-        return not self._taking_plain_text
-
-    def reset_parser(self) -> None:
-        self._initialize_parser()
-
-
 class TerminalClient(AgentProtocol):
     """Our side of one agent running in a pseudo-terminal."""
 
@@ -228,8 +175,10 @@ class TerminalClient(AgentProtocol):
         settings.check()
         self._prompt = re.compile(settings.prompt_pattern, re.MULTILINE)
         self._start = re.compile(settings.start_pattern or settings.prompt_pattern, re.MULTILINE)
-        self._screen = _Screen(settings.cols, settings.rows)
-        self._stream = _Stream(self._screen)
+        from protocols._screen import Screen, Stream  # pyte: ~25 ms, for terminal agents only
+
+        self._screen: Screen = Screen(settings.cols, settings.rows)
+        self._stream: Stream = Stream(self._screen)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         #: the screen's lines, trailing blanks removed (kept up to date from pyte's dirty set)
         self._lines = [""] * settings.rows
@@ -299,7 +248,7 @@ class TerminalClient(AgentProtocol):
         agent gets SIGWINCH and redraws)."""
         check_size(cols, rows)
         self._screen.resize(rows, cols)
-        self._lines = [_row_text(self._screen, y) for y in range(rows)]
+        self._lines = [self._screen.row_text(y) for y in range(rows)]
         self._screen.dirty.clear()
         self._text = "\n".join(self._lines)
         self._screen.prompt_row = min(self._screen.prompt_row, rows)
@@ -370,7 +319,7 @@ class TerminalClient(AgentProtocol):
         if screen.dirty:
             for y in screen.dirty:
                 if y < len(self._lines):
-                    self._lines[y] = _row_text(screen, y)
+                    self._lines[y] = screen.row_text(y)
             screen.dirty.clear()
             text = "\n".join(self._lines)
             if text != self._text:
@@ -459,11 +408,6 @@ class TerminalClient(AgentProtocol):
         else:
             finished = TurnFinished(turn, "end_turn", interrupted=False)
         step.events.append(finished)
-
-
-def _row_text(screen: _Screen, y: int) -> str:
-    row = screen.buffer[y]
-    return "".join(row[x].data for x in range(screen.columns)).rstrip()
 
 
 def _no_paste_end(text: str) -> str:
