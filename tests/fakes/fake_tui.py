@@ -9,10 +9,11 @@ alone stops the running answer (``interrupted``, then the prompt); Ctrl-C too. A
 turn to stop). On SIGWINCH it writes ``resized COLSxROWS`` below the prompt. ``--resume``
 writes ``resumed`` first (what a resume command would restore); ``--state FILE`` appends each
 prompt's text to FILE (how the tests see what reached the agent).
+``exit-after`` exits after its first answer unless resumed.
 
 Modes: ``normal``; ``ignore-esc`` (Escape and Ctrl-C do nothing: the answer runs on; SIGTERM
 too is ignored, so only the kill ends it); ``flood`` (a prompt with ``flood`` in it is answered
-with ~8 MB of lines at once); ``garbage`` (invalid UTF-8 and escape-sequence junk around every
+with ~2 MB of lines at once); ``garbage`` (invalid UTF-8 and escape-sequence junk around every
 answer, and an endless OSC title); ``no-prompt`` (draws a spinner forever and never the
 prompt); ``exit`` (exits at once, status 3); ``exit-after`` (exits after its first answer).
 """
@@ -32,8 +33,9 @@ PASTE_END = b"\x1b[201~"
 
 
 class Tui:
-    def __init__(self, mode: str, state: str | None) -> None:
+    def __init__(self, mode: str, state: str | None, resumed: bool) -> None:
         self.mode = mode
+        self.resumed = resumed
         self.state = state
         self.pending: list[bytes] = []  # answer lines still to draw
         self.next_at = 0.0
@@ -71,7 +73,7 @@ class Tui:
             lines += [f"more {i}".encode() for i in range(100)]
             self.interval = 0.1
         if self.mode == "flood" and "flood" in words:
-            lines += [b"x" * 100 + b" %d" % i for i in range(80_000)]
+            lines += [b"x" * 90 + b" %d" % i for i in range(20_000)]
         if self.mode == "garbage":
             lines = [b"\xff\xfe\xc3(\x1b[999;999;999m\x1b[?1049h\x1b]2;" + b"t" * 20_000, *lines]
             lines.append(b"\x1b[1;1r\x1b[5n\x9b\xe2\x82 \x1b[0m\x1b[?1049l")
@@ -132,7 +134,7 @@ class Tui:
                 return
             self.answering = False
             self.answers += 1
-            if self.mode == "exit-after":
+            if self.mode == "exit-after" and not self.resumed:
                 sys.exit(0)
             self.write(b"> ")
 
@@ -151,11 +153,15 @@ def main() -> None:
     if args.mode == "exit":
         sys.exit(3)
     tty.setraw(0)
-    tui = Tui(args.mode, args.state)
+    tui = Tui(args.mode, args.state, args.resume)
 
     def on_winch(signum: int, frame: object) -> None:
         tui.resized = True
 
+    # The handler runs between select()'s retries; the wake-up pipe makes select() return.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGWINCH, on_winch)
     if args.mode == "ignore-esc":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -171,14 +177,17 @@ def main() -> None:
             i += 1
             time.sleep(0.1)
     if args.mode == "garbage":
-        tui.write(b"\xc0\xc1\xf5\xff\x1b[\x1b]\x07\x1b[?25l\x1bP" + b"q" * 5000 + b"\x1b\\")
+        junk = b"\xc0\xc1\xf5\xff\x1b[\x1b]\x07\x1b[?25l\x1bP" + b"q" * 5000 + b"\x1b\\"
+        tui.write(junk + b"\r\n")
     tui.write(b"> ")
     while True:
         try:
-            ready, _, _ = select.select([0], [], [], tui.timeout())
+            ready, _, _ = select.select([0, wake_r], [], [], tui.timeout())
         except InterruptedError:
             ready = []
-        if ready:
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        if 0 in ready:
             try:
                 data = os.read(0, 65536)
             except OSError:
