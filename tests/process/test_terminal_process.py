@@ -8,7 +8,6 @@ import base64
 import sys
 from pathlib import Path
 
-import attrs
 import psutil
 import pytest
 import trio
@@ -17,7 +16,7 @@ from helpers import process_session
 from paths import TESTS
 from protocols import events as ev
 from protocols.terminal import TerminalSettings
-from supervisor import AgentSpec, Session
+from supervisor import AgentSpec
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.testing import Recorder
 
