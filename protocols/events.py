@@ -30,6 +30,7 @@ __all__ = [
     "SessionRecycled",
     "SessionState",
     "StreamGap",
+    "TerminalOutput",
     "ThoughtDelta",
     "ToolCall",
     "ToolUpdate",
@@ -279,6 +280,15 @@ class StreamGap(Event):
 
 
 @frozen(kw_only=True)
+class TerminalOutput(Event):
+    """Bytes a terminal agent wrote to its terminal, as read: ``data`` is their base64, for a
+    terminal view to draw (``protocols/terminal.py``)."""
+
+    kind: ClassVar[str] = "terminal.output"
+    data: str
+
+
+@frozen(kw_only=True)
 class AgentUnparsed(Event):
     """An agent message we do not understand: passed on, never a crash."""
 
@@ -308,6 +318,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AgentExited,
         ErrorEvent,
         StreamGap,
+        TerminalOutput,
         AgentUnparsed,
     )
 }

@@ -249,6 +249,21 @@ class SessionCore:
         self.agent.mode_waiters.append(waiter)
         self.apply(step)
 
+    def terminal(self, keys: str | None, size: tuple[int, int] | None) -> None:
+        """A person's ``keys`` for the agent's terminal, or its new ``size`` (cols, rows):
+        only for a protocol with a terminal, and only while an agent runs to take them."""
+        self._check_takes_calls()
+        machine = self.agent.machine
+        if machine is None or self.agent.live is None:
+            raise AgentNotRunning(f"session {self.id} is {self.state}: no agent to type into")
+        try:
+            step = machine.input(keys) if keys is not None else machine.resize(*size or (0, 0))
+        except NotImplementedError as exc:
+            raise BadRequest(f"agent {self.spec.name!r}: {exc}") from None
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self.apply(step)
+
     def respond_permission(self, request_id: str, option_id: str | None) -> None:
         self._check_takes_calls()
         machine = self.agent.machine

@@ -21,12 +21,14 @@ from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
     Call,
     Cancel,
+    Input,
     ListAgents,
     ListReceipts,
     ListSessions,
     PauseAll,
     PauseSession,
     Prompt,
+    Resize,
     RespondPermission,
     ResumeAll,
     ResumeSession,
@@ -91,6 +93,12 @@ class Actions:
                 return {"turn_id": turn.id, "queued": turn.queued, "held": turn.held}
             case SetMode():
                 await sup.get(call.session_id).set_mode(call.mode_id)
+                return {}
+            case Input():
+                await sup.get(call.session_id).input(call.data)
+                return {}
+            case Resize():
+                await sup.get(call.session_id).resize(call.cols, call.rows)
                 return {}
             case Steer():
                 return steer_to_wire(await sup.get(call.session_id).steer(call.text))

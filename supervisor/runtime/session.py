@@ -166,6 +166,17 @@ class _SetMode:
 
 
 @define
+class _Terminal:
+    keys: str | None
+    size: tuple[int, int] | None
+    reply: Reply[None]
+
+    def run(self, session: Session) -> None:
+        session.core.terminal(self.keys, self.size)
+        self.reply.resolve(None)
+
+
+@define
 class _RespondPermission:
     request_id: str
     option_id: str | None
@@ -247,6 +258,7 @@ _Call = (
     | _Steer
     | _RespondPermission
     | _SetMode
+    | _Terminal
     | _Subscribe
     | _Pause
     | _Resume
@@ -676,6 +688,17 @@ class Session:
             self.on_text(self.id, text)
         reply: Reply[SteerResult] = Reply()
         return await self._ask(_Steer(text, reply), reply)
+
+    async def input(self, data: str) -> None:
+        """Write ``data`` to a terminal agent's terminal as its UTF-8 bytes, nothing added (a
+        person answering the agent's own menu); :class:`BadRequest` for other protocols."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Terminal(data, None, reply), reply)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Make a terminal agent's terminal ``cols`` x ``rows`` (the agent gets SIGWINCH)."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Terminal(None, (cols, rows), reply), reply)
 
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False

@@ -47,6 +47,8 @@ __all__ = [
     "ResumeSession",
     "SearchSessions",
     "SetMode",
+    "Input",
+    "Resize",
     "StartSession",
     "Steer",
     "StopSession",
@@ -125,6 +127,13 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("content", (list,), required=False),
     ),
     "agent.set_mode": (_str("session_id"), _str("mode_id")),
+    # a terminal agent's (``protocol = "terminal"``): keys as typed, and its size
+    "session.input": (_str("session_id"), _str("data")),
+    "session.resize": (
+        _str("session_id"),
+        _Field("cols", (int,)),
+        _Field("rows", (int,)),
+    ),
     "agent.steer": (_str("session_id"), _str("text")),
     "agent.cancel": (
         _str("session_id"),
@@ -232,6 +241,23 @@ class SetMode:
 
 
 @frozen
+class Input:
+    action: ClassVar[str] = "session.input"
+
+    session_id: str
+    data: str
+
+
+@frozen
+class Resize:
+    action: ClassVar[str] = "session.resize"
+
+    session_id: str
+    cols: int
+    rows: int
+
+
+@frozen
 class Steer:
     action: ClassVar[str] = "agent.steer"
 
@@ -309,6 +335,8 @@ Call = (
     | Unsubscribe
     | Prompt
     | SetMode
+    | Input
+    | Resize
     | Steer
     | Cancel
     | RespondPermission
@@ -504,6 +532,10 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return SetMode(p["session_id"], p["mode_id"])
         case "agent.steer":
             return Steer(p["session_id"], p["text"])
+        case "session.input":
+            return Input(p["session_id"], p["data"])
+        case "session.resize":
+            return Resize(p["session_id"], p["cols"], p["rows"])
         case "agent.cancel":
             return Cancel(
                 session_id=p["session_id"], task_id=p.get("task_id"), reason=p.get("reason")
