@@ -327,11 +327,11 @@ class SessionCore:
                 waiter,
                 interrupted=self.life.stop_interrupted,
             )
-            job.dropped.extend(steers)
+            job.drop(steers)
             return
         self.begin_cancel(turn, now, reason, [waiter])
         if steers and turn.cancel is not None:
-            turn.cancel.dropped[:0] = steers
+            turn.cancel.drop(steers, first=True)
 
     def begin_cancel(
         self,
@@ -569,7 +569,8 @@ class SessionCore:
             return
         if self.recycler.failed_in_a_row:
             self.recycler.turn_stopped()
-        job.turn_ended(finished, self._io.now())  # 4. ended in time: cancelled, or completed
+        now = self._io.now()
+        job.turn_ended(finished, now)  # 4. ended in time: cancelled, or completed
         if self.agent.exiting is not None:
             # The turn is over but its process is not (Amp ends its run on the SIGINT that
             # stopped it): the receipt waits until it is gone and a new one runs, within the
@@ -588,10 +589,10 @@ class SessionCore:
             # after a tool call: the sweep scans /proc, ~1-2 ms, too dear for every cancel.)
             self._io.sweep(self.agent.live, turn.started_clock)
             return
-        self._finish_cancelled_turn(turn, job)
+        self._finish_cancelled_turn(turn, job, now)
 
-    def _finish_cancelled_turn(self, turn: Turn, job: CancelJob) -> None:
-        self.end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
+    def _finish_cancelled_turn(self, turn: Turn, job: CancelJob, now: float) -> None:
+        self.end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error, now=now)
         if self.recycler.due is not None:
             # Stopped for its memory (the agent ended the turn but still holds it), or its
             # machine asked for a restart meanwhile.
@@ -608,11 +609,12 @@ class SessionCore:
         turn = self.turn
         if generation != self.agent.live or turn is None or turn.cancel is None:
             return  # the agent died meanwhile: the respawn path ends the turn
-        turn.cancel.tools_swept(killed, survivors, self._io.now())
+        now = self._io.now()
+        turn.cancel.tools_swept(killed, survivors, now)
         if survivors:
             # The agent is fine; tools of its turn outlived SIGKILL: say so, never hide it.
             self.emit(ev.ErrorEvent(code="kill_failed", message=survivors_text(survivors)))
-        self._finish_cancelled_turn(turn, turn.cancel)
+        self._finish_cancelled_turn(turn, turn.cancel, now)
 
     def end_turn(
         self,
@@ -622,15 +624,14 @@ class SessionCore:
         *,
         error: str | None = None,
         hold: bool = False,
+        now: float | None = None,
     ) -> None:
         """The one place a running turn ends: one ``turn.ended``, the cancel's waiters
-        answered (``hold``: once the kill under way is done, see ``_held``)."""
-        receipt: CancelReceipt | None = None
+        answered (``hold``: once the kill under way is done, see ``_held``). ``now``: when it
+        ended, if the caller has read the clock already."""
         job = turn.cancel
-        if job is not None:
-            receipt = job.receipt(self.id, outcome, self._io.now())  # 7. the answer
-            self._ending = job  # no longer the turn's: should a bug stop us, still answered
-        else:
+        self.turn = None
+        if job is None:
             # A turn nobody cancelled: a later cancel naming it learns how it really ended.
             self.ended_turns.remember(
                 turn.id,
@@ -641,22 +642,20 @@ class SessionCore:
                     stop_reason=stop_reason,
                 ),
             )
-        self.turn = None
-        self.log.turn_ended(
-            turn.id,
-            outcome,
-            stop_reason,
-            error,
-            receipt_to_wire(receipt) if receipt is not None else None,
-            job.reason if job is not None else None,
-        )
-        if job is not None and receipt is not None:
+            self.log.turn_ended(turn.id, outcome, stop_reason, error, None, None)
+            receipt = None
+        else:
+            receipt = job.receipt(self.id, outcome, self._io.now() if now is None else now)
+            self._ending = job  # no longer the turn's: should a bug stop us, still answered
+            self.log.turn_ended(
+                turn.id, outcome, stop_reason, error, receipt_to_wire(receipt), job.reason
+            )
             self.ended_turns.remember(turn.id, receipt)
             if hold:
                 self._held = (job, receipt)
             else:
                 for waiter in job.waiters:
-                    waiter.resolve(receipt)
+                    waiter.resolve(receipt)  # 7. the answer
                 self._ending = None
             self._io.stopped(receipt)
         if turn.steers is not None:
