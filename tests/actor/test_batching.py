@@ -461,6 +461,7 @@ def _every_event() -> list[ev.Event]:
         ev.AgentExited(exit_code=0, signal=None, expected=True, **stamp),
         ev.ErrorEvent(code="agent_invalid_json", message="bad line", **stamp),
         ev.StreamGap(from_seq=3, to_seq=9, cause="history", **stamp),
+        ev.TerminalOutput(data="G1szMm1vaw==", **stamp),
         ev.AgentUnparsed(raw={"jsonrpc": "2.0", "method": "x", "params": [1, "two", None]}),
         ev.AgentUnparsed(raw=None, **stamp),
     ]
