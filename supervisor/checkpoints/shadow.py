@@ -159,6 +159,8 @@ class ShadowStore:
         self._env = _git_env()
         self._lock = trio.Lock()
         self._ready = False
+        #: the store branch's newest commit (the next snapshot's parent)
+        self._head: str | None = None
         #: the newest snapshot's big files: they are not in the index, so not listed as
         #: changed by it, and are looked at again each time
         self._last_big: Mapping[bytes, tuple[int, int]] = {}
@@ -220,6 +222,12 @@ class ShadowStore:
             settings["core.excludesFile"] = str(exclude)
         for key, value in settings.items():
             await self._git("config", key, value)
+        try:
+            head = await self._git("rev-parse", "--verify", "--quiet", _BRANCH.decode())
+        except CheckpointError:  # a new store: no snapshot yet
+            self._head = None
+        else:
+            self._head = head.strip().decode()
         self._ready = True
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -250,24 +258,14 @@ class ShadowStore:
                 await self._git("add", "-A")
             tree = (await self._git("write-tree")).strip().decode()
             message = json.dumps({"too_big": {os.fsdecode(p): v for p, v in too_big.items()}})
-            parent = await self._head()
             args = ["commit-tree", tree, "-m", message]
-            if parent is not None:
-                args += ["-p", parent]
+            if self._head is not None:
+                args += ["-p", self._head]
             commit = (await self._git(*args)).strip().decode()
             await self._git("update-ref", _BRANCH.decode(), commit)
+            self._head = commit
             self._last_big = too_big
             return Snapshot(commit, tree, too_big)
-
-    async def _head(self) -> str | None:
-        try:
-            return (
-                (await self._git("rev-parse", "--verify", "--quiet", _BRANCH.decode()))
-                .strip()
-                .decode()
-            )
-        except CheckpointError:
-            return None
 
     def _big_files(self, names: Iterable[bytes]) -> dict[bytes, tuple[int, int]]:
         """Of ``names``, the regular files larger than the limit (run in a worker thread)."""
