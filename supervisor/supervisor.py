@@ -28,6 +28,7 @@ from supervisor.agents.containment import choose
 from supervisor.agents.link import Launcher
 from supervisor.agents.process_link import ProcessLauncher
 from supervisor.agents.statefile import StateFile, sweep_orphans
+from supervisor.checkpoints import ShadowStore
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.core.exit import ExitStatus
 from supervisor.errors import (
@@ -124,8 +125,15 @@ class Supervisor:
         observers: Observers | None = None,
         store: SessionStore | None = None,
         stored: Iterable[StoredSession] = (),
+        checkpoints_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
+        directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
+        keeps none); None: none are kept."""
         self._nursery = nursery
+        self._checkpoints_dir = checkpoints_dir
+        #: one store per working directory: sessions sharing one take turns on its index
+        self._checkpoint_stores: dict[str, ShadowStore] = {}
         #: where every session and its events are written (``supervisor/store/``); None: not
         self.store = store
         #: what observes the sessions (metrics, traces); None: nothing does
@@ -312,6 +320,7 @@ class Supervisor:
             buffer_bytes=self.buffer_bytes,
             paused=self._pausing.for_new_session(),
             after=after,
+            checkpoints=self._checkpoint_store(spec, where),
         )
         self._sessions[session.id] = session
         self._observe(session)
@@ -320,6 +329,15 @@ class Supervisor:
         self._watch_stops(session)
         await self._nursery.start(self._run_session, session)
         return session
+
+    def _checkpoint_store(self, spec: AgentSpec, cwd: str) -> ShadowStore | None:
+        if self._checkpoints_dir is None or not spec.checkpoints:
+            return None
+        real = os.path.realpath(cwd)
+        store = self._checkpoint_stores.get(real)
+        if store is None:
+            store = self._checkpoint_stores[real] = ShadowStore(self._checkpoints_dir, real)
+        return store
 
     async def _revive(self, dormant: DormantSession) -> AnySession:
         """Start the agent of a stored session again (a prompt or steer came for it): the
@@ -677,6 +695,7 @@ async def open_supervisor(
                 observers=observers,
                 store=session_store,
                 stored=stored,
+                checkpoints_dir=Path(state_dir) / "checkpoints" if state_dir is not None else None,
             )
             try:
                 yield supervisor

@@ -57,3 +57,15 @@ class SessionIO(Protocol):
 
     def stopped(self, receipt: CancelReceipt) -> None:
         """A running turn was stopped and has ended: its receipt (the owner's recent stops)."""
+
+    def checkpoint(self, turn_id: str) -> None:
+        """Snapshot the working directory as ``turn_id``'s start;
+        :meth:`SessionCore.checkpoint_taken` follows."""
+
+    def turn_changes(self, turn_id: str) -> None:
+        """Snapshot the working directory and say what changed since ``turn_id`` started;
+        :meth:`SessionCore.turn_changes` follows."""
+
+    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        """Put the working directory back as it was at ``checkpoint_id``, the state before
+        kept as ``undo_id``; :meth:`SessionCore.rewound` follows."""
