@@ -334,6 +334,10 @@ class Supervisor:
         if self._checkpoints_dir is None or not spec.checkpoints:
             return None
         real = os.path.realpath(cwd)
+        if real in (os.path.sep, os.path.realpath(os.path.expanduser("~"))):
+            # Not a project: a snapshot would walk every file below (a home's caches, a
+            # whole filesystem), and every turn's start would wait for it.
+            return None
         store = self._checkpoint_stores.get(real)
         if store is None:
             store = self._checkpoint_stores[real] = ShadowStore(self._checkpoints_dir, real)
