@@ -608,13 +608,16 @@ async def open_supervisor(
     metrics: Metrics | None = None,
     tracer_provider: TracerProvider | None = None,
     store: str | None = None,
+    checkpoints: bool = True,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
     With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
     left by a supervisor that crashed are killed first, and this one records its own. A state
     directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
-    runs without that crash safety.
+    runs without that crash safety. Its local sessions' working directories are checkpointed
+    per turn under ``state_dir/checkpoints`` (``design/checkpoints.md``) unless ``checkpoints``
+    is false or their agent's ``checkpoints = false``.
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/agents/containment.py``); None reads
@@ -699,7 +702,11 @@ async def open_supervisor(
                 observers=observers,
                 store=session_store,
                 stored=stored,
-                checkpoints_dir=Path(state_dir) / "checkpoints" if state_dir is not None else None,
+                checkpoints_dir=(
+                    Path(state_dir) / "checkpoints"
+                    if state_dir is not None and checkpoints
+                    else None
+                ),
             )
             try:
                 yield supervisor
