@@ -61,6 +61,9 @@ class RecordingIO:
     leader_gone: bool = False
     ended_count: int = 0
     stops: list[CancelReceipt] = field(factory=list)
+    #: what was asked of the checkpoints, in order: ("checkpoint" | "turn_changes", turn id),
+    #: ("rewind", checkpoint id, undo id)
+    checkpoints: list[tuple[str, ...]] = field(factory=list)
 
     def now(self) -> float:
         return self.clock
@@ -101,6 +104,15 @@ class RecordingIO:
 
     def stopped(self, receipt: CancelReceipt) -> None:
         self.stops.append(receipt)
+
+    def checkpoint(self, turn_id: str) -> None:
+        self.checkpoints.append(("checkpoint", turn_id))
+
+    def turn_changes(self, turn_id: str) -> None:
+        self.checkpoints.append(("turn_changes", turn_id))
+
+    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        self.checkpoints.append(("rewind", checkpoint_id, undo_id))
 
     # -- what a test reads ---------------------------------------------------------------------
 
@@ -188,8 +200,14 @@ class AcpAgent:
 
 
 def acp_session(
-    spec: AgentSpec = ACP, *, max_queued: int = 32, resume: str | None = None
+    spec: AgentSpec = ACP,
+    *,
+    max_queued: int = 32,
+    resume: str | None = None,
+    checkpoints: bool = False,
 ) -> tuple[SessionCore, RecordingIO, AcpAgent]:
     io = RecordingIO()
-    core = SessionCore("s1", spec, cwd="/w", io=io, max_queued=max_queued, resume=resume)
+    core = SessionCore(
+        "s1", spec, cwd="/w", io=io, max_queued=max_queued, resume=resume, checkpoints=checkpoints
+    )
     return core, io, AcpAgent(core, io)
