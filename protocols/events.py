@@ -28,6 +28,7 @@ __all__ = [
     "SessionInfo",
     "SessionHeld",
     "SessionRecycled",
+    "SessionRewound",
     "SessionState",
     "StreamGap",
     "TerminalOutput",
@@ -227,6 +228,20 @@ class TurnEnded(Event):
     error: str | None = None
     receipt: dict[str, Any] | None = None
     reason: str | None = None
+    #: what the turn changed in the session's working directory (``{"path", "change"}``, see
+    #: ``design/checkpoints.md``); None: not known
+    changes: list[dict[str, Any]] | None = None
+
+
+@frozen(kw_only=True)
+class SessionRewound(Event):
+    """The working directory was put back as it was when ``turn_id`` started: the paths
+    ``restored``, and those ``not_restored`` (``{"path", "why"}``)."""
+
+    kind: ClassVar[str] = "session.rewound"
+    turn_id: str
+    restored: list[str] = field(factory=list)
+    not_restored: list[dict[str, str]] = field(factory=list)
 
 
 @frozen(kw_only=True)
@@ -313,6 +328,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PermissionResolved,
         TurnStalled,
         TurnEnded,
+        SessionRewound,
         SessionInfo,
         AgentStderr,
         AgentExited,

@@ -155,6 +155,10 @@ class AgentSpec:
     #: turn is stopped (``reason: "memory_limit"``) and the agent restarted, the session
     #: resumed. None or 0: no limit
     max_memory_mb: float | None = None
+    #: each turn's start is snapshotted in the supervisor's own store, its changes told on its
+    #: ``turn.ended``, and it can be rewound (``design/checkpoints.md``); local sessions of a
+    #: supervisor with a state directory
+    checkpoints: bool = True
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
@@ -444,6 +448,7 @@ _FIELDS = {
     "stall_s",
     "tool_stall_s",
     "max_memory_mb",
+    "checkpoints",
     "env",
     "cwd",
     "max_sessions",
@@ -568,6 +573,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         raise ConfigError(f"{at}: 'resume_command' must be a list of strings")
     if resume_command and not resume_command[0]:
         raise ConfigError(f"{at}: 'resume_command' must name a program first")
+    checkpoints = table.get("checkpoints", True)
+    if not isinstance(checkpoints, bool):
+        raise ConfigError(f"{at}: 'checkpoints' must be true or false")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -580,6 +588,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         stall_s=stall["stall_s"],
         tool_stall_s=stall["tool_stall_s"],
         max_memory_mb=float(max_memory) if max_memory else None,
+        checkpoints=checkpoints,
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),

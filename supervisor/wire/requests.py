@@ -45,6 +45,7 @@ __all__ = [
     "RespondPermission",
     "ResumeAll",
     "ResumeSession",
+    "Rewind",
     "SearchSessions",
     "SetMode",
     "Input",
@@ -139,6 +140,7 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _str("session_id"),
         _str("task_id", required=False),
         _str("reason", required=False),
+        _Field("rewind", (bool,), required=False),
     ),
     "permission.respond": (
         _str("session_id"),
@@ -147,6 +149,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("cancelled", (bool,), required=False),
     ),
     "session.stop": (_str("session_id"),),
+    # the working directory back as it was when a turn started (``design/checkpoints.md``)
+    "session.rewind": (_str("session_id"), _str("turn_id")),
     # the operator's pause of every session (``supervisor/pausing.py``)
     "gateway.pause": (_Field("deadline_s", (int, float), required=False),),
     "gateway.resume": (),
@@ -273,6 +277,8 @@ class Cancel:
     #: the turn meant (the wire's ``task_id``); None: whichever runs
     task_id: str | None = None
     reason: str | None = None
+    #: then rewind the working directory to the turn's start (``design/checkpoints.md``)
+    rewind: bool = False
 
 
 @frozen(kw_only=True)
@@ -284,6 +290,14 @@ class RespondPermission:
     #: exactly one of an option and ``cancelled``
     option_id: str | None = None
     cancelled: bool = False
+
+
+@frozen
+class Rewind:
+    action: ClassVar[str] = "session.rewind"
+
+    session_id: str
+    turn_id: str
 
 
 @frozen
@@ -341,6 +355,7 @@ Call = (
     | Cancel
     | RespondPermission
     | StopSession
+    | Rewind
     | PauseAll
     | ResumeAll
     | PauseSession
@@ -538,7 +553,10 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return Resize(p["session_id"], p["cols"], p["rows"])
         case "agent.cancel":
             return Cancel(
-                session_id=p["session_id"], task_id=p.get("task_id"), reason=p.get("reason")
+                session_id=p["session_id"],
+                task_id=p.get("task_id"),
+                reason=p.get("reason"),
+                rewind=bool(p.get("rewind")),
             )
         case "permission.respond":
             return RespondPermission(
@@ -549,6 +567,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             )
         case "session.stop":
             return StopSession(p["session_id"])
+        case "session.rewind":
+            return Rewind(p["session_id"], p["turn_id"])
         case "gateway.pause" | "session.pause":
             deadline: float | None = None
             if "deadline_s" in p:
