@@ -784,7 +784,7 @@ async def open_supervisor(
                 stored=stored,
                 retention=retention,
                 checkpoints_dir=(
-                    Path(state_dir) / "checkpoints"
+                    await _checkpoints_dir(Path(state_dir))
                     if state_dir is not None and checkpoints
                     else None
                 ),
@@ -831,6 +831,25 @@ def _observers(metrics: Metrics | None, provider: TracerProvider | None) -> Obse
 
         tracing = Tracing(provider)
     return Observers(metrics, tracing)
+
+
+async def _checkpoints_dir(state_dir: Path) -> Path | None:
+    """Where the sessions' per-turn checkpoints are kept; None (and one line in the log) if it
+    cannot be made: sessions then run without checkpoints rather than fail each turn's."""
+    directory = state_dir / "checkpoints"
+    try:
+        await trio.to_thread.run_sync(
+            functools.partial(directory.mkdir, parents=True, exist_ok=True)
+        )
+    except OSError as exc:
+        log.warning(
+            "checkpoints are off: %s cannot be used (%s): turns' changes are not recorded and"
+            " cannot be rewound",
+            directory,
+            exc.strerror or exc,
+        )
+        return None
+    return directory
 
 
 async def _open_state(directory: Path) -> StateFile | None:

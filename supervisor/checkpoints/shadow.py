@@ -205,7 +205,13 @@ class ShadowStore:
         if not os.path.isdir(self.cwd):
             raise CheckpointError(f"the working directory {self.cwd} is gone")
         if not (self.git_dir / "HEAD").exists():
-            self.git_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.git_dir.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"the checkpoint store {self.git_dir.parent} cannot be made:"
+                    f" {exc.strerror or exc}"
+                ) from None
             await self._git("init", "--quiet", "--bare", str(self.git_dir), store=False)
         settings = {
             "core.bare": "false",

@@ -530,7 +530,7 @@ class _AgentIO:
         assert store is not None
         try:
             snapshot = await store.snapshot()
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
             await self._post(_CheckpointTaken(turn_id, str(exc)))
         else:
             self._keep(turn_id, snapshot)
@@ -544,7 +544,7 @@ class _AgentIO:
         try:
             end = await store.snapshot()
             changes = [change.to_wire() for change in await store.changes(start, end)]
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
             await self._post(_TurnChanges(turn_id, None, str(exc)))
         else:
             await self._post(_TurnChanges(turn_id, changes, None))
@@ -556,7 +556,7 @@ class _AgentIO:
         assert store is not None and target is not None
         try:
             restored = await store.restore(target)
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
             await self._post(_Rewound(checkpoint_id, undo_id, None, str(exc)))
         else:
             self._keep(undo_id, restored.before)
