@@ -310,6 +310,11 @@ class SessionCore:
         now = self._io.now()
         if turn is None:
             # 1. no active turn: an immediate receipt; queued prompts are dropped and listed
+            # (or the turn that waits for its checkpoint is the one stopped)
+            starting = self._starting()
+            if starting is not None:
+                waiter.resolve(self._cancel_starting(starting, reason, rest=True))
+                return
             dropped = self.drop_queue(reason)
             waiter.resolve(
                 CancelReceipt(
@@ -393,6 +398,8 @@ class SessionCore:
 
     def _cancel_other_turn(self, turn_id: str, reason: str | None) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
+        if turn_id == self._starting():
+            return self._cancel_starting(turn_id, reason, rest=False)
         dropped = self.queue.take(turn_id)
         if dropped is not None:
             return self.drop(dropped, reason)
@@ -400,6 +407,43 @@ class SessionCore:
         if ended is None:
             raise BadRequest(f"unknown turn {turn_id!r} in session {self.id}")
         return ended
+
+    def _starting(self) -> str | None:
+        """The prompt at the queue's front that waits only for its checkpoint: its caller was
+        told it runs (``queued`` False), so a cancel stops it as the turn it is."""
+        checkpoints = self.checkpoints
+        if checkpoints.under_way != "start" or not self.queue:
+            return None
+        head = self.queue[0][0]
+        return head if head == checkpoints.starting else None
+
+    def _cancel_starting(self, turn_id: str, reason: str | None, *, rest: bool) -> CancelReceipt:
+        """Stop the turn that waits for its checkpoint: nothing reached the agent, so nothing
+        is interrupted; its one ``turn.ended`` says ``cancelled``. ``rest``: the prompts
+        queued behind it are dropped too, as a running turn's cancel drops them."""
+        self.queue.take(turn_id)
+        dropped = self.drop_queue(reason) if rest else []
+        receipt = CancelReceipt(
+            session_id=self.id,
+            turn_id=turn_id,
+            outcome="cancelled",
+            stop_reason="cancelled",
+            dropped_prompts=dropped,
+            elapsed_ms=0.0,
+            grace_s=self.spec.grace_s,
+            reason=reason,
+        )
+        self.ended_turns.remember(turn_id, receipt)
+        self.emit(
+            ev.TurnEnded(
+                turn_id=turn_id,
+                outcome="cancelled",
+                stop_reason="cancelled",
+                receipt=receipt_to_wire(receipt),
+                reason=reason,
+            )
+        )
+        return receipt
 
     def drop_queue(self, reason: str | None) -> list[DroppedPrompt]:
         dropped = self.queue.take_all()

@@ -35,16 +35,35 @@ def test_a_turn_starts_only_once_its_checkpoint_is_taken() -> None:
     assert core.turn_id == "t1" and core.state is State.RUNNING and prompt_sent(io)
 
 
-def test_a_cancel_never_waits_for_a_checkpoint() -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["the-running-turn", "by-its-id"])
+def test_a_cancel_never_waits_for_a_checkpoint(named: bool) -> None:
+    """The caller was told its prompt runs (not queued): a cancel stops it as the turn it is,
+    at once, nothing interrupted; one ``turn.ended``, ``cancelled``."""
     core, io, _agent = ready()
     core.prompt("edit", ())
+    core.prompt("behind it", ())
     slot = Slot()
-    core.cancel(None, "user", slot)
-    receipt = slot.receipt  # at once: the prompt is dropped, nothing was started
-    assert receipt.outcome == "no_active_turn"
-    assert [p.turn_id for p in receipt.dropped_prompts] == ["t1"]
-    core.checkpoint_taken("t1", None)  # comes later: nothing starts
-    assert core.turn is None and not prompt_sent(io)
+    core.cancel("t1" if named else None, "user", slot)
+    receipt = slot.receipt  # at once
+    assert (receipt.outcome, receipt.turn_id, receipt.stop_reason) == (
+        "cancelled",
+        "t1",
+        "cancelled",
+    )
+    assert receipt.escalation == [] and receipt.elapsed_ms == 0.0
+    # A cancel of the turn drops what waits behind it; one naming the turn leaves it queued.
+    assert [p.turn_id for p in receipt.dropped_prompts] == ([] if named else ["t2"])
+    ended = {e.turn_id: e for e in io.ended_turns()}
+    assert (ended["t1"].outcome, ended["t1"].stop_reason) == ("cancelled", "cancelled")
+    assert ("t2" in ended) is not named
+    core.checkpoint_taken("t1", None)  # comes later: t1 never starts
+    assert not prompt_sent(io)
+    if named:  # the prompt behind it is next, with its own checkpoint
+        assert io.checkpoints[-1] == ("checkpoint", "t2")
+        core.checkpoint_taken("t2", None)
+        assert core.turn_id == "t2"
+    else:
+        assert core.turn is None
 
 
 def test_a_stopped_turns_end_and_receipt_wait_for_its_changes_and_carry_them() -> None:
