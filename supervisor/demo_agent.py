@@ -28,6 +28,10 @@ break one turn and check that the next one works:
 ``tool=S``
     Run a pretend tool for S seconds before the reply: a tool call in progress,
     silent meanwhile, then its completion.
+``write=NAME``
+    Write the file NAME (a plain name: letters, digits, ``.``, ``-``, ``_``) in the session's
+    working directory before the reply, holding the prompt's text: a turn that edits a file,
+    for checkpoints and rewind. May be given more than once.
 ``fail``
     Answer the prompt with a JSON-RPC error after the reply.
 ``slow`` / ``fast``
@@ -239,6 +243,12 @@ class TurnPlan:
     hang: bool = False
     tool: float | None = None
     mcp: bool = False
+    #: files to write in the working directory (``write=NAME``)
+    writes: list[str] = field(default_factory=list)
+
+
+#: what ``write=NAME`` takes: a file right in the working directory, never a path out of it
+_WRITE_NAME = re.compile(r"[a-z0-9_-][a-z0-9._-]{0,99}")
 
 
 def _non_negative_float(text: str) -> float | None:
@@ -276,6 +286,8 @@ def parse_directives(text: str, options: Options) -> TurnPlan:
         if sep:
             if key == "words" and value.isdigit():
                 plan.words = int(value)
+            elif key == "write" and _WRITE_NAME.fullmatch(value):
+                plan.writes.append(value)
             elif key in ("delay", "stop-delay", "tool"):
                 number = _non_negative_float(value)
                 if number is not None:
@@ -1096,6 +1108,8 @@ class DemoAgent:
             if not await self._ask_permission(turn):
                 turn.stage = "ending"  # refused: nothing more is said
                 return
+        if plan.writes:
+            await trio.to_thread.run_sync(_write_files, turn.session.cwd, plan.writes, turn.text)
         if plan.tool is not None:
             await self._run_tool(turn, plan.tool)
         await self._stream(turn)
@@ -1300,6 +1314,14 @@ class DemoAgent:
         return proc, reported
 
 
+def _write_files(cwd: str, names: list[str], text: str) -> None:
+    """``write=NAME``: each file holds the prompt's text (run in a worker thread)."""
+    for name in names:
+        with open(os.path.join(cwd, name), "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        log(f"wrote {name} in {cwd}")
+
+
 def _permission_outcome(answer: dict[str, Any]) -> str:
     """Map the client's answer to "allow", "reject" or "cancelled"."""
     error = answer.get("error")
@@ -1343,7 +1365,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         prog="python -m supervisor.demo_agent",
         description="Demo ACP v1 agent on stdio (no keys, no network). "
         "Prompt directives: permission crash grandchildren garbage huge flood fail mute "
-        "hang mcp slow fast ignore-cancel words=N delay=S stop-delay=S tool=S.",
+        "hang mcp slow fast ignore-cancel words=N delay=S stop-delay=S tool=S write=NAME.",
     )
     parser.add_argument(
         "--words", type=int, default=defaults.words, help="words per reply (default 40)"

@@ -3,8 +3,10 @@ own (``design/checkpoints.md``)."""
 
 from supervisor.checkpoints.shadow import (
     DEFAULT_MAX_FILE_BYTES,
+    DIFF_MAX_BYTES,
     Change,
     CheckpointError,
+    Diff,
     Restored,
     ShadowStore,
     Snapshot,
@@ -13,8 +15,10 @@ from supervisor.checkpoints.shadow import (
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "DIFF_MAX_BYTES",
     "Change",
     "CheckpointError",
+    "Diff",
     "Restored",
     "ShadowStore",
     "Snapshot",

@@ -35,9 +35,11 @@ from attrs import field, frozen
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "DIFF_MAX_BYTES",
     "GIT_TIMEOUT_S",
     "Change",
     "CheckpointError",
+    "Diff",
     "Restored",
     "ShadowStore",
     "Snapshot",
@@ -50,6 +52,9 @@ DEFAULT_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
 #: A git call that takes longer is killed and the checkpoint fails with why. A first snapshot
 #: of a 100,000-file tree hashes every file: seconds on a slow disk, not minutes.
 GIT_TIMEOUT_S: Final = 60.0
+#: A diff longer than this is cut there (and says so): it is for a person to read on a page,
+#: and a rewritten data file can differ by megabytes.
+DIFF_MAX_BYTES: Final = 256 * 1024
 #: The store's branch: its commits chain every snapshot, so none is ever unreachable.
 _BRANCH: Final = b"refs/heads/checkpoints"
 #: git's modes, as a change's detail names them
@@ -118,6 +123,28 @@ class Restored:
             "not_restored": [
                 {"path": shown_path(path), "why": why} for path, why in self.not_restored
             ],
+        }
+
+
+@frozen
+class Diff:
+    """One path's difference between two snapshots, as a unified diff."""
+
+    #: git's unified diff (``""``: no difference), cut at the limit
+    text: str
+    #: the diff was longer than the limit: ``text`` is its beginning
+    truncated: bool = False
+    #: git found the content binary: ``text`` says only that it differs
+    binary: bool = False
+    #: too big to keep: its content is in neither snapshot, so there is no diff to show
+    too_big: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "diff": self.text,
+            "truncated": self.truncated,
+            "binary": self.binary,
+            "too_big": self.too_big,
         }
 
 
@@ -316,6 +343,28 @@ class ShadowStore:
             elif seen is None:
                 found[path] = Change(path, "deleted", None)
         return [found[path] for path in sorted(found)]
+
+    async def diff(
+        self, old: Snapshot, new: Snapshot, path: bytes, *, max_bytes: int = DIFF_MAX_BYTES
+    ) -> Diff:
+        """``path``'s unified diff from ``old`` to ``new`` (read from the store's objects: the
+        working directory is not looked at, and the index is not used)."""
+        if path in old.too_big or path in new.too_big:
+            return Diff("", too_big=True)
+        out = await self._git(
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-renames",
+            old.tree,
+            new.tree,
+            "--",
+            b":(literal)" + path,
+        )
+        binary = any(line.startswith(b"Binary files ") for line in out.splitlines()[:8])
+        truncated = len(out) > max_bytes
+        text = out[:max_bytes].decode("utf-8", "replace")
+        return Diff(text, truncated=truncated, binary=binary)
 
     async def _diff(self, old: str, new: str) -> list[tuple[str, str, str, str, bytes]]:
         """``git diff-tree -r --raw -z``: (old mode, new mode, new blob, status, path)."""

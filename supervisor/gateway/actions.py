@@ -21,6 +21,7 @@ from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
     Call,
     Cancel,
+    Diff,
     Input,
     ListAgents,
     ListReceipts,
@@ -112,6 +113,8 @@ class Actions:
                 return {}
             case Rewind():
                 return await self._local(call.session_id).rewind(call.turn_id)
+            case Diff():
+                return await self._local(call.session_id).diff(call.turn_id, call.path)
             case StopSession():
                 status = await sup.stop_session(sup.get(call.session_id).id)
                 return {"exit_code": status.code if status is not None else None}

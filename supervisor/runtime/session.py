@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -61,7 +62,7 @@ from supervisor.core.lifecycle import survivors_text
 from supervisor.core.pause import Pause
 from supervisor.core.session import URGENT_STATES, SessionCore, TurnHandle
 from supervisor.core.states import State
-from supervisor.errors import AgentNotRunning, BadRequest, SupervisorError
+from supervisor.errors import AgentNotRunning, BadRequest, CheckpointFailed, SupervisorError
 from supervisor.receipt import REASON_USER, CancelReceipt
 from supervisor.runtime.alarm import AlarmClock
 from supervisor.runtime.context import Said, context_text, said_in
@@ -520,9 +521,11 @@ class _AgentIO:
     def _keep(self, checkpoint_id: str, snapshot: Snapshot) -> None:
         """A new snapshot a rewind may name (the core keeps its id once told); those the core
         no longer keeps are forgotten."""
-        snapshots = self._session._snapshots
-        for forgotten in self._session.core.checkpoints.forgotten(set(snapshots)):
+        session = self._session
+        snapshots = session._snapshots
+        for forgotten in session.core.checkpoints.forgotten(set(snapshots)):
             del snapshots[forgotten]
+            session._ends.pop(forgotten, None)
         snapshots[checkpoint_id] = snapshot
 
     async def _checkpoint(self, turn_id: str) -> None:
@@ -547,6 +550,7 @@ class _AgentIO:
         except (CheckpointError, OSError) as exc:
             await self._post(_TurnChanges(turn_id, None, str(exc)))
         else:
+            session._ends[turn_id] = end
             await self._post(_TurnChanges(turn_id, changes, None))
 
     async def _rewind(self, checkpoint_id: str, undo_id: str) -> None:
@@ -651,6 +655,9 @@ class Session:
         self._checkpoints = checkpoints
         #: the snapshots a rewind may go back to, by checkpoint id (as many as the core keeps)
         self._snapshots: dict[str, Snapshot] = {}
+        #: each ended turn's snapshot at its end, by turn id (:meth:`diff`): forgotten with
+        #: its start
+        self._ends: dict[str, Snapshot] = {}
         last_seq, turns = after
         if last_seq or turns:
             self.core.log.seq = self._fanout.head_seq = last_seq
@@ -792,6 +799,25 @@ class Session:
         back."""
         reply: Reply[dict[str, Any]] = Reply()
         return await self._ask(_Rewind(turn_id, reply), reply)
+
+    async def diff(self, turn_id: str, path: str) -> dict[str, Any]:
+        """What the ended turn ``turn_id`` did to ``path`` (relative to the working
+        directory), as a unified diff: ``{"turn_id", "path", "diff", "truncated", "binary",
+        "too_big"}``. Read from the checkpoints, so a rewind since changes nothing of it."""
+        store = self._checkpoints
+        if store is None:
+            raise BadRequest(f"session {self.id} keeps no checkpoints (checkpoints off)")
+        start, end = self._snapshots.get(turn_id), self._ends.get(turn_id)
+        if start is None or end is None:
+            raise BadRequest(
+                f"session {self.id} has no changes of {turn_id!r} (a turn that has ended, whose"
+                " checkpoints are kept)"
+            )
+        try:
+            diff = await store.diff(start, end, os.fsencode(path))
+        except CheckpointError as exc:
+            raise CheckpointFailed(f"session {self.id}: no diff of {path!r}: {exc}") from None
+        return {"turn_id": turn_id, "path": path, **diff.to_wire()}
 
     async def steer(self, text: str) -> SteerResult:
         """Redirect the running turn with ``text``: joined to it natively where the agent can

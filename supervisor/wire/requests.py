@@ -34,6 +34,7 @@ __all__ = [
     "MAX_PROMPT_FRAME_BYTES",
     "Call",
     "Cancel",
+    "Diff",
     "ListAgents",
     "ListReceipts",
     "ListSessions",
@@ -151,6 +152,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
     "session.stop": (_str("session_id"),),
     # the working directory back as it was when a turn started (``design/checkpoints.md``)
     "session.rewind": (_str("session_id"), _str("turn_id")),
+    # what an ended turn did to one path, as a unified diff (``design/checkpoints.md``)
+    "session.diff": (_str("session_id"), _str("turn_id"), _str("path")),
     # the operator's pause of every session (``supervisor/pausing.py``)
     "gateway.pause": (_Field("deadline_s", (int, float), required=False),),
     "gateway.resume": (),
@@ -301,6 +304,16 @@ class Rewind:
 
 
 @frozen
+class Diff:
+    action: ClassVar[str] = "session.diff"
+
+    session_id: str
+    turn_id: str
+    #: relative to the session's working directory, as ``changes`` names it
+    path: str
+
+
+@frozen
 class StopSession:
     action: ClassVar[str] = "session.stop"
 
@@ -356,6 +369,7 @@ Call = (
     | RespondPermission
     | StopSession
     | Rewind
+    | Diff
     | PauseAll
     | ResumeAll
     | PauseSession
@@ -569,6 +583,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return StopSession(p["session_id"])
         case "session.rewind":
             return Rewind(p["session_id"], p["turn_id"])
+        case "session.diff":
+            return Diff(p["session_id"], p["turn_id"], p["path"])
         case "gateway.pause" | "session.pause":
             deadline: float | None = None
             if "deadline_s" in p:

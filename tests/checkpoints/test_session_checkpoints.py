@@ -185,3 +185,29 @@ async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
                 await plain.rewind(turn.id)
     assert not os.path.exists(work / ".git" / "refs" / "heads" / "checkpoints")
     subprocess.run(["git", "status"], cwd=work, check=True, capture_output=True)
+
+
+async def test_a_turns_diff_of_one_path_from_its_checkpoints(tmp_path: Path, work: Path) -> None:
+    launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            turn = await session.prompt("edit the files")
+            await launcher.wrote.wait()
+            with pytest.raises(BadRequest, match="has no changes of"):
+                await session.diff(turn.id, "src/app.py")  # still running
+            await session.cancel(rewind=True)
+
+            modified = await session.diff(turn.id, "src/app.py")
+            assert "-print('first')\n+print('rewritten')\n" in modified["diff"]
+            assert modified["diff"].startswith("diff --git a/src/app.py b/src/app.py\n")
+            assert (modified["binary"], modified["truncated"]) == (False, False)
+            deleted = await session.diff(turn.id, "notes.txt")
+            assert "deleted file mode" in deleted["diff"] and "-notes\n" in deleted["diff"]
+            binary = await session.diff(turn.id, "new/dir/made.bin")
+            assert binary["binary"] is True
+            assert "Binary files /dev/null and b/new/dir/made.bin differ" in binary["diff"]
+            untouched = await session.diff(turn.id, "other.txt")
+            assert untouched["diff"] == ""
