@@ -18,7 +18,9 @@ answer a permission request. Typing while a turn runs writes a *steer*: Enter se
 running turn (``session.steer``: joined natively where the agent can, else the turn makes way),
 and the chat says which way it went; the keys are not echoed meanwhile, so the agent's output
 stays whole. When stdin is not a terminal the chat reads plain lines instead (``/stop`` stands
-for Esc, ``/steer TEXT`` steers), so it can be scripted.
+for Esc, ``/steer TEXT`` steers), so it can be scripted. ``/rewind [TURN]`` puts the working
+directory's files back as they were before a turn (the last one by default; ``design/
+checkpoints.md``), and says what it restored and how to undo it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from supervisor.config import builtin_agents, load_agents
 from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
 from supervisor.remote.hosts import load_hosts
-from supervisor.runtime.session import Subscription
+from supervisor.runtime.session import Session, Subscription
 from supervisor.steering import SteerResult
 from supervisor.supervisor import AnySession, open_supervisor
 from supervisor.wire.codec import converter, known_event
@@ -243,6 +245,18 @@ class SteerFailed:
     message: str
 
 
+@frozen
+class RewindDone:
+    """``session.rewind``'s answer: ``turn_id``, ``restored``, ``not_restored``, ``undo``."""
+
+    result: dict[str, Any]
+
+
+@frozen
+class RewindFailed:
+    message: str
+
+
 Input = (
     Key
     | Line
@@ -257,6 +271,8 @@ Input = (
     | PermissionFailed
     | SteerDone
     | SteerFailed
+    | RewindDone
+    | RewindFailed
     | ev.Event
 )
 
@@ -283,11 +299,16 @@ class SendPermission:
 
 
 @frozen
+class SendRewind:
+    turn_id: str
+
+
+@frozen
 class Quit:
     code: int
 
 
-Command = SendPrompt | SendCancel | SendSteer | SendPermission | Quit
+Command = SendPrompt | SendCancel | SendSteer | SendPermission | SendRewind | Quit
 
 # -- the core --------------------------------------------------------------------------------
 
@@ -342,6 +363,10 @@ class ChatCore:
         self._prompt_visible = False
         self._steer_buffer: list[str] = []  # a steer typed while a turn runs (not echoed)
         self._steers_in_flight = 0
+        #: the session's newest turn (what ``/rewind`` alone rewinds)
+        self._last_turn: str | None = None
+        #: a ``/rewind`` is under way: lines and the prompt wait for its answer, as for a turn
+        self._rewinding = False
 
     # -- public ----------------------------------------------------------------------------
 
@@ -352,10 +377,13 @@ class ChatCore:
         if self.interactive:
             help_text = (
                 "Enter sends · type while a turn runs to steer it · Esc or Ctrl-C stops the"
-                " turn · Ctrl-D or /quit quits"
+                " turn · /rewind [TURN] undoes files · Ctrl-D or /quit quits"
             )
         else:
-            help_text = "/stop stops the turn · /steer TEXT steers it · /quit or end of input quits"
+            help_text = (
+                "/stop stops the turn · /steer TEXT steers it · /rewind [TURN] undoes files"
+                " · /quit or end of input quits"
+            )
         self._status(f"chat with {label} · {help_text}")
         self._show_prompt()
 
@@ -462,7 +490,10 @@ class ChatCore:
         elif key.name == ENTER and self._steer_buffer:
             text = "".join(self._steer_buffer)
             self._steer_buffer.clear()
-            self._steer(text)
+            if text.split(maxsplit=1)[:1] == ["/rewind"]:  # a command, never a steer
+                self._status("a turn is running: stop it first (Esc), then /rewind")
+            else:
+                self._steer(text)
 
     def _steer(self, text: str) -> None:
         if not text.strip():
@@ -483,14 +514,46 @@ class ChatCore:
             self._status("no turn is running")
         elif command.startswith("/steer ") or command == "/steer":
             self._steer(command.removeprefix("/steer").strip())
+        elif command.split(maxsplit=1)[0] == "/rewind":
+            self._rewind(command.removeprefix("/rewind").strip())
         else:
             self._turn = _TurnView(text)
             self._commands.append(SendPrompt(text))
 
+    def _rewind(self, turn_id: str) -> None:
+        target = turn_id or self._last_turn
+        if target is None:
+            self._status("no turn to rewind yet")
+            return
+        self._rewinding = True
+        self._status(f"↶ rewinding the files to before {_clean(target)}…")
+        self._commands.append(SendRewind(target))
+
+    def _rewound(self, item: RewindDone | RewindFailed) -> None:
+        self._rewinding = False
+        if isinstance(item, RewindFailed):
+            self._status(f"✗ rewind failed: {item.message}")
+            return
+        result = item.result
+        restored = [_clean(str(path)) for path in result.get("restored", [])]
+        turn = _clean(str(result.get("turn_id", "")))
+        self._status(
+            f"↶ files as they were before {turn}: "
+            + (f"restored {', '.join(restored)}" if restored else "nothing to restore")
+        )
+        for missed in result.get("not_restored", []):
+            why = _clean(str(missed.get("why", "")))
+            self._status(f"  ✗ not restored: {_clean(str(missed.get('path', '')))} ({why})")
+        if result.get("undo"):
+            self._status(f"  /rewind {_clean(str(result['undo']))} undoes this rewind")
+
     def _drain_lines(self) -> None:
-        """Lines (non-interactive stdin) in order: prompts wait for the turn to end."""
+        """Lines (non-interactive stdin) in order: prompts wait for the turn (or the rewind)
+        to end."""
         while self._lines and not self.quitting:
             line = self._lines[0].strip()
+            if self._rewinding:
+                return
             if self._turn is None:
                 self._lines.popleft()
                 if line:
@@ -512,7 +575,7 @@ class ChatCore:
                 return
 
     def _quit_when_idle(self) -> None:
-        if self._turn is not None or self._lines:
+        if self._turn is not None or self._lines or self._rewinding:
             return
         if self._session_over is not None:
             self._status(f"✗ {self._session_over}")
@@ -577,10 +640,14 @@ class ChatCore:
         | CancelFailed
         | PermissionFailed
         | SteerDone
-        | SteerFailed,
+        | SteerFailed
+        | RewindDone
+        | RewindFailed,
     ) -> None:
         turn = self._turn
-        if isinstance(item, PermissionFailed):
+        if isinstance(item, RewindDone | RewindFailed):
+            self._rewound(item)
+        elif isinstance(item, PermissionFailed):
             self._status(f"✗ permission answer failed: {item.message}")
         elif isinstance(item, SteerDone | SteerFailed):
             self._steer_answered(item)
@@ -649,6 +716,7 @@ class ChatCore:
             if self._mine(event.turn_id):
                 self._write_stream("thought", _clean(event.text))
         elif isinstance(event, ev.TurnStarted):
+            self._last_turn = event.turn_id
             if self._turn is not None and self._turn.turn_id is None:
                 self._turn.turn_id = event.turn_id
         elif isinstance(event, ev.TurnSteered):
@@ -780,7 +848,7 @@ class ChatCore:
         """The prompt and the line typed so far, unless they are on screen already."""
         if self._prompt_visible or not self.interactive or self.quitting:
             return
-        if self._turn is not None or self._session_over is not None:
+        if self._turn is not None or self._session_over is not None or self._rewinding:
             return
         self._end_line()
         self._write("› " + "".join(self._buffer))
@@ -823,6 +891,10 @@ class ChatBackend(Protocol):
         """Answer a permission request with an option, or as cancelled (``None``)."""
         ...
 
+    async def rewind(self, turn_id: str) -> dict[str, Any]:
+        """Put the files back as they were before ``turn_id`` (``session.rewind``'s answer)."""
+        ...
+
     def events(self) -> AsyncIterator[ev.Event]:
         """The session's events, in order, from when the backend was opened."""
         ...
@@ -860,6 +932,14 @@ class EmbeddedBackend:
             await self._session.respond_permission(
                 request_id, option_id, cancelled=option_id is None
             )
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def rewind(self, turn_id: str) -> dict[str, Any]:
+        if not isinstance(self._session, Session):
+            raise ChatError("a rewind is for sessions on this machine: this one is on a host")
+        try:
+            return await self._session.rewind(turn_id)
         except SupervisorError as exc:
             raise ChatError(str(exc)) from exc
 
@@ -1003,6 +1083,9 @@ class RemoteBackend:
     async def respond_permission(self, request_id: str, option_id: str | None) -> None:
         with _gateway_errors():
             await self._client.respond_permission(self._session_id, request_id, option_id)
+
+    async def rewind(self, turn_id: str) -> dict[str, Any]:
+        return await self._request("session.rewind", {"turn_id": turn_id})
 
     async def events(self) -> AsyncIterator[ev.Event]:
         while True:
@@ -1231,7 +1314,7 @@ async def _converse(core: ChatCore, backend: ChatBackend, console: _Console) -> 
 
 async def _perform(
     backend: ChatBackend,
-    command: SendPrompt | SendCancel | SendSteer | SendPermission,
+    command: SendPrompt | SendCancel | SendSteer | SendPermission | SendRewind,
     send: trio.MemorySendChannel[Input],
 ) -> None:
     """Carry out one command and post its answer back to the UI loop."""
@@ -1251,6 +1334,11 @@ async def _perform(
             result = SteerDone(await backend.steer(command.text))
         except ChatError as exc:
             result = SteerFailed(str(exc))
+    elif isinstance(command, SendRewind):
+        try:
+            result = RewindDone(await backend.rewind(command.turn_id))
+        except ChatError as exc:
+            result = RewindFailed(str(exc))
     else:
         try:
             await backend.respond_permission(command.request_id, command.option_id)

@@ -38,9 +38,12 @@ from supervisor.clients.chat import (
     Line,
     PromptAccepted,
     Quit,
+    RewindDone,
+    RewindFailed,
     SendCancel,
     SendPermission,
     SendPrompt,
+    SendRewind,
     SendSteer,
     SteerDone,
 )
@@ -129,6 +132,35 @@ def test_lines_wait_for_the_turn_but_stop_and_end_of_input_do_not() -> None:
     core.feed(ev.TurnEnded(turn_id="t2", outcome="cancelled"))
     receipt = CancelReceipt(session_id="s1", turn_id="t2", outcome="cancelled")
     assert core.feed(CancelDone(receipt)) == [Quit(0)]
+
+
+def test_rewind_defaults_to_the_last_turn_and_says_what_it_restored() -> None:
+    core = ChatCore(interactive=False, color=False)
+    assert core.feed(Line("/rewind")) == []
+    assert "no turn to rewind yet" in core.take_output()
+    core.feed(Line("one"))
+    core.feed(PromptAccepted("t1"))
+    core.feed(ev.TurnStarted(turn_id="t1", text="one"))
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="completed"))
+    assert core.feed(Line("/rewind")) == [SendRewind("t1")]
+    # A prompt waits for the rewind's answer, as it waits for a turn.
+    assert core.feed(Line("two")) == []
+    answer = {
+        "turn_id": "t1",
+        "restored": ["a.txt", "b\x1b[2Jc.txt"],
+        "not_restored": [{"path": "big.bin", "why": "too big"}],
+        "undo": "r1",
+    }
+    assert core.feed(RewindDone(answer)) == [SendPrompt("two")]
+    shown = core.take_output()
+    assert "↶ files as they were before t1: restored a.txt, b[2Jc.txt\n" in shown
+    assert "✗ not restored: big.bin (too big)" in shown
+    assert "/rewind r1 undoes this rewind" in shown
+    core.feed(PromptAccepted("t2"))
+    core.feed(ev.TurnEnded(turn_id="t2", outcome="completed"))
+    assert core.feed(Line("/rewind t1")) == [SendRewind("t1")]
+    core.feed(RewindFailed("session s1 cannot rewind now: busy"))
+    assert "✗ rewind failed: session s1 cannot rewind now: busy" in core.take_output()
 
 
 def test_a_status_line_at_the_prompt_redraws_the_line_being_typed() -> None:
@@ -450,6 +482,34 @@ async def test_remote_chat_through_a_gateway(config: str) -> None:
             assert await client.sessions() == []  # quitting stopped the chat's session
     finally:
         await _reap(serve, signal.SIGINT)
+
+
+async def test_rewind_in_the_terminal_puts_the_files_back(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_bytes(b"mine\n")
+    demo = [sys.executable, "-m", "supervisor.demo_agent", "--delay", "0.01"]
+    demo += ["--state-dir", str(tmp_path / "state")]
+    config = tmp_path / "agents.toml"
+    config.write_text(
+        f'[agents.writer]\nprotocol = "acp"\ncommand = {json.dumps(demo)}\n'
+        f"cwd = {json.dumps(str(work))}\n"
+    )
+    async with chat_in_pty("--agent", "writer", "--config", str(config)) as terminal:
+        await terminal.expect(r"› ")
+        await terminal.send(b"write=notes.txt write=new.txt words=2\r")
+        await terminal.expect(r"Hello! I \n› ")
+        assert (work / "notes.txt").read_bytes() == b"write=notes.txt write=new.txt words=2\n"
+        await terminal.send(b"/rewind\r")
+        await terminal.expect(r"files as they were before t1: restored new\.txt, notes\.txt\n")
+        await terminal.expect(r"/rewind r1 undoes this rewind\n› ")
+        assert (work / "notes.txt").read_bytes() == b"mine\n"
+        assert not (work / "new.txt").exists()
+        await terminal.send(b"/rewind r1\r")
+        await terminal.expect(r"before r1: restored new\.txt, notes\.txt\n")
+        assert (work / "new.txt").exists()
+        await terminal.send(b"\x04")
+        assert await terminal.wait_exit() == 0
 
 
 async def test_piped_stdin_is_read_as_lines(config: str) -> None:
