@@ -159,6 +159,9 @@ class AgentSpec:
     #: ``turn.ended``, and it can be rewound (``design/checkpoints.md``); local sessions of a
     #: supervisor with a state directory
     checkpoints: bool = True
+    #: after a rewind, the next prompt the agent gets starts with a line saying the files were
+    #: put back to an earlier state, and which (its picture of them is the one undone)
+    tell_rewind: bool = True
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
@@ -449,6 +452,7 @@ _FIELDS = {
     "tool_stall_s",
     "max_memory_mb",
     "checkpoints",
+    "tell_rewind",
     "env",
     "cwd",
     "max_sessions",
@@ -576,6 +580,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     checkpoints = table.get("checkpoints", True)
     if not isinstance(checkpoints, bool):
         raise ConfigError(f"{at}: 'checkpoints' must be true or false")
+    tell_rewind = table.get("tell_rewind", True)
+    if not isinstance(tell_rewind, bool):
+        raise ConfigError(f"{at}: 'tell_rewind' must be true or false")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -589,6 +596,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         tool_stall_s=stall["tool_stall_s"],
         max_memory_mb=float(max_memory) if max_memory else None,
         checkpoints=checkpoints,
+        tell_rewind=tell_rewind,
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),

@@ -18,11 +18,30 @@ from supervisor.core.ladder import CancelJob
 from supervisor.core.waiter import Waiter
 from supervisor.receipt import CancelReceipt
 
-__all__ = ["CHECKPOINTS_KEPT", "Checkpoints", "HeldEnd"]
+__all__ = ["CHECKPOINTS_KEPT", "REWIND_NOTICE_PATHS", "Checkpoints", "HeldEnd", "rewind_notice"]
 
 #: Checkpoints a session can rewind to (the newest; a rewind's own counts as one). Each is a
 #: few ids in memory; the store keeps their files, deduplicated, whatever the number.
 CHECKPOINTS_KEPT: Final = 256
+#: Paths a rewind notice names (then "and N more"): it is one line in front of a prompt, and
+#: a rewind of a generated tree can restore thousands.
+REWIND_NOTICE_PATHS: Final = 10
+#: Characters of one path in a rewind notice (longer ones are cut, ``...`` after).
+_NOTICE_PATH_CHARS: Final = 200
+
+
+def rewind_notice(checkpoint_id: str, paths: list[str]) -> str:
+    """The line an agent gets in front of its next prompt after a rewind: its picture of the
+    files is the one the rewind undid."""
+    before = f"the rewind {checkpoint_id}" if checkpoint_id.startswith("r") else checkpoint_id
+    shown = [p if len(p) <= _NOTICE_PATH_CHARS else p[:_NOTICE_PATH_CHARS] + "..." for p in paths]
+    named = ", ".join(shown[:REWIND_NOTICE_PATHS])
+    if len(paths) > REWIND_NOTICE_PATHS:
+        named += f" and {len(paths) - REWIND_NOTICE_PATHS} more"
+    return (
+        f"[The user rewound the files to how they were before {before}: {named} were restored;"
+        " your changes to them since are undone. Read them again before relying on them.]\n\n"
+    )
 
 
 @define
@@ -57,6 +76,21 @@ class Checkpoints:
         #: ids a rewind may name, oldest first: turns' starts and rewinds' own states
         self._kept: dict[str, None] = {}
         self._rewinds = 0
+        #: what the agent is told with its next prompt after a rewind (``tell_rewind``): the
+        #: newest rewind's id and every path the rewinds since its last prompt restored
+        self.told: tuple[str, list[str]] | None = None
+
+    def rewound(self, checkpoint_id: str, restored: list[str]) -> None:
+        """A rewind restored ``restored``: the agent is told at its next prompt."""
+        if not restored:
+            return
+        earlier = self.told[1] if self.told is not None else []
+        self.told = (checkpoint_id, list(dict.fromkeys([*earlier, *restored])))
+
+    def take_notice(self) -> str:
+        """The rewind notice due (``""``: none), once."""
+        told, self.told = self.told, None
+        return rewind_notice(*told) if told is not None else ""
 
     def keep(self, checkpoint_id: str) -> None:
         self._kept[checkpoint_id] = None

@@ -532,12 +532,15 @@ class SessionCore:
         parts = self.queue.parts_of(turn_id)
         due, self.context_due = self.context_due, False
         context = self._io.conversation(self.spec.context_bytes) if due else ""
+        # A rewind since the agent's last prompt: it is told, right before what the user says.
+        told = self.checkpoints.told
+        preface = context + self.checkpoints.take_notice()
         sent = text
-        if context:  # in front of the prompt, as the first of its parts if it has parts
+        if preface:  # in front of the prompt, as the first of its parts if it has parts
             if parts:
-                parts = (Part("text", text=context), *parts)
+                parts = (Part("text", text=preface), *parts)
             else:
-                sent = context + text
+                sent = preface + text
         # A part the agent restarted since cannot take any more is written as its text.
         step = machine.prompt(turn_id, sent, parts) if parts else machine.prompt(turn_id, sent)
         # The prompt is handed to the agent first: if that fails, no turn was announced (and
@@ -548,6 +551,7 @@ class SessionCore:
             # The machine now holds a turn the agent never got: the two no longer agree. The
             # one state both agree on again is a fresh agent, the session resumed.
             self.context_due = due
+            self.checkpoints.told = told
             self.life.recycle("a prompt could not be handed to the agent")
             raise
         self.conversed = True
@@ -848,6 +852,8 @@ class SessionCore:
             waiter.fail(CheckpointFailed(f"session {self.id} could not rewind: {error}"))
         else:
             checkpoints.keep(undo_id)
+            if self.spec.tell_rewind:
+                checkpoints.rewound(turn_id, result["restored"])
             self.emit(
                 ev.SessionRewound(
                     turn_id=turn_id,

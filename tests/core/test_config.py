@@ -86,6 +86,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert minimal.start_timeout_s == DEFAULT_START_TIMEOUT_S
     assert minimal.env == {}
     assert minimal.cwd is None
+    assert minimal.tell_rewind is True
 
 
 def test_zero_seconds_is_allowed(tmp_path: Path) -> None:
@@ -268,6 +269,11 @@ TABLE_ERRORS = [
     ),
     pytest.param(
         'protocol = "acp"\ncommand = ["a"]\ncwd = ["/w"]', "'cwd' must be a string", id="cwd"
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\ntell_rewind = "no"',
+        "'tell_rewind' must be true or false",
+        id="tell-rewind",
     ),
 ]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from coreio import AcpAgent, RecordingIO, Slot, acp_session
+from coreio import ACP, AcpAgent, RecordingIO, Slot, acp_session
+from supervisor.core.checkpoints import REWIND_NOTICE_PATHS, rewind_notice
 from supervisor.core.session import SessionCore
 from supervisor.core.states import State
 from supervisor.errors import Busy
@@ -128,3 +129,58 @@ def test_a_failed_checkpoint_is_said_and_the_turn_runs_without_one() -> None:
     agent.end_turn()
     [ended] = io.ended_turns()  # no changes to wait for
     assert ended.changes is None
+
+
+def _prompts(io: RecordingIO) -> list[str]:
+    """The text of each ``session/prompt`` the agent was sent."""
+    return [
+        "".join(block["text"] for block in m["params"]["prompt"])
+        for m in io.sent
+        if m.get("method") == "session/prompt"
+    ]
+
+
+def _rewound_then_prompted(core: SessionCore, io: RecordingIO, agent: AcpAgent) -> None:
+    core.prompt("edit", ())
+    core.checkpoint_taken("t1", None)
+    agent.answer()
+    agent.end_turn()
+    core.turn_changes("t1", CHANGES, None)
+    core.rewind("t1", Slot())
+    core.rewound("t1", "r1", {"restored": ["a.txt", "b/c.txt"], "not_restored": []}, None)
+    core.prompt("go on", ())
+    core.checkpoint_taken("t2", None)
+    agent.answer()
+
+
+def test_the_next_prompt_after_a_rewind_tells_the_agent_which_files_were_restored() -> None:
+    core, io, agent = ready()
+    _rewound_then_prompted(core, io, agent)
+    assert _prompts(io)[-1] == (
+        "[The user rewound the files to how they were before t1: a.txt, b/c.txt were restored;"
+        " your changes to them since are undone. Read them again before relying on them.]\n\n"
+        "go on"
+    )
+    started = [e for e in io.events if e.kind == "turn.started"]
+    assert started[-1].text == "go on"  # clients see what the user said
+    # Told once: the prompt after it is the user's text alone.
+    agent.end_turn()
+    core.turn_changes("t2", [], None)
+    core.prompt("and then", ())
+    core.checkpoint_taken("t3", None)
+    assert _prompts(io)[-1] == "and then"
+
+
+def test_a_rewind_notice_names_a_bounded_number_of_paths_and_an_undo_as_a_rewind() -> None:
+    paths = ["x" * 300] + [f"f{n}.txt" for n in range(REWIND_NOTICE_PATHS + 5)]
+    notice = rewind_notice("r2", paths)
+    assert notice.startswith("[The user rewound the files to how they were before the rewind r2:")
+    assert "x" * 200 + "..., f0.txt" in notice and "x" * 201 not in notice
+    assert "f8.txt and 6 more were restored" in notice and "f9.txt" not in notice
+
+
+def test_tell_rewind_off_leaves_the_prompt_as_typed() -> None:
+    core, io, agent = acp_session(ACP.with_options(tell_rewind=False), checkpoints=True)
+    agent.start()
+    _rewound_then_prompted(core, io, agent)
+    assert _prompts(io)[-1] == "go on"
