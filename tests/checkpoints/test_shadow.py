@@ -220,3 +220,22 @@ async def test_a_working_directory_that_is_gone_is_said(tmp_path: Path, work: Pa
     work.rmdir()
     with pytest.raises(CheckpointError, match="is gone"):
         await store.snapshot()
+
+
+async def test_a_diff_is_cut_at_its_limit_and_names_odd_paths_literally(
+    tmp_path: Path, work: Path
+) -> None:
+    store = _store(tmp_path, work, max_file_bytes=100_000)
+    (work / "*.py").write_text("star\n")  # a pathspec would match every .py: taken literally
+    before = await store.snapshot()
+    (work / "sub" / "edit.py").write_text("".join(f"line {n}\n" for n in range(2000)))
+    (work / "*.py").write_text("still a star\n")
+    (work / "huge.bin").write_bytes(b"x" * 200_000)
+    after = await store.snapshot()
+    star = await store.diff(before, after, b"*.py")
+    assert "-star\n+still a star\n" in star.text and "edit.py" not in star.text
+    whole = await store.diff(before, after, b"sub/edit.py")
+    cut = await store.diff(before, after, b"sub/edit.py", max_bytes=1000)
+    assert not whole.truncated and len(whole.text) > 1000
+    assert cut.truncated and cut.text == whole.text[:1000]
+    assert (await store.diff(before, after, b"huge.bin")).too_big
