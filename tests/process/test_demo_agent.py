@@ -110,9 +110,9 @@ class AgentProc:
         assert isinstance(result, dict)
         return result
 
-    async def new_session(self) -> str:
+    async def new_session(self, cwd: Path = REPO) -> str:
         """Create a session and return its id."""
-        _, answer = await self.call("session/new", {"cwd": str(REPO), "mcpServers": []})
+        _, answer = await self.call("session/new", {"cwd": str(cwd), "mcpServers": []})
         session_id = answer["result"]["sessionId"]
         assert isinstance(session_id, str)
         return session_id
@@ -523,6 +523,23 @@ async def test_fail_directive(spawn: Spawn) -> None:
         assert answer["error"]["code"] == -32603
         _, answer = await agent.until_response(await agent.prompt(sid, "ok"))
         assert answer["result"] == {"stopReason": "end_turn"}
+
+
+async def test_write_directive_writes_plain_names_in_the_sessions_cwd(
+    spawn: Spawn, tmp_path: Path
+) -> None:
+    with trio.fail_after(TIMEOUT):
+        agent = await spawn("--words", "2")
+        await agent.initialize()
+        work = tmp_path / "work"
+        work.mkdir()
+        sid = await agent.new_session(work)
+        text = "write=a.txt write=../out.txt write=b-c_d.md edit"
+        _, answer = await agent.until_response(await agent.prompt(sid, text))
+        assert answer["result"] == {"stopReason": "end_turn"}
+        assert sorted(p.name for p in work.iterdir()) == ["a.txt", "b-c_d.md"]
+        assert not (tmp_path / "out.txt").exists()
+        assert (work / "a.txt").read_text() == text + "\n"
 
 
 async def test_garbage_and_huge(spawn: Spawn) -> None:
