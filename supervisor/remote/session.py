@@ -87,6 +87,8 @@ _RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
     "survivors": (list,),
     "session_failed": (str, type(None)),
     "timeline": (dict,),
+    "changes": (list, type(None)),
+    "restored": (dict, type(None)),
 }
 
 
