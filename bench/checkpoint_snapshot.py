@@ -111,8 +111,24 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--changed", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", action="store_true", help="the figures as one JSON line too")
     args = parser.parse_args()
-    print(json.dumps(trio.run(_run, args.files, args.changed, args.repeats), indent=2))
+    result = trio.run(_run, args.files, args.changed, args.repeats)
+    print(json.dumps(result, indent=2))
+    if args.json:  # flat, as bench/run_all.py reads them
+        snapshot, floor = result["snapshot"], result["floor"]
+        assert isinstance(snapshot, dict) and isinstance(floor, dict)
+        flat = {
+            "snapshot_p50_ms": snapshot["p50_ms"],
+            "snapshot_p90_ms": snapshot["p90_ms"],
+            "floor_p50_ms": floor["p50_ms"],
+            "p50_ratio": result["p50_ratio"],
+            "first_ms": result["first_ms"],
+            "first_floor_ms": result["first_floor_ms"],
+            "first_ratio": result["first_ratio"],
+            "files": result["files"],
+        }
+        print(json.dumps(flat))
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ BENCHMARKS = [
     # ~20 s here: the 1,000-session restart is 1 million events (10 million: ``--events
     # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
     ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
+    ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
 ]
 
 
@@ -71,6 +72,11 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("cancel_ratio_p50", "cancel p50, store on/off (ratio; within 5 %)"),
         ("cancel_ratio_p99", "cancel p99, store on/off (ratio; within 5 %)"),
         ("throughput_ratio", "events/s, 1 subscriber, store on/off (ratio; >= 0.9)"),
+    ],
+    "checkpoint_snapshot": [
+        ("snapshot_p50_ms", "a turn's snapshot, 10,000 files, 3 changed, p50 (ms; <= 20)"),
+        ("p50_ratio", "that snapshot vs git add -A && git write-tree, p50 (ratio)"),
+        ("first_ratio", "first snapshot vs the same floor (ratio; <= 2)"),
     ],
     "metrics_cost": [
         ("cancel_sup_ratio_p50", "cancel p50, metrics on/off (ratio; within 3 %)"),
