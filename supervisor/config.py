@@ -159,6 +159,9 @@ class AgentSpec:
     #: ``turn.ended``, and it can be rewound (``design/checkpoints.md``); local sessions of a
     #: supervisor with a state directory
     checkpoints: bool = True
+    #: each session runs in a git worktree of its directory's repository, on a branch of its
+    #: own (``design/worktrees.md``); local sessions of a supervisor with a state directory
+    worktree: bool = False
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
@@ -449,6 +452,7 @@ _FIELDS = {
     "tool_stall_s",
     "max_memory_mb",
     "checkpoints",
+    "worktree",
     "env",
     "cwd",
     "max_sessions",
@@ -576,6 +580,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     checkpoints = table.get("checkpoints", True)
     if not isinstance(checkpoints, bool):
         raise ConfigError(f"{at}: 'checkpoints' must be true or false")
+    worktree = table.get("worktree", False)
+    if not isinstance(worktree, bool):
+        raise ConfigError(f"{at}: 'worktree' must be true or false")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -589,6 +596,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         tool_stall_s=stall["tool_stall_s"],
         max_memory_mb=float(max_memory) if max_memory else None,
         checkpoints=checkpoints,
+        worktree=worktree,
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),
