@@ -86,6 +86,12 @@ def test_defaults(tmp_path: Path) -> None:
     assert minimal.start_timeout_s == DEFAULT_START_TIMEOUT_S
     assert minimal.env == {}
     assert minimal.cwd is None
+    assert minimal.worktree is False
+
+
+def test_worktree_gives_the_agents_sessions_one(tmp_path: Path) -> None:
+    text = '[agents.a]\nprotocol = "acp"\ncommand = ["a"]\nworktree = true\n'
+    assert load_agents(write(tmp_path, text))["a"].worktree is True
 
 
 def test_zero_seconds_is_allowed(tmp_path: Path) -> None:
@@ -268,6 +274,11 @@ TABLE_ERRORS = [
     ),
     pytest.param(
         'protocol = "acp"\ncommand = ["a"]\ncwd = ["/w"]', "'cwd' must be a string", id="cwd"
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nworktree = "yes"',
+        "'worktree' must be true or false",
+        id="worktree",
     ),
 ]
 
