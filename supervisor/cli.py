@@ -100,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _operator(args)
         elif args.command == "sessions":
             return _sessions(args)
+        elif args.command == "worktrees":
+            return _worktrees(args)
         elif args.command == "node":
             from supervisor.node.daemon import main_node
 
@@ -235,6 +237,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_operator_parsers(commands)
     _add_sessions_parser(commands)
+    _add_worktrees_parser(commands)
     from supervisor.node.daemon import add_node_parser
 
     add_node_parser(commands)
@@ -289,6 +292,53 @@ def _add_sessions_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
     export = which.add_parser("export", help="a session's events as JSONL (the wire's bytes)")
     for command in (show, export):
         command.add_argument("session_id", metavar="ID")
+
+
+def _add_worktrees_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    worktrees = commands.add_parser(
+        "worktrees",
+        help="list the git worktrees of sessions started with worktree (path, branch, session,"
+        " clean or dirty, commits ahead)",
+    )
+    worktrees.add_argument(
+        "--prune",
+        action="store_true",
+        help="remove those with no changes and no commits whose session is not running",
+    )
+
+
+def _worktrees(args: argparse.Namespace) -> int:
+    from supervisor.agents.statefile import default_state_dir
+    from supervisor.worktrees import WorktreeError, Worktrees
+
+    worktrees = Worktrees(default_state_dir() / "worktrees")
+
+    async def run() -> None:
+        found = await worktrees.recorded()
+        if not found:
+            print(f"no worktrees in {worktrees.root}")
+        for worktree, live in found:
+            try:
+                status = await worktrees.status(worktree)
+            except WorktreeError as exc:
+                state = f"unknown ({exc})"
+            else:
+                state = ("clean" if status.clean else "dirty") if status.exists else "missing"
+                state += f", {status.ahead} ahead"
+            running = ", running" if live else ""
+            print(
+                f"{worktree.path}  {worktree.branch}  session {worktree.session_id}"
+                f"  {state}{running}"
+            )
+        if args.prune:
+            for left in await worktrees.prune():
+                if left.kept:
+                    print(f"kept {left.worktree.path}: {left.why}")
+                else:
+                    print(f"removed {left.worktree.path} and its branch {left.worktree.branch}")
+
+    trio.run(run)
+    return 0
 
 
 def _sessions(args: argparse.Namespace) -> int:

@@ -162,6 +162,9 @@ class AgentSpec:
     #: after a rewind, the next prompt the agent gets starts with a line saying the files were
     #: put back to an earlier state, and which (its picture of them is the one undone)
     tell_rewind: bool = True
+    #: each session runs in a git worktree of its directory's repository, on a branch of its
+    #: own (``design/worktrees.md``); local sessions of a supervisor with a state directory
+    worktree: bool = False
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
@@ -453,6 +456,7 @@ _FIELDS = {
     "max_memory_mb",
     "checkpoints",
     "tell_rewind",
+    "worktree",
     "env",
     "cwd",
     "max_sessions",
@@ -583,6 +587,9 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     tell_rewind = table.get("tell_rewind", True)
     if not isinstance(tell_rewind, bool):
         raise ConfigError(f"{at}: 'tell_rewind' must be true or false")
+    worktree = table.get("worktree", False)
+    if not isinstance(worktree, bool):
+        raise ConfigError(f"{at}: 'worktree' must be true or false")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -597,6 +604,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         max_memory_mb=float(max_memory) if max_memory else None,
         checkpoints=checkpoints,
         tell_rewind=tell_rewind,
+        worktree=worktree,
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),

@@ -50,6 +50,7 @@ from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.ingest import IngestGate
 from supervisor.runtime.session import DEFAULT_HISTORY, Session, SessionSummary
 from supervisor.stops import RecentStops
+from supervisor.worktrees import Worktree, WorktreeError, Worktrees
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
@@ -74,6 +75,9 @@ _STOP_BOUND_S = 10.0
 _ENDED = ("stopped", "failed")
 #: Beyond the grace and the kill ladder, for a shutdown's cancels to be answered.
 _SHUTDOWN_MARGIN_S = 1.0
+#: Upper bound on looking at the stopped sessions' worktrees on the way out (each is a few git
+#: calls: milliseconds); one not looked at in time is kept, and listed by ``worktrees``.
+_WORKTREES_BOUND_S = 10.0
 
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
@@ -129,11 +133,14 @@ class Supervisor:
         stored: Iterable[StoredSession] = (),
         retention: Retention | None = None,
         checkpoints_dir: str | os.PathLike[str] | None = None,
+        worktrees_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
         directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
-        keeps none); None: none are kept."""
+        keeps none); None: none are kept. ``worktrees_dir``: where sessions started with
+        ``worktree`` get theirs (``supervisor/worktrees.py``); None: they cannot be."""
         self._nursery = nursery
+        self._worktrees = Worktrees(worktrees_dir) if worktrees_dir is not None else None
         self._checkpoints_dir = checkpoints_dir
         #: one store per working directory: sessions sharing one take turns on its index
         self._checkpoint_stores: dict[str, ShadowStore] = {}
@@ -235,6 +242,7 @@ class Supervisor:
         mcp_servers: Iterable[McpServer] = (),
         resume: str | None = None,
         at_most: int | None = None,
+        worktree: bool | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -255,6 +263,9 @@ class Supervisor:
         ``at_most``: :class:`AtCapacity` too unless fewer than this many sessions are live here
         (a node applies a front's ``[hosts.NAME] max_sessions`` with it: checked and counted
         in one step, so two fronts racing for the last place cannot both win).
+        ``worktree``: the session runs in a new git worktree of ``cwd``'s repository, on a
+        branch named after it (None: as its agent's ``worktree`` says;
+        ``design/worktrees.md``); :class:`BadRequest` for a ``cwd`` in no repository.
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -268,6 +279,8 @@ class Supervisor:
             except McpUnsupported as exc:
                 raise BadRequest(str(exc)) from None
         if host is not None or spec.hosts:
+            if worktree:
+                raise BadRequest("a worktree is for sessions on this machine, not on a host")
             if resume is not None:
                 raise BadRequest("resuming a session on another host is not supported")
             changes = self._pausing.changes
@@ -291,7 +304,22 @@ class Supervisor:
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec, at_most)
-        session = await self._start_here(self._new_id(), spec, where, resume)
+        session_id = self._new_id()
+        made: Worktree | None = None
+        if spec.worktree if worktree is None else worktree:
+            made = await self._make_worktree(session_id, where)
+            where = made.cwd
+            try:
+                self._check_capacity(spec, at_most)  # others may have started meanwhile
+            except AtCapacity:
+                await self._release_quietly(made)
+                raise
+        try:
+            session = await self._start_here(session_id, spec, where, resume, worktree=made)
+        except BaseException:
+            if made is not None and session_id not in self._sessions:
+                await self._release_quietly(made)
+            raise
         if wait_ready:
             try:
                 await session.wait_ready()
@@ -314,8 +342,10 @@ class Supervisor:
         resume: str | None,
         after: tuple[int, int] = (0, 0),
         earlier: Sequence[Said] = (),
+        worktree: Worktree | None = None,
     ) -> Session:
-        """A session on this machine, listed, its actor running (its agent starting)."""
+        """A session on this machine, listed, its actor running (its agent starting);
+        ``worktree``: the one made for it, ``where`` is in it."""
         session = Session(
             session_id,
             spec,
@@ -333,6 +363,7 @@ class Supervisor:
             earlier=earlier,
             checkpoints=self._checkpoint_store(spec, where),
         )
+        session.worktree = worktree
         self._sessions[session.id] = session
         self._observe(session)
         self._store(session, resume)
@@ -340,6 +371,31 @@ class Supervisor:
         self._watch_stops(session)
         await self._nursery.start(self._run_session, session)
         return session
+
+    async def _make_worktree(self, session_id: str, cwd: str) -> Worktree:
+        if self._worktrees is None:
+            raise BadRequest(
+                "a worktree needs the supervisor's state directory (serve has one;"
+                " open_supervisor(state_dir=...))"
+            )
+        try:
+            return await self._worktrees.create(session_id, cwd)
+        except WorktreeError as exc:
+            raise BadRequest(f"no worktree for the session: {exc}") from None
+
+    async def _release_quietly(self, worktree: Worktree) -> None:
+        if self._worktrees is not None:
+            with trio.CancelScope(shield=True):
+                await self._worktrees.release(worktree)
+
+    async def _leave_worktree(self, session: AnySession) -> None:
+        """``session`` stopped: its worktree removed if it holds no work, else kept and said
+        (``Session.worktree_left``)."""
+        if not isinstance(session, Session) or self._worktrees is None:
+            return
+        worktree = session.worktree
+        if worktree is not None and session.worktree_left is None:
+            session.worktree_left = await self._worktrees.release(worktree)
 
     def _checkpoint_store(self, spec: AgentSpec, cwd: str) -> ShadowStore | None:
         if self._checkpoints_dir is None or not spec.checkpoints:
@@ -382,12 +438,15 @@ class Supervisor:
                 spec = spec.with_mcp_servers(stored_servers)
             except McpUnsupported as exc:
                 raise BadRequest(str(exc)) from None
-        where = dormant.cwd or spec.cwd or os.getcwd()
-        if not os.path.isdir(where):
-            raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")
         self._check_capacity(spec)
         self._reviving[dormant.id] = done = trio.Event()
         try:
+            where = dormant.cwd or spec.cwd or os.getcwd()
+            worktree = await self._reopen_worktree(dormant)
+            if worktree is not None:
+                where = worktree.cwd
+            if not os.path.isdir(where):
+                raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")
             assert self.store is not None
             turns = await self.store.turns(dormant.id)
             # What was said, should its agent start afresh (runtime/context.py): read now, as
@@ -400,12 +459,30 @@ class Supervisor:
                 dormant.agent_session_id,
                 after=(dormant.last_seq, turns),
                 earlier=earlier,
+                worktree=worktree,
             )
             await session.wait_ready()  # failed to start: listed as failed, its history kept
         finally:
             del self._reviving[dormant.id]
             done.set()
         return session
+
+    async def _reopen_worktree(self, dormant: DormantSession) -> Worktree | None:
+        """The worktree a stored session ran in, there again for it (None: it had none)."""
+        stored = dormant.stored.worktree
+        if stored is None:
+            return None
+        if self._worktrees is None:
+            raise BadRequest(
+                f"session {dormant.id} ran in a worktree, and this supervisor keeps none"
+                " (it has no state directory)"
+            )
+        try:
+            return await self._worktrees.reopen(Worktree.from_json(stored))
+        except WorktreeError as exc:
+            raise BadRequest(
+                f"session {dormant.id}'s worktree cannot be had again: {exc}"
+            ) from None
 
     def _watch_stops(self, session: Session | RemoteSession) -> None:
         """Each stop of ``session`` goes to :attr:`stops`, with its agent."""
@@ -563,6 +640,7 @@ class Supervisor:
         if self._sessions.pop(session_id, None) is not None and self._observers is not None:
             self._observers.retire(session)
         self._poke()
+        await self._leave_worktree(session)
         return status
 
     async def pause(self, deadline_s: float | None = None) -> PauseStatus:
@@ -652,6 +730,10 @@ class Supervisor:
                         if not self._kept(session):
                             nursery.start_soon(self._stop_quietly, session)
             self._stop_scope = None
+            with trio.move_on_after(_WORKTREES_BOUND_S):
+                async with trio.open_nursery() as nursery:
+                    for session in list(self._sessions.values()):
+                        nursery.start_soon(self._leave_worktree, session)
             for session in self._sessions.values():
                 if isinstance(session, RemoteSession) and self._kept(session):
                     session.release()
@@ -695,7 +777,8 @@ async def open_supervisor(
     directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
     runs without that crash safety. Its local sessions' working directories are checkpointed
     per turn under ``state_dir/checkpoints`` (``design/checkpoints.md``) unless ``checkpoints``
-    is false or their agent's ``checkpoints = false``.
+    is false or their agent's ``checkpoints = false``; sessions started with ``worktree``
+    run in git worktrees under ``state_dir/worktrees`` (``design/worktrees.md``).
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/agents/containment.py``); None reads
@@ -788,6 +871,7 @@ async def open_supervisor(
                     if state_dir is not None and checkpoints
                     else None
                 ),
+                worktrees_dir=Path(state_dir) / "worktrees" if state_dir is not None else None,
             )
             try:
                 yield supervisor

@@ -116,8 +116,7 @@ class Actions:
             case Diff():
                 return await self._local(call.session_id).diff(call.turn_id, call.path)
             case StopSession():
-                status = await sup.stop_session(sup.get(call.session_id).id)
-                return {"exit_code": status.code if status is not None else None}
+                return await self.stop(call)
             case PauseAll():
                 return pause_to_wire(await sup.pause(call.deadline_s))
             case ResumeAll():
@@ -136,9 +135,21 @@ class Actions:
             host=call.host,
             mcp_servers=call.mcp_servers,
             at_most=call.max_sessions,
+            worktree=call.worktree,
         )
         host = {"host": session.host} if session.host is not None else {}
-        return {"session_id": session.id, "state": session.state, **host}
+        return {"session_id": session.id, "state": session.state, **host, **_worktree(session)}
+
+    async def stop(self, call: StopSession) -> dict[str, Any]:
+        """``session.stop``: its exit code, and what became of its worktree if it had one
+        (``design/worktrees.md``)."""
+        session = self.supervisor.get(call.session_id)
+        status = await self.supervisor.stop_session(session.id)
+        answer: dict[str, Any] = {"exit_code": status.code if status is not None else None}
+        left = session.worktree_left if isinstance(session, Session) else None
+        if left is not None:
+            answer["worktree"] = left.to_wire()
+        return answer
 
     async def pause_one(self, call: PauseSession | ResumeSession) -> dict[str, Any]:
         """A front's pause of one session of this node (``held``: where it stands now)."""
@@ -186,6 +197,7 @@ class Actions:
                     "held": s.held,
                     **({"host": s.host} if s.host is not None else {}),
                     **({"cwd": s.cwd} if s.cwd is not None else {}),
+                    **({"worktree": s.worktree, "branch": s.branch} if s.worktree else {}),
                     **_stored(s),
                 }
                 for s in self.supervisor.list()
@@ -254,6 +266,14 @@ class Actions:
             return spec_from_wire(call.agent, dict(call.spec))
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
+
+
+def _worktree(session: AnySession) -> dict[str, Any]:
+    """A session's worktree and branch, as ``session.start`` answers them (none: nothing)."""
+    worktree = session.worktree if isinstance(session, Session) else None
+    if worktree is None:
+        return {}
+    return {"cwd": session.cwd, "worktree": worktree.path, "branch": worktree.branch}
 
 
 def _stored(summary: SessionSummary) -> dict[str, Any]:

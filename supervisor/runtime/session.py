@@ -76,6 +76,7 @@ from supervisor.runtime.fanout import (
 from supervisor.runtime.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.runtime.reply import Reply
 from supervisor.steering import SteerResult
+from supervisor.worktrees import Left, Worktree
 
 __all__ = ["Session", "SessionSummary", "Subscription", "TurnHandle"]
 
@@ -125,6 +126,9 @@ class SessionSummary:
     created: float | None = None
     last_active: float | None = None
     first_prompt: str | None = None
+    #: the git worktree it runs in, and its branch (``supervisor/worktrees.py``); None: none
+    worktree: str | None = None
+    branch: str | None = None
 
 
 # -- mailbox calls: what each runs on the core, in the order they came -------------------------
@@ -609,6 +613,10 @@ class Session:
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
+        #: the git worktree ``cwd`` is in, made for it (its supervisor's ``worktree``), and
+        #: what its stop left of it; None: none
+        self.worktree: Worktree | None = None
+        self.worktree_left: Left | None = None
         self._launcher = launcher
         #: the agent-output allowance this session shares with the others (``ingest.py``)
         self._gate = gate if gate is not None else Unlimited()
@@ -738,6 +746,8 @@ class Session:
             recycle_reason=core.recycler.reason,
             cwd=self.cwd,
             held=core.held,
+            worktree=self.worktree.path if self.worktree is not None else None,
+            branch=self.worktree.branch if self.worktree is not None else None,
         )
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:

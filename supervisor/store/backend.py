@@ -84,6 +84,9 @@ class StoredSession:
     #: its first stored prompt, its first :data:`FIRST_PROMPT_CHARS` characters ("": none);
     #: the store's own, filled when read (ignored in a :class:`Batch`), for lists of sessions
     first_prompt: str = ""
+    #: the git worktree it runs in (``supervisor/worktrees.py``'s ``Worktree`` as JSON text);
+    #: None: none
+    worktree: str | None = None
 
 
 #: How much of a session's first prompt :data:`SESSIONS_QUERY` reads: a line of a list of
@@ -98,7 +101,8 @@ SESSIONS_QUERY = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_s
     created, last_active, state, open_turn_id, clean, turns,
     (SELECT max(last_seq) FROM events WHERE session_id = sessions.id),
     (SELECT substr(text, 1, {FIRST_PROMPT_CHARS}) FROM texts
-        WHERE session_id = sessions.id AND kind = 'prompt' ORDER BY seq LIMIT 1)
+        WHERE session_id = sessions.id AND kind = 'prompt' ORDER BY seq LIMIT 1),
+    worktree
 FROM sessions ORDER BY last_active DESC, id DESC"""
 
 
@@ -120,6 +124,7 @@ def stored_session(row: Sequence[Any]) -> StoredSession:
         turns=row[12],
         last_seq=row[13] or 0,
         first_prompt=row[14] or "",
+        worktree=row[15],
     )
 
 
@@ -282,7 +287,8 @@ class Backend(Protocol):
 #: transaction with the version's ``schema_version`` row. Tables and columns are the same in
 #: every dialect (the names the backends query); only types and full-text indexing differ.
 #:
-#: - ``sessions``: :class:`StoredSession` (``clean`` and ``turns`` from version 2).
+#: - ``sessions``: :class:`StoredSession` (``clean`` and ``turns`` from version 2,
+#:   ``worktree`` from version 3).
 #: - ``events``: :class:`EventRun`, unique ``(session_id, first_seq)`` (the primary key in
 #:   PostgreSQL), with its ``last_seq`` and ``payloads`` (joined by ``\n``); indexed on
 #:   ``(session_id, last_seq)``.
@@ -404,6 +410,10 @@ MIGRATIONS: list[dict[str, list[str]]] = [
             "ALTER TABLE sessions ADD COLUMN clean BOOLEAN NOT NULL DEFAULT TRUE",
             "ALTER TABLE sessions ADD COLUMN turns BIGINT NOT NULL DEFAULT 0",
         ],
+    },
+    {
+        "sqlite": ["ALTER TABLE sessions ADD COLUMN worktree TEXT"],
+        "postgresql": ["ALTER TABLE sessions ADD COLUMN worktree TEXT"],
     },
 ]
 

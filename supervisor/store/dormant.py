@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from protocols.content import Part
@@ -29,6 +29,7 @@ from supervisor.store.backend import StoredSession
 from supervisor.store.writer import SessionStore
 from supervisor.wire.codec import event_from_json
 from supervisor.wire.frames import text_frames
+from supervisor.worktrees import Worktree, WorktreeError
 
 __all__ = ["DormantSession"]
 
@@ -100,6 +101,10 @@ class DormantSession:
         return None
 
     def summary(self) -> SessionSummary:
+        worktree = None
+        if self.stored.worktree is not None:
+            with suppress(WorktreeError):  # a record it cannot read: shown without
+                worktree = Worktree.from_json(self.stored.worktree)
         return SessionSummary(
             self.id,
             self.spec.name,
@@ -110,6 +115,8 @@ class DormantSession:
             created=self.stored.created,
             last_active=self.stored.last_active,
             first_prompt=self.stored.first_prompt,
+            worktree=worktree.path if worktree is not None else None,
+            branch=worktree.branch if worktree is not None else None,
         )
 
     def _not_running(self) -> AgentNotRunning:

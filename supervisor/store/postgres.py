@@ -406,13 +406,13 @@ def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int,
 # -- a batch's SQL
 
 _UPSERT_SESSION = """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-        agent_session_id, created, last_active, state, open_turn_id, clean, turns)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        agent_session_id, created, last_active, state, open_turn_id, clean, turns, worktree)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (id) DO UPDATE SET agent = excluded.agent, protocol = excluded.protocol,
         host = excluded.host, cwd = excluded.cwd, mcp_servers = excluded.mcp_servers,
         agent_session_id = excluded.agent_session_id, last_active = excluded.last_active,
         state = excluded.state, open_turn_id = excluded.open_turn_id, clean = excluded.clean,
-        turns = greatest(sessions.turns, excluded.turns)"""
+        turns = greatest(sessions.turns, excluded.turns), worktree = excluded.worktree"""
 _EVENT_COLUMNS = "events (session_id, first_seq, last_seq, payloads)"
 _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
@@ -450,6 +450,7 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                         s.open_turn_id,
                         s.clean,
                         s.turns,
+                        s.worktree,
                     )
                     for s in batch.sessions
                 ],

@@ -148,15 +148,17 @@ class SqliteBackend:
         if batch.sessions:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-                    agent_session_id, created, last_active, state, open_turn_id, clean, turns)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    agent_session_id, created, last_active, state, open_turn_id, clean, turns,
+                    worktree)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
                     agent_session_id = excluded.agent_session_id,
                     last_active = excluded.last_active, state = excluded.state,
                     open_turn_id = excluded.open_turn_id, clean = excluded.clean,
-                    turns = max(sessions.turns, excluded.turns)""",
+                    turns = max(sessions.turns, excluded.turns),
+                    worktree = excluded.worktree""",
                 [
                     (
                         s.id,
@@ -172,6 +174,7 @@ class SqliteBackend:
                         s.open_turn_id,
                         s.clean,
                         s.turns,
+                        s.worktree,
                     )
                     for s in batch.sessions
                 ],

@@ -153,6 +153,8 @@ class _Meta:
     agent_session_id: str | None = None
     #: its row was written (a clean close marks it clean)
     stored: bool = False
+    #: the git worktree it runs in, as JSON text (None: none)
+    worktree: str | None = None
 
 
 class SessionStore:
@@ -298,6 +300,7 @@ class SessionStore:
         ``resume``: the agent's own session id it was started to go on with (kept until the
         agent says its own)."""
         spec = session.spec
+        worktree = getattr(session, "worktree", None)
         self._meta[session.id] = _Meta(
             agent=spec.name,
             protocol=spec.protocol,
@@ -307,6 +310,7 @@ class SessionStore:
             created=time.time(),
             session=session,
             agent_session_id=resume,
+            worktree=worktree.to_json() if worktree is not None else None,
         )
         session.fanout.recorder = self
         if hasattr(session, "on_text"):
@@ -747,6 +751,7 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         state=info.state,
         open_turn_id=info.open_turn_id,
         clean=False,
+        worktree=info.worktree,
     )
 
 

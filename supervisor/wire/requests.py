@@ -110,6 +110,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("mcp_servers", (list,), required=False),
         # nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
         _Field("max_sessions", (int,), required=False),
+        # run in a new git worktree of the cwd's repository (``design/worktrees.md``)
+        _Field("worktree", (bool,), required=False),
     ),
     "session.list": (),
     # the receipts of the last turns stopped in any session (``supervisor/stops.py``)
@@ -201,6 +203,8 @@ class StartSession:
     spec: Mapping[str, Any] | None = None
     #: nodes only: refuse with ``capacity`` unless fewer sessions than this are live there
     max_sessions: int | None = None
+    #: run in a new git worktree of ``cwd``'s repository; None: as the agent's ``worktree``
+    worktree: bool | None = None
 
 
 @frozen
@@ -542,6 +546,7 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
                 mcp_servers=servers,
                 spec=p.get("spec"),
                 max_sessions=p.get("max_sessions"),
+                worktree=p.get("worktree"),
             )
         case "session.search":
             return _search(p["query"], p.get("limit", SEARCH_LIMIT))

@@ -87,6 +87,12 @@ def test_defaults(tmp_path: Path) -> None:
     assert minimal.env == {}
     assert minimal.cwd is None
     assert minimal.tell_rewind is True
+    assert minimal.worktree is False
+
+
+def test_worktree_gives_the_agents_sessions_one(tmp_path: Path) -> None:
+    text = '[agents.a]\nprotocol = "acp"\ncommand = ["a"]\nworktree = true\n'
+    assert load_agents(write(tmp_path, text))["a"].worktree is True
 
 
 def test_zero_seconds_is_allowed(tmp_path: Path) -> None:
@@ -274,6 +280,11 @@ TABLE_ERRORS = [
         'protocol = "acp"\ncommand = ["a"]\ntell_rewind = "no"',
         "'tell_rewind' must be true or false",
         id="tell-rewind",
+    ),
+    pytest.param(
+        'protocol = "acp"\ncommand = ["a"]\nworktree = "yes"',
+        "'worktree' must be true or false",
+        id="worktree",
     ),
 ]
 

@@ -135,6 +135,14 @@ def test_the_open_turn_is_kept_with_the_session(backend: Backend) -> None:
     assert backend.sessions()[0].open_turn_id is None
 
 
+def test_the_worktree_is_kept_with_the_session(backend: Backend) -> None:
+    worktree = '{"path": "/state/worktrees/repo-s1", "branch": "agent-supervisor/s1"}'
+    backend.write(Batch(sessions=[attrs.evolve(session(), worktree=worktree)]))
+    assert backend.sessions()[0].worktree == worktree
+    backend.write(Batch(sessions=[session()]))
+    assert backend.sessions()[0].worktree is None
+
+
 def test_a_batch_written_twice_stores_nothing_twice(backend: Backend) -> None:
     batch = Batch(
         sessions=[session()],
@@ -305,12 +313,13 @@ def test_a_store_of_the_first_schema_is_migrated_with_its_events(
     second.open()
     try:
         (stored,) = second.sessions()
-        assert (stored.last_seq, stored.open_turn_id, stored.clean, stored.turns) == (
-            5,
-            "t1",
-            True,
-            0,
-        )
+        assert (
+            stored.last_seq,
+            stored.open_turn_id,
+            stored.clean,
+            stored.turns,
+            stored.worktree,
+        ) == (5, "t1", True, 0, None)
         assert second.events("s1", 0, 100) == [(n, payload(n)) for n in range(1, 6)]
         second.write(Batch(events=[run(1, 7)]))  # the unique key holds after the rebuild
         assert [seq for seq, _ in second.events("s1", 0, 100)] == list(range(1, 8))
