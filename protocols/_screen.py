@@ -61,8 +61,9 @@ class Screen(pyte.Screen):
             self.answers.append(data)
 
     def picture(self, limit: int) -> bytes:
-        """The screen as bytes a terminal draws it from: cleared, each row that is not blank
-        put at its place with its colours and styles, the cursor put back. Styles are left
+        """The screen as bytes a terminal draws it from: the modes the program set that change
+        what keys send (:data:`_KEPT_MODES`), cleared, each row that is not blank put at its
+        place with its colours and styles, the cursor put back. Styles are left
         out if the picture would take more than ``limit`` bytes with them; rows that would
         still go past it are left out (never, for a screen within the size bounds: see
         ``MAX_SNAPSHOT_BYTES``)."""
@@ -81,7 +82,8 @@ class Screen(pyte.Screen):
         end = f"\x1b[0m\x1b[{cursor.y + 1};{cursor.x + 1}H"
         if cursor.hidden:
             end += "\x1b[?25l"
-        return b"\x1b[0m\x1b[H\x1b[2J" + b"".join(rows) + end.encode()
+        modes = "".join(f"\x1b[?{m}h" for m in _KEPT_MODES if m << 5 in self.mode)
+        return (modes + "\x1b[0m\x1b[H\x1b[2J").encode() + b"".join(rows) + end.encode()
 
     def _row_picture(self, y: int, styled: bool) -> bytes:
         """Row ``y`` drawn in place (empty if blank): its characters, each run of one style
@@ -104,8 +106,13 @@ class Screen(pyte.Screen):
         return "".join(parts).encode("utf-8", "replace")
 
 
-#: What a picture adds to its rows: the reset and clear before, the cursor after.
-_PICTURE_FRAME_BYTES: Final = 64
+#: The private modes a program sets that a picture sets again, so that a view joining late
+#: sends the keys the program expects and draws where it draws: application cursor keys,
+#: the mouse reports, bracketed paste, the alternate screen (pyte keeps each one it is told
+#: of, shifted, in ``mode``).
+_KEPT_MODES: Final = (1, 1000, 1002, 1003, 1005, 1006, 1015, 2004, 1049)
+#: What a picture adds to its rows: the modes, the reset and clear before, the cursor after.
+_PICTURE_FRAME_BYTES: Final = 128
 #: A cell's style (pyte's ``Char`` without its data) when it has none.
 _PLAIN: Final = pyte.screens.Char(" ")[1:]
 #: pyte's colour names back to their SGR numbers (the 16 colours; others it keeps as hex).

@@ -244,10 +244,12 @@ def test_snapshot_redraws_the_screen_with_its_styles() -> None:
     assert not ours.cursor.hidden
 
 
-def test_snapshot_keeps_a_hidden_cursor_hidden() -> None:
+def test_snapshot_keeps_a_hidden_cursor_and_the_modes_keys_depend_on() -> None:
     client = machine()
-    out(client, b"> \x1b[?25l", 0.0)
-    assert redrawn(client.snapshot(), 40, 10)._screen.cursor.hidden
+    out(client, b"\x1b[?1h\x1b[?2004h\x1b[?1006h\x1b[?7l> \x1b[?25l", 0.0)
+    view = redrawn(client.snapshot(), 40, 10)._screen
+    assert view.cursor.hidden
+    assert {1 << 5, 2004 << 5, 1006 << 5} <= view.mode
 
 
 def test_snapshot_is_bounded_its_text_kept_first() -> None:
