@@ -102,3 +102,50 @@ async def test_other_protocols_get_no_screen(tmp_path: Path) -> None:
         async with client.subscribe(session_id, since_seq=0) as events:
             first = await events.receive()
         assert first["event"] != "terminal.screen" and first["seq"] == 1, first
+
+
+async def test_the_page_loads_xterm_from_the_gateway_with_its_license(tmp_path: Path) -> None:
+    async with terminal_gateway(tmp_path) as url:
+        auth = {"authorization": "Bearer secret-token"}
+        status, _, page = await http_raw(url, "/", auth)
+        assert status == 200
+        for path in ("/static/xterm/xterm.js", "/static/xterm/addon-fit.js"):
+            assert f'<script src="{path}">' in page
+        assert '<link rel="stylesheet" href="/static/xterm/xterm.css">' in page
+        for path, kind, needle in (
+            ("/static/xterm/xterm.js", "text/javascript", "Terminal"),
+            ("/static/xterm/addon-fit.js", "text/javascript", "FitAddon"),
+            ("/static/xterm/xterm.css", "text/css", ".xterm"),
+            ("/static/xterm/LICENSE", "text/plain", "Permission is hereby granted"),
+            ("/static/xterm/LICENSE.addon-fit", "text/plain", "Permission is hereby granted"),
+        ):
+            status, headers, body = await http_raw(url, path, auth)
+            assert status == 200, f"{path}: {status} (make install puts xterm.js there)"
+            assert headers["content-type"].startswith(kind), (path, headers)
+            assert headers["x-content-type-options"] == "nosniff"
+            assert needle in body, path
+        # The page's cookie (a script element sends no token) opens them, and no API.
+        assert (await http_raw(url, "/static/xterm/xterm.js", {}))[0] == 401
+        _, headers, _ = await http_raw(url, "/", auth)
+        cookie = {"cookie": headers["set-cookie"].split(";")[0]}
+        assert (await http_raw(url, "/static/xterm/xterm.css", cookie))[0] == 200
+        assert (await http_raw(url, "/v1/sessions", cookie))[0] == 401
+        assert (await http_raw(url, "/static/xterm/other.js", auth))[0] == 404
+
+
+async def http_raw(url: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str], str]:
+    """GET ``path``: the status, the headers (lower-cased names) and the body as text."""
+    base = url.split("/?")[0]
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    lines = [f"GET {path} HTTP/1.1", f"host: {host}:{port}", "connection: close"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    await stream.send_all(("\r\n".join(lines) + "\r\n\r\n").encode())
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    await stream.aclose()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("latin-1").split("\r\n")
+    parsed = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
+    return int(status_line.split()[1]), parsed, body.decode("utf-8", "replace")
