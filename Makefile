@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The web UI's terminal view (xterm.js from npm, at the version the script pins)
+XTERM := supervisor/gateway/static/xterm/VERSION
 # pytest-xdist workers for make test (the suite mostly waits on real processes: 2 on 2 cores)
 TEST_WORKERS ?= 2
 
@@ -14,12 +16,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(XTERM): scripts/vendor-xterm.sh
+	@sh scripts/vendor-xterm.sh
 
-run: $(STAMP)
+install: $(STAMP) $(XTERM)
+
+run: $(STAMP) $(XTERM)
 	$(VENV)/bin/agent-supervisor serve
 
-demo: $(STAMP)
+demo: $(STAMP) $(XTERM)
 	$(VENV)/bin/agent-supervisor demo
 
 typecheck: $(STAMP)
@@ -34,7 +39,7 @@ openssh:
 postgresql:
 	@sh scripts/ensure-postgresql.sh
 
-test: $(STAMP) browser openssh postgresql
+test: $(STAMP) $(XTERM) browser openssh postgresql
 	$(PY) -m mypy supervisor protocols
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

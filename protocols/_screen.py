@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 import pyte
+from pyte.graphics import BG_AIXTERM, BG_ANSI, FG_AIXTERM, FG_ANSI
 
 __all__ = ["Screen", "Stream"]
 
@@ -58,6 +59,86 @@ class Screen(pyte.Screen):
     def write_process_input(self, data: str) -> None:
         if len(self.answers) < _MAX_ANSWERS:
             self.answers.append(data)
+
+    def picture(self, limit: int) -> bytes:
+        """The screen as bytes a terminal draws it from: the modes the program set that change
+        what keys send (:data:`_KEPT_MODES`), cleared, each row that is not blank put at its
+        place with its colours and styles, the cursor put back. Styles are left
+        out if the picture would take more than ``limit`` bytes with them; rows that would
+        still go past it are left out (never, for a screen within the size bounds: see
+        ``MAX_SNAPSHOT_BYTES``)."""
+        for styled in (True, False):
+            rows, size = [], 0
+            for y in range(self.lines):
+                row = self._row_picture(y, styled)
+                if row:
+                    size += len(row)
+                    if size > limit - _PICTURE_FRAME_BYTES:
+                        break
+                    rows.append(row)
+            else:
+                break
+        cursor = self.cursor
+        end = f"\x1b[0m\x1b[{cursor.y + 1};{cursor.x + 1}H"
+        if cursor.hidden:
+            end += "\x1b[?25l"
+        modes = "".join(f"\x1b[?{m}h" for m in _KEPT_MODES if m << 5 in self.mode)
+        return (modes + "\x1b[0m\x1b[H\x1b[2J").encode() + b"".join(rows) + end.encode()
+
+    def _row_picture(self, y: int, styled: bool) -> bytes:
+        """Row ``y`` drawn in place (empty if blank): its characters, each run of one style
+        after the SGR sequence that sets it."""
+        row = self.buffer[y]
+        cells = [row[x] for x in range(self.columns)]
+        while cells and cells[-1].data == " " and (not styled or cells[-1][1:] == _PLAIN):
+            cells.pop()
+        if not cells:
+            return b""
+        parts = [f"\x1b[{y + 1};1H"]
+        style = _PLAIN
+        for cell in cells:
+            if styled and cell[1:] != style:
+                style = cell[1:]
+                parts.append(_sgr(style))
+            parts.append(cell.data)
+        if style != _PLAIN:
+            parts.append("\x1b[0m")
+        return "".join(parts).encode("utf-8", "replace")
+
+
+#: The private modes a program sets that a picture sets again, so that a view joining late
+#: sends the keys the program expects and draws where it draws: application cursor keys,
+#: the mouse reports, bracketed paste, the alternate screen (pyte keeps each one it is told
+#: of, shifted, in ``mode``).
+_KEPT_MODES: Final = (1, 1000, 1002, 1003, 1005, 1006, 1015, 2004, 1049)
+#: What a picture adds to its rows: the modes, the reset and clear before, the cursor after.
+_PICTURE_FRAME_BYTES: Final = 128
+#: A cell's style (pyte's ``Char`` without its data) when it has none.
+_PLAIN: Final = pyte.screens.Char(" ")[1:]
+#: pyte's colour names back to their SGR numbers (the 16 colours; others it keeps as hex).
+_FG_CODES: Final = {name: code for table in (FG_ANSI, FG_AIXTERM) for code, name in table.items()}
+_BG_CODES: Final = {name: code for table in (BG_ANSI, BG_AIXTERM) for code, name in table.items()}
+#: SGR numbers of pyte's flags, in ``Char``'s order after fg and bg.
+_FLAG_CODES: Final = (1, 3, 4, 9, 7, 5)
+
+
+def _sgr(style: tuple[object, ...]) -> str:
+    """The SGR sequence that sets ``style`` (a ``Char`` without its data) from nothing."""
+    fg, bg, *flags = style
+    codes = ["0"]
+    codes += [str(code) for code, on in zip(_FLAG_CODES, flags, strict=True) if on]
+    for colour, names, extended in ((fg, _FG_CODES, 38), (bg, _BG_CODES, 48)):
+        if colour == "default":
+            continue
+        if colour in names:
+            codes.append(str(names[colour]))
+        elif isinstance(colour, str) and len(colour) == 6:
+            try:
+                r, g, b = (int(colour[i : i + 2], 16) for i in (0, 2, 4))
+            except ValueError:
+                continue
+            codes.append(f"{extended};2;{r};{g};{b}")
+    return "\x1b[" + ";".join(codes) + "m"
 
 
 class Stream(pyte.Stream):

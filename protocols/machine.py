@@ -36,6 +36,7 @@ __all__ = [
     "StartFailed",
     "SteerAnswered",
     "Step",
+    "TerminalScreen",
     "TurnFinished",
     "NOT_RESUMABLE",
     "UnknownPermission",
@@ -209,6 +210,16 @@ class RestartWanted(Control):
 
 
 Output = Event | Control
+
+
+@frozen
+class TerminalScreen:
+    """A terminal agent's screen as bytes a terminal draws it from (``data``: cleared, the
+    rows, the cursor put back), of that size: what a subscriber that joins late draws first."""
+
+    data: bytes
+    cols: int
+    rows: int
 
 
 @define
@@ -407,6 +418,11 @@ class AgentProtocol(ABC):
     def resize(self, cols: int, rows: int) -> Step:
         """Make the agent's terminal ``cols`` x ``rows``. Only protocols with a terminal."""
         raise NotImplementedError(f"{self.name} has no terminal to resize")
+
+    def screen(self) -> TerminalScreen | None:
+        """The agent's screen as it stands, for a subscriber that joins now; None: the
+        protocol has no terminal (every one but ``terminal``)."""
+        return None
 
     def close(self) -> Step:
         """The session is being stopped: what to tell the agent before its stdin closes (ACP

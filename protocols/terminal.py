@@ -58,6 +58,7 @@ from protocols.machine import (
     Output,
     SessionEstablished,
     Step,
+    TerminalScreen,
     TurnFinished,
     check_answer,
 )
@@ -114,9 +115,11 @@ MAX_SEQUENCE_CHARS: Final = 8192
 #: The emulator is fed this many characters at a time, so that a sequence over the bound is
 #: caught within this much more.
 _FEED_CHARS: Final = 4096
-#: The most a picture of the screen takes: every cell of the largest screen as four bytes of
-#: UTF-8, plus a line break each; a picture over it (never, within the size bounds) is cut.
-MAX_SNAPSHOT_BYTES: Final = MAX_COLS * MAX_ROWS * 4 + MAX_ROWS * 2 + 64
+#: The most a picture of the screen takes (one frame to a late subscriber). Its text alone
+#: always fits: every cell of the largest screen as four bytes of UTF-8 and each row's cursor
+#: move is ~400 KB. Colours and styles come with it while they fit too (a 120 x 40 screen
+#: whose every cell changes style is ~250 KB); past that the picture is its text.
+MAX_SNAPSHOT_BYTES: Final = 1024 * 1024
 #: Bracketed paste (xterm's mode 2004): what a terminal wraps pasted text in.
 _PASTE_START: Final = "\x1b[200~"
 _PASTE_END: Final = "\x1b[201~"
@@ -284,11 +287,14 @@ class TerminalClient(AgentProtocol):
         return int(self._screen.columns), int(self._screen.lines)
 
     def snapshot(self) -> bytes:
-        """The screen as bytes a terminal draws it from (cleared, each line, the cursor put
-        back), for a view that joins late: text only, at most :data:`MAX_SNAPSHOT_BYTES`."""
-        cursor = self._screen.cursor
-        body = "\r\n".join(self._lines).encode("utf-8", "replace")[:MAX_SNAPSHOT_BYTES]
-        return b"\x1b[H\x1b[2J" + body + f"\x1b[{cursor.y + 1};{cursor.x + 1}H".encode()
+        """The screen as bytes a terminal draws it from (cleared, each row with its colours
+        and styles, the cursor put back), for a view that joins late: at most
+        :data:`MAX_SNAPSHOT_BYTES`."""
+        return self._screen.picture(MAX_SNAPSHOT_BYTES)
+
+    def screen(self) -> TerminalScreen:
+        cols, rows = self.size
+        return TerminalScreen(data=self.snapshot(), cols=cols, rows=rows)
 
     # -- what the link says -----------------------------------------------------------------
 

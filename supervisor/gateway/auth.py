@@ -31,7 +31,7 @@ class Auth:
         self.token = token
         self.hosts = frozenset(hosts)
         self.origins = frozenset(f"{scheme}://{name}" for name in self.hosts)
-        # The cookie that lets a browser reload the page (and only the page: it opens no API)
+        # The cookie that lets a browser reload the page and load its files (it opens no API)
         # once the page has dropped the token from its URL: a key derived from the token, not
         # the token; named per port (cookies are per host, not per port).
         self.cookie_name = f"agent-supervisor-page-{port}"

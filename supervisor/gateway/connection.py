@@ -8,6 +8,7 @@ when ``flight_bytes`` is set.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections import deque
 from typing import Any, Final
@@ -372,6 +373,8 @@ class Connection:
             "held": session.held,
         }
         self._send(ok_response(request_id, result))
+        if subscription.screen is not None:
+            self._send(screen_notice(session.id, subscription))
         self._subscriptions[session.id] = subscription
         subscription.set_listener(self._notify)
 
@@ -379,6 +382,27 @@ class Connection:
         subscription = self._subscriptions.pop(session_id, None)
         if subscription is not None:
             subscription.close()
+
+
+def screen_notice(session_id: str, subscription: Subscription) -> dict[str, Any]:
+    """``terminal.screen``: a terminal agent's screen as it stood after event ``last_seq``,
+    ahead of the subscription's events. A notice (``seq: null``), not an event: it is a
+    picture of the state, made for this subscriber, and in no session's history; a view
+    draws it, then the ``terminal.output`` events after ``last_seq`` (those up to it, in a
+    replay, are already in the picture)."""
+    screen = subscription.screen
+    assert screen is not None
+    return {
+        "event": "terminal.screen",
+        "session_id": session_id,
+        "seq": None,
+        "data": {
+            "data": base64.b64encode(screen.data).decode("ascii"),
+            "cols": screen.cols,
+            "rows": screen.rows,
+            "last_seq": subscription.head_seq,
+        },
+    }
 
 
 def _brief(exc: Exception) -> str:

@@ -183,9 +183,15 @@ class Http:
         path, query = split
         denied = self.auth.check(headers, query, repeated)
         method = event.method.decode()
-        if denied == "unauthorized" and method == "GET" and path in _PAGE_PATHS:
+        if (
+            denied == "unauthorized"
+            and method == "GET"
+            and (path in _PAGE_PATHS or path in _ASSETS)
+        ):
             if self.auth.page_cookie_ok(headers):
-                denied = None  # a reload of the page, which dropped the token from its URL
+                # a reload of the page, which dropped the token from its URL, or the files it
+                # loads (a script element sends no token, only the cookie)
+                denied = None
         if denied is not None:
             await self._refuse(conn, stream, path, denied)
             return None
@@ -283,6 +289,8 @@ class Http:
                 _static("index.html"),
                 [("content-security-policy", _CSP), ("set-cookie", cookie)],
             )
+        if method == "GET" and path in _ASSETS:
+            return self._asset(path)
         if method == "GET" and path == "/v1/sessions":
             return 200, "application/json", dumps(self.actions.sessions()), []
         if method == "GET" and path == "/v1/agents":
@@ -307,6 +315,16 @@ class Http:
                 [],
             )
         return 404, "application/json", json_error("not_found", f"no route {path}"), []
+
+    def _asset(self, path: str) -> tuple[int, str, bytes, list[tuple[str, str]]]:
+        """One of the page's own files (``_ASSETS``); a 404 that says how to get it when
+        ``make install`` has not put it there."""
+        try:
+            payload = _static(path.removeprefix("/static/"))
+        except FileNotFoundError:
+            message = f"{path} is not installed (make install puts xterm.js there)"
+            return 404, "application/json", json_error("not_found", message), []
+        return 200, _ASSETS[path], payload, []
 
     def _receipts(self, target: str) -> tuple[int, str, bytes, list[tuple[str, str]]]:
         """``GET /v1/receipts``: ``receipts.list``'s result, its query read as that action's
@@ -420,9 +438,10 @@ _DENIED: Final = {
     "forbidden": "requests from another origin (or for another host) are refused",
 }
 
-#: The page is self-contained: its own script and style, and a WebSocket back to us.
+#: The page is self-contained: its own script and style, the files it loads from us
+#: (``_ASSETS``), and a WebSocket back to us.
 _CSP = (
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline';"
+    "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline';"
     " connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none';"
     " frame-ancestors 'none'"
 )
@@ -445,5 +464,14 @@ _VERSIONS: Final = (b"1.1", b"1.0")
 
 #: The web UI's page.
 _PAGE_PATHS: Final = ("/", "/index.html")
+#: The files the page loads, by path, with their content types: xterm.js, its fit addon, its
+#: stylesheet and their licenses (``scripts/vendor-xterm.sh`` puts them in ``static/xterm/``).
+_ASSETS: Final = {
+    "/static/xterm/xterm.js": "text/javascript; charset=utf-8",
+    "/static/xterm/xterm.css": "text/css; charset=utf-8",
+    "/static/xterm/addon-fit.js": "text/javascript; charset=utf-8",
+    "/static/xterm/LICENSE": "text/plain; charset=utf-8",
+    "/static/xterm/LICENSE.addon-fit": "text/plain; charset=utf-8",
+}
 #: The routes only ``GET`` reaches.
-_GET_PATHS: Final = ("/v1/sessions", "/v1/agents", "/v1/receipts", "/metrics")
+_GET_PATHS: Final = ("/v1/sessions", "/v1/agents", "/v1/receipts", "/metrics", *_ASSETS)

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import trio
 
 from protocols import events as ev
+from protocols.machine import TerminalScreen
 from supervisor.wire.codec import dumps, event_from_json, event_json, event_to_wire, events_json
 from supervisor.wire.frames import frame_payload, text_frame, text_frames
 
@@ -200,6 +201,9 @@ class Subscription:
         #: for (:func:`fill_from_recorder` puts them there from the store); None: none
         self.missing: tuple[int, int] | None = None
         self.lagged = False
+        #: a terminal agent's screen as it stood at :attr:`head_seq` (taken with the
+        #: subscription, in the actor), drawn before the events; None: no terminal
+        self.screen: TerminalScreen | None = None
 
     # -- the subscriber's side -------------------------------------------------------------
 

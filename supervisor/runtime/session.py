@@ -212,16 +212,17 @@ class _Subscribe:
                 f"since_seq {self.since_seq} is beyond session {session.id}'s newest event"
                 f" ({head}): not the session those events came from"
             )
-        self.reply.resolve(
-            session._fanout.subscribe(
-                self.since_seq,
-                head_seq=head,
-                max_buffer=self.max_buffer,
-                stall_s=self.stall_s,
-                wire=self.wire,
-                max_bytes=self.max_buffer_bytes,
-            )
+        subscription = session._fanout.subscribe(
+            self.since_seq,
+            head_seq=head,
+            max_buffer=self.max_buffer,
+            stall_s=self.stall_s,
+            wire=self.wire,
+            max_bytes=self.max_buffer_bytes,
         )
+        machine = session.core.agent.machine
+        subscription.screen = machine.screen() if machine is not None else None
+        self.reply.resolve(subscription)
 
 
 @define

@@ -216,13 +216,52 @@ def test_input_and_resize() -> None:
         client.resize(0, 24)
 
 
-def test_snapshot_is_the_screen_bounded() -> None:
+def redrawn(picture: bytes, cols: int, rows: int) -> TerminalClient:
+    """A fresh screen of that size, fed the picture (as a terminal view draws it)."""
+    view = TerminalClient(TerminalSettings(cols=cols, rows=rows))
+    view.start(cwd="/")
+    out(view, b"junk that the picture clears\r\n\x1b[7mreversed", 0.0)
+    out(view, picture, 0.0)
+    return view
+
+
+def test_snapshot_redraws_the_screen_with_its_styles() -> None:
     client = machine()
-    out(client, b"hello\r\n> ", 0.0)
-    picture = client.snapshot()
-    assert picture.startswith(b"\x1b[H\x1b[2J") and b"hello\r\n>\r\n" in picture
-    assert picture.endswith(b"\x1b[2;3H")
+    drawn = (
+        "plain\r\n\x1b[1;31mbold red\x1b[0m then \x1b[4;38;5;100mindexed\x1b[0m"
+        " \x1b[48;2;1;2;3;7mtrue\x1b[0m\r\n\x1b[94;105mbright\x1b[0m \u20ac\u4e2d\u6587 x\r\n> "
+    )
+    out(client, drawn.encode(), 0.0)
+    screen = client.screen()
+    assert (screen.cols, screen.rows) == (40, 10) and screen.data == client.snapshot()
+    view = redrawn(screen.data, 40, 10)
+    theirs, ours = client._screen, view._screen
+    assert view.screen_text == client.screen_text
+    assert [theirs.buffer[y][x] for y in range(10) for x in range(40)] == [
+        ours.buffer[y][x] for y in range(10) for x in range(40)
+    ]
+    assert (ours.cursor.x, ours.cursor.y) == (theirs.cursor.x, theirs.cursor.y) == (2, 3)
+    assert not ours.cursor.hidden
+
+
+def test_snapshot_keeps_a_hidden_cursor_and_the_modes_keys_depend_on() -> None:
+    client = machine()
+    out(client, b"\x1b[?1h\x1b[?2004h\x1b[?1006h\x1b[?7l> \x1b[?25l", 0.0)
+    view = redrawn(client.snapshot(), 40, 10)._screen
+    assert view.cursor.hidden
+    assert {1 << 5, 2004 << 5, 1006 << 5} <= view.mode
+
+
+def test_snapshot_is_bounded_its_text_kept_first() -> None:
     big = TerminalClient(TerminalSettings(cols=500, rows=200))
     big.start(cwd="/")
-    out(big, "\u20ac".encode() * 100_000, 0.0)
-    assert len(big.snapshot()) <= MAX_SNAPSHOT_BYTES + 64
+    # Every cell a new style: over the bound with its styles.
+    cells = "".join(
+        f"\x1b[1;3;4;38;2;{i % 256};7;9;48;2;{i % 199};8;9m{i % 10}" for i in range(100_000)
+    )
+    out(big, cells.encode(), 0.0)
+    picture = big.snapshot()
+    assert len(picture) <= MAX_SNAPSHOT_BYTES
+    view = redrawn(picture, 500, 200)
+    assert view.screen_text == big.screen_text  # the text whole, the styles left out
+    assert view._screen.buffer[0][0].fg == "default"
