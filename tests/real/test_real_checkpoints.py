@@ -22,7 +22,8 @@ for a turn killed with the agent's whole tree (a grace of 0 s: the tool's writes
 the kill are in the receipt).
 
 Real clock, generous bounds. Each stop's receipt latency, and how long the rewind took, go
-into the tier-4 table (scenario ``ckpt-stop``, ``ckpt-kill``, ``ckpt-done``).
+into the tier-4 table (scenario ``ckpt-stop``, ``ckpt-kill``, ``ckpt-done``; ``ckpt-rw``: a
+stop and rewind in one call, ``cancel(rewind=True)``).
 """
 
 from __future__ import annotations
@@ -234,6 +235,36 @@ async def test_a_stopped_turns_edits_are_listed_and_rewound(key: str, open_agent
                 ],
             )
             await scenarios.second_prompt_completes(h)
+
+
+@pytest.mark.parametrize("key", list(UNDER_TEST))
+async def test_stop_and_rewind_in_one_call(key: str, open_agent: Any) -> None:
+    """``cancel(rewind=True)`` (the web UI's Stop & rewind): the receipt lists the changes and
+    what the rewind restored, and the directory is as before the turn."""
+    with trio.fail_after(BOUND_S):
+        async with open_agent() as h:
+            kept, users_git = _kept(h.work), _users_git(h.work)
+            turn_id, _ = await _edits_made_and_waiting(h, "editshell")
+            started = time.monotonic()
+            receipt = await h.session.cancel(rewind=True)
+            cancel_ms = round((time.monotonic() - started) * 1000, 1)
+            assert (receipt.turn_id, receipt.outcome) == (turn_id, "cancelled"), receipt
+            assert _changes(receipt.changes) == EXPECTED_CHANGES, receipt.changes
+            assert receipt.restored is not None, receipt
+            restored = receipt.restored
+            assert sorted(restored["restored"]) == [c["path"] for c in EXPECTED_CHANGES], restored
+            assert restored["not_restored"] == [], restored
+            assert _kept(h.work) == kept
+            assert (h.work / "build.log").read_bytes() == IGNORED + b"logged by the turn\n"
+            assert _users_git(h.work) == users_git
+            _row(
+                h,
+                key,
+                "ckpt-rw",
+                receipt.outcome,
+                receipt.elapsed_ms,
+                [f"cancel_call_ms={cancel_ms}", f"escalation={','.join(receipt.escalation)}"],
+            )
 
 
 @pytest.mark.parametrize("key", list(UNDER_TEST))
