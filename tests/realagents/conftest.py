@@ -117,11 +117,13 @@ async def supervised(
     *,
     catch_up: bool = False,
     checks: Callable[[Recorder], None] | None = None,
+    state_dir: Path | None = None,
 ) -> AsyncIterator[Harness]:
     """The agent of ``spec`` started under a supervisor, its events recorded, as a ``Harness``.
     Afterwards the recorder's invariants hold (once it has ``catch_up``, when asked), and then
-    ``checks`` (the module's own)."""
-    async with open_supervisor(agents={spec.name: spec}) as sup:
+    ``checks`` (the module's own). ``state_dir``: the supervisor's (its sessions' turns are
+    then checkpointed, ``design/checkpoints.md``)."""
+    async with open_supervisor(agents={spec.name: spec}, state_dir=state_dir) as sup:
         started = time.monotonic()
         session = await sup.start_session(spec.name)
         ready_s = time.monotonic() - started
@@ -150,12 +152,14 @@ async def real_agent_session(
     prepare: Callable[[Prepared], None] | None = None,
     catch_up: bool = False,
     checks: Callable[[Recorder], None] | None = None,
+    state_dir: Path | None = None,
 ) -> AsyncIterator[Harness]:
     """``agent`` under a supervisor in its own network namespace, against a fake model.
 
     ``tee``: log the wire even without ``AGENT_TIER4_TEE=1``; ``spec_of(prepared, grace_s=...,
     tee_dir=...)``: its spec (default: the agent's ACP one); ``prepare``: a last change to its
-    prepared setup; ``catch_up`` and ``checks``: as :func:`supervised` takes them."""
+    prepared setup; ``catch_up``, ``checks`` and ``state_dir``: as :func:`supervised` takes
+    them."""
     spec_of = spec_of or agent.spec
     with noted_namespace() as namespace:
         listener = namespace.listener if namespace is not None else None
@@ -169,7 +173,14 @@ async def real_agent_session(
                 spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
             namespaced = namespace is not None
             async with supervised(
-                spec, agent, model, prepared, namespaced, catch_up=catch_up, checks=checks
+                spec,
+                agent,
+                model,
+                prepared,
+                namespaced,
+                catch_up=catch_up,
+                checks=checks,
+                state_dir=state_dir,
             ) as h:
                 yield h
 

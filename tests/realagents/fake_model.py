@@ -16,6 +16,9 @@ that appears in it), so a test steers the model by its prompt:
 - ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
 - ``briefshell``: the same call running :data:`BRIEF_SHELL_COMMAND`, which ends by itself within
   seconds (exit 124): for a turn that must get past its tool call (a steer that waits for it);
+- ``editshell``: a tool call running :data:`EDIT_SHELL_COMMAND`, which edits, creates and
+  deletes files in the working directory, then waits as ``shell`` does (a turn to stop once
+  its edits are made); ``editbrief``: :data:`EDIT_BRIEF_COMMAND`, the same edits and no wait;
 - ``permission``: a tool call running :data:`PERMISSION_COMMAND`, which each agent's
   configuration leaves needing approval (Codex: ``sandbox_permissions: require_escalated``).
 - ``mcpcall``: a call, with no arguments, of the offered tool whose name ends with
@@ -64,6 +67,8 @@ import trio
 __all__ = [
     "BACKGROUND_COMMAND",
     "BRIEF_SHELL_COMMAND",
+    "EDIT_BRIEF_COMMAND",
+    "EDIT_SHELL_COMMAND",
     "MCP_TOOL",
     "PERMISSION_COMMAND",
     "SHELL_COMMAND",
@@ -78,6 +83,21 @@ SHELL_COMMAND = "timeout 29.7 tail -f /dev/null"
 #: The command of the ``briefshell`` scenario: over by itself in a few seconds (exit 124), so a
 #: turn gets past it; distinct from the others, so psutil can tell it apart.
 BRIEF_SHELL_COMMAND = "timeout 3.1 tail -f /dev/null"
+#: What the ``editshell`` and ``editbrief`` commands do to the working directory (the checkpoint
+#: tests, ``tests/real/test_real_checkpoints.py``, lay it out): append to ``edit-me.txt``,
+#: create ``created.txt``, delete ``doomed.txt``, and append to ``build.log``, which the
+#: directory's ``.gitignore`` ignores.
+EDITS = (
+    "printf 'edited by the turn\\n' >> edit-me.txt"
+    " && printf 'made by the turn\\n' > created.txt"
+    " && rm doomed.txt"
+    " && printf 'logged by the turn\\n' >> build.log"
+)
+#: ``editshell``'s command: the edits, then a wait distinct from the others' (psutil tells them
+#: apart) that outlives every bound of a test.
+EDIT_SHELL_COMMAND = f"{EDITS} && timeout 28.7 tail -f /dev/null"
+#: ``editbrief``'s command: the edits, and done.
+EDIT_BRIEF_COMMAND = f"{EDITS} && echo edits-done"
 #: The command of the permission scenario: distinct, so the agents' allow rules for
 #: :data:`SHELL_COMMAND` do not cover it and psutil can tell the two apart.
 PERMISSION_COMMAND = "touch permission-command-ran && timeout 29.3 tail -f /dev/null"
@@ -94,7 +114,16 @@ STREAM_INTERVAL_S = 0.2
 STREAM_DURATION_S = 60.0
 QUICK_TEXT = "Quick answer from the fake model."
 AFTER_TOOL_TEXT = "The command finished."
-SCENARIOS = ("quick", "stream", "shell", "briefshell", "permission", "mcpcall")
+SCENARIOS = (
+    "quick",
+    "stream",
+    "shell",
+    "briefshell",
+    "editshell",
+    "editbrief",
+    "permission",
+    "mcpcall",
+)
 #: The tool of the tests' MCP server (``tests/fakes/mcp_server.py``) the ``mcpcall`` scenario calls.
 MCP_TOOL = "marker_ping"
 NO_MCP_TOOL_TEXT = "No MCP tool was offered."
@@ -302,7 +331,7 @@ class FakeModel:
                 writer.answer(api, AFTER_TOOL_TEXT if after_tool else QUICK_TEXT, stream)
             elif scenario == "stream":
                 writer.stream_tokens(api, stream)
-            elif scenario in ("shell", "briefshell", "permission"):
+            elif scenario in ("shell", "briefshell", "editshell", "editbrief", "permission"):
                 writer.tool_call(api, scenario, stream)
             elif scenario == "mcpcall":
                 writer.mcp_call(api, stream)
@@ -699,9 +728,12 @@ class _Writer:
         self.text_turn(api, tokens(), stream)
 
     def tool_call(self, api: str, scenario: str, stream: bool) -> None:
-        command = {"shell": SHELL_COMMAND, "briefshell": BRIEF_SHELL_COMMAND}.get(
-            scenario, PERMISSION_COMMAND
-        )
+        command = {
+            "shell": SHELL_COMMAND,
+            "briefshell": BRIEF_SHELL_COMMAND,
+            "editshell": EDIT_SHELL_COMMAND,
+            "editbrief": EDIT_BRIEF_COMMAND,
+        }.get(scenario, PERMISSION_COMMAND)
         call_id = f"call_{self.exchange.id}"
         if api == "responses":
             name = "exec_command"
