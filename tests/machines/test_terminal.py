@@ -207,6 +207,18 @@ def test_terminal_queries_are_answered() -> None:
     assert {"keys": "\x1b[1;3R"} in step.send
 
 
+def test_a_sequence_the_screen_cannot_take_loses_nothing_after_it() -> None:
+    """Gemini CLI's first bytes: xterm's key-modifier query (``CSI > 4 ; ? m``) is no
+    rendition, and the device-attributes query after it still gets its answer."""
+    client = machine()
+    step = out(client, b"\x1b[8m\x1b[?u\x1b]11;?\x1b\\\x1b[>q\x1b[>4;?m\x1b[c\x1b[2K\r\x1b[0mok", 0.0)
+    assert [e for e in step.events if isinstance(e, ev.ErrorEvent)] == []
+    assert {"keys": "\x1b[?6c"} in step.send
+    assert client.screen_text.splitlines()[0] == "ok"
+    step = out(client, b"\x1b[?5W\x1b[5;?z then", 0.1)  # unknown to pyte: dropped alone
+    assert client.screen_text.splitlines()[0] == "ok then"
+
+
 def test_input_and_resize() -> None:
     client = machine()
     assert client.input("y").send == [{"keys": "y"}]
