@@ -211,7 +211,9 @@ def test_a_sequence_the_screen_cannot_take_loses_nothing_after_it() -> None:
     """Gemini CLI's first bytes: xterm's key-modifier query (``CSI > 4 ; ? m``) is no
     rendition, and the device-attributes query after it still gets its answer."""
     client = machine()
-    step = out(client, b"\x1b[8m\x1b[?u\x1b]11;?\x1b\\\x1b[>q\x1b[>4;?m\x1b[c\x1b[2K\r\x1b[0mok", 0.0)
+    step = out(
+        client, b"\x1b[8m\x1b[?u\x1b]11;?\x1b\\\x1b[>q\x1b[>4;?m\x1b[c\x1b[2K\r\x1b[0mok", 0.0
+    )
     assert [e for e in step.events if isinstance(e, ev.ErrorEvent)] == []
     assert {"keys": "\x1b[?6c"} in step.send
     assert client.screen_text.splitlines()[0] == "ok"

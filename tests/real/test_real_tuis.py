@@ -35,7 +35,9 @@ from realagents import install, scenarios
 from realagents.agents import Prepared, RealAgent
 from realagents.conftest import GRACE_S, Harness, real_agent_session
 from realagents.scenarios import is_holder, ms_after
+from paths import REPO
 from supervisor import AgentSpec
+from supervisor.config import load_agents
 
 pytestmark = pytest.mark.real_process
 
@@ -144,14 +146,18 @@ async def test_turn_completes_and_a_stop_cancels(open_tui: Any, tui: Tui) -> Non
     with trio.fail_after(BOUND_S):
         async with open_tui() as h:
             await quick_completes(h)
-            assert h.model.find(lambda e: e.scenario == "quick" and e.has_tools), (
-                h.model.describe()
-            )
+            assert h.model.find(lambda e: e.scenario == "quick" and e.has_tools), h.model.describe()
             turn, stream = await stream_started(h, last_id(h))
             cancelled_at = time.monotonic()
             receipt = await h.session.cancel()
             gone = await scenarios.stream_ended(h, stream, timeout=30)
-            row(h, tui, "stream", receipt, model_gone_ms=ms_after(cancelled_at, gone.disconnected_at))
+            row(
+                h,
+                tui,
+                "stream",
+                receipt,
+                model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
+            )
             assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
             assert receipt.escalation == ["interrupt"], receipt
             assert receipt.elapsed_ms < GRACE_S * 1000
@@ -223,3 +229,15 @@ def _cwd(proc: psutil.Process) -> str | None:
 
 def test_packages_are_pinned() -> None:
     assert {t.package for t in TUIS} <= set(install.PACKAGES)
+
+
+def test_agents_toml_example_has_the_settings_tested_here() -> None:
+    agents = load_agents(REPO / "agents.toml.example")
+    for tui in TUIS:
+        spec = agents[tui.key]
+        assert (spec.protocol, spec.terminal) == ("terminal", tui.settings), tui.key
+        assert spec.command[1:] == tui.args[: len(spec.command) - 1] or tui.key == "claude-tui"
+        assert (
+            spec.resume_command[1 : len(tui.resume_args) + 1]
+            == tui.resume_args[: len(spec.resume_command) - 1]
+        )
