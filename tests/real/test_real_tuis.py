@@ -29,13 +29,13 @@ import pytest
 import trio
 from attrs import frozen
 
+from paths import REPO
 from protocols import events as ev
 from protocols.terminal import TerminalSettings
 from realagents import install, scenarios
 from realagents.agents import Prepared, RealAgent
 from realagents.conftest import GRACE_S, Harness, real_agent_session
 from realagents.scenarios import is_holder, ms_after
-from paths import REPO
 from supervisor import AgentSpec
 from supervisor.config import load_agents
 
