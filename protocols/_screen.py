@@ -56,6 +56,12 @@ class Screen(pyte.Screen):
         row = self.buffer[y]
         return "".join(row[x].data for x in range(self.columns)).rstrip()
 
+    def select_graphic_rendition(self, *attrs: int, private: bool = False) -> None:
+        # ``CSI ? Pp m`` and ``CSI > Pp ; Pv m`` are xterm's key-modifier query and setting
+        # (XTQMODKEYS, XTMODKEYS: Gemini CLI sends them first thing), not renditions.
+        if not private:
+            super().select_graphic_rendition(*attrs)
+
     def write_process_input(self, data: str) -> None:
         if len(self.answers) < _MAX_ANSWERS:
             self.answers.append(data)
@@ -151,3 +157,12 @@ class Stream(pyte.Stream):
 
     def reset_parser(self) -> None:
         self._initialize_parser()
+
+    def _send_to_parser(self, data: str) -> bool | None:
+        # pyte resets its parser and raises on a sequence its screen cannot take; raised out
+        # of feed(), that would lose the rest of the text fed with it (a query after it would
+        # go unanswered, and a TUI wait for the answer). The sequence alone is dropped.
+        try:
+            return super()._send_to_parser(data)
+        except Exception:
+            return self._taking_plain_text

@@ -77,6 +77,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_SEQUENCE_CHARS",
     "MAX_SNAPSHOT_BYTES",
+    "MAX_SUBMIT_DELAY_S",
     "SUBMIT_MODES",
     "TERMINAL_SESSION",
     "TerminalClient",
@@ -106,6 +107,9 @@ DEFAULT_INTERRUPT: Final = ("\x1b",)
 #: Enter: for programs that do not understand bracketed paste; a newline in the text is then
 #: an Enter).
 SUBMIT_MODES: Final = ("paste", "type")
+#: The longest pause between a prompt's text and its Enter (``submit_delay_s``): a TUI tells a
+#: paste from typing within tens of milliseconds; more than this is a mistake.
+MAX_SUBMIT_DELAY_S: Final = 5.0
 #: A terminal agent has no session id of its own; this stands for "the conversation it ran",
 #: which its ``resume_command`` restores after a kill.
 TERMINAL_SESSION: Final = "terminal"
@@ -134,6 +138,9 @@ class TerminalSettings:
     idle_s: float = DEFAULT_IDLE_S
     interrupt: tuple[str, ...] = field(default=DEFAULT_INTERRUPT, converter=tuple)
     submit: str = "paste"
+    #: seconds between the text and its Enter: a TUI that takes input arriving at once as one
+    #: paste (Gemini CLI) takes an Enter in it for a newline. 0: Enter with the text.
+    submit_delay_s: float = 0.0
     #: what the first screen shows once the agent takes input; None: ``prompt_pattern``
     start_pattern: str | None = None
     cols: int = DEFAULT_COLS
@@ -153,6 +160,10 @@ class TerminalSettings:
             raise ValueError(f"'idle_s' must be a number of seconds > 0, not {self.idle_s!r}")
         if not self.interrupt or not all(isinstance(k, str) and k for k in self.interrupt):
             raise ValueError("'interrupt' must be a list of non-empty strings (keys)")
+        if not 0 <= self.submit_delay_s <= MAX_SUBMIT_DELAY_S:
+            raise ValueError(
+                f"'submit_delay_s' must be a number of seconds from 0 to {MAX_SUBMIT_DELAY_S}"
+            )
         if self.submit not in SUBMIT_MODES:
             raise ValueError(f"'submit' must be one of {', '.join(SUBMIT_MODES)}")
         check_size(self.cols, self.rows)
@@ -198,6 +209,9 @@ class TerminalClient(AgentProtocol):
         self._answered = False
         #: the wake-up asked of the link and not come yet
         self._wake_at: float | None = None
+        #: a prompt's Enter waits (``submit_delay_s``): 0.0 until the link's next frame gives
+        #: the time, then when it is due; None: none waits
+        self._enter_at: float | None = None
 
     @classmethod
     def configured(cls, settings: object | None) -> TerminalClient:
@@ -228,10 +242,16 @@ class TerminalClient(AgentProtocol):
         screen.following = True
         screen.prompt_row = screen.told_row = screen.cursor.y + 1
         if self.settings.submit == "paste":
-            keys = f"{_PASTE_START}{_no_paste_end(text)}{_PASTE_END}{_ENTER}"
+            keys = f"{_PASTE_START}{_no_paste_end(text)}{_PASTE_END}"
         else:
-            keys = text.replace("\r\n", _ENTER).replace("\n", _ENTER) + _ENTER
-        return Step(send=[{"keys": keys}])
+            keys = text.replace("\r\n", _ENTER).replace("\n", _ENTER)
+        if not self.settings.submit_delay_s:
+            return Step(send=[{"keys": keys + _ENTER}])
+        # The machine has no clock: a wake-up at once tells the time the text went, and
+        # the Enter is due submit_delay_s after that (_submit).
+        self._enter_at = 0.0
+        self._wake_at = 0.0
+        return Step(send=[{"keys": keys}, {"wake_at": 0.0}])
 
     def cancel(self) -> Step:
         if self._turn_id is None or self._interrupted:
@@ -309,6 +329,7 @@ class TerminalClient(AgentProtocol):
             if self._wake_at is not None and now >= self._wake_at:
                 self._wake_at = None
             step = Step()
+            self._submit(float(now), step)
             self._settle(float(now), step)
             return step
         return Step(events=[ev.AgentUnparsed(raw=_shown(message))])
@@ -334,8 +355,30 @@ class TerminalClient(AgentProtocol):
                 self._answered = True
         if self._turn_id is not None:
             self._tell_lines(step)
+        self._submit(now, step)
         self._settle(now, step)
         return step
+
+    def _submit(self, now: float, step: Step) -> None:
+        """The waiting Enter of a prompt, once due (``submit_delay_s``)."""
+        if self._enter_at is None or self._turn_id is None or self._interrupted:
+            self._enter_at = None
+            return
+        if not self._enter_at:
+            self._enter_at = now + self.settings.submit_delay_s
+        if now < self._enter_at:
+            self._wake(self._enter_at, now, step)
+            return
+        self._enter_at = None
+        self._keys_written()
+        step.send.append({"keys": _ENTER})
+
+    def _wake(self, due: float, now: float, step: Step) -> None:
+        """Ask the link for a tick at ``due``, unless one comes by then anyway (one that was
+        due already comes at once: it is replaced)."""
+        if self._wake_at is None or due < self._wake_at or self._wake_at <= now:
+            self._wake_at = due
+            step.send.append({"wake_at": due})
 
     def _feed(self, text: str, step: Step) -> None:
         """Feed the emulator, a slice at a time, dropping an escape sequence over the bound."""
@@ -391,13 +434,11 @@ class TerminalClient(AgentProtocol):
         else:
             return
         changed = self._changed_at
-        if changed is None or pattern.search(self._text) is None:
+        if changed is None or self._enter_at is not None or pattern.search(self._text) is None:
             return
         due = changed + self.settings.idle_s
         if now < due:
-            if self._wake_at is None or due < self._wake_at:
-                self._wake_at = due
-                step.send.append({"wake_at": due})
+            self._wake(due, now, step)
             return
         if self._phase == "starting":
             self._phase = "ready"

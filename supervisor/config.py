@@ -470,6 +470,7 @@ _TERMINAL_FIELDS = {
     "idle_s",
     "interrupt",
     "submit",
+    "submit_delay_s",
     "start_pattern",
     "cols",
     "rows",
@@ -624,11 +625,14 @@ def _parse_terminal(table: Mapping[str, Any], at: str) -> TerminalSettings:
     interrupt = options.get("interrupt")
     if interrupt is not None and not isinstance(interrupt, list):
         raise ConfigError(f"{at}: 'interrupt' must be a list of strings (keys)")
-    idle = options.get("idle_s")
-    if idle is not None and (
-        isinstance(idle, bool) or not isinstance(idle, int | float) or not math.isfinite(idle)
-    ):
-        raise ConfigError(f"{at}: 'idle_s' must be a number of seconds > 0, not {idle!r}")
+    for key in ("idle_s", "submit_delay_s"):
+        seconds = options.get(key)
+        if seconds is not None and (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+        ):
+            raise ConfigError(f"{at}: '{key}' must be a number of seconds, not {seconds!r}")
     settings = TerminalSettings(**options)
     try:
         settings.check()

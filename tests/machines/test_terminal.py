@@ -207,6 +207,20 @@ def test_terminal_queries_are_answered() -> None:
     assert {"keys": "\x1b[1;3R"} in step.send
 
 
+def test_a_sequence_the_screen_cannot_take_loses_nothing_after_it() -> None:
+    """Gemini CLI's first bytes: xterm's key-modifier query (``CSI > 4 ; ? m``) is no
+    rendition, and the device-attributes query after it still gets its answer."""
+    client = machine()
+    step = out(
+        client, b"\x1b[8m\x1b[?u\x1b]11;?\x1b\\\x1b[>q\x1b[>4;?m\x1b[c\x1b[2K\r\x1b[0mok", 0.0
+    )
+    assert [e for e in step.events if isinstance(e, ev.ErrorEvent)] == []
+    assert {"keys": "\x1b[?6c"} in step.send
+    assert client.screen_text.splitlines()[0] == "ok"
+    step = out(client, b"\x1b[?5W\x1b[5;?z then", 0.1)  # unknown to pyte: dropped alone
+    assert client.screen_text.splitlines()[0] == "ok then"
+
+
 def test_input_and_resize() -> None:
     client = machine()
     assert client.input("y").send == [{"keys": "y"}]
@@ -265,3 +279,26 @@ def test_snapshot_is_bounded_its_text_kept_first() -> None:
     view = redrawn(picture, 500, 200)
     assert view.screen_text == big.screen_text  # the text whole, the styles left out
     assert view._screen.buffer[0][0].fg == "default"
+
+
+def test_enter_after_a_pause_for_a_tui_that_takes_quick_input_as_a_paste() -> None:
+    client = machine(submit_delay_s=0.3)
+    ready(client)
+    step = client.prompt("t1", "hi")
+    assert step.send == [{"keys": "\x1b[200~hi\x1b[201~"}, {"wake_at": 0.0}]
+    step = out(client, b"hi", 5.0)  # the TUI draws the text: the Enter is due 0.3 s later
+    assert {"wake_at": 5.3} in step.send and {"keys": "\r"} not in step.send
+    assert controls(tick(client, 5.3)) == []
+    assert tick(client, 5.3).send == []  # once
+    step = out(client, b"\r\nanswer\r\n> ", 6.0)
+    assert {"wake_at": 6.0 + IDLE} in step.send
+    [finished] = controls(tick(client, 6.0 + IDLE))
+    assert finished == TurnFinished("t1", "end_turn", interrupted=False)
+
+
+def test_no_enter_after_a_stop_during_the_pause() -> None:
+    client = machine(submit_delay_s=0.3)
+    ready(client)
+    client.prompt("t1", "hi")
+    assert client.cancel().send == [{"keys": "\x1b"}]
+    assert {"keys": "\r"} not in tick(client, 9.0).send

@@ -395,3 +395,43 @@ AMP = RealAgent("amp", "amp", AMP_COMMAND[1:])
 def amp_spec(prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None) -> AgentSpec:
     """The supervisor's spec for :data:`AMP` (protocol ``amp``, not ``acp``)."""
     return AMP.spec(prepared, grace_s=grace_s, tee_dir=tee_dir).with_options(protocol="amp")
+
+
+# -- TUIs in a pseudo-terminal (protocol "terminal"; tests/real/test_real_tuis.py) --------------------
+# Each agent's own interactive interface, its first-run screens answered by its configuration
+# files: Claude Code's onboarding, API-key approval and folder trust (``~/.claude.json``);
+# Codex's folder trust and model-upgrade notice (``config.toml``); Gemini CLI's as for --acp.
+
+#: Claude Code's TUI takes an API key only once approved; it keeps the last 20 characters.
+CLAUDE_TUI_KEY = "sk-ant-fake-key-0123456789abcdefghij"
+
+
+def _claude_tui(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    state = {
+        "hasCompletedOnboarding": True,  # else it checks api.anthropic.com first and stops
+        "theme": "dark",
+        "numStartups": 1,
+        "customApiKeyResponses": {"approved": [CLAUDE_TUI_KEY[-20:]], "rejected": []},
+        "projects": {
+            os.fspath(work): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
+        },
+    }
+    _write(home / ".claude.json", json.dumps(state, indent=2))
+    return {**_claude_stream_json(home, work, base_url), "ANTHROPIC_API_KEY": CLAUDE_TUI_KEY}
+
+
+def _codex_tui(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    env = _codex(home, work, base_url)
+    config = Path(env["CODEX_HOME"]) / "config.toml"
+    config.write_text(
+        config.read_text()
+        # the model-upgrade notice, as if already seen: else its menu takes the first prompt
+        + '\n[notice]\nhide_rate_limit_model_nudge = true\nmodel_migrations = { "gpt-5.5" = "gpt-6-sol" }\n'
+        + f'\n[projects."{work}"]\ntrust_level = "trusted"\n'
+    )
+    return env
+
+
+_SETUPS["claude-tui"] = _claude_tui
+_SETUPS["codex-tui"] = _codex_tui
+_SETUPS["gemini-tui"] = _gemini

@@ -171,6 +171,9 @@ async def real_agent_session(
             spec = spec_of(prepared, grace_s=grace_s, tee_dir=tee_dir)
             if namespace is not None:
                 spec = spec.with_options(command=tuple(namespace.wrap(list(spec.command))))
+                if spec.resume_command:
+                    resume = tuple(namespace.wrap(list(spec.resume_command)))
+                    spec = spec.with_options(resume_command=resume)
             namespaced = namespace is not None
             async with supervised(
                 spec,
