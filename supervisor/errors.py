@@ -10,6 +10,7 @@ __all__ = [
     "BadRequest",
     "Busy",
     "CheckpointFailed",
+    "Conflict",
     "SessionNotFound",
     "SupervisorError",
     "check_text",
@@ -46,6 +47,13 @@ class CheckpointFailed(SupervisorError):
     """A checkpoint of the working directory could not be taken or restored (why is said)."""
 
     code: ClassVar[str] = "checkpoint_failed"
+
+
+class Conflict(SupervisorError):
+    """A rewind would undo what another session in the same directory changed (the message
+    names it and the paths); ``force`` rewinds anyway."""
+
+    code: ClassVar[str] = "conflict"
 
 
 class AtCapacity(SupervisorError):

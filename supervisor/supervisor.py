@@ -28,8 +28,9 @@ from supervisor.agents.containment import choose
 from supervisor.agents.link import Launcher
 from supervisor.agents.process_link import ProcessLauncher
 from supervisor.agents.statefile import StateFile, sweep_orphans
-from supervisor.checkpoints import ShadowStore
+from supervisor.checkpoints import CheckpointError, ShadowStore, Snapshot
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
+from supervisor.core.checkpoints import CHECKPOINTS_KEPT
 from supervisor.core.exit import ExitStatus
 from supervisor.errors import (
     AtCapacity,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
     from supervisor.observe.metrics import Metrics
     from supervisor.observe.observers import Observers
-    from supervisor.store.backend import StoredSession
+    from supervisor.store.backend import CheckpointRow, StoredSession
     from supervisor.store.dormant import DormantSession
     from supervisor.store.retention import Retention
     from supervisor.store.writer import SessionStore
@@ -343,9 +344,11 @@ class Supervisor:
         after: tuple[int, int] = (0, 0),
         earlier: Sequence[Said] = (),
         worktree: Worktree | None = None,
+        kept: Sequence[tuple[CheckpointRow, Snapshot, Snapshot | None]] = (),
     ) -> Session:
         """A session on this machine, listed, its actor running (its agent starting);
-        ``worktree``: the one made for it, ``where`` is in it."""
+        ``worktree``: the one made for it, ``where`` is in it; ``kept``: the checkpoints it
+        had before (``Session.seed_checkpoints``)."""
         session = Session(
             session_id,
             spec,
@@ -364,6 +367,8 @@ class Supervisor:
             checkpoints=self._checkpoint_store(spec, where),
         )
         session.worktree = worktree
+        if kept:
+            session.seed_checkpoints(kept)
         self._sessions[session.id] = session
         self._observe(session)
         self._store(session, resume)
@@ -449,6 +454,7 @@ class Supervisor:
                 raise BadRequest(f"cwd {where!r} of stored session {dormant.id} is not a directory")
             assert self.store is not None
             turns = await self.store.turns(dormant.id)
+            kept = await self._stored_checkpoints(dormant.id, spec, where)
             # What was said, should its agent start afresh (runtime/context.py): read now, as
             # the agent's answer to the resume comes in the actor, which never waits on I/O.
             earlier = await self.store.conversation(dormant.id, spec.context_bytes)
@@ -460,12 +466,35 @@ class Supervisor:
                 after=(dormant.last_seq, turns),
                 earlier=earlier,
                 worktree=worktree,
+                kept=kept,
             )
             await session.wait_ready()  # failed to start: listed as failed, its history kept
         finally:
             del self._reviving[dormant.id]
             done.set()
         return session
+
+    async def _stored_checkpoints(
+        self, session_id: str, spec: AgentSpec, where: str
+    ) -> list[tuple[CheckpointRow, Snapshot, Snapshot | None]]:
+        """The checkpoints a stored session kept, from the session store's rows and the
+        checkpoint store's commits: a rewind or a diff of a turn from before the restart
+        works. Those whose commits are gone are left out; a store that cannot be read leaves
+        out all (said in the log): the session runs on without them."""
+        shadow = self._checkpoint_store(spec, where)
+        if shadow is None or self.store is None:
+            return []
+        rows = await self.store.checkpoints(session_id, CHECKPOINTS_KEPT)
+        try:
+            found = await shadow.load(c for row in rows for c in (row.start, row.end) if c)
+        except CheckpointError as exc:
+            log.warning("session %s: its earlier checkpoints cannot be read: %s", session_id, exc)
+            return []
+        return [
+            (row, found[row.start], found.get(row.end) if row.end is not None else None)
+            for row in rows
+            if row.start in found
+        ]
 
     async def _reopen_worktree(self, dormant: DormantSession) -> Worktree | None:
         """The worktree a stored session ran in, there again for it (None: it had none)."""

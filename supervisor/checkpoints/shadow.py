@@ -9,7 +9,10 @@ files, and the repository's ``.git/info/exclude``, given as the store's ``core.e
 is not kept; neither are ``.git`` directories, which git never adds.
 
 A snapshot is ``git add -A`` into the store's index, ``git write-tree``, and a commit of that
-tree on the store's one branch, which keeps every snapshot's objects reachable. Files larger
+tree with a ref of its own (``refs/checkpoints/<commit>``), which keeps its objects reachable
+until the session forgets it (:meth:`ShadowStore.forget`): then the ref goes, and the store's
+housekeeping (:meth:`ShadowStore.housekeep`, a ``git gc --auto`` every
+:data:`HOUSEKEEP_EVERY` snapshots, off the turns' path) prunes what no kept one holds. Files larger
 than ``max_file_bytes`` are left out of the tree and named, with their size and mtime, so a
 change to one is still seen. Paths are bytes throughout (a file name need not be UTF-8 and may
 hold a newline): git is asked with ``-z``.
@@ -26,7 +29,8 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,6 +44,7 @@ __all__ = [
     "Change",
     "CheckpointError",
     "Diff",
+    "RewindConflict",
     "Restored",
     "ShadowStore",
     "Snapshot",
@@ -55,8 +60,26 @@ GIT_TIMEOUT_S: Final = 60.0
 #: A diff longer than this is cut there (and says so): it is for a person to read on a page,
 #: and a rewritten data file can differ by megabytes.
 DIFF_MAX_BYTES: Final = 256 * 1024
-#: The store's branch: its commits chain every snapshot, so none is ever unreachable.
-_BRANCH: Final = b"refs/heads/checkpoints"
+#: Where each kept snapshot's ref is (``<commit>`` below it): a snapshot reachable as long as a
+#: session keeps it, and prunable once forgotten.
+_REFS: Final = "refs/checkpoints/"
+#: Snapshots between two housekeepings (:meth:`ShadowStore.housekeep`): each turn takes two,
+#: and a ``git gc --auto`` that finds little to do costs a few ms.
+HOUSEKEEP_EVERY: Final = 100
+#: Loose objects past which a housekeeping packs them and prunes the unreachable (git's
+#: ``gc.auto``, whose own default is 6,700): a turn writes a few, and a store per working
+#: directory should stay near the size of what its sessions keep.
+GC_LOOSE_OBJECTS: Final = 2000
+#: How old an unreachable object must be before a housekeeping deletes it (git's
+#: ``gc.pruneExpire``): a snapshot being taken meanwhile has written objects no ref holds yet,
+#: and they must survive the collection running beside it.
+PRUNE_EXPIRE: Final = "1.hour.ago"
+#: Turns of any session whose changed paths a store remembers (for a rewind's check that it
+#: would not undo another session's changes: :class:`RewindConflict`); older ones are not
+#: checked. Each is a set of paths.
+CHANGES_KEPT: Final = 1024
+#: Paths a conflict's message names per session (then how many more).
+_CONFLICT_PATHS: Final = 10
 #: git's modes, as a change's detail names them
 _KINDS: Final = {
     "100644": "file",
@@ -72,6 +95,11 @@ class CheckpointError(Exception):
     """A snapshot, a diff or a restore could not be made; the message says why."""
 
 
+class RewindConflict(CheckpointError):
+    """A restore would undo what other sessions in the same directory changed (the message
+    names them and the paths); nothing was restored."""
+
+
 def shown_path(path: bytes) -> str:
     """A path as text: UTF-8, with bytes that are not shown as ``\\xNN``."""
     return path.decode("utf-8", "backslashreplace")
@@ -85,6 +113,9 @@ class Snapshot:
     tree: str
     #: files left out for their size: path -> (size, mtime in ns)
     too_big: Mapping[bytes, tuple[int, int]] = field(factory=dict)
+    #: its place among the store's snapshots in this process (0: one taken before it,
+    #: :meth:`ShadowStore.load`), for what other sessions changed since
+    n: int = 0
 
 
 @frozen
@@ -124,6 +155,16 @@ class Restored:
                 {"path": shown_path(path), "why": why} for path, why in self.not_restored
             ],
         }
+
+
+@frozen
+class _Changed:
+    """What one turn of a session changed in the directory, and when (its end's ``n``)."""
+
+    owner: str
+    turn_id: str
+    n: int
+    paths: frozenset[bytes]
 
 
 @frozen
@@ -177,6 +218,7 @@ class ShadowStore:
         *,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         timeout_s: float = GIT_TIMEOUT_S,
+        prune_expire: str = PRUNE_EXPIRE,
     ) -> None:
         self.cwd = os.path.realpath(cwd)
         name = hashlib.sha256(os.fsencode(self.cwd)).hexdigest()[:24]
@@ -185,9 +227,15 @@ class ShadowStore:
         self.timeout_s = timeout_s
         self._env = _git_env()
         self._lock = trio.Lock()
+        self.prune_expire = prune_expire
         self._ready = False
-        #: the store branch's newest commit (the next snapshot's parent)
-        self._head: str | None = None
+        #: snapshots taken in this process (the newest's ``n``)
+        self._taken = 0
+        #: snapshots no session keeps, their refs not deleted yet (:meth:`housekeep` does)
+        self._dropped: list[str] = []
+        self._housekeeping = False
+        #: what the sessions' turns changed here, the newest last (:meth:`conflicts`)
+        self._changed: deque[_Changed] = deque(maxlen=CHANGES_KEPT)
         #: the newest snapshot's big files: they are not in the index, so not listed as
         #: changed by it, and are looked at again each time
         self._last_big: Mapping[bytes, tuple[int, int]] = {}
@@ -247,7 +295,8 @@ class ShadowStore:
             "core.fileMode": "true",
             "core.symlinks": "true",
             "core.untrackedCache": "true",
-            "gc.auto": "0",  # a snapshot never waits for a collection
+            "gc.auto": "0",  # a snapshot never waits for a collection: housekeep() runs it
+            "core.logAllRefUpdates": "false",  # a reflog would keep forgotten snapshots
             "commit.gpgSign": "false",
         }
         exclude = Path(self.cwd) / ".git" / "info" / "exclude"
@@ -255,12 +304,6 @@ class ShadowStore:
             settings["core.excludesFile"] = str(exclude)
         for key, value in settings.items():
             await self._git("config", key, value)
-        try:
-            head = await self._git("rev-parse", "--verify", "--quiet", _BRANCH.decode())
-        except CheckpointError:  # a new store: no snapshot yet
-            self._head = None
-        else:
-            self._head = head.strip().decode()
         self._ready = True
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -290,15 +333,128 @@ class ShadowStore:
             else:
                 await self._git("add", "-A")
             tree = (await self._git("write-tree")).strip().decode()
-            message = json.dumps({"too_big": {os.fsdecode(p): v for p, v in too_big.items()}})
-            args = ["commit-tree", tree, "-m", message]
-            if self._head is not None:
-                args += ["-p", self._head]
-            commit = (await self._git(*args)).strip().decode()
-            await self._git("update-ref", _BRANCH.decode(), commit)
-            self._head = commit
+            # Each snapshot its own commit (``taken``: two of one tree in one second differ),
+            # so a ref forgotten by one session never drops another's.
+            message = json.dumps(
+                {
+                    "too_big": {os.fsdecode(p): v for p, v in too_big.items()},
+                    "taken": secrets.token_hex(8),
+                }
+            )
+            commit = (await self._git("commit-tree", tree, "-m", message)).strip().decode()
+            await self._git("update-ref", _REFS + commit, commit)
             self._last_big = too_big
-            return Snapshot(commit, tree, too_big)
+            self._taken += 1
+            return Snapshot(commit, tree, too_big, self._taken)
+
+    async def load(self, commits: Iterable[str]) -> dict[str, Snapshot]:
+        """The snapshots of ``commits`` (taken by an earlier process: a session revived from
+        the session store), by commit; one the store no longer has is left out."""
+        wanted = list(dict.fromkeys(commits))
+        if not wanted:
+            return {}
+        await self._ensure()
+        out = await self._git("cat-file", "--batch", stdin="\n".join(wanted).encode() + b"\n")
+        found: dict[str, Snapshot] = {}
+        at = 0
+        while at < len(out):
+            end = out.index(b"\n", at)
+            header = out[at:end].decode("ascii", "replace").split(" ")
+            if len(header) != 3:  # "<name> missing"
+                at = end + 1
+                continue
+            sha, kind, size = header
+            start = end + 1
+            body = out[start : start + int(size)]
+            at = start + int(size) + 1
+            if kind != "commit":
+                continue
+            head, _, message = body.partition(b"\n\n")
+            tree = head.split(b"\n", 1)[0].removeprefix(b"tree ").decode("ascii")
+            try:
+                big = json.loads(message).get("too_big", {})
+                too_big = {os.fsencode(path): (int(s), int(m)) for path, (s, m) in big.items()}
+            except (ValueError, AttributeError, TypeError):
+                continue  # not a snapshot of ours
+            found[sha] = Snapshot(sha, tree, too_big)
+        return found
+
+    def forget(self, snapshots: Iterable[Snapshot]) -> None:
+        """Snapshots no session keeps: their refs go at the next :meth:`housekeep`."""
+        self._dropped.extend(snapshot.commit for snapshot in snapshots)
+
+    @property
+    def housekeeping_due(self) -> bool:
+        return not self._housekeeping and self._taken % HOUSEKEEP_EVERY == 0 and self._taken > 0
+
+    async def housekeep(self) -> None:
+        """Delete the refs of forgotten snapshots, then ``git gc --auto``: past
+        :data:`GC_LOOSE_OBJECTS` loose objects, they are packed and what no ref holds (older
+        than :attr:`prune_expire`) deleted. Runs beside the snapshots (without the store's
+        lock: git's own collection is safe beside writers), never in a turn's way; one at a
+        time. A failure is logged by the caller and tried again next time."""
+        if self._housekeeping:
+            return
+        self._housekeeping = True
+        try:
+            await self._ensure()
+            dropped, self._dropped = self._dropped, []
+            if dropped:
+                lines = b"".join(b"delete %s%s\n" % (_REFS.encode(), c.encode()) for c in dropped)
+                try:
+                    await self._git("update-ref", "--stdin", stdin=lines)
+                except CheckpointError:
+                    self._dropped[:0] = dropped
+                    raise
+            await self._git(
+                "-c",
+                f"gc.auto={GC_LOOSE_OBJECTS}",
+                "-c",
+                f"gc.pruneExpire={self.prune_expire}",
+                "-c",
+                "gc.autoDetach=false",
+                "gc",
+                "--auto",
+                "--quiet",
+            )
+        finally:
+            self._housekeeping = False
+
+    # -- other sessions in the same directory ---------------------------------------------------
+
+    def changed(self, owner: str, turn_id: str, end: Snapshot, paths: Iterable[bytes]) -> None:
+        """``owner``'s turn ``turn_id`` ended at ``end`` having changed ``paths``."""
+        found = frozenset(paths)
+        if found:
+            self._changed.append(_Changed(owner, turn_id, end.n, found))
+
+    def conflicts(self, owner: str, since: Snapshot, paths: Iterable[bytes]) -> str | None:
+        """Why a restore of ``paths`` to ``since`` by ``owner`` would undo what other sessions
+        changed after it was taken (None: it would not)."""
+        wanted = set(paths)
+        theirs: dict[str, set[bytes]] = {}
+        turns: dict[str, list[str]] = {}
+        for changed in self._changed:
+            if changed.owner == owner or changed.n <= since.n:
+                continue
+            hit = wanted.intersection(changed.paths)
+            if hit:
+                theirs.setdefault(changed.owner, set()).update(hit)
+                turns.setdefault(changed.owner, []).append(changed.turn_id)
+        if not theirs:
+            return None
+        said = []
+        for other, hit in theirs.items():
+            shown = [shown_path(path) for path in sorted(hit)]
+            named = ", ".join(shown[:_CONFLICT_PATHS])
+            if len(shown) > _CONFLICT_PATHS:
+                named += f" and {len(shown) - _CONFLICT_PATHS} more"
+            said.append(f"session {other} changed {named} (turn {', '.join(turns[other])})")
+        return (
+            "it would also undo what other sessions in this directory changed since: "
+            + "; ".join(said)
+            + " (rewind with force to undo them too)"
+        )
 
     def _big_files(self, names: Iterable[bytes]) -> dict[bytes, tuple[int, int]]:
         """Of ``names``, the regular files larger than the limit (run in a worker thread)."""
@@ -381,12 +537,21 @@ class ShadowStore:
 
     # -- restore ------------------------------------------------------------------------------
 
-    async def restore(self, target: Snapshot) -> Restored:
+    async def restore(
+        self, target: Snapshot, refuse: Callable[[list[bytes]], str | None] | None = None
+    ) -> Restored:
         """Put the working directory back as it was at ``target``, a file at a time, each
-        written aside and renamed into place. The state before is snapshotted first."""
+        written aside and renamed into place. The state before is snapshotted first.
+        ``refuse(paths)``: why the paths the restore would put back must be left alone
+        (:class:`RewindConflict`, nothing restored; the state before is forgotten)."""
         before = await self.snapshot()
         async with self._lock:
             raw = await self._diff(before.tree, target.tree)
+            if refuse is not None:
+                why = refuse([record[4] for record in raw])
+                if why is not None:
+                    self.forget([before])
+                    raise RewindConflict(why)
             not_restored: list[tuple[bytes, str]] = []
             writes: list[tuple[bytes, str, str]] = []
             deletes: list[bytes] = []

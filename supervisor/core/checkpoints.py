@@ -97,6 +97,14 @@ class Checkpoints:
         while len(self._kept) > CHECKPOINTS_KEPT:
             del self._kept[next(iter(self._kept))]
 
+    def seed(self, checkpoint_ids: list[str]) -> None:
+        """Checkpoints an earlier process kept (oldest first), back for a rewind; the rewinds'
+        own ids go on after theirs."""
+        for checkpoint_id in checkpoint_ids:
+            self.keep(checkpoint_id)
+            if checkpoint_id[:1] == "r" and checkpoint_id[1:].isdigit():
+                self._rewinds = max(self._rewinds, int(checkpoint_id[1:]))
+
     def has(self, checkpoint_id: str) -> bool:
         return checkpoint_id in self._kept
 

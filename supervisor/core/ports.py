@@ -71,6 +71,7 @@ class SessionIO(Protocol):
         """Snapshot the working directory and say what changed since ``turn_id`` started;
         :meth:`SessionCore.turn_changes` follows."""
 
-    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+    def rewind(self, checkpoint_id: str, undo_id: str, force: bool = False) -> None:
         """Put the working directory back as it was at ``checkpoint_id``, the state before
-        kept as ``undo_id``; :meth:`SessionCore.rewound` follows."""
+        kept as ``undo_id`` (unless it would undo other sessions' changes there: ``force``
+        does anyway); :meth:`SessionCore.rewound` follows."""

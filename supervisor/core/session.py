@@ -71,7 +71,7 @@ from supervisor.core.steers import Steering
 from supervisor.core.turns import EndedTurns, PromptQueue, Turn, TurnIds
 from supervisor.core.waiter import Waiter
 from supervisor.core.watchdog import STREAM_EVENTS, TURN_EVENTS, StallWatch
-from supervisor.errors import AgentNotRunning, BadRequest, Busy, CheckpointFailed
+from supervisor.errors import AgentNotRunning, BadRequest, Busy, CheckpointFailed, Conflict
 from supervisor.receipt import (
     REASON_PAUSED,
     REASON_STALLED,
@@ -820,9 +820,10 @@ class SessionCore:
         if self.state not in ENDS:
             self.start_next()
 
-    def rewind(self, turn_id: str, waiter: Waiter[dict[str, Any]]) -> None:
+    def rewind(self, turn_id: str, waiter: Waiter[dict[str, Any]], force: bool = False) -> None:
         """Put the working directory back as it was when ``turn_id`` started (or as it was
-        before the rewind ``turn_id`` names, ``r1``...): refused while a turn runs."""
+        before the rewind ``turn_id`` names, ``r1``...): refused while a turn runs, and
+        (unless ``force``) when it would undo what another session there changed."""
         checkpoints = self.checkpoints
         if not checkpoints.on:
             raise BadRequest(f"agent {self.spec.name!r} keeps no checkpoints (checkpoints off)")
@@ -835,20 +836,28 @@ class SessionCore:
             raise Busy(f"session {self.id} cannot rewind now: {what} under way (stop it first)")
         checkpoints.under_way = "rewind"
         checkpoints.rewinding = waiter
-        self._io.rewind(turn_id, checkpoints.next_rewind_id())
+        self._io.rewind(turn_id, checkpoints.next_rewind_id(), force)
 
     def rewound(
-        self, turn_id: str, undo_id: str, result: dict[str, Any] | None, error: str | None
+        self,
+        turn_id: str,
+        undo_id: str,
+        result: dict[str, Any] | None,
+        error: str | None,
+        conflict: bool = False,
     ) -> None:
         """The rewind to ``turn_id`` is done (``result``: what was restored; the state
-        before it kept as ``undo_id``), or could not be made (``error``)."""
+        before it kept as ``undo_id``), or could not be made (``error``; ``conflict``: it
+        was refused, as it would undo another session's changes)."""
         checkpoints = self.checkpoints
         waiter = checkpoints.rewinding
         if checkpoints.under_way != "rewind" or waiter is None:
             return
         checkpoints.under_way, checkpoints.rewinding = None, None
         checkpoints.starting, checkpoints.taken = None, False  # taken before: no longer so
-        if result is None:
+        if result is None and conflict:
+            waiter.fail(Conflict(f"session {self.id} did not rewind to {turn_id}: {error}"))
+        elif result is None:
             waiter.fail(CheckpointFailed(f"session {self.id} could not rewind: {error}"))
         else:
             checkpoints.keep(undo_id)

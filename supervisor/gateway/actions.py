@@ -16,6 +16,7 @@ from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
 from supervisor.pausing import PauseStatus
 from supervisor.runtime.session import Session, SessionSummary
+from supervisor.store.dormant import DormantSession
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
@@ -112,9 +113,10 @@ class Actions:
                 )
                 return {}
             case Rewind():
-                return await self._local(call.session_id).rewind(call.turn_id)
+                local = await self._local(call.session_id)
+                return await local.rewind(call.turn_id, force=call.force)
             case Diff():
-                return await self._local(call.session_id).diff(call.turn_id, call.path)
+                return await (await self._local(call.session_id)).diff(call.turn_id, call.path)
             case StopSession():
                 return await self.stop(call)
             case PauseAll():
@@ -166,16 +168,20 @@ class Actions:
     async def cancel(self, call: Cancel) -> dict[str, Any]:
         """The receipt, once the turn has ended (``agent.cancel``, ``POST .../abort``)."""
         if call.rewind:
-            local = self._local(call.session_id)
+            local = await self._local(call.session_id)
             receipt = await local.cancel(turn_id=call.task_id, reason=call.reason, rewind=True)
         else:
             session = self.supervisor.get(call.session_id)
             receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
         return {**receipt_to_wire(receipt), "success": True}
 
-    def _local(self, session_id: str) -> Session:
-        """A session whose working directory is on this machine: what a rewind needs."""
-        session = self.supervisor.get(session_id)
+    async def _local(self, session_id: str) -> Session:
+        """A session whose working directory is on this machine: what a rewind needs. A
+        stored one (an earlier supervisor's) has its agent started again, with the
+        checkpoints it kept."""
+        session: Any = self.supervisor.get(session_id)
+        if isinstance(session, DormantSession) and session.host is None:
+            session = await session.revive()
         if not isinstance(session, Session):
             raise BadRequest(
                 f"session {session_id} is not running on this machine: a rewind is for local"

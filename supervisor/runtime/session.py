@@ -47,7 +47,7 @@ from supervisor.agents.link import (
     Launcher,
 )
 from supervisor.agents.process import KillError, tree_clock
-from supervisor.checkpoints import CheckpointError, ShadowStore, Snapshot
+from supervisor.checkpoints import CheckpointError, RewindConflict, ShadowStore, Snapshot
 from supervisor.config import AgentSpec
 from supervisor.core.agent import STARTING_PHASES
 from supervisor.core.calls import (
@@ -76,6 +76,7 @@ from supervisor.runtime.fanout import (
 from supervisor.runtime.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.runtime.reply import Reply
 from supervisor.steering import SteerResult
+from supervisor.store.backend import CheckpointRow
 from supervisor.worktrees import Left, Worktree
 
 __all__ = ["Session", "SessionSummary", "Subscription", "TurnHandle"]
@@ -229,9 +230,10 @@ class _Subscribe:
 class _Rewind:
     turn_id: str
     reply: Reply[dict[str, Any]]
+    force: bool = False
 
     def run(self, session: Session) -> None:
-        session.core.rewind(self.turn_id, self.reply)
+        session.core.rewind(self.turn_id, self.reply, self.force)
 
 
 @define
@@ -355,6 +357,7 @@ class _Rewound:
     undo_id: str
     result: dict[str, Any] | None
     error: str | None
+    conflict: bool = False
 
 
 class _PostBox:
@@ -519,19 +522,47 @@ class _AgentIO:
         assert self.nursery is not None
         self.nursery.start_soon(self._turn_changes, turn_id)
 
-    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+    def rewind(self, checkpoint_id: str, undo_id: str, force: bool = False) -> None:
         assert self.nursery is not None
-        self.nursery.start_soon(self._rewind, checkpoint_id, undo_id)
+        self.nursery.start_soon(self._rewind, checkpoint_id, undo_id, force)
 
     def _keep(self, checkpoint_id: str, snapshot: Snapshot) -> None:
-        """A new snapshot a rewind may name (the core keeps its id once told); those the core
-        no longer keeps are forgotten."""
+        """A new snapshot a rewind may name (the core keeps its id once told), told to the
+        session store; those the core no longer keeps are forgotten, in the checkpoint store
+        too (its housekeeping then prunes what they alone held)."""
         session = self._session
+        store = session._checkpoints
+        assert store is not None
         snapshots = session._snapshots
         for forgotten in session.core.checkpoints.forgotten(set(snapshots)):
-            del snapshots[forgotten]
-            session._ends.pop(forgotten, None)
+            dropped = [snapshots.pop(forgotten)]
+            end = session._ends.pop(forgotten, None)
+            if end is not None:
+                dropped.append(end)
+            store.forget(dropped)
         snapshots[checkpoint_id] = snapshot
+        session._kept_n += 1
+        if session.on_checkpoint is not None:
+            session.on_checkpoint(
+                CheckpointRow(
+                    session_id=session.id,
+                    checkpoint_id=checkpoint_id,
+                    n=session._kept_n,
+                    start=snapshot.commit,
+                )
+            )
+        self._housekeep(store)
+
+    def _housekeep(self, store: ShadowStore) -> None:
+        if store.housekeeping_due:
+            assert self.nursery is not None
+            self.nursery.start_soon(self._housekeeping, store)
+
+    async def _housekeeping(self, store: ShadowStore) -> None:
+        try:
+            await store.housekeep()
+        except (CheckpointError, OSError) as exc:  # tried again after the next snapshots
+            log.warning("session %s: checkpoint housekeeping failed: %s", self._session.id, exc)
 
     async def _checkpoint(self, turn_id: str) -> None:
         store = self._session._checkpoints
@@ -549,22 +580,44 @@ class _AgentIO:
         store = session._checkpoints
         start = session._snapshots.get(turn_id)
         assert store is not None and start is not None
+        end: Snapshot | None = None
         try:
             end = await store.snapshot()
-            changes = [change.to_wire() for change in await store.changes(start, end)]
+            found = await store.changes(start, end)
         except (CheckpointError, OSError) as exc:
+            if end is not None:
+                store.forget([end])
             await self._post(_TurnChanges(turn_id, None, str(exc)))
         else:
             session._ends[turn_id] = end
+            store.changed(session.id, turn_id, end, [change.path for change in found])
+            if session.on_checkpoint is not None:
+                session.on_checkpoint(
+                    CheckpointRow(
+                        session_id=session.id,
+                        checkpoint_id=turn_id,
+                        n=0,  # (the stored row's is kept)
+                        start=start.commit,
+                        end=end.commit,
+                    )
+                )
+            self._housekeep(store)
+            changes = [change.to_wire() for change in found]
             await self._post(_TurnChanges(turn_id, changes, None))
 
-    async def _rewind(self, checkpoint_id: str, undo_id: str) -> None:
+    async def _rewind(self, checkpoint_id: str, undo_id: str, force: bool) -> None:
         session = self._session
         store = session._checkpoints
         target = session._snapshots.get(checkpoint_id)
         assert store is not None and target is not None
+
+        def refuse(paths: list[bytes]) -> str | None:
+            return None if force else store.conflicts(session.id, target, paths)
+
         try:
-            restored = await store.restore(target)
+            restored = await store.restore(target, refuse)
+        except RewindConflict as exc:
+            await self._post(_Rewound(checkpoint_id, undo_id, None, str(exc), conflict=True))
         except (CheckpointError, OSError) as exc:
             await self._post(_Rewound(checkpoint_id, undo_id, None, str(exc)))
         else:
@@ -667,6 +720,11 @@ class Session:
         #: each ended turn's snapshot at its end, by turn id (:meth:`diff`): forgotten with
         #: its start
         self._ends: dict[str, Snapshot] = {}
+        #: the newest checkpoint's place (:class:`~supervisor.store.backend.CheckpointRow`)
+        self._kept_n = 0
+        #: the session store's, told of each checkpoint kept and each turn's end snapshot: a
+        #: session revived later gets them back (:meth:`seed_checkpoints`)
+        self.on_checkpoint: Callable[[CheckpointRow], None] | None = None
         last_seq, turns = after
         if last_seq or turns:
             self.core.log.seq = self._fanout.head_seq = last_seq
@@ -802,14 +860,29 @@ class Session:
             return attrs.evolve(receipt, restored={"error": str(exc), "code": exc.code})
         return attrs.evolve(receipt, restored=restored)
 
-    async def rewind(self, turn_id: str) -> dict[str, Any]:
+    async def rewind(self, turn_id: str, *, force: bool = False) -> dict[str, Any]:
         """Put the working directory back as it was when ``turn_id`` started, undoing it and
-        every later turn; refused while a turn runs (:class:`~supervisor.errors.Busy`).
+        every later turn; refused while a turn runs (:class:`~supervisor.errors.Busy`), and,
+        unless ``force``, when it would undo what another session in the same directory
+        changed since (:class:`~supervisor.errors.Conflict`, naming it and the paths).
         Returns ``{"turn_id", "restored": [paths], "not_restored": [{"path", "why"}],
         "undo"}``: ``undo`` names the state before the rewind, which a rewind to it puts
         back."""
         reply: Reply[dict[str, Any]] = Reply()
-        return await self._ask(_Rewind(turn_id, reply), reply)
+        return await self._ask(_Rewind(turn_id, reply, force), reply)
+
+    def seed_checkpoints(
+        self, kept: Sequence[tuple[CheckpointRow, Snapshot, Snapshot | None]]
+    ) -> None:
+        """Checkpoints an earlier process kept: the session store's rows, oldest first, each
+        with its snapshot and its turn's end (None: not ended, or a rewind's). A rewind or a
+        diff may name them. Before the actor runs."""
+        for row, start, end in kept:
+            self._snapshots[row.checkpoint_id] = start
+            if end is not None:
+                self._ends[row.checkpoint_id] = end
+            self._kept_n = max(self._kept_n, row.n)
+        self.core.checkpoints.seed([row.checkpoint_id for row, _, _ in kept])
 
     async def diff(self, turn_id: str, path: str) -> dict[str, Any]:
         """What the ended turn ``turn_id`` did to ``path`` (relative to the working
@@ -1168,7 +1241,7 @@ class Session:
         elif isinstance(item, _TurnChanges):
             core.turn_changes(item.turn_id, item.changes, item.error)
         elif isinstance(item, _Rewound):
-            core.rewound(item.turn_id, item.undo_id, item.result, item.error)
+            core.rewound(item.turn_id, item.undo_id, item.result, item.error, item.conflict)
 
     def _spawned(self, spawned: _Spawned) -> None:
         core = self.core

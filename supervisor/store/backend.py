@@ -31,6 +31,7 @@ __all__ = [
     "SESSIONS_QUERY",
     "Backend",
     "Batch",
+    "CheckpointRow",
     "EventRun",
     "FIRST_PROMPT_CHARS",
     "ReceiptRow",
@@ -39,6 +40,7 @@ __all__ = [
     "StoredSession",
     "TEXT_KINDS",
     "TextRow",
+    "UPSERT_CHECKPOINT",
     "store_beyond",
     "stored_session",
 ]
@@ -154,6 +156,36 @@ class ReceiptRow:
     payload: bytes
 
 
+@frozen(kw_only=True)
+class CheckpointRow:
+    """A checkpoint a session may rewind to (``design/checkpoints.md``): a turn's (``tN``:
+    the snapshot at its start, and at its end once it ended) or a rewind's own (``rN``: the
+    state before it). The ids are commits of the session's checkpoint store, whose files
+    outlive the process: a session revived later gets its checkpoints back from these rows.
+    Written again when its turn ends: a row with ``end`` sets the stored row's end (its ``n``
+    and ``start`` are known), one without replaces it (:data:`UPSERT_CHECKPOINT`)."""
+
+    session_id: str
+    checkpoint_id: str
+    #: its place in the session's checkpoints: the newest has the highest
+    n: int
+    #: the snapshot's commit (a turn's start, the state before a rewind)
+    start: str
+    #: the snapshot at a turn's end (None: not ended, or a rewind's)
+    end: str | None = None
+
+
+#: How a :class:`CheckpointRow` is written, in both dialects (PostgreSQL's placeholders are
+#: ``%s``): a row with an end (a turn's, as it ended) sets the stored row's end; one without (a
+#: new checkpoint, whose id may have been a forgotten one's) replaces it.
+UPSERT_CHECKPOINT = """INSERT INTO checkpoints (session_id, checkpoint_id, n, start_commit,
+    end_commit) VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (session_id, checkpoint_id) DO UPDATE SET
+        n = CASE WHEN excluded.end_commit IS NULL THEN excluded.n ELSE checkpoints.n END,
+        start_commit = CASE WHEN excluded.end_commit IS NULL THEN excluded.start_commit
+            ELSE checkpoints.start_commit END,
+        end_commit = excluded.end_commit"""
+
 #: what a :class:`TextRow` holds: a prompt, a steer (both in full: events carry previews), or
 #: the agent's answer in a turn (its ``message.delta`` texts joined, written at the turn's end)
 TEXT_KINDS = ("prompt", "steer", "answer")
@@ -199,9 +231,11 @@ class Batch:
     events: list[EventRun] = field(factory=list)
     receipts: list[ReceiptRow] = field(factory=list)
     texts: list[TextRow] = field(factory=list)
+    #: upserted as :data:`UPSERT_CHECKPOINT` says
+    checkpoints: list[CheckpointRow] = field(factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.sessions or self.events or self.receipts or self.texts)
+        return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)
 
 
 def store_beyond(
@@ -258,6 +292,9 @@ class Backend(Protocol):
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         """The session's receipts, in order of seq."""
 
+    def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
+        """The session's newest ``limit`` checkpoints, oldest first."""
+
     def first_prompts(self, chars: int) -> dict[str, str]:
         """Each session's first stored prompt, its first ``chars`` characters, by session id
         (sessions without one left out): what a list of sessions shows of each."""
@@ -272,7 +309,8 @@ class Backend(Protocol):
 
     def delete(self, session_ids: Sequence[str]) -> None:
         """Delete the sessions, each whole (its row, events, receipts, texts and their search
-        index), in one transaction; :class:`StoreError` if it could not (nothing is deleted)."""
+        index, checkpoints), in one transaction; :class:`StoreError` if it could not (nothing
+        is deleted)."""
 
     def reclaim(self, pages: int) -> bool:
         """Give back to the file system up to ``pages`` of the space deleted sessions freed
@@ -297,6 +335,8 @@ class Backend(Protocol):
 #:   ``text`` in the FTS5 table ``texts_fts`` (rowid: the row's ``rowid``), PostgreSQL in a
 #:   ``tsvector`` column ``search`` with a GIN index, of the text's first 100,000 characters
 #:   (a tsvector holds at most 1 MB: a longer text's would fail its batch).
+#: - ``checkpoints`` (from version 4): :class:`CheckpointRow`, primary key
+#:   ``(session_id, checkpoint_id)``, its commits in ``start_commit`` and ``end_commit``.
 MIGRATIONS: list[dict[str, list[str]]] = [
     {
         "sqlite": [
@@ -414,6 +454,30 @@ MIGRATIONS: list[dict[str, list[str]]] = [
     {
         "sqlite": ["ALTER TABLE sessions ADD COLUMN worktree TEXT"],
         "postgresql": ["ALTER TABLE sessions ADD COLUMN worktree TEXT"],
+    },
+    {
+        "sqlite": [
+            """CREATE TABLE checkpoints (
+                session_id TEXT NOT NULL,
+                checkpoint_id TEXT NOT NULL,
+                n INTEGER NOT NULL,
+                start_commit TEXT NOT NULL,
+                end_commit TEXT,
+                PRIMARY KEY (session_id, checkpoint_id)
+            ) WITHOUT ROWID""",
+            "CREATE INDEX checkpoints_by_n ON checkpoints (session_id, n)",
+        ],
+        "postgresql": [
+            """CREATE TABLE checkpoints (
+                session_id TEXT NOT NULL,
+                checkpoint_id TEXT NOT NULL,
+                n BIGINT NOT NULL,
+                start_commit TEXT NOT NULL,
+                end_commit TEXT,
+                PRIMARY KEY (session_id, checkpoint_id)
+            )""",
+            "CREATE INDEX checkpoints_by_n ON checkpoints (session_id, n)",
+        ],
     },
 ]
 

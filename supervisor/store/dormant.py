@@ -145,6 +145,13 @@ class DormantSession:
     ) -> CancelReceipt:
         raise self._not_running()
 
+    async def revive(self) -> SessionHandle:
+        """Its agent started again, as a live session of the same id (with the checkpoints it
+        kept: a rewind or a diff of its turns works on it)."""
+        if self._revive is None:
+            raise self._not_running()
+        return await self._revive(self)
+
     async def steer(self, text: str) -> SteerResult:
         if self._revive is None:
             raise self._not_running()

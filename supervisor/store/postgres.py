@@ -36,6 +36,7 @@ from supervisor.store import backend as contract
 from supervisor.store.backend import (
     SESSIONS_QUERY,
     Batch,
+    CheckpointRow,
     EventRun,
     ReceiptRow,
     SearchHit,
@@ -245,7 +246,7 @@ class PostgresBackend:
         def delete(connection: psycopg.Connection[Any]) -> None:
             ids = list(session_ids)
             with connection.transaction():
-                for table in ("texts", "receipts", "events"):
+                for table in ("texts", "receipts", "events", "checkpoints"):
                     connection.execute(f"DELETE FROM {table} WHERE session_id = ANY(%s)", (ids,))
                 connection.execute("DELETE FROM sessions WHERE id = ANY(%s)", (ids,))
 
@@ -314,6 +315,17 @@ class PostgresBackend:
                 "SELECT seq, turn_id, payload FROM receipts WHERE session_id = %s ORDER BY seq",
                 (session_id,),
             )
+        ]
+
+    def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
+        rows = self._read(
+            "SELECT checkpoint_id, n, start_commit, end_commit FROM checkpoints"
+            " WHERE session_id = %s ORDER BY n DESC LIMIT %s",
+            (session_id, limit),
+        )
+        return [
+            CheckpointRow(session_id=session_id, checkpoint_id=c, n=n, start=start, end=end)
+            for c, n, start, end in reversed(rows)
         ]
 
     def first_prompts(self, chars: int) -> dict[str, str]:
@@ -417,6 +429,7 @@ _EVENT_COLUMNS = "events (session_id, first_seq, last_seq, payloads)"
 _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
     VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"""
+_UPSERT_CHECKPOINT = contract.UPSERT_CHECKPOINT.replace("?", "%s")
 _INSERT_TEXT = """INSERT INTO texts (session_id, seq, kind, turn_id, text)
     VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 
@@ -496,6 +509,11 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
             cursor.executemany(
                 _INSERT_TEXT,
                 [(t.session_id, t.seq, t.kind, t.turn_id, _storable(t.text)) for t in batch.texts],
+            )
+        if batch.checkpoints:
+            cursor.executemany(
+                _UPSERT_CHECKPOINT,
+                [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
             )
 
 

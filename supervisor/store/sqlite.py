@@ -20,7 +20,9 @@ from supervisor.store.backend import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SESSIONS_QUERY,
+    UPSERT_CHECKPOINT,
     Batch,
+    CheckpointRow,
     EventRun,
     ReceiptRow,
     SearchHit,
@@ -49,6 +51,7 @@ _PAGE_SIZE = 16384
 #: file is not made so: its pointer-map pages, written with every batch, cost 25-50 % of the
 #: write rate (``design/store.md``, "Retention"); freed pages are reused for new rows instead.
 _INCREMENTAL = 2
+_UPSERT_CHECKPOINT = UPSERT_CHECKPOINT
 _INSERT_EVENTS = (
     "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
 )
@@ -214,6 +217,11 @@ class SqliteBackend:
                 "VALUES (?, ?, ?, ?, ?)",
                 [(t.session_id, t.seq, t.kind, t.turn_id, t.text) for t in batch.texts],
             )
+        if batch.checkpoints:
+            db.executemany(
+                _UPSERT_CHECKPOINT,
+                [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
+            )
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
@@ -254,6 +262,17 @@ class SqliteBackend:
                 "SELECT seq, turn_id, payload FROM receipts WHERE session_id = ? ORDER BY seq",
                 (session_id,),
             )
+        ]
+
+    def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
+        rows = self._read(
+            "SELECT checkpoint_id, n, start_commit, end_commit FROM checkpoints"
+            " WHERE session_id = ? ORDER BY n DESC LIMIT ?",
+            (session_id, limit),
+        )
+        return [
+            CheckpointRow(session_id=session_id, checkpoint_id=c, n=n, start=start, end=end)
+            for c, n, start, end in reversed(rows)
         ]
 
     def first_prompts(self, chars: int) -> dict[str, str]:
@@ -315,7 +334,7 @@ class SqliteBackend:
                     "SELECT 'delete', rowid, text FROM texts WHERE session_id = ?",
                     ids,
                 )
-                for table in ("texts", "receipts", "events"):
+                for table in ("texts", "receipts", "events", "checkpoints"):
                     db.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
                 db.executemany("DELETE FROM sessions WHERE id = ?", ids)
             except BaseException:

@@ -38,6 +38,7 @@ from supervisor.runtime.context import Said, newest
 from supervisor.store.backend import (
     Backend,
     Batch,
+    CheckpointRow,
     EventRun,
     ReceiptRow,
     SearchHit,
@@ -200,6 +201,8 @@ class SessionStore:
         self._meta: dict[str, _Meta] = {}
         #: full texts of long prompts and steers, by (session, preview): events carry previews
         self._full_texts: dict[tuple[str, str], str] = {}
+        #: checkpoints kept or ended (``keep_checkpoint``) and not taken by a write yet
+        self._checkpoints: list[CheckpointRow] = []
         #: the worker thread's: each running turn's answer so far, by (session, turn)
         self._answers: dict[tuple[str, str], list[str]] = {}
         #: events that could not be written before the close, their sessions' seqs, and why
@@ -315,6 +318,8 @@ class SessionStore:
         session.fanout.recorder = self
         if hasattr(session, "on_text"):
             session.on_text = self.keep_text
+        if hasattr(session, "on_checkpoint"):
+            session.on_checkpoint = self.keep_checkpoint
 
     def keep_text(self, session_id: str, text: str) -> None:
         """The full text of a prompt or steer longer than an event's preview: stored in full
@@ -325,6 +330,13 @@ class SessionStore:
         if len(texts) >= _MAX_FULL_TEXTS:
             del texts[next(iter(texts))]
         texts[(session_id, preview(text)[0])] = text
+
+    def keep_checkpoint(self, row: CheckpointRow) -> None:
+        """A checkpoint a session may rewind to, new or with its turn's end: written with the
+        next batch (a session revived later gets it back: :meth:`checkpoints`)."""
+        self._checkpoints.append(row)
+        self._pending.append(([], []))  # a write, though no event comes with it
+        self._wake.set()
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
 
@@ -395,6 +407,7 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
         count = sum(len(events) for events, _ in pending)
         pauses = iter(self.retry_s)
@@ -404,7 +417,7 @@ class SessionStore:
         first = True
         while True:
             try:
-                await self._in_thread(self._write, pending, first)
+                await self._in_thread(self._write, pending, checkpoints, first)
                 self.written += count
                 if failed_at is not None:
                     failed_s = trio.current_time() - failed_at
@@ -481,9 +494,17 @@ class SessionStore:
             span = self._lost.setdefault(sid, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
 
-    def _write(self, pending: list[tuple[list[ev.Event], list[bytes]]], first: bool) -> None:
+    def _write(
+        self,
+        pending: list[tuple[list[ev.Event], list[bytes]]],
+        checkpoints: list[CheckpointRow],
+        first: bool,
+    ) -> None:
         """(The worker thread.) The rows of ``pending``, written in one transaction."""
-        self.backend.write(self._batch(pending) if first else self._last_batch)
+        if first:
+            self._batch(pending)
+            self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
+        self.backend.write(self._last_batch)
 
     def _batch(self, pending: list[tuple[list[ev.Event], list[bytes]]]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
@@ -610,6 +631,10 @@ class SessionStore:
         texts = await self._in_thread(self.backend.texts, session_id)
         reserved = max((s.turns for s in await self.sessions() if s.id == session_id), default=0)
         return max(_highest_turn(texts), reserved)
+
+    async def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
+        """A stored session's newest ``limit`` checkpoints, oldest first."""
+        return await self._in_thread(self.backend.checkpoints, session_id, limit)
 
     async def conversation(self, session_id: str, limit: int) -> list[Said]:
         """What was said in a stored session (its prompts, the steers taken into a turn, the

@@ -153,7 +153,12 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
     ),
     "session.stop": (_str("session_id"),),
     # the working directory back as it was when a turn started (``design/checkpoints.md``)
-    "session.rewind": (_str("session_id"), _str("turn_id")),
+    "session.rewind": (
+        _str("session_id"),
+        _str("turn_id"),
+        # also when it undoes what other sessions in the directory changed (``conflict``)
+        _Field("force", (bool,), required=False),
+    ),
     # what an ended turn did to one path, as a unified diff (``design/checkpoints.md``)
     "session.diff": (_str("session_id"), _str("turn_id"), _str("path")),
     # the operator's pause of every session (``supervisor/pausing.py``)
@@ -305,6 +310,7 @@ class Rewind:
 
     session_id: str
     turn_id: str
+    force: bool = False
 
 
 @frozen
@@ -587,7 +593,7 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
         case "session.stop":
             return StopSession(p["session_id"])
         case "session.rewind":
-            return Rewind(p["session_id"], p["turn_id"])
+            return Rewind(p["session_id"], p["turn_id"], bool(p.get("force")))
         case "session.diff":
             return Diff(p["session_id"], p["turn_id"], p["path"])
         case "gateway.pause" | "session.pause":

@@ -119,7 +119,7 @@ class RecordingIO:
     def turn_changes(self, turn_id: str) -> None:
         self.checkpoints.append(("turn_changes", turn_id))
 
-    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+    def rewind(self, checkpoint_id: str, undo_id: str, force: bool = False) -> None:
         self.checkpoints.append(("rewind", checkpoint_id, undo_id))
 
     # -- what a test reads ---------------------------------------------------------------------

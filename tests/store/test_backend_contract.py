@@ -15,6 +15,7 @@ from supervisor.store.backend import (
     SCHEMA_VERSION,
     Backend,
     Batch,
+    CheckpointRow,
     EventRun,
     ReceiptRow,
     StoredSession,
@@ -141,6 +142,31 @@ def test_the_worktree_is_kept_with_the_session(backend: Backend) -> None:
     assert backend.sessions()[0].worktree == worktree
     backend.write(Batch(sessions=[session()]))
     assert backend.sessions()[0].worktree is None
+
+
+def test_checkpoints_are_kept_newest_last_their_ends_added_and_deleted_whole(
+    backend: Backend,
+) -> None:
+    def row(cid: str, n: int, start: str, end: str | None = None, sid: str = "s1") -> CheckpointRow:
+        return CheckpointRow(session_id=sid, checkpoint_id=cid, n=n, start=start, end=end)
+
+    backend.write(Batch(sessions=[session(), session("s2")]))
+    backend.write(
+        Batch(checkpoints=[row("t1", 1, "a"), row("r1", 2, "b"), row("t1", 9, "b", sid="s2")])
+    )
+    backend.write(Batch(checkpoints=[row("t1", 0, "a", "c"), row("t2", 3, "d")]))
+    assert backend.checkpoints("s1", 10) == [
+        row("t1", 1, "a", "c"),
+        row("r1", 2, "b"),
+        row("t2", 3, "d"),
+    ]
+    assert backend.checkpoints("s1", 2) == [row("r1", 2, "b"), row("t2", 3, "d")]
+    # an id used again (a rewind's, once forgotten) is a new checkpoint: its row replaced
+    backend.write(Batch(checkpoints=[row("t1", 4, "e")]))
+    assert backend.checkpoints("s1", 10)[-1] == row("t1", 4, "e")
+    backend.delete(["s1"])
+    assert backend.checkpoints("s1", 10) == []
+    assert backend.checkpoints("s2", 10) == [row("t1", 9, "b", sid="s2")]
 
 
 def test_a_batch_written_twice_stores_nothing_twice(backend: Backend) -> None:
