@@ -13,9 +13,10 @@ import trio
 from editing_agent import EditingLauncher
 from worktrees import git, tree
 
+import supervisor.checkpoints.shadow as shadow
+import supervisor.core.checkpoints as core_checkpoints
 from supervisor import AgentSpec, open_supervisor
-from supervisor.checkpoints.shadow import CHANGES_KEPT, HOUSEKEEP_EVERY
-from supervisor.core.checkpoints import CHECKPOINTS_KEPT
+from supervisor.checkpoints.shadow import CHANGES_KEPT
 from supervisor.errors import Conflict
 from supervisor.runtime.session import Session
 from supervisor.testing._acp import AcpBehaviour
@@ -86,10 +87,15 @@ async def test_a_rewind_that_would_undo_another_sessions_changes_is_refused_unle
             assert tree(work) == before
 
 
-async def test_over_a_thousand_turns_the_checkpoints_kept_stay_bounded(
-    tmp_path: Path, work: Path
+async def test_over_many_turns_the_checkpoints_kept_stay_bounded(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    turns = 1000
+    """Ten times the kept checkpoints, with the bounds made small (the real ones, 256 kept and a
+    housekeeping every 100 snapshots, need over a thousand turns: a minute of the suite) so that
+    each is passed many times over."""
+    monkeypatch.setattr(core_checkpoints, "CHECKPOINTS_KEPT", 24)
+    monkeypatch.setattr(shadow, "HOUSEKEEP_EVERY", 10)
+    turns = 240
     launcher = EditingLauncher(FAST)
     done = 0
 
@@ -124,20 +130,24 @@ async def test_over_a_thousand_turns_the_checkpoints_kept_stay_bounded(
                         most[name] = max(most[name], size)
             assert done == turns
             # the oldest kept turn still rewinds and shows its diff
-            oldest = f"t{turns - CHECKPOINTS_KEPT + 1}"
+            oldest = f"t{turns - core_checkpoints.CHECKPOINTS_KEPT + 1}"
             diff = await session.diff(oldest, "a.txt")
-            assert f"+turn {turns - CHECKPOINTS_KEPT + 1}\n" in diff["diff"]
+            assert f"+turn {turns - core_checkpoints.CHECKPOINTS_KEPT + 1}\n" in diff["diff"]
             with pytest.raises(Exception, match="no checkpoint"):
-                await session.rewind(f"t{turns - CHECKPOINTS_KEPT}")
+                await session.rewind(f"t{turns - core_checkpoints.CHECKPOINTS_KEPT}")
             await session.rewind(oldest)
-            assert (work / "a.txt").read_text() == f"turn {turns - CHECKPOINTS_KEPT}\n"
-    assert most["snapshots"] <= CHECKPOINTS_KEPT + 1
-    assert most["ends"] <= CHECKPOINTS_KEPT + 1  # (the newest forgotten goes at the next)
+            assert (
+                work / "a.txt"
+            ).read_text() == f"turn {turns - core_checkpoints.CHECKPOINTS_KEPT}\n"
+    assert most["snapshots"] <= core_checkpoints.CHECKPOINTS_KEPT + 1
+    assert (
+        most["ends"] <= core_checkpoints.CHECKPOINTS_KEPT + 1
+    )  # (the newest forgotten goes at the next)
     assert most["changed"] <= CHANGES_KEPT
-    # refs of forgotten snapshots go at each housekeeping (every HOUSEKEEP_EVERY snapshots)
-    assert most["dropped"] <= 2 * HOUSEKEEP_EVERY + 2
+    # refs of forgotten snapshots go at each housekeeping (every shadow.HOUSEKEEP_EVERY snapshots)
+    assert most["dropped"] <= 2 * shadow.HOUSEKEEP_EVERY + 2
     refs = _git_out(store.git_dir, "for-each-ref", "refs/checkpoints/").splitlines()
-    assert len(refs) <= 2 * CHECKPOINTS_KEPT + 2 * HOUSEKEEP_EVERY + 2
+    assert len(refs) <= 2 * core_checkpoints.CHECKPOINTS_KEPT + 2 * shadow.HOUSEKEEP_EVERY + 2
     # what no kept snapshot holds can be collected: the store holds the kept turns' objects
     # (a blob, a tree and two commits each), not the thousand's
     _git_out(store.git_dir, "gc", "--prune=now", "--quiet")
@@ -145,7 +155,7 @@ async def test_over_a_thousand_turns_the_checkpoints_kept_stay_bounded(
         line.split(": ") for line in _git_out(store.git_dir, "count-objects", "-v").splitlines()
     )
     objects = int(counts["count"]) + int(counts["in-pack"])
-    assert objects <= 4 * (CHECKPOINTS_KEPT + HOUSEKEEP_EVERY) + 16, objects
+    assert objects <= 4 * (core_checkpoints.CHECKPOINTS_KEPT + shadow.HOUSEKEEP_EVERY) + 16, objects
 
 
 def _git_out(git_dir: Path, *args: str) -> str:
