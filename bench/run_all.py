@@ -42,6 +42,7 @@ BENCHMARKS = [
     # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
     ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
+    ("terminal_cost", ["--mb", "2", "--repeats", "5"]),
 ]
 
 
