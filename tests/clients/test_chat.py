@@ -6,11 +6,13 @@ state: they read the terminal until a pattern shows up, each read bounded by a d
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -47,6 +49,7 @@ from supervisor.clients.chat import (
     SendSteer,
     SteerDone,
 )
+from supervisor.clients.chat_raw import RESTORE_MODES
 from supervisor.receipt import CancelReceipt
 from supervisor.steering import SteerResult
 
@@ -598,3 +601,59 @@ async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_
         async with connect(served.url) as client:
             (summary,) = [s for s in await client.sessions() if s["session_id"] == session_id]
             assert summary["state"] == "ready"
+
+
+# -- attached raw to a terminal agent -----------------------------------------------------------
+
+
+def _tui_config(tmp_path: Path) -> tuple[str, Path]:
+    """A terminal agent (the fake TUI), and the file where it writes each prompt it takes."""
+    state = tmp_path / "prompts.txt"
+    command = [sys.executable, str(REPO / "tests" / "fakes" / "fake_tui.py"), "--state", str(state)]
+    path = tmp_path / "agents.toml"
+    path.write_text(
+        "[agents.tui]\n"
+        'protocol = "terminal"\n'
+        f"command = {json.dumps(command)}\n"
+        "idle_s = 0.3\n"
+        "grace_s = 5.0\n"
+    )
+    return str(path), state
+
+
+async def test_chat_attaches_raw_to_a_terminal_session_and_its_key_stops_the_turn(
+    tmp_path: Path,
+) -> None:
+    """Joined late, the chat draws the agent's screen first; it makes the agent's terminal the
+    size of the person's; a line typed is a turn; Ctrl-] stops it through the ladder and prints
+    the receipt; Ctrl-] twice detaches, the terminal given back as it was."""
+    config, prompts = _tui_config(tmp_path)
+    async with serve(tmp_path, "--config", config) as served, connect(served.url) as client:
+        session_id = str((await client.start_session("tui", str(tmp_path)))["session_id"])
+        async with client.subscribe(session_id) as channel:
+            await client.prompt(session_id, "before the chat")
+            with trio.fail_after(EXPECT_S):
+                async for event in client.events(session_id, channel):
+                    if isinstance(event, ev.TurnEnded):
+                        break
+        async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
+            fcntl.ioctl(terminal.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+            await terminal.expect(r"attached to tui .* Ctrl-\] stops the turn")
+            await terminal.expect(r"answer: before the chat")  # the picture: no history replayed
+            await terminal.expect(r"resized 90x30")  # the agent's terminal follows the person's
+            fcntl.ioctl(terminal.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 35, 100, 0, 0))
+            await terminal.expect(r"resized 100x35")  # (SIGWINCH)
+            modes = terminal.local_modes()
+            assert not modes & (termios.ECHO | termios.ICANON | termios.ISIG)  # raw
+            await terminal.send(b"slow one\r")
+            await terminal.expect(r"answer: slow one\nmore 0\nmore 1\n")
+            await terminal.send(b"\x1d")
+            await terminal.expect(r"■ Cancelled in \d+ ms")
+            assert prompts.read_text() == "before the chat\nslow one\n"  # typed text erased
+            await terminal.send(b"\x1d\x1d")
+            assert await terminal.wait_exit() == 0
+            modes = terminal.local_modes()
+            assert modes & termios.ECHO and modes & termios.ICANON and modes & termios.ISIG
+            assert RESTORE_MODES in terminal.raw  # and the modes the agent may have set
+        (summary,) = await client.sessions()
+        assert summary["state"] == "ready"  # leaving a joined session leaves it running
