@@ -6,6 +6,7 @@ state: they read the terminal until a pattern shows up, each read bounded by a d
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -42,6 +43,7 @@ from supervisor.clients.chat import (
     Quit,
     RewindDone,
     RewindFailed,
+    Screen,
     SendCancel,
     SendPermission,
     SendPrompt,
@@ -49,7 +51,7 @@ from supervisor.clients.chat import (
     SendSteer,
     SteerDone,
 )
-from supervisor.clients.chat_raw import RESTORE_MODES
+from supervisor.clients.chat_raw import RESTORE_MODES, RawCore, RawKeys, SendInput
 from supervisor.receipt import CancelReceipt
 from supervisor.steering import SteerResult
 
@@ -657,3 +659,47 @@ async def test_chat_attaches_raw_to_a_terminal_session_and_its_key_stops_the_tur
             assert RESTORE_MODES in terminal.raw  # and the modes the agent may have set
         (summary,) = await client.sessions()
         assert summary["state"] == "ready"  # leaving a joined session leaves it running
+
+
+def _raw_keys(core: RawCore, data: bytes, at: float = 0.0) -> list[object]:
+    return list(core.feed(RawKeys(data, at)))
+
+
+def test_raw_a_line_typed_is_a_turn_other_keys_pass_through() -> None:
+    core = RawCore()
+    assert _raw_keys(core, b"hi\x7fey\r") == [
+        SendInput("hi\x7fey"),
+        SendInput("\x7f\x7f\x7f"),  # what the agent's input line holds, erased
+        SendPrompt("hey"),
+    ]
+    assert core.feed(PromptAccepted("t1")) == []
+    core.feed(ev.TurnStarted(turn_id="t1", text="hey"))
+    assert _raw_keys(core, b"\x1b\r\x03") == [SendInput("\x1b\r\x03")]  # the agent's keys
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="completed"))
+    # An arrow (history, say) makes the line the agent's: Enter is then only a key.
+    assert _raw_keys(core, b"\x1b[Ax\r") == [SendInput("\x1b[Ax\r")]
+    pasted = b"\x1b[200~two\nlines\x1b[201~\r"
+    assert _raw_keys(core, pasted)[-1] == SendPrompt("two\nlines")
+
+
+def test_raw_the_stop_key_cancels_the_turn_once_it_has_an_id_and_twice_detaches() -> None:
+    core = RawCore()
+    _raw_keys(core, b"go\r")
+    assert _raw_keys(core, b"\x1d", at=0.0) == []  # the prompt has no turn id yet
+    assert core.feed(PromptAccepted("t1")) == [SendCancel("t1")]
+    receipt = CancelReceipt(session_id="s1", turn_id="t1", outcome="cancelled", elapsed_ms=12.0)
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="cancelled"))
+    core.take_output()
+    core.feed(CancelDone(receipt))
+    assert core.take_output() == f"\r\n■ {receipt.summary()}\r\n".encode()
+    assert _raw_keys(core, b"\x1d", at=5.0) == []
+    assert b"no turn is running" in core.take_output()
+    assert _raw_keys(core, b"\x1d", at=5.5) == [Quit(0)]
+
+
+def test_raw_the_picture_first_then_only_the_output_after_it() -> None:
+    core = RawCore()
+    core.feed(Screen(b"\x1b[2Jpicture", last_seq=7))
+    for seq, data in ((7, b"old"), (8, b"new")):
+        core.feed(ev.TerminalOutput(seq=seq, data=base64.b64encode(data).decode()))
+    assert core.take_output() == b"\x1b[2Jpicturenew"
