@@ -12,6 +12,7 @@ the front is ``NODE_ID@HOST`` (``s3@build1``), the same however often the front 
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import time
@@ -25,6 +26,8 @@ import trio
 
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
+from protocols.machine import TerminalScreen
+from protocols.terminal import TerminalClient, TerminalSettings, check_size
 from supervisor.checkpoints.shadow import GIT_TIMEOUT_S
 from supervisor.config import AgentSpec
 from supervisor.core.calls import (
@@ -72,6 +75,12 @@ CANCEL_REACH_MARGIN_S: Final = 5.0
 #: it: add, write-tree, commit, ref; then the restore's reads), each within
 #: ``GIT_TIMEOUT_S``: past that and the host's ``request_timeout_s``, the node is not answering.
 REWIND_GIT_CALLS: Final = 6
+
+#: A terminal agent's output kept to draw on the node's last picture of its screen for a late
+#: subscriber (drawn then, ~1.4 us a byte: at most ~0.1 s of the front's loop). Past it the
+#: node is asked for a new picture (the link subscribes again: ~2 ms on the node), so the
+#: front never runs a screen model on the whole stream.
+SCREEN_OUTPUT_BYTES: Final = 64 * 1024
 
 T = TypeVar("T")
 
@@ -197,6 +206,14 @@ class RemoteSession:
         #: called when the node says it holds this session and this front has said nothing:
         #: the supervisor takes the pause up (``Supervisor._held_in_node``)
         self.on_held: Callable[[RemoteSession], None] | None = None
+        #: a terminal agent's screen as the node pictured it for our subscription
+        #: (``terminal.screen``), as it stood after event ``_screen_seq``, and the output
+        #: since: drawn on it for a subscriber of ours (:meth:`_current_screen`)
+        self._screen: TerminalScreen | None = None
+        self._screen_seq = 0
+        self._screen_output: list[bytes] = []
+        self._screen_output_bytes = 0
+        self._repicturing = False
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -272,8 +289,11 @@ class RemoteSession:
         await self._request("session.input", {"data": data}, as_is)
 
     async def resize(self, cols: int, rows: int) -> None:
-        """Resize the agent's terminal on the host."""
+        """Resize the agent's terminal on the host (and our picture of it, as the node
+        resizes its own: the events before its answer have come before it)."""
         await self._request("session.resize", {"cols": cols, "rows": rows}, as_is)
+        if self._screen is not None:
+            self._current_screen((cols, rows))
 
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None, rewind: bool = False
@@ -465,6 +485,7 @@ class RemoteSession:
             wire=wire,
             max_bytes=max_buffer_bytes,
         )
+        subscription.screen = self._current_screen()
         recorder = self._fanout.recorder
         if subscription.missing is not None and recorder is not None:
             await fill_from_recorder(subscription, recorder, self.id)
@@ -580,6 +601,9 @@ class RemoteSession:
         if kind in ("subscription.closed", "subscription.lagged"):
             self._on_notice(str(kind))
             return
+        if kind == "terminal.screen":
+            self._pictured(message["data"])
+            return
         seq = message.get("seq")
         if not isinstance(seq, int) or seq <= self._seq or self._done:
             return  # a replay of what we have
@@ -601,6 +625,8 @@ class RemoteSession:
             self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         self._seq = seq
         self._track(event)
+        if isinstance(event, ev.TerminalOutput) and self._screen is not None:
+            self._kept_output(event)
         self._fanout.publish(event, dumps(message))
         self._fanout.flush()
         if seq >= self._catch_up_to:
@@ -630,6 +656,56 @@ class RemoteSession:
         message["host"] = self.host
         self._seq = last
         self._fanout.publish(gap, dumps(message))
+
+    def _pictured(self, data: dict[str, Any]) -> None:
+        """The node's picture of the screen, sent after its answer to our subscribe, before
+        any event: what a subscriber of ours is drawn from (one this front cannot read is
+        left out: subscribers then get none, as from a node too old to send one)."""
+        self._repicturing = False
+        picture, last_seq = data.get("data"), data.get("last_seq")
+        cols: Any = data.get("cols")
+        rows: Any = data.get("rows")
+        try:
+            if not isinstance(picture, str) or last_seq.__class__ is not int:
+                raise ValueError("no picture or no last_seq")
+            check_size(cols, rows)
+            screen = TerminalScreen(base64.b64decode(picture, validate=True), cols, rows)
+        except ValueError as exc:
+            log.warning("session %s: a terminal.screen this front cannot read: %s", self.id, exc)
+            self._screen = None
+            return
+        self._screen, self._screen_seq = screen, last_seq
+        self._screen_output.clear()
+        self._screen_output_bytes = 0
+
+    def _kept_output(self, event: ev.TerminalOutput) -> None:
+        """Output after the picture, kept to draw on it; past :data:`SCREEN_OUTPUT_BYTES`
+        the node is asked for a new picture instead (the link subscribes again)."""
+        if event.seq <= self._screen_seq:
+            return  # (the node's replay of what the picture shows)
+        data = base64.b64decode(event.data)
+        self._screen_output.append(data)
+        self._screen_output_bytes += len(data)
+        if self._screen_output_bytes > SCREEN_OUTPUT_BYTES and not self._repicturing:
+            self._repicturing = True
+            self.link.start_soon(self._resubscribe)
+
+    def _current_screen(self, size: tuple[int, int] | None = None) -> TerminalScreen | None:
+        """The screen as it stands after the newest event we have (``size``: then made that
+        size, as the node's is), or None if we have no picture of it."""
+        screen = self._screen
+        if screen is None or self._screen_seq > self._seq:
+            return None  # (a picture ahead of what we have: our events catch up first)
+        if self._screen_output or size is not None:
+            view = TerminalClient(TerminalSettings(cols=screen.cols, rows=screen.rows))
+            for data in (screen.data, *self._screen_output):
+                view.receive({"output": data, "now": 0.0})
+            if size is not None:
+                view.resize(*size)
+            self._screen, self._screen_seq = view.screen(), self._seq
+            self._screen_output.clear()
+            self._screen_output_bytes = 0
+        return self._screen
 
     def recovering(self) -> None:
         """Created for a session a crashed front left: subscribers wait for the replay."""
