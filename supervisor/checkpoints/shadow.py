@@ -276,8 +276,11 @@ class ShadowStore:
                     f"no space left on the checkpoint store's disk ({self.git_dir.parent}):"
                     f" git {args[0]!s} failed"
                 )
-            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise CheckpointError(f"git {args[0]!s} failed: {why[-1] if why else done.returncode}")
+            lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            # git's first error names the cause (a file it cannot read); its last line is
+            # often only that it gave up ("fatal: adding files failed")
+            why = [line for line in lines if line.startswith("error: ")][:1] or lines[-1:]
+            raise CheckpointError(f"git {args[0]!s} failed: {why[0] if why else done.returncode}")
         return done.stdout
 
     async def _ensure(self) -> None:
