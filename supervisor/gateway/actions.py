@@ -179,11 +179,18 @@ class Actions:
 
     async def _rewindable(self, session_id: str) -> Session | RemoteSession:
         """A session with its checkpoints where its files are: here, or in its host's node
-        (which rewinds it there). A stored one of this machine (an earlier supervisor's) has
-        its agent started again, with the checkpoints it kept."""
+        (which rewinds it there). A stored one (an earlier supervisor's) has its agent started
+        again, with the checkpoints it kept; one that cannot be is said as such."""
         session: Any = self.supervisor.get(session_id)
-        if isinstance(session, DormantSession) and session.host is None:
-            session = await session.revive()
+        if isinstance(session, DormantSession):
+            try:
+                session = await session.revive()
+            except BadRequest as exc:
+                where = f" on {session.host}" if session.host is not None else ""
+                raise BadRequest(
+                    f"session {session_id}{where} is stored (its agent is not running) and"
+                    f" cannot be started again: {exc}"
+                ) from None
         if not isinstance(session, Session | RemoteSession):
             raise BadRequest(
                 f"session {session_id} is not running: a rewind is for running sessions"
