@@ -374,6 +374,9 @@ class Connection:
             # Whether a rewind and a diff can be asked (a front's mirror of a node's session
             # learns it here: a node too old to say keeps none).
             "checkpoints": session.keeps_checkpoints,
+            # The agent's own session id (None: none yet): a front's store keeps it, to
+            # resume the agent should its node lose the session (supervisor/remote/revival.py).
+            "agent_session_id": session.agent_session_id,
         }
         self._send(ok_response(request_id, result))
         if subscription.screen is not None:

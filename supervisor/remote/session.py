@@ -16,7 +16,7 @@ import base64
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -61,6 +61,7 @@ from supervisor.wire.codec import converter, dumps, event_to_wire, known_event
 
 if TYPE_CHECKING:
     from supervisor.remote.link import Connection, NodeLink
+    from supervisor.runtime.handle import SessionHandle
 
 __all__ = ["RemoteSession"]
 
@@ -105,6 +106,10 @@ _RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
     "changes": (list, type(None)),
     "restored": (dict, type(None)),
 }
+
+
+class _Gone(AgentNotRunning):
+    """A call to a session its node lost, not sent: a prompt or a steer starts it again."""
 
 
 def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
@@ -163,17 +168,23 @@ class RemoteSession:
         state: str,
         history_size: int = DEFAULT_HISTORY,
         paused: Pause | None = None,
+        session_id: str | None = None,
+        after: int = 0,
     ) -> None:
+        """``session_id``: its id on the front (None: ``NODE_ID@HOST``); one the node started
+        again for a stored session keeps the stored one, and its events go on ``after`` that
+        session's last seq."""
         self.link = link
         self.node_id = node_id
         self.host: str = link.host.name
-        self.id = f"{node_id}@{self.host}"
+        self.id = session_id if session_id is not None else f"{node_id}@{self.host}"
         self.spec = spec
         self.cwd = cwd
         self._state = state
         self._turn_id: str | None = None
-        self._seq = 0
+        self._seq = after
         self._fanout = Fanout(history_size)
+        self._fanout.head_seq = after
         self._done = False
         self._failure: str | None = None
         self.exit_status: ExitStatus | None = None
@@ -206,6 +217,17 @@ class RemoteSession:
         #: called when the node says it holds this session and this front has said nothing:
         #: the supervisor takes the pause up (``Supervisor._held_in_node``)
         self.on_held: Callable[[RemoteSession], None] | None = None
+        #: the agent's own session id, as the node said when we last subscribed (a store
+        #: keeps it: a session whose node lost it resumes it, started again on its host)
+        self.agent_session_id: str | None = None
+        #: its node lost it (replaced, or no longer has it, or gone past its ``detach_s``):
+        #: nothing of it runs anywhere
+        self.gone = False
+        #: called once its node lost it (the supervisor lists it as stored, if it has a store)
+        self.on_gone: Callable[[RemoteSession], None] | None = None
+        #: starts it again on its host, from what the store kept, and returns that session (a
+        #: prompt or a steer to it once its node lost it); None: it cannot be
+        self.revive: Callable[[RemoteSession], Awaitable[SessionHandle]] | None = None
         #: a terminal agent's screen as the node pictured it for our subscription
         #: (``terminal.screen``), as it stood after event ``_screen_seq``, and the output
         #: since: drawn on it for a subscriber of ours (:meth:`_current_screen`)
@@ -275,7 +297,11 @@ class RemoteSession:
         if parts:
             # Every part as such: the node's session writes each in its agent's own form.
             payload["content"] = [to_acp(part, CARRY_WORDS) for part in parts]
-        return await self._request("agent.prompt", payload, _turn_handle)
+        try:
+            return await self._request("agent.prompt", payload, _turn_handle)
+        except _Gone:
+            live = await self._start_again()
+        return await live.prompt(text, parts)
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent's session on the host to mode ``mode_id``; returns once it took it."""
@@ -411,9 +437,17 @@ class RemoteSession:
 
     async def steer(self, text: str) -> SteerResult:
         check_steer(text)
-        return await self._request(
-            "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
-        )
+        try:
+            return await self._request(
+                "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
+            )
+        except _Gone:
+            live = await self._start_again()
+        return await live.steer(text)
+
+    async def _start_again(self) -> SessionHandle:
+        assert self.revive is not None  # (else _check_running raises no _Gone)
+        return await self.revive(self)
 
     def _steer_result(self, result: dict[str, Any]) -> SteerResult:
         mode = result.get("mode")
@@ -574,6 +608,9 @@ class RemoteSession:
         self._modes = modes if isinstance(modes, dict) else None
         checkpoints = result.get("checkpoints")
         self._checkpoints = checkpoints if isinstance(checkpoints, bool) else None
+        own = result.get("agent_session_id")
+        if isinstance(own, str) and own:
+            self.agent_session_id = own
         self._node_version = conn.hello.version
         try:
             self._held = check_held(result.get("held"), "whose 'held'")
@@ -772,18 +809,23 @@ class RemoteSession:
             return
         self.on_stop(receipt, timestamp)
 
-    def fail(self, cause: str) -> None:
+    def fail(self, cause: str, *, gone: bool = False) -> None:
         """The node is gone, or has lost this session: it fails here, with the cause (its
-        turn, if one ran, ends ``failed``: every turn has its ``turn.ended``)."""
+        turn, if one ran, ends ``failed``: every turn has its ``turn.ended``). ``gone``:
+        nothing of it runs anywhere any more (not so after a protocol error: the node may run
+        it on), so it may be started again (:attr:`revive`)."""
         if self._done:
             return
         self._failure = cause
+        self.gone = gone
         now = time.time()
         if self._turn_id is not None:
             self._emit(ev.TurnEnded(turn_id=self._turn_id, outcome="failed", error=cause), now)
             self._turn_id = None
         self._emit(ev.SessionState(state="failed", detail=cause), now)
         self._finish("failed")
+        if gone and self.on_gone is not None:
+            self.on_gone(self)
 
     def _emit(self, event: ev.Event, timestamp: float) -> None:
         """An event of the front's own (only once the node can no longer send any)."""
@@ -819,7 +861,8 @@ class RemoteSession:
     def _check_running(self) -> None:
         if self._done or self._state in ("stopped", "failed"):
             cause = f": {self._failure}" if self._failure else ""
-            raise AgentNotRunning(f"session {self.id} is {self._state}{cause}")
+            gone = self.gone and self.revive is not None
+            raise (_Gone if gone else AgentNotRunning)(f"session {self.id} is {self._state}{cause}")
 
     async def _request(
         self,
