@@ -1076,6 +1076,7 @@ class Session:
         """After the actor's work was done in another task's step while it waits for its
         inbox: what it would do before waiting again, its deadlines rearmed and the
         subscribers' writers told of the new events."""
+        self._fanout.serialize_soon()
         self._alarm.set(self.core.next_deadline())
         self._fanout.flush()
 

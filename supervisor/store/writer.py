@@ -26,7 +26,7 @@ import math
 import operator
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -56,7 +56,12 @@ __all__ = [
     "mcp_servers_from_json",
 ]
 
+if TYPE_CHECKING:
+    from supervisor.runtime.fanout import Fanout
+
 T = TypeVar("T")
+#: a run of one session's events as recorded: the events, their wire bytes, their fan-out
+_Run = tuple[list[ev.Event], list[bytes], "Fanout | None"]
 
 log = logging.getLogger("supervisor.store")
 
@@ -180,10 +185,12 @@ class SessionStore:
         #: how the backend is called: on the store's one worker thread (tests on virtual time
         #: give a direct call)
         self._run_sync = run_sync if run_sync is not None else self._on_thread
-        #: runs of (events, their wire bytes) recorded and not taken by a write yet
-        self._pending: list[tuple[list[ev.Event], list[bytes]]] = []
+        #: runs recorded and not taken by a write yet
+        self._pending: list[_Run] = []
         #: those of the write in progress (tried again while it fails)
-        self._writing: list[tuple[list[ev.Event], list[bytes]]] = []
+        self._writing: list[_Run] = []
+        #: fan-outs to serialize before the next write (:meth:`soon`)
+        self._soon: list[Fanout] = []
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
         #: sessions hold their agents back (the database fell behind)
@@ -324,9 +331,12 @@ class SessionStore:
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
 
-    def record(self, events: list[ev.Event], payloads: list[bytes]) -> None:
-        """Events a session kept in its history, with their wire bytes: written soon."""
-        self._pending.append((events, payloads))
+    def record(
+        self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout | None = None
+    ) -> None:
+        """Events a session kept in its history, with their wire bytes: written soon, then
+        given to ``fanout``'s subscribers (:meth:`Fanout.committed`)."""
+        self._pending.append((events, payloads, fanout))
         count = self._count = self._count + len(events)
         self._wake.set()
         if count >= self.batch_events:
@@ -341,6 +351,15 @@ class SessionStore:
                     self._turn_ended = True
                     self._enough.set()
                     break
+
+    def soon(self, fanout: Fanout) -> None:
+        """``fanout`` has events to serialize (a cancel's, published in its caller's step):
+        done in the writer's step, after ``TURN_END_S`` (they hold a turn's end), not the
+        caller's."""
+        self._soon.append(fanout)
+        self._turn_ended = True
+        self._enough.set()
+        self._wake.set()
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
@@ -371,12 +390,12 @@ class SessionStore:
         """Write what is recorded, in batches, until :meth:`aclose`."""
         try:
             while True:
-                if not self._pending:
+                if not self._pending and not self._soon:
                     if self._closing:
                         return
                     await self._wake.wait()
                     self._wake = trio.Event()
-                    if not self._pending:
+                    if not self._pending and not self._soon:
                         continue
                 if self._count < self.batch_events and not self._closing:
                     with trio.move_on_after(self.flush_s):
@@ -385,19 +404,24 @@ class SessionStore:
                             await trio.sleep(TURN_END_S)
                 self._turn_ended = False
                 self._enough = trio.Event()
-                await self._write_pending()
+                soon, self._soon = self._soon, []
+                for fanout in soon:
+                    fanout.serialize()  # (recorded: in _pending now)
+                if self._pending:
+                    await self._write_pending()
         finally:
             self._done.set()
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
         self._writing = pending
-        count = sum(len(events) for events, _ in pending)
+        count = sum(len(events) for events, _, _ in pending)
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None
         since = 0.0  # (the wall clock's failed_at, for clients)
         first = True
+        stored = True
         while True:
             try:
                 await self._in_thread(self._write, pending, first)
@@ -416,6 +440,7 @@ class SessionStore:
                 first = False
                 if self._closing:
                     self._given_up(pending, count, exc)
+                    stored = False
                     break
                 if failed_at is None:
                     failed_at = trio.current_time()
@@ -428,6 +453,7 @@ class SessionStore:
                     await self._closed.wait()
         self._writing = []
         self._count -= count
+        self._release(pending, stored)
         self._batch_done.set()
         self._batch_done = trio.Event()
         if self.full and self._count < self.max_pending // 2:
@@ -436,9 +462,22 @@ class SessionStore:
             for callback in room:
                 callback()
 
-    def _failing(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception, since: float
-    ) -> None:
+    @staticmethod
+    def _release(pending: list[_Run], stored: bool) -> None:
+        """Each fan-out whose events ``pending`` held gives them to its subscribers, up to
+        its newest one there (a run is written whole, in order); not ``stored`` (given up at
+        close): they never will be."""
+        newest: dict[Fanout, int] = {}
+        for events, _, fanout in pending:
+            if fanout is not None and events:
+                newest[fanout] = events[-1].seq
+        for fanout, seq in newest.items():
+            if stored:
+                fanout.committed(seq)
+            else:
+                fanout.abandon()
+
+    def _failing(self, pending: list[_Run], exc: Exception, since: float) -> None:
         """A write failed and is tried again: one log line, and a :class:`StoreFault` told,
         at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
@@ -466,9 +505,7 @@ class SessionStore:
         )
         self._tell(self.fault)
 
-    def _given_up(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
-    ) -> None:
+    def _given_up(self, pending: list[_Run], count: int, exc: Exception) -> None:
         """At close, a batch that still cannot be written: said once for all in
         :meth:`aclose`."""
         self._lost_events += count
@@ -477,11 +514,11 @@ class SessionStore:
             span = self._lost.setdefault(sid, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
 
-    def _write(self, pending: list[tuple[list[ev.Event], list[bytes]]], first: bool) -> None:
+    def _write(self, pending: list[_Run], first: bool) -> None:
         """(The worker thread.) The rows of ``pending``, written in one transaction."""
         self.backend.write(self._batch(pending) if first else self._last_batch)
 
-    def _batch(self, pending: list[tuple[list[ev.Event], list[bytes]]]) -> Batch:
+    def _batch(self, pending: list[_Run]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
@@ -491,7 +528,7 @@ class SessionStore:
         meta = self._meta
         answers = self._answers
         full_texts = self._full_texts
-        for events, payloads in pending:
+        for events, payloads, _ in pending:
             if not events:
                 continue
             sid = events[0].session_id
@@ -588,7 +625,7 @@ class SessionStore:
         before the read: an event written meanwhile is then found by the read. Each seq
         once; a store that cannot be read gives what waits alone (the caller keeps its gap)."""
         waiting: dict[int, bytes] = {}
-        for events, payloads in [*self._writing, *self._pending]:
+        for events, payloads, _ in [*self._writing, *self._pending]:
             if events and events[0].session_id == session_id:
                 for event, payload in zip(events, payloads, strict=True):
                     if after < event.seq <= upto:
@@ -765,10 +802,10 @@ def _one_answer(events: list[ev.Event]) -> bool:
     return len(turns) == 1 and None not in turns and set(map(_ROLE, events)) == {"assistant"}
 
 
-def _spans(pending: list[tuple[list[ev.Event], list[bytes]]]) -> dict[str, list[int]]:
+def _spans(pending: list[_Run]) -> dict[str, list[int]]:
     """Each session's lowest and highest seq in ``pending``."""
     spans: dict[str, list[int]] = {}
-    for events, _ in pending:
+    for events, _, _ in pending:
         if events:
             low, high = events[0].seq, events[-1].seq
             span = spans.setdefault(events[0].session_id, [low, high])
