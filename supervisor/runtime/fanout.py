@@ -207,6 +207,9 @@ class Subscription:
         #: for (:func:`fill_from_recorder` puts them there from the store); None: none
         self.missing: tuple[int, int] | None = None
         self.lagged = False
+        #: (a store's subscriber) it has every event up to this seq: those of them the store
+        #: gives it are not offered again
+        self._after = 0
 
     # -- the subscriber's side -------------------------------------------------------------
 
@@ -592,8 +595,6 @@ class Fanout:
             # What is not stored yet comes live, once it is: the replay and the answer's
             # position end at the newest stored event.
             head_seq = min(head_seq, self.durable_seq)
-            if since_seq is not None:
-                since_seq = min(since_seq, head_seq)  # (a client knows only stored seqs)
         last_seq = head_seq
         if since_seq is not None:
             if self.hold_unacknowledged:
@@ -635,6 +636,10 @@ class Fanout:
             max_bytes=self.buffer_bytes if max_bytes is None else max_bytes,
         )
         subscription.missing = missing
+        if gated and since_seq is not None and since_seq > head_seq:
+            # It has events not stored yet by this recorder (stored by an earlier supervisor:
+            # a node's session, adopted again, hands its history over to be stored again).
+            subscription._after = since_seq
         if self._closed and not (gated and self._held):
             subscription._end()
         elif gated:
@@ -754,6 +759,10 @@ class Fanout:
             if subscription._closed:
                 drop = True
                 continue
+            if subscription._after:
+                if self._offer_after(subscription, events, payloads):
+                    drop = True
+                continue
             if subscription.wire:
                 if frames is None:
                     frames = text_frames(payloads)
@@ -772,6 +781,28 @@ class Fanout:
         if self._closed and not held:
             self._end_gated()
         self._room.set()
+
+    @staticmethod
+    def _offer_after(
+        subscription: Subscription, events: list[ev.Event], payloads: list[bytes]
+    ) -> bool:
+        """(:meth:`committed`, rare) Offer ``subscription`` those of ``events`` after the seq
+        it has (:attr:`Subscription._after`); True if it is cut off."""
+        after = subscription._after
+        cut = next((i for i, event in enumerate(events) if event.seq > after), len(events))
+        if cut < len(events):
+            subscription._after = 0
+        events, payloads = events[cut:], payloads[cut:]
+        if not events:
+            return False
+        sizes = list(map(len, payloads))
+        items: list[Any] = text_frames(payloads) if subscription.wire else events
+        if not subscription._offer_many(items, sizes, sum(sizes)):
+            subscription._end(lagged=True)
+            return True
+        if subscription._unannounced:
+            subscription._announce()
+        return False
 
     def abandon(self) -> None:
         """The recorder will never store what waits (it gave up at close): subscribers are

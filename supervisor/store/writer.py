@@ -409,6 +409,9 @@ class SessionStore:
                     fanout.serialize()  # (recorded: in _pending now)
                 if self._pending:
                     await self._write_pending()
+                else:
+                    self._batch_done.set()
+                    self._batch_done = trio.Event()
         finally:
             self._done.set()
 
@@ -709,8 +712,9 @@ class SessionStore:
             pass
 
     async def flushed(self) -> None:
-        """Return once nothing recorded waits to be written (written, or given up)."""
-        while self._count:
+        """Return once nothing recorded waits to be written (written, or given up), nor
+        waits to be recorded (:meth:`soon`)."""
+        while self._count or self._soon:
             await self._batch_done.wait()
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
