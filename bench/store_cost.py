@@ -8,7 +8,9 @@ interleaved in one run.
   deltas (``bench/throughput.py``'s "ours"), ``--repeats`` runs each way; events/s and the
   server's CPU per event (the store's worker thread included: it is the same process);
 - **backend**: events/s the SQLite backend writes alone, in batches of 100 and of 1,000
-  events of ~120 bytes (one transaction each, one session's run);
+  events of ~120 bytes (one transaction each, one session's run); the same for PostgreSQL on
+  a throwaway cluster (``tests/pg.py``, as ``bench/store_write.py`` starts it) when this
+  machine has one (``scripts/ensure-postgresql.sh``), else one line says why not;
 - **restart**: a store of ``--sessions`` sessions of ``--events`` events each (one in ten with
   a turn left running), opened as a restarted ``serve`` opens it: the open, the running turns
   ended, the sessions listed; then one session's whole history read for a replay.
@@ -35,8 +37,9 @@ from bench.cancel_overhead import percentile, supervisor_cancel
 from bench.throughput import run_ours
 from bench.transport_floor import LIGHT_AGENT, SETTLE_S
 from supervisor import AgentSpec, open_supervisor
-from supervisor.store.backend import Batch, EventRun, StoredSession
+from supervisor.store.backend import Backend, Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.url import backend_for
 from supervisor.store.writer import SessionStore
 
 #: receiver processes for the throughput runs (one subscriber needs one)
@@ -84,8 +87,7 @@ async def throughput(words: int, repeats: int, directory: Path) -> dict[str, Any
     return result
 
 
-def backend_rate(directory: Path, batch: int, total: int = 200_000) -> float:
-    backend = SqliteBackend(directory / f"rate-{batch}.db")
+def backend_rate(backend: Backend, batch: int, total: int = 200_000) -> float:
     backend.open()
     session = StoredSession(
         id="s1",
@@ -117,6 +119,28 @@ def backend_rate(directory: Path, batch: int, total: int = 200_000) -> float:
     elapsed = time.perf_counter() - start
     backend.close()
     return total / elapsed
+
+
+def postgresql_rates() -> dict[str, Any]:
+    """PostgreSQL's write rate as :func:`backend_rate` measures SQLite's, on a throwaway
+    cluster; ``postgresql_skipped``: why not, when this machine has no server to start."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from pg import start_postgresql, why_not
+
+    reason = why_not()
+    if reason is not None:
+        return {"postgresql_skipped": reason}
+    cluster = start_postgresql()
+    server = next(cluster)
+    try:
+        result: dict[str, Any] = {}
+        for batch in (100, 1000):
+            backend = backend_for(server.database())
+            assert backend is not None
+            result[f"postgresql_events_per_s_batch_{batch}"] = backend_rate(backend, batch)
+        return result
+    finally:
+        cluster.close()
 
 
 async def restart(directory: Path, sessions: int, events: int) -> dict[str, Any]:
@@ -176,7 +200,9 @@ async def main(rounds: int, words: int, repeats: int, sessions: int, events: int
         result.update(await cancels(rounds, directory))
         result.update(await throughput(words, repeats, directory))
         for batch in (100, 1000):
-            result[f"sqlite_events_per_s_batch_{batch}"] = backend_rate(directory, batch)
+            sqlite = SqliteBackend(directory / f"rate-{batch}.db")
+            result[f"sqlite_events_per_s_batch_{batch}"] = backend_rate(sqlite, batch)
+        result.update(postgresql_rates())
         result.update(await restart(directory, sessions, events))
     return result
 
@@ -197,6 +223,14 @@ def report(f: dict[str, Any]) -> None:
         f"SQLite backend alone: {f['sqlite_events_per_s_batch_100']:,.0f} events/s in batches"
         f" of 100, {f['sqlite_events_per_s_batch_1000']:,.0f} in batches of 1,000"
     )
+    if "postgresql_skipped" in f:
+        print(f"PostgreSQL backend: not measured ({f['postgresql_skipped']})")
+    else:
+        print(
+            f"PostgreSQL backend alone: {f['postgresql_events_per_s_batch_100']:,.0f} events/s"
+            f" in batches of 100, {f['postgresql_events_per_s_batch_1000']:,.0f} in batches"
+            " of 1,000"
+        )
     print(
         f"restart: {f['restart_sessions']} sessions, {f['restart_events']:,} events"
         f" ({f['restart_file_mb']:.0f} MB): ready in {f['restart_ready_ms']:.1f} ms, one"
