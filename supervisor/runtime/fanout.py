@@ -33,7 +33,10 @@ See ``design/remote.md``, "Nothing lost across a partition".
 A :class:`Recorder` (the session store, ``supervisor/store/writer.py``) is handed every event
 as it enters the history, with its wire bytes; a recorder that is :attr:`Recorder.full` holds
 the agent back as a full backpressured subscriber does, with no stall window: what a store
-has not written yet is never dropped.
+has not written yet is never dropped. With a recorder, subscribers are offered events only
+once it stored them (:meth:`Fanout.committed`, called by the writer after each write): a
+client never sees an event a crash can lose (``design/store.md``, "Clients see what is
+stored").
 """
 
 from __future__ import annotations

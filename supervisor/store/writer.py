@@ -16,6 +16,9 @@ over, a full disk) is tried again with backoff for as long as the supervisor run
 log line every ``LOG_EVERY_S`` at most: what waits meanwhile grows to ``max_pending``, and
 then the agents wait too. At close, what still cannot be written is said in one line, and
 its sessions are not marked clean (the next start puts a ``stream.gap`` where they were).
+
+Subscribers are given a session's events once they are written: after each write, the
+writer's task (not the worker thread) calls ``Fanout.committed`` for each session in it.
 """
 
 from __future__ import annotations
@@ -80,13 +83,14 @@ RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 #: At most one log line per this many seconds about failing writes.
 LOG_EVERY_S = 10.0
 #: Seqs (and turn numbers) a stored session skips after an unclean end (no clean close was
-#: stored: a SIGKILL, a crash, a database that failed the last writes): clients get events
-#: before the writer stores them, so some they saw may be missing, and their seqs must never
-#: mean something else. Events recorded and not written are at most ``MAX_PENDING`` before
-#: every session holds its agent back; what a held session still publishes is the agent
-#: message it is handling (a few events each) and what a cancel reads (never held, ended by
-#: its ladder within seconds): the second ``MAX_PENDING`` is the room for those. The skipped
-#: range is a ``stream.gap`` in the history, so a replay says what is gone.
+#: stored: a SIGKILL, a crash, a database that failed the last writes): clients are given
+#: only stored events, but events recorded and never stored took seqs and turns (a prompt's
+#: answer names its turn at once), which must never mean something else. Events recorded
+#: and not written are at most ``MAX_PENDING`` before every session holds its agent back;
+#: what a held session still publishes is the agent message it is handling (a few events
+#: each) and what a cancel reads (never held, ended by its ladder within seconds): the second
+#: ``MAX_PENDING`` is the room for those. The skipped range is a ``stream.gap`` in the
+#: history, so a replay says what is gone.
 UNCLEAN_SKIP = 2 * MAX_PENDING
 #: How soon after a turn's end (a cancel's receipt too) what was recorded is written, rather
 #: than after ``flush_s``: what a client was told last before a crash is then stored sooner.
