@@ -55,15 +55,18 @@ PROTOCOLS: Final[MutableMapping[str, type[AgentProtocol]]] = _Registry(
         "claude": "protocols.claude:ClaudeClient",
         "codex": "protocols.codex:CodexClient",
         "opencode": "protocols.opencode:OpenCodeClient",
+        "terminal": "protocols.terminal:TerminalClient",
     }
 )
 
 
-def new_machine(protocol: str) -> AgentProtocol:
-    """A fresh machine for one agent process speaking ``protocol``."""
+def new_machine(protocol: str, settings: object | None = None) -> AgentProtocol:
+    """A fresh machine for one agent process speaking ``protocol``, with the agent's
+    ``settings`` for it, if the protocol takes any (:meth:`AgentProtocol.configured`)."""
     try:
-        return PROTOCOLS[protocol]()
+        machine = PROTOCOLS[protocol]
     except KeyError:
         raise ValueError(
             f"unknown protocol {protocol!r} (known: {', '.join(sorted(PROTOCOLS))})"
         ) from None
+    return machine.configured(settings)

@@ -310,6 +310,8 @@ class AcpClient(AgentProtocol):
         return Step(events=[ev.AgentUnparsed(raw=message)])
 
     def _on_response(self, response: IncomingResponse[str | _SteerSent | _ModeSent | None]) -> Step:
+        if response.method == "session/prompt" and isinstance(response.context, str):
+            return self._on_prompt_answered(response)  # a turn's end (a cancel's answer): first
         if isinstance(response.context, _ModeSent):
             return self._on_mode_set(response.context, response)
         if isinstance(response.context, _SteerSent):

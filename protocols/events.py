@@ -28,8 +28,10 @@ __all__ = [
     "SessionInfo",
     "SessionHeld",
     "SessionRecycled",
+    "SessionRewound",
     "SessionState",
     "StreamGap",
+    "TerminalOutput",
     "ThoughtDelta",
     "ToolCall",
     "ToolUpdate",
@@ -226,6 +228,20 @@ class TurnEnded(Event):
     error: str | None = None
     receipt: dict[str, Any] | None = None
     reason: str | None = None
+    #: what the turn changed in the session's working directory (``{"path", "change"}``, see
+    #: ``design/checkpoints.md``); None: not known
+    changes: list[dict[str, Any]] | None = None
+
+
+@frozen(kw_only=True)
+class SessionRewound(Event):
+    """The working directory was put back as it was when ``turn_id`` started: the paths
+    ``restored``, and those ``not_restored`` (``{"path", "why"}``)."""
+
+    kind: ClassVar[str] = "session.rewound"
+    turn_id: str
+    restored: list[str] = field(factory=list)
+    not_restored: list[dict[str, str]] = field(factory=list)
 
 
 @frozen(kw_only=True)
@@ -279,6 +295,15 @@ class StreamGap(Event):
 
 
 @frozen(kw_only=True)
+class TerminalOutput(Event):
+    """Bytes a terminal agent wrote to its terminal, as read: ``data`` is their base64, for a
+    terminal view to draw (``protocols/terminal.py``)."""
+
+    kind: ClassVar[str] = "terminal.output"
+    data: str
+
+
+@frozen(kw_only=True)
 class AgentUnparsed(Event):
     """An agent message we do not understand: passed on, never a crash."""
 
@@ -303,11 +328,13 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PermissionResolved,
         TurnStalled,
         TurnEnded,
+        SessionRewound,
         SessionInfo,
         AgentStderr,
         AgentExited,
         ErrorEvent,
         StreamGap,
+        TerminalOutput,
         AgentUnparsed,
     )
 }

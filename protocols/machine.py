@@ -271,6 +271,13 @@ class AgentProtocol(ABC):
         return self.prompt_carries
 
     @classmethod
+    def configured(cls, settings: object | None) -> AgentProtocol:
+        """A machine for one process of an agent whose configuration holds ``settings`` for
+        this protocol (a terminal agent's prompt pattern, say), or None. The protocols that
+        take none keep this default."""
+        return cls()
+
+    @classmethod
     def check_mcp_servers(cls, servers: Sequence[McpServer]) -> None:
         """Raise :class:`~protocols.mcp.McpUnsupported` for a server this protocol cannot give
         its agent, before anything starts (ACP checks the agent's own word again later)."""
@@ -391,6 +398,15 @@ class AgentProtocol(ABC):
         """The actor gave up waiting for the answer to steer ``steer_id`` (it makes way for
         the text through the ladder instead): withdraw the request where the protocol can."""
         return Step()
+
+    def input(self, data: str) -> Step:
+        """Write ``data`` to the agent as a person's keys (a terminal agent's own menu). Only
+        protocols with a terminal take it."""
+        raise NotImplementedError(f"{self.name} has no terminal to type into")
+
+    def resize(self, cols: int, rows: int) -> Step:
+        """Make the agent's terminal ``cols`` x ``rows``. Only protocols with a terminal."""
+        raise NotImplementedError(f"{self.name} has no terminal to resize")
 
     def close(self) -> Step:
         """The session is being stopped: what to tell the agent before its stdin closes (ACP

@@ -168,6 +168,13 @@ class GatewayClient:
     async def set_mode(self, session_id: str, mode_id: str) -> None:
         await self.request("agent.set_mode", {"session_id": session_id, "mode_id": mode_id})
 
+    async def input(self, session_id: str, data: str) -> None:
+        """Keys for a terminal agent's terminal, as typed."""
+        await self.request("session.input", {"session_id": session_id, "data": data})
+
+    async def resize(self, session_id: str, cols: int, rows: int) -> None:
+        await self.request("session.resize", {"session_id": session_id, "cols": cols, "rows": rows})
+
     async def steer(self, session_id: str, text: str) -> dict[str, Any]:
         """``{"mode", "turn_id", "receipt"?}``: see :class:`supervisor.steering.SteerResult`."""
         return await self.request("agent.steer", {"session_id": session_id, "text": text})

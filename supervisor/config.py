@@ -45,6 +45,7 @@ from attrs import field, frozen
 
 from protocols import PROTOCOLS
 from protocols.mcp import McpServer, McpUnsupported, mcp_servers_from_acp, merge_mcp_servers
+from protocols.terminal import TerminalSettings
 
 __all__ = [
     "DEFAULT_CONTEXT_BYTES",
@@ -154,6 +155,10 @@ class AgentSpec:
     #: turn is stopped (``reason: "memory_limit"``) and the agent restarted, the session
     #: resumed. None or 0: no limit
     max_memory_mb: float | None = None
+    #: each turn's start is snapshotted in the supervisor's own store, its changes told on its
+    #: ``turn.ended``, and it can be rewound (``design/checkpoints.md``); local sessions of a
+    #: supervisor with a state directory
+    checkpoints: bool = True
     env: dict[str, str] = field(factory=dict, converter=_freeze_env)
     cwd: str | None = None
     #: sessions of this agent that may run at once (None: only the supervisor's cap applies)
@@ -166,6 +171,12 @@ class AgentSpec:
     #: could not be resumed (``design/store.md``, "Context for an agent that cannot resume");
     #: 0: none
     context_bytes: int = DEFAULT_CONTEXT_BYTES
+    #: ``protocol = "terminal"``: its screen's settings (None: the defaults)
+    terminal: TerminalSettings | None = None
+    #: the command that starts the agent again where it left off, after a kill or an exit
+    #: (``claude --continue``); empty: ``command`` again. Terminal agents only: the others
+    #: resume by the session id their protocol gives.
+    resume_command: tuple[str, ...] = field(default=(), converter=_to_args)
 
     @classmethod
     def from_config(cls, name: str, path: str | os.PathLike[str] | None = None) -> AgentSpec:
@@ -437,6 +448,7 @@ _FIELDS = {
     "stall_s",
     "tool_stall_s",
     "max_memory_mb",
+    "checkpoints",
     "env",
     "cwd",
     "max_sessions",
@@ -444,17 +456,30 @@ _FIELDS = {
     "mcp_servers",
     "context_bytes",
 }
+#: The keys of a terminal agent's table (``protocol = "terminal"``; ``design/terminal.md``).
+_TERMINAL_FIELDS = {
+    "prompt_pattern",
+    "idle_s",
+    "interrupt",
+    "submit",
+    "start_pattern",
+    "cols",
+    "rows",
+    "resume_command",
+}
 
 
 def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     at = f"{where}: [agents.{name}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    unknown = set(table) - _FIELDS
+    allowed = _FIELDS | _TERMINAL_FIELDS if table.get("protocol") == "terminal" else _FIELDS
+    unknown = set(table) - allowed
     if unknown:
+        only = " (those of protocol terminal only)" if unknown <= _TERMINAL_FIELDS else ""
         raise ConfigError(
-            f"{at}: unknown key(s) {', '.join(sorted(unknown))}"
-            f" (allowed: {', '.join(sorted(_FIELDS))})"
+            f"{at}: unknown key(s) {', '.join(sorted(unknown))}{only}"
+            f" (allowed: {', '.join(sorted(allowed))})"
         )
     protocol = table.get("protocol")
     if not isinstance(protocol, str):
@@ -542,6 +567,15 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
         raise ConfigError(f"{at}: 'hosts' must be a list of [hosts.NAME] names")
     mcp_servers = _parse_mcp_servers(protocol, table.get("mcp_servers", []), at)
+    terminal = _parse_terminal(table, at) if protocol == "terminal" else None
+    resume_command = table.get("resume_command", [])
+    if not isinstance(resume_command, list) or not all(isinstance(p, str) for p in resume_command):
+        raise ConfigError(f"{at}: 'resume_command' must be a list of strings")
+    if resume_command and not resume_command[0]:
+        raise ConfigError(f"{at}: 'resume_command' must name a program first")
+    checkpoints = table.get("checkpoints", True)
+    if not isinstance(checkpoints, bool):
+        raise ConfigError(f"{at}: 'checkpoints' must be true or false")
     return AgentSpec(
         name=name,
         protocol=protocol,
@@ -554,13 +588,37 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         stall_s=stall["stall_s"],
         tool_stall_s=stall["tool_stall_s"],
         max_memory_mb=float(max_memory) if max_memory else None,
+        checkpoints=checkpoints,
         env=env,
         cwd=cwd,
         max_sessions=_count(table, "max_sessions", at),
         hosts=hosts,
         mcp_servers=mcp_servers,
         context_bytes=context_bytes,
+        terminal=terminal,
+        resume_command=resume_command,
     )
+
+
+def _parse_terminal(table: Mapping[str, Any], at: str) -> TerminalSettings:
+    options = {key: table[key] for key in _TERMINAL_FIELDS - {"resume_command"} if key in table}
+    for key in ("prompt_pattern", "start_pattern", "submit"):
+        if key in options and not isinstance(options[key], str):
+            raise ConfigError(f"{at}: '{key}' must be a string")
+    interrupt = options.get("interrupt")
+    if interrupt is not None and not isinstance(interrupt, list):
+        raise ConfigError(f"{at}: 'interrupt' must be a list of strings (keys)")
+    idle = options.get("idle_s")
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, int | float) or not math.isfinite(idle)
+    ):
+        raise ConfigError(f"{at}: 'idle_s' must be a number of seconds > 0, not {idle!r}")
+    settings = TerminalSettings(**options)
+    try:
+        settings.check()
+    except ValueError as exc:
+        raise ConfigError(f"{at}: {exc}") from None
+    return settings
 
 
 def _parse_mcp_servers(protocol: str, raw: Any, at: str) -> tuple[McpServer, ...]:

@@ -8,6 +8,8 @@ __all__ = [
     "AgentNotRunning",
     "AtCapacity",
     "BadRequest",
+    "Busy",
+    "CheckpointFailed",
     "SessionNotFound",
     "SupervisorError",
     "check_text",
@@ -32,6 +34,18 @@ class AgentNotRunning(SupervisorError):
 
 class BadRequest(SupervisorError, ValueError):
     code: ClassVar[str] = "bad_request"
+
+
+class Busy(SupervisorError):
+    """The session is doing something the call must not overlap (a rewind while a turn runs)."""
+
+    code: ClassVar[str] = "busy"
+
+
+class CheckpointFailed(SupervisorError):
+    """A checkpoint of the working directory could not be taken or restored (why is said)."""
+
+    code: ClassVar[str] = "checkpoint_failed"
 
 
 class AtCapacity(SupervisorError):

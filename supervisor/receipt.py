@@ -112,6 +112,12 @@ class CancelReceipt:
     #: is a request with an answer), ended the turn (``turn_ended``) or exited
     #: (``agent_exited``)
     timeline: dict[str, float] = field(factory=dict)
+    #: what the turn changed in the working directory, ``{"path", "change", "detail"?}`` by
+    #: path (``supervisor/checkpoints/``); None: not known (checkpoints off, or not taken)
+    changes: list[dict[str, Any]] | None = None
+    #: a stop-and-rewind's answer: ``{"restored": [...], "not_restored": [{"path", "why"}]}``,
+    #: or ``{"error": ...}`` when the rewind could not be made; None: no rewind was asked
+    restored: dict[str, Any] | None = None
 
     def summary(self) -> str:
         """One line a person reads: "Killed after 3.0 s grace, session resumed"."""

@@ -28,6 +28,7 @@ from supervisor.agents.containment import choose
 from supervisor.agents.link import Launcher
 from supervisor.agents.process_link import ProcessLauncher
 from supervisor.agents.statefile import StateFile, sweep_orphans
+from supervisor.checkpoints import ShadowStore
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.core.exit import ExitStatus
 from supervisor.errors import (
@@ -127,8 +128,15 @@ class Supervisor:
         store: SessionStore | None = None,
         stored: Iterable[StoredSession] = (),
         retention: Retention | None = None,
+        checkpoints_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
+        directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
+        keeps none); None: none are kept."""
         self._nursery = nursery
+        self._checkpoints_dir = checkpoints_dir
+        #: one store per working directory: sessions sharing one take turns on its index
+        self._checkpoint_stores: dict[str, ShadowStore] = {}
         #: where every session and its events are written (``supervisor/store/``); None: not
         self.store = store
         #: what observes the sessions (metrics, traces); None: nothing does
@@ -323,6 +331,7 @@ class Supervisor:
             paused=self._pausing.for_new_session(),
             after=after,
             earlier=earlier,
+            checkpoints=self._checkpoint_store(spec, where),
         )
         self._sessions[session.id] = session
         self._observe(session)
@@ -331,6 +340,19 @@ class Supervisor:
         self._watch_stops(session)
         await self._nursery.start(self._run_session, session)
         return session
+
+    def _checkpoint_store(self, spec: AgentSpec, cwd: str) -> ShadowStore | None:
+        if self._checkpoints_dir is None or not spec.checkpoints:
+            return None
+        real = os.path.realpath(cwd)
+        if real in (os.path.sep, os.path.realpath(os.path.expanduser("~"))):
+            # Not a project: a snapshot would walk every file below (a home's caches, a
+            # whole filesystem), and every turn's start would wait for it.
+            return None
+        store = self._checkpoint_stores.get(real)
+        if store is None:
+            store = self._checkpoint_stores[real] = ShadowStore(self._checkpoints_dir, real)
+        return store
 
     async def _revive(self, dormant: DormantSession) -> AnySession:
         """Start the agent of a stored session again (a prompt or steer came for it): the
@@ -664,13 +686,16 @@ async def open_supervisor(
     tracer_provider: TracerProvider | None = None,
     store: str | None = None,
     retention: Retention | None = None,
+    checkpoints: bool = True,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
     With ``state_dir`` (``serve`` uses ``~/.local/state/agent-supervisor``), agent processes
     left by a supervisor that crashed are killed first, and this one records its own. A state
     directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
-    runs without that crash safety.
+    runs without that crash safety. Its local sessions' working directories are checkpointed
+    per turn under ``state_dir/checkpoints`` (``design/checkpoints.md``) unless ``checkpoints``
+    is false or their agent's ``checkpoints = false``.
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/agents/containment.py``); None reads
@@ -758,6 +783,11 @@ async def open_supervisor(
                 store=session_store,
                 stored=stored,
                 retention=retention,
+                checkpoints_dir=(
+                    await _checkpoints_dir(Path(state_dir))
+                    if state_dir is not None and checkpoints
+                    else None
+                ),
             )
             try:
                 yield supervisor
@@ -801,6 +831,25 @@ def _observers(metrics: Metrics | None, provider: TracerProvider | None) -> Obse
 
         tracing = Tracing(provider)
     return Observers(metrics, tracing)
+
+
+async def _checkpoints_dir(state_dir: Path) -> Path | None:
+    """Where the sessions' per-turn checkpoints are kept; None (and one line in the log) if it
+    cannot be made: sessions then run without checkpoints rather than fail each turn's."""
+    directory = state_dir / "checkpoints"
+    try:
+        await trio.to_thread.run_sync(
+            functools.partial(directory.mkdir, parents=True, exist_ok=True)
+        )
+    except OSError as exc:
+        log.warning(
+            "checkpoints are off: %s cannot be used (%s): turns' changes are not recorded and"
+            " cannot be rewound",
+            directory,
+            exc.strerror or exc,
+        )
+        return None
+    return directory
 
 
 async def _open_state(directory: Path) -> StateFile | None:

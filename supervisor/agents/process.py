@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import logging
 import math
@@ -53,8 +54,10 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -90,6 +93,9 @@ SHIM_PATH = Path(__file__).with_name("shim.py")
 # -P: don't put supervisor/ first on the shim's sys.path, where a sibling module could shadow
 # a stdlib one.
 _SHIM_PREFIX = (sys.executable, "-S", "-E", "-P", os.fspath(SHIM_PATH))
+#: Run before an agent in a pseudo-terminal: it makes the terminal the agent's controlling one
+#: (``supervisor/agents/ctty.py``), then execs the agent. Same flags as the shim's, same reasons.
+_CTTY_PREFIX = (sys.executable, "-S", "-E", "-P", os.fspath(Path(__file__).with_name("ctty.py")))
 #: What a shim writes on its lifeline just before a clean exit (``supervisor/agents/shim.py``): the
 #: tree is gone; and gone, but what the agent left had to be SIGKILLed.
 _TREE_GONE = b"1"
@@ -199,14 +205,17 @@ async def _open_piped(
     cwd: str | os.PathLike[str] | None,
     *,
     pass_fds: tuple[int, ...] = (),
+    terminal: int | None = None,
 ) -> trio.Process:
-    """``wrapper + argv`` with piped stdio, leading a new session (so, its process group)."""
+    """``wrapper + argv`` with piped stdio (or ``terminal``, a pseudo-terminal's slave end, as
+    all three), leading a new session (so, its process group)."""
+    stdio: int = subprocess.PIPE if terminal is None else terminal
     try:
         return await trio.lowlevel.open_process(
             [*wrapper, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdin=stdio,
+            stdout=stdio,
+            stderr=stdio,
             env=env,
             cwd=cwd,
             start_new_session=True,
@@ -214,6 +223,24 @@ async def _open_piped(
         )
     except OSError as exc:
         raise SpawnError(f"cannot execute {argv[0]!r}: {os_error_text(exc)}") from exc
+
+
+def set_terminal_size(fd: int, cols: int, rows: int) -> None:
+    """Give the pseudo-terminal ``fd`` (either end) the size ``cols`` x ``rows``; the kernel
+    sends SIGWINCH to its foreground process group when that changes the size."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class _NoOutput(trio.abc.ReceiveStream):
+    """The stderr of an agent in a pseudo-terminal: its stderr is the terminal, read as its
+    stdout; this one ends at once."""
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return b""
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 class AgentProcess(ABC):
@@ -235,17 +262,25 @@ class AgentProcess(ABC):
     #: ``sigkill``), reported with the exit
     lost_steps: list[str]
 
-    def __init__(self, proc: trio.Process, argv: Sequence[str], mark: str) -> None:
-        """Use :meth:`spawn`."""
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    def __init__(
+        self, proc: trio.Process, argv: Sequence[str], mark: str, terminal: int | None = None
+    ) -> None:
+        """Use :meth:`spawn`. ``terminal``: the master end of the agent's pseudo-terminal,
+        which becomes ours (its stdin and stdout; it has no stderr of its own)."""
         self._proc = proc
         self._argv = tuple(argv)
         self.pid = proc.pid
-        self.stdin = proc.stdin
-        self.stdout = proc.stdout
-        self.stderr = proc.stderr
+        if terminal is None:
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            self.stdin = proc.stdin
+            self.stdout = proc.stdout
+            self.stderr = proc.stderr
+        else:
+            self.stdin = trio.lowlevel.FdStream(os.dup(terminal))
+            self.stdout = trio.lowlevel.FdStream(terminal)
+            self.stderr = _NoOutput()
         #: the non-blocking pipe under ``stdin``, for writes that must not wait a task switch
-        self.stdin_fd = cast(trio.lowlevel.FdStream, proc.stdin).fileno()
+        self.stdin_fd = cast(trio.lowlevel.FdStream, self.stdin).fileno()
         self.mark = mark
         self.lost_steps = []
         #: members SIGKILL did not kill (never our child: psutil may wait for them)
@@ -272,8 +307,14 @@ class AgentProcess(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         containment: Containment | str | None = None,
+        terminal: tuple[int, int] | None = None,
     ) -> AgentProcess:
         """Start ``argv`` contained (see the module docstring), in a new session, piped stdio.
+
+        ``terminal`` (columns, rows): in a pseudo-terminal of that size instead of pipes, as
+        its stdin, stdout and stderr, and as the agent's controlling terminal (it leads a
+        session of its own, so it gets SIGWINCH when the size changes and SIGHUP when the
+        terminal goes). ``stdout`` and ``stdin`` are then the terminal's master end.
 
         ``env`` replaces the environment (as in subprocess); the tree's mark is added to it.
         ``containment`` is a :class:`Containment`, a mode (``auto``, ``cgroup``, ``shim``) or
@@ -289,12 +330,28 @@ class AgentProcess(ABC):
         mark = secrets.token_hex(8)
         environment = dict(os.environ if env is None else env)
         environment[TREE_MARK_VARIABLE] = mark
+        master = slave = None
         try:
+            if terminal is not None:
+                master, slave = os.openpty()
+                set_terminal_size(master, *terminal)
+                argv = [*_CTTY_PREFIX, *argv]
             if containment.root is not None:
-                return await CgroupProcess.start(argv, environment, cwd, mark, containment.root)
-            return await ShimProcess.start(argv, environment, cwd, mark)
+                return await CgroupProcess.start(
+                    argv, environment, cwd, mark, containment.root, terminal=(master, slave)
+                )
+            return await ShimProcess.start(argv, environment, cwd, mark, terminal=(master, slave))
         except OSError as exc:  # out of file descriptors for a pipe, say: the cause, named
+            if master is not None:
+                os.close(master)
             raise SpawnError(f"cannot start {argv[0]!r}: {os_error_text(exc)}") from exc
+        except BaseException:
+            if master is not None:
+                os.close(master)
+            raise
+        finally:
+            if slave is not None:
+                os.close(slave)  # the agent's now: its end must close when its tree is gone
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else self.returncode.description
@@ -526,8 +583,16 @@ class CgroupProcess(AgentProcess):
 
     containment = "cgroup"
 
-    def __init__(self, proc: trio.Process, argv: Sequence[str], mark: str, cgroup: Cgroup) -> None:
-        super().__init__(proc, argv, mark)
+    def __init__(
+        self,
+        proc: trio.Process,
+        argv: Sequence[str],
+        mark: str,
+        cgroup: Cgroup,
+        *,
+        terminal: int | None = None,
+    ) -> None:
+        super().__init__(proc, argv, mark, terminal)
         self.cgroup = cgroup
 
     @classmethod
@@ -538,17 +603,22 @@ class CgroupProcess(AgentProcess):
         cwd: str | os.PathLike[str] | None,
         mark: str,
         root: CgroupRoot,
+        *,
+        terminal: tuple[int | None, int | None] = (None, None),
     ) -> CgroupProcess:
         try:
             cgroup = root.new_cgroup()
         except OSError as exc:
             raise SpawnError(f"cannot make a cgroup for {argv[0]!r}: {os_error_text(exc)}") from exc
+        master, slave = terminal
         try:
-            proc = await _open_piped([*JOIN_AND_EXEC, os.fspath(cgroup.procs_file)], argv, env, cwd)
+            proc = await _open_piped(
+                [*JOIN_AND_EXEC, os.fspath(cgroup.procs_file)], argv, env, cwd, terminal=slave
+            )
         except SpawnError:
             cgroup.remove()
             raise
-        return cls(proc, argv, mark, cgroup)
+        return cls(proc, argv, mark, cgroup, terminal=master)
 
     def members(self) -> list[psutil.Process]:
         found = []
@@ -624,9 +694,15 @@ class ShimProcess(AgentProcess):
     containment = "shim"
 
     def __init__(
-        self, proc: trio.Process, argv: Sequence[str], mark: str, lifeline: socket.socket
+        self,
+        proc: trio.Process,
+        argv: Sequence[str],
+        mark: str,
+        lifeline: socket.socket,
+        *,
+        terminal: int | None = None,
     ) -> None:
-        super().__init__(proc, argv, mark)
+        super().__init__(proc, argv, mark, terminal)
         self._lifeline: socket.socket | None = lifeline
 
     @classmethod
@@ -636,6 +712,8 @@ class ShimProcess(AgentProcess):
         env: dict[str, str],
         cwd: str | os.PathLike[str] | None,
         mark: str,
+        *,
+        terminal: tuple[int | None, int | None] = (None, None),
     ) -> ShimProcess:
         # We hold one end (close-on-exec, never passed); when we die the kernel closes it and
         # the shim reads EOF. The other end goes to the shim alone; it writes on it just before
@@ -643,14 +721,16 @@ class ShimProcess(AgentProcess):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             wrapper = [*_SHIM_PREFIX, "--lifeline-fd", str(theirs.fileno()), "--"]
-            proc = await _open_piped(wrapper, argv, env, cwd, pass_fds=(theirs.fileno(),))
+            proc = await _open_piped(
+                wrapper, argv, env, cwd, pass_fds=(theirs.fileno(),), terminal=terminal[1]
+            )
         except SpawnError:
             ours.close()
             raise
         finally:
             theirs.close()
         ours.setblocking(False)
-        return cls(proc, argv, mark, ours)
+        return cls(proc, argv, mark, ours, terminal=terminal[0])
 
     def members(self) -> list[psutil.Process]:
         if self._proc.returncode is not None:

@@ -76,6 +76,19 @@ class ProcessLink(AgentLink):
         self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self._stderr_done = trio.Event()
 
+    @classmethod
+    async def spawn_process(
+        cls,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: str,
+        containment: Containment,
+        spec: AgentSpec,
+    ) -> AgentProcess:
+        """Start the agent's process as this transport needs it (piped stdio here)."""
+        return await AgentProcess.spawn(argv, env=env, cwd=cwd, containment=containment)
+
     # -- AgentLink -----------------------------------------------------------------------------
 
     def send(self, message: dict[str, Any]) -> None:
@@ -334,7 +347,8 @@ class ProcessLauncher:
         nursery: trio.Nursery,
     ) -> AgentLink:
         protocol = PROTOCOLS[spec.protocol]
-        argv = protocol.command(spec.command, resume, mcp_servers=spec.mcp_servers)
+        base = spec.resume_command if resume is not None and spec.resume_command else spec.command
+        argv = protocol.command(base, resume, mcp_servers=spec.mcp_servers)
         env = spec.process_env()
         # One secret per process, for the protocol's environment and the link alone.
         secret = secrets.token_urlsafe(32)
@@ -342,11 +356,14 @@ class ProcessLauncher:
         containment = self.containment
         if not isinstance(containment, Containment):
             containment = await choose(containment)  # cheap once detected
-        process = await AgentProcess.spawn(argv, env=env, cwd=cwd, containment=containment)
+        kind = link_type(protocol.transport)
+        process = await kind.spawn_process(
+            argv, env=env, cwd=cwd, containment=containment, spec=spec
+        )
         if self.state is not None:
             self.state.record(process, argv)
         self._live[process.pid] = process
-        link = link_type(protocol.transport)(process, spec, generation, inbox, secret=secret)
+        link = kind(process, spec, generation, inbox, secret=secret)
         nursery.start_soon(self._run_link, link)
         return link
 
@@ -408,7 +425,10 @@ async def read_pipe(stream: trio.abc.ReceiveStream, drained: bool = False) -> by
 LINK_TYPES: dict[str, type[ProcessLink]] = {"stdio": ProcessLink}
 #: Transports whose link is in a module of its own, imported (and so registered) when an agent
 #: first needs it: the HTTP link needs httpx, ~35 ms to import, which only OpenCode should pay.
-_LINK_MODULES: dict[str, str] = {"http": "supervisor.agents.http_link"}
+_LINK_MODULES: dict[str, str] = {
+    "http": "supervisor.agents.http_link",
+    "terminal": "supervisor.agents.pty_link",
+}
 
 
 def link_type(transport: str) -> type[ProcessLink]:

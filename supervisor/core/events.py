@@ -86,6 +86,7 @@ class EventLog:
         error: str | None,
         receipt: dict[str, Any] | None,
         reason: str | None,
+        changes: list[dict[str, Any]] | None = None,
     ) -> None:
         """``turn.ended``, made stamped (every turn's last event; a cancel's carries its
         receipt)."""
@@ -101,5 +102,6 @@ class EventLog:
                 error=error,
                 receipt=receipt,
                 reason=reason,
+                changes=changes,
             )
         )

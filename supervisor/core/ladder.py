@@ -33,9 +33,11 @@ taken, in ms after the cancel began, and when the agent answered the interrupt
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
-from attrs import define, field
+from attrs import define
 
 from protocols.machine import TurnFinished
 from supervisor.core.waiter import Waiter
@@ -50,17 +52,28 @@ def _ms(seconds: float) -> float:
     return int(seconds * 1_000_000 + 0.5) / 1000
 
 
+#: What a cancel's job holds of the adapter's details until it has some.
+_NO_DETAILS: Mapping[str, Any] = MappingProxyType({})
+
+
 @define  # made on a cancel's cold path: see protocols.events.quick_constructor
 class CancelJob:
-    """One cancel of one turn; every concurrent cancel of that turn waits on it."""
+    """One cancel of one turn; every concurrent cancel of that turn waits on it.
+
+    What most cancels never add to (what was dropped, the adapter's details, survivors)
+    starts as a shared empty, immutable default, and a rung that adds to one gives the job a
+    new one of its own: no container is made for a cancel that never needs it."""
 
     turn_id: str
     started_at: float
     reason: str | None
     grace_s: float
-    escalation: list[str] = field(factory=list)
-    dropped: list[DroppedPrompt] = field(factory=list)
-    waiters: list[Waiter[CancelReceipt]] = field(factory=list)
+    escalation: list[str]
+    waiters: list[Waiter[CancelReceipt]]
+    #: when each step was taken (and what the agent did meanwhile), in ms after ``started_at``
+    timeline: dict[str, float]
+    #: the queued prompts (and steers) this cancel threw away
+    dropped: Sequence[DroppedPrompt] = ()
     #: when the grace runs out (None: not racing it, or no longer)
     deadline: float | None = None
     #: set once the turn is over (or known to be killed)
@@ -68,14 +81,12 @@ class CancelJob:
     stop_reason: str | None = None
     error: str | None = None
     resumed: bool | None = None
-    details: dict[str, Any] = field(factory=dict)
-    survivors: list[dict[str, Any]] = field(factory=list)
+    details: Mapping[str, Any] = _NO_DETAILS
+    survivors: Sequence[dict[str, Any]] = ()
     session_failed_: str | None = None
     #: the queue stays (the watchdog's, a steer's, the memory limit's cancel); a caller who
     #: joins drops it
     queue_kept: bool = False
-    #: when each step was taken (and what the agent did meanwhile), in ms after ``started_at``
-    timeline: dict[str, float] = field(factory=dict)
 
     def _at(self, now: float, *names: str) -> None:
         """The steps ``names`` were taken at ``now`` (a step taken again keeps its first)."""
@@ -83,6 +94,16 @@ class CancelJob:
         timeline = self.timeline
         for name in names:
             timeline.setdefault(name, ms)
+
+    def drop(self, prompts: Sequence[DroppedPrompt], *, first: bool = False) -> None:
+        """The cancel threw ``prompts`` away too (``first``: listed before those it had)."""
+        if prompts:
+            ours = self.dropped
+            self.dropped = [*prompts, *ours] if first else [*ours, *prompts]
+
+    def _survived(self, survivors: list[dict[str, Any]]) -> None:
+        if survivors:
+            self.survivors = [*self.survivors, *survivors]
 
     # -- 1. at once ---------------------------------------------------------------------------
 
@@ -105,10 +126,17 @@ class CancelJob:
             timeline = {"interrupt": 0.0, "permissions_cancelled": 0.0}
         else:
             escalation, timeline = ["interrupt"], {"interrupt": 0.0}
-        job = cls(turn_id, now, reason, grace_s, escalation, waiters=waiters, timeline=timeline)
-        job.queue_kept = keep_queue
-        job.deadline = now + grace_s
-        return job
+        return cls(
+            turn_id,
+            now,
+            reason,
+            grace_s,
+            escalation,
+            waiters,
+            timeline,
+            deadline=now + grace_s,
+            queue_kept=keep_queue,
+        )
 
     @classmethod
     def during_stop(
@@ -124,17 +152,14 @@ class CancelJob:
         """A cancel that meets a stop of the session under way: the stop already interrupted
         the turn (``interrupted``) and closes the agent; no grace of its own is raced."""
         if interrupted:  # by the stop, before this cancel came
-            timeline = {"interrupt": 0.0}
-            return cls(
-                turn_id, now, reason, grace_s, ["interrupt"], waiters=[waiter], timeline=timeline
-            )
-        return cls(turn_id, now, reason, grace_s, [], waiters=[waiter])
+            return cls(turn_id, now, reason, grace_s, ["interrupt"], [waiter], {"interrupt": 0.0})
+        return cls(turn_id, now, reason, grace_s, [], [waiter], {})
 
     def join(self, waiter: Waiter[CancelReceipt], dropped: list[DroppedPrompt]) -> None:
         """Another cancel of the same turn: it shares this receipt, and what it dropped (the
         queue, steers) is listed there too."""
         self.waiters.append(waiter)
-        self.dropped.extend(dropped)
+        self.drop(dropped)
         self.queue_kept = False
 
     def interrupt_answered(self, now: float) -> None:
@@ -151,7 +176,8 @@ class CancelJob:
         finished_itself = finished.interrupted is False and finished.error is None
         self.outcome = "completed" if finished_itself else "cancelled"
         self.stop_reason = finished.stop_reason
-        self.details.update(finished.details)
+        if finished.details:
+            self.details = {**self.details, **finished.details}
         if finished.error is not None and self.stop_reason is None:
             self.stop_reason = "error"
         self.error = finished.error
@@ -164,8 +190,8 @@ class CancelJob:
         if killed:
             self.escalation.append("tools_killed")
             self._at(now, "tools_killed")
-            self.details["tool_processes_killed"] = killed
-        self.survivors.extend(survivors)
+            self.details = {**self.details, "tool_processes_killed": killed}
+        self._survived(survivors)
 
     # -- 3. the grace expired -------------------------------------------------------------------
 
@@ -188,8 +214,7 @@ class CancelJob:
     def details_at_kill(self, details: dict[str, Any]) -> None:
         """What the cancel asked of sub-agents or tasks that never confirmed (the protocol
         machine's word, read as its process goes)."""
-        for key, value in details.items():
-            self.details.setdefault(key, value)
+        self.details = {**details, **self.details}
 
     def agent_exited(self, now: float, *, killed: bool, announced: bool) -> None:
         """The agent's process is gone while stopping: ``killed`` by us (containment was lost),
@@ -204,7 +229,7 @@ class CancelJob:
     def tree_survived(self, survivors: list[dict[str, Any]]) -> None:
         """Members of the tree outlived SIGKILL: listed; nothing is resumed (the session
         fails rather than start an agent beside them)."""
-        self.survivors.extend(survivors)
+        self._survived(survivors)
         self.deadline = None
         self.resumed = None
 
@@ -244,7 +269,7 @@ class CancelJob:
         self.escalation.extend(steps)
         self._at(now, *steps)
         self.stop_reason = "session_stopped"
-        self.survivors.extend(survivors)
+        self._survived(survivors)
         return "killed" if steps or self.outcome == "killed" else "cancelled"
 
     # -- 7. the answer ---------------------------------------------------------------------------
@@ -263,7 +288,7 @@ class CancelJob:
             elapsed_ms=_ms(now - self.started_at),
             grace_s=self.grace_s,
             reason=self.reason,
-            details=dict(self.details),
+            details=dict(self.details) if self.details else {},
             survivors=list(self.survivors),
             session_failed=self.session_failed_,
             timeline=dict(self.timeline),

@@ -173,7 +173,7 @@ class AgentLifecycle:
 
     def spawned(self, generation: int) -> None:
         """The process for ``generation`` runs (after :meth:`takes_agent`): its handshake."""
-        machine = new_machine(self.spec.protocol)
+        machine = new_machine(self.spec.protocol, self.spec.terminal)
         if generation > 1:  # a respawn: its requests' ids must not be the last one's
             machine.number_requests(f"@{generation}")
         self.agent.running(generation, machine)

@@ -62,3 +62,15 @@ class SessionIO(Protocol):
         """The conversation so far (its prompts, steers and answers, the newest kept) as an
         agent whose session is a fresh one is to read it before the next prompt: at most
         ``limit`` bytes, ending with what introduces that prompt; "" when there is none."""
+
+    def checkpoint(self, turn_id: str) -> None:
+        """Snapshot the working directory as ``turn_id``'s start;
+        :meth:`SessionCore.checkpoint_taken` follows."""
+
+    def turn_changes(self, turn_id: str) -> None:
+        """Snapshot the working directory and say what changed since ``turn_id`` started;
+        :meth:`SessionCore.turn_changes` follows."""
+
+    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        """Put the working directory back as it was at ``checkpoint_id``, the state before
+        kept as ``undo_id``; :meth:`SessionCore.rewound` follows."""

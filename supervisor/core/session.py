@@ -59,6 +59,7 @@ from protocols.machine import (
     UnknownPermission,
 )
 from supervisor.config import AgentSpec
+from supervisor.core.checkpoints import Checkpoints, HeldEnd
 from supervisor.core.events import EventLog
 from supervisor.core.exit import ExitStatus
 from supervisor.core.ladder import CancelJob
@@ -70,7 +71,7 @@ from supervisor.core.steers import Steering
 from supervisor.core.turns import EndedTurns, PromptQueue, Turn, TurnIds
 from supervisor.core.waiter import Waiter
 from supervisor.core.watchdog import STREAM_EVENTS, TURN_EVENTS, StallWatch
-from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.errors import AgentNotRunning, BadRequest, Busy, CheckpointFailed
 from supervisor.receipt import (
     REASON_PAUSED,
     REASON_STALLED,
@@ -112,7 +113,10 @@ class SessionCore:
         max_queued: int,
         resume: str | None = None,
         paused: Pause | None = None,
+        checkpoints: bool = False,
     ) -> None:
+        """``checkpoints``: each turn's start is snapshotted and its changes computed
+        (``checkpoints.py``): the port takes the snapshots."""
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
@@ -149,6 +153,8 @@ class SessionCore:
         #: a restart could not resume it): the next turn's prompt carries the conversation so
         #: far, once (the turns after it are the fresh session's own)
         self.context_due = False
+        #: the working directory's per-turn checkpoints (``checkpoints.py``)
+        self.checkpoints = Checkpoints(checkpoints)
 
     # -- what the shell reads -----------------------------------------------------------------
 
@@ -226,8 +232,15 @@ class SessionCore:
         turn_id = self.turn_ids.next()
         self.queue.keep_parts(turn_id, parts)
         if self.state is State.READY and self.turn is None and not self.paused.held:
-            self._start_turn(turn_id, text)
-            return TurnHandle(turn_id, queued=False)
+            if not self.checkpoints.on:
+                self._start_turn(turn_id, text)
+                return TurnHandle(turn_id, queued=False)
+            # It starts once its checkpoint is taken: at the queue's front meanwhile, behind
+            # only a prompt that waits for its own.
+            behind = bool(self.queue)
+            self.queue.put(turn_id, text)
+            self.start_next()
+            return TurnHandle(turn_id, queued=behind)
         self.queue.put(turn_id, text)
         return TurnHandle(turn_id, queued=True, held=self.paused.word)
 
@@ -247,6 +260,21 @@ class SessionCore:
             raise BadRequest(f"unknown mode {mode_id!r} (known: {', '.join(map(str, known))})")
         step = machine.set_mode(mode_id)
         self.agent.mode_waiters.append(waiter)
+        self.apply(step)
+
+    def terminal(self, keys: str | None, size: tuple[int, int] | None) -> None:
+        """A person's ``keys`` for the agent's terminal, or its new ``size`` (cols, rows):
+        only for a protocol with a terminal, and only while an agent runs to take them."""
+        self._check_takes_calls()
+        machine = self.agent.machine
+        if machine is None or self.agent.live is None:
+            raise AgentNotRunning(f"session {self.id} is {self.state}: no agent to type into")
+        try:
+            step = machine.input(keys) if keys is not None else machine.resize(*size or (0, 0))
+        except NotImplementedError as exc:
+            raise BadRequest(f"agent {self.spec.name!r}: {exc}") from None
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         self.apply(step)
 
     def respond_permission(self, request_id: str, option_id: str | None) -> None:
@@ -282,6 +310,11 @@ class SessionCore:
         now = self._io.now()
         if turn is None:
             # 1. no active turn: an immediate receipt; queued prompts are dropped and listed
+            # (or the turn that waits for its checkpoint is the one stopped)
+            starting = self._starting()
+            if starting is not None:
+                waiter.resolve(self._cancel_starting(starting, reason, rest=True))
+                return
             dropped = self.drop_queue(reason)
             waiter.resolve(
                 CancelReceipt(
@@ -312,11 +345,11 @@ class SessionCore:
                 waiter,
                 interrupted=self.life.stop_interrupted,
             )
-            job.dropped.extend(steers)
+            job.drop(steers)
             return
         self.begin_cancel(turn, now, reason, [waiter])
         if steers and turn.cancel is not None:
-            turn.cancel.dropped[:0] = steers
+            turn.cancel.drop(steers, first=True)
 
     def begin_cancel(
         self,
@@ -365,6 +398,8 @@ class SessionCore:
 
     def _cancel_other_turn(self, turn_id: str, reason: str | None) -> CancelReceipt:
         """A cancel naming a turn that is not running: queued, ended, or unknown."""
+        if turn_id == self._starting():
+            return self._cancel_starting(turn_id, reason, rest=False)
         dropped = self.queue.take(turn_id)
         if dropped is not None:
             return self.drop(dropped, reason)
@@ -372,6 +407,43 @@ class SessionCore:
         if ended is None:
             raise BadRequest(f"unknown turn {turn_id!r} in session {self.id}")
         return ended
+
+    def _starting(self) -> str | None:
+        """The prompt at the queue's front that waits only for its checkpoint: its caller was
+        told it runs (``queued`` False), so a cancel stops it as the turn it is."""
+        checkpoints = self.checkpoints
+        if checkpoints.under_way != "start" or not self.queue:
+            return None
+        head = self.queue[0][0]
+        return head if head == checkpoints.starting else None
+
+    def _cancel_starting(self, turn_id: str, reason: str | None, *, rest: bool) -> CancelReceipt:
+        """Stop the turn that waits for its checkpoint: nothing reached the agent, so nothing
+        is interrupted; its one ``turn.ended`` says ``cancelled``. ``rest``: the prompts
+        queued behind it are dropped too, as a running turn's cancel drops them."""
+        self.queue.take(turn_id)
+        dropped = self.drop_queue(reason) if rest else []
+        receipt = CancelReceipt(
+            session_id=self.id,
+            turn_id=turn_id,
+            outcome="cancelled",
+            stop_reason="cancelled",
+            dropped_prompts=dropped,
+            elapsed_ms=0.0,
+            grace_s=self.spec.grace_s,
+            reason=reason,
+        )
+        self.ended_turns.remember(turn_id, receipt)
+        self.emit(
+            ev.TurnEnded(
+                turn_id=turn_id,
+                outcome="cancelled",
+                stop_reason="cancelled",
+                receipt=receipt_to_wire(receipt),
+                reason=reason,
+            )
+        )
+        return receipt
 
     def drop_queue(self, reason: str | None) -> list[DroppedPrompt]:
         dropped = self.queue.take_all()
@@ -504,6 +576,8 @@ class SessionCore:
 
     def start_next(self) -> None:
         if self.state is State.READY and self.turn is None and self.queue and not self.paused.held:
+            if self.checkpoints.on and not self._checkpointed(self.queue[0][0]):
+                return
             turn_id, text = self.queue.take_next()
             try:
                 self._start_turn(turn_id, text)
@@ -554,7 +628,8 @@ class SessionCore:
             return
         if self.recycler.failed_in_a_row:
             self.recycler.turn_stopped()
-        job.turn_ended(finished, self._io.now())  # 4. ended in time: cancelled, or completed
+        now = self._io.now()
+        job.turn_ended(finished, now)  # 4. ended in time: cancelled, or completed
         if self.agent.exiting is not None:
             # The turn is over but its process is not (Amp ends its run on the SIGINT that
             # stopped it): the receipt waits until it is gone and a new one runs, within the
@@ -573,10 +648,10 @@ class SessionCore:
             # after a tool call: the sweep scans /proc, ~1-2 ms, too dear for every cancel.)
             self._io.sweep(self.agent.live, turn.started_clock)
             return
-        self._finish_cancelled_turn(turn, job)
+        self._finish_cancelled_turn(turn, job, now)
 
-    def _finish_cancelled_turn(self, turn: Turn, job: CancelJob) -> None:
-        self.end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error)
+    def _finish_cancelled_turn(self, turn: Turn, job: CancelJob, now: float) -> None:
+        self.end_turn(turn, job.outcome or "cancelled", job.stop_reason, error=job.error, now=now)
         if self.recycler.due is not None:
             # Stopped for its memory (the agent ended the turn but still holds it), or its
             # machine asked for a restart meanwhile.
@@ -593,11 +668,12 @@ class SessionCore:
         turn = self.turn
         if generation != self.agent.live or turn is None or turn.cancel is None:
             return  # the agent died meanwhile: the respawn path ends the turn
-        turn.cancel.tools_swept(killed, survivors, self._io.now())
+        now = self._io.now()
+        turn.cancel.tools_swept(killed, survivors, now)
         if survivors:
             # The agent is fine; tools of its turn outlived SIGKILL: say so, never hide it.
             self.emit(ev.ErrorEvent(code="kill_failed", message=survivors_text(survivors)))
-        self._finish_cancelled_turn(turn, turn.cancel)
+        self._finish_cancelled_turn(turn, turn.cancel, now)
 
     def end_turn(
         self,
@@ -607,48 +683,181 @@ class SessionCore:
         *,
         error: str | None = None,
         hold: bool = False,
+        now: float | None = None,
     ) -> None:
         """The one place a running turn ends: one ``turn.ended``, the cancel's waiters
-        answered (``hold``: once the kill under way is done, see ``_held``)."""
+        answered (``hold``: once the kill under way is done, see ``_held``). With checkpoints,
+        both wait for what the turn changed (:meth:`turn_changes`). ``now``: when it ended, if
+        the caller has read the clock already."""
         receipt: CancelReceipt | None = None
         job = turn.cancel
         if job is not None:
-            receipt = job.receipt(self.id, outcome, self._io.now())  # 7. the answer
+            receipt = job.receipt(self.id, outcome, self._io.now() if now is None else now)
             self._ending = job  # no longer the turn's: should a bug stop us, still answered
-        else:
-            # A turn nobody cancelled: a later cancel naming it learns how it really ended.
-            self.ended_turns.remember(
-                turn.id,
-                CancelReceipt(
-                    session_id=self.id,
-                    turn_id=turn.id,
-                    outcome="failed" if outcome == "failed" else "completed",
-                    stop_reason=stop_reason,
-                ),
-            )
         self.turn = None
-        self.log.turn_ended(
-            turn.id,
-            outcome,
-            stop_reason,
-            error,
-            receipt_to_wire(receipt) if receipt is not None else None,
-            job.reason if job is not None else None,
+        ended = HeldEnd(
+            turn.id, outcome, stop_reason, error, job.reason if job else None, receipt, job
         )
-        if job is not None and receipt is not None:
-            self.ended_turns.remember(turn.id, receipt)
-            if hold:
-                self._held = (job, receipt)
-            else:
-                for waiter in job.waiters:
-                    waiter.resolve(receipt)
-                self._ending = None
-            self._io.stopped(receipt)
+        checkpoints = self.checkpoints
+        if (
+            checkpoints.on
+            and checkpoints.has(turn.id)
+            and checkpoints.under_way is None
+            and not hold
+            and not self.life.stopping
+            and self.life.failure is None
+        ):
+            # A cancel naming it meanwhile learns how it ended; no turn starts before it is
+            # told (start_next waits while a checkpoint is under way).
+            self.ended_turns.remember(turn.id, receipt or self._ended_receipt(ended, None))
+            checkpoints.held = ended
+            checkpoints.under_way = "end"
+            self._io.turn_changes(turn.id)
+        else:
+            self._publish_end(ended, None, hold=hold)
         if turn.steers is not None:
             refused = None
             if self.life.stopping or self.life.failure is not None:
                 refused = AgentNotRunning(f"session {self.id} is {self.state}")
             self.steering.after_turn(turn, receipt, refused)
+
+    def _ended_receipt(self, ended: HeldEnd, changes: list[dict[str, Any]] | None) -> CancelReceipt:
+        """A turn nobody cancelled: what a later cancel naming it learns of how it ended."""
+        return CancelReceipt(
+            session_id=self.id,
+            turn_id=ended.turn_id,
+            outcome="failed" if ended.outcome == "failed" else "completed",
+            stop_reason=ended.stop_reason,
+            changes=changes,
+        )
+
+    def _publish_end(
+        self, ended: HeldEnd, changes: list[dict[str, Any]] | None, *, hold: bool = False
+    ) -> None:
+        """The turn's ``turn.ended`` (with what it changed, when known), its receipt given."""
+        receipt, job = ended.receipt, ended.job
+        if receipt is None:
+            self.ended_turns.remember(ended.turn_id, self._ended_receipt(ended, changes))
+        elif changes is not None:
+            receipt = attrs.evolve(receipt, changes=changes)
+        self.log.turn_ended(
+            ended.turn_id,
+            ended.outcome,
+            ended.stop_reason,
+            ended.error,
+            receipt_to_wire(receipt) if receipt is not None else None,
+            ended.reason,
+            changes,
+        )
+        if job is not None and receipt is not None:
+            self.ended_turns.remember(ended.turn_id, receipt)
+            if hold:
+                self._held = (job, receipt)
+            else:
+                for waiter in job.waiters:
+                    waiter.resolve(receipt)  # 7. the answer
+                self._ending = None
+            self._io.stopped(receipt)
+
+    # -- checkpoints (checkpoints.py) ------------------------------------------------------------
+
+    def _checkpointed(self, turn_id: str) -> bool:
+        """Whether ``turn_id`` (the queue's head) may start: its checkpoint is taken. If
+        not, it is asked for (once nothing else is under way)."""
+        checkpoints = self.checkpoints
+        if checkpoints.under_way is not None:
+            return False
+        if checkpoints.starting == turn_id and checkpoints.taken:
+            checkpoints.starting, checkpoints.taken = None, False
+            return True
+        checkpoints.starting, checkpoints.taken = turn_id, False
+        checkpoints.under_way = "start"
+        self._io.checkpoint(turn_id)
+        return False
+
+    def checkpoint_taken(self, turn_id: str, error: str | None) -> None:
+        """The working directory is snapshotted as ``turn_id``'s start (or could not be:
+        ``error``, and the turn starts without one)."""
+        checkpoints = self.checkpoints
+        if checkpoints.under_way != "start" or checkpoints.starting != turn_id:
+            return
+        checkpoints.under_way = None
+        checkpoints.taken = True
+        if error is None:
+            checkpoints.keep(turn_id)
+        else:
+            self.emit(
+                ev.ErrorEvent(
+                    code="checkpoint_failed",
+                    message=f"turn {turn_id} starts without a checkpoint: {error}",
+                )
+            )
+        if self.state not in ENDS:
+            self.start_next()
+
+    def turn_changes(
+        self, turn_id: str, changes: list[dict[str, Any]] | None, error: str | None
+    ) -> None:
+        """What the ended turn ``turn_id`` changed (None: not known, ``error`` says why): its
+        ``turn.ended`` and receipt go out."""
+        checkpoints = self.checkpoints
+        ended = checkpoints.held
+        if checkpoints.under_way != "end" or ended is None or ended.turn_id != turn_id:
+            return
+        checkpoints.under_way, checkpoints.held = None, None
+        if error is not None:
+            self.emit(
+                ev.ErrorEvent(
+                    code="checkpoint_failed",
+                    message=f"what turn {turn_id} changed is not known: {error}",
+                )
+            )
+        self._publish_end(ended, changes)
+        if self.state not in ENDS:
+            self.start_next()
+
+    def rewind(self, turn_id: str, waiter: Waiter[dict[str, Any]]) -> None:
+        """Put the working directory back as it was when ``turn_id`` started (or as it was
+        before the rewind ``turn_id`` names, ``r1``...): refused while a turn runs."""
+        checkpoints = self.checkpoints
+        if not checkpoints.on:
+            raise BadRequest(f"agent {self.spec.name!r} keeps no checkpoints (checkpoints off)")
+        if self.state in ENDS:
+            raise AgentNotRunning(f"session {self.id} is {self.state}")
+        if not checkpoints.has(turn_id):
+            raise BadRequest(f"session {self.id} has no checkpoint of {turn_id!r}")
+        if self.turn is not None or checkpoints.under_way is not None:
+            what = f"turn {self.turn.id} runs" if self.turn is not None else "a checkpoint is"
+            raise Busy(f"session {self.id} cannot rewind now: {what} under way (stop it first)")
+        checkpoints.under_way = "rewind"
+        checkpoints.rewinding = waiter
+        self._io.rewind(turn_id, checkpoints.next_rewind_id())
+
+    def rewound(
+        self, turn_id: str, undo_id: str, result: dict[str, Any] | None, error: str | None
+    ) -> None:
+        """The rewind to ``turn_id`` is done (``result``: what was restored; the state
+        before it kept as ``undo_id``), or could not be made (``error``)."""
+        checkpoints = self.checkpoints
+        waiter = checkpoints.rewinding
+        if checkpoints.under_way != "rewind" or waiter is None:
+            return
+        checkpoints.under_way, checkpoints.rewinding = None, None
+        checkpoints.starting, checkpoints.taken = None, False  # taken before: no longer so
+        if result is None:
+            waiter.fail(CheckpointFailed(f"session {self.id} could not rewind: {error}"))
+        else:
+            checkpoints.keep(undo_id)
+            self.emit(
+                ev.SessionRewound(
+                    turn_id=turn_id,
+                    restored=result["restored"],
+                    not_restored=result["not_restored"],
+                )
+            )
+            waiter.resolve({**result, "turn_id": turn_id, "undo": undo_id})
+        if self.state not in ENDS:
+            self.start_next()
 
     # -- what the agent said ------------------------------------------------------------------
 
@@ -931,6 +1140,13 @@ class SessionCore:
         """The actor ends: every caller the core still holds is answered (failed with why)."""
         error = self.not_running()
         self.life.abandon(error)
+        checkpoints = self.checkpoints
+        ended, checkpoints.held = checkpoints.held, None
+        if ended is not None:  # its changes will not come: the turn's end is told without
+            self._publish_end(ended, None)
+        rewinding, checkpoints.rewinding = checkpoints.rewinding, None
+        if rewinding is not None:
+            rewinding.fail(error)
         if self._held is not None:  # the actor ends before that kill is done: answered now
             held, receipt = self._held
             held.answer(receipt)

@@ -15,21 +15,24 @@ from protocols import PROTOCOLS
 from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
 from supervisor.pausing import PauseStatus
-from supervisor.runtime.session import SessionSummary
+from supervisor.runtime.session import Session, SessionSummary
 from supervisor.supervisor import AnySession, Supervisor
 from supervisor.wire.codec import receipt_to_wire, steer_to_wire
 from supervisor.wire.requests import (
     Call,
     Cancel,
+    Input,
     ListAgents,
     ListReceipts,
     ListSessions,
     PauseAll,
     PauseSession,
     Prompt,
+    Resize,
     RespondPermission,
     ResumeAll,
     ResumeSession,
+    Rewind,
     SearchSessions,
     SetMode,
     StartSession,
@@ -92,6 +95,12 @@ class Actions:
             case SetMode():
                 await sup.get(call.session_id).set_mode(call.mode_id)
                 return {}
+            case Input():
+                await sup.get(call.session_id).input(call.data)
+                return {}
+            case Resize():
+                await sup.get(call.session_id).resize(call.cols, call.rows)
+                return {}
             case Steer():
                 return steer_to_wire(await sup.get(call.session_id).steer(call.text))
             case Cancel():
@@ -101,6 +110,8 @@ class Actions:
                     call.request_id, call.option_id, cancelled=call.cancelled
                 )
                 return {}
+            case Rewind():
+                return await self._local(call.session_id).rewind(call.turn_id)
             case StopSession():
                 status = await sup.stop_session(sup.get(call.session_id).id)
                 return {"exit_code": status.code if status is not None else None}
@@ -140,9 +151,23 @@ class Actions:
 
     async def cancel(self, call: Cancel) -> dict[str, Any]:
         """The receipt, once the turn has ended (``agent.cancel``, ``POST .../abort``)."""
-        session = self.supervisor.get(call.session_id)
-        receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
+        if call.rewind:
+            local = self._local(call.session_id)
+            receipt = await local.cancel(turn_id=call.task_id, reason=call.reason, rewind=True)
+        else:
+            session = self.supervisor.get(call.session_id)
+            receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
         return {**receipt_to_wire(receipt), "success": True}
+
+    def _local(self, session_id: str) -> Session:
+        """A session whose working directory is on this machine: what a rewind needs."""
+        session = self.supervisor.get(session_id)
+        if not isinstance(session, Session):
+            raise BadRequest(
+                f"session {session_id} is not running on this machine: a rewind is for local"
+                " sessions (send a prompt first to revive a stopped one)"
+            )
+        return session
 
     def sessions(self) -> dict[str, Any]:
         return {

@@ -299,6 +299,8 @@ async def _serve_node(
                     # Nothing the front has not acknowledged is dropped: the agent waits.
                     history_size=history,
                     hold_unacknowledged=True,
+                    # A front cannot ask a node for a rewind yet: no snapshot is taken for it.
+                    checkpoints=False,
                     metrics=Metrics(),  # GET /metrics on its socket; node --metrics
                     tracer_provider=tracer_provider,
                 ) as supervisor,

@@ -225,6 +225,14 @@ class RemoteSession:
         if self._modes is not None:
             self._modes = {**self._modes, "currentModeId": mode_id}
 
+    async def input(self, data: str) -> None:
+        """Keys for the agent's terminal on the host."""
+        await self._request("session.input", {"data": data}, as_is)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resize the agent's terminal on the host."""
+        await self._request("session.resize", {"cols": cols, "rows": rows}, as_is)
+
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None
     ) -> CancelReceipt:

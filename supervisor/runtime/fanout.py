@@ -313,6 +313,7 @@ class Subscription:
         self._events.clear()
         self._sizes.clear()
         self._bytes = 0
+        self._limit = self._byte_limit = -1  # the next offer finds no room: we are forgotten
         self._lot.unpark_all()
         if self._on_room is not None:
             self._on_room()  # a session held back for us goes on
@@ -321,10 +322,10 @@ class Subscription:
 
     def _offer(self, item: Any, size: int) -> bool:
         """Buffer one event (the object, or ``wire`` its frame) of ``size`` bytes; False if we
-        are over the limit (the caller cuts us off)."""
+        are over the limit (then cut off) or closed: the fan-out forgets us."""
         events = self._events
         if len(events) >= self._limit or self._bytes >= self._byte_limit:
-            return False
+            return self._cut_off()
         events.append(item)
         self._sizes.append(size)
         self._bytes += size
@@ -337,8 +338,8 @@ class Subscription:
 
     def _offer_many(self, items: list[Any], sizes: list[int], total: int) -> bool:
         """Buffer a run of events of ``sizes`` bytes (``total`` in all), as :meth:`_offer` each
-        would: False if they did not all fit (those that did are buffered, and the caller cuts
-        us off). One wake-up for the run."""
+        would: False if they did not all fit (those that did are buffered, and we are cut off)
+        or we are closed. One wake-up for the run."""
         buffered = self._events
         room = self._limit - len(buffered)
         count = len(items)
@@ -361,7 +362,13 @@ class Subscription:
             self._unannounced += count
             if self._unannounced >= _ANNOUNCE_EVERY:
                 self._announce()
-        return fits
+        return fits or self._cut_off()
+
+    def _cut_off(self) -> bool:
+        """An offer found no room: the subscriber is cut off, unless it closed (False)."""
+        if not self._closed:
+            self._end(lagged=True)
+        return False
 
     def _announce(self) -> None:
         self._unannounced = 0
@@ -674,21 +681,14 @@ class Fanout:
             self._keep([payload], [size], size, [event])
             if self._framed:
                 frame = text_frame(payload)
-        drop = False
-        full = False
+        stale = False
         for subscription in self._subscriptions:
-            if subscription._closed:
-                drop = True
-            elif not subscription._offer(frame if subscription.wire else event, size):
-                subscription._end(lagged=True)
-                drop = True
+            if not subscription._offer(frame if subscription.wire else event, size):
+                stale = True  # closed, or cut off
             elif subscription.stall_s is not None and subscription._full:
-                full = True
-        if drop:
-            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
-            self._subscriptions_changed()
-        if full:
-            self._maybe_full = True
+                self._maybe_full = True
+        if stale:
+            self._drop_stale()
         observer = self.observer
         if observer is not None:
             observer(event)
@@ -708,23 +708,19 @@ class Fanout:
         self.serialize()  # what waits as objects is kept first, in order
         self._keep(payloads, sizes, total, events)
         frames = text_frames(payloads) if self._framed else []
-        drop = False
-        full = False
+        stale = False
         for subscription in self._subscriptions:
-            if subscription._closed:
-                drop = True
-            elif not subscription._offer_many(
-                frames if subscription.wire else events, sizes, total
-            ):
-                subscription._end(lagged=True)
-                drop = True
+            if not subscription._offer_many(frames if subscription.wire else events, sizes, total):
+                stale = True  # closed, or cut off
             elif subscription.stall_s is not None and subscription._full:
-                full = True
-        if drop:
-            self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
-            self._subscriptions_changed()
-        if full:
-            self._maybe_full = True
+                self._maybe_full = True
+        if stale:
+            self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Forget the subscriptions closed by their subscribers or cut off by an offer."""
+        self._subscriptions = [s for s in self._subscriptions if not s._ended and not s._closed]
+        self._subscriptions_changed()
 
     def flush(self) -> None:
         """Tell every subscriber of the events it has not been told of (the session is about

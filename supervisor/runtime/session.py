@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import attrs
 import trio
 from attrs import define, frozen
 
@@ -45,6 +46,7 @@ from supervisor.agents.link import (
     Launcher,
 )
 from supervisor.agents.process import KillError, tree_clock
+from supervisor.checkpoints import CheckpointError, ShadowStore, Snapshot
 from supervisor.config import AgentSpec
 from supervisor.core.agent import STARTING_PHASES
 from supervisor.core.calls import (
@@ -166,6 +168,17 @@ class _SetMode:
 
 
 @define
+class _Terminal:
+    keys: str | None
+    size: tuple[int, int] | None
+    reply: Reply[None]
+
+    def run(self, session: Session) -> None:
+        session.core.terminal(self.keys, self.size)
+        self.reply.resolve(None)
+
+
+@define
 class _RespondPermission:
     request_id: str
     option_id: str | None
@@ -204,6 +217,15 @@ class _Subscribe:
                 max_bytes=self.max_buffer_bytes,
             )
         )
+
+
+@define
+class _Rewind:
+    turn_id: str
+    reply: Reply[dict[str, Any]]
+
+    def run(self, session: Session) -> None:
+        session.core.rewind(self.turn_id, self.reply)
 
 
 @define
@@ -247,7 +269,9 @@ _Call = (
     | _Steer
     | _RespondPermission
     | _SetMode
+    | _Terminal
     | _Subscribe
+    | _Rewind
     | _Pause
     | _Resume
     | _WaitReady
@@ -304,6 +328,27 @@ class _Swept:
     generation: int
     killed: list[dict[str, Any]]
     survivors: list[dict[str, Any]]
+
+
+@define
+class _CheckpointTaken:
+    turn_id: str
+    error: str | None
+
+
+@define
+class _TurnChanges:
+    turn_id: str
+    changes: list[dict[str, Any]] | None
+    error: str | None
+
+
+@define
+class _Rewound:
+    turn_id: str
+    undo_id: str
+    result: dict[str, Any] | None
+    error: str | None
 
 
 class _PostBox:
@@ -458,6 +503,65 @@ class _AgentIO:
             if used > limit:
                 await self._post(_MemoryOver(generation, used))
 
+    # -- checkpoints (supervisor/checkpoints/): the files' side, the core's is core/checkpoints.py
+
+    def checkpoint(self, turn_id: str) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self._checkpoint, turn_id)
+
+    def turn_changes(self, turn_id: str) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self._turn_changes, turn_id)
+
+    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self._rewind, checkpoint_id, undo_id)
+
+    def _keep(self, checkpoint_id: str, snapshot: Snapshot) -> None:
+        """A new snapshot a rewind may name (the core keeps its id once told); those the core
+        no longer keeps are forgotten."""
+        snapshots = self._session._snapshots
+        for forgotten in self._session.core.checkpoints.forgotten(set(snapshots)):
+            del snapshots[forgotten]
+        snapshots[checkpoint_id] = snapshot
+
+    async def _checkpoint(self, turn_id: str) -> None:
+        store = self._session._checkpoints
+        assert store is not None
+        try:
+            snapshot = await store.snapshot()
+        except (CheckpointError, OSError) as exc:
+            await self._post(_CheckpointTaken(turn_id, str(exc)))
+        else:
+            self._keep(turn_id, snapshot)
+            await self._post(_CheckpointTaken(turn_id, None))
+
+    async def _turn_changes(self, turn_id: str) -> None:
+        session = self._session
+        store = session._checkpoints
+        start = session._snapshots.get(turn_id)
+        assert store is not None and start is not None
+        try:
+            end = await store.snapshot()
+            changes = [change.to_wire() for change in await store.changes(start, end)]
+        except (CheckpointError, OSError) as exc:
+            await self._post(_TurnChanges(turn_id, None, str(exc)))
+        else:
+            await self._post(_TurnChanges(turn_id, changes, None))
+
+    async def _rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        session = self._session
+        store = session._checkpoints
+        target = session._snapshots.get(checkpoint_id)
+        assert store is not None and target is not None
+        try:
+            restored = await store.restore(target)
+        except (CheckpointError, OSError) as exc:
+            await self._post(_Rewound(checkpoint_id, undo_id, None, str(exc)))
+        else:
+            self._keep(undo_id, restored.before)
+            await self._post(_Rewound(checkpoint_id, undo_id, restored.to_wire(), None))
+
     async def kill_quietly(self, link: AgentLink) -> None:
         """A process nobody waits for (started after the session stopped wanting it)."""
         try:
@@ -490,11 +594,14 @@ class Session:
         paused: Pause | None = None,
         after: tuple[int, int] = (0, 0),
         earlier: Sequence[Said] = (),
+        checkpoints: ShadowStore | None = None,
     ) -> None:
         """``after``: the last seq and the number of turns of the session's history so far
         (a session stored by an earlier supervisor, started again): its seqs and turn ids go
         on from there, never reused; ``earlier``: what was said in it then (the newest of it),
-        for an agent that cannot resume its own session (``runtime/context.py``)."""
+        for an agent that cannot resume its own session (``runtime/context.py``).
+        ``checkpoints``: the store of ``cwd``'s checkpoints (each turn's start snapshotted, its
+        changes on its ``turn.ended``; :meth:`rewind`); None: none are kept."""
         self.id = session_id
         self.spec = spec
         self.cwd = cwd
@@ -539,7 +646,11 @@ class Session:
             max_queued=max_queued,
             resume=resume,
             paused=paused,
+            checkpoints=checkpoints is not None,
         )
+        self._checkpoints = checkpoints
+        #: the snapshots a rewind may go back to, by checkpoint id (as many as the core keeps)
+        self._snapshots: dict[str, Snapshot] = {}
         last_seq, turns = after
         if last_seq or turns:
             self.core.log.seq = self._fanout.head_seq = last_seq
@@ -656,13 +767,31 @@ class Session:
         return self.core.agent.carries
 
     async def cancel(
-        self, *, turn_id: str | None = None, reason: str | None = None
+        self, *, turn_id: str | None = None, reason: str | None = None, rewind: bool = False
     ) -> CancelReceipt:
         """Stop the current turn (or ``turn_id``); returns only once that turn has ended.
-        ``reason`` goes into the receipt (``user`` when not given)."""
+        ``reason`` goes into the receipt (``user`` when not given). ``rewind``: then put the
+        working directory back as it was when that turn started (:meth:`rewind`); the
+        receipt's ``restored`` says what that did."""
         reply: Reply[CancelReceipt] = Reply()
         call = _Cancel(turn_id, REASON_USER if reason is None else reason, reply)
-        return await self._ask(call, reply)
+        receipt = await self._ask(call, reply)
+        if not rewind or receipt.turn_id is None or receipt.outcome == "no_active_turn":
+            return receipt
+        try:
+            restored = await self.rewind(receipt.turn_id)
+        except SupervisorError as exc:
+            return attrs.evolve(receipt, restored={"error": str(exc), "code": exc.code})
+        return attrs.evolve(receipt, restored=restored)
+
+    async def rewind(self, turn_id: str) -> dict[str, Any]:
+        """Put the working directory back as it was when ``turn_id`` started, undoing it and
+        every later turn; refused while a turn runs (:class:`~supervisor.errors.Busy`).
+        Returns ``{"turn_id", "restored": [paths], "not_restored": [{"path", "why"}],
+        "undo"}``: ``undo`` names the state before the rewind, which a rewind to it puts
+        back."""
+        reply: Reply[dict[str, Any]] = Reply()
+        return await self._ask(_Rewind(turn_id, reply), reply)
 
     async def steer(self, text: str) -> SteerResult:
         """Redirect the running turn with ``text``: joined to it natively where the agent can
@@ -676,6 +805,17 @@ class Session:
             self.on_text(self.id, text)
         reply: Reply[SteerResult] = Reply()
         return await self._ask(_Steer(text, reply), reply)
+
+    async def input(self, data: str) -> None:
+        """Write ``data`` to a terminal agent's terminal as its UTF-8 bytes, nothing added (a
+        person answering the agent's own menu); :class:`BadRequest` for other protocols."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Terminal(data, None, reply), reply)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Make a terminal agent's terminal ``cols`` x ``rows`` (the agent gets SIGWINCH)."""
+        reply: Reply[None] = Reply()
+        await self._ask(_Terminal(None, (cols, rows), reply), reply)
 
     async def respond_permission(
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
@@ -986,6 +1126,12 @@ class Session:
             core.swept(item.generation, item.killed, item.survivors)
         elif isinstance(item, _MemoryOver):
             core.life.memory_over(item.generation, item.used_mb)
+        elif isinstance(item, _CheckpointTaken):
+            core.checkpoint_taken(item.turn_id, item.error)
+        elif isinstance(item, _TurnChanges):
+            core.turn_changes(item.turn_id, item.changes, item.error)
+        elif isinstance(item, _Rewound):
+            core.rewound(item.turn_id, item.undo_id, item.result, item.error)
 
     def _spawned(self, spawned: _Spawned) -> None:
         core = self.core

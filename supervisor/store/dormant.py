@@ -127,6 +127,12 @@ class DormantSession:
     async def set_mode(self, mode_id: str) -> None:
         raise self._not_running()
 
+    async def input(self, data: str) -> None:
+        raise self._not_running()
+
+    async def resize(self, cols: int, rows: int) -> None:
+        raise self._not_running()
+
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None
     ) -> CancelReceipt:

@@ -211,6 +211,9 @@ def receipt_to_wire(receipt: CancelReceipt) -> dict[str, Any]:
     result = _receipt_encoder()(receipt)
     if result["host"] is None:
         del result["host"]  # absent: this machine, as in the configuration
+    for absent in ("changes", "restored"):  # absent: not known, not asked
+        if result[absent] is None:
+            del result[absent]
     details, survivors = receipt.details, receipt.survivors
     # Exact copies (a JSON round trip would turn a tuple into a list, a NaN into null); most
     # receipts have neither, and an empty one costs a new empty container.

@@ -45,8 +45,11 @@ __all__ = [
     "RespondPermission",
     "ResumeAll",
     "ResumeSession",
+    "Rewind",
     "SearchSessions",
     "SetMode",
+    "Input",
+    "Resize",
     "StartSession",
     "Steer",
     "StopSession",
@@ -125,11 +128,19 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("content", (list,), required=False),
     ),
     "agent.set_mode": (_str("session_id"), _str("mode_id")),
+    # a terminal agent's (``protocol = "terminal"``): keys as typed, and its size
+    "session.input": (_str("session_id"), _str("data")),
+    "session.resize": (
+        _str("session_id"),
+        _Field("cols", (int,)),
+        _Field("rows", (int,)),
+    ),
     "agent.steer": (_str("session_id"), _str("text")),
     "agent.cancel": (
         _str("session_id"),
         _str("task_id", required=False),
         _str("reason", required=False),
+        _Field("rewind", (bool,), required=False),
     ),
     "permission.respond": (
         _str("session_id"),
@@ -138,6 +149,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("cancelled", (bool,), required=False),
     ),
     "session.stop": (_str("session_id"),),
+    # the working directory back as it was when a turn started (``design/checkpoints.md``)
+    "session.rewind": (_str("session_id"), _str("turn_id")),
     # the operator's pause of every session (``supervisor/pausing.py``)
     "gateway.pause": (_Field("deadline_s", (int, float), required=False),),
     "gateway.resume": (),
@@ -232,6 +245,23 @@ class SetMode:
 
 
 @frozen
+class Input:
+    action: ClassVar[str] = "session.input"
+
+    session_id: str
+    data: str
+
+
+@frozen
+class Resize:
+    action: ClassVar[str] = "session.resize"
+
+    session_id: str
+    cols: int
+    rows: int
+
+
+@frozen
 class Steer:
     action: ClassVar[str] = "agent.steer"
 
@@ -247,6 +277,8 @@ class Cancel:
     #: the turn meant (the wire's ``task_id``); None: whichever runs
     task_id: str | None = None
     reason: str | None = None
+    #: then rewind the working directory to the turn's start (``design/checkpoints.md``)
+    rewind: bool = False
 
 
 @frozen(kw_only=True)
@@ -258,6 +290,14 @@ class RespondPermission:
     #: exactly one of an option and ``cancelled``
     option_id: str | None = None
     cancelled: bool = False
+
+
+@frozen
+class Rewind:
+    action: ClassVar[str] = "session.rewind"
+
+    session_id: str
+    turn_id: str
 
 
 @frozen
@@ -309,10 +349,13 @@ Call = (
     | Unsubscribe
     | Prompt
     | SetMode
+    | Input
+    | Resize
     | Steer
     | Cancel
     | RespondPermission
     | StopSession
+    | Rewind
     | PauseAll
     | ResumeAll
     | PauseSession
@@ -504,9 +547,16 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             return SetMode(p["session_id"], p["mode_id"])
         case "agent.steer":
             return Steer(p["session_id"], p["text"])
+        case "session.input":
+            return Input(p["session_id"], p["data"])
+        case "session.resize":
+            return Resize(p["session_id"], p["cols"], p["rows"])
         case "agent.cancel":
             return Cancel(
-                session_id=p["session_id"], task_id=p.get("task_id"), reason=p.get("reason")
+                session_id=p["session_id"],
+                task_id=p.get("task_id"),
+                reason=p.get("reason"),
+                rewind=bool(p.get("rewind")),
             )
         case "permission.respond":
             return RespondPermission(
@@ -517,6 +567,8 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
             )
         case "session.stop":
             return StopSession(p["session_id"])
+        case "session.rewind":
+            return Rewind(p["session_id"], p["turn_id"])
         case "gateway.pause" | "session.pause":
             deadline: float | None = None
             if "deadline_s" in p:

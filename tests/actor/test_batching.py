@@ -461,6 +461,8 @@ def _every_event() -> list[ev.Event]:
         ev.AgentExited(exit_code=0, signal=None, expected=True, **stamp),
         ev.ErrorEvent(code="agent_invalid_json", message="bad line", **stamp),
         ev.StreamGap(from_seq=3, to_seq=9, cause="history", **stamp),
+        ev.TerminalOutput(data="G1szMm1vaw==", **stamp),
+        ev.SessionRewound(turn_id="t1", restored=["a.py"], not_restored=[], **stamp),
         ev.AgentUnparsed(raw={"jsonrpc": "2.0", "method": "x", "params": [1, "two", None]}),
         ev.AgentUnparsed(raw=None, **stamp),
     ]
@@ -698,11 +700,19 @@ def test_compiled_receipt_encoder_writes_what_the_converter_writes() -> None:
             survivors=[{"pid": 7, "command": "sleep"}],
         ),
         CancelReceipt(session_id="s", turn_id="t1", outcome="unreachable", host="box"),
+        CancelReceipt(
+            session_id="s",
+            turn_id="t2",
+            outcome="cancelled",
+            changes=[{"path": "a.py", "change": "added"}],
+            restored={"restored": ["a.py"], "not_restored": []},
+        ),
     ]
     for receipt in receipts:
         expected = converter.unstructure(receipt)
-        if expected["host"] is None:
-            del expected["host"]
+        for absent in ("host", "changes", "restored"):  # None: left out of the wire form
+            if expected[absent] is None:
+                del expected[absent]
         wire = receipt_to_wire(receipt)
         assert wire == expected and list(wire) == list(expected)
         assert wire["escalation"] is not receipt.escalation  # a copy, as the converter's

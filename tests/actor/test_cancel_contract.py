@@ -273,9 +273,13 @@ def written(fake: FakeAgent) -> list[str]:
     ]
 
 
-async def next_prompt_completes(session: AnySession, rec: Recorder, fake: FakeAgent) -> None:
+async def next_prompt_completes(
+    session: AnySession, rec: Recorder, fake: FakeAgent, *, context: bool = False
+) -> None:
     """The next prompt goes to the newest process and ends with exactly its own words, and
-    nothing else is said meanwhile (a resumed session's replayed history is not news)."""
+    nothing else is said meanwhile (a resumed session's replayed history is not news). With
+    ``context``, the agent's session is a fresh one: the prompt comes after the conversation
+    so far."""
     await rec.catch_up()
     said = len(texts(rec))
     turn = await session.prompt("again")
@@ -283,7 +287,12 @@ async def next_prompt_completes(session: AnySession, rec: Recorder, fake: FakeAg
     assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed", ended
     await rec.catch_up()
     assert texts(rec)[said:] == texts(rec, turn.id) == ["one ", "two"]
-    assert fake.processes[-1].prompts[-1] == "again"
+    sent = fake.processes[-1].prompts[-1]
+    if context:
+        assert sent.startswith("The conversation so far") and "User: hello" in sent, sent
+        assert sent.endswith("\n\nagain"), sent
+    else:
+        assert sent == "again"
 
 
 # -- a cancel the agent obeys --------------------------------------------------------------
@@ -389,7 +398,7 @@ async def test_a_respawn_that_cannot_resume_says_so_and_goes_on_fresh(
             e.detail or "" for e in rec.of_kind("session.state") if isinstance(e, ev.SessionState)
         ]
         assert any(wire.not_resumed.said in line for line in said), said
-        await next_prompt_completes(session, rec, fake)
+        await next_prompt_completes(session, rec, fake, context=True)
         assert session.agent_session_id not in (None, agent_session)
 
 

@@ -8,10 +8,10 @@ import pytest
 import trio
 import trio.testing
 
-from protocols import PROTOCOLS
 from protocols import events as ev
 from supervisor.runtime.context import DROPPED, Said, context_text, newest, said_in
 from supervisor.testing import FakeAgent, open_test_supervisor, record
+from supervisor.testing._fake import PROTOCOLS
 from supervisor.wire.codec import event_json
 
 LONG = "word " * 2000  # 20 s at 0.01 s a word: it runs past the grace

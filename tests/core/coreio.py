@@ -64,6 +64,9 @@ class RecordingIO:
     #: what :meth:`conversation` answers, and the limits it was asked with
     said: str = ""
     conversation_limits: list[int] = field(factory=list)
+    #: what was asked of the checkpoints, in order: ("checkpoint" | "turn_changes", turn id),
+    #: ("rewind", checkpoint id, undo id)
+    checkpoints: list[tuple[str, ...]] = field(factory=list)
 
     def now(self) -> float:
         return self.clock
@@ -109,6 +112,15 @@ class RecordingIO:
         """What the shell would give a fresh agent session: ``said``, with ``limit`` noted."""
         self.conversation_limits.append(limit)
         return self.said
+
+    def checkpoint(self, turn_id: str) -> None:
+        self.checkpoints.append(("checkpoint", turn_id))
+
+    def turn_changes(self, turn_id: str) -> None:
+        self.checkpoints.append(("turn_changes", turn_id))
+
+    def rewind(self, checkpoint_id: str, undo_id: str) -> None:
+        self.checkpoints.append(("rewind", checkpoint_id, undo_id))
 
     # -- what a test reads ---------------------------------------------------------------------
 
@@ -196,8 +208,14 @@ class AcpAgent:
 
 
 def acp_session(
-    spec: AgentSpec = ACP, *, max_queued: int = 32, resume: str | None = None
+    spec: AgentSpec = ACP,
+    *,
+    max_queued: int = 32,
+    resume: str | None = None,
+    checkpoints: bool = False,
 ) -> tuple[SessionCore, RecordingIO, AcpAgent]:
     io = RecordingIO()
-    core = SessionCore("s1", spec, cwd="/w", io=io, max_queued=max_queued, resume=resume)
+    core = SessionCore(
+        "s1", spec, cwd="/w", io=io, max_queued=max_queued, resume=resume, checkpoints=checkpoints
+    )
     return core, io, AcpAgent(core, io)

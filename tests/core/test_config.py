@@ -452,3 +452,46 @@ GIB = 1024**3
 )
 def test_default_max_sessions(memory: int, files: int, expected: int) -> None:
     assert default_max_sessions(memory, files) == expected
+
+
+def test_terminal_agent_table() -> None:
+    from protocols.terminal import DEFAULT_IDLE_S, TerminalSettings
+
+    table = {
+        "protocol": "terminal",
+        "command": ["aider"],
+        "prompt_pattern": "^> $",
+        "interrupt": ["\u0003"],
+        "resume_command": ["aider", "--restore-chat-history"],
+        "cols": 100,
+        "rows": 30,
+    }
+    spec = parse_agents({"agents": {"aider": table}}, "inline")["aider"]
+    assert spec.terminal == TerminalSettings(
+        prompt_pattern="^> $", interrupt=("\x03",), cols=100, rows=30, idle_s=DEFAULT_IDLE_S
+    )
+    assert spec.resume_command == ("aider", "--restore-chat-history")
+    plain = parse_agents({"agents": {"t": {"protocol": "terminal", "command": ["t"]}}})["t"]
+    assert plain.terminal == TerminalSettings() and plain.resume_command == ()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"prompt_pattern": "("}, "'prompt_pattern' is not a regular expression"),
+        ({"idle_s": 0}, "'idle_s' must be a number of seconds > 0"),
+        ({"interrupt": "\u001b"}, "'interrupt' must be a list"),
+        ({"cols": 5000}, "'cols' must be a whole number from 1 to 500"),
+        ({"submit": "shout"}, "'submit' must be one of paste, type"),
+    ],
+)
+def test_bad_terminal_settings(extra: dict[str, object], message: str) -> None:
+    table = {"protocol": "terminal", "command": ["t"], **extra}
+    with pytest.raises(ConfigError, match=message):
+        parse_agents({"agents": {"t": table}}, "inline")
+
+
+def test_terminal_settings_only_for_terminal_agents() -> None:
+    table = {"protocol": "acp", "command": ["x"], "prompt_pattern": "> "}
+    with pytest.raises(ConfigError, match="those of protocol terminal only"):
+        parse_agents({"agents": {"x": table}}, "inline")

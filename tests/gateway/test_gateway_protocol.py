@@ -216,6 +216,8 @@ def test_each_action_has_its_call() -> None:
             payload["text"] = "x"
         if action == "permission.respond":
             payload["cancelled"] = True
+        if action == "session.resize":
+            payload.update(cols=80, rows=24)
         result = decode_request(json.dumps({"id": 1, "action": action, "payload": payload}))
         assert isinstance(result, Request), (action, result)
         calls[action] = type(result.call)

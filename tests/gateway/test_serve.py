@@ -47,9 +47,10 @@ def head(port: int, method: str, path: str, *extra: str, body: bytes = b"") -> b
 
 
 async def until_turn_ended(events: trio.MemoryReceiveChannel[dict[str, Any]]) -> dict[str, Any]:
-    async for event in events:
-        if event["event"] == "turn.ended":
-            return event
+    with trio.fail_after(BOUND):  # a session that never ends its turn fails, never hangs
+        async for event in events:
+            if event["event"] == "turn.ended":
+                return event
     raise AssertionError("the connection closed before the turn ended")
 
 

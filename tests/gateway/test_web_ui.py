@@ -106,6 +106,10 @@ class GatewayThread:
             "stubborn": demo.with_args("--delay", "0.03", "--ignore-cancel").with_options(
                 name="stubborn", grace_s=1.0
             ),
+            # Stubborn, and it cannot resume: its fresh session gets the conversation so far.
+            "forgetful": demo.with_args(
+                "--delay", "0.03", "--ignore-cancel", "--no-load"
+            ).with_options(name="forgetful", grace_s=1.0),
             # The demo agent without steering: a steer makes the turn stop and go first.
             "plain": demo.with_args("--delay", "0.03", "--no-steering").with_options(name="plain"),
             # On a "host" reached through the env transport: this machine, through a node.
@@ -354,6 +358,26 @@ def test_stop_a_stubborn_agent_kills_and_resumes(page: Page, server: GatewayThre
 
     send(page, "are you back words=6")
     expect_completed(page, 1, 6)
+
+
+def test_an_agent_that_cannot_resume_is_given_the_conversation_and_the_page_says_so(
+    page: Page, server: GatewayThread
+) -> None:
+    open_app(page, server)
+    start_session(page, "forgetful")
+    send(page, "remember the word kumquat words=400")
+    expect(turn(page, 0).get_by_test_id("assistant-message")).to_contain_text("I am the demo agent")
+    page.get_by_test_id("stop").click()
+    expect(page.get_by_test_id("receipt")).to_contain_text("Killed after 1.0 s grace")
+    expect(turn(page, 0).get_by_test_id("context-note")).to_have_count(0)
+    send(page, "what did I say words=6")
+    expect(turn(page, 1).get_by_test_id("turn-outcome")).to_contain_text("Completed")
+    # The demo agent shows it read the conversation: it names what was said before.
+    expect(turn(page, 1).get_by_test_id("assistant-message")).to_contain_text("kumquat")
+    note = turn(page, 1).get_by_test_id("context-note")
+    expect(note).to_have_text(re.compile(r"^earlier conversation given to the agent as context"))
+    # The transcript shows the user's own prompt, never the context put in front of it.
+    expect(turn(page, 1).get_by_test_id("user-message")).to_have_text("what did I say words=6")
 
 
 def stop_marks(page: Page, chart: str, session_id: str) -> Any:

@@ -1,0 +1,119 @@
+"""A turn's checkpoint: a snapshot's time against the floor git itself sets, in one run.
+
+A repository of ``--files`` small files (in directories of 100, committed) is snapshotted into
+the shadow store (``supervisor/checkpoints/``) once (the first snapshot: every file hashed),
+then ``--repeats`` times with ``--changed`` files rewritten before each (a turn's start after
+a turn that edited a few files). The floor is what any git-based snapshot must do: ``git add
+-A && git write-tree`` into a separate git directory and index of the same tree, with the
+same files changed, timed the same way. Printed: p50 (and p90) of each, and their ratio.
+
+    python -m bench.checkpoint_snapshot --files 10000 --changed 3 --repeats 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from supervisor.checkpoints import ShadowStore
+from supervisor.checkpoints.shadow import _git_env
+
+
+def _make_repo(root: Path, files: int) -> list[Path]:
+    paths = []
+    for index in range(files):
+        directory = root / f"d{index // 100:03d}"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"f{index:05d}.py"
+        path.write_text(f"# file {index}\n" + "x = 1\n" * 20)
+        paths.append(path)
+    env = {**_git_env(), "HOME": str(root)}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "files"]):
+        subprocess.run(["git", *args], cwd=root, check=True, env=env)
+    return paths
+
+
+def _change(paths: list[Path], count: int, round_: int) -> None:
+    for path in paths[round_ * count % len(paths) :][:count]:
+        path.write_text(f"# changed in round {round_}\n")
+
+
+def _floor(root: Path, git_dir: Path) -> float:
+    """``git add -A && git write-tree`` into a separate git directory: its seconds."""
+    env = _git_env()
+    where = ["git", f"--git-dir={git_dir}", f"--work-tree={root}"]
+    started = time.perf_counter()
+    subprocess.run([*where, "add", "-A"], cwd=root, check=True, env=env)
+    subprocess.run([*where, "write-tree"], cwd=root, check=True, env=env, capture_output=True)
+    return time.perf_counter() - started
+
+
+def _pcts(samples: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples)
+    return {
+        "p50_ms": round(statistics.median(ms), 2),
+        "p90_ms": round(ms[int(len(ms) * 0.9) - 1], 2),
+    }
+
+
+async def _run(files: int, changed: int, repeats: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "repo"
+        root.mkdir()
+        paths = _make_repo(root, files)
+        store = ShadowStore(Path(tmp) / "state", root)
+        floor_dir = Path(tmp) / "floor.git"
+        subprocess.run(["git", "init", "-q", "--bare", str(floor_dir)], check=True)
+        started = time.perf_counter()
+        await store.snapshot()
+        first = time.perf_counter() - started
+        first_floor = _floor(root, floor_dir)
+        ours: list[float] = []
+        floor: list[float] = []
+        for round_ in range(repeats):
+            _change(paths, changed, round_)
+            # each side sees the same changed files: alternate which goes first
+            if round_ % 2:
+                floor.append(_floor(root, floor_dir))
+                started = time.perf_counter()
+                await store.snapshot()
+                ours.append(time.perf_counter() - started)
+            else:
+                started = time.perf_counter()
+                await store.snapshot()
+                ours.append(time.perf_counter() - started)
+                floor.append(_floor(root, floor_dir))
+        snapshot, plain = _pcts(ours), _pcts(floor)
+        return {
+            "files": files,
+            "changed": changed,
+            "repeats": repeats,
+            "first_ms": round(first * 1000, 1),
+            "first_floor_ms": round(first_floor * 1000, 1),
+            "first_ratio": round(first / first_floor, 2),
+            "snapshot": snapshot,
+            "floor": plain,
+            "p50_ratio": round(snapshot["p50_ms"] / plain["p50_ms"], 2),
+            "cores": os.cpu_count(),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--changed", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    print(json.dumps(trio.run(_run, args.files, args.changed, args.repeats), indent=2))
+
+
+if __name__ == "__main__":
+    main()

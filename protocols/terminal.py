@@ -1,0 +1,421 @@
+"""An agent's own interactive interface (a TUI) in a pseudo-terminal, as a sans-IO machine.
+
+Such an agent speaks no protocol: it draws a screen. The machine keeps that screen (``pyte``, a
+VT100/xterm emulator, fed the bytes as read) and reads it to tell where the conversation stands;
+it never reads the raw stream for that. What comes and goes, as the link
+(``supervisor/agents/pty_link.py``) and this machine exchange it:
+
+- from the link: ``{"output": bytes, "now": t}``, each read of the terminal, and
+  ``{"tick": True, "now": t}`` when a wake-up the machine asked for comes due. ``now`` is the
+  link's clock (trio's); the machine has no clock of its own.
+- to the link: ``{"keys": text}`` (written to the terminal as its UTF-8 bytes, nothing added),
+  ``{"resize": [cols, rows]}`` and ``{"wake_at": t}`` (post a tick at ``t``; a later one
+  replaces it).
+
+**A turn ends** when the screen shows ``prompt_pattern`` (a regular expression searched,
+multiline, in the screen's text: its lines, trailing blanks removed, joined by newlines) and has
+not changed for ``idle_s``, *and* it changed after the keys that started the turn (the prompt,
+or the interrupt) were written: a screen that shows the pattern but never answers the keys says
+nothing about them. Then the turn is ``end_turn``, or ``cancelled`` after an interrupt; a
+screen that never settles is the stall watchdog's (after a prompt) or the grace's (after an
+interrupt) to end. The session is established once ``start_pattern`` (default: the prompt
+pattern) shows, stable, the same way: a TUI that never shows it meets ``start_timeout_s``.
+
+**A prompt** is written as a bracketed paste (``ESC [200~ text ESC [201~``, so a TUI takes its
+newlines as text, not as Enter) followed by Enter (``\\r``), or (``submit = "type"``) as typed
+keys and Enter. **The interrupt** is ``interrupt``: keys written at once, in order (Escape for
+Claude Code, Codex and Gemini CLI; Ctrl-C for aider).
+
+**Events**: every read becomes a ``terminal.output`` event, the bytes as read in base64, enough
+for a terminal view to draw the same screen. While a turn runs, the lines that appear below the
+line the prompt was written on become ``message.delta`` text, each once the cursor has left it
+(a line the TUI is still drawing is not finished); that is what the screen tells of the
+answer, and no more: a full-screen TUI that redraws in place gives less. Queries the screen
+answers as a terminal does (the cursor position, device attributes) go back to the agent as
+keys: some TUIs wait for them.
+
+**Bounds**: the screen is ``cols`` x ``rows`` cells whatever comes, and the size is bounded
+(:data:`MAX_COLS`, :data:`MAX_ROWS`); the emulator's parser keeps an escape sequence's
+parameters until it ends, so a sequence longer than :data:`MAX_SEQUENCE_CHARS` is dropped and the
+parser reset. Invalid UTF-8 becomes U+FFFD, across reads. A late subscriber's picture of the
+screen (:meth:`TerminalClient.snapshot`) is bounded by :data:`MAX_SNAPSHOT_BYTES`.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from attrs import field, frozen
+
+from protocols import events as ev
+from protocols.content import Part
+from protocols.machine import (
+    AgentProtocol,
+    Output,
+    SessionEstablished,
+    Step,
+    TurnFinished,
+    check_answer,
+)
+from protocols.mcp import McpServer
+
+if TYPE_CHECKING:
+    from protocols._screen import Screen, Stream
+
+__all__ = [
+    "DEFAULT_COLS",
+    "DEFAULT_IDLE_S",
+    "DEFAULT_INTERRUPT",
+    "DEFAULT_PROMPT_PATTERN",
+    "DEFAULT_ROWS",
+    "MAX_COLS",
+    "MAX_ROWS",
+    "MAX_SEQUENCE_CHARS",
+    "MAX_SNAPSHOT_BYTES",
+    "SUBMIT_MODES",
+    "TERMINAL_SESSION",
+    "TerminalClient",
+    "TerminalSettings",
+]
+
+#: The size a terminal agent starts with: wide enough that TUIs do not wrap their own lines,
+#: and what kandev's passthrough mode and most terminal windows use.
+DEFAULT_COLS: Final = 120
+DEFAULT_ROWS: Final = 40
+#: The largest size a terminal may be given: the screen holds every cell (a few hundred bytes
+#: each in the emulator), so this bounds its memory (~500 x 200 cells, tens of MB at worst);
+#: larger than any screen a person uses.
+MAX_COLS: Final = 500
+MAX_ROWS: Final = 200
+#: A line that is only a prompt character (``>``, ``❯``, ``›``), maybe inside a box's borders:
+#: what Claude Code, Codex, Gemini CLI and aider draw where they take input.
+DEFAULT_PROMPT_PATTERN: Final = r"^[\s│┃|]*[>❯›][ \t\u00a0]?.{0,200}$"
+#: How long the screen must stay unchanged, the prompt showing, for a turn to count as ended.
+#: TUIs redraw a spinner or a timer several times a second while they work, so a second of
+#: stillness is an idle TUI; shorter risks taking the pause before a model's first token for
+#: the end.
+DEFAULT_IDLE_S: Final = 1.0
+#: Escape: the key that stops a turn in Claude Code, Codex and Gemini CLI.
+DEFAULT_INTERRUPT: Final = ("\x1b",)
+#: How a prompt is written: ``paste`` (bracketed paste, then Enter) or ``type`` (the keys, then
+#: Enter: for programs that do not understand bracketed paste; a newline in the text is then
+#: an Enter).
+SUBMIT_MODES: Final = ("paste", "type")
+#: A terminal agent has no session id of its own; this stands for "the conversation it ran",
+#: which its ``resume_command`` restores after a kill.
+TERMINAL_SESSION: Final = "terminal"
+#: The longest escape sequence kept: real ones are a few dozen characters (a window title, a
+#: hyperlink's URL: a few hundred). Past this the emulator's parser drops it.
+MAX_SEQUENCE_CHARS: Final = 8192
+#: The emulator is fed this many characters at a time, so that a sequence over the bound is
+#: caught within this much more.
+_FEED_CHARS: Final = 4096
+#: The most a picture of the screen takes: every cell of the largest screen as four bytes of
+#: UTF-8, plus a line break each; a picture over it (never, within the size bounds) is cut.
+MAX_SNAPSHOT_BYTES: Final = MAX_COLS * MAX_ROWS * 4 + MAX_ROWS * 2 + 64
+#: Bracketed paste (xterm's mode 2004): what a terminal wraps pasted text in.
+_PASTE_START: Final = "\x1b[200~"
+_PASTE_END: Final = "\x1b[201~"
+_ENTER: Final = "\r"
+
+
+@frozen(kw_only=True)
+class TerminalSettings:
+    """A terminal agent's settings (its ``[agents.NAME]`` table: ``design/terminal.md``)."""
+
+    prompt_pattern: str = DEFAULT_PROMPT_PATTERN
+    idle_s: float = DEFAULT_IDLE_S
+    interrupt: tuple[str, ...] = field(default=DEFAULT_INTERRUPT, converter=tuple)
+    submit: str = "paste"
+    #: what the first screen shows once the agent takes input; None: ``prompt_pattern``
+    start_pattern: str | None = None
+    cols: int = DEFAULT_COLS
+    rows: int = DEFAULT_ROWS
+
+    def check(self) -> None:
+        """Raise ValueError naming the first setting that cannot be used."""
+        for name in ("prompt_pattern", "start_pattern"):
+            pattern = getattr(self, name)
+            if pattern is None:
+                continue
+            try:
+                re.compile(pattern, re.MULTILINE)
+            except re.error as exc:
+                raise ValueError(f"'{name}' is not a regular expression: {exc}") from None
+        if not self.idle_s > 0:
+            raise ValueError(f"'idle_s' must be a number of seconds > 0, not {self.idle_s!r}")
+        if not self.interrupt or not all(isinstance(k, str) and k for k in self.interrupt):
+            raise ValueError("'interrupt' must be a list of non-empty strings (keys)")
+        if self.submit not in SUBMIT_MODES:
+            raise ValueError(f"'submit' must be one of {', '.join(SUBMIT_MODES)}")
+        check_size(self.cols, self.rows)
+
+
+def check_size(cols: Any, rows: Any) -> None:
+    """Raise ValueError unless ``cols`` x ``rows`` is a terminal size we take."""
+    for name, value, top in (("cols", cols, MAX_COLS), ("rows", rows, MAX_ROWS)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ValueError(f"'{name}' must be a whole number from 1 to {top}, not {value!r}")
+
+
+class TerminalClient(AgentProtocol):
+    """Our side of one agent running in a pseudo-terminal."""
+
+    name: ClassVar[str] = "terminal"
+    transport: ClassVar[str] = "terminal"
+    #: a TUI takes MCP servers in its own configuration, not from us
+    mcp_transports: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, settings: TerminalSettings | None = None) -> None:
+        self.settings = settings = settings or TerminalSettings()
+        settings.check()
+        self._prompt = re.compile(settings.prompt_pattern, re.MULTILINE)
+        self._start = re.compile(settings.start_pattern or settings.prompt_pattern, re.MULTILINE)
+        from protocols._screen import Screen, Stream  # pyte: ~25 ms, for terminal agents only
+
+        self._screen: Screen = Screen(settings.cols, settings.rows)
+        self._stream: Stream = Stream(self._screen)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        #: the screen's lines, trailing blanks removed (kept up to date from pyte's dirty set)
+        self._lines = [""] * settings.rows
+        self._text = ""
+        #: characters fed while the parser was inside one escape sequence
+        self._sequence_chars = 0
+        self._phase = "idle"  # idle (before start), starting, ready, closed
+        self._resume: str | None = None
+        self._turn_id: str | None = None
+        self._interrupted = False
+        #: when the screen last changed, on the link's clock (None: not since the last keys)
+        self._changed_at: float | None = None
+        #: the screen changed after the last keys that started or stopped a turn
+        self._answered = False
+        #: the wake-up asked of the link and not come yet
+        self._wake_at: float | None = None
+
+    @classmethod
+    def configured(cls, settings: object | None) -> TerminalClient:
+        if settings is not None and not isinstance(settings, TerminalSettings):
+            raise TypeError(f"terminal settings expected, got {type(settings).__name__}")
+        return cls(settings)
+
+    # -- calls from the actor -------------------------------------------------------------
+
+    def start(
+        self, *, cwd: str, resume: str | None = None, mcp_servers: Sequence[McpServer] = ()
+    ) -> Step:
+        # cwd: the launcher starts the program there. The session counts as established once
+        # the first screen shows the start pattern, stable (_settle).
+        if self._phase != "idle":
+            raise RuntimeError("start() called twice")
+        self._phase = "starting"
+        self._resume = resume
+        return Step()
+
+    def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
+        if self._phase != "ready" or self._turn_id is not None:
+            raise RuntimeError(f"prompt() while {self._phase} with turn {self._turn_id}")
+        self._turn_id = turn_id
+        self._interrupted = False
+        self._keys_written()
+        screen = self._screen
+        screen.following = True
+        screen.prompt_row = screen.told_row = screen.cursor.y + 1
+        if self.settings.submit == "paste":
+            keys = f"{_PASTE_START}{_no_paste_end(text)}{_PASTE_END}{_ENTER}"
+        else:
+            keys = text.replace("\r\n", _ENTER).replace("\n", _ENTER) + _ENTER
+        return Step(send=[{"keys": keys}])
+
+    def cancel(self) -> Step:
+        if self._turn_id is None or self._interrupted:
+            return Step()
+        self._interrupted = True
+        self._keys_written()
+        return Step(send=[{"keys": key} for key in self.settings.interrupt])
+
+    def input(self, data: str) -> Step:
+        """A person's keys, written as they are (answering the TUI's own menu, say)."""
+        if self._phase == "closed":
+            return Step()
+        return Step(send=[{"keys": data}])
+
+    def resize(self, cols: int, rows: int) -> Step:
+        """The terminal is now ``cols`` x ``rows``: the screen and the pseudo-terminal (the
+        agent gets SIGWINCH and redraws)."""
+        check_size(cols, rows)
+        self._screen.resize(rows, cols)
+        self._lines = [self._screen.row_text(y) for y in range(rows)]
+        self._screen.dirty.clear()
+        self._text = "\n".join(self._lines)
+        self._screen.prompt_row = min(self._screen.prompt_row, rows)
+        self._screen.told_row = min(self._screen.told_row, rows)
+        return Step(send=[{"resize": [cols, rows]}])
+
+    def close(self) -> Step:
+        self._phase = "closed"
+        return Step()
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        check_answer(request_id, None, option_id)  # a TUI asks on its screen: session.input
+        return Step()
+
+    def cancel_permissions(self) -> Step:
+        return Step()
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return []
+
+    @property
+    def agent_session_id(self) -> str | None:
+        return TERMINAL_SESSION
+
+    @property
+    def screen_text(self) -> str:
+        """The screen's text as turn detection reads it."""
+        return self._text
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return int(self._screen.columns), int(self._screen.lines)
+
+    def snapshot(self) -> bytes:
+        """The screen as bytes a terminal draws it from (cleared, each line, the cursor put
+        back), for a view that joins late: text only, at most :data:`MAX_SNAPSHOT_BYTES`."""
+        cursor = self._screen.cursor
+        body = "\r\n".join(self._lines).encode("utf-8", "replace")[:MAX_SNAPSHOT_BYTES]
+        return b"\x1b[H\x1b[2J" + body + f"\x1b[{cursor.y + 1};{cursor.x + 1}H".encode()
+
+    # -- what the link says -----------------------------------------------------------------
+
+    def receive(self, message: dict[str, Any]) -> Step:
+        now = message.get("now")
+        if not isinstance(now, int | float):
+            return Step(events=[ev.AgentUnparsed(raw=_shown(message))])
+        data = message.get("output")
+        if isinstance(data, bytes):
+            return self._output(data, float(now))
+        if message.get("tick") is True:
+            if self._wake_at is not None and now >= self._wake_at:
+                self._wake_at = None
+            step = Step()
+            self._settle(float(now), step)
+            return step
+        return Step(events=[ev.AgentUnparsed(raw=_shown(message))])
+
+    def _output(self, data: bytes, now: float) -> Step:
+        step = Step(events=[ev.TerminalOutput(data=base64.b64encode(data).decode("ascii"))])
+        if self._phase == "closed":
+            return step
+        screen = self._screen
+        self._feed(self._decoder.decode(data), step)
+        if screen.answers:
+            step.send.extend({"keys": answer} for answer in screen.answers)
+            screen.answers.clear()
+        if screen.dirty:
+            for y in screen.dirty:
+                if y < len(self._lines):
+                    self._lines[y] = screen.row_text(y)
+            screen.dirty.clear()
+            text = "\n".join(self._lines)
+            if text != self._text:
+                self._text = text
+                self._changed_at = now
+                self._answered = True
+        if self._turn_id is not None:
+            self._tell_lines(step)
+        self._settle(now, step)
+        return step
+
+    def _feed(self, text: str, step: Step) -> None:
+        """Feed the emulator, a slice at a time, dropping an escape sequence over the bound."""
+        stream = self._stream
+        for at in range(0, len(text), _FEED_CHARS):
+            piece = text[at : at + _FEED_CHARS]
+            try:
+                stream.feed(piece)
+            except Exception as exc:  # pyte resets its parser; the screen stays as it was
+                step.events.append(
+                    ev.ErrorEvent(code="terminal_garbage", message=f"escape sequence: {exc!r}")
+                )
+            if stream.in_sequence:
+                self._sequence_chars += len(piece)
+                if self._sequence_chars > MAX_SEQUENCE_CHARS:
+                    stream.reset_parser()
+                    self._sequence_chars = 0
+                    step.events.append(
+                        ev.ErrorEvent(
+                            code="terminal_garbage",
+                            message=f"an escape sequence over {MAX_SEQUENCE_CHARS} characters"
+                            " was dropped",
+                        )
+                    )
+            else:
+                self._sequence_chars = 0
+
+    def _tell_lines(self, step: Step) -> None:
+        """The lines below the prompt line the cursor has left, as the turn's text."""
+        screen = self._screen
+        below = screen.cursor.y
+        start = max(screen.told_row, screen.prompt_row)
+        lines = screen.scrolled_off
+        if below > start:
+            lines += self._lines[start:below]
+            screen.told_row = below
+        if lines:
+            text = "".join(line + "\n" for line in lines)
+            lines.clear()
+            step.events.append(ev.MessageDelta(turn_id=self._turn_id, text=text))
+
+    def _keys_written(self) -> None:
+        self._answered = False
+        self._changed_at = None
+
+    def _settle(self, now: float, step: Step) -> None:
+        """End the start or the turn if the screen says so; else ask to be woken when it
+        may."""
+        if self._phase == "starting":
+            pattern = self._start
+        elif self._phase == "ready" and self._turn_id is not None and self._answered:
+            pattern = self._prompt
+        else:
+            return
+        changed = self._changed_at
+        if changed is None or pattern.search(self._text) is None:
+            return
+        due = changed + self.settings.idle_s
+        if now < due:
+            if self._wake_at is None or due < self._wake_at:
+                self._wake_at = due
+                step.send.append({"wake_at": due})
+            return
+        if self._phase == "starting":
+            self._phase = "ready"
+            resumed = True if self._resume is not None else None
+            step.events.append(SessionEstablished(self._resume, resumed=resumed))
+            return
+        turn, self._turn_id = self._turn_id, None
+        assert turn is not None
+        self._keys_written()
+        self._screen.following = False
+        finished: Output
+        if self._interrupted:
+            finished = TurnFinished(turn, "cancelled", interrupted=True)
+        else:
+            finished = TurnFinished(turn, "end_turn", interrupted=False)
+        step.events.append(finished)
+
+
+def _no_paste_end(text: str) -> str:
+    """The text, unable to end the paste early: a pasted ``ESC [201~`` would let the rest be
+    taken as keys (what terminals guard against too)."""
+    return text.replace(_PASTE_END, "")
+
+
+def _shown(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as an ``agent.unparsed`` event carries it (bytes cannot go on the wire)."""
+    return {k: (repr(v[:200]) if isinstance(v, bytes) else v) for k, v in message.items()}

@@ -1,0 +1,187 @@
+"""A session's checkpoints, end to end on the real clock (git runs as processes): an in-memory
+ACP agent whose tool edits, creates and deletes files in the session's directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from worktrees import fingerprint as _fingerprint
+from worktrees import git as _git
+from worktrees import tree as _tree
+
+from protocols import events as ev
+from supervisor import AgentSpec, open_supervisor
+from supervisor.errors import BadRequest, Busy
+from supervisor.testing import Recorder
+from supervisor.testing._acp import AcpAgent, AcpBehaviour, AcpLauncher
+
+#: Whatever the machine's load, a test that takes longer is stuck.
+BOUND_S = 60.0
+
+
+class FileToolAgent(AcpAgent):
+    """Its tool call edits, creates and deletes files, then runs on until it is stopped."""
+
+    async def run_tool(self, seconds: float) -> None:
+        launcher = self.launcher
+        assert isinstance(launcher, FileToolLauncher)
+        await self.update(
+            {
+                "sessionUpdate": "tool_call",
+                "toolCallId": "call_files",
+                "title": "edit files",
+                "kind": "edit",
+                "status": "in_progress",
+            }
+        )
+        work = launcher.work
+        (work / "src" / "app.py").write_text("print('rewritten')\n")
+        (work / "notes.txt").unlink(missing_ok=True)
+        (work / "new" / "dir").mkdir(parents=True, exist_ok=True)
+        (work / "new" / "dir" / "made.bin").write_bytes(b"\x00\xff" * 64)
+        launcher.wrote.set()
+        await trio.sleep(seconds)
+
+
+class FileToolLauncher(AcpLauncher):
+    def __init__(self, behaviour: AcpBehaviour, work: Path) -> None:
+        super().__init__(behaviour)
+        self.work = work
+        self.wrote = trio.Event()
+
+    def launch(self, link: Any, spec: AgentSpec, resume: str | None) -> AcpAgent:
+        return FileToolAgent(link, self)
+
+
+EXPECTED = [
+    {"path": "new/dir/made.bin", "change": "added"},
+    {"path": "notes.txt", "change": "deleted"},
+    {"path": "src/app.py", "change": "modified"},
+]
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    root = tmp_path / "work"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "app.py").write_text("print('first')\n")
+    (root / "notes.txt").write_text("notes\n")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "start")
+    return root
+
+
+def _spec(**changes: Any) -> AgentSpec:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
+    return spec.with_options(**changes) if changes else spec
+
+
+async def _turn_ended(recorder: Recorder, turn_id: str) -> ev.TurnEnded:
+    event = await recorder.wait_for(lambda e: e.kind == "turn.ended" and e.turn_id == turn_id)
+    assert isinstance(event, ev.TurnEnded)
+    return event
+
+
+@pytest.mark.parametrize(
+    ("stop_delay", "grace_s", "outcome"),
+    [(0.0, 2.0, "cancelled"), (None, 0.2, "killed")],
+    ids=["cancelled", "killed"],
+)
+async def test_a_stopped_turns_receipt_lists_what_its_tool_changed_and_rewind_undoes_it(
+    tmp_path: Path, work: Path, stop_delay: float | None, grace_s: float, outcome: str
+) -> None:
+    launcher = FileToolLauncher(AcpBehaviour(tool=100.0, stop_delay=stop_delay), work)
+    git_before = _fingerprint(work / ".git")
+    tree_before = _tree(work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec(grace_s=grace_s)}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("edit the files")
+                await launcher.wrote.wait()
+                tree_turn = _tree(work)
+                receipt = await session.cancel()
+                assert receipt.outcome == outcome
+                assert receipt.changes == EXPECTED
+                ended = await _turn_ended(recorder, turn.id)
+                assert ended.changes == EXPECTED
+                assert ended.receipt is not None and ended.receipt["changes"] == EXPECTED
+
+                result = await session.rewind(turn.id)
+                assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
+                assert result["not_restored"] == []
+                assert _tree(work) == tree_before
+                assert not (work / "new").exists()
+                rewound = await recorder.wait_for(lambda e: e.kind == "session.rewound")
+                assert isinstance(rewound, ev.SessionRewound)
+                assert rewound.restored == result["restored"]
+
+                # the rewind is itself undoable
+                await session.rewind(result["undo"])
+                assert _tree(work) == tree_turn
+                nursery.cancel_scope.cancel()
+    assert _fingerprint(work / ".git") == git_before
+
+
+async def test_stop_and_rewind_in_one_call_and_a_rewind_while_a_turn_runs_is_busy(
+    tmp_path: Path, work: Path
+) -> None:
+    launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
+    tree_before = _tree(work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            turn = await session.prompt("edit the files")
+            await launcher.wrote.wait()
+            with pytest.raises(Busy, match=f"turn {turn.id} runs"):
+                await session.rewind(turn.id)
+            receipt = await session.cancel(rewind=True)
+            assert receipt.changes == EXPECTED
+            assert receipt.restored is not None
+            assert receipt.restored["restored"] == [
+                "new/dir/made.bin",
+                "notes.txt",
+                "src/app.py",
+            ]
+            assert _tree(work) == tree_before
+
+
+async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
+    tmp_path: Path, work: Path
+) -> None:
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    agents = {"fake": _spec(), "plain": _spec(name="plain", checkpoints=False)}
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents=agents, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("edit the files")
+                ended = await _turn_ended(recorder, turn.id)
+                assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+                # the next turn's changes are its own
+                second = await session.prompt("again")
+                ended = await _turn_ended(recorder, second.id)
+                assert ended.changes == []
+                nursery.cancel_scope.cancel()
+            plain = await sup.start_session("plain", cwd=str(work))
+            turn = await plain.prompt("again")
+            with pytest.raises(BadRequest, match="keeps no checkpoints"):
+                await plain.rewind(turn.id)
+    assert not os.path.exists(work / ".git" / "refs" / "heads" / "checkpoints")
+    subprocess.run(["git", "status"], cwd=work, check=True, capture_output=True)

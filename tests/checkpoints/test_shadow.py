@@ -1,0 +1,222 @@
+"""The shadow store on real directories: what a snapshot keeps, what changed, a restore."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worktrees import fingerprint as _fingerprint
+from worktrees import git as _git
+from worktrees import tree as _tree
+
+from supervisor.checkpoints import Change, ShadowStore
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "keep.txt").write_text("kept\n")
+    (root / "gone.txt").write_text("to be deleted\n")
+    (root / "sub").mkdir()
+    (root / "sub" / "edit.py").write_text("print(1)\n")
+    (root / "bin.dat").write_bytes(bytes(range(256)) * 4)
+    return root
+
+
+def _store(tmp_path: Path, work: Path, **options: int) -> ShadowStore:
+    return ShadowStore(tmp_path / "state" / "checkpoints", work, **options)
+
+
+async def test_a_turns_changes_in_a_directory_that_is_no_repository(
+    tmp_path: Path, work: Path
+) -> None:
+    store = _store(tmp_path, work)
+    before = await store.snapshot()
+    (work / "gone.txt").unlink()
+    (work / "sub" / "edit.py").write_text("print(2)\n")
+    (work / "new.md").write_text("new\n")
+    (work / "bin.dat").write_bytes(b"\0\xff" * 100)
+    after = await store.snapshot()
+    assert await store.changes(before, after) == [
+        Change(b"bin.dat", "modified"),
+        Change(b"gone.txt", "deleted"),
+        Change(b"new.md", "added"),
+        Change(b"sub/edit.py", "modified"),
+    ]
+    assert await store.changes(after, after) == []
+    assert not (work / ".git").exists()
+
+
+async def test_the_users_git_is_byte_identical_after_snapshots_and_a_restore(
+    tmp_path: Path, work: Path
+) -> None:
+    _git(work, "init", "-q")
+    _git(work, "add", "keep.txt")
+    _git(work, "commit", "-qm", "first")
+    (work / "staged.txt").write_text("staged\n")
+    _git(work, "add", "staged.txt")
+    git_before = _fingerprint(work / ".git")
+    store = _store(tmp_path, work)
+    start = await store.snapshot()
+    (work / "keep.txt").write_text("changed\n")
+    (work / "other.txt").write_text("other\n")
+    await store.changes(start, await store.snapshot())
+    await store.restore(start)
+    assert _fingerprint(work / ".git") == git_before
+    assert not str(store.git_dir).startswith(str(work))
+
+
+async def test_ignored_files_are_neither_kept_nor_changes(tmp_path: Path, work: Path) -> None:
+    _git(work, "init", "-q")
+    (work / ".gitignore").write_text("*.log\nbuild/\n")
+    (work / ".git" / "info" / "exclude").write_text("secret.env\n")
+    store = _store(tmp_path, work)
+    before = await store.snapshot()
+    (work / "run.log").write_text("noise\n")
+    (work / "build").mkdir()
+    (work / "build" / "out.o").write_bytes(b"\x7fELF")
+    (work / "secret.env").write_text("TOKEN=1\n")
+    (work / "real.txt").write_text("real\n")
+    after = await store.snapshot()
+    assert await store.changes(before, after) == [Change(b"real.txt", "added")]
+
+
+async def test_a_file_over_the_limit_is_named_not_kept(tmp_path: Path, work: Path) -> None:
+    store = _store(tmp_path, work, max_file_bytes=1500)
+    before = await store.snapshot()
+    (work / "huge.bin").write_bytes(b"x" * 5000)
+    (work / "keep.txt").write_bytes(b"y" * 2000)  # grows past the limit
+    after = await store.snapshot()
+    assert await store.changes(before, after) == [
+        Change(b"huge.bin", "added", "too big to keep (5000 bytes)"),
+        Change(b"keep.txt", "modified", "too big to keep (2000 bytes)"),
+    ]
+    assert set(after.too_big) == {b"huge.bin", b"keep.txt"}
+    (work / "huge.bin").write_bytes(b"z" * 6000)
+    later = await store.snapshot()
+    assert await store.changes(after, later) == [
+        Change(b"huge.bin", "modified", "too big to keep (6000 bytes)")
+    ]
+    # A restore never destroys what it could not keep: the big files stay as they are.
+    result = await store.restore(before)
+    assert (work / "huge.bin").read_bytes() == b"z" * 6000
+    assert {path for path, _why in result.not_restored} == {b"huge.bin", b"keep.txt"}
+
+
+async def test_paths_with_newlines_and_bytes_that_are_not_utf8(tmp_path: Path, work: Path) -> None:
+    store = _store(tmp_path, work)
+    before = await store.snapshot()
+    odd = os.path.join(os.fsencode(work), b"line\nbreak \xff.txt")
+    with open(odd, "wb") as f:
+        f.write(b"odd\n")
+    after = await store.snapshot()
+    changes = await store.changes(before, after)
+    assert changes == [Change(b"line\nbreak \xff.txt", "added")]
+    wire = changes[0].to_wire()
+    assert wire["path"] == "line\nbreak \\xff.txt"
+    assert wire["path_b64"] == "bGluZQpicmVhayD/LnR4dA=="
+    result = await store.restore(before)
+    assert result.restored == [b"line\nbreak \xff.txt"]
+    assert not os.path.exists(odd)
+
+
+async def test_modes_and_symlinks_are_changes_and_are_restored(tmp_path: Path, work: Path) -> None:
+    (work / "link").symlink_to("keep.txt")
+    (work / "run.sh").write_text("#!/bin/sh\n")
+    (work / "run.sh").chmod(0o644)
+    store = _store(tmp_path, work)
+    before = await store.snapshot()
+    tree_before = _tree(work)
+    (work / "run.sh").chmod(0o755)
+    (work / "link").unlink()
+    (work / "link").symlink_to("sub/edit.py")
+    (work / "keep.txt").unlink()
+    (work / "keep.txt").symlink_to("bin.dat")
+    after = await store.snapshot()
+    assert await store.changes(before, after) == [
+        Change(b"keep.txt", "modified", "file -> symlink"),
+        Change(b"link", "modified"),
+        Change(b"run.sh", "modified", "file -> executable file"),
+    ]
+    result = await store.restore(before)
+    assert result.restored == [b"keep.txt", b"link", b"run.sh"]
+    assert result.not_restored == []
+    assert _tree(work) == tree_before
+
+
+async def test_a_restore_puts_back_byte_for_byte_and_is_itself_undoable(
+    tmp_path: Path, work: Path
+) -> None:
+    store = _store(tmp_path, work)
+    start = await store.snapshot()
+    tree_start = _tree(work)
+    (work / "gone.txt").unlink()
+    (work / "sub" / "edit.py").write_bytes(b"\x00\x01binary now")
+    (work / "deep" / "er").mkdir(parents=True)
+    (work / "deep" / "er" / "new.txt").write_text("new\n")
+    (work / "sub2").mkdir()
+    (work / "sub2" / "x").write_text("x\n")
+    tree_turn = _tree(work)
+    result = await store.restore(start)
+    assert result.restored == [b"deep/er/new.txt", b"gone.txt", b"sub/edit.py", b"sub2/x"]
+    assert _tree(work) == tree_start
+    assert not (work / "deep").exists() and not (work / "sub2").exists()
+    assert not [p for p in work.rglob(".*rewind*")]
+    # the rewind's own checkpoint undoes it
+    await store.restore(result.before)
+    assert _tree(work) == tree_turn
+
+
+async def test_a_file_where_a_directory_was_and_back(tmp_path: Path, work: Path) -> None:
+    store = _store(tmp_path, work)
+    start = await store.snapshot()
+    tree_start = _tree(work)
+    (work / "sub" / "edit.py").unlink()
+    (work / "sub").rmdir()
+    (work / "sub").write_text("a file now\n")
+    result = await store.restore(start)
+    assert result.not_restored == []
+    assert _tree(work) == tree_start
+
+
+async def test_a_file_that_cannot_be_written_is_said_and_the_rest_restored(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path, work)
+    start = await store.snapshot()
+    (work / "sub" / "edit.py").write_text("changed\n")
+    (work / "keep.txt").write_text("changed\n")
+    # A directory nobody may write in (a permission bits check would not stop root, who runs
+    # these tests in CI): what the kernel answers there, for each file created in it.
+    real_open = os.open
+    denied = os.fsencode(work / "sub") + b"/"
+
+    def open_denying(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_CREAT and os.fsencode(path).startswith(denied):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_denying)
+    result = await store.restore(start)
+    monkeypatch.undo()
+    assert result.restored == [b"keep.txt"]
+    assert result.not_restored == [(b"sub/edit.py", "could not be written: Permission denied")]
+    assert (work / "keep.txt").read_text() == "kept\n"
+    assert (work / "sub" / "edit.py").read_text() == "changed\n"  # whole, never half
+    assert sorted(p.name for p in (work / "sub").iterdir()) == ["edit.py"]  # nothing aside
+
+
+async def test_a_working_directory_that_is_gone_is_said(tmp_path: Path, work: Path) -> None:
+    from supervisor.checkpoints import CheckpointError
+
+    store = _store(tmp_path, work)
+    await store.snapshot()
+    for path in sorted(work.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    work.rmdir()
+    with pytest.raises(CheckpointError, match="is gone"):
+        await store.snapshot()
