@@ -536,7 +536,7 @@ class Fanout:
         subscribers, although the session may wait long before its own step does it (a
         cancel's events, published in its caller's step)."""
         recorder = self.recorder
-        if recorder is not None and self._unserialized:
+        if self._unserialized and recorder is not None:
             recorder.soon(self)
 
     def serialize(self) -> None:

@@ -1223,7 +1223,8 @@ class Session:
         inbox: what it would do before waiting again, its deadlines rearmed and the
         subscribers' writers told of the new events (with a store, the events handed to it
         from its writer's step: they reach subscribers once stored)."""
-        self._fanout.serialize_soon()
+        if self._fanout.recorder is not None:
+            self._fanout.serialize_soon()
         self._alarm.set(self.core.next_deadline())
         self._fanout.flush()
 

@@ -195,6 +195,9 @@ class SessionStore:
         self._writing: list[_Run] = []
         #: fan-outs to serialize before the next write (:meth:`soon`)
         self._soon: list[Fanout] = []
+        #: the writer's wait while nothing is recorded: :meth:`soon` gives it a deadline
+        #: rather than waking it, so a cancel's step runs none of the writer's
+        self._idle: trio.CancelScope | None = None
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
         #: sessions hold their agents back (the database fell behind)
@@ -359,11 +362,18 @@ class SessionStore:
     def soon(self, fanout: Fanout) -> None:
         """``fanout`` has events to serialize (a cancel's, published in its caller's step):
         done in the writer's step, after ``TURN_END_S`` (they hold a turn's end), not the
-        caller's."""
-        self._soon.append(fanout)
-        self._turn_ended = True
-        self._enough.set()
-        self._wake.set()
+        caller's. An idle writer is given a deadline, not woken: waking it would run its step
+        before the cancel's caller has its answer."""
+        soon = self._soon
+        soon.append(fanout)
+        if len(soon) > 1:
+            return  # (asked already)
+        idle = self._idle
+        if idle is not None:
+            idle.deadline = trio.current_time() + TURN_END_S
+        else:
+            self._turn_ended = True
+            self._enough.set()
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
@@ -394,14 +404,22 @@ class SessionStore:
         """Write what is recorded, in batches, until :meth:`aclose`."""
         try:
             while True:
+                late = False  # woken by soon()'s deadline: TURN_END_S has passed already
                 if not self._pending and not self._soon:
                     if self._closing:
                         return
-                    await self._wake.wait()
+                    with trio.CancelScope() as idle:
+                        self._idle = idle
+                        await self._wake.wait()
+                    self._idle = None
+                    late = idle.cancelled_caught
                     self._wake = trio.Event()
                     if not self._pending and not self._soon:
                         continue
-                if self._count < self.batch_events and not self._closing:
+                    if self._soon and not late:  # (woken by a record before the deadline)
+                        self._turn_ended = True
+                        self._enough.set()
+                if self._count < self.batch_events and not self._closing and not late:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
                         if self._turn_ended and self._count < self.batch_events:
