@@ -114,6 +114,10 @@ class Recorder(Protocol):
         cancel's) while its session waits: call ``fanout.serialize()`` before the next write,
         in the recorder's own step (the cancel's caller is not kept waiting for it)."""
 
+    def hasten(self) -> None:
+        """A client waits for what is recorded (a response held behind its session's events,
+        given once stored): store it now rather than batch it."""
+
     async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """The session's events with seqs above ``after`` up to ``upto``, as ``(seq, wire
         JSON)``: what a subscriber from before the history's oldest event is replayed
@@ -213,6 +217,9 @@ class Subscription:
         #: (a store's subscriber) it has every event up to this seq: those of them the store
         #: gives it are not offered again
         self._after = 0
+        #: (a store's subscriber) its session's fan-out, whose events it is offered once
+        #: stored (:attr:`due_seq`)
+        self._source: Fanout | None = None
 
     # -- the subscriber's side -------------------------------------------------------------
 
@@ -287,6 +294,32 @@ class Subscription:
         the events that caused it) holds it until :attr:`taken` reaches this. No counter: a
         buffered event leaves only by :meth:`take`, which counts it, or by :meth:`close`."""
         return self.taken + len(self._events)
+
+    @property
+    def due_seq(self) -> int | None:
+        """(A store's subscriber) the newest seq its session published, stored or not: every
+        event up to it is offered here in time, and a response caused by them goes after them
+        (:attr:`offered_seq`). None without a store: what is published is offered at once
+        (:attr:`offered` is where the stream stands)."""
+        source = self._source
+        return None if source is None else source.head_seq
+
+    def hasten(self) -> None:
+        """(A store's subscriber) its subscriber waits for the events :attr:`due_seq` names
+        (a response behind them): the store writes what it has now."""
+        source = self._source
+        if source is not None and source.recorder is not None:
+            source.recorder.hasten()
+
+    @property
+    def offered_seq(self) -> int:
+        """The seq of the newest event offered so far (events are contiguous)."""
+        return self.last_seq + len(self._events)
+
+    @property
+    def closed(self) -> bool:
+        """The subscriber closed it (:meth:`close`)."""
+        return self._closed
 
     @property
     def ended(self) -> bool:
@@ -653,6 +686,7 @@ class Fanout:
         if self._closed and not (gated and self._held):
             subscription._end()
         elif gated:
+            subscription._source = self
             self._gated.append(subscription)
         else:
             self._subscriptions.append(subscription)

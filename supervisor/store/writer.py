@@ -206,6 +206,7 @@ class SessionStore:
         self._wake = trio.Event()  # something was recorded
         self._enough = trio.Event()  # a batch's worth, or a turn's end, was recorded
         self._turn_ended = False
+        self._now = trio.Event()  # a client waits for what is recorded (:meth:`hasten`)
         self._closing = False
         self._done = trio.Event()
         self._batch_done = trio.Event()  # set (and replaced) as each write ends
@@ -375,6 +376,17 @@ class SessionStore:
             self._turn_ended = True
             self._enough.set()
 
+    def hasten(self) -> None:
+        """A client waits for what is recorded (a connection holds a response behind its
+        session's events, given once stored): write it now, not after ``TURN_END_S`` or
+        ``flush_s`` (the response waits for the write anyway)."""
+        if not self._pending and not self._soon:
+            return  # (being written, or nothing to write)
+        self._now.set()
+        self._enough.set()
+        if self._idle is not None:
+            self._idle.cancel()  # (what soon() asked for)
+
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
         if self.full:
@@ -423,9 +435,11 @@ class SessionStore:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
                         if self._turn_ended and self._count < self.batch_events:
-                            await trio.sleep(TURN_END_S)
+                            with trio.move_on_after(TURN_END_S):
+                                await self._now.wait()
                 self._turn_ended = False
                 self._enough = trio.Event()
+                self._now = trio.Event()
                 soon, self._soon = self._soon, []
                 for fanout in soon:
                     fanout.serialize()  # (recorded: in _pending now)
