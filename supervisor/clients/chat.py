@@ -54,6 +54,7 @@ from supervisor.config import builtin_agents, load_agents
 from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
 from supervisor.remote.hosts import load_hosts
+from supervisor.remote.session import RemoteSession
 from supervisor.runtime.session import Session, Subscription
 from supervisor.steering import SteerResult
 from supervisor.supervisor import AnySession, open_supervisor
@@ -936,8 +937,8 @@ class EmbeddedBackend:
             raise ChatError(str(exc)) from exc
 
     async def rewind(self, turn_id: str) -> dict[str, Any]:
-        if not isinstance(self._session, Session):
-            raise ChatError("a rewind is for sessions on this machine: this one is on a host")
+        if not isinstance(self._session, Session | RemoteSession):
+            raise ChatError("a rewind is for running sessions: this one's agent runs nowhere")
         try:
             return await self._session.rewind(turn_id)
         except SupervisorError as exc:

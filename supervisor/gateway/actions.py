@@ -15,6 +15,7 @@ from protocols import PROTOCOLS
 from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
 from supervisor.pausing import PauseStatus
+from supervisor.remote.session import RemoteSession
 from supervisor.runtime.session import Session, SessionSummary
 from supervisor.store.dormant import DormantSession
 from supervisor.supervisor import AnySession, Supervisor
@@ -113,10 +114,11 @@ class Actions:
                 )
                 return {}
             case Rewind():
-                local = await self._local(call.session_id)
-                return await local.rewind(call.turn_id, force=call.force)
+                found = await self._rewindable(call.session_id)
+                return await found.rewind(call.turn_id, force=call.force)
             case Diff():
-                return await (await self._local(call.session_id)).diff(call.turn_id, call.path)
+                found = await self._rewindable(call.session_id)
+                return await found.diff(call.turn_id, call.path)
             case StopSession():
                 return await self.stop(call)
             case PauseAll():
@@ -168,24 +170,24 @@ class Actions:
     async def cancel(self, call: Cancel) -> dict[str, Any]:
         """The receipt, once the turn has ended (``agent.cancel``, ``POST .../abort``)."""
         if call.rewind:
-            local = await self._local(call.session_id)
-            receipt = await local.cancel(turn_id=call.task_id, reason=call.reason, rewind=True)
+            found = await self._rewindable(call.session_id)
+            receipt = await found.cancel(turn_id=call.task_id, reason=call.reason, rewind=True)
         else:
             session = self.supervisor.get(call.session_id)
             receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
         return {**receipt_to_wire(receipt), "success": True}
 
-    async def _local(self, session_id: str) -> Session:
-        """A session whose working directory is on this machine: what a rewind needs. A
-        stored one (an earlier supervisor's) has its agent started again, with the
-        checkpoints it kept."""
+    async def _rewindable(self, session_id: str) -> Session | RemoteSession:
+        """A session with its checkpoints where its files are: here, or in its host's node
+        (which rewinds it there). A stored one of this machine (an earlier supervisor's) has
+        its agent started again, with the checkpoints it kept."""
         session: Any = self.supervisor.get(session_id)
         if isinstance(session, DormantSession) and session.host is None:
             session = await session.revive()
-        if not isinstance(session, Session):
+        if not isinstance(session, Session | RemoteSession):
             raise BadRequest(
-                f"session {session_id} is not running on this machine: a rewind is for local"
-                " sessions (send a prompt first to revive a stopped one)"
+                f"session {session_id} is not running: a rewind is for running sessions"
+                " (send a prompt first to revive a stopped one)"
             )
         return session
 

@@ -389,6 +389,9 @@ class Connection:
             "prompt_carries": sorted(session.prompt_carries),
             "modes": session.modes,
             "held": session.held,
+            # Whether a rewind and a diff can be asked (a front's mirror of a node's session
+            # learns it here: a node too old to say keeps none).
+            "checkpoints": session.keeps_checkpoints,
         }
         self._send(ok_response(request_id, result))
         if subscription.screen is not None:

@@ -299,8 +299,9 @@ async def _serve_node(
                     # Nothing the front has not acknowledged is dropped: the agent waits.
                     history_size=history,
                     hold_unacknowledged=True,
-                    # A front cannot ask a node for a rewind yet: no snapshot is taken for it.
-                    checkpoints=False,
+                    # Each turn's checkpoints are taken here, where the files are: a front's
+                    # rewind and diff are the node's (design/remote.md, "Checkpoints").
+                    checkpoints=True,
                     metrics=Metrics(),  # GET /metrics on its socket; node --metrics
                     tracer_provider=tracer_provider,
                 ) as supervisor,

@@ -41,7 +41,15 @@ from trio_websocket import (
     wrap_client_stream,
 )
 
-from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
+from supervisor.errors import (
+    AgentNotRunning,
+    BadRequest,
+    Busy,
+    CheckpointFailed,
+    Conflict,
+    SessionNotFound,
+    SupervisorError,
+)
 from supervisor.remote.errors import HostCapacity, HostUnreachable, LinkLost, NodeRetired
 from supervisor.remote.frames import (
     MAX_MESSAGE_BYTES,
@@ -344,6 +352,9 @@ _NODE_ERRORS: Final[dict[str, type[SupervisorError]]] = {
     "session_not_found": SessionNotFound,
     "agent_not_running": AgentNotRunning,
     "bad_request": BadRequest,
+    "busy": Busy,
+    "conflict": Conflict,
+    "checkpoint_failed": CheckpointFailed,
     "capacity": HostCapacity,
     "node_retired": NodeRetired,
 }

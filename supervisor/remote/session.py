@@ -25,6 +25,7 @@ import trio
 
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
+from supervisor.checkpoints.shadow import GIT_TIMEOUT_S
 from supervisor.config import AgentSpec
 from supervisor.core.calls import (
     check_mode,
@@ -66,6 +67,11 @@ log = logging.getLogger(__name__)
 #: node's own ladder takes (grace, then the kill): past that, the receipt says the host could
 #: not be reached.
 CANCEL_REACH_MARGIN_S: Final = 5.0
+
+#: Git calls a rewind on the node may make one after the other (a snapshot of the state before
+#: it: add, write-tree, commit, ref; then the restore's reads), each within
+#: ``GIT_TIMEOUT_S``: past that and the host's ``request_timeout_s``, the node is not answering.
+REWIND_GIT_CALLS: Final = 6
 
 T = TypeVar("T")
 
@@ -112,6 +118,29 @@ def _turn_handle(result: dict[str, Any]) -> TurnHandle:
     return TurnHandle(text_field(result, "turn_id"), queued, held)
 
 
+def _rewound(result: dict[str, Any]) -> dict[str, Any]:
+    """A rewind's answer, as a local session's is: what the caller reads of it checked."""
+    restored, not_restored = result.get("restored"), result.get("not_restored")
+    if not isinstance(restored, list) or not all(isinstance(p, str) for p in restored):
+        raise NodeProtocolError("whose 'restored' is not a list of paths")
+    if not isinstance(not_restored, list) or not all(
+        isinstance(item, dict) and isinstance(item.get("path"), str) for item in not_restored
+    ):
+        raise NodeProtocolError("whose 'not_restored' is not a list of paths and whys")
+    text_field(result, "turn_id")
+    text_field(result, "undo")
+    return result
+
+
+def _diffed(result: dict[str, Any]) -> dict[str, Any]:
+    """A diff's answer: ``diff`` text, and its three flags booleans."""
+    if not isinstance(result.get("diff"), str):
+        raise NodeProtocolError("whose 'diff' is not text")
+    if not all(isinstance(result.get(k), bool) for k in ("truncated", "binary", "too_big")):
+        raise NodeProtocolError("whose 'truncated', 'binary' or 'too_big' is not a boolean")
+    return result
+
+
 class RemoteSession:
     """One session of a node on another host (create it through the ``Supervisor``)."""
 
@@ -148,6 +177,11 @@ class RemoteSession:
         #: what the agent takes and its modes, as the node says when we subscribe
         self._carries: frozenset[str] = frozenset()
         self._modes: dict[str, Any] | None = None
+        #: whether the node checkpoints this session's turns, as it says when we subscribe
+        #: (None: it did not say: a node older than rewinds on other hosts, which keeps none)
+        self._checkpoints: bool | None = None
+        #: the node's package version, for what an older node cannot do
+        self._node_version: str | None = None
         #: called with the receipt of each stopped turn once it has ended, and when: the
         #: supervisor's recent stops (as a local session's ``on_stop``)
         self.on_stop: Callable[[CancelReceipt, float], None] | None = None
@@ -209,6 +243,12 @@ class RemoteSession:
         """The agent's modes (ACP ``SessionModeState``) as its node last said, or None."""
         return self._modes
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether the node checkpoints this session's turns (where the files are), as it said
+        when we last subscribed."""
+        return self._checkpoints is True
+
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
         parts = check_prompt(text, parts)
         why = refusal(parts, self._carries, f"the agent on host {self.host!r}")
@@ -236,20 +276,42 @@ class RemoteSession:
         await self._request("session.resize", {"cols": cols, "rows": rows}, as_is)
 
     async def cancel(
-        self, *, turn_id: str | None = None, reason: str | None = None
+        self, *, turn_id: str | None = None, reason: str | None = None, rewind: bool = False
     ) -> CancelReceipt:
         """The node's receipt, plus ``host``: returns once the turn has ended on the host (its
         ``turn.ended`` is published here first). If the link drops meanwhile, the cancel is
         sent again, naming the turn, once it is back (the node answers a repeated cancel from
         the same job, or from the receipt it kept); if the host cannot be reached within the
         node's whole ladder and a margin, the receipt says so: ``outcome: "unreachable"``,
-        never ``killed`` for a tree nobody saw die."""
+        never ``killed`` for a tree nobody saw die.
+
+        ``rewind``: the node then rewinds the turn, as a local session's cancel does, and the
+        receipt's ``restored`` says what that did (a cancel sent again rewinds again: the files
+        end as the turn found them, and ``restored`` is what that second rewind restored)."""
         self._check_running()
         started = time.monotonic()
         target = turn_id if turn_id is not None else self._turn_id
         payload: dict[str, Any] = {"reason": REASON_USER if reason is None else reason}
         if turn_id is not None:
             payload["task_id"] = turn_id
+        unable = self._no_checkpoints() if rewind else None
+        if rewind and unable is None:
+            payload["rewind"] = True
+        bound = self._stop_bound_s() + (self._rewind_bound_s() if rewind else 0.0)
+        receipt = await self._cancel(payload, target, started, bound)
+        if not rewind or receipt.turn_id is None or receipt.outcome == "no_active_turn":
+            return receipt
+        if unable is not None:
+            # (a node that keeps none is never asked: an older one may not know the field)
+            return attrs.evolve(receipt, restored={"error": str(unable), "code": unable.code})
+        if receipt.outcome == "unreachable":
+            why = f"the node on {self.host} could not be reached: whether it rewound is unknown"
+            return attrs.evolve(receipt, restored={"error": why, "code": "host_unreachable"})
+        return receipt
+
+    async def _cancel(
+        self, payload: dict[str, Any], target: str | None, started: float, bound: float
+    ) -> CancelReceipt:
         reach = self.spec.grace_s + self.spec.kill_timeout_s + CANCEL_REACH_MARGIN_S
         give_up = trio.current_time() + max(reach, self.link.host.connect_timeout_s)
         attempts = 0
@@ -264,7 +326,7 @@ class RemoteSession:
                     "agent.cancel",
                     {"session_id": self.node_id, **payload},
                     self._receipt,
-                    timeout=self._stop_bound_s(),
+                    timeout=bound,
                     watch=True,
                 )
             except LinkLost:
@@ -289,6 +351,43 @@ class RemoteSession:
                     CancelReceipt,
                 )
             return receipt
+
+    async def rewind(self, turn_id: str, *, force: bool = False) -> dict[str, Any]:
+        """The node's ``Session.rewind`` of its session, where the files are: the same answer
+        (``{"turn_id", "restored", "not_restored", "undo"}``) and the same refusals, with
+        their codes (``busy``, ``conflict``, ``bad_request``)."""
+        unable = self._no_checkpoints()
+        if unable is not None:
+            raise unable
+        bound = self.link.host.request_timeout_s + self._rewind_bound_s()
+        payload: dict[str, Any] = {"turn_id": turn_id}
+        if force:
+            payload["force"] = True
+        return await self._request("session.rewind", payload, _rewound, timeout=bound)
+
+    async def diff(self, turn_id: str, path: str) -> dict[str, Any]:
+        """The node's ``Session.diff``: what the ended turn ``turn_id`` did to ``path``."""
+        unable = self._no_checkpoints()
+        if unable is not None:
+            raise unable
+        bound = self.link.host.request_timeout_s + GIT_TIMEOUT_S
+        payload = {"turn_id": turn_id, "path": path}
+        return await self._request("session.diff", payload, _diffed, timeout=bound)
+
+    def _no_checkpoints(self) -> BadRequest | None:
+        """Why the node cannot rewind this session (None: it can)."""
+        if self._checkpoints is True:
+            return None
+        if self._checkpoints is None:
+            return BadRequest(
+                f"session {self.id}: the node on {self.host} (agent-supervisor"
+                f" {self._node_version or 'unknown'}) is too old to keep checkpoints: a session"
+                " started once the host runs a newer node has them"
+            )
+        return BadRequest(
+            f"session {self.id} keeps no checkpoints (its agent's checkpoints are off, or its"
+            f" directory on {self.host} is / or the home directory)"
+        )
 
     async def steer(self, text: str) -> SteerResult:
         check_steer(text)
@@ -452,6 +551,9 @@ class RemoteSession:
             self._carries = frozenset(word for word in carries if word in CARRY_WORDS)
         modes = result.get("modes")
         self._modes = modes if isinstance(modes, dict) else None
+        checkpoints = result.get("checkpoints")
+        self._checkpoints = checkpoints if isinstance(checkpoints, bool) else None
+        self._node_version = conn.hello.version
         try:
             self._held = check_held(result.get("held"), "whose 'held'")
         except NodeProtocolError as exc:
@@ -678,6 +780,10 @@ class RemoteSession:
         spec = self.spec
         agent = spec.grace_s + 2 * spec.kill_timeout_s + spec.start_timeout_s
         return self.link.host.request_timeout_s + agent
+
+    def _rewind_bound_s(self) -> float:
+        """How long the node's rewind may rightly take, beyond the answer's way back."""
+        return REWIND_GIT_CALLS * GIT_TIMEOUT_S
 
     def _receipt(self, wire: dict[str, Any]) -> CancelReceipt:
         """The node's receipt (a cancel's answer, a steer's), as this front's: its session id,

@@ -26,7 +26,9 @@ __all__ = ["TEST_VERSION_VARIABLE", "TEST_WIRE_VARIABLE", "WIRE", "package_versi
 #: means changes incompatibly (2: the node on a Unix socket, ``--instance``, ``node_retired``;
 #: 3: ``session.held``, ``session.pause``/``session.resume``). A new event kind is such a change
 #: too: a front refuses a kind it does not know as a protocol error of that node
-#: (``supervisor/remote/frames.py``).
+#: (``supervisor/remote/frames.py``). What a node says it can do is no such change: the front
+#: asks only what the node said (the subscribe answer's ``prompt_carries``, its ``checkpoints``:
+#: a node too old to say is never asked for a rewind, ``RemoteSession.rewind``).
 WIRE: Final = 3
 #: For tests only: the package version a process says it is.
 TEST_VERSION_VARIABLE: Final = "AGENT_SUPERVISOR_TEST_PACKAGE_VERSION"

@@ -59,6 +59,10 @@ class SessionHandle(Protocol):
     @property
     def modes(self) -> dict[str, Any] | None: ...
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether its turns are checkpointed where its files are (``design/checkpoints.md``)."""
+
     def summary(self) -> Any: ...
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle: ...

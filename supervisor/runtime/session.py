@@ -842,6 +842,11 @@ class Session:
         protocol's, or what the agent advertised when it last started (ACP)."""
         return self.core.agent.carries
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        """Whether each turn is checkpointed (its ``changes``, :meth:`rewind`, :meth:`diff`)."""
+        return self._checkpoints is not None
+
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None, rewind: bool = False
     ) -> CancelReceipt:

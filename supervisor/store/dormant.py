@@ -100,6 +100,10 @@ class DormantSession:
     def modes(self) -> dict[str, Any] | None:
         return None
 
+    @property
+    def keeps_checkpoints(self) -> bool:
+        return False  # (none taken while its agent runs nowhere: revived, it may)
+
     def summary(self) -> SessionSummary:
         worktree = None
         if self.stored.worktree is not None:

@@ -1,0 +1,182 @@
+"""Checkpoints of a session on another host, taken by its node where the files are: a real
+node on this machine (the ``env`` transport), its demo agent writing files in a turn (its
+``write=NAME``, then a tool call that runs until it is stopped); and a node too old to keep
+any (the fake node, which says nothing of checkpoints)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from test_remote_faults import FAR, fake_host
+
+from helpers import Recorder
+from protocols import events as ev
+from supervisor import open_supervisor
+from supervisor.client import GatewayError, connect
+from supervisor.config import builtin_agents
+from supervisor.errors import BadRequest, Busy
+from supervisor.gateway import Gateway
+from supervisor.remote import HostSpec, RemoteSession
+from supervisor.supervisor import Supervisor
+
+BOUND = 60.0
+#: a turn that writes two files, then runs a tool until it is stopped
+EDITS = "write=notes.txt write=new.txt tool=100"
+BEFORE = b"the notes as they were\n\x00\xff raw bytes\n"
+CHANGES = [
+    {"path": "new.txt", "change": "added"},
+    {"path": "notes.txt", "change": "modified"},
+]
+
+
+@asynccontextmanager
+async def remote_session(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, RemoteSession, Path]]:
+    """A front whose agent runs in a real node on this machine, in ``work``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_bytes(BEFORE)
+    here = HostSpec(
+        name="here",
+        transport=["env"],
+        command=[sys.executable, "-m", "supervisor"],
+        detach_s=1.0,
+        state_dir=str(tmp_path / "node"),
+    )
+    demo = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
+    agents = {"far": demo.with_options(name="far", hosts=("here",))}
+    async with open_supervisor(agents=agents, hosts={"here": here}) as sup:
+        session = await sup.start_session("far", cwd=str(work))
+        assert isinstance(session, RemoteSession)
+        yield sup, session, work
+
+
+async def test_a_cancelled_remote_turn_lists_its_changes_and_rewinds_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(BOUND):
+        async with remote_session(tmp_path) as (_, session, work):
+            assert session.keeps_checkpoints
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt(EDITS)
+                await recorder.wait_kind("tool.call", turn_id=turn.id)  # (the files are written)
+                written = (work / "notes.txt").read_bytes()
+                assert written == EDITS.encode() + b"\n"
+
+                with pytest.raises(Busy, match="runs"):
+                    await session.rewind(turn.id)
+                with pytest.raises(BadRequest, match="no changes of"):
+                    await session.diff(turn.id, "notes.txt")  # (not ended)
+
+                receipt = await session.cancel()
+                assert receipt.outcome == "cancelled"
+                assert receipt.changes == CHANGES
+                assert receipt.host == "here"
+                ended = await recorder.wait_kind("turn.ended", turn_id=turn.id)
+                assert isinstance(ended, ev.TurnEnded) and ended.changes == CHANGES
+
+                diff = await session.diff(turn.id, "notes.txt")
+                assert (diff["turn_id"], diff["path"], diff["binary"]) == (
+                    turn.id,
+                    "notes.txt",
+                    True,  # (BEFORE has a NUL)
+                )
+                added = await session.diff(turn.id, "new.txt")
+                assert f"+{EDITS}" in added["diff"], added
+                assert not added["binary"] and not added["truncated"]
+
+                result = await session.rewind(turn.id)
+                assert result["restored"] == ["new.txt", "notes.txt"]
+                assert result["not_restored"] == []
+                assert (work / "notes.txt").read_bytes() == BEFORE
+                assert not (work / "new.txt").exists()
+                rewound = await recorder.wait_kind("session.rewound")
+                assert isinstance(rewound, ev.SessionRewound)
+                assert rewound.restored == result["restored"]
+                assert rewound.session_id == session.id
+
+                await session.rewind(result["undo"])  # the rewind is itself undoable
+                assert (work / "notes.txt").read_bytes() == written
+                with pytest.raises(BadRequest, match="no checkpoint of 'nope'"):
+                    await session.rewind("nope")
+                nursery.cancel_scope.cancel()
+
+
+async def test_stop_and_rewind_of_a_remote_turn_in_one_call_and_through_the_gateway(
+    tmp_path: Path,
+) -> None:
+    """``agent.cancel {rewind: true}`` of the front's gateway stops the node's turn and
+    rewinds it there; ``session.rewind`` while a turn runs is ``busy``, and a diff is one."""
+    with trio.fail_after(BOUND):
+        async with remote_session(tmp_path) as (sup, session, work), trio.open_nursery() as n:
+            url = await n.start(Gateway(sup, port=0).serve)
+            async with connect(url) as client:
+                recorder = Recorder(session)  # type: ignore[arg-type]
+                await n.start(recorder.run)
+                turn = await session.prompt(EDITS)
+                await recorder.wait_kind("tool.call", turn_id=turn.id)
+                assert (work / "new.txt").exists()
+                with pytest.raises(GatewayError) as raised:
+                    await client.request(
+                        "session.rewind", {"session_id": session.id, "turn_id": turn.id}
+                    )
+                assert raised.value.code == "busy", raised.value
+
+                receipt = await client.request(
+                    "agent.cancel", {"session_id": session.id, "rewind": True}
+                )
+                assert (receipt["outcome"], receipt["changes"]) == ("cancelled", CHANGES)
+                assert receipt["restored"]["restored"] == ["new.txt", "notes.txt"]
+                assert (work / "notes.txt").read_bytes() == BEFORE
+                assert not (work / "new.txt").exists()
+
+                diff = await client.request(
+                    "session.diff",
+                    {"session_id": session.id, "turn_id": turn.id, "path": "new.txt"},
+                )
+                assert f"+{EDITS}" in diff["diff"], diff
+                with pytest.raises(GatewayError) as raised:
+                    await client.request(
+                        "session.rewind", {"session_id": session.id, "turn_id": "nope"}
+                    )
+                assert raised.value.code == "bad_request", raised.value
+            n.cancel_scope.cancel()
+
+
+async def test_a_node_too_old_to_keep_checkpoints_is_never_asked_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """A node whose subscribe answer says nothing of checkpoints (one from before them): a
+    rewind or a diff is ``bad_request`` naming its version, and a stop-and-rewind stops the
+    turn and says in ``restored`` why nothing was rewound; the node is asked neither."""
+    asked = tmp_path / "asked.log"
+    host = fake_host("none", "start", "--log", str(asked))
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"far": FAR}, hosts={"h": host}) as sup:
+            session = await sup.start_session("far")
+            assert isinstance(session, RemoteSession)
+            assert not session.keeps_checkpoints
+            recorder = Recorder(session)  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("hi")
+                await recorder.wait_kind("message.delta", turn_id=turn.id)
+                with pytest.raises(BadRequest, match="too old to keep checkpoints"):
+                    await session.rewind(turn.id)
+                with pytest.raises(BadRequest, match="too old to keep checkpoints"):
+                    await session.diff(turn.id, "a.txt")
+                receipt = await session.cancel(rewind=True)
+                assert receipt.outcome == "cancelled"
+                assert receipt.restored is not None
+                assert receipt.restored["code"] == "bad_request"
+                assert "too old to keep checkpoints" in receipt.restored["error"]
+                nursery.cancel_scope.cancel()
+    actions = asked.read_text()
+    assert "agent.cancel" in actions
+    assert "session.rewind" not in actions and "session.diff" not in actions
