@@ -350,7 +350,7 @@ class SessionStore:
         """A checkpoint a session may rewind to, new or with its turn's end: written with the
         next batch (a session revived later gets it back: :meth:`checkpoints`)."""
         self._checkpoints.append(row)
-        self._pending.append(([], []))  # a write, though no event comes with it
+        self._pending.append(([], [], None))  # a write, though no event comes with it
         self._wake.set()
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
