@@ -40,16 +40,38 @@ class Screen(pyte.Screen):
         margins = self.margins
         top, bottom = (0, self.lines - 1) if margins is None else margins
         if self.cursor.y == bottom and top == 0:
-            if (
-                self.following
-                and self.prompt_row <= 0
-                and self.told_row <= 0
-                and len(self.scrolled_off) < _MAX_SCROLLED_LINES
-            ):
-                self.scrolled_off.append(self.row_text(0))
-            self.prompt_row = max(0, self.prompt_row - 1)
-            self.told_row = max(0, self.told_row - 1)
+            self._top_row_leaves(0)
         super().index()
+
+    def _top_row_leaves(self, y: int) -> None:
+        """Row ``y`` (the top row, as the rows above it left already) scrolls off."""
+        if (
+            self.following
+            and self.prompt_row <= 0
+            and self.told_row <= 0
+            and len(self.scrolled_off) < _MAX_SCROLLED_LINES
+        ):
+            self.scrolled_off.append(self.row_text(y))
+        self.prompt_row = max(0, self.prompt_row - 1)
+        self.told_row = max(0, self.told_row - 1)
+
+    def resize(self, lines: int | None = None, columns: int | None = None) -> None:
+        """Fewer rows go as xterm and xterm.js (the web UI's view) take them away: the rows
+        below the cursor first, then rows scroll off the top as far as the cursor needs to
+        stay on the screen. pyte alone drops the top rows whatever: a picture taken after
+        would lose what the program drew there, which every terminal still shows."""
+        if lines is not None and lines < self.lines:
+            scroll = max(0, self.cursor.y - (lines - 1))
+            for y in range(scroll):
+                self._top_row_leaves(y)
+            kept = {y - scroll: self.buffer[y] for y in range(scroll, scroll + lines)}
+            self.buffer.clear()
+            self.buffer.update(kept)
+            self.cursor.y -= scroll
+            self.lines = lines
+            self.dirty.update(range(lines))
+            self.set_margins()
+        super().resize(lines, columns)
 
     def row_text(self, y: int) -> str:
         """Row ``y``'s characters, trailing blanks removed."""

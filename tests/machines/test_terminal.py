@@ -230,6 +230,24 @@ def test_input_and_resize() -> None:
         client.resize(0, 24)
 
 
+def test_fewer_rows_keep_what_is_drawn_as_a_terminal_does() -> None:
+    # A view (xterm.js) keeps the rows above the cursor when it gets fewer rows: so does the
+    # screen, or a picture taken after the agent's resize would lose them.
+    client = machine()
+    out(client, b"banner\r\n> ", 0.0)
+    client.resize(40, 6)
+    assert client.screen_text == "banner\n>\n\n\n\n"
+    assert (client._screen.cursor.x, client._screen.cursor.y) == (2, 1)
+    assert redrawn(client.snapshot(), 40, 6).screen_text == client.screen_text
+    # The cursor on the last rows: the rows below it go, then the top rows scroll off.
+    client = machine()
+    out(client, b"".join(b"row %d\r\n" % i for i in range(8)) + b"> ", 0.0)
+    out(client, b"\x1b[10;1Hbottom\x1b[9;3H", 0.0)
+    client.resize(40, 4)
+    assert client.screen_text.splitlines() == ["row 5", "row 6", "row 7", ">"]
+    assert (client._screen.cursor.x, client._screen.cursor.y) == (2, 3)
+
+
 def redrawn(picture: bytes, cols: int, rows: int) -> TerminalClient:
     """A fresh screen of that size, fed the picture (as a terminal view draws it)."""
     view = TerminalClient(TerminalSettings(cols=cols, rows=rows))
