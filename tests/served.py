@@ -23,6 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 import trio
 from attrs import define
 
+from supervisor.client import GatewayClient
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Generous: a loaded 2-core machine starts ``serve`` in well under a second.
 START_S = 30.0
@@ -231,3 +233,14 @@ def check_replay(history: list[dict[str, Any]], seen: dict[int, dict[str, Any]])
             continue
         assert seq in stored, f"seq {seq} the client saw is neither stored nor in a gap"
         assert json.dumps(stored[seq], sort_keys=True) == json.dumps(event, sort_keys=True)
+
+
+async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str, Any]]:
+    """Every event replayed from seq 1 (the session is stopped: the replay ends)."""
+    got: list[dict[str, Any]] = []
+    async with client.subscribe(session_id, since_seq=0) as events:
+        async for event in events:
+            if event["event"].startswith("subscription."):
+                break
+            got.append(event)
+    return got

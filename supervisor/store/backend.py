@@ -41,6 +41,8 @@ __all__ = [
     "TEXT_KINDS",
     "TextRow",
     "UPSERT_CHECKPOINT",
+    "CHECKPOINTS_QUERY",
+    "checkpoint_rows",
     "store_beyond",
     "stored_session",
 ]
@@ -185,6 +187,20 @@ UPSERT_CHECKPOINT = """INSERT INTO checkpoints (session_id, checkpoint_id, n, st
         start_commit = CASE WHEN excluded.end_commit IS NULL THEN excluded.start_commit
             ELSE checkpoints.start_commit END,
         end_commit = excluded.end_commit"""
+
+#: A session's newest checkpoints, at most a number of them, in both dialects (as above):
+#: :func:`checkpoint_rows` reads them.
+CHECKPOINTS_QUERY = """SELECT checkpoint_id, n, start_commit, end_commit FROM checkpoints
+    WHERE session_id = ? ORDER BY n DESC LIMIT ?"""
+
+
+def checkpoint_rows(session_id: str, rows: Sequence[Sequence[Any]]) -> list[CheckpointRow]:
+    """The rows of :data:`CHECKPOINTS_QUERY`, oldest first."""
+    return [
+        CheckpointRow(session_id=session_id, checkpoint_id=c, n=n, start=start, end=end)
+        for c, n, start, end in reversed(rows)
+    ]
+
 
 #: what a :class:`TextRow` holds: a prompt, a steer (both in full: events carry previews), or
 #: the agent's answer in a turn (its ``message.delta`` texts joined, written at the turn's end)

@@ -43,6 +43,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    checkpoint_rows,
     store_beyond,
     stored_session,
 )
@@ -318,15 +319,7 @@ class PostgresBackend:
         ]
 
     def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
-        rows = self._read(
-            "SELECT checkpoint_id, n, start_commit, end_commit FROM checkpoints"
-            " WHERE session_id = %s ORDER BY n DESC LIMIT %s",
-            (session_id, limit),
-        )
-        return [
-            CheckpointRow(session_id=session_id, checkpoint_id=c, n=n, start=start, end=end)
-            for c, n, start, end in reversed(rows)
-        ]
+        return checkpoint_rows(session_id, self._read(_CHECKPOINTS_QUERY, (session_id, limit)))
 
     def first_prompts(self, chars: int) -> dict[str, str]:
         rows = self._read(
@@ -430,6 +423,7 @@ _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFL
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
     VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 _UPSERT_CHECKPOINT = contract.UPSERT_CHECKPOINT.replace("?", "%s")
+_CHECKPOINTS_QUERY = contract.CHECKPOINTS_QUERY.replace("?", "%s")
 _INSERT_TEXT = """INSERT INTO texts (session_id, seq, kind, turn_id, text)
     VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"""
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.store.backend import (
+    CHECKPOINTS_QUERY,
     MIGRATIONS,
     SCHEMA_VERSION,
     SESSIONS_QUERY,
@@ -29,6 +30,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    checkpoint_rows,
     store_beyond,
     stored_session,
 )
@@ -51,7 +53,6 @@ _PAGE_SIZE = 16384
 #: file is not made so: its pointer-map pages, written with every batch, cost 25-50 % of the
 #: write rate (``design/store.md``, "Retention"); freed pages are reused for new rows instead.
 _INCREMENTAL = 2
-_UPSERT_CHECKPOINT = UPSERT_CHECKPOINT
 _INSERT_EVENTS = (
     "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
 )
@@ -219,7 +220,7 @@ class SqliteBackend:
             )
         if batch.checkpoints:
             db.executemany(
-                _UPSERT_CHECKPOINT,
+                UPSERT_CHECKPOINT,
                 [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
             )
 
@@ -265,15 +266,7 @@ class SqliteBackend:
         ]
 
     def checkpoints(self, session_id: str, limit: int) -> list[CheckpointRow]:
-        rows = self._read(
-            "SELECT checkpoint_id, n, start_commit, end_commit FROM checkpoints"
-            " WHERE session_id = ? ORDER BY n DESC LIMIT ?",
-            (session_id, limit),
-        )
-        return [
-            CheckpointRow(session_id=session_id, checkpoint_id=c, n=n, start=start, end=end)
-            for c, n, start, end in reversed(rows)
-        ]
+        return checkpoint_rows(session_id, self._read(CHECKPOINTS_QUERY, (session_id, limit)))
 
     def first_prompts(self, chars: int) -> dict[str, str]:
         rows = self._read(

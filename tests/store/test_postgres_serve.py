@@ -15,22 +15,12 @@ import psycopg
 import trio
 
 from pg import PostgresServer
-from served import ROOT, _env, check_replay, demo_command, serve, write_config
-from supervisor.client import GatewayClient, connect
+from served import ROOT, _env, check_replay, demo_command, serve, whole_history, write_config
+from supervisor.client import connect
 
 BOUND = 90.0
 #: message.delta events the client sees before serve is killed: mid-stream.
 KILL_AFTER = 30
-
-
-async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    async with client.subscribe(session_id, since_seq=0) as events:
-        async for event in events:
-            if event["event"].startswith("subscription."):
-                break
-            got.append(event)
-    return got
 
 
 def stored_up_to(url: str, session_id: str, seq: int) -> None:

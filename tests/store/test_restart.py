@@ -82,35 +82,7 @@ async def test_sessions_and_their_history_come_back(tmp_path: Path) -> None:
 
 
 async def test_a_turn_running_when_the_supervisor_went_away_ends_once(tmp_path: Path) -> None:
-    path = tmp_path / "sessions.db"
-    backend = SqliteBackend(path)
-    backend.open()
-    state = event_json(ev.SessionState(session_id="s7", seq=1, timestamp=1.0, state="ready"))
-    started = event_json(
-        ev.TurnStarted(session_id="s7", seq=2, timestamp=2.0, turn_id="t1", text="go")
-    )
-    backend.write(
-        Batch(
-            sessions=[
-                StoredSession(
-                    id="s7",
-                    agent="fake",
-                    protocol="acp",
-                    host=None,
-                    cwd="/",
-                    mcp_servers="[]",
-                    agent_session_id="agent-own-id",
-                    created=1.0,
-                    last_active=2.0,
-                    state="running",
-                    open_turn_id="t1",
-                )
-            ],
-            events=[EventRun(session_id="s7", first_seq=1, payloads=[state, started])],
-        )
-    )
-    backend.close()
-    url = f"sqlite:///{path}"
+    url = _store_running_turn(tmp_path, "s7", "/")
     launcher = AcpLauncher(AcpBehaviour())
     with trio.fail_after(BOUND):
         for number in (8, 9):  # the second start finds the turn ended: nothing more is added
@@ -172,37 +144,7 @@ async def test_a_session_not_closed_cleanly_skips_what_clients_may_have_seen(
 ) -> None:
     """A writer that never closed (a SIGKILL): events clients saw past seq 2 may not be
     stored; their seqs and turn ids are a gap, never used again."""
-    path = tmp_path / "sessions.db"
-    backend = SqliteBackend(path)
-    backend.open()
-    state = event_json(ev.SessionState(session_id="s1", seq=1, timestamp=1.0, state="ready"))
-    started = event_json(
-        ev.TurnStarted(session_id="s1", seq=2, timestamp=2.0, turn_id="t1", text="go")
-    )
-    backend.write(
-        Batch(
-            sessions=[
-                StoredSession(
-                    id="s1",
-                    agent="fake",
-                    protocol="acp",
-                    host=None,
-                    cwd=str(tmp_path),
-                    mcp_servers="[]",
-                    agent_session_id="agent-own-id",
-                    created=1.0,
-                    last_active=2.0,
-                    state="running",
-                    open_turn_id="t1",
-                    clean=False,
-                )
-            ],
-            events=[EventRun(session_id="s1", first_seq=1, payloads=[state, started])],
-            texts=[TextRow(session_id="s1", turn_id="t1", seq=2, kind="prompt", text="go")],
-        )
-    )
-    backend.close()
-    url = f"sqlite:///{path}"
+    url = _store_running_turn(tmp_path, "s1", str(tmp_path), clean=False)
     launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.01))
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
@@ -254,3 +196,38 @@ async def test_a_restarted_session_gets_the_mcp_servers_it_was_started_with(
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
             await sup.get(session.id).prompt("again")
             assert launcher.links[-1].spec.mcp_servers == (files, web)
+
+
+def _store_running_turn(tmp_path: Path, session_id: str, cwd: str, *, clean: bool = True) -> str:
+    """A store (its URL) as a supervisor leaves it when it goes away with ``session_id``'s turn
+    ``t1`` (prompt "go") running: ``clean`` False as a SIGKILL leaves it (never closed)."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    stamp = {"session_id": session_id}
+    state = event_json(ev.SessionState(**stamp, seq=1, timestamp=1.0, state="ready"))
+    started = event_json(ev.TurnStarted(**stamp, seq=2, timestamp=2.0, turn_id="t1", text="go"))
+    backend.write(
+        Batch(
+            sessions=[
+                StoredSession(
+                    id=session_id,
+                    agent="fake",
+                    protocol="acp",
+                    host=None,
+                    cwd=cwd,
+                    mcp_servers="[]",
+                    agent_session_id="agent-own-id",
+                    created=1.0,
+                    last_active=2.0,
+                    state="running",
+                    open_turn_id="t1",
+                    clean=clean,
+                )
+            ],
+            events=[EventRun(session_id=session_id, first_seq=1, payloads=[state, started])],
+            texts=[TextRow(session_id=session_id, turn_id="t1", seq=2, kind="prompt", text="go")],
+        )
+    )
+    backend.close()
+    return f"sqlite:///{path}"

@@ -14,24 +14,14 @@ from typing import Any
 
 import trio
 
-from served import check_replay, demo_command, serve, write_config
-from supervisor.client import GatewayClient, connect
+from served import check_replay, demo_command, serve, whole_history, write_config
+from supervisor.client import connect
 from supervisor.store.url import backend_for
 
 BOUND = 120.0
 #: message.delta events the client sees before serve is killed: mid-flood, the writer's
 #: batches of a few ms behind what the client got.
 KILL_AFTER = 3000
-
-
-async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    async with client.subscribe(session_id, since_seq=0) as events:
-        async for event in events:
-            if event["event"].startswith("subscription."):
-                break
-            got.append(event)
-    return got
 
 
 async def test_every_event_a_client_saw_before_a_sigkill_is_stored(

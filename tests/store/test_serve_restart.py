@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import trio
 
-from served import check_replay, demo_command, serve, write_config
-from supervisor.client import GatewayClient, connect
+from served import check_replay, demo_command, serve, whole_history, write_config
+from supervisor.client import connect
 
 BOUND = 90.0
 
@@ -22,17 +22,6 @@ async def until(events: trio.MemoryReceiveChannel[dict[str, Any]], kind: str) ->
         if event["event"] == kind:
             return event
     raise AssertionError(f"no {kind}")
-
-
-async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str, Any]]:
-    """Every event replayed from seq 1 (the session is stopped: the replay ends)."""
-    got: list[dict[str, Any]] = []
-    async with client.subscribe(session_id, since_seq=0) as events:
-        async for event in events:
-            if event["event"].startswith("subscription."):
-                break
-            got.append(event)
-    return got
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
