@@ -145,6 +145,71 @@ async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockCl
     assert backend.seqs() == [1, 2, 3, 4]
 
 
+class AsideEvents:
+    """A session's events published in a cancel's step, serialized when the store asks."""
+
+    def __init__(self, store: SessionStore, first: int) -> None:
+        self.store = store
+        self.events: list[ev.Event] = [
+            ev.TurnEnded(session_id="s1", seq=first, timestamp=1.0, turn_id="t1", outcome="x")
+        ]
+        self.serialized_at: float | None = None
+
+    def serialize(self) -> None:
+        if self.events:
+            self.serialized_at = trio.current_time()
+            events, self.events = self.events, []
+            self.store.record(events, [event_json(e) for e in events])
+
+
+@pytest.mark.parametrize("hasten", [False, True])
+async def test_a_cancels_events_are_stored_from_the_writers_step(
+    autojump_clock: trio.testing.MockClock, hasten: bool
+) -> None:
+    """Events left as objects by a cancel's step are serialized by the writer TURN_END_S on,
+    not in the step that asked; at once if a client waits for them (a held response)."""
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits for work
+        aside = AsideEvents(store, 1)
+        start = trio.current_time()
+        store.soon(aside)  # type: ignore[arg-type]
+        assert aside.serialized_at is None  # not in the caller's step
+        if hasten:
+            store.hasten()
+        await store.flushed()
+        ((at, _),) = backend.batches
+        assert aside.serialized_at == at
+        assert at - start == pytest.approx(0.0 if hasten else TURN_END_S)
+        await store.aclose()
+    assert backend.seqs() == [1]
+
+
+async def test_a_waiting_client_has_what_is_recorded_written_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        store.record(*deltas(1, 3))
+        store.hasten()  # not flush_s
+        await store.flushed()
+        ended = ev.TurnEnded(session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="x")
+        store.record([ended], [event_json(ended)])
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits TURN_END_S
+        store.hasten()  # not TURN_END_S
+        await store.flushed()
+        assert [at - start for at, _ in backend.batches] == [0.0, 0.0]
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 3, 4]
+
+
 async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
