@@ -294,6 +294,12 @@ class Backend(Protocol):
         """Write ``batch`` in one transaction; :class:`StoreError` if it could not (nothing of
         it is written)."""
 
+    def index(self) -> None:
+        """Bring the search index up to the texts written (a backend that indexes each text
+        in the write that stores it has nothing to do): called after each write that stored
+        texts, and by :meth:`search` and :meth:`delete` themselves. :class:`StoreError` if
+        it could not (the next call indexes what this one did not)."""
+
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""
 

@@ -241,6 +241,9 @@ class PostgresBackend:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
 
+    def index(self) -> None:
+        """(A text's ``tsvector`` is a generated column: computed as it is stored.)"""
+
     def delete(self, session_ids: Sequence[str]) -> None:
         # Freed rows are reused by later writes once autovacuum has been by; a VACUUM FULL
         # to give them back would lock the tables against every write while it rewrites them.

@@ -4,7 +4,8 @@ WAL with ``synchronous=NORMAL``: a batch is one transaction, appended to the log
 fsync per commit (a power cut may lose the last batches, never corrupt the file; a crash of
 the process loses nothing written). The file is locked for this process alone (an exclusive
 lock taken at open and held): two supervisors writing the same sessions would interleave two
-histories with the same seqs. FTS5 indexes the texts (``texts_fts``) for :meth:`search`.
+histories with the same seqs. FTS5 indexes the texts (``texts_fts``) for :meth:`search`,
+in a transaction of its own after the write that stored them (:meth:`index`).
 """
 
 from __future__ import annotations
@@ -41,11 +42,16 @@ __all__ = ["SqliteBackend"]
 #: a supervisor that is stopping to let go, short enough that a second ``serve`` on the same
 #: file says at once that it cannot.
 _LOCK_WAIT_S = 2.0
-#: SQLite's statements beyond the dialect's migrations: the FTS5 index kept in step with
-#: ``texts`` (an external-content table, fed by a trigger on each row really inserted).
-_FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON texts BEGIN
-    INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
-END"""
+#: The texts the search index (an external-content FTS5 table) lacks, indexed: those above
+#: the highest rowid it holds (``texts_fts_docsize`` has a row per text indexed; a text's
+#: rowid is above every stored one's, and a deleted text leaves the index with it). Not in
+#: the write that stores them: a long answer's index costs tens of ms of SQLite's time (100,000
+#: distinct words: ~50-80 ms), which would hold back the turn's last events from subscribers.
+_INDEX_TEXTS = """INSERT INTO texts_fts (rowid, text) SELECT rowid, text FROM texts
+    WHERE rowid > (SELECT coalesce(max(id), 0) FROM texts_fts_docsize) ORDER BY rowid"""
+#: A file an earlier version wrote indexes each text in the write that stores it, by this
+#: trigger: dropped, and what it would have indexed is indexed by :data:`_INDEX_TEXTS`.
+_DROP_FTS_TRIGGER = "DROP TRIGGER IF EXISTS texts_fts_insert"
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: The page size of a new file (``_setup``).
 _PAGE_SIZE = 16384
@@ -122,7 +128,8 @@ class SqliteBackend:
                     db.execute(statement)
                 db.execute("DELETE FROM schema_version")
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (number + 1,))
-            db.execute(_FTS_TRIGGER)
+            db.execute(_DROP_FTS_TRIGGER)
+            db.execute(_INDEX_TEXTS)  # (what a supervisor that went away left unindexed)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -146,6 +153,13 @@ class SqliteBackend:
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+
+    def index(self) -> None:
+        db = self._conn
+        try:
+            db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot index the texts of the store {self.where}: {exc}") from None
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> None:
@@ -281,6 +295,7 @@ class SqliteBackend:
         words = _WORD.findall(query)
         if not words:
             return []
+        self.index()  # (texts written since the last index: found too)
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(
@@ -321,7 +336,9 @@ class SqliteBackend:
         try:
             db.execute("BEGIN")
             try:
-                # The search index is an external-content table: told of each row that goes.
+                # The search index is an external-content table: told of each row that goes,
+                # which it must hold (a text it lacks would corrupt it).
+                db.execute(_INDEX_TEXTS)
                 db.executemany(
                     "INSERT INTO texts_fts (texts_fts, rowid, text) "
                     "SELECT 'delete', rowid, text FROM texts WHERE session_id = ?",

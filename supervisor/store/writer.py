@@ -517,6 +517,14 @@ class SessionStore:
             room, self._room = self._room, []
             for callback in room:
                 callback()
+        if stored and self._last_batch.texts:
+            # Indexed for search once its events are given to subscribers: a long answer's
+            # index would hold back its turn's last events (a search indexes what it lacks
+            # first; one that fails is indexed by the next).
+            try:
+                await self._in_thread(self.backend.index)
+            except StoreError:
+                pass
 
     @staticmethod
     def _release(pending: list[_Run], stored: bool) -> None:

@@ -5,19 +5,21 @@ each backend; bad payloads are ``bad_request``, and so is a gateway that keeps n
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
-from supervisor.store.backend import SearchHit
+from supervisor.store.backend import Batch, SearchHit, StoredSession, TextRow
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
@@ -153,3 +155,31 @@ async def test_the_search_runs_on_the_stores_thread_not_the_event_loop(tmp_path:
             await store.aclose()
     assert hit.time == 12.5
     assert len(threads) == 2 and threading.get_ident() not in threads
+
+
+def test_a_text_stored_and_not_yet_indexed_is_found_and_deleted_whole(tmp_path: Path) -> None:
+    """The SQLite index is brought up to the texts after their write: a text a supervisor
+    that went away stored and did not index is found after a restart, and deleting a session
+    whose text waits to be indexed leaves the index whole."""
+    path = tmp_path / "sessions.db"
+    row = StoredSession(
+        id="s1", agent="a", protocol="acp", host=None, cwd="/", mcp_servers="[]",
+        agent_session_id=None, created=0.0, last_active=0.0, state="stopped",
+    )  # fmt: skip
+    answer = TextRow(session_id="s1", turn_id="t1", seq=4, kind="answer", text="zebra river")
+    backend = SqliteBackend(path)
+    backend.open()
+    backend.write(Batch(sessions=[row], texts=[answer]))
+    backend.close()  # (gone before its index)
+    backend = SqliteBackend(path)
+    backend.open()
+    assert [hit.seq for hit in backend.search("zebra", 5)] == [4]
+    backend.write(
+        Batch(sessions=[attrs.evolve(row, id="s2")], texts=[attrs.evolve(answer, session_id="s2")])
+    )
+    backend.delete(["s1", "s2"])
+    assert backend.search("zebra", 5) == []
+    backend.close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO texts_fts (texts_fts) VALUES ('integrity-check')")  # raises if not
+    db.close()

@@ -58,6 +58,9 @@ class FakeBackend:
             raise StoreError("cannot write to the store memory: disk I/O error")
         self.batches.append((self.clock(), batch))
 
+    def index(self) -> None:
+        pass
+
     def sessions(self) -> list[StoredSession]:
         return []
 
@@ -123,6 +126,46 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
         assert backend.batches[-1][0] == start
         await store.aclose()
     assert backend.seqs() == list(range(1, 107))
+
+
+class _Fanout:
+    """What the writer tells a session's fan-out (its subscribers get what is stored)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def committed(self, seq: int) -> None:
+        self.calls.append(f"committed {seq}")
+
+
+async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls: list[str] = []
+
+    class Ordered(FakeBackend):
+        def write(self, batch: Batch) -> None:
+            calls.append(f"write {len(batch.texts)} texts")
+            super().write(batch)
+
+        def index(self) -> None:
+            calls.append("index")
+
+    store = SessionStore(Ordered(), run_sync=direct)
+    fanout: Any = _Fanout(calls)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        events, payloads = deltas(1, 3)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="completed"
+        )
+        store.record(events, payloads, fanout)
+        await store.flushed()
+        store.record([ended], [event_json(ended)], fanout)
+        await store.flushed()
+        await store.aclose()
+    # Deltas alone carry no text to index; the turn's end carries its answer.
+    assert calls == ["write 0 texts", "committed 3", "write 1 texts", "committed 4", "index"]
 
 
 async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
