@@ -19,8 +19,8 @@ import trio
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
-from supervisor.store.backend import Batch, SearchHit, StoredSession, TextRow
-from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.backend import Batch, EventRun, SearchHit, StoredSession, TextRow
+from supervisor.store.sqlite import CHECKPOINT_PAGES, SqliteBackend
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.requests import (
@@ -183,3 +183,35 @@ def test_a_text_stored_and_not_yet_indexed_is_found_and_deleted_whole(tmp_path: 
     db = sqlite3.connect(path)
     db.execute("INSERT INTO texts_fts (texts_fts) VALUES ('integrity-check')")  # raises if not
     db.close()
+
+
+def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(tmp_path: Path) -> None:
+    """A write leaves the log as it is (its events go to subscribers without a checkpoint's
+    wait); a long log is checkpointed by ``settle``, and so is any log once the store is idle
+    (a checkpoint is seen as the file growing by what the log held)."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    payload = b'{"event":"message.delta","data":{"text":"' + b"x" * 1000 + b'"}}'
+    empty = path.stat().st_size
+    wal = Path(f"{path}-wal")
+    seq, due, log = 1, False, 0
+    while log < 1.1 * CHECKPOINT_PAGES * 16384:  # past SQLite's own checkpoint (1,000 pages)
+        due = backend.write(
+            Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
+        )
+        seq += 100
+        assert path.stat().st_size == empty  # no write checkpointed the log
+        log = wal.stat().st_size
+    assert due
+    backend.settle(idle=False)
+    assert path.stat().st_size > log / 2  # (its data pages; leaves it holds many times)
+    assert not backend.write(
+        Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
+    )
+    checkpointed = path.stat().st_size
+    backend.settle(idle=False)
+    assert path.stat().st_size == checkpointed  # (a short log waits for an idle store)
+    backend.settle(idle=True)
+    assert path.stat().st_size > checkpointed
+    backend.close()

@@ -25,6 +25,7 @@ from supervisor.store.backend import (
     TextRow,
 )
 from supervisor.store.writer import (
+    SETTLE_IDLE_S,
     TURN_END_S,
     SessionStore,
     StoreFault,
@@ -58,7 +59,7 @@ class FakeBackend:
             raise StoreError("cannot write to the store memory: disk I/O error")
         self.batches.append((self.clock(), batch))
 
-    def index(self) -> None:
+    def settle(self, idle: bool) -> None:
         pass
 
     def sessions(self) -> list[StoredSession]:
@@ -144,12 +145,13 @@ async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
     calls: list[str] = []
 
     class Ordered(FakeBackend):
-        def write(self, batch: Batch) -> None:
+        def write(self, batch: Batch) -> bool:
             calls.append(f"write {len(batch.texts)} texts")
             super().write(batch)
+            return bool(batch.texts)
 
-        def index(self) -> None:
-            calls.append("index")
+        def settle(self, idle: bool) -> None:
+            calls.append(f"settle idle={idle}")
 
     store = SessionStore(Ordered(), run_sync=direct)
     fanout: Any = _Fanout(calls)
@@ -165,7 +167,37 @@ async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
         await store.flushed()
         await store.aclose()
     # Deltas alone carry no text to index; the turn's end carries its answer.
-    assert calls == ["write 0 texts", "committed 3", "write 1 texts", "committed 4", "index"]
+    assert calls == [
+        "write 0 texts",
+        "committed 3",
+        "write 1 texts",
+        "committed 4",
+        "settle idle=False",
+    ]
+
+
+async def test_the_backend_settles_once_the_store_is_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settled: list[tuple[float, bool]] = []
+
+    class Settled(FakeBackend):
+        def settle(self, idle: bool) -> None:
+            settled.append((trio.current_time(), idle))
+
+    store = SessionStore(Settled(), run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        store.record(*deltas(1, 3))
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S / 2)
+        store.record(*deltas(4, 3))  # (not idle yet: the wait starts again)
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S * 5)
+        await store.aclose()
+    assert settled == [(pytest.approx(written + SETTLE_IDLE_S), True)]  # once, not again
 
 
 async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
