@@ -118,7 +118,8 @@ def backend_rate(backend: Backend, batch: int, total: int = 200_000) -> float:
                 payloads=[payload % n for n in range(seq + 1, seq + batch + 1)],
             )
         ]
-        backend.write(Batch(sessions=[session], events=rows))
+        if backend.write(Batch(sessions=[session], events=rows)):
+            backend.settle(idle=False)  # (as the store's writer does: a checkpoint too)
         seq += batch
     elapsed = time.perf_counter() - start
     backend.close()
@@ -176,7 +177,8 @@ async def restart(directory: Path, sessions: int, events: int) -> dict[str, Any]
             )
             for first in range(1, events + 1, 1000)
         ]
-        backend.write(Batch(sessions=[row], events=runs))
+        if backend.write(Batch(sessions=[row], events=runs)):
+            backend.settle(idle=False)
     backend.close()
     start = time.perf_counter()
     store = SessionStore(SqliteBackend(path))

@@ -107,6 +107,9 @@ _SCAN_RUN = 64
 #: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
 #: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
 RECLAIM_PAGES = 4096
+#: How long the store is idle (nothing recorded) before the backend does what can wait for
+#: that (:meth:`Backend.settle`: SQLite checkpoints its write-ahead log then, not in a stream).
+SETTLE_IDLE_S = 1.0
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -231,6 +234,8 @@ class SessionStore:
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
         self._last_batch = Batch()
+        #: something was written since the backend was last told the store is idle
+        self._unsettled = False
         #: writes fail now, and are tried again (None: they go through)
         self.fault: StoreFault | None = None
         self._watchers: list[Callable[[StoreNotice], object]] = []
@@ -438,8 +443,15 @@ class SessionStore:
                         return
                     with trio.CancelScope() as idle:
                         self._idle = idle
-                        await self._wake.wait()
+                        with trio.move_on_after(
+                            SETTLE_IDLE_S if self._unsettled else math.inf
+                        ) as quiet:
+                            await self._wake.wait()
                     self._idle = None
+                    if quiet.cancelled_caught:
+                        self._unsettled = False
+                        await self._settle(idle=True)
+                        continue
                     late = idle.cancelled_caught
                     self._wake = trio.Event()
                     if not self._pending and not self._soon:
@@ -478,9 +490,10 @@ class SessionStore:
         since = 0.0  # (the wall clock's failed_at, for clients)
         first = True
         stored = True
+        due = False
         while True:
             try:
-                await self._in_thread(self._write, pending, checkpoints, first)
+                due = await self._in_thread(self._write, pending, checkpoints, first)
                 self.written += count
                 if failed_at is not None:
                     failed_s = trio.current_time() - failed_at
@@ -517,6 +530,18 @@ class SessionStore:
             room, self._room = self._room, []
             for callback in room:
                 callback()
+        if stored:
+            self._unsettled = True
+            if due:
+                # Once its events are given to subscribers: a long answer's search index
+                # would hold back its turn's last events, a checkpoint the batch's.
+                await self._settle(idle=False)
+
+    async def _settle(self, idle: bool) -> None:
+        try:
+            await self._in_thread(self.backend.settle, idle)
+        except StoreError:
+            pass  # (done by the next call; a store that fails is said by the writes)
 
     @staticmethod
     def _release(pending: list[_Run], stored: bool) -> None:
@@ -570,12 +595,13 @@ class SessionStore:
             span = self._lost.setdefault(sid, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
 
-    def _write(self, pending: list[_Run], checkpoints: list[CheckpointRow], first: bool) -> None:
-        """(The worker thread.) The rows of ``pending``, written in one transaction."""
+    def _write(self, pending: list[_Run], checkpoints: list[CheckpointRow], first: bool) -> bool:
+        """(The worker thread.) The rows of ``pending``, written in one transaction; whether
+        the backend has work to :meth:`~Backend.settle` now."""
         if first:
             self._batch(pending)
             self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
-        self.backend.write(self._last_batch)
+        return bool(self.backend.write(self._last_batch))
 
     def _batch(self, pending: list[_Run]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""

@@ -41,6 +41,9 @@ class HeldBackend:
         for run in batch.events:
             self.stored.update(range(run.first_seq, run.last_seq + 1))
 
+    def settle(self, idle: bool) -> None:
+        pass
+
     def sessions(self) -> list[StoredSession]:
         return []
 

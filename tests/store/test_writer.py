@@ -25,6 +25,7 @@ from supervisor.store.backend import (
     TextRow,
 )
 from supervisor.store.writer import (
+    SETTLE_IDLE_S,
     TURN_END_S,
     SessionStore,
     StoreFault,
@@ -57,6 +58,9 @@ class FakeBackend:
             self.failures -= 1
             raise StoreError("cannot write to the store memory: disk I/O error")
         self.batches.append((self.clock(), batch))
+
+    def settle(self, idle: bool) -> None:
+        pass
 
     def sessions(self) -> list[StoredSession]:
         return []
@@ -123,6 +127,77 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
         assert backend.batches[-1][0] == start
         await store.aclose()
     assert backend.seqs() == list(range(1, 107))
+
+
+class _Fanout:
+    """What the writer tells a session's fan-out (its subscribers get what is stored)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def committed(self, seq: int) -> None:
+        self.calls.append(f"committed {seq}")
+
+
+async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls: list[str] = []
+
+    class Ordered(FakeBackend):
+        def write(self, batch: Batch) -> bool:
+            calls.append(f"write {len(batch.texts)} texts")
+            super().write(batch)
+            return bool(batch.texts)
+
+        def settle(self, idle: bool) -> None:
+            calls.append(f"settle idle={idle}")
+
+    store = SessionStore(Ordered(), run_sync=direct)
+    fanout: Any = _Fanout(calls)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        events, payloads = deltas(1, 3)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="completed"
+        )
+        store.record(events, payloads, fanout)
+        await store.flushed()
+        store.record([ended], [event_json(ended)], fanout)
+        await store.flushed()
+        await store.aclose()
+    # Deltas alone carry no text to index; the turn's end carries its answer.
+    assert calls == [
+        "write 0 texts",
+        "committed 3",
+        "write 1 texts",
+        "committed 4",
+        "settle idle=False",
+    ]
+
+
+async def test_the_backend_settles_once_the_store_is_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settled: list[tuple[float, bool]] = []
+
+    class Settled(FakeBackend):
+        def settle(self, idle: bool) -> None:
+            settled.append((trio.current_time(), idle))
+
+    store = SessionStore(Settled(), run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        store.record(*deltas(1, 3))
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S / 2)
+        store.record(*deltas(4, 3))  # (not idle yet: the wait starts again)
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S * 5)
+        await store.aclose()
+    assert settled == [(pytest.approx(written + SETTLE_IDLE_S), True)]  # once, not again
 
 
 async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
