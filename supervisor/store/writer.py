@@ -798,8 +798,12 @@ class SessionStore:
             pass
 
     async def flushed(self) -> None:
-        """Return once nothing recorded waits to be written (written, or given up), nor
-        waits to be recorded (:meth:`soon`)."""
+        """Return once every event the sessions published so far is written (or given up).
+        What a session published in its actor's step waits in its fan-out as objects until
+        the actor next waits (a turn's end, a cancel's answer just given): serialized here
+        first."""
+        for meta in self._meta.values():
+            meta.session.fanout.serialize()
         while self._count or self._soon:
             await self._batch_done.wait()
 
