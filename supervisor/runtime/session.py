@@ -339,6 +339,11 @@ class _Swept:
 
 
 @define
+class _BaselineTaken:
+    error: str | None
+
+
+@define
 class _CheckpointTaken:
     turn_id: str
     error: str | None
@@ -514,6 +519,10 @@ class _AgentIO:
 
     # -- checkpoints (supervisor/checkpoints/): the files' side, the core's is core/checkpoints.py
 
+    def baseline(self) -> None:
+        assert self.nursery is not None
+        self.nursery.start_soon(self._baseline)
+
     def checkpoint(self, turn_id: str) -> None:
         assert self.nursery is not None
         self.nursery.start_soon(self._checkpoint, turn_id)
@@ -563,6 +572,21 @@ class _AgentIO:
             await store.housekeep()
         except (CheckpointError, OSError) as exc:  # tried again after the next snapshots
             log.warning("session %s: checkpoint housekeeping failed: %s", self._session.id, exc)
+
+    async def _baseline(self) -> None:
+        """The session's first snapshot, in the actor's nursery (a stop cancels it, and its
+        git with it: ``trio.run_process`` ends the process it waits for). No rewind names
+        it: its ref goes at the next housekeeping; what it leaves is the store's index."""
+        store = self._session._checkpoints
+        assert store is not None
+        try:
+            snapshot = await store.snapshot()
+        except (CheckpointError, OSError) as exc:
+            await self._post(_BaselineTaken(str(exc)))
+        else:
+            store.forget([snapshot])
+            self._housekeep(store)
+            await self._post(_BaselineTaken(None))
 
     async def _checkpoint(self, turn_id: str) -> None:
         store = self._session._checkpoints
@@ -1243,6 +1267,8 @@ class Session:
             core.life.memory_over(item.generation, item.used_mb)
         elif isinstance(item, _CheckpointTaken):
             core.checkpoint_taken(item.turn_id, item.error)
+        elif isinstance(item, _BaselineTaken):
+            core.baseline_taken(item.error)
         elif isinstance(item, _TurnChanges):
             core.turn_changes(item.turn_id, item.changes, item.error)
         elif isinstance(item, _Rewound):
