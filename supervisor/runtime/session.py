@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -103,6 +104,11 @@ _IDLE_TURNS = 3
 #: worker thread: ~1 ms for a small tree). A tree that grows 1 GB/s overshoots by ~2 GB before
 #: it is seen; agents grow over minutes (Claude Code users report ~3 GB per session).
 MEMORY_SAMPLE_S = 2.0
+#: The checkpoint stores (one per working directory) whose first snapshot of this process a
+#: session has begun: the sessions started there after it take none of their own, their first
+#: turn's start snapshot waits for the store behind it (each would be a whole incremental
+#: snapshot in the way of the others' turns: a second on 100,000 files).
+_BASELINED: weakref.WeakSet[ShadowStore] = weakref.WeakSet()
 
 
 @frozen
@@ -520,7 +526,12 @@ class _AgentIO:
     # -- checkpoints (supervisor/checkpoints/): the files' side, the core's is core/checkpoints.py
 
     def baseline(self) -> None:
-        assert self.nursery is not None
+        store = self._session._checkpoints
+        assert self.nursery is not None and store is not None
+        if store in _BASELINED:
+            self.nursery.start_soon(self._post, _BaselineTaken(None))
+            return
+        _BASELINED.add(store)
         self.nursery.start_soon(self._baseline)
 
     def checkpoint(self, turn_id: str) -> None:

@@ -59,13 +59,13 @@ class GatedStore(ShadowStore):
 
 @asynccontextmanager
 async def gated_session(
-    tmp_path: Path,
+    tmp_path: Path, store: GatedStore | None = None, session_id: str = "s1"
 ) -> AsyncIterator[tuple[Session, GatedStore, Recorder, trio.Event]]:
     """The session, its store, its events, and whether its actor (and its nursery) ended."""
-    store = GatedStore(tmp_path)
+    store = store if store is not None else GatedStore(tmp_path)
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
     launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.0))
-    session = Session("s1", spec, cwd=str(tmp_path), launcher=launcher, checkpoints=store)
+    session = Session(session_id, spec, cwd=str(tmp_path), launcher=launcher, checkpoints=store)
     recorder = Recorder(session)
     ended = trio.Event()
 
@@ -147,3 +147,21 @@ async def test_a_stop_cancels_the_first_snapshot(
         ended = await recorder.wait_kind("turn.ended")
         assert ended.turn_id == turn.id
         assert [e.code for e in recorder.of_kind("error")] == []
+
+
+async def test_a_session_started_beside_another_takes_no_first_snapshot_of_its_own(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """One store per directory: its first snapshot of the process, under way for the first
+    session, is the second's too (the second's turn takes the store after it)."""
+    async with gated_session(tmp_path) as (_, store, _, _):
+        await store.wait_asked(1)
+        async with gated_session(tmp_path, store, "s2") as (second, _, recorder, _):
+            await second.wait_ready()
+            turn = await second.prompt("edit")
+            await store.wait_asked(2)  # its own start snapshot, at once
+            store.let_through(1)
+            started = await recorder.wait_kind("turn.started")
+            assert started.turn_id == turn.id
+            await second.stop()
+        store.let_through(0)
