@@ -43,7 +43,7 @@ BENCHMARKS = [
     ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
     # minutes on a slow disk: making and deleting 100,000 files, and a first snapshot of them
-    ("checkpoint_snapshot_100k", ["--repeats", "5"]),
+    ("checkpoint_snapshot_100k", ["--repeats", "5", "--first-turns", "1"]),
     ("terminal_cost", ["--mb", "2", "--repeats", "5"]),
 ]
 

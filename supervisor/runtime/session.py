@@ -594,6 +594,9 @@ class _AgentIO:
             snapshot = await store.snapshot()
         except (CheckpointError, OSError) as exc:
             await self._post(_BaselineTaken(str(exc)))
+        except trio.Cancelled:
+            _BASELINED.discard(store)  # not taken: the next session started here takes it
+            raise
         else:
             store.forget([snapshot])
             self._housekeep(store)

@@ -147,6 +147,10 @@ async def test_a_stop_cancels_the_first_snapshot(
         ended = await recorder.wait_kind("turn.ended")
         assert ended.turn_id == turn.id
         assert [e.code for e in recorder.of_kind("error")] == []
+        # not taken: the next session started there takes it
+        async with gated_session(tmp_path, store, "s2"):
+            await store.wait_asked(2)
+            store.let_through(1)
 
 
 async def test_a_session_started_beside_another_takes_no_first_snapshot_of_its_own(
