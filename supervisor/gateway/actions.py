@@ -80,6 +80,7 @@ class Actions:
             case ListAgents():
                 return self.agents()
             case ListSessions():
+                await sup.refresh_stored()  # (other processes of the store start sessions)
                 return self.sessions()
             case ListReceipts():
                 return self.receipts(call)
@@ -316,6 +317,7 @@ def _stored(summary: SessionSummary) -> dict[str, Any]:
         "created": summary.created,
         "last_active": summary.last_active,
         "first_prompt": summary.first_prompt or "",
+        **({"elsewhere": summary.elsewhere} if summary.elsewhere is not None else {}),
     }
 
 
