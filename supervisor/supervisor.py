@@ -765,6 +765,23 @@ class Supervisor:
         except KeyError:
             raise SessionNotFound(f"no session {session_id!r}") from None
 
+    async def find(self, session_id: str) -> AnySession:
+        """The session ``session_id``: one listed here, or one the store has that another of
+        its processes started since the last list (listed from now on, as stored: it says
+        which process runs it). :class:`SessionNotFound` when neither knows it."""
+        current = self._sessions.get(session_id)
+        if current is not None or self.store is None:
+            return self.get(session_id)
+        record = await self.store.stored(session_id)
+        current = self._sessions.get(session_id)
+        if current is not None:  # (listed meanwhile)
+            return current
+        if record is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        dormant = self._sessions[session_id] = self._dormant(record)
+        self._poke()
+        return dormant
+
     def list(self) -> list[SessionSummary]:
         return [session.summary() for session in self._sessions.values()]
 
@@ -782,7 +799,7 @@ class Supervisor:
         if isinstance(current, DormantSession):
             return current
         await self.store.flushed()  # its last events and its row are in the store
-        stored = next((s for s in await self.store.refresh() if s.id == session_id), None)
+        stored = await self.store.stored(session_id)
         current = self._sessions.get(session_id)
         if stored is None or (current is not None and current.state not in _ENDED):
             return self.get(session_id)  # unknown; or started again meanwhile

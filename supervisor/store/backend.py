@@ -37,6 +37,7 @@ __all__ = [
     "SessionElsewhere",
     "SCHEMA_VERSION",
     "SESSIONS_QUERY",
+    "SESSION_QUERY",
     "Backend",
     "Batch",
     "CheckpointRow",
@@ -145,13 +146,17 @@ FIRST_PROMPT_CHARS = 200
 #: Every stored session, newest first, with its newest ``seq`` and the start of its first
 #: prompt (each an index lookup: ``texts`` is keyed by session and seq): the same SQL in both
 #: dialects; each row is made a :class:`StoredSession` by :func:`stored_session`.
-SESSIONS_QUERY = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
+_SESSION_ROWS = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
     created, last_active, state, open_turn_id, clean, turns,
     (SELECT max(last_seq) FROM events WHERE session_id = sessions.id),
     (SELECT substr(text, 1, {FIRST_PROMPT_CHARS}) FROM texts
         WHERE session_id = sessions.id AND kind = 'prompt' ORDER BY seq LIMIT 1),
     worktree, owner
-FROM sessions ORDER BY last_active DESC, id DESC"""
+FROM sessions"""
+SESSIONS_QUERY = f"{_SESSION_ROWS} ORDER BY last_active DESC, id DESC"
+#: One stored session, by id (the primary key), as :data:`SESSIONS_QUERY` has it; ``{}``: the
+#: dialect's placeholder.
+SESSION_QUERY = _SESSION_ROWS + " WHERE id = {}"
 
 
 def stored_session(row: Sequence[Any]) -> StoredSession:
@@ -397,6 +402,10 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close the connection (the writer flushed what it had), delete this process's
         ``owners`` row and let go of its locks."""
+
+    def session(self, session_id: str) -> StoredSession | None:
+        """The stored session ``session_id`` (None: the store has it not): one indexed
+        read, for a session another process of the store started since it was listed."""
 
     #: this process, as :meth:`open` registers it in ``owners``
     owner: Owner

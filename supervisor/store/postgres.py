@@ -36,6 +36,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
+    SESSION_QUERY,
     SESSIONS_QUERY,
     Batch,
     CheckpointRow,
@@ -301,6 +302,10 @@ class PostgresBackend:
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
+
+    def session(self, session_id: str) -> StoredSession | None:
+        rows = self._read(SESSION_QUERY.format("%s"), (session_id,))
+        return stored_session(rows[0]) if rows else None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         # Runs in order of their first seq, a page at a time: the first run of a page has a

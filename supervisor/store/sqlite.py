@@ -28,6 +28,7 @@ from supervisor.store.backend import (
     EXCLUSIVE_KINDS,
     MIGRATIONS,
     SCHEMA_VERSION,
+    SESSION_QUERY,
     SESSIONS_QUERY,
     UPSERT_CHECKPOINT,
     Batch,
@@ -292,6 +293,10 @@ class SqliteBackend:
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
+
+    def session(self, session_id: str) -> StoredSession | None:
+        rows = self._read(SESSION_QUERY.format("?"), (session_id,))
+        return stored_session(rows[0]) if rows else None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         found: list[tuple[int, bytes]] = []

@@ -110,6 +110,10 @@ _SCAN_RUN = 64
 #: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
 #: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
 RECLAIM_PAGES = 4096
+#: The states in which a session's agent is gone for good (``Supervisor``'s ended states):
+#: the row written with that event hands it back (no owner, clean), for any process of the
+#: store to take up.
+_GONE_FOR_GOOD = frozenset({"stopped", "failed"})
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -368,10 +372,9 @@ class SessionStore:
     def _claim(self, session_id: str) -> StoredSession:
         """(The worker thread.)"""
         with self.backend.exclusive():
-            found = [s for s in self.backend.sessions() if s.id == session_id]
-            if not found:
+            session = self.backend.session(session_id)
+            if session is None:
                 raise StoreError(f"the store {self.backend.where} has no session {session_id}")
-            session = found[0]
             owner = self._elsewhere(session, self.backend.owners())
             if owner is not None:
                 raise SessionElsewhere(
@@ -394,6 +397,20 @@ class SessionStore:
     def owner_of(self, session: StoredSession) -> Owner | None:
         """The other live process ``session`` ran in when last read (None: none)."""
         return self.owners.get(session.owner) if session.owner is not None else None
+
+    async def stored(self, session_id: str) -> StoredSession | None:
+        """The stored session ``session_id`` as the store has it now (None: it has it not),
+        one another process of the store started too (:meth:`owner_of` says whether a live
+        process runs it)."""
+        return await self._in_thread(self._stored, session_id)
+
+    def _stored(self, session_id: str) -> StoredSession | None:
+        """(The worker thread.)"""
+        session = self.backend.session(session_id)
+        if session is not None and session.owner not in (None, self.backend.owner.token):
+            self.owners.pop(session.owner, None)  # (alive as it is read now, or not)
+            self._elsewhere(session, self.backend.owners())
+        return session
 
     async def refresh(self) -> list[StoredSession]:
         """The stored sessions as the store has them now, those of other processes too
@@ -721,6 +738,8 @@ class SessionStore:
                     assert isinstance(event, ev.SessionState)
                     if info is not None:
                         info.state = event.state
+                        if event.state in _GONE_FOR_GOOD:
+                            info.owner = None  # (taken up again here by ``claim``)
                 elif cls is ev.TurnStarted or cls is ev.TurnSteered:
                     assert isinstance(event, ev.TurnStarted | ev.TurnSteered)
                     text = event.text
@@ -921,7 +940,7 @@ class SessionStore:
         rows = [
             attrs.evolve(_row(sid, info), clean=True, owner=None)
             for sid, info in self._meta.items()
-            if info.stored and sid not in self._lost
+            if info.stored and sid not in self._lost and info.owner is not None
         ]
         if rows:
             self.backend.write(Batch(sessions=rows))
@@ -955,7 +974,7 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         last_active=info.last_active,
         state=info.state,
         open_turn_id=info.open_turn_id,
-        clean=False,
+        clean=info.owner is None,  # (handed back with its last events: nothing after)
         worktree=info.worktree,
         owner=info.owner,
     )

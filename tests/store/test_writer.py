@@ -78,6 +78,9 @@ class FakeBackend:
     def sessions(self) -> list[StoredSession]:
         return []
 
+    def session(self, session_id: str) -> StoredSession | None:
+        return None
+
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         return []
 
