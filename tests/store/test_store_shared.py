@@ -6,6 +6,7 @@ started again here."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,12 @@ import pytest
 import trio
 
 from served import ROOT, _env, demo_command, serve, write_config
+from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.errors import AgentNotRunning, SessionNotFound
+from supervisor.store.dormant import DormantSession
+from supervisor.store.retention import Retention
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 BOUND = 60
 
@@ -101,3 +107,66 @@ async def until_ended(client: GatewayClient, session_id: str, turns: int) -> lis
             if sum(e["event"] == "turn.ended" for e in got) == turns:
                 return got
     raise AssertionError(f"the subscription ended first: {got[-3:]}")
+
+
+# -- two supervisors in one process, on each backend: owners, claim, ids, retention
+
+
+SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=0.5)
+
+
+async def one_turn(session: Any, text: str, turns: int = 1) -> list[Any]:
+    """``text`` prompted to the live ``session``; its events from seq 1 up to its ``turns``-th
+    ``turn.ended``."""
+    async with session.subscribe(since_seq=0) as events:
+        await session.prompt(text)
+        got = []
+        async for event in events:
+            got.append(event)
+            if sum(e.kind == "turn.ended" for e in got) == turns:
+                return got
+    raise AssertionError("the subscription ended first")
+
+
+async def test_two_processes_take_a_stopped_session_from_each_other(store_url: str) -> None:
+    """A session is its process's while it runs there: the other finds it by id (no list
+    first), names that process, and neither starts it again nor lets retention delete it;
+    once stopped it is handed back, and the other takes it up while the first lives."""
+    launcher = AcpLauncher(AcpBehaviour(words=3))
+    agents = {"fake": SPEC}
+    with trio.fail_after(BOUND):
+        async with (
+            open_supervisor(
+                agents=agents, launcher=launcher, store=store_url, store_kind="acp"
+            ) as first,
+            open_supervisor(
+                agents=agents, launcher=launcher, store=store_url, store_kind="acp"
+            ) as second,
+        ):
+            theirs = await first.start_session("fake")
+            await one_turn(theirs, "hello")
+            ours = await second.start_session("fake")
+            assert ours.id != theirs.id
+            await first.store.flushed()  # type: ignore[union-attr]
+            found = await second.find(theirs.id)  # (never listed in ``second``)
+            assert isinstance(found, DormantSession)
+            assert f"acp pid {os.getpid()}" in (found.summary().elsewhere or "")
+            with pytest.raises(AgentNotRunning, match=f"acp pid {os.getpid()}"):
+                await found.prompt("mine now?")
+            assert await second.sweep_store(Retention(keep_sessions=0)) == []
+            with pytest.raises(SessionNotFound):
+                await second.find("s999")
+
+            async with theirs.subscribe() as events:
+                await first.stop_session(theirs.id)
+                async for _ in events:  # (to its end: its last events are in the store)
+                    pass
+            await first.store.flushed()  # type: ignore[union-attr]
+            revived = await (await second.find(theirs.id)).revive()
+            events = await one_turn(revived, "go on here", turns=2)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            back = await first.reopen(theirs.id)  # (``first`` lives: it is refused there now)
+            with pytest.raises(AgentNotRunning, match="runs in another process"):
+                await back.prompt("and back?")
+            third = await first.start_session("fake")
+            assert third.id not in (theirs.id, ours.id)
