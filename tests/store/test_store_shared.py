@@ -1,14 +1,16 @@
-"""One store, two processes: a ``serve`` and an ACP front door's supervisor (``store_kind=
-"acp"``, as ``agent-supervisor acp`` opens it) on the same state directory. Each lists the
-other's sessions, ids never collide, a prompt to a session the other runs is refused naming
-it, and once the other is SIGKILLed its sessions are recovered (its turn ended honestly) and
-started again here."""
+"""One store, several processes: ``serve`` and ACP front doors (``agent-supervisor acp``) on
+one state directory, and two supervisors in one process on each backend. Each lists the
+others' sessions and finds them by id, ids never collide, a session another live process runs
+is refused naming it and kept from retention, and one whose process stopped it or was
+SIGKILLed is taken up (recovered first: its turn ended honestly) with its history."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +27,66 @@ from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 BOUND = 60
 
-#: The front door's supervisor: a session whose turn runs for good, its id printed.
-FRONT = """
-import sys, trio
-from supervisor.config import load_config
-from supervisor.supervisor import open_supervisor
+ACP_FRONT = [sys.executable, "-c", "import sys; from supervisor.cli import main; sys.exit(main())"]
 
-async def main():
-    settings = load_config(sys.argv[1])
-    async with open_supervisor(
-        agents=settings.agents, store=sys.argv[2], store_kind="acp"
-    ) as supervisor:
-        session = await supervisor.start_session("talker")
-        await session.prompt("talk for a long time")
-        print(session.id, flush=True)
-        await trio.sleep_forever()
 
-trio.run(main)
-"""
+class Front:
+    """``agent-supervisor acp`` as an editor runs it: JSON lines on its stdin and stdout."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.buffer = b""
+        self.ids = count()
+
+    @classmethod
+    async def start(cls, tmp_path: Path, state_dir: Path, *args: str) -> Front:
+        process = await trio.lowlevel.open_process(
+            [*ACP_FRONT, "acp", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_env(tmp_path, {"AGENT_SUPERVISOR_STATE_DIR": str(state_dir)}),
+            cwd=ROOT,
+        )
+        front = cls(process)
+        await front.call("initialize", {"protocolVersion": 1})
+        return front
+
+    async def send(self, method: str, params: dict[str, Any]) -> int:
+        assert self.process.stdin is not None
+        rid = next(self.ids)
+        line = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+        await self.process.stdin.send_all((json.dumps(line) + "\n").encode())
+        return rid
+
+    async def until(self, predicate: Any) -> list[dict[str, Any]]:
+        """What it says up to and with the first message ``predicate`` takes."""
+        assert self.process.stdout is not None
+        said = []
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                said.append(json.loads(line))
+                if predicate(said[-1]):
+                    return said
+            data = await self.process.stdout.receive_some(65536)
+            assert data, "the front door closed its stdout"
+            self.buffer += data
+
+    async def call(self, method: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """What it says up to its answer (the last), which must not be an error."""
+        rid = await self.send(method, params)
+        said = await self.until(lambda m: m.get("id") == rid)
+        assert "result" in said[-1], said[-1]
+        return said
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+def text(words: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": words}]
 
 
 async def test_serve_and_a_front_door_share_the_store(tmp_path: Path) -> None:
@@ -52,31 +96,27 @@ async def test_serve_and_a_front_door_share_the_store(tmp_path: Path) -> None:
     )
     with trio.fail_after(BOUND):
         async with serve(tmp_path, "--config", str(config)) as served:
-            url = f"sqlite:///{served.state_dir / 'sessions.db'}"
-            front = await trio.lowlevel.open_process(
-                [sys.executable, "-c", FRONT, str(config), url],
-                stdout=subprocess.PIPE,
-                env=_env(tmp_path, None),
-                cwd=ROOT,
+            front = await Front.start(
+                tmp_path, served.state_dir, "--config", str(config), "--agent", "talker"
             )
             try:
-                assert front.stdout is not None
-                line = b""
-                while not line.endswith(b"\n"):
-                    data = await front.stdout.receive_some(100)
-                    assert data, "the front door's supervisor exited"
-                    line += data
-                theirs = line.decode().strip()
+                opened = await front.call("session/new", {"cwd": str(tmp_path), "mcpServers": []})
+                theirs = opened[-1]["result"]["sessionId"]
+                await front.send(
+                    "session/prompt", {"sessionId": theirs, "prompt": text("talk for long")}
+                )
+                await front.until(lambda m: "agent_message_chunk" in json.dumps(m))
+                pid = front.process.pid
                 async with connect(served.url) as client:
+                    # Found by its id, never listed here: it runs in the front door.
+                    with pytest.raises(GatewayError, match=f"acp pid {pid}"):
+                        await client.prompt(theirs, "mine now?")
                     ours = (await client.start_session("talker"))["session_id"]
                     assert ours != theirs
                     listed = {s["session_id"]: s for s in await client.sessions()}
-                    assert f"acp pid {front.pid}" in listed[theirs]["elsewhere"]
+                    assert f"acp pid {pid}" in listed[theirs]["elsewhere"]
                     assert "elsewhere" not in listed[ours]
-                    with pytest.raises(GatewayError, match=f"acp pid {front.pid}"):
-                        await client.prompt(theirs, "mine now?")
-                    front.kill()
-                    await front.wait()
+                    await front.kill()
                     listed = {s["session_id"]: s for s in await client.sessions()}
                     assert "elsewhere" not in listed[theirs]
                     # Gone: its session is taken up here, its turn ended honestly first.
@@ -93,9 +133,40 @@ async def test_serve_and_a_front_door_share_the_store(tmp_path: Path) -> None:
                     third = (await client.start_session("talker"))["session_id"]
                     assert third not in (ours, theirs)
             finally:
-                if front.returncode is None:
-                    front.kill()
-                    await front.wait()
+                await front.kill()
+
+
+async def test_two_front_doors_share_the_store(tmp_path: Path) -> None:
+    """Two editors' front doors on one state directory: each lists the other's session; once
+    the first is SIGKILLed, the second loads its session with its history and goes on."""
+    state_dir = tmp_path / "state"
+    new = {"cwd": str(tmp_path), "mcpServers": []}
+    with trio.fail_after(BOUND):
+        first = await Front.start(tmp_path, state_dir)
+        second = await Front.start(tmp_path, state_dir)
+        try:
+            theirs = (await first.call("session/new", new))[-1]["result"]["sessionId"]
+            said = await first.call(
+                "session/prompt", {"sessionId": theirs, "prompt": text("remember banana fast")}
+            )
+            assert said[-1]["result"]["stopReason"] == "end_turn"
+            ours = (await second.call("session/new", new))[-1]["result"]["sessionId"]
+            assert ours != theirs
+            listed = (await second.call("session/list", {}))[-1]["result"]["sessions"]
+            assert {s["sessionId"] for s in listed} == {theirs, ours}
+            await first.kill()
+            replayed = await second.call("session/load", {"sessionId": theirs, **new})
+            chunks = [m["params"]["update"] for m in replayed if m.get("method")]
+            assert chunks[0]["sessionUpdate"] == "user_message_chunk"
+            assert chunks[0]["content"]["text"] == "remember banana fast"
+            assert chunks[1]["sessionUpdate"] == "agent_message_chunk"
+            said = await second.call(
+                "session/prompt", {"sessionId": theirs, "prompt": text("go on fast")}
+            )
+            assert said[-1]["result"]["stopReason"] == "end_turn"
+        finally:
+            await first.kill()
+            await second.kill()
 
 
 async def until_ended(client: GatewayClient, session_id: str, turns: int) -> list[dict[str, Any]]:
