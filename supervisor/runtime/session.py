@@ -136,6 +136,9 @@ class SessionSummary:
     #: the git worktree it runs in, and its branch (``supervisor/worktrees.py``); None: none
     worktree: str | None = None
     branch: str | None = None
+    #: a stored session another process of the store runs: that process (``serve pid 4242 on
+    #: box``, ``supervisor/store/dormant.py``); None otherwise
+    elsewhere: str | None = None
 
 
 # -- mailbox calls: what each runs on the core, in the order they came -------------------------
