@@ -686,8 +686,17 @@ class ShadowStore:
             not_restored: list[tuple[bytes, str]] = []
             writes: list[tuple[bytes, str, str]] = []
             deletes: list[bytes] = []
+            # a nested repository that ``target`` holds as one entry (a gitlink: a store's
+            # snapshots from before they held its files) has no files there to go back to
+            gitlinks = tuple(
+                path + b"/" for _m, new_mode, _s, status, path in raw if new_mode == _GITLINK
+            )
             for _old_mode, new_mode, sha, status, path in raw:
-                if path in before.too_big:
+                if gitlinks and path.startswith(gitlinks):
+                    not_restored.append(
+                        (path, "in a nested git repository that checkpoint did not look into")
+                    )
+                elif path in before.too_big:
                     not_restored.append(
                         (
                             path,

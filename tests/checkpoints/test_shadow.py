@@ -333,6 +333,9 @@ async def test_a_nested_repositorys_files_are_kept_and_restored_like_any_other(
     store = _store(tmp_path, work)
     _git(work, "init", "-q", "--bare", str(store.git_dir))
     _git(work, f"--git-dir={store.git_dir}", f"--work-tree={work}", "add", "-A")
+    gitlinked = subprocess.run(
+        ["git", f"--git-dir={store.git_dir}", "write-tree"], check=True, capture_output=True
+    ).stdout.decode()
     start = await store.snapshot()
     tree_start, lib_git = _tree(work), _fingerprint(lib / ".git")
     (lib / "a.txt").write_text("changed\n")
@@ -352,3 +355,13 @@ async def test_a_nested_repositorys_files_are_kept_and_restored_like_any_other(
     assert result.not_restored == []
     assert _tree(work) == {**tree_start, b"lib/noise.log": (0o100644, b"ignored\n")}
     assert _fingerprint(lib / ".git") == lib_git
+    # a snapshot that held it as a gitlink has none of its files: they stay as they are
+    result = await store.restore(Snapshot("0" * 40, gitlinked.strip()))
+    assert _tree(work) == {**tree_start, b"lib/noise.log": (0o100644, b"ignored\n")}
+    assert [path for path, _why in result.not_restored] == [
+        b"lib",
+        b"lib/.gitignore",
+        b"lib/a.txt",
+        b"lib/d/t.txt",
+        b"lib/untracked.txt",
+    ]
