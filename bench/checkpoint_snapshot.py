@@ -36,8 +36,10 @@ def _make_repo(root: Path, files: int) -> list[Path]:
         path.write_text(f"# file {index}\n" + "x = 1\n" * 20)
         paths.append(path)
     env = {**_git_env(), "HOME": str(root)}
+    # no collection after the commit: git would start one in the background (10,000 new loose
+    # objects are past its threshold), which packs them while the snapshots are timed
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "files"]):
-        subprocess.run(["git", *args], cwd=root, check=True, env=env)
+        subprocess.run(["git", "-c", "gc.auto=0", *args], cwd=root, check=True, env=env)
     return paths
 
 
