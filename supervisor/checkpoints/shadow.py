@@ -339,6 +339,11 @@ class ShadowStore:
             # checked against each directory's mtime: only changed directories are read again
             "core.untrackedCache": "true",
             "status.showUntrackedFiles": "all",  # the cache is kept for this listing only
+            # each snapshot's three git calls read the index and two write it: with a split
+            # index they write only the entries changed since the shared part (which is
+            # written again past 20% of them), in version 4 paths are prefix-compressed
+            "core.splitIndex": "true",
+            "index.version": "4",
             "gc.auto": "0",  # a snapshot never waits for a collection: housekeep() runs it
             "core.logAllRefUpdates": "false",  # a reflog would keep forgotten snapshots
             "commit.gpgSign": "false",
@@ -450,7 +455,8 @@ class ShadowStore:
         file that is not there, :data:`_NESTED_PROBE`, which the next ``git status`` finds
         deleted, and so the snapshot removes). git walks a directory it has entries below as
         any other, its ``.git`` left out, and lists its files by the ignore rules. A gitlink
-        the index has there goes."""
+        the index has there goes. (A repository with no file to list is opened again at each
+        snapshot: two git calls more.)"""
         self._tree = None
         lines = []
         for path in nested:
@@ -686,8 +692,8 @@ class ShadowStore:
             not_restored: list[tuple[bytes, str]] = []
             writes: list[tuple[bytes, str, str]] = []
             deletes: list[bytes] = []
-            # a nested repository that ``target`` holds as one entry (a gitlink: a store's
-            # snapshots from before they held its files) has no files there to go back to
+            # a nested repository that ``target`` holds as one entry (a gitlink: a snapshot
+            # of an earlier version of the store) has no files there to go back to
             gitlinks = tuple(
                 path + b"/" for _m, new_mode, _s, status, path in raw if new_mode == _GITLINK
             )
