@@ -251,11 +251,11 @@ async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its
     tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The session's first snapshot is under way before any prompt; a prompt waits for it, a
-    cancel does not, and a stop ends it with its git process. Here its ``git add`` never
-    finishes (a ``git`` first on the PATH that sleeps instead of adding)."""
+    cancel does not, and a stop ends it with its git process. Here its walk of the tree
+    (``git status``) never finishes (a ``git`` first on the PATH that sleeps instead)."""
     import shutil
 
-    pid_fifo = tmp_path / "add.pid"
+    pid_fifo = tmp_path / "status.pid"
     os.mkfifo(pid_fifo)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -263,7 +263,7 @@ async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its
     fake_git.write_text(
         "#!/bin/sh\n"
         'for arg in "$@"; do\n'
-        f'  if [ "$arg" = add ]; then echo $$ > "{pid_fifo}"; exec sleep 300; fi\n'
+        f'  if [ "$arg" = status ]; then echo $$ > "{pid_fifo}"; exec sleep 300; fi\n'
         "done\n"
         f'exec "{shutil.which("git")}" "$@"\n'
     )
@@ -276,16 +276,16 @@ async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its
         ) as sup:
             session = await sup.start_session("fake", cwd=str(work))
             said = await trio.to_thread.run_sync(pid_fifo.read_text, abandon_on_cancel=True)
-            git_add = int(said)
+            git_walk = int(said)
             turn = await session.prompt("edit the files")
             assert not turn.queued
             receipt = await session.cancel()
             assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
-            os.kill(git_add, 0)  # still at work
+            os.kill(git_walk, 0)  # still at work
             await session.stop()
         assert not launcher.wrote.is_set()
     with pytest.raises(ProcessLookupError):  # ended and reaped
-        os.kill(git_add, 0)
+        os.kill(git_walk, 0)
 
 
 async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, work: Path) -> None:
