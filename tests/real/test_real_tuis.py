@@ -1,9 +1,10 @@
 """Tier 4: real agents' own TUIs in a pseudo-terminal (``protocol = "terminal"``), against a fake
 model, each in its own loopback-only network namespace.
 
-Claude Code's, Codex's and Gemini CLI's TUIs (the npm packages of ``tests/realagents/install.py``),
-their first-run screens answered by configuration files (``tests/realagents/agents.py``), with
-the settings ``agents.toml.example`` gives them. For each:
+Claude Code's, Codex's and Gemini CLI's TUIs (the npm packages of ``tests/realagents/install.py``)
+and aider's (its PyPI package there), their first-run screens answered by configuration files
+and switches (``tests/realagents/agents.py``), with the settings ``agents.toml.example`` gives
+them. For each:
 
 (a) a ``quick`` turn completes and is detected (the prompt back, the screen still);
 (b) a stop while the model streams is ``cancelled`` (the interrupt key), and the TUI hung up on
@@ -72,6 +73,18 @@ class Tui:
         )
 
 
+#: aider without colours or prompt_toolkit (a plain input line), no git repository, and nothing
+#: asked or fetched at start: its model, endpoint and key come from the environment.
+AIDER_ARGS = (
+    "--no-pretty",
+    "--no-fancy-input",
+    "--no-git",
+    "--no-check-update",
+    "--no-show-release-notes",
+    "--analytics-disable",
+    "--no-show-model-warnings",
+)
+
 #: The settings of agents.toml.example. A prompt line showing while nothing on the screen says
 #: the TUI works (its "esc to interrupt" / "esc to cancel" hint): each TUI draws its input box
 #: during a turn too.
@@ -98,6 +111,19 @@ TUIS = [
         TerminalSettings(
             prompt_pattern=r"\A(?![\s\S]*esc to cancel)[\s\S]*^ >   Type your message",
             submit_delay_s=0.5,
+        ),
+    ),
+    Tui(
+        "aider-tui",
+        "aider",
+        AIDER_ARGS,
+        (*AIDER_ARGS, "--restore-chat-history"),
+        # Its plain input line (--no-fancy-input) is "> " below the last output, and it takes
+        # no bracketed paste: typed keys. Ctrl-C stops a reply; a second one within 2 s of it
+        # exits aider, so a stop's receipt waits 2 s of stillness: the next stop's Ctrl-C
+        # cannot come sooner.
+        TerminalSettings(
+            prompt_pattern=r"^>\s*\Z", idle_s=2.0, interrupt=("\u0003",), submit="type"
         ),
     ),
 ]
@@ -194,6 +220,7 @@ async def test_prompt_stop_cycles_leave_no_process(open_tui: Any, tui: Tui) -> N
                 turn, _stream = await stream_started(h, last_id(h))
                 receipt = await h.session.cancel()
                 assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+                assert receipt.escalation == ["interrupt"], receipt  # the TUI did not exit
                 elapsed.append(receipt.elapsed_ms)
             tree = [p for p in psutil.Process().children(recursive=True) if not is_holder(p)]
             assert tree, "no TUI process while the session runs"
