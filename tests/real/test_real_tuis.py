@@ -8,7 +8,7 @@ them. For each:
 
 (a) a ``quick`` turn completes and is detected (the prompt back, the screen still);
 (b) a stop while the model streams is ``cancelled`` (the interrupt key), and the TUI hung up on
-    the model; the next turn completes;
+    the model (aider: not always, ``Tui.hangs_up``); the next turn completes;
 (c) a turn past its grace (0 s here) is ``killed`` with the TUI's whole tree, the TUI started
     again with its resume command, and the next turn's request to the model still holds the
     conversation from before the kill;
@@ -56,6 +56,11 @@ class Tui:
     args: tuple[str, ...]
     resume_args: tuple[str, ...]
     settings: TerminalSettings
+    #: whether a stop hangs up on the model's stream. aider's Ctrl-C leaves the response in a
+    #: reference cycle (the re-raised KeyboardInterrupt's traceback): the connection closes
+    #: when Python's garbage collector runs, mostly within milliseconds, about one stop in ten
+    #: not before a later turn.
+    hangs_up: bool = True
 
     @property
     def agent(self) -> RealAgent:
@@ -117,7 +122,7 @@ TUIS = [
         "aider-tui",
         "aider",
         AIDER_ARGS,
-        (*AIDER_ARGS, "--restore-chat-history"),
+        ("--restore-chat-history", *AIDER_ARGS),
         # Its plain input line (--no-fancy-input) is "> " below the last output, and it takes
         # no bracketed paste: typed keys. Ctrl-C stops a reply; a second one within 2 s of it
         # exits aider, so a stop's receipt waits 2 s of stillness: the next stop's Ctrl-C
@@ -125,6 +130,7 @@ TUIS = [
         TerminalSettings(
             prompt_pattern=r"^>\s*\Z", idle_s=2.0, interrupt=("\u0003",), submit="type"
         ),
+        hangs_up=False,
     ),
 ]
 
@@ -176,18 +182,23 @@ async def test_turn_completes_and_a_stop_cancels(open_tui: Any, tui: Tui) -> Non
             turn, stream = await stream_started(h, last_id(h))
             cancelled_at = time.monotonic()
             receipt = await h.session.cancel()
-            gone = await scenarios.stream_ended(h, stream, timeout=30)
+            if tui.hangs_up:
+                gone = await scenarios.stream_ended(h, stream, timeout=30)
+            else:
+                [gone] = h.model.find(lambda e: e.id == stream.id)
             row(
                 h,
                 tui,
                 "stream",
                 receipt,
                 model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
+                notes=[] if tui.hangs_up else [f"hung_up={gone.disconnected_at is not None}"],
             )
             assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
             assert receipt.escalation == ["interrupt"], receipt
             assert receipt.elapsed_ms < GRACE_S * 1000
-            scenarios.assert_stream_abandoned(h, gone, cancelled_at)
+            if tui.hangs_up:
+                scenarios.assert_stream_abandoned(h, gone, cancelled_at)
             await quick_completes(h)
 
 
