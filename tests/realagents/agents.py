@@ -450,9 +450,9 @@ def _aider(home: Path, work: Path, base_url: str) -> dict[str, str]:
         "AIDER_MODEL": f"openai/{AGENT_LOOP_MODEL}",
         "AIDER_WEAK_MODEL": "openai/fake-weak",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        # Its install holds no bytecode (uv compiles none: ``install.py``): its first start
-        # writes it for the modules it imports, later starts read it. Empty: written even
-        # where the environment says not to.
+        # Its install holds the bytecode of the modules its start imports (``install.py``,
+        # ``warm``), not of those it imports later: the first run writes theirs, even where
+        # the environment says not to (empty: unset).
         "PYTHONDONTWRITEBYTECODE": "",
     }
 

@@ -49,7 +49,7 @@ NPM = os.environ.get("AGENT_SUPERVISOR_NPM") or "npm"
 #: One package's install, downloads included. Measured here on a cold npm cache: 9-19 s each
 #: (all four in parallel: 19 s; Amp, 101 MB: 3.5 s warm); aider from PyPI with uv, 540 MB
 #: (its 572 MB of wheels downloaded): 3.2 s with uv's cache cold, 1.1-1.7 s warm (the files are
-#: hard links into the cache; no bytecode compiled). Five minutes leaves room for a slow
+#: hard links into the cache), then ~6 s writing the bytecode its start needs (``warm``). Five minutes leaves room for a slow
 #: registry day (aider's wheels at 2 MB/s: ~5 min); the four run in parallel, so the whole
 #: setup stays within that bound too.
 INSTALL_TIMEOUT_S = 300.0
@@ -75,6 +75,9 @@ class Package:
     #: dependencies pinned below the package's own ranges (npm ``overrides``): name, version
     overrides: tuple[tuple[str, str], ...] = ()
     registry: str = "npm"  # or "pypi"
+    #: a PyPI package's modules imported once after its install, so that their bytecode is
+    #: written (uv compiles none): the package's first start does not pay for compiling them
+    warm: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -159,6 +162,12 @@ PACKAGES: dict[str, Package] = {
             # tree-sitter grammars, numpy, ...), which stay in the install's own venv
             "aider",
             registry="pypi",
+            # what its start imports (its Python bytecode: ~2700 files of ~6800; all of them,
+            # uv's --compile-bytecode, take twice as long)
+            warm=(
+                *("aider.main", "aider.coders", "aider.models", "aider.repomap", "litellm"),
+                *("networkx", "numpy", "openai", "tiktoken"),
+            ),
         ),
         Package(
             "acp-sdk",
@@ -311,6 +320,12 @@ def _install(package: Package, timeout: float) -> Installed:
                 f"{package.npm}=={package.version}",
             ],
         ]
+        if package.warm:
+            # written even where the environment says not to (PYTHONDONTWRITEBYTECODE)
+            imports = (
+                f"import sys; sys.dont_write_bytecode = False; import {', '.join(package.warm)}"
+            )
+            commands.append([os.fspath(scratch / VENV_PYTHON), "-c", imports])
     else:
         commands = [_npm_install(package, scratch)]
     return _run_install(package, scratch, commands, timeout)
