@@ -22,12 +22,16 @@ tier4-results.json``) as agents ``*-tui``.
 
 from __future__ import annotations
 
+import base64
+import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pyte
 import pytest
 import trio
 from attrs import frozen
@@ -51,6 +55,8 @@ CYCLES = 20
 #: (a), (b) and (d): each cycle is a stream's first tokens, the stop and the screen's
 #: stillness (~3 s).
 CYCLES_BOUND_S = 600.0
+#: ``AGENT_TIER4_TUIS=aider-tui,codex-tui``: only those TUIs (a run that looks at one of them)
+ONLY_VARIABLE = "AGENT_TIER4_TUIS"
 
 
 @frozen
@@ -143,7 +149,8 @@ TUIS = [
 def installed() -> dict[Tui, install.Installed | install.Unavailable]:
     """Each TUI's package, installed (or why not), before the test's Trio run."""
     found: dict[Tui, install.Installed | install.Unavailable] = {}
-    for tui in TUIS:
+    only = os.environ.get(ONLY_VARIABLE)
+    for tui in TUIS if not only else [t for t in TUIS if t.key in only.split(",")]:
         try:
             found[tui] = install.ensure(tui.package)
         except install.Unavailable as exc:
@@ -207,6 +214,23 @@ def last_id(h: Harness) -> int:
     return max((e.id for e in h.model.snapshot()), default=0)
 
 
+@contextmanager
+def screen_noted(h: Harness) -> Iterator[None]:
+    """A failure inside notes the TUI's screen (drawn from its ``terminal.output``) and the
+    model's log: what the TUI showed when its scenario went wrong."""
+    try:
+        yield
+    except BaseException as exc:
+        screen = pyte.Screen(TerminalSettings().cols, TerminalSettings().rows)
+        stream = pyte.ByteStream(screen)
+        for event in h.recorder.of_kind("terminal.output"):
+            assert isinstance(event, ev.TerminalOutput)
+            stream.feed(base64.b64decode(event.data))
+        rows = "\n".join(line.rstrip() for line in screen.display).strip("\n")
+        exc.add_note(f"screen:\n{rows}\nmodel:\n{h.model.describe()}")
+        raise
+
+
 def tui_tree(h: Harness) -> list[psutil.Process]:
     """The processes of ``h``'s TUI (their ``HOME`` is its test's), not the other TUIs' that
     run beside it."""
@@ -226,24 +250,8 @@ async def test_turns_stops_and_cycles_leave_no_process(
     async def scenario(tui: Tui, open_tui: Callable[..., Any]) -> None:
         with trio.fail_after(CYCLES_BOUND_S):
             async with open_tui() as h:
-                await quick_completes(h)
-                assert h.model.find(lambda e: e.scenario == "quick" and e.has_tools), (
-                    h.model.describe()
-                )
-                elapsed = []
-                for cycle in range(CYCLES):
-                    turn, stream = await stream_started(h, last_id(h))
-                    cancelled_at = time.monotonic()
-                    receipt = await h.session.cancel()
-                    assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
-                    assert receipt.escalation == ["interrupt"], receipt  # the TUI did not exit
-                    assert receipt.elapsed_ms < GRACE_S * 1000
-                    elapsed.append(receipt.elapsed_ms)
-                    if cycle == 0:
-                        await stopped(h, tui, stream, cancelled_at, receipt)
-                        await quick_completes(h)
-                tree = tui_tree(h)
-                assert tree, "no TUI process while the session runs"
+                with screen_noted(h):
+                    receipt, elapsed, tree = await turns_and_stops(h, tui)
             row(
                 h,
                 tui,
@@ -262,6 +270,28 @@ async def test_turns_stops_and_cycles_leave_no_process(
             assert strays == [], strays
 
     await each_tui(installed, tmp_path, scenario)
+
+
+async def turns_and_stops(h: Harness, tui: Tui) -> tuple[Any, list[float], list[psutil.Process]]:
+    """(a), then CYCLES stops of a streaming turn, (b) the first: the last receipt, each
+    stop's time and the TUI's processes."""
+    await quick_completes(h)
+    assert h.model.find(lambda e: e.scenario == "quick" and e.has_tools), h.model.describe()
+    elapsed = []
+    for cycle in range(CYCLES):
+        turn, stream = await stream_started(h, last_id(h))
+        cancelled_at = time.monotonic()
+        receipt = await h.session.cancel()
+        assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
+        assert receipt.escalation == ["interrupt"], receipt  # the TUI did not exit
+        assert receipt.elapsed_ms < GRACE_S * 1000
+        elapsed.append(receipt.elapsed_ms)
+        if cycle == 0:
+            await stopped(h, tui, stream, cancelled_at, receipt)
+            await quick_completes(h)
+    tree = tui_tree(h)
+    assert tree, "no TUI process while the session runs"
+    return receipt, elapsed, tree
 
 
 async def stopped(h: Harness, tui: Tui, stream: Any, cancelled_at: float, receipt: Any) -> None:
@@ -287,7 +317,7 @@ async def test_killed_past_the_grace_and_resumed(
 ) -> None:
     async def scenario(tui: Tui, open_tui: Callable[..., Any]) -> None:
         with trio.fail_after(BOUND_S):
-            async with open_tui(grace_s=0.0, keep_bodies=True) as h:
+            async with open_tui(grace_s=0.0, keep_bodies=True) as h, screen_noted(h):
                 turn, stream, _ = await scenarios.killed_mid_stream(h)
                 tree = tui_tree(h)
                 cancelled_at = time.monotonic()
