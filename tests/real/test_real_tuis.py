@@ -317,24 +317,25 @@ async def test_killed_past_the_grace_and_resumed(
 ) -> None:
     async def scenario(tui: Tui, open_tui: Callable[..., Any]) -> None:
         with trio.fail_after(BOUND_S):
-            async with open_tui(grace_s=0.0, keep_bodies=True) as h, screen_noted(h):
-                turn, stream, _ = await scenarios.killed_mid_stream(h)
-                tree = tui_tree(h)
-                cancelled_at = time.monotonic()
-                receipt = await h.session.cancel()
-                alive = await scenarios.wait_gone(tree)
-                gone = await scenarios.stream_ended(h, stream)
-                row(
-                    h,
-                    tui,
-                    "kill",
-                    receipt,
-                    model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
-                    notes=[f"resumed={receipt.resumed}", *scenarios.respawn_notes(h, "tui")],
-                )
-                scenarios.assert_killed_and_resumed(h, receipt, turn.id, alive, gone)
-                await quick_completes(h)
-                scenarios.assert_history_kept(h)
+            async with open_tui(grace_s=0.0, keep_bodies=True) as h:
+                with screen_noted(h):
+                    turn, stream, _ = await scenarios.killed_mid_stream(h)
+                    tree = tui_tree(h)
+                    cancelled_at = time.monotonic()
+                    receipt = await h.session.cancel()
+                    alive = await scenarios.wait_gone(tree)
+                    gone = await scenarios.stream_ended(h, stream)
+                    row(
+                        h,
+                        tui,
+                        "kill",
+                        receipt,
+                        model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
+                        notes=[f"resumed={receipt.resumed}", *scenarios.respawn_notes(h, "tui")],
+                    )
+                    scenarios.assert_killed_and_resumed(h, receipt, turn.id, alive, gone)
+                    await quick_completes(h)
+                    scenarios.assert_history_kept(h)
 
     await each_tui(installed, tmp_path, scenario)
 
