@@ -31,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import pyte
 import pytest
 import trio
 from attrs import frozen
 
 from paths import REPO
 from protocols import events as ev
+from protocols._screen import Screen, Stream
 from protocols.terminal import TerminalSettings
 from realagents import install, scenarios
 from realagents.agents import Prepared, RealAgent
@@ -221,11 +221,13 @@ def screen_noted(h: Harness) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        screen = pyte.Screen(TerminalSettings().cols, TerminalSettings().rows)
-        stream = pyte.ByteStream(screen)
-        for event in h.recorder.of_kind("terminal.output"):
-            assert isinstance(event, ev.TerminalOutput)
-            stream.feed(base64.b64decode(event.data))
+        screen = Screen(TerminalSettings().cols, TerminalSettings().rows)
+        output = b"".join(
+            base64.b64decode(e.data)
+            for e in h.recorder.of_kind("terminal.output")
+            if isinstance(e, ev.TerminalOutput)
+        )
+        Stream(screen).feed(output.decode(errors="replace"))
         rows = "\n".join(line.rstrip() for line in screen.display).strip("\n")
         exc.add_note(f"screen:\n{rows}\nmodel:\n{h.model.describe()}")
         raise
