@@ -14,9 +14,9 @@ Install scripts always run (never ``--ignore-scripts``: OpenCode links its nativ
 scripts to be approved: the scratch ``package.json`` approves, by name, exactly the packages
 below that need theirs.
 
-Without npm (for a PyPI package: without uv, the test extra's), or when an install fails or runs out of time, :func:`ensure` raises
-:class:`Unavailable` with the reason; the tests turn that into a skip (a failure when
-``AGENT_SUPERVISOR_STRICT_SKIPS=1``).
+Without npm (for a PyPI package: without uv, the test extra's), or when an install fails or
+runs out of time, :func:`ensure` raises :class:`Unavailable` with the reason; the tests turn
+that into a skip (a failure when ``AGENT_SUPERVISOR_STRICT_SKIPS=1``).
 
 Run it by hand to pre-install everything: ``python tests/realagents/install.py``.
 """
@@ -49,9 +49,9 @@ NPM = os.environ.get("AGENT_SUPERVISOR_NPM") or "npm"
 #: One package's install, downloads included. Measured here on a cold npm cache: 9-19 s each
 #: (all four in parallel: 19 s; Amp, 101 MB: 3.5 s warm); aider from PyPI with uv, 540 MB
 #: (its 572 MB of wheels downloaded): 3.2 s with uv's cache cold, 1.1-1.7 s warm (the files are
-#: hard links into the cache), then ~6 s writing the bytecode its start needs (``warm``). Five minutes leaves room for a slow
-#: registry day (aider's wheels at 2 MB/s: ~5 min); the four run in parallel, so the whole
-#: setup stays within that bound too.
+#: hard links into the cache), then 6-9 s writing the bytecode its start needs (``warm``).
+#: Five minutes leaves room for a slow registry day (aider's wheels at 2 MB/s: ~5 min); the
+#: four run in parallel, so the whole setup stays within that bound too.
 INSTALL_TIMEOUT_S = 300.0
 MARKER = ".installed.json"
 #: Node major version the CLIs need (Gemini CLI: >= 20).
@@ -158,7 +158,7 @@ PACKAGES: dict[str, Package] = {
             "aider",
             "aider-chat",
             "0.86.2",
-            # aider's TUI (tests/real/test_real_tuis.py): ~690 MB with its dependencies (litellm,
+            # aider's TUI (tests/real/test_real_tuis.py): ~570 MB with its dependencies (litellm,
             # tree-sitter grammars, numpy, ...), which stay in the install's own venv
             "aider",
             registry="pypi",
