@@ -48,8 +48,9 @@ CACHE_DIR = Path(
 NPM = os.environ.get("AGENT_SUPERVISOR_NPM") or "npm"
 #: One package's install, downloads included. Measured here on a cold npm cache: 9-19 s each
 #: (all four in parallel: 19 s; Amp, 101 MB: 3.5 s warm); aider from PyPI with uv, 540 MB
-#: (its 572 MB of wheels downloaded): 3.2 s with uv's cache cold, 1.1-1.7 s warm (the files are
-#: hard links into the cache), then 6-9 s writing the bytecode its start needs (``warm``).
+#: (its 572 MB of wheels downloaded): 3-25 s with uv's cache cold, 1.1-1.7 s warm (the files
+#: are hard links into the cache), then 6-10 s writing the bytecode its start needs (``warm``);
+#: all of it 11.5 s warm, 36 s cold, on 2 cores under a load of 11.
 #: Five minutes leaves room for a slow registry day (aider's wheels at 2 MB/s: ~5 min); the
 #: four run in parallel, so the whole setup stays within that bound too.
 INSTALL_TIMEOUT_S = 300.0
