@@ -42,6 +42,8 @@ BENCHMARKS = [
     # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
     ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
+    # minutes on a slow disk: making and deleting 100,000 files, and a first snapshot of them
+    ("checkpoint_snapshot_100k", ["--repeats", "5"]),
     ("terminal_cost", ["--mb", "2", "--repeats", "5"]),
 ]
 

@@ -72,7 +72,8 @@ def measure(backend: Backend, total: int, size: int, sessions: int, repeats: int
         batches = _batches(total, size, sessions, run)
         begun = time.perf_counter()
         for batch in batches:
-            backend.write(batch)
+            if backend.write(batch):
+                backend.settle(idle=False)  # (as the store's writer does: a checkpoint too)
         rates.append(total / (time.perf_counter() - begun))
     return rates
 
@@ -119,7 +120,8 @@ def fill(backend: Backend, sessions: int, events: int, run_length: int) -> None:
                     ],
                 )
             )
-        backend.write(Batch(events=batch))
+        if backend.write(Batch(events=batch)):
+            backend.settle(idle=False)
 
 
 def reopen(url: str) -> tuple[float, float]:

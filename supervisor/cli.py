@@ -50,6 +50,10 @@ __all__ = ["LOCAL_NODE", "main"]
 
 #: The host name of ``serve --local-node``'s node (this machine).
 LOCAL_NODE = "local"
+#: How long a graceful stop waits for the store to write the turns' ends before the
+#: connections close: clients are given events once stored, and a write takes a few ms (a
+#: store that cannot be written keeps them from the clients, as it would anyway).
+STORE_WAIT_S = 2.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -816,6 +820,9 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
             # agents and removes the state file.
             gateway.stop_accepting()
             await supervisor.cancel_turns("shutdown")
+            if supervisor.store is not None:
+                with trio.move_on_after(STORE_WAIT_S):
+                    await supervisor.store.flushed()  # the turns' ends reach their clients
             await gateway.close_connections()
             nursery.cancel_scope.cancel()
     if options.tracer_provider is not None:

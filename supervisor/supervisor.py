@@ -33,6 +33,7 @@ from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.core.checkpoints import CHECKPOINTS_KEPT
 from supervisor.core.exit import ExitStatus
 from supervisor.errors import (
+    AgentNotRunning,
     AtCapacity,
     BadRequest,
     SessionNotFound,
@@ -43,6 +44,7 @@ from supervisor.pausing import PauseStatus, Pausing
 from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
+from supervisor.remote.revival import Revival
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.alarm import AlarmClock
 from supervisor.runtime.context import Said
@@ -177,7 +179,7 @@ class Supervisor:
             # Sessions a crashed front left on their hosts: ours again, same ids.
             for session in self.remote.recover(remote_record.adopt(), self.agents):
                 self._sessions[session.id] = session
-                self._watch_stops(session)
+                self._watch_remote(session)
                 session.on_held = self._held_in_node
                 self._observe(session)
         stored = list(stored)
@@ -192,9 +194,11 @@ class Supervisor:
                         name=record.agent, protocol=record.protocol, command=()
                     )
                     self._sessions[record.id] = DormantSession(record, spec, store, self._revive)
+            own = {record.id: record.agent_session_id for record in stored}
             for adopted in self._sessions.values():
                 if isinstance(adopted, RemoteSession):
-                    store.attach(adopted)
+                    # (its agent's own session id kept until its node says it again)
+                    store.attach(adopted, own.get(adopted.id))
         ids = count(1 + _highest_number(record.id for record in stored))
         #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
@@ -244,6 +248,8 @@ class Supervisor:
         resume: str | None = None,
         at_most: int | None = None,
         worktree: bool | None = None,
+        after: tuple[int, int] = (0, 0),
+        earlier: Sequence[Said] = (),
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -267,6 +273,9 @@ class Supervisor:
         ``worktree``: the session runs in a new git worktree of ``cwd``'s repository, on a
         branch named after it (None: as its agent's ``worktree`` says;
         ``design/worktrees.md``); :class:`BadRequest` for a ``cwd`` in no repository.
+        ``after`` and ``earlier`` (a node's, for a front's stored session started again on
+        it: ``supervisor/remote/revival.py``): the last seq and the number of turns it goes
+        on after, and what was said, for an agent that cannot resume.
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -284,20 +293,7 @@ class Supervisor:
                 raise BadRequest("a worktree is for sessions on this machine, not on a host")
             if resume is not None:
                 raise BadRequest("resuming a session on another host is not supported")
-            changes = self._pausing.changes
-            remote = await self.remote.start_session(
-                spec,
-                host=host,
-                cwd=os.fspath(cwd) if cwd is not None else spec.cwd,
-                paused=self._pausing.for_new_session(),
-            )
-            self._sessions[remote.id] = remote
-            self._store(remote)
-            self._watch_stops(remote)
-            if self._pausing.changes != changes:  # paused or resumed while it was placed
-                await self._pausing.bring_one(remote)
-            self._observe(remote)
-            return remote
+            return await self._place(spec, host, os.fspath(cwd) if cwd is not None else spec.cwd)
         where = os.fspath(cwd if cwd is not None else spec.cwd or os.getcwd())
         if isinstance(where, bytes):
             where = os.fsdecode(where)
@@ -316,7 +312,9 @@ class Supervisor:
                 await self._release_quietly(made)
                 raise
         try:
-            session = await self._start_here(session_id, spec, where, resume, worktree=made)
+            session = await self._start_here(
+                session_id, spec, where, resume, after, earlier, worktree=made
+            )
         except BaseException:
             if made is not None and session_id not in self._sessions:
                 await self._release_quietly(made)
@@ -334,6 +332,64 @@ class Supervisor:
                     self._forget_soon(session)
                 raise
         return session
+
+    async def _place(
+        self,
+        spec: AgentSpec,
+        host: str | None,
+        cwd: str | None,
+        revive: tuple[str, Revival] | None = None,
+    ) -> RemoteSession:
+        """A session on one of ``spec``'s hosts (``host``, if given), listed and stored;
+        ``revive``: the stored session of this id started again on its ``host``."""
+        changes = self._pausing.changes
+        remote = await self.remote.start_session(
+            spec,
+            host=host,
+            cwd=cwd,
+            paused=self._pausing.for_new_session(),
+            revive=revive,
+        )
+        self._sessions[remote.id] = remote
+        self._store(remote, revive[1].resume if revive is not None else None)
+        self._watch_remote(remote)
+        if self._pausing.changes != changes:  # paused or resumed while it was placed
+            await self._pausing.bring_one(remote)
+        self._observe(remote)
+        return remote
+
+    def _watch_remote(self, session: RemoteSession) -> None:
+        """Its stops to :attr:`stops`; with a store, once its node lost it, it is listed as
+        stored, and a prompt starts it again on its host."""
+        self._watch_stops(session)
+        if self.store is not None:
+            session.on_gone = self._list_gone
+            session.revive = self._revive_gone
+
+    def _list_gone(self, session: RemoteSession) -> None:
+        with suppress(RuntimeError):  # the supervisor is closing
+            self._nursery.start_soon(self._reopen_quietly, session.id)
+
+    async def _reopen_quietly(self, session_id: str) -> None:
+        from supervisor.store.backend import StoreError
+
+        try:
+            await self.reopen(session_id)
+        except (SupervisorError, StoreError) as exc:  # listed as failed meanwhile
+            log.warning(
+                "session %s: its node lost it, and the store cannot say: %s", session_id, exc
+            )
+
+    async def _revive_gone(self, session: RemoteSession) -> AnySession:
+        """``session``'s node lost it: the stored session, started again on its host."""
+        from supervisor.store.dormant import DormantSession
+
+        found = await self.reopen(session.id)
+        if isinstance(found, DormantSession):
+            return await found.revive()
+        if found is session:  # (the store no longer has it: retention let it go)
+            raise AgentNotRunning(f"session {session.id}'s node lost it, and the store has it not")
+        return found  # started again meanwhile
 
     async def _start_here(
         self,
@@ -431,8 +487,11 @@ class Supervisor:
             raise BadRequest("the supervisor is shutting down")
         if self._refusal is not None:
             raise self._refusal
-        if dormant.host is not None:
-            raise BadRequest("starting a stored session on another host again is not supported")
+        if dormant.host is not None and dormant.host not in self.remote.hosts:
+            raise BadRequest(
+                f"session {dormant.id} ran on host {dormant.host}, which is not configured here"
+                f" ([hosts.{dormant.host}]): it stays stored"
+            )
         spec = self._resolve(dormant.spec.name)
         from supervisor.store.writer import mcp_servers_from_json
 
@@ -443,9 +502,12 @@ class Supervisor:
                 spec = spec.with_mcp_servers(stored_servers)
             except McpUnsupported as exc:
                 raise BadRequest(str(exc)) from None
-        self._check_capacity(spec)
+        if dormant.host is None:
+            self._check_capacity(spec)  # (a host's node counts its own)
         self._reviving[dormant.id] = done = trio.Event()
         try:
+            if dormant.host is not None:
+                return await self._revive_on_host(dormant, dormant.host, spec)
             where = dormant.cwd or spec.cwd or os.getcwd()
             worktree = await self._reopen_worktree(dormant)
             if worktree is not None:
@@ -473,6 +535,23 @@ class Supervisor:
             del self._reviving[dormant.id]
             done.set()
         return session
+
+    async def _revive_on_host(
+        self, dormant: DormantSession, host: str, spec: AgentSpec
+    ) -> RemoteSession:
+        """``_revive`` of a session of another host: on that host, by its node, in the same
+        cwd there (``supervisor/remote/revival.py``). A host that cannot be reached is
+        :class:`~supervisor.remote.errors.HostUnreachable`, naming it: the session stays
+        stored."""
+        assert self.store is not None
+        revival = Revival(
+            resume=dormant.agent_session_id,
+            last_seq=dormant.last_seq,
+            turns=await self.store.turns(dormant.id),
+            earlier=tuple(await self.store.conversation(dormant.id, spec.context_bytes)),
+        )
+        # (a stored cwd of "" is a session started in its node's own directory)
+        return await self._place(spec, host, dormant.cwd or None, (dormant.id, revival))
 
     async def _stored_checkpoints(
         self, session_id: str, spec: AgentSpec, where: str

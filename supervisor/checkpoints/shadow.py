@@ -270,8 +270,17 @@ class ShadowStore:
         except NotADirectoryError:
             raise CheckpointError(f"the working directory {self.cwd} is gone") from None
         if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip().splitlines()
-            raise CheckpointError(f"git {args[0]!s} failed: {why[-1] if why else done.returncode}")
+            if b"No space left on device" in done.stderr:
+                await trio.to_thread.run_sync(_drop_temporary_objects, self.git_dir)
+                raise CheckpointError(
+                    f"no space left on the checkpoint store's disk ({self.git_dir.parent}):"
+                    f" git {args[0]!s} failed"
+                )
+            lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            # git's first error names the cause (a file it cannot read); its last line is
+            # often only that it gave up ("fatal: adding files failed")
+            why = [line for line in lines if line.startswith("error: ")][:1] or lines[-1:]
+            raise CheckpointError(f"git {args[0]!s} failed: {why[0] if why else done.returncode}")
         return done.stdout
 
     async def _ensure(self) -> None:
@@ -585,9 +594,13 @@ class ShadowStore:
                         )
                     )
             blobs = await self._blobs([sha for _path, _mode, sha in writes])
-            restored, failed = await trio.to_thread.run_sync(
-                _put_back, os.fsencode(self.cwd), deletes, writes, blobs
-            )
+            try:
+                restored, failed = await trio.to_thread.run_sync(
+                    _put_back, os.fsencode(self.cwd), deletes, writes, blobs
+                )
+            except CheckpointError:
+                self.forget([before])
+                raise
         not_restored.extend(failed)
         return Restored(sorted(restored), sorted(not_restored), before)
 
@@ -614,7 +627,9 @@ def _put_back(
 ) -> tuple[list[bytes], list[tuple[bytes, str]]]:
     """A restore's file work (in a worker thread): removals first (a directory they empty goes
     too, so a file may take its place), then each file written aside and renamed into place.
-    Never half a file: a write that fails leaves the old one."""
+    Never half a file: a write that fails leaves the old one. A restore the disk has no room
+    for is refused before anything is touched (:func:`_check_room`)."""
+    _check_room(root, deletes, writes, blobs)
     restored: list[bytes] = []
     failed: list[tuple[bytes, str]] = []
     for path in deletes:
@@ -637,6 +652,67 @@ def _put_back(
             continue
         restored.append(path)
     return restored, failed
+
+
+def _check_room(
+    root: bytes, deletes: list[bytes], writes: list[tuple[bytes, str, str]], blobs: dict[str, bytes]
+) -> None:
+    """Refuse (:class:`CheckpointError`) a restore whose writes would fill the working
+    directory's disk: each file is written aside before the old one goes, so the most it needs
+    at once is what the writes before it grew the tree by, plus its own size, less what the
+    removals free. A restore that fails for space anyway (another writer meanwhile) still
+    leaves every file whole and names those it could not write."""
+    try:
+        disk = os.statvfs(root)
+    except OSError:
+        return  # the writes will say why
+    block = disk.f_frsize or 4096
+
+    def used(size: int) -> int:
+        return -(-size // block) * block
+
+    def held(path: bytes) -> int:
+        try:
+            info = os.lstat(os.path.join(root, path))
+        except OSError:
+            return 0
+        return info.st_blocks * 512 if info.st_nlink == 1 else 0
+
+    grown = -sum(held(path) for path in deletes)
+    needed = 0
+    for path, _mode, sha in writes:
+        size = used(len(blobs[sha]))
+        needed = max(needed, grown + size)
+        grown += size - held(path)
+    # root may write into the blocks a file system reserves for it
+    free = (disk.f_bfree if os.geteuid() == 0 else disk.f_bavail) * block
+    if needed > free:
+        raise CheckpointError(
+            f"not enough space on the working directory's disk: the restore needs {needed} bytes,"
+            f" {free} are free; nothing was restored"
+        )
+
+
+def _drop_temporary_objects(git_dir: Path) -> None:
+    """The half-written objects a git that ran out of space leaves (``objects/xx/tmp_obj_*``):
+    they would hold on to the space the next snapshot needs (git's own prune waits weeks)."""
+    try:
+        folders = list(os.scandir(git_dir / "objects"))
+    except OSError:
+        return
+    for folder in folders:
+        if len(folder.name) != 2 or not folder.is_dir(follow_symlinks=False):
+            continue
+        try:
+            entries = list(os.scandir(folder.path))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith("tmp_obj_"):
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
 
 
 def _remove_empty_parents(root: bytes, full: bytes) -> None:

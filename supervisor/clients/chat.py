@@ -25,6 +25,7 @@ checkpoints.md``), and says what it restored and how to undo it.
 
 from __future__ import annotations
 
+import base64
 import codecs
 import os
 import re
@@ -256,6 +257,15 @@ class RewindDone:
 @frozen
 class RewindFailed:
     message: str
+
+
+@frozen
+class Screen:
+    """A terminal agent's screen as a subscribe brought it (``terminal.screen``): drawn from
+    ``data``, as it stood after event ``last_seq`` (``chat_raw.py`` draws it)."""
+
+    data: bytes
+    last_seq: int
 
 
 Input = (
@@ -875,6 +885,8 @@ class ChatBackend(Protocol):
     """One agent session, wherever it runs. Every method raises :class:`ChatError` on failure."""
 
     label: str
+    #: a running terminal agent's session: the chat attaches to it raw (``chat_raw.py``)
+    terminal: bool
 
     async def prompt(self, text: str) -> str:
         """Send a prompt; returns the turn id once the session accepted it."""
@@ -900,6 +912,19 @@ class ChatBackend(Protocol):
         """The session's events, in order, from when the backend was opened."""
         ...
 
+    async def input(self, data: str) -> None:
+        """Keys for a terminal agent's terminal, as typed (``session.input``)."""
+        ...
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resize a terminal agent's terminal (``session.resize``)."""
+        ...
+
+    def terminal_events(self) -> AsyncIterator[ev.Event | Screen]:
+        """As :meth:`events`, with the agent's screen first (and again after each subscribe
+        that brings one): the events that follow it are those after its ``last_seq``."""
+        ...
+
 
 class EmbeddedBackend:
     """A session of an in-process supervisor (:func:`open_embedded`)."""
@@ -909,6 +934,7 @@ class EmbeddedBackend:
         #: opened before the first prompt, so no event of a turn is missed; closed by the opener
         self.subscription = subscription
         self.label = label
+        self.terminal = session.spec.protocol == "terminal"
 
     async def prompt(self, text: str) -> str:
         try:
@@ -945,7 +971,27 @@ class EmbeddedBackend:
             raise ChatError(str(exc)) from exc
 
     async def events(self) -> AsyncIterator[ev.Event]:
+        async for item in self.terminal_events():
+            if isinstance(item, ev.Event):
+                yield item
+
+    async def input(self, data: str) -> None:
+        try:
+            await self._session.input(data)
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def resize(self, cols: int, rows: int) -> None:
+        try:
+            await self._session.resize(cols, rows)
+        except SupervisorError as exc:
+            raise ChatError(str(exc)) from exc
+
+    async def terminal_events(self) -> AsyncIterator[ev.Event | Screen]:
         while True:
+            screen = self.subscription.screen
+            if screen is not None:
+                yield Screen(screen.data, self.subscription.head_seq)
             async for event in self.subscription:
                 yield event
             if not self.subscription.lagged:
@@ -1006,11 +1052,16 @@ class RemoteBackend:
         label: str,
         *,
         stored: bool = False,
+        terminal: bool = False,
     ) -> None:
         self._client = client
         self._session_id = session_id
         self._channel = channel
         self.label = label
+        #: (a stored session's agent runs nowhere: the line chat starts it again)
+        self.terminal = terminal and not stored
+        #: the screen the subscribe brought (``terminal.screen``), read with the history
+        self._screen: Screen | None = None
         #: what the session said before the chat joined it (``read_history``): role (``user``,
         #: ``agent``, or ``note``: what is missing), text
         self.transcript: list[tuple[str, str]] = []
@@ -1034,6 +1085,9 @@ class RemoteBackend:
             if message.get("event") == "subscription.closed":
                 self._ended = True
                 return
+            if message.get("event") == "terminal.screen":
+                self._screen = _screen(message)
+                continue
             event = known_event(message)
             if event is None:
                 continue
@@ -1088,6 +1142,39 @@ class RemoteBackend:
     async def rewind(self, turn_id: str) -> dict[str, Any]:
         return await self._request("session.rewind", {"turn_id": turn_id})
 
+    async def input(self, data: str) -> None:
+        await self._request("session.input", {"data": data})
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._request("session.resize", {"cols": cols, "rows": rows})
+
+    async def terminal_events(self) -> AsyncIterator[ev.Event | Screen]:
+        """The screen and the events of a running session (a stored one's: see
+        :meth:`events`), renewed from the last event had when the gateway cuts the
+        subscription off for falling behind (the renewal brings a new screen)."""
+        if self._screen is not None:
+            yield self._screen
+            self._screen = None
+        async for message in self._channel:
+            kind = message.get("event")
+            if kind == "terminal.screen":
+                screen = _screen(message)
+                if screen is not None:
+                    yield screen
+            elif kind == "subscription.lagged":
+                payload = {"session_id": self._session_id, "since_seq": self._last_seq}
+                try:
+                    await self._client.request("session.subscribe", payload)
+                except (GatewayError, ConnectionClosed):
+                    return
+            elif kind == "subscription.closed":
+                return
+            else:
+                event = known_event(message)
+                if event is not None and event.seq > self._last_seq:
+                    self._last_seq = event.seq
+                    yield event
+
     async def events(self) -> AsyncIterator[ev.Event]:
         while True:
             if not self._ended:
@@ -1104,6 +1191,27 @@ class RemoteBackend:
             payload = {"session_id": self._session_id, "since_seq": self._last_seq}
             with _gateway_errors():
                 await self._client.request("session.subscribe", payload)
+
+
+def _screen(message: dict[str, Any]) -> Screen | None:
+    """A ``terminal.screen`` notice's picture (None: one this client cannot read)."""
+    data = message.get("data")
+    if not isinstance(data, dict):
+        return None
+    picture, last_seq = data.get("data"), data.get("last_seq")
+    if not isinstance(picture, str) or not isinstance(last_seq, int):
+        return None
+    try:
+        return Screen(base64.b64decode(picture, validate=True), last_seq)
+    except ValueError:
+        return None
+
+
+async def _is_terminal(client: GatewayClient, agent: object) -> bool:
+    """Whether the gateway's agent ``agent`` runs in a terminal (``protocol = "terminal"``)."""
+    with _gateway_errors():
+        agents = await client.agents()
+    return any(a.get("name") == agent and a.get("protocol") == "terminal" for a in agents)
 
 
 async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
@@ -1140,7 +1248,10 @@ async def join_remote(url: str, session_id: str) -> AsyncIterator[RemoteBackend]
         on = f" on {host}" if isinstance(host, str) else ""
         label = f"{summary.get('agent')}{on} (session {session_id} at {where})"
         stored = summary.get("state") == "stopped"
-        backend = RemoteBackend(client, session_id, channel, label, stored=stored)
+        terminal = await _is_terminal(client, summary.get("agent"))
+        backend = RemoteBackend(
+            client, session_id, channel, label, stored=stored, terminal=terminal
+        )
         head = int(client.subscribed.get(session_id, {}).get("last_seq") or 0)
         with trio.fail_after(HISTORY_BOUND_S):
             await backend.read_history(head)
@@ -1177,7 +1288,8 @@ async def open_remote(url: str, agent: str) -> AsyncIterator[RemoteBackend]:
         host = started.get("host")
         on = f" on {host}" if isinstance(host, str) else ""
         label = f"{agent}{on} (session {session_id} at {where})"
-        yield RemoteBackend(client, session_id, channel, label)
+        terminal = await _is_terminal(client, agent)
+        yield RemoteBackend(client, session_id, channel, label, terminal=terminal)
 
 
 # -- the terminal shell ------------------------------------------------------------------------
@@ -1232,6 +1344,18 @@ class _Console:
             await self._out.send_all(text.encode("utf-8", errors="replace"))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._out_broken = True  # the terminal is gone; the chat ends on input EOF
+
+    async def write_bytes(self, data: bytes) -> None:
+        if not data or self._out_broken:
+            return
+        try:
+            await self._out.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._out_broken = True
+
+    async def read_raw(self) -> bytes:
+        """What the terminal sent next, as it is (b"": it hung up)."""
+        return await self._receive()
 
     async def read_input(self, send: trio.MemorySendChannel[Input]) -> None:
         if self.interactive:
@@ -1376,12 +1500,18 @@ async def run_chat(
             else:
                 backend_cm = open_remote(url, agent) if url else open_embedded(agent, config)
             async with backend_cm as backend:
-                if isinstance(backend, RemoteBackend):
-                    core.earlier(backend.transcript)
-                with _cbreak(stdin_fd) if console.interactive else nullcontext():
-                    core.start(backend.label)  # the prompt shows once keys can be read
-                    await console.write(core.take_output())
-                    code = await _converse(core, backend, console)
+                if console.interactive and backend.terminal:
+                    # The agent's own interface, attached raw (that module imports this one).
+                    from supervisor.clients.chat_raw import converse_raw
+
+                    code = await converse_raw(backend, console, stdout_fd)
+                else:
+                    if isinstance(backend, RemoteBackend):
+                        core.earlier(backend.transcript)
+                    with _cbreak(stdin_fd) if console.interactive else nullcontext():
+                        core.start(backend.label)  # the prompt shows once keys can be read
+                        await console.write(core.take_output())
+                        code = await _converse(core, backend, console)
         except* ChatError as group:
             failure = str(group.exceptions[0])
         if failure is not None:

@@ -1,11 +1,12 @@
 """The stall watchdog: a running turn the agent says nothing about for ``stall_s`` is stopped.
 
 What counts as the agent saying something about the turn (``TURN_EVENTS``): its stream, its
-tool calls and their updates, its permission requests. Not ``agent.stderr`` (a wedged agent
-may log on), nor ``session.info`` or ``agent.unparsed`` (metadata and keep-alives flow from
-agents whose model call hangs). While a tool call the agent reported runs, ``tool_stall_s``
-applies instead (default: never); while a permission request waits, nothing does (the turn
-waits on a person).
+tool calls and their updates, its permission requests, and a terminal agent's output (a TUI
+that redraws, a spinner too, is alive; a wedged one draws nothing). Not ``agent.stderr`` (a
+wedged agent may log on), nor ``session.info`` or ``agent.unparsed`` (metadata and keep-alives
+flow from agents whose model call hangs). While a tool call the agent reported runs,
+``tool_stall_s`` applies instead (default: never); while a permission request waits, nothing
+does (the turn waits on a person).
 
 The stream is the hot path: a delta only sets :attr:`StallWatch.heard`; the clock is read once
 before the session next waits (:meth:`StallWatch.note_time`) and the deadline is looked at only
@@ -33,11 +34,12 @@ TURN_EVENTS: Final[frozenset[type[ev.Event]]] = frozenset(
         ev.Plan,
         ev.PermissionRequested,
         ev.PermissionResolved,
+        ev.TerminalOutput,
     }
 )
 #: Of those, the stream itself: heard, and nothing else changes for the watchdog.
 STREAM_EVENTS: Final[frozenset[type[ev.Event]]] = frozenset(
-    {ev.MessageDelta, ev.ThoughtDelta, ev.Plan}
+    {ev.MessageDelta, ev.ThoughtDelta, ev.Plan, ev.TerminalOutput}
 )
 #: Tool call statuses that end a call (ACP's words, which every machine maps to).
 _TOOL_DONE: Final = frozenset({"completed", "failed"})

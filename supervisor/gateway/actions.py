@@ -15,6 +15,7 @@ from protocols import PROTOCOLS
 from supervisor.config import AgentSpec
 from supervisor.errors import BadRequest
 from supervisor.pausing import PauseStatus
+from supervisor.remote.revival import Revival
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.session import Session, SessionSummary
 from supervisor.store.dormant import DormantSession
@@ -133,6 +134,7 @@ class Actions:
     async def start(self, call: StartSession) -> dict[str, Any]:
         if call.max_sessions is not None and not self.accept_specs:
             raise BadRequest("'max_sessions' is for nodes (agent-supervisor node)")
+        revival = self._revival(call)
         session = await self.supervisor.start_session(
             self._agent(call),
             cwd=call.cwd,
@@ -140,6 +142,9 @@ class Actions:
             mcp_servers=call.mcp_servers,
             at_most=call.max_sessions,
             worktree=call.worktree,
+            resume=revival.resume if revival is not None else None,
+            after=(revival.last_seq, revival.turns) if revival is not None else (0, 0),
+            earlier=revival.earlier if revival is not None else (),
         )
         host = {"host": session.host} if session.host is not None else {}
         return {"session_id": session.id, "state": session.state, **host, **_worktree(session)}
@@ -179,11 +184,18 @@ class Actions:
 
     async def _rewindable(self, session_id: str) -> Session | RemoteSession:
         """A session with its checkpoints where its files are: here, or in its host's node
-        (which rewinds it there). A stored one of this machine (an earlier supervisor's) has
-        its agent started again, with the checkpoints it kept."""
+        (which rewinds it there). A stored one (an earlier supervisor's) has its agent started
+        again, with the checkpoints it kept; one that cannot be is said as such."""
         session: Any = self.supervisor.get(session_id)
-        if isinstance(session, DormantSession) and session.host is None:
-            session = await session.revive()
+        if isinstance(session, DormantSession):
+            try:
+                session = await session.revive()
+            except BadRequest as exc:
+                where = f" on {session.host}" if session.host is not None else ""
+                raise BadRequest(
+                    f"session {session_id}{where} is stored (its agent is not running) and"
+                    f" cannot be started again: {exc}"
+                ) from None
         if not isinstance(session, Session | RemoteSession):
             raise BadRequest(
                 f"session {session_id} is not running: a rewind is for running sessions"
@@ -262,6 +274,17 @@ class Actions:
                 for name, a in self.supervisor.agents.items()
             ]
         }
+
+    def _revival(self, call: StartSession) -> Revival | None:
+        """A front's stored session started again here (``session.start``'s ``revive``)."""
+        if call.revive is None:
+            return None
+        if not self.accept_specs:
+            raise BadRequest("'revive' is for nodes (agent-supervisor node)")
+        try:
+            return Revival.from_wire(call.revive)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
 
     def _agent(self, call: StartSession) -> str | AgentSpec:
         if call.spec is None:

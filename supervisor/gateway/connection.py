@@ -43,8 +43,10 @@ _SUBSCRIBE_BOUND_S: Final = 10.0
 _FLIGHT_PINGS: Final = 4
 
 #: Where each subscription of a connection stood when a response was queued: (session id, its
-#: subscription, :attr:`Subscription.offered` then). The response goes out after those events.
-_Barrier = tuple[tuple[str, Subscription, int], ...]
+#: subscription, :attr:`Subscription.offered` then, :attr:`Subscription.due_seq` then). The
+#: response goes out after those events; with a store, after every event its session had
+#: published, offered once stored.
+_Barrier = tuple[tuple[str, Subscription, int, int | None], ...]
 
 
 class Connection:
@@ -136,12 +138,13 @@ class Connection:
     def _send(self, message: dict[str, Any], session_id: str | None = None) -> None:
         """Queue a response or notice for the writer, behind every event of ``session_id``
         (the session the request named) already buffered for this connection (bounded: the
-        reader waits when full). A cancel's answer is queued once its session has emitted the
-        turn's ``turn.ended``: the wire keeps that order. Other sessions' events are no
+        reader waits when full); with a store, behind every event that session published, as
+        they are offered once stored. A cancel's answer is queued once its session has emitted
+        the turn's ``turn.ended``: the wire keeps that order. Other sessions' events are no
         barrier: a quiet session's receipt does not wait behind a flooding one's backlog."""
         subscription = self._subscriptions.get(session_id) if session_id is not None else None
         barrier: _Barrier = (
-            ((session_id, subscription, subscription.offered),)
+            ((session_id, subscription, subscription.offered, subscription.due_seq),)
             if session_id is not None and subscription is not None
             else ()
         )
@@ -244,10 +247,22 @@ class Connection:
         sent: dict[Subscription, int] = {}  # events taken per subscription for this write
         waiting: deque[tuple[bytes, _Barrier]] = deque()
         answered = 0
+        more = False  # a barrier is more than this write's batch away: go on after it
         while self._responses:
             frame, barrier = self._responses.popleft()
             reached = True
-            for session_id, subscription, mark in barrier:
+            for session_id, subscription, mark, due in barrier:
+                stored = True
+                if due is not None:
+                    # With a store: the mark is where ``due`` is, once the store has given
+                    # it (its write wakes us through the subscription's listener).
+                    newest = subscription.offered_seq
+                    if newest >= due:
+                        mark = subscription.taken + due - subscription.last_seq
+                    else:
+                        mark = subscription.offered
+                        stored = subscription.ended or subscription.closed or self._leaving
+                        subscription.hasten()
                 behind = mark - subscription.taken
                 if behind > 0:
                     done = sent.get(subscription, 0)
@@ -256,9 +271,12 @@ class Connection:
                 if subscription.pending:
                     if subscription.taken < mark:
                         reached = False  # this write's batch is used up: the rest goes next
+                        more = True
                 elif subscription.ended:
                     self._finish(session_id, subscription, frames)
                 # (Nothing pending short of the mark: the subscriber closed, its events are gone.)
+                if not stored:
+                    reached = False
             if reached:
                 frames.append(frame)
                 answered += 1
@@ -267,7 +285,7 @@ class Connection:
         self._responses = waiting
         if answered:
             self._drained.unpark_all()
-        if waiting:
+        if more:
             self._ready = True
         if not events:
             return frames
@@ -374,6 +392,9 @@ class Connection:
             # Whether a rewind and a diff can be asked (a front's mirror of a node's session
             # learns it here: a node too old to say keeps none).
             "checkpoints": session.keeps_checkpoints,
+            # The agent's own session id (None: none yet): a front's store keeps it, to
+            # resume the agent should its node lose the session (supervisor/remote/revival.py).
+            "agent_session_id": session.agent_session_id,
         }
         self._send(ok_response(request_id, result))
         if subscription.screen is not None:

@@ -33,6 +33,7 @@ from supervisor.remote.handshake import spec_to_wire
 from supervisor.remote.hosts import HostSpec
 from supervisor.remote.link import Connection, NodeLink
 from supervisor.remote.record import RemoteRecord
+from supervisor.remote.revival import Revival
 from supervisor.remote.session import RemoteSession
 
 __all__ = ["PROBE_TIMEOUT_S", "RemoteHosts", "rank"]
@@ -128,12 +129,20 @@ class RemoteHosts:
         )
 
     async def start_session(
-        self, spec: AgentSpec, *, host: str | None, cwd: str | None, paused: Pause | None = None
+        self,
+        spec: AgentSpec,
+        *,
+        host: str | None,
+        cwd: str | None,
+        paused: Pause | None = None,
+        revive: tuple[str, Revival] | None = None,
     ) -> RemoteSession:
         """Place and start a session: on the host asked for, else on the agent's host with
         the most room as its node counts it (see :func:`rank`); a node refuses a start over
         its ``max_sessions`` itself (``capacity``), and the next host is tried. ``paused``:
-        the front is paused, and the node holds the session before it is anybody's."""
+        the front is paused, and the node holds the session before it is anybody's.
+        ``revive``: the id of a stored session of ``host`` and what it goes on from: the
+        node's new session is that one again (``supervisor/remote/revival.py``)."""
         candidates = self.candidates(spec, host)
         failures: list[tuple[HostSpec, SupervisorError]] = []
         if len(candidates) > 1:
@@ -158,14 +167,19 @@ class RemoteHosts:
             ordered = candidates
         for chosen in ordered:
             try:
-                return await self._start_on(chosen, spec, cwd, paused)
+                return await self._start_on(chosen, spec, cwd, paused, revive)
             except (HostCapacity, HostUnreachable) as exc:
                 failures.append((chosen, exc))  # (another front took the last place meanwhile)
                 log.info("placing a session of %r: %s refused: %s", spec.name, chosen.name, exc)
         raise _no_host(spec, candidates, failures)
 
     async def _start_on(
-        self, chosen: HostSpec, spec: AgentSpec, cwd: str | None, paused: Pause | None
+        self,
+        chosen: HostSpec,
+        spec: AgentSpec,
+        cwd: str | None,
+        paused: Pause | None,
+        revive: tuple[str, Revival] | None = None,
     ) -> RemoteSession:
         name = chosen.name
         if cwd is None and not chosen.transport:
@@ -179,6 +193,8 @@ class RemoteHosts:
                 payload["spec"] = spec_to_wire(spec)
             if chosen.max_sessions is not None:
                 payload["max_sessions"] = chosen.max_sessions  # the node decides, for all fronts
+            if revive is not None:
+                payload["revive"] = revive[1].to_wire()
             for attempt in range(3):
                 link = self.link(name)
                 conn = await link.connection()
@@ -198,7 +214,14 @@ class RemoteHosts:
                     log.info("host %s: node pid %d is retired: a new link", name, link.node_pid)
                     self._retire(link)
             session = RemoteSession(
-                link, node_id=node_id, spec=spec, cwd=cwd, state=state, paused=paused
+                link,
+                node_id=node_id,
+                spec=spec,
+                cwd=cwd,
+                state=state,
+                paused=paused,
+                session_id=revive[0] if revive is not None else None,
+                after=revive[1].last_seq if revive is not None else 0,
             )
             link.sessions[session.node_id] = session
             if self.record is not None:
@@ -247,13 +270,14 @@ class RemoteHosts:
                 link = NodeLink(self.hosts[host], self._nursery, on_forget=self._forgotten)
                 self._retired.append(link)
             per_node[(host, instance)] = (link, entry.get("node_pid"))
-            cwd = entry.get("cwd")
+            cwd, session_id = entry.get("cwd"), entry.get("session_id")
             session = RemoteSession(
                 link,
                 node_id=str(entry.get("node_id")),
                 spec=spec,
                 cwd=cwd if isinstance(cwd, str) else None,
                 state="starting",
+                session_id=session_id if isinstance(session_id, str) else None,
             )
             session.recovering()
             link.sessions[session.node_id] = session

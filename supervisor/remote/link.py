@@ -119,7 +119,7 @@ class LinkedSession(Protocol):
 
     def on_node_message(self, message: dict[str, Any]) -> None: ...
 
-    def fail(self, cause: str) -> None: ...
+    def fail(self, cause: str, *, gone: bool = False) -> None: ...
 
 
 #: the sessions a link carries (``RemoteSession`` on a front)
@@ -508,7 +508,8 @@ class NodeLink(Generic[S]):
                     self._fail_all(
                         f"host {self.host.name} unreachable for"
                         f" {trio.current_time() - dropped_at:.0f} s (its node stops undriven"
-                        f" sessions after {self.host.detach_s:g} s): {exc}"
+                        f" sessions after {self.host.detach_s:g} s): {exc}",
+                        gone=exc.cause != "version_mismatch",
                     )
                     return None
                 await trio.sleep(delay)  # backoff between attempts, not a wait for state
@@ -530,19 +531,22 @@ class NodeLink(Generic[S]):
             except LinkLost:
                 return  # dropped again: the maintainer goes round once more
             except SessionNotFound:
-                session.fail(f"the node on {self.host.name} no longer has this session")
+                session.fail(f"the node on {self.host.name} no longer has this session", gone=True)
             except SupervisorError as exc:
                 session.fail(f"resubscribing on {self.host.name} failed: {exc}")
 
     def _node_replaced(self, hello: Hello) -> None:
         self._fail_all(
             f"the node on {self.host.name} (pid {self.node_pid}) is gone, and its sessions with"
-            f" it (their trees die with their node); a new node (pid {hello.pid}) answers now"
+            f" it (their trees die with their node); a new node (pid {hello.pid}) answers now",
+            gone=True,
         )
 
-    def _fail_all(self, cause: str) -> None:
+    def _fail_all(self, cause: str, *, gone: bool = False) -> None:
+        """Every session of the link fails with ``cause``; ``gone``: nothing of them runs
+        anywhere any more (``RemoteSession.fail``)."""
         for session in list(self.sessions.values()):
-            session.fail(cause)
+            session.fail(cause, gone=gone)
 
     def _faulted(self, error: HostUnreachable, exc: BaseException | None) -> None:
         """A connection's node broke the protocol (``Connection.fault``): every session of

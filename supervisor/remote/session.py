@@ -12,10 +12,11 @@ the front is ``NODE_ID@HOST`` (``s3@build1``), the same however often the front 
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -25,6 +26,8 @@ import trio
 
 from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
+from protocols.machine import TerminalScreen
+from protocols.terminal import TerminalClient, TerminalSettings, check_size
 from supervisor.checkpoints.shadow import GIT_TIMEOUT_S
 from supervisor.config import AgentSpec
 from supervisor.core.calls import (
@@ -58,6 +61,7 @@ from supervisor.wire.codec import converter, dumps, event_to_wire, known_event
 
 if TYPE_CHECKING:
     from supervisor.remote.link import Connection, NodeLink
+    from supervisor.runtime.handle import SessionHandle
 
 __all__ = ["RemoteSession"]
 
@@ -72,6 +76,12 @@ CANCEL_REACH_MARGIN_S: Final = 5.0
 #: it: add, write-tree, commit, ref; then the restore's reads), each within
 #: ``GIT_TIMEOUT_S``: past that and the host's ``request_timeout_s``, the node is not answering.
 REWIND_GIT_CALLS: Final = 6
+
+#: A terminal agent's output kept to draw on the node's last picture of its screen for a late
+#: subscriber (drawn then, ~1.4 us a byte: at most ~0.1 s of the front's loop). Past it the
+#: node is asked for a new picture (the link subscribes again: ~2 ms on the node), so the
+#: front never runs a screen model on the whole stream.
+SCREEN_OUTPUT_BYTES: Final = 64 * 1024
 
 T = TypeVar("T")
 
@@ -96,6 +106,10 @@ _RECEIPT_FIELDS: Final[dict[str, tuple[type, ...]]] = {
     "changes": (list, type(None)),
     "restored": (dict, type(None)),
 }
+
+
+class _Gone(AgentNotRunning):
+    """A call to a session its node lost, not sent: a prompt or a steer starts it again."""
 
 
 def _announces_gap(message: dict[str, Any], from_seq: int) -> bool:
@@ -154,17 +168,23 @@ class RemoteSession:
         state: str,
         history_size: int = DEFAULT_HISTORY,
         paused: Pause | None = None,
+        session_id: str | None = None,
+        after: int = 0,
     ) -> None:
+        """``session_id``: its id on the front (None: ``NODE_ID@HOST``); one the node started
+        again for a stored session keeps the stored one, and its events go on ``after`` that
+        session's last seq."""
         self.link = link
         self.node_id = node_id
         self.host: str = link.host.name
-        self.id = f"{node_id}@{self.host}"
+        self.id = session_id if session_id is not None else f"{node_id}@{self.host}"
         self.spec = spec
         self.cwd = cwd
         self._state = state
         self._turn_id: str | None = None
-        self._seq = 0
+        self._seq = after
         self._fanout = Fanout(history_size)
+        self._fanout.head_seq = after
         self._done = False
         self._failure: str | None = None
         self.exit_status: ExitStatus | None = None
@@ -197,6 +217,25 @@ class RemoteSession:
         #: called when the node says it holds this session and this front has said nothing:
         #: the supervisor takes the pause up (``Supervisor._held_in_node``)
         self.on_held: Callable[[RemoteSession], None] | None = None
+        #: the agent's own session id, as the node said when we last subscribed (a store
+        #: keeps it: a session whose node lost it resumes it, started again on its host)
+        self.agent_session_id: str | None = None
+        #: its node lost it (replaced, or no longer has it, or gone past its ``detach_s``):
+        #: nothing of it runs anywhere
+        self.gone = False
+        #: called once its node lost it (the supervisor lists it as stored, if it has a store)
+        self.on_gone: Callable[[RemoteSession], None] | None = None
+        #: starts it again on its host, from what the store kept, and returns that session (a
+        #: prompt or a steer to it once its node lost it); None: it cannot be
+        self.revive: Callable[[RemoteSession], Awaitable[SessionHandle]] | None = None
+        #: a terminal agent's screen as the node pictured it for our subscription
+        #: (``terminal.screen``), as it stood after event ``_screen_seq``, and the output
+        #: since: drawn on it for a subscriber of ours (:meth:`_current_screen`)
+        self._screen: TerminalScreen | None = None
+        self._screen_seq = 0
+        self._screen_output: list[bytes] = []
+        self._screen_output_bytes = 0
+        self._repicturing = False
 
     # -- the Session API ---------------------------------------------------------------------
 
@@ -258,7 +297,11 @@ class RemoteSession:
         if parts:
             # Every part as such: the node's session writes each in its agent's own form.
             payload["content"] = [to_acp(part, CARRY_WORDS) for part in parts]
-        return await self._request("agent.prompt", payload, _turn_handle)
+        try:
+            return await self._request("agent.prompt", payload, _turn_handle)
+        except _Gone:
+            live = await self._start_again()
+        return await live.prompt(text, parts)
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the agent's session on the host to mode ``mode_id``; returns once it took it."""
@@ -272,8 +315,11 @@ class RemoteSession:
         await self._request("session.input", {"data": data}, as_is)
 
     async def resize(self, cols: int, rows: int) -> None:
-        """Resize the agent's terminal on the host."""
+        """Resize the agent's terminal on the host (and our picture of it, as the node
+        resizes its own: the events before its answer have come before it)."""
         await self._request("session.resize", {"cols": cols, "rows": rows}, as_is)
+        if self._screen is not None:
+            self._current_screen((cols, rows))
 
     async def cancel(
         self, *, turn_id: str | None = None, reason: str | None = None, rewind: bool = False
@@ -391,9 +437,17 @@ class RemoteSession:
 
     async def steer(self, text: str) -> SteerResult:
         check_steer(text)
-        return await self._request(
-            "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
-        )
+        try:
+            return await self._request(
+                "agent.steer", {"text": text}, self._steer_result, timeout=self._stop_bound_s()
+            )
+        except _Gone:
+            live = await self._start_again()
+        return await live.steer(text)
+
+    async def _start_again(self) -> SessionHandle:
+        assert self.revive is not None  # (else _check_running raises no _Gone)
+        return await self.revive(self)
 
     def _steer_result(self, result: dict[str, Any]) -> SteerResult:
         mode = result.get("mode")
@@ -465,6 +519,7 @@ class RemoteSession:
             wire=wire,
             max_bytes=max_buffer_bytes,
         )
+        subscription.screen = self._current_screen()
         recorder = self._fanout.recorder
         if subscription.missing is not None and recorder is not None:
             await fill_from_recorder(subscription, recorder, self.id)
@@ -553,6 +608,9 @@ class RemoteSession:
         self._modes = modes if isinstance(modes, dict) else None
         checkpoints = result.get("checkpoints")
         self._checkpoints = checkpoints if isinstance(checkpoints, bool) else None
+        own = result.get("agent_session_id")
+        if isinstance(own, str) and own:
+            self.agent_session_id = own
         self._node_version = conn.hello.version
         try:
             self._held = check_held(result.get("held"), "whose 'held'")
@@ -580,6 +638,9 @@ class RemoteSession:
         if kind in ("subscription.closed", "subscription.lagged"):
             self._on_notice(str(kind))
             return
+        if kind == "terminal.screen":
+            self._pictured(message["data"])
+            return
         seq = message.get("seq")
         if not isinstance(seq, int) or seq <= self._seq or self._done:
             return  # a replay of what we have
@@ -601,6 +662,8 @@ class RemoteSession:
             self._gap(seq)  # (the node's own ``stream.gap`` says so itself: it is mirrored)
         self._seq = seq
         self._track(event)
+        if isinstance(event, ev.TerminalOutput) and self._screen is not None:
+            self._kept_output(event)
         self._fanout.publish(event, dumps(message))
         self._fanout.flush()
         if seq >= self._catch_up_to:
@@ -630,6 +693,56 @@ class RemoteSession:
         message["host"] = self.host
         self._seq = last
         self._fanout.publish(gap, dumps(message))
+
+    def _pictured(self, data: dict[str, Any]) -> None:
+        """The node's picture of the screen, sent after its answer to our subscribe, before
+        any event: what a subscriber of ours is drawn from (one this front cannot read is
+        left out: subscribers then get none, as from a node too old to send one)."""
+        self._repicturing = False
+        picture, last_seq = data.get("data"), data.get("last_seq")
+        cols: Any = data.get("cols")
+        rows: Any = data.get("rows")
+        try:
+            if not isinstance(picture, str) or last_seq.__class__ is not int:
+                raise ValueError("no picture or no last_seq")
+            check_size(cols, rows)
+            screen = TerminalScreen(base64.b64decode(picture, validate=True), cols, rows)
+        except ValueError as exc:
+            log.warning("session %s: a terminal.screen this front cannot read: %s", self.id, exc)
+            self._screen = None
+            return
+        self._screen, self._screen_seq = screen, last_seq
+        self._screen_output.clear()
+        self._screen_output_bytes = 0
+
+    def _kept_output(self, event: ev.TerminalOutput) -> None:
+        """Output after the picture, kept to draw on it; past :data:`SCREEN_OUTPUT_BYTES`
+        the node is asked for a new picture instead (the link subscribes again)."""
+        if event.seq <= self._screen_seq:
+            return  # (the node's replay of what the picture shows)
+        data = base64.b64decode(event.data)
+        self._screen_output.append(data)
+        self._screen_output_bytes += len(data)
+        if self._screen_output_bytes > SCREEN_OUTPUT_BYTES and not self._repicturing:
+            self._repicturing = True
+            self.link.start_soon(self._resubscribe)
+
+    def _current_screen(self, size: tuple[int, int] | None = None) -> TerminalScreen | None:
+        """The screen as it stands after the newest event we have (``size``: then made that
+        size, as the node's is), or None if we have no picture of it."""
+        screen = self._screen
+        if screen is None or self._screen_seq > self._seq:
+            return None  # (a picture ahead of what we have: our events catch up first)
+        if self._screen_output or size is not None:
+            view = TerminalClient(TerminalSettings(cols=screen.cols, rows=screen.rows))
+            for data in (screen.data, *self._screen_output):
+                view.receive({"output": data, "now": 0.0})
+            if size is not None:
+                view.resize(*size)
+            self._screen, self._screen_seq = view.screen(), self._seq
+            self._screen_output.clear()
+            self._screen_output_bytes = 0
+        return self._screen
 
     def recovering(self) -> None:
         """Created for a session a crashed front left: subscribers wait for the replay."""
@@ -696,18 +809,23 @@ class RemoteSession:
             return
         self.on_stop(receipt, timestamp)
 
-    def fail(self, cause: str) -> None:
+    def fail(self, cause: str, *, gone: bool = False) -> None:
         """The node is gone, or has lost this session: it fails here, with the cause (its
-        turn, if one ran, ends ``failed``: every turn has its ``turn.ended``)."""
+        turn, if one ran, ends ``failed``: every turn has its ``turn.ended``). ``gone``:
+        nothing of it runs anywhere any more (not so after a protocol error: the node may run
+        it on), so it may be started again (:attr:`revive`)."""
         if self._done:
             return
         self._failure = cause
+        self.gone = gone
         now = time.time()
         if self._turn_id is not None:
             self._emit(ev.TurnEnded(turn_id=self._turn_id, outcome="failed", error=cause), now)
             self._turn_id = None
         self._emit(ev.SessionState(state="failed", detail=cause), now)
         self._finish("failed")
+        if gone and self.on_gone is not None:
+            self.on_gone(self)
 
     def _emit(self, event: ev.Event, timestamp: float) -> None:
         """An event of the front's own (only once the node can no longer send any)."""
@@ -743,7 +861,8 @@ class RemoteSession:
     def _check_running(self) -> None:
         if self._done or self._state in ("stopped", "failed"):
             cause = f": {self._failure}" if self._failure else ""
-            raise AgentNotRunning(f"session {self.id} is {self._state}{cause}")
+            gone = self.gone and self.revive is not None
+            raise (_Gone if gone else AgentNotRunning)(f"session {self.id} is {self._state}{cause}")
 
     async def _request(
         self,

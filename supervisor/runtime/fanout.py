@@ -33,7 +33,10 @@ See ``design/remote.md``, "Nothing lost across a partition".
 A :class:`Recorder` (the session store, ``supervisor/store/writer.py``) is handed every event
 as it enters the history, with its wire bytes; a recorder that is :attr:`Recorder.full` holds
 the agent back as a full backpressured subscriber does, with no stall window: what a store
-has not written yet is never dropped.
+has not written yet is never dropped. With a recorder, subscribers are offered events only
+once it stored them (:meth:`Fanout.committed`, called by the writer after each write): a
+client never sees an event a crash can lose (``design/store.md``, "Clients see what is
+stored").
 """
 
 from __future__ import annotations
@@ -98,12 +101,23 @@ class Recorder(Protocol):
     #: it cannot take more for now: the session holds its agent back until :meth:`when_room`
     full: bool
 
-    def record(self, events: list[ev.Event], payloads: list[bytes]) -> None:
-        """Events as they enter the history, with their wire bytes (the session's actor:
-        must not block)."""
+    def record(self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout) -> None:
+        """Events as they enter ``fanout``'s history, with their wire bytes (the session's
+        actor: must not block). Once they are stored, call ``fanout.committed(seq)`` with the
+        newest one's seq (from the event loop, never a worker thread); if they never will be
+        (given up at close), ``fanout.abandon()``."""
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once it is no longer :attr:`full`."""
+
+    def soon(self, fanout: Fanout) -> None:
+        """``fanout`` has events not serialized yet, published in another task's step (a
+        cancel's) while its session waits: call ``fanout.serialize()`` before the next write,
+        in the recorder's own step (the cancel's caller is not kept waiting for it)."""
+
+    def hasten(self) -> None:
+        """A client waits for what is recorded (a response held behind its session's events,
+        given once stored): store it now rather than batch it."""
 
     async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """The session's events with seqs above ``after`` up to ``upto``, as ``(seq, wire
@@ -204,6 +218,12 @@ class Subscription:
         #: a terminal agent's screen as it stood at :attr:`head_seq` (taken with the
         #: subscription, in the actor), drawn before the events; None: no terminal
         self.screen: TerminalScreen | None = None
+        #: (a store's subscriber) it has every event up to this seq: those of them the store
+        #: gives it are not offered again
+        self._after = 0
+        #: (a store's subscriber) its session's fan-out, whose events it is offered once
+        #: stored (:attr:`due_seq`)
+        self._source: Fanout | None = None
 
     # -- the subscriber's side -------------------------------------------------------------
 
@@ -278,6 +298,32 @@ class Subscription:
         the events that caused it) holds it until :attr:`taken` reaches this. No counter: a
         buffered event leaves only by :meth:`take`, which counts it, or by :meth:`close`."""
         return self.taken + len(self._events)
+
+    @property
+    def due_seq(self) -> int | None:
+        """(A store's subscriber) the newest seq its session published, stored or not: every
+        event up to it is offered here in time, and a response caused by them goes after them
+        (:attr:`offered_seq`). None without a store: what is published is offered at once
+        (:attr:`offered` is where the stream stands)."""
+        source = self._source
+        return None if source is None else source.head_seq
+
+    def hasten(self) -> None:
+        """(A store's subscriber) its subscriber waits for the events :attr:`due_seq` names
+        (a response behind them): the store writes what it has now."""
+        source = self._source
+        if source is not None and source.recorder is not None:
+            source.recorder.hasten()
+
+    @property
+    def offered_seq(self) -> int:
+        """The seq of the newest event offered so far (events are contiguous)."""
+        return self.last_seq + len(self._events)
+
+    @property
+    def closed(self) -> bool:
+        """The subscriber closed it (:meth:`close`)."""
+        return self._closed
 
     @property
     def ended(self) -> bool:
@@ -473,8 +519,16 @@ class Fanout:
         #: traces), and a publish costs one test more
         self.observer: Callable[[ev.Event], None] | None = None
         #: handed each event entering the history, with its bytes (the session store);
-        #: None: nothing is stored, and keeping an event costs one test more
+        #: None: nothing is stored, and keeping an event costs one test more. Set before
+        #: anyone subscribes: with it, subscribers get only what it stored (:meth:`committed`)
         self.recorder: Recorder | None = None
+        #: (with a recorder) subscriptions offered events once they are stored, not as they
+        #: are published: ``_subscriptions`` stays empty, so publishing costs nothing more
+        self._gated: list[Subscription] = []
+        #: (with a recorder) runs recorded and not stored yet, in order; their events and bytes
+        self._held: deque[tuple[list[ev.Event], list[bytes]]] = deque()
+        self._held_count = 0
+        self._held_bytes = 0
         #: waits of the session held back for a full recorder (a diagnostic)
         self.store_holds = 0
 
@@ -487,7 +541,20 @@ class Fanout:
     @property
     def subscriber_count(self) -> int:
         """Subscriptions neither closed nor ended."""
-        return sum(1 for s in self._subscriptions if not s._closed and not s._ended)
+        return sum(
+            1 for s in (*self._subscriptions, *self._gated) if not s._closed and not s._ended
+        )
+
+    @property
+    def durable_seq(self) -> int:
+        """The newest seq subscribers may be given: with a recorder, the newest it stored
+        (those after it wait, in :attr:`_held` or as objects not recorded yet); else the
+        newest published."""
+        if self._held:
+            return self._held[0][0][0].seq - 1
+        if self.recorder is not None and self._unserialized:
+            return self._unserialized[0].seq - 1
+        return self.head_seq
 
     @property
     def unacknowledged(self) -> int:
@@ -500,6 +567,14 @@ class Fanout:
         if self._unserialized:
             self._serialize()
         return self._history
+
+    def serialize_soon(self) -> None:
+        """With a recorder, have what waits as objects serialized, and so stored and given to
+        subscribers, although the session may wait long before its own step does it (a
+        cancel's events, published in its caller's step)."""
+        recorder = self.recorder
+        if self._unserialized and recorder is not None:
+            recorder.soon(self)
 
     def serialize(self) -> None:
         """Serialize the events still waiting as objects: the session is about to wait in its
@@ -520,7 +595,10 @@ class Fanout:
         """Add events to the history, its oldest going as its count or its bytes require."""
         recorder = self.recorder
         if recorder is not None:
-            recorder.record(events, payloads)
+            recorder.record(events, payloads, self)
+            self._held.append((events, payloads))
+            self._held_count += len(events)
+            self._held_bytes += total
         history, kept = self._history, self._sizes
         if kept.maxlen is not None:
             over = len(kept) + len(sizes) - kept.maxlen
@@ -544,7 +622,7 @@ class Fanout:
     @property
     def subscribed(self) -> bool:
         """Somebody is subscribed (a subscription neither closed nor ended)."""
-        return any(not s._closed and not s._ended for s in self._subscriptions)
+        return any(not s._closed and not s._ended for s in (*self._subscriptions, *self._gated))
 
     def subscribe(
         self,
@@ -559,22 +637,34 @@ class Fanout:
         replay: list[Any] = []
         gap = False
         missing = None
+        gated = self.recorder is not None
+        if gated:
+            # What is not stored yet comes live, once it is: the replay and the answer's
+            # position end at the newest stored event.
+            head_seq = min(head_seq, self.durable_seq)
         last_seq = head_seq
         if since_seq is not None:
             if self.hold_unacknowledged:
                 self.acknowledge(since_seq)  # a resubscribe from since_seq: the front has it
             history = self.history
             oldest = self.head_seq - len(history) + 1  # the seq of history[0]
-            gap = since_seq + 1 < oldest
             start = max(since_seq + 1, oldest)
             last_seq = start - 1
             skip = start - oldest
-            replay = [history[index] for index in range(skip, len(history))]
-            if gap and replay and not _covers(replay[0], since_seq + 1):
+            end = len(history)
+            # The newest seq the history lacks (those before it): with a recorder, what it
+            # has not stored yet may be all the history holds.
+            lacks = oldest - 1
+            if gated:
+                end -= self._held_count
+                lacks = min(lacks, head_seq)
+            replay = [history[index] for index in range(skip, end)]
+            gap = since_seq < lacks
+            if gap and history and not (replay and _covers(replay[0], since_seq + 1)):
                 # Never a silent jump: the replay opens with what was lost, and why.
-                replay.insert(0, _gap_json(replay[0], since_seq + 1, oldest - 1))
-                last_seq = oldest - 2
-                missing = (since_seq + 1, oldest - 1)
+                replay.insert(0, _gap_json(history[0], since_seq + 1, lacks))
+                last_seq = lacks - 1
+                missing = (since_seq + 1, lacks)
             sizes = list(map(len, replay))
             replay = text_frames(replay) if wire else list(map(event_from_json, replay))
         else:
@@ -593,8 +683,15 @@ class Fanout:
             max_bytes=self.buffer_bytes if max_bytes is None else max_bytes,
         )
         subscription.missing = missing
-        if self._closed:
+        if gated and since_seq is not None and since_seq > head_seq:
+            # It has events not stored yet by this recorder (stored by an earlier supervisor:
+            # a node's session, adopted again, hands its history over to be stored again).
+            subscription._after = since_seq
+        if self._closed and not (gated and self._held):
             subscription._end()
+        elif gated:
+            subscription._source = self
+            self._gated.append(subscription)
         else:
             self._subscriptions.append(subscription)
             self._maybe_full = self._maybe_full or subscription._full
@@ -674,6 +771,100 @@ class Fanout:
                 if subscription._listener is not None:
                     subscription._listener()
 
+    def committed(self, seq: int) -> None:
+        """The recorder stored every event up to ``seq``: its subscribers get them now (the
+        writer's task calls this after each write: one wake-up per write, whatever its size).
+        A session held back for what waits to be stored goes on."""
+        held = self._held
+        if not held:
+            return
+        events: list[ev.Event] = []
+        payloads: list[bytes] = []
+        while held and held[0][0][-1].seq <= seq:  # (the writer stores whole runs)
+            run, run_payloads = held.popleft()
+            events += run
+            payloads += run_payloads
+        if not events:
+            return
+        sizes = list(map(len, payloads))
+        total = sum(sizes)
+        self._held_count -= len(events)
+        self._held_bytes -= total
+        frames: list[bytes] | None = None
+        drop = False
+        for subscription in self._gated:
+            if subscription._closed:
+                drop = True
+                continue
+            if subscription._after:
+                if self._offer_after(subscription, events, payloads):
+                    drop = True
+                continue
+            if subscription.wire:
+                if frames is None:
+                    frames = text_frames(payloads)
+                fits = subscription._offer_many(frames, sizes, total)
+            else:
+                fits = subscription._offer_many(events, sizes, total)
+            if not fits:
+                subscription._end(lagged=True)
+                drop = True
+            elif subscription.stall_s is not None and subscription._full:
+                self._maybe_full = True
+            if subscription._unannounced:
+                subscription._announce()
+        if drop:
+            self._gated = [s for s in self._gated if not s._ended and not s._closed]
+        if self._closed and not held:
+            self._end_gated()
+        self._room.set()
+
+    @staticmethod
+    def _offer_after(
+        subscription: Subscription, events: list[ev.Event], payloads: list[bytes]
+    ) -> bool:
+        """(:meth:`committed`, rare) Offer ``subscription`` those of ``events`` after the seq
+        it has (:attr:`Subscription._after`); True if it is cut off."""
+        after = subscription._after
+        cut = next((i for i, event in enumerate(events) if event.seq > after), len(events))
+        if cut < len(events):
+            subscription._after = 0
+        events, payloads = events[cut:], payloads[cut:]
+        if not events:
+            return False
+        sizes = list(map(len, payloads))
+        items: list[Any] = text_frames(payloads) if subscription.wire else events
+        if not subscription._offer_many(items, sizes, sum(sizes)):
+            subscription._end(lagged=True)
+            return True
+        if subscription._unannounced:
+            subscription._announce()
+        return False
+
+    def abandon(self) -> None:
+        """The recorder will never store what waits (it gave up at close): subscribers are
+        never given it, and their streams end."""
+        self._held.clear()
+        self._held_count = self._held_bytes = 0
+        self._end_gated()
+
+    def _end_gated(self) -> None:
+        for subscription in self._gated:
+            subscription._end()
+        self._gated.clear()
+
+    def _held_full(self) -> bool:
+        """A backpressured subscriber would be full once what waits to be stored is offered
+        to it: the session reads no more agent output until the store catches up (or it
+        takes), so what a store write releases at once never cuts it off."""
+        count, size = self._held_count, self._held_bytes
+        return any(
+            s.stall_s is not None
+            and not s._closed
+            and (len(s._events) + count >= s.capacity or s._bytes + size >= s.byte_capacity)
+            for s in self._gated
+        )
+
     def acknowledge(self, seq: int) -> None:
         """Events up to ``seq`` are held by the front for good: the history may drop them, and
         a session held back for them goes on once the unacknowledged part has room again."""
@@ -720,11 +911,14 @@ class Fanout:
         if self._unacknowledged_full:
             return True
         recorder = self.recorder
-        if recorder is not None and recorder.full:
+        if recorder is not None and (recorder.full or (self._held_count and self._held_full())):
             return True
         if not self._maybe_full:
             return False
-        if any(s.stall_s is not None and s._full and not s._closed for s in self._subscriptions):
+        if any(
+            s.stall_s is not None and s._full and not s._closed
+            for s in (*self._subscriptions, *self._gated)
+        ):
             return True
         self._maybe_full = False
         self._window = None
@@ -735,15 +929,21 @@ class Fanout:
         :meth:`wake` was called; or cut off, at the end of the stall window, every full
         subscriber that took nothing during it."""
         self.flush()
-        full = [s for s in self._subscriptions if s.stall_s is not None and s._full]
+        if self.recorder is not None:
+            self.serialize()  # what waits as objects is stored, and then given, meanwhile
+        full = [
+            s for s in (*self._subscriptions, *self._gated) if s.stall_s is not None and s._full
+        ]
         recorder = self.recorder
-        if not full and recorder is not None and recorder.full:
-            # Held for the store, which has not written what it has: no stall window (the
-            # store is where events go for good; dropping them is not an option).
+        if not full and recorder is not None and (recorder.full or self._held_full()):
+            # Held for the store, which has not written what it has (all of it, or what a
+            # subscriber has room for): no stall window (the store is where events go for
+            # good; dropping them is not an option). A write wakes us (:meth:`committed`).
             self.store_holds += 1
             if self._room.is_set():
                 self._room = trio.Event()
-            recorder.when_room(self._on_room)
+            if recorder.full:
+                recorder.when_room(self._on_room)
             await self._room.wait()
             return
         if not full and self._unacknowledged_full:
@@ -770,6 +970,7 @@ class Fanout:
             if subscription._full and taken.get(id(subscription)) == subscription.taken:
                 subscription._end(lagged=True)
         self._subscriptions = [s for s in self._subscriptions if not s._ended]
+        self._gated = [s for s in self._gated if not s._ended]
         self._subscriptions_changed()
 
     def wake(self) -> None:
@@ -788,3 +989,5 @@ class Fanout:
             subscription._end()
         self._subscriptions.clear()
         self._subscriptions_changed()
+        if not self._held:  # (else once the recorder stored the last of it)
+            self._end_gated()

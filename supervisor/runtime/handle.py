@@ -60,6 +60,10 @@ class SessionHandle(Protocol):
     def modes(self) -> dict[str, Any] | None: ...
 
     @property
+    def agent_session_id(self) -> str | None:
+        """The agent's own id of its session (what a resume names), once it has one."""
+
+    @property
     def keeps_checkpoints(self) -> bool:
         """Whether its turns are checkpointed where its files are (``design/checkpoints.md``)."""
 

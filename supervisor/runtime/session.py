@@ -1336,7 +1336,10 @@ class Session:
     def _done_aside(self) -> None:
         """After the actor's work was done in another task's step while it waits for its
         inbox: what it would do before waiting again, its deadlines rearmed and the
-        subscribers' writers told of the new events."""
+        subscribers' writers told of the new events (with a store, the events handed to it
+        from its writer's step: they reach subscribers once stored)."""
+        if self._fanout.recorder is not None:
+            self._fanout.serialize_soon()
         self._alarm.set(self.core.next_deadline())
         self._fanout.flush()
 

@@ -290,9 +290,16 @@ class Backend(Protocol):
         """Connect; create the schema or migrate it to :data:`SCHEMA_VERSION`. Raises
         :class:`StoreError` (one line: :attr:`where` and what to do) when it cannot."""
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Batch) -> bool:
         """Write ``batch`` in one transaction; :class:`StoreError` if it could not (nothing of
-        it is written)."""
+        it is written). True: :meth:`settle` has work to do now."""
+
+    def settle(self, idle: bool) -> None:
+        """What writes leave for after their events are given to subscribers (SQLite: the
+        search index of the texts written, which :meth:`search` and :meth:`delete` bring up
+        to date themselves too; the checkpoint of a long write-ahead log); ``idle``: nothing
+        was written for a while, so what can wait for that is done too (a checkpoint of the
+        log whatever it holds). :class:`StoreError` if it could not (the next call does it)."""
 
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""

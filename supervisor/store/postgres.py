@@ -237,9 +237,13 @@ class PostgresBackend:
 
     # -- writing
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Batch) -> bool:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
+        return False  # (a text's ``tsvector`` is a generated column: computed as it is stored)
+
+    def settle(self, idle: bool) -> None:
+        pass
 
     def delete(self, session_ids: Sequence[str]) -> None:
         # Freed rows are reused by later writes once autovacuum has been by; a VACUUM FULL

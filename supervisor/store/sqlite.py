@@ -5,6 +5,8 @@ fsync per commit (a power cut may lose the last batches, never corrupt the file;
 the process loses nothing written). The file is locked for this process alone (an exclusive
 lock taken at open and held): two supervisors writing the same sessions would interleave two
 histories with the same seqs. FTS5 indexes the texts (``texts_fts``) for :meth:`search`.
+What can wait until a batch's events are given to subscribers is done then (:meth:`settle`):
+the search index of the texts written, and the checkpoint of the write-ahead log.
 """
 
 from __future__ import annotations
@@ -41,11 +43,25 @@ __all__ = ["SqliteBackend"]
 #: a supervisor that is stopping to let go, short enough that a second ``serve`` on the same
 #: file says at once that it cannot.
 _LOCK_WAIT_S = 2.0
-#: SQLite's statements beyond the dialect's migrations: the FTS5 index kept in step with
-#: ``texts`` (an external-content table, fed by a trigger on each row really inserted).
-_FTS_TRIGGER = """CREATE TRIGGER IF NOT EXISTS texts_fts_insert AFTER INSERT ON texts BEGIN
-    INSERT INTO texts_fts (rowid, text) VALUES (new.rowid, new.text);
-END"""
+#: The texts the search index (an external-content FTS5 table) lacks, indexed: those above
+#: the highest rowid it holds (``texts_fts_docsize`` has a row per text indexed; a text's
+#: rowid is above every stored one's, and a deleted text leaves the index with it). Not in
+#: the write that stores them: a long answer's index costs tens of ms of SQLite's time (100,000
+#: distinct words: ~50-80 ms), which would hold back the turn's last events from subscribers.
+_INDEX_TEXTS = """INSERT INTO texts_fts (rowid, text) SELECT rowid, text FROM texts
+    WHERE rowid > (SELECT coalesce(max(id), 0) FROM texts_fts_docsize) ORDER BY rowid"""
+#: A file an earlier version wrote indexes each text in the write that stores it, by this
+#: trigger: dropped, and what it would have indexed is indexed by :data:`_INDEX_TEXTS`.
+_DROP_FTS_TRIGGER = "DROP TRIGGER IF EXISTS texts_fts_insert"
+#: Pages the write-ahead log holds at most before a checkpoint is due after a write (SQLite's
+#: own default, in 16 KB pages: 16 MB); below it, the log is checkpointed when the store is
+#: idle (:meth:`SqliteBackend.settle`). SQLite's automatic checkpoint runs inside the commit
+#: that fills the log: a copy of the log into the file and two fsyncs, tens of ms on a busy
+#: disk, holding back that batch's events from subscribers.
+CHECKPOINT_PAGES = 1000
+#: Pages a write adds to the log beyond its rows' bytes (the leaves of the tables and indexes
+#: a batch adds to, the file's header): what :meth:`SqliteBackend.write` counts, a bound.
+_PAGES_PER_WRITE = 5
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: The page size of a new file (``_setup``).
 _PAGE_SIZE = 16384
@@ -65,6 +81,10 @@ class SqliteBackend:
         self.path = Path(path)
         self.where = str(self.path)
         self._db: sqlite3.Connection | None = None
+        self._page_size = _PAGE_SIZE
+        #: texts written and not indexed yet; pages the log holds (counted as written)
+        self._unindexed = False
+        self._log_pages = 0
 
     def open(self) -> None:
         where = self.where
@@ -106,6 +126,8 @@ class SqliteBackend:
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
         db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint = 0")  # (settle() checkpoints)
+        self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
         db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock, held from now on
         try:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -122,7 +144,8 @@ class SqliteBackend:
                     db.execute(statement)
                 db.execute("DELETE FROM schema_version")
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (number + 1,))
-            db.execute(_FTS_TRIGGER)
+            db.execute(_DROP_FTS_TRIGGER)
+            db.execute(_INDEX_TEXTS)  # (what a supervisor that went away left unindexed)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -134,21 +157,38 @@ class SqliteBackend:
             raise StoreError(f"the store {self.where} is not open")
         return self._db
 
-    def write(self, batch: Batch) -> None:
+    def write(self, batch: Batch) -> bool:
         db = self._conn
         try:
             db.execute("BEGIN")
             try:
-                self._write(db, batch)
+                size = self._write(db, batch)
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+        self._unindexed = self._unindexed or bool(batch.texts)
+        self._log_pages += _PAGES_PER_WRITE + size // self._page_size
+        return self._unindexed or self._log_pages >= CHECKPOINT_PAGES
+
+    def settle(self, idle: bool) -> None:
+        db = self._conn
+        try:
+            if self._unindexed:
+                db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
+                self._unindexed = False
+            if self._log_pages >= CHECKPOINT_PAGES or (idle and self._log_pages):
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self._log_pages = 0
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
 
     @staticmethod
-    def _write(db: sqlite3.Connection, batch: Batch) -> None:
+    def _write(db: sqlite3.Connection, batch: Batch) -> int:
+        """The rows of ``batch``; returns about how many bytes they hold (its events')."""
+        size = 0
         if batch.sessions:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
@@ -185,10 +225,9 @@ class SqliteBackend:
             )
         if batch.events:
             runs = [run for run in batch.events if run.payloads]
-            inserted = db.executemany(
-                _INSERT_EVENTS,
-                [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs],
-            ).rowcount
+            rows = [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs]
+            size = sum(len(row[3]) for row in rows)
+            inserted = db.executemany(_INSERT_EVENTS, rows).rowcount
             if inserted < len(runs):  # some met a stored run: what they hold beyond it
 
                 def stored_last(session_id: str, first_seq: int) -> int | None:
@@ -223,6 +262,7 @@ class SqliteBackend:
                 UPSERT_CHECKPOINT,
                 [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
             )
+        return size
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
@@ -281,6 +321,8 @@ class SqliteBackend:
         words = _WORD.findall(query)
         if not words:
             return []
+        if self._unindexed:  # (texts written since: found too)
+            self.settle(idle=False)
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(
@@ -321,7 +363,9 @@ class SqliteBackend:
         try:
             db.execute("BEGIN")
             try:
-                # The search index is an external-content table: told of each row that goes.
+                # The search index is an external-content table: told of each row that goes,
+                # which it must hold (a text it lacks would corrupt it).
+                db.execute(_INDEX_TEXTS)
                 db.executemany(
                     "INSERT INTO texts_fts (texts_fts, rowid, text) "
                     "SELECT 'delete', rowid, text FROM texts WHERE session_id = ?",

@@ -16,6 +16,9 @@ over, a full disk) is tried again with backoff for as long as the supervisor run
 log line every ``LOG_EVERY_S`` at most: what waits meanwhile grows to ``max_pending``, and
 then the agents wait too. At close, what still cannot be written is said in one line, and
 its sessions are not marked clean (the next start puts a ``stream.gap`` where they were).
+
+Subscribers are given a session's events once they are written: after each write, the
+writer's task (not the worker thread) calls ``Fanout.committed`` for each session in it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import math
 import operator
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
@@ -57,7 +60,12 @@ __all__ = [
     "mcp_servers_from_json",
 ]
 
+if TYPE_CHECKING:
+    from supervisor.runtime.fanout import Fanout
+
 T = TypeVar("T")
+#: a run of one session's events as recorded: the events, their wire bytes, their fan-out
+_Run = tuple[list[ev.Event], list[bytes], "Fanout | None"]
 
 log = logging.getLogger("supervisor.store")
 
@@ -76,13 +84,14 @@ RETRY_S = (0.1, 0.5, 1.0, 2.0, 5.0)
 #: At most one log line per this many seconds about failing writes.
 LOG_EVERY_S = 10.0
 #: Seqs (and turn numbers) a stored session skips after an unclean end (no clean close was
-#: stored: a SIGKILL, a crash, a database that failed the last writes): clients get events
-#: before the writer stores them, so some they saw may be missing, and their seqs must never
-#: mean something else. Events recorded and not written are at most ``MAX_PENDING`` before
-#: every session holds its agent back; what a held session still publishes is the agent
-#: message it is handling (a few events each) and what a cancel reads (never held, ended by
-#: its ladder within seconds): the second ``MAX_PENDING`` is the room for those. The skipped
-#: range is a ``stream.gap`` in the history, so a replay says what is gone.
+#: stored: a SIGKILL, a crash, a database that failed the last writes): clients are given
+#: only stored events, but events recorded and never stored took seqs and turns (a prompt's
+#: answer names its turn at once), which must never mean something else. Events recorded
+#: and not written are at most ``MAX_PENDING`` before every session holds its agent back;
+#: what a held session still publishes is the agent message it is handling (a few events
+#: each) and what a cancel reads (never held, ended by its ladder within seconds): the second
+#: ``MAX_PENDING`` is the room for those. The skipped range is a ``stream.gap`` in the
+#: history, so a replay says what is gone.
 UNCLEAN_SKIP = 2 * MAX_PENDING
 #: How soon after a turn's end (a cancel's receipt too) what was recorded is written, rather
 #: than after ``flush_s``: what a client was told last before a crash is then stored sooner.
@@ -98,6 +107,9 @@ _SCAN_RUN = 64
 #: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
 #: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
 RECLAIM_PAGES = 4096
+#: How long the store is idle (nothing recorded) before the backend does what can wait for
+#: that (:meth:`Backend.settle`: SQLite checkpoints its write-ahead log then, not in a stream).
+SETTLE_IDLE_S = 1.0
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -183,10 +195,15 @@ class SessionStore:
         #: how the backend is called: on the store's one worker thread (tests on virtual time
         #: give a direct call)
         self._run_sync = run_sync if run_sync is not None else self._on_thread
-        #: runs of (events, their wire bytes) recorded and not taken by a write yet
-        self._pending: list[tuple[list[ev.Event], list[bytes]]] = []
+        #: runs recorded and not taken by a write yet
+        self._pending: list[_Run] = []
         #: those of the write in progress (tried again while it fails)
-        self._writing: list[tuple[list[ev.Event], list[bytes]]] = []
+        self._writing: list[_Run] = []
+        #: fan-outs to serialize before the next write (:meth:`soon`)
+        self._soon: list[Fanout] = []
+        #: the writer's wait while nothing is recorded: :meth:`soon` gives it a deadline
+        #: rather than waking it, so a cancel's step runs none of the writer's
+        self._idle: trio.CancelScope | None = None
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
         #: sessions hold their agents back (the database fell behind)
@@ -195,6 +212,7 @@ class SessionStore:
         self._wake = trio.Event()  # something was recorded
         self._enough = trio.Event()  # a batch's worth, or a turn's end, was recorded
         self._turn_ended = False
+        self._now = trio.Event()  # a client waits for what is recorded (:meth:`hasten`)
         self._closing = False
         self._done = trio.Event()
         self._batch_done = trio.Event()  # set (and replaced) as each write ends
@@ -216,6 +234,8 @@ class SessionStore:
         self.written = 0
         #: the worker thread's: the rows of the batch being written (kept for a retry)
         self._last_batch = Batch()
+        #: something was written since the backend was last told the store is idle
+        self._unsettled = False
         #: writes fail now, and are tried again (None: they go through)
         self.fault: StoreFault | None = None
         self._watchers: list[Callable[[StoreNotice], object]] = []
@@ -335,14 +355,17 @@ class SessionStore:
         """A checkpoint a session may rewind to, new or with its turn's end: written with the
         next batch (a session revived later gets it back: :meth:`checkpoints`)."""
         self._checkpoints.append(row)
-        self._pending.append(([], []))  # a write, though no event comes with it
+        self._pending.append(([], [], None))  # a write, though no event comes with it
         self._wake.set()
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
 
-    def record(self, events: list[ev.Event], payloads: list[bytes]) -> None:
-        """Events a session kept in its history, with their wire bytes: written soon."""
-        self._pending.append((events, payloads))
+    def record(
+        self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout | None = None
+    ) -> None:
+        """Events a session kept in its history, with their wire bytes: written soon, then
+        given to ``fanout``'s subscribers (:meth:`Fanout.committed`)."""
+        self._pending.append((events, payloads, fanout))
         count = self._count = self._count + len(events)
         self._wake.set()
         if count >= self.batch_events:
@@ -357,6 +380,33 @@ class SessionStore:
                     self._turn_ended = True
                     self._enough.set()
                     break
+
+    def soon(self, fanout: Fanout) -> None:
+        """``fanout`` has events to serialize (a cancel's, published in its caller's step):
+        done in the writer's step, after ``TURN_END_S`` (they hold a turn's end), not the
+        caller's. An idle writer is given a deadline, not woken: waking it would run its step
+        before the cancel's caller has its answer."""
+        soon = self._soon
+        soon.append(fanout)
+        if len(soon) > 1:
+            return  # (asked already)
+        idle = self._idle
+        if idle is not None:
+            idle.deadline = trio.current_time() + TURN_END_S
+        else:
+            self._turn_ended = True
+            self._enough.set()
+
+    def hasten(self) -> None:
+        """A client waits for what is recorded (a connection holds a response behind its
+        session's events, given once stored): write it now, not after ``TURN_END_S`` or
+        ``flush_s`` (the response waits for the write anyway)."""
+        if not self._pending and not self._soon:
+            return  # (being written, or nothing to write)
+        self._now.set()
+        self._enough.set()
+        if self._idle is not None:
+            self._idle.cancel()  # (what soon() asked for)
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once the store has room again (it was :attr:`full`)."""
@@ -387,21 +437,45 @@ class SessionStore:
         """Write what is recorded, in batches, until :meth:`aclose`."""
         try:
             while True:
-                if not self._pending:
+                late = False  # woken by soon()'s deadline: TURN_END_S has passed already
+                if not self._pending and not self._soon:
                     if self._closing:
                         return
-                    await self._wake.wait()
-                    self._wake = trio.Event()
-                    if not self._pending:
+                    with trio.CancelScope() as idle:
+                        self._idle = idle
+                        with trio.move_on_after(
+                            SETTLE_IDLE_S if self._unsettled else math.inf
+                        ) as quiet:
+                            await self._wake.wait()
+                    self._idle = None
+                    if quiet.cancelled_caught:
+                        self._unsettled = False
+                        await self._settle(idle=True)
                         continue
-                if self._count < self.batch_events and not self._closing:
+                    late = idle.cancelled_caught
+                    self._wake = trio.Event()
+                    if not self._pending and not self._soon:
+                        continue
+                    if self._soon and not late:  # (woken by a record before the deadline)
+                        self._turn_ended = True
+                        self._enough.set()
+                if self._count < self.batch_events and not self._closing and not late:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
                         if self._turn_ended and self._count < self.batch_events:
-                            await trio.sleep(TURN_END_S)
+                            with trio.move_on_after(TURN_END_S):
+                                await self._now.wait()
                 self._turn_ended = False
                 self._enough = trio.Event()
-                await self._write_pending()
+                self._now = trio.Event()
+                soon, self._soon = self._soon, []
+                for fanout in soon:
+                    fanout.serialize()  # (recorded: in _pending now)
+                if self._pending:
+                    await self._write_pending()
+                else:
+                    self._batch_done.set()
+                    self._batch_done = trio.Event()
         finally:
             self._done.set()
 
@@ -409,15 +483,17 @@ class SessionStore:
         pending, self._pending = self._pending, []
         checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
-        count = sum(len(events) for events, _ in pending)
+        count = sum(len(events) for events, _, _ in pending)
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None
         since = 0.0  # (the wall clock's failed_at, for clients)
         first = True
+        stored = True
+        due = False
         while True:
             try:
-                await self._in_thread(self._write, pending, checkpoints, first)
+                due = await self._in_thread(self._write, pending, checkpoints, first)
                 self.written += count
                 if failed_at is not None:
                     failed_s = trio.current_time() - failed_at
@@ -433,6 +509,7 @@ class SessionStore:
                 first = False
                 if self._closing:
                     self._given_up(pending, count, exc)
+                    stored = False
                     break
                 if failed_at is None:
                     failed_at = trio.current_time()
@@ -445,6 +522,7 @@ class SessionStore:
                     await self._closed.wait()
         self._writing = []
         self._count -= count
+        self._release(pending, stored)
         self._batch_done.set()
         self._batch_done = trio.Event()
         if self.full and self._count < self.max_pending // 2:
@@ -452,10 +530,35 @@ class SessionStore:
             room, self._room = self._room, []
             for callback in room:
                 callback()
+        if stored:
+            self._unsettled = True
+            if due:
+                # Once its events are given to subscribers: a long answer's search index
+                # would hold back its turn's last events, a checkpoint the batch's.
+                await self._settle(idle=False)
 
-    def _failing(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], exc: Exception, since: float
-    ) -> None:
+    async def _settle(self, idle: bool) -> None:
+        try:
+            await self._in_thread(self.backend.settle, idle)
+        except StoreError:
+            pass  # (done by the next call; a store that fails is said by the writes)
+
+    @staticmethod
+    def _release(pending: list[_Run], stored: bool) -> None:
+        """Each fan-out whose events ``pending`` held gives them to its subscribers, up to
+        its newest one there (a run is written whole, in order); not ``stored`` (given up at
+        close): they never will be."""
+        newest: dict[Fanout, int] = {}
+        for events, _, fanout in pending:
+            if fanout is not None and events:
+                newest[fanout] = events[-1].seq
+        for fanout, seq in newest.items():
+            if stored:
+                fanout.committed(seq)
+            else:
+                fanout.abandon()
+
+    def _failing(self, pending: list[_Run], exc: Exception, since: float) -> None:
         """A write failed and is tried again: one log line, and a :class:`StoreFault` told,
         at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
@@ -483,9 +586,7 @@ class SessionStore:
         )
         self._tell(self.fault)
 
-    def _given_up(
-        self, pending: list[tuple[list[ev.Event], list[bytes]]], count: int, exc: Exception
-    ) -> None:
+    def _given_up(self, pending: list[_Run], count: int, exc: Exception) -> None:
         """At close, a batch that still cannot be written: said once for all in
         :meth:`aclose`."""
         self._lost_events += count
@@ -494,19 +595,15 @@ class SessionStore:
             span = self._lost.setdefault(sid, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
 
-    def _write(
-        self,
-        pending: list[tuple[list[ev.Event], list[bytes]]],
-        checkpoints: list[CheckpointRow],
-        first: bool,
-    ) -> None:
-        """(The worker thread.) The rows of ``pending``, written in one transaction."""
+    def _write(self, pending: list[_Run], checkpoints: list[CheckpointRow], first: bool) -> bool:
+        """(The worker thread.) The rows of ``pending``, written in one transaction; whether
+        the backend has work to :meth:`~Backend.settle` now."""
         if first:
             self._batch(pending)
             self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
-        self.backend.write(self._last_batch)
+        return bool(self.backend.write(self._last_batch))
 
-    def _batch(self, pending: list[tuple[list[ev.Event], list[bytes]]]) -> Batch:
+    def _batch(self, pending: list[_Run]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
@@ -516,7 +613,7 @@ class SessionStore:
         meta = self._meta
         answers = self._answers
         full_texts = self._full_texts
-        for events, payloads in pending:
+        for events, payloads, _ in pending:
             if not events:
                 continue
             sid = events[0].session_id
@@ -613,7 +710,7 @@ class SessionStore:
         before the read: an event written meanwhile is then found by the read. Each seq
         once; a store that cannot be read gives what waits alone (the caller keeps its gap)."""
         waiting: dict[int, bytes] = {}
-        for events, payloads in [*self._writing, *self._pending]:
+        for events, payloads, _ in [*self._writing, *self._pending]:
             if events and events[0].session_id == session_id:
                 for event, payload in zip(events, payloads, strict=True):
                     if after < event.seq <= upto:
@@ -701,8 +798,9 @@ class SessionStore:
             pass
 
     async def flushed(self) -> None:
-        """Return once nothing recorded waits to be written (written, or given up)."""
-        while self._count:
+        """Return once nothing recorded waits to be written (written, or given up), nor
+        waits to be recorded (:meth:`soon`)."""
+        while self._count or self._soon:
             await self._batch_done.wait()
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -795,10 +893,10 @@ def _one_answer(events: list[ev.Event]) -> bool:
     return len(turns) == 1 and None not in turns and set(map(_ROLE, events)) == {"assistant"}
 
 
-def _spans(pending: list[tuple[list[ev.Event], list[bytes]]]) -> dict[str, list[int]]:
+def _spans(pending: list[_Run]) -> dict[str, list[int]]:
     """Each session's lowest and highest seq in ``pending``."""
     spans: dict[str, list[int]] = {}
-    for events, _ in pending:
+    for events, _, _ in pending:
         if events:
             low, high = events[0].seq, events[-1].seq
             span = spans.setdefault(events[0].session_id, [low, high])

@@ -112,6 +112,8 @@ ACTIONS: Final[dict[str, tuple[_Field, ...]]] = {
         _Field("max_sessions", (int,), required=False),
         # run in a new git worktree of the cwd's repository (``design/worktrees.md``)
         _Field("worktree", (bool,), required=False),
+        # nodes only: a front's stored session started again (``supervisor/remote/revival.py``)
+        _Field("revive", (dict,), required=False),
     ),
     "session.list": (),
     # the receipts of the last turns stopped in any session (``supervisor/stops.py``)
@@ -210,6 +212,9 @@ class StartSession:
     max_sessions: int | None = None
     #: run in a new git worktree of ``cwd``'s repository; None: as the agent's ``worktree``
     worktree: bool | None = None
+    #: nodes only: the session goes on from a stored one of the front's (the agent's own
+    #: session id to resume, its last seq and turns, what was said: ``remote/revival.py``)
+    revive: Mapping[str, Any] | None = None
 
 
 @frozen
@@ -553,6 +558,7 @@ def _call(action: str, p: dict[str, Any]) -> Call | str:
                 spec=p.get("spec"),
                 max_sessions=p.get("max_sessions"),
                 worktree=p.get("worktree"),
+                revive=p.get("revive"),
             )
         case "session.search":
             return _search(p["query"], p.get("limit", SEARCH_LIMIT))

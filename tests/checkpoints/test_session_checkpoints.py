@@ -211,3 +211,66 @@ async def test_a_turns_diff_of_one_path_from_its_checkpoints(tmp_path: Path, wor
             assert "Binary files /dev/null and b/new/dir/made.bin differ" in binary["diff"]
             untouched = await session.diff(turn.id, "other.txt")
             assert untouched["diff"] == ""
+
+
+async def test_a_working_directory_that_disappears_ends_the_turn_and_is_said(
+    tmp_path: Path, work: Path
+) -> None:
+    """The turn still ends and answers; what it changed is not known, and a rewind says why
+    it cannot be made."""
+    import shutil
+
+    from supervisor.errors import CheckpointFailed
+
+    launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("edit the files")
+                await launcher.wrote.wait()
+                shutil.rmtree(work)
+                receipt = await session.cancel()
+                assert (receipt.outcome, receipt.changes) == ("cancelled", None)
+                said = await recorder.wait_kind("error")
+                assert isinstance(said, ev.ErrorEvent) and said.code == "checkpoint_failed"
+                gone = f"the working directory {work} is gone"
+                assert said.message == f"what turn {turn.id} changed is not known: {gone}"
+                ended = await _turn_ended(recorder, turn.id)
+                assert (ended.outcome, ended.changes) == ("cancelled", None)
+                with pytest.raises(CheckpointFailed, match=f"could not rewind: {gone}"):
+                    await session.rewind(turn.id)
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, work: Path) -> None:
+    """However long a turn's start snapshot takes (a first one of 100,000 files takes tens of
+    seconds, ``bench/checkpoint_snapshot_100k.py``), a cancel of that turn answers at once:
+    here the snapshot cannot even begin, the store held by the test."""
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            store = session._checkpoints  # type: ignore[attr-defined]
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                async with store._lock:
+                    turn = await session.prompt("edit the files")
+                    assert not turn.queued
+                    receipt = await session.cancel()
+                    assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
+                    ended = await _turn_ended(recorder, turn.id)
+                    assert ended.outcome == "cancelled"
+                assert not launcher.wrote.is_set()  # it never reached the agent
+                # the snapshot taken once the store is free is the next turn's
+                second = await session.prompt("edit the files")
+                ended = await _turn_ended(recorder, second.id)
+                assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+                nursery.cancel_scope.cancel()

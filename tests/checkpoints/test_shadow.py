@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,7 @@ from worktrees import fingerprint as _fingerprint
 from worktrees import git as _git
 from worktrees import tree as _tree
 
-from supervisor.checkpoints import Change, ShadowStore
+from supervisor.checkpoints import Change, CheckpointError, ShadowStore
 
 
 @pytest.fixture
@@ -239,3 +243,50 @@ async def test_a_diff_is_cut_at_its_limit_and_names_odd_paths_literally(
     assert not whole.truncated and len(whole.text) > 1000
     assert cut.truncated and cut.text == whole.text[:1000]
     assert (await store.diff(before, after, b"huge.bin")).too_big
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    """As root (who reads every file) the store runs as nobody, in a child process."""
+    if os.geteuid() != 0:
+        import trio
+
+        trio.run(unreadable, tmp_path)
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to run the store as another user")
+    # (pytest's own directories are root's alone: one that nobody may enter)
+    with tempfile.TemporaryDirectory(prefix="checkpoints-") as shared:
+        os.chmod(shared, 0o777)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, __file__, "unreadable", shared],
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "HOME": shared, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+
+
+async def unreadable(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "secret.txt").write_text("s\n")
+    (work / "secret.txt").chmod(0)
+    store = _store(tmp_path, work)
+    try:
+        await store.snapshot()
+    except CheckpointError as exc:
+        wanted = 'git add failed: error: open("secret.txt"): Permission denied'
+        if str(exc) != wanted:
+            raise AssertionError(f"{exc} != {wanted}") from None
+    else:
+        raise AssertionError("a snapshot of a file that cannot be read went through")
+    (work / "secret.txt").chmod(0o600)
+    await store.snapshot()
+
+
+if __name__ == "__main__":  # a test's child process (test_a_file_that_cannot_be_read_is_named)
+    import trio
+
+    trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))

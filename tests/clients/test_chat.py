@@ -6,11 +6,14 @@ state: they read the terminal until a pattern shows up, each read bounded by a d
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
 import os
 import pty
 import re
 import signal
+import struct
 import subprocess
 import sys
 import termios
@@ -40,6 +43,7 @@ from supervisor.clients.chat import (
     Quit,
     RewindDone,
     RewindFailed,
+    Screen,
     SendCancel,
     SendPermission,
     SendPrompt,
@@ -47,6 +51,7 @@ from supervisor.clients.chat import (
     SendSteer,
     SteerDone,
 )
+from supervisor.clients.chat_raw import RESTORE_MODES, RawCore, RawKeys, SendInput
 from supervisor.receipt import CancelReceipt
 from supervisor.steering import SteerResult
 
@@ -598,3 +603,103 @@ async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_
         async with connect(served.url) as client:
             (summary,) = [s for s in await client.sessions() if s["session_id"] == session_id]
             assert summary["state"] == "ready"
+
+
+# -- attached raw to a terminal agent -----------------------------------------------------------
+
+
+def _tui_config(tmp_path: Path) -> tuple[str, Path]:
+    """A terminal agent (the fake TUI), and the file where it writes each prompt it takes."""
+    state = tmp_path / "prompts.txt"
+    command = [sys.executable, str(REPO / "tests" / "fakes" / "fake_tui.py"), "--state", str(state)]
+    path = tmp_path / "agents.toml"
+    path.write_text(
+        "[agents.tui]\n"
+        'protocol = "terminal"\n'
+        f"command = {json.dumps(command)}\n"
+        "idle_s = 0.3\n"
+        "grace_s = 5.0\n"
+    )
+    return str(path), state
+
+
+async def test_chat_attaches_raw_to_a_terminal_session_and_its_key_stops_the_turn(
+    tmp_path: Path,
+) -> None:
+    """Joined late, the chat draws the agent's screen first; it makes the agent's terminal the
+    size of the person's; a line typed is a turn; Ctrl-] stops it through the ladder and prints
+    the receipt; Ctrl-] twice detaches, the terminal given back as it was."""
+    config, prompts = _tui_config(tmp_path)
+    async with serve(tmp_path, "--config", config) as served, connect(served.url) as client:
+        session_id = str((await client.start_session("tui", str(tmp_path)))["session_id"])
+        async with client.subscribe(session_id) as channel:
+            await client.prompt(session_id, "before the chat")
+            with trio.fail_after(EXPECT_S):
+                async for event in client.events(session_id, channel):
+                    if isinstance(event, ev.TurnEnded):
+                        break
+        async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
+            fcntl.ioctl(terminal.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 90, 0, 0))
+            await terminal.expect(r"attached to tui .* Ctrl-\] stops the turn")
+            await terminal.expect(r"answer: before the chat")  # the picture: no history replayed
+            await terminal.expect(r"resized 90x30")  # the agent's terminal follows the person's
+            fcntl.ioctl(terminal.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 35, 100, 0, 0))
+            await terminal.expect(r"resized 100x35")  # (SIGWINCH)
+            modes = terminal.local_modes()
+            assert not modes & (termios.ECHO | termios.ICANON | termios.ISIG)  # raw
+            await terminal.send(b"slow one\r")
+            await terminal.expect(r"answer: slow one\nmore 0\nmore 1\n")
+            await terminal.send(b"\x1d")
+            await terminal.expect(r"■ Cancelled in \d+ ms")
+            assert prompts.read_text() == "before the chat\nslow one\n"  # typed text erased
+            await terminal.send(b"\x1d\x1d")
+            assert await terminal.wait_exit() == 0
+            modes = terminal.local_modes()
+            assert modes & termios.ECHO and modes & termios.ICANON and modes & termios.ISIG
+            assert RESTORE_MODES in terminal.raw  # and the modes the agent may have set
+        (summary,) = await client.sessions()
+        assert summary["state"] == "ready"  # leaving a joined session leaves it running
+
+
+def _raw_keys(core: RawCore, data: bytes, at: float = 0.0) -> list[object]:
+    return list(core.feed(RawKeys(data, at)))
+
+
+def test_raw_a_line_typed_is_a_turn_other_keys_pass_through() -> None:
+    core = RawCore()
+    assert _raw_keys(core, b"hi\x7fey\r") == [
+        SendInput("hi\x7fey"),
+        SendInput("\x7f\x7f\x7f"),  # what the agent's input line holds, erased
+        SendPrompt("hey"),
+    ]
+    assert core.feed(PromptAccepted("t1")) == []
+    core.feed(ev.TurnStarted(turn_id="t1", text="hey"))
+    assert _raw_keys(core, b"\x1b\r\x03") == [SendInput("\x1b\r\x03")]  # the agent's keys
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="completed"))
+    # An arrow (history, say) makes the line the agent's: Enter is then only a key.
+    assert _raw_keys(core, b"\x1b[Ax\r") == [SendInput("\x1b[Ax\r")]
+    pasted = b"\x1b[200~two\nlines\x1b[201~\r"
+    assert _raw_keys(core, pasted)[-1] == SendPrompt("two\nlines")
+
+
+def test_raw_the_stop_key_cancels_the_turn_once_it_has_an_id_and_twice_detaches() -> None:
+    core = RawCore()
+    _raw_keys(core, b"go\r")
+    assert _raw_keys(core, b"\x1d", at=0.0) == []  # the prompt has no turn id yet
+    assert core.feed(PromptAccepted("t1")) == [SendCancel("t1")]
+    receipt = CancelReceipt(session_id="s1", turn_id="t1", outcome="cancelled", elapsed_ms=12.0)
+    core.feed(ev.TurnEnded(turn_id="t1", outcome="cancelled"))
+    core.take_output()
+    core.feed(CancelDone(receipt))
+    assert core.take_output() == f"\r\n■ {receipt.summary()}\r\n".encode()
+    assert _raw_keys(core, b"\x1d", at=5.0) == []
+    assert b"no turn is running" in core.take_output()
+    assert _raw_keys(core, b"\x1d", at=5.5) == [Quit(0)]
+
+
+def test_raw_the_picture_first_then_only_the_output_after_it() -> None:
+    core = RawCore()
+    core.feed(Screen(b"\x1b[2Jpicture", last_seq=7))
+    for seq, data in ((7, b"old"), (8, b"new")):
+        core.feed(ev.TerminalOutput(seq=seq, data=base64.b64encode(data).decode()))
+    assert core.take_output() == b"\x1b[2Jpicturenew"

@@ -18,6 +18,8 @@ from protocols import PROTOCOLS
 from protocols import events as ev
 from protocols.acp import AcpClient
 from protocols.machine import RestartWanted, Step, TurnFinished
+from protocols.terminal import TerminalSettings
+from supervisor.config import AgentSpec
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import SessionCore
 from supervisor.core.states import State
@@ -326,3 +328,36 @@ def test_a_fresh_agent_session_gets_the_conversation_with_the_next_prompt_once(
         ("next", "injected", len("(what was said)\n\n")),
         ("and after", None, None),
     ]
+
+
+def test_a_terminal_agent_s_output_is_progress_for_the_watchdog() -> None:
+    """A TUI redrawing (a spinner, a clock) is alive; one that draws nothing is stalled."""
+    spec = AgentSpec(
+        name="tui",
+        protocol="terminal",
+        command=("fake-tui",),
+        terminal=TerminalSettings(idle_s=0.5),
+        stall_s=60.0,
+    )
+    io = RecordingIO()
+    core = SessionCore("s1", spec, cwd="/w", io=io, max_queued=4)
+    core.start()
+    core.life.spawned(io.spawns[-1][0])
+    core.receive({"output": b"> ", "now": 0.0})
+    core.receive({"tick": True, "now": 0.5})
+    assert core.state is State.READY
+    io.clock = 1.0
+    core.prompt("think", ())
+    assert core.state is State.RUNNING and core.next_deadline() == 61.0
+    for second in range(2, 200):  # a spinner, redrawn in place each second: no new line
+        io.clock = float(second)
+        core.receive({"output": b"\r" + b"|/-\\"[second % 4 : second % 4 + 1], "now": io.clock})
+        if io.clock >= core.next_deadline():
+            core.deadline_passed()
+    assert core.state is State.RUNNING and not any(isinstance(e, ev.TurnStalled) for e in io.events)
+    assert not any(isinstance(e, ev.MessageDelta) for e in io.events)  # the spinner says no text
+    io.clock = 199.0 + 60.0  # then silent for stall_s
+    core.deadline_passed()
+    stalled = [e for e in io.events if isinstance(e, ev.TurnStalled)]
+    assert [(s.silent_s, s.stall_s) for s in stalled] == [(60.0, 60.0)]
+    assert core.state is State.CANCELLING

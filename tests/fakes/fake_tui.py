@@ -3,12 +3,12 @@
     python fake_tui.py [--mode MODE] [--resume] [--state FILE]
 
 It puts its terminal in raw mode, as TUIs do, and reads keys: a bracketed paste
-(``ESC [200~ ... ESC [201~``) or typed characters, then Enter (``\\r``), submit a prompt; Escape
-alone stops the running answer (``interrupted``, then the prompt); Ctrl-C too. An answer is
-``answer: TEXT`` and, for a prompt with ``slow`` in it, a hundred more lines ten a second (a
-turn to stop). On SIGWINCH it writes ``resized COLSxROWS`` below the prompt. ``--resume``
-writes ``resumed`` first (what a resume command would restore); ``--state FILE`` appends each
-prompt's text to FILE (how the tests see what reached the agent).
+(``ESC [200~ ... ESC [201~``) or typed characters (Backspace erases one), then Enter
+(``\\r``), submit a prompt; Escape alone stops the running answer (``interrupted``, then the
+prompt); Ctrl-C too. An answer is ``answer: TEXT`` and, for a prompt with ``slow`` in it, a
+hundred more lines ten a second (a turn to stop). On SIGWINCH it writes ``resized COLSxROWS``
+below the prompt. ``--resume`` writes ``resumed`` first (what a resume command would restore);
+``--state FILE`` appends each prompt's text to FILE (how the tests see what reached the agent).
 ``exit-after`` exits after its first answer unless resumed.
 
 Modes: ``normal``; ``ignore-esc`` (Escape and Ctrl-C do nothing: the answer runs on; SIGTERM
@@ -105,6 +105,9 @@ class Tui:
                 self.keys = keys[1:]
             elif keys.startswith(b"\x03"):
                 self.interrupt()
+                self.keys = keys[1:]
+            elif keys[:1] in (b"\x7f", b"\b"):  # Backspace: erases the line's last character
+                self.line = self.line[:-1]
                 self.keys = keys[1:]
             elif keys.startswith(b"\r"):
                 line, self.line = self.line, b""

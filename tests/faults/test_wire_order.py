@@ -8,7 +8,8 @@ the raw frames of one connection, and through the Python client on a second conn
 ``cancel()`` returns with the ``turn.ended`` already in its subscription's queue). Scenarios: the
 agent stops when asked; ends the turn itself (ACP ``end_turn``, ignoring the cancel); has a
 permission pending; ignores the interrupt (killed at grace); ignores SIGTERM too; has a
-grandchild in its own session. Real processes, real clock, a short grace for the kills.
+grandchild in its own session. Each without a store and with a SQLite one (whose subscribers
+are given events once stored). Real processes, real clock, a short grace for the kills.
 """
 
 from __future__ import annotations
@@ -117,15 +118,21 @@ async def turn_under_way(wire: RawWire, protocol: str, scenario: str, turn_id: s
         await wire.event("message.delta", turn_id=turn_id)
 
 
+@pytest.mark.parametrize("store", [None, "sqlite"])
 @pytest.mark.parametrize("protocol,scenario", CELLS)
 async def test_turn_ended_precedes_the_cancel_answer(
-    protocol: str, scenario: str, tmp_path: Path
+    protocol: str, scenario: str, store: str | None, tmp_path: Path
 ) -> None:
     fault, killed = SCENARIOS[scenario]
     agent = AGENTS[protocol]
     spec = agent.spec(tmp_path, fault or "", KILL_GRACE if killed else COOPERATIVE_GRACE)
+    # With a store, events reach subscribers once stored: the answer waits behind them.
+    url = f"sqlite:///{tmp_path / 'store.db'}" if store else None
     with trio.fail_after(BOUND):
-        async with open_supervisor(agents={protocol: spec}) as sup, trio.open_nursery() as nursery:
+        async with (
+            open_supervisor(agents={protocol: spec}, store=url) as sup,
+            trio.open_nursery() as nursery,
+        ):
             session = await sup.start_session(protocol, cwd=str(tmp_path))
             server = Gateway(sup, port=0, token="order-token")
             url = await nursery.start(server.serve)

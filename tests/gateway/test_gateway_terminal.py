@@ -19,6 +19,8 @@ from protocols.terminal import TerminalClient, TerminalSettings
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, connect
 from supervisor.gateway import Gateway
+from supervisor.remote import HostSpec
+from supervisor.remote import session as remote_session
 
 pytestmark = pytest.mark.real_process
 
@@ -149,3 +151,58 @@ async def http_raw(url: str, path: str, headers: dict[str, str]) -> tuple[int, d
     status_line, *fields = head.decode("latin-1").split("\r\n")
     parsed = {k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields)}
     return int(status_line.split()[1]), parsed, body.decode("utf-8", "replace")
+
+
+async def test_a_late_subscriber_through_the_front_gets_the_node_s_screen_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A terminal session on another host (a node over the ``env`` transport): the front
+    draws the output since the node's picture on it for a subscriber that joins late, and
+    asks the node for a new picture once that output passes its bound."""
+    hosts = {
+        "here": HostSpec(
+            name="here",
+            transport=["env"],
+            command=[sys.executable, "-m", "supervisor"],
+            detach_s=1.0,
+            state_dir=str(tmp_path / "node"),
+        )
+    }
+    spec = AgentSpec(
+        name="tui",
+        protocol="terminal",
+        command=[sys.executable, str(TESTS / "fakes" / "fake_tui.py")],
+        terminal=TerminalSettings(idle_s=0.3, cols=COLS, rows=ROWS),
+        hosts=("here",),
+    )
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"tui": spec}, hosts=hosts) as sup:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(Gateway(sup, port=0, token="secret-token").serve)
+                async with connect(url, token="secret-token") as first:
+                    started = await first.start_session("tui", cwd=str(tmp_path))
+                    session_id = started["session_id"]
+                    assert started["host"] == "here"
+                    await a_turn(first, session_id, "hello")
+                    shown = await late_screen(url, session_id, COLS, ROWS)
+                    assert "answer: hello" in shown and shown.rstrip().endswith(">"), shown
+
+                    monkeypatch.setattr(remote_session, "SCREEN_OUTPUT_BYTES", 16)
+                    await first.resize(session_id, 60, 20)  # (the picture follows the size)
+                    await a_turn(first, session_id, "again")  # past the bound: a new picture
+                    shown = await late_screen(url, session_id, 60, 20)
+                    assert "answer: again" in shown and "resized 60x20" in shown, shown
+                    await first.stop(session_id)
+                nursery.cancel_scope.cancel()
+
+
+async def late_screen(url: str, session_id: str, cols: int, rows: int) -> str:
+    """What a subscriber joining now is drawn first: the screen's text."""
+    async with connect(url, token="secret-token") as late:
+        async with late.subscribe(session_id) as events:
+            head = late.subscribed[session_id]["last_seq"]
+            screen = await events.receive()
+    assert screen["event"] == "terminal.screen", screen
+    data = screen["data"]
+    assert (data["cols"], data["rows"], data["last_seq"]) == (cols, rows, head)
+    return drawn([base64.b64decode(data["data"])], cols, rows)

@@ -166,3 +166,44 @@ def test_a_rewind_while_a_turn_runs_is_refused_in_the_banner(
         assert (work / "one.txt").exists()
         page.get_by_test_id("stop").click()
         expect(turn(page, 1).get_by_test_id("turn-outcome")).to_contain_text("Cancelled")
+
+
+def test_a_session_in_a_worktree_shows_its_path_and_branch(
+    tmp_path: Path,
+    browser: Browser,  # noqa: F811
+) -> None:
+    from worktrees import git
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "keep.txt").write_bytes(b"mine\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "start")
+    config = write_config(
+        tmp_path,
+        {
+            "talker": {
+                "command": demo_command(tmp_path, "--delay", "0.01"),
+                "cwd": str(repo),
+                "worktree": True,
+            }
+        },
+    )
+    with serving(tmp_path, config, f"sqlite:///{tmp_path / 'sessions.db'}") as url:
+        with opened(browser, url) as page:
+            session_id = start_session(page, 1)
+            branch = page.get_by_test_id("session-branch")
+            expect(branch).to_have_text(f"agent-supervisor/{session_id}")
+            shown = page.get_by_test_id("session-worktree")
+            expect(shown).to_be_visible()
+            expect(shown).to_contain_text(f"(branch agent-supervisor/{session_id})")
+            path = (shown.text_content() or "").removeprefix("worktree ").split(" (branch")[0]
+            assert branch.get_attribute("title") == path
+            assert Path(path, "keep.txt").read_bytes() == b"mine\n" and Path(path) != repo
+            # the page reloaded: from session.list alone
+            page.reload()
+            expect(page.get_by_test_id("session-branch")).to_have_text(
+                f"agent-supervisor/{session_id}"
+            )
+            expect(page.get_by_test_id("session-worktree")).to_contain_text(path)

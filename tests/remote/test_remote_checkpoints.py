@@ -180,3 +180,82 @@ async def test_a_node_too_old_to_keep_checkpoints_is_never_asked_and_says_so(
     actions = asked.read_text()
     assert "agent.cancel" in actions
     assert "session.rewind" not in actions and "session.diff" not in actions
+
+
+async def test_a_remote_rewind_that_would_undo_another_sessions_edit_is_a_conflict_until_forced(
+    tmp_path: Path,
+) -> None:
+    """Two sessions of one node in one directory: the node's refusal comes back as the
+    front's ``conflict``, naming the other session, and ``force`` goes over the link."""
+    from supervisor.errors import Conflict
+
+    async def turn(session: RemoteSession, text: str) -> None:
+        recorder = Recorder(session)  # type: ignore[arg-type]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(recorder.run)
+            handle = await session.prompt(text)
+            await recorder.wait_kind("turn.ended", turn_id=handle.id)
+            nursery.cancel_scope.cancel()
+
+    with trio.fail_after(BOUND):
+        async with remote_session(tmp_path) as (sup, first, work):
+            second = await sup.start_session("far", cwd=str(work))
+            assert isinstance(second, RemoteSession)
+            await turn(first, "write=notes.txt words=2 first")
+            await turn(second, "write=notes.txt words=2 second")
+            # (named as the node knows its sessions)
+            with pytest.raises(Conflict, match=f"session {second.node_id} changed notes.txt"):
+                await first.rewind("t1")
+            assert (work / "notes.txt").read_bytes() == b"write=notes.txt words=2 second\n"
+            result = await first.rewind("t1", force=True)
+            assert result["restored"] == ["notes.txt"]
+            assert (work / "notes.txt").read_bytes() == BEFORE
+
+
+async def test_a_stored_remote_sessions_rewind_says_it_cannot_be_started_again(
+    tmp_path: Path,
+) -> None:
+    """A session an earlier front kept on another host, its agent not running: a rewind (and a
+    diff) over the wire is a bad request that says so, never a hint to prompt it first."""
+    from typing import Any, cast
+
+    from supervisor.gateway.actions import Actions
+    from supervisor.store.backend import Batch, StoredSession
+    from supervisor.store.sqlite import SqliteBackend
+    from supervisor.wire.requests import Diff, Rewind
+
+    backend = SqliteBackend(tmp_path / "sessions.db")
+    backend.open()
+    stored = StoredSession(
+        id="s1",
+        agent="far",
+        protocol="acp",
+        host="here",
+        cwd=str(tmp_path),
+        mcp_servers="[]",
+        agent_session_id=None,
+        created=1.0,
+        last_active=2.0,
+        state="stopped",
+        open_turn_id=None,
+        clean=True,
+    )
+    backend.write(Batch(sessions=[stored]))
+    backend.close()
+    here = HostSpec(name="here", transport=["env"], command=[sys.executable, "-m", "supervisor"])
+    demo = builtin_agents()["demo"]
+    agents = {"far": demo.with_options(name="far", hosts=("here",))}
+    with trio.fail_after(BOUND):
+        async with open_supervisor(
+            agents=agents, hosts={"here": here}, store=f"sqlite:///{tmp_path / 'sessions.db'}"
+        ) as sup:
+            actions = Actions(sup)
+            client = cast(Any, None)
+            for call in (Rewind(session_id="s1", turn_id="t1"), Diff("s1", "t1", "a.txt")):
+                with pytest.raises(BadRequest) as refused:
+                    await actions.run(1, call, client)
+                assert str(refused.value) == (
+                    "session s1 on here is stored (its agent is not running) and cannot be"
+                    " started again: starting a stored session on another host again is not"
+                    " supported"
+                )

@@ -563,3 +563,71 @@ async def test_an_upgrade_on_the_host_drains_the_old_node(host: SshHost, tmp_pat
             assert again.id
             new_node = node_pid(new)
     only_the_node_is_left(host, new_node)
+
+
+async def _answer(session: Any, since: int) -> list[ev.Event]:
+    """The events of ``session`` after ``since`` up to its next ``turn.ended``."""
+    got: list[ev.Event] = []
+    async with session.subscribe(since_seq=since) as events:
+        async for event in events:
+            got.append(event)
+            if event.kind == "turn.ended":
+                return got
+    raise AssertionError(f"the stream ended before its turn did: {got}")
+
+
+async def test_a_stored_session_whose_node_is_gone_starts_again_on_its_host(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """The front stops (leaving its session in the node), the node dies, a front starts again
+    on the same store: a prompt to the session starts its agent again on the host, in the
+    same cwd, resuming the agent's own session, its seqs and turn ids going on. Then the
+    agent's own record is gone too: the next start cannot resume, and the agent is given the
+    conversation so far."""
+    spec = demo_on(host)
+    hosts = {"h": host_spec(host)}
+    options: dict[str, Any] = {
+        "agents": {spec.name: spec},
+        "hosts": hosts,
+        "state_dir": tmp_path / "state",
+        "store": f"sqlite:///{tmp_path / 'sessions.db'}",
+        "keep_node_sessions": True,
+    }
+    cwd = str(host.home)
+    with trio.fail_after(BOUND):
+        async with open_supervisor(**options) as sup:
+            first = await sup.start_session(spec.name, cwd=cwd)
+            assert isinstance(first, RemoteSession)
+            sid = first.id
+            await first.prompt("remember this words=3")
+            said = await _answer(first, 0)
+            own = first.agent_session_id
+            assert own is not None
+    last = said[-1].seq
+    for round, forgotten in enumerate((False, True)):
+        _kill_all(host)  # the node and the agent's tree: nothing of the session runs there
+        if forgotten:
+            subprocess.run(["rm", "-rf", str(host.home / "demo-state")], check=True)
+        with trio.fail_after(BOUND):
+            async with open_supervisor(**options) as sup:
+                handle = await sup.get(sid).prompt("and now this words=3")
+                assert handle.id == f"t{round + 2}"  # turn ids go on
+                live = sup.get(sid)
+                assert isinstance(live, RemoteSession) and live.host == "h"
+                answer = await _answer(live, last)
+                assert answer[0].seq == last + 1  # seqs go on
+                assert all(e.session_id == sid for e in answer)
+                started = next(e for e in answer if isinstance(e, ev.TurnStarted))
+                text = "".join(e.text for e in answer if isinstance(e, ev.MessageDelta))
+                if forgotten:
+                    assert started.context == "injected", started
+                    assert 'you last said "and now this words=3"' in text, text
+                else:
+                    assert started.context is None, answer
+                    assert live.agent_session_id == own
+                    assert "Given the earlier conversation" not in text, text
+                # It runs on the host, in its cwd there.
+                agents = [p for p in host.processes() if "demo_agent" in " ".join(p.cmdline())]
+                assert agents and {p.cwd() for p in agents} == {cwd}, agents
+                last = answer[-1].seq
+                await sup.stop_session(sid)

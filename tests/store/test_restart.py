@@ -14,7 +14,8 @@ import trio
 from protocols import events as ev
 from protocols.mcp import McpServer, NameValue
 from supervisor import AgentSpec, open_supervisor
-from supervisor.errors import AgentNotRunning
+from supervisor.errors import AgentNotRunning, BadRequest
+from supervisor.remote import HostSpec, HostUnreachable
 from supervisor.store.backend import Batch, EventRun, StoredSession, TextRow
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.writer import UNCLEAN_SKIP
@@ -198,9 +199,30 @@ async def test_a_restarted_session_gets_the_mcp_servers_it_was_started_with(
             assert launcher.links[-1].spec.mcp_servers == (files, web)
 
 
-def _store_running_turn(tmp_path: Path, session_id: str, cwd: str, *, clean: bool = True) -> str:
+async def test_a_stored_session_of_a_host_not_to_be_had_stays_stored(tmp_path: Path) -> None:
+    """A prompt to a stored session of a host that is no longer configured, or that cannot be
+    reached, is one error naming the host; the session stays stored (and listed so)."""
+    url = _store_running_turn(tmp_path, "s1@h", "/", host="h")
+    remote = SPEC.with_options(hosts=("h",))
+    unreachable = HostSpec(name="h", transport=("false",), connect_timeout_s=10.0)
+    with trio.fail_after(BOUND):
+        for hosts, error, words in (
+            ({}, BadRequest, "ran on host h, which is not configured here"),
+            ({"h": unreachable}, HostUnreachable, "host h: "),
+        ):
+            agents = {"fake": remote if hosts else SPEC}
+            async with open_supervisor(agents=agents, hosts=hosts, store=url) as sup:
+                with pytest.raises(error, match=words):
+                    await sup.get("s1@h").prompt("again")
+                assert [(s.session_id, s.state) for s in sup.list()] == [("s1@h", "stopped")]
+
+
+def _store_running_turn(
+    tmp_path: Path, session_id: str, cwd: str, *, clean: bool = True, host: str | None = None
+) -> str:
     """A store (its URL) as a supervisor leaves it when it goes away with ``session_id``'s turn
-    ``t1`` (prompt "go") running: ``clean`` False as a SIGKILL leaves it (never closed)."""
+    ``t1`` (prompt "go") running: ``clean`` False as a SIGKILL leaves it (never closed);
+    ``host``: a session of that host's node."""
     path = tmp_path / "sessions.db"
     backend = SqliteBackend(path)
     backend.open()
@@ -214,7 +236,7 @@ def _store_running_turn(tmp_path: Path, session_id: str, cwd: str, *, clean: boo
                     id=session_id,
                     agent="fake",
                     protocol="acp",
-                    host=None,
+                    host=host,
                     cwd=cwd,
                     mcp_servers="[]",
                     agent_session_id="agent-own-id",

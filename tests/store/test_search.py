@@ -5,20 +5,22 @@ each backend; bad payloads are ``bad_request``, and so is a gateway that keeps n
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import attrs
 import pytest
 import trio
 
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
-from supervisor.store.backend import SearchHit
-from supervisor.store.sqlite import SqliteBackend
+from supervisor.store.backend import Batch, EventRun, SearchHit, StoredSession, TextRow
+from supervisor.store.sqlite import CHECKPOINT_PAGES, SqliteBackend
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.requests import (
@@ -153,3 +155,63 @@ async def test_the_search_runs_on_the_stores_thread_not_the_event_loop(tmp_path:
             await store.aclose()
     assert hit.time == 12.5
     assert len(threads) == 2 and threading.get_ident() not in threads
+
+
+def test_a_text_stored_and_not_yet_indexed_is_found_and_deleted_whole(tmp_path: Path) -> None:
+    """The SQLite index is brought up to the texts after their write: a text a supervisor
+    that went away stored and did not index is found after a restart, and deleting a session
+    whose text waits to be indexed leaves the index whole."""
+    path = tmp_path / "sessions.db"
+    row = StoredSession(
+        id="s1", agent="a", protocol="acp", host=None, cwd="/", mcp_servers="[]",
+        agent_session_id=None, created=0.0, last_active=0.0, state="stopped",
+    )  # fmt: skip
+    answer = TextRow(session_id="s1", turn_id="t1", seq=4, kind="answer", text="zebra river")
+    backend = SqliteBackend(path)
+    backend.open()
+    backend.write(Batch(sessions=[row], texts=[answer]))
+    backend.close()  # (gone before its index)
+    backend = SqliteBackend(path)
+    backend.open()
+    assert [hit.seq for hit in backend.search("zebra", 5)] == [4]
+    backend.write(
+        Batch(sessions=[attrs.evolve(row, id="s2")], texts=[attrs.evolve(answer, session_id="s2")])
+    )
+    backend.delete(["s1", "s2"])
+    assert backend.search("zebra", 5) == []
+    backend.close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO texts_fts (texts_fts) VALUES ('integrity-check')")  # raises if not
+    db.close()
+
+
+def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(tmp_path: Path) -> None:
+    """A write leaves the log as it is (its events go to subscribers without a checkpoint's
+    wait); a long log is checkpointed by ``settle``, and so is any log once the store is idle
+    (a checkpoint is seen as the file growing by what the log held)."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+    payload = b'{"event":"message.delta","data":{"text":"' + b"x" * 1000 + b'"}}'
+    empty = path.stat().st_size
+    wal = Path(f"{path}-wal")
+    seq, due, log = 1, False, 0
+    while log < 1.1 * CHECKPOINT_PAGES * 16384:  # past SQLite's own checkpoint (1,000 pages)
+        due = backend.write(
+            Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
+        )
+        seq += 100
+        assert path.stat().st_size == empty  # no write checkpointed the log
+        log = wal.stat().st_size
+    assert due
+    backend.settle(idle=False)
+    assert path.stat().st_size > log / 2  # (its data pages; leaves it holds many times)
+    assert not backend.write(
+        Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
+    )
+    checkpointed = path.stat().st_size
+    backend.settle(idle=False)
+    assert path.stat().st_size == checkpointed  # (a short log waits for an idle store)
+    backend.settle(idle=True)
+    assert path.stat().st_size > checkpointed
+    backend.close()

@@ -1,11 +1,13 @@
-"""``serve`` killed (SIGKILL) in the middle of a flood, with no wait for the store, and started
-again on the same store (each backend): every event the client saw is either stored with the
-same seq and bytes or inside the ``stream.gap`` the replay shows; seqs strictly increase; and
-what the session does next takes seqs and turn ids past everything the client saw. Real
-processes (serve, the demo agent, PostgreSQL) on the real clock."""
+"""``serve`` killed (SIGKILL) in the middle of a flood, with no wait for the store: every event
+the client saw is in the store, the same JSON at the same seq, and what is stored is contiguous
+from seq 1 (clients are given only what is stored); started again on the same store (each
+backend), seqs strictly increase and what the session does next takes seqs and turn ids past
+everything the client saw. Real processes (serve, the demo agent, PostgreSQL) on the real
+clock."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,50 @@ import trio
 
 from served import check_replay, demo_command, serve, whole_history, write_config
 from supervisor.client import connect
+from supervisor.store.url import backend_for
 
 BOUND = 120.0
 #: message.delta events the client sees before serve is killed: mid-flood, the writer's
 #: batches of a few ms behind what the client got.
 KILL_AFTER = 3000
+
+
+async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
+    tmp_path: Path, store_url: str
+) -> None:
+    config = write_config(
+        tmp_path,
+        {"flood": {"command": demo_command(tmp_path, "--words", "200000", "--delay", "0")}},
+    )
+    seen: dict[int, dict[str, Any]] = {}
+    with trio.fail_after(BOUND):
+        async with serve(tmp_path, "--config", str(config), "--store", store_url) as served:
+            async with connect(served.url) as client:
+                sid = (await client.start_session("flood"))["session_id"]
+                async with client.subscribe(sid, since_seq=0) as events:
+                    await client.prompt(sid, "flood")
+                    deltas = 0
+                    async for event in events:
+                        seen[event["seq"]] = event
+                        deltas += event["event"] == "message.delta"
+                        if deltas == KILL_AFTER:
+                            served.signal(signal.SIGKILL)
+                    # (the channel ends with the connection: every event that reached the
+                    # client before the kill is in ``seen``)
+                await served.wait_exit()
+    backend = backend_for(store_url)
+    assert backend is not None
+    backend.open()
+    try:
+        stored = dict(backend.events(sid, 0, 10_000_000))
+    finally:
+        backend.close()
+    assert list(stored) == list(range(1, len(stored) + 1)), "stored seqs are contiguous"
+    assert max(seen) > KILL_AFTER
+    missing = sorted(set(seen) - set(stored))
+    assert not missing, f"{len(missing)} events the client saw are not stored: {missing[:5]}"
+    for seq, event in seen.items():
+        assert json.loads(stored[seq]) == event
 
 
 async def test_serve_killed_mid_flood_reuses_no_seq(tmp_path: Path, store_url: str) -> None:

@@ -25,6 +25,7 @@ from supervisor.store.backend import (
     TextRow,
 )
 from supervisor.store.writer import (
+    SETTLE_IDLE_S,
     TURN_END_S,
     SessionStore,
     StoreFault,
@@ -57,6 +58,9 @@ class FakeBackend:
             self.failures -= 1
             raise StoreError("cannot write to the store memory: disk I/O error")
         self.batches.append((self.clock(), batch))
+
+    def settle(self, idle: bool) -> None:
+        pass
 
     def sessions(self) -> list[StoredSession]:
         return []
@@ -125,6 +129,77 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
     assert backend.seqs() == list(range(1, 107))
 
 
+class _Fanout:
+    """What the writer tells a session's fan-out (its subscribers get what is stored)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def committed(self, seq: int) -> None:
+        self.calls.append(f"committed {seq}")
+
+
+async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    calls: list[str] = []
+
+    class Ordered(FakeBackend):
+        def write(self, batch: Batch) -> bool:
+            calls.append(f"write {len(batch.texts)} texts")
+            super().write(batch)
+            return bool(batch.texts)
+
+        def settle(self, idle: bool) -> None:
+            calls.append(f"settle idle={idle}")
+
+    store = SessionStore(Ordered(), run_sync=direct)
+    fanout: Any = _Fanout(calls)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        events, payloads = deltas(1, 3)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="completed"
+        )
+        store.record(events, payloads, fanout)
+        await store.flushed()
+        store.record([ended], [event_json(ended)], fanout)
+        await store.flushed()
+        await store.aclose()
+    # Deltas alone carry no text to index; the turn's end carries its answer.
+    assert calls == [
+        "write 0 texts",
+        "committed 3",
+        "write 1 texts",
+        "committed 4",
+        "settle idle=False",
+    ]
+
+
+async def test_the_backend_settles_once_the_store_is_idle(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    settled: list[tuple[float, bool]] = []
+
+    class Settled(FakeBackend):
+        def settle(self, idle: bool) -> None:
+            settled.append((trio.current_time(), idle))
+
+    store = SessionStore(Settled(), run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        store.record(*deltas(1, 3))
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S / 2)
+        store.record(*deltas(4, 3))  # (not idle yet: the wait starts again)
+        await store.flushed()
+        written = trio.current_time()
+        await trio.sleep(SETTLE_IDLE_S * 5)
+        await store.aclose()
+    assert settled == [(pytest.approx(written + SETTLE_IDLE_S), True)]  # once, not again
+
+
 async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
     backend = FakeBackend()
     backend.clock = trio.current_time
@@ -141,6 +216,71 @@ async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockCl
         await store.flushed()
         ((at, _),) = backend.batches
         assert at - start == pytest.approx(TURN_END_S)  # not flush_s
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 3, 4]
+
+
+class AsideEvents:
+    """A session's events published in a cancel's step, serialized when the store asks."""
+
+    def __init__(self, store: SessionStore, first: int) -> None:
+        self.store = store
+        self.events: list[ev.Event] = [
+            ev.TurnEnded(session_id="s1", seq=first, timestamp=1.0, turn_id="t1", outcome="x")
+        ]
+        self.serialized_at: float | None = None
+
+    def serialize(self) -> None:
+        if self.events:
+            self.serialized_at = trio.current_time()
+            events, self.events = self.events, []
+            self.store.record(events, [event_json(e) for e in events])
+
+
+@pytest.mark.parametrize("hasten", [False, True])
+async def test_a_cancels_events_are_stored_from_the_writers_step(
+    autojump_clock: trio.testing.MockClock, hasten: bool
+) -> None:
+    """Events left as objects by a cancel's step are serialized by the writer TURN_END_S on,
+    not in the step that asked; at once if a client waits for them (a held response)."""
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits for work
+        aside = AsideEvents(store, 1)
+        start = trio.current_time()
+        store.soon(aside)  # type: ignore[arg-type]
+        assert aside.serialized_at is None  # not in the caller's step
+        if hasten:
+            store.hasten()
+        await store.flushed()
+        ((at, _),) = backend.batches
+        assert aside.serialized_at == at
+        assert at - start == pytest.approx(0.0 if hasten else TURN_END_S)
+        await store.aclose()
+    assert backend.seqs() == [1]
+
+
+async def test_a_waiting_client_has_what_is_recorded_written_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = FakeBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        store.record(*deltas(1, 3))
+        store.hasten()  # not flush_s
+        await store.flushed()
+        ended = ev.TurnEnded(session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="x")
+        store.record([ended], [event_json(ended)])
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits TURN_END_S
+        store.hasten()  # not TURN_END_S
+        await store.flushed()
+        assert [at - start for at, _ in backend.batches] == [0.0, 0.0]
         await store.aclose()
     assert backend.seqs() == [1, 2, 3, 4]
 
