@@ -186,22 +186,20 @@ class Supervisor:
         if store is not None:
             # Sessions an earlier supervisor stored: listed, their history replayed from the
             # store; their agents are not running.
-            from supervisor.store.dormant import DormantSession
 
             for record in stored:
                 if record.id not in self._sessions:
-                    spec = self.agents.get(record.agent) or AgentSpec(
-                        name=record.agent, protocol=record.protocol, command=()
-                    )
-                    self._sessions[record.id] = DormantSession(record, spec, store, self._revive)
+                    self._sessions[record.id] = self._dormant(record)
             own = {record.id: record.agent_session_id for record in stored}
             for adopted in self._sessions.values():
                 if isinstance(adopted, RemoteSession):
                     # (its agent's own session id kept until its node says it again)
                     store.attach(adopted, own.get(adopted.id))
         ids = count(1 + _highest_number(record.id for record in stored))
-        #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes)
+        #: names new sessions (``s1``, ``s2``, ...; a node numbers them across its host's nodes;
+        #: with a store and no ``session_ids``, the store does: ``_next_id``)
         self._new_id = session_ids if session_ids is not None else lambda: f"s{next(ids)}"
+        self._ids_by_store = store is not None and session_ids is None
         self._closing = False
         self._stop_scope: trio.CancelScope | None = None  # aclose's, while it runs
         #: raised by ``start_session`` instead of starting one (``refuse_new_sessions``)
@@ -223,6 +221,47 @@ class Supervisor:
             nursery.start_soon(self._sweep_store_forever, retention)
         else:
             self.first_sweep.set()
+
+    def _dormant(self, record: StoredSession) -> DormantSession:
+        """A stored session listed (its agent runs nowhere here; another process of the
+        store may run it: ``DormantSession.elsewhere``)."""
+        from supervisor.store.dormant import DormantSession
+
+        assert self.store is not None
+        spec = self.agents.get(record.agent) or AgentSpec(
+            name=record.agent, protocol=record.protocol, command=()
+        )
+        dormant = DormantSession(record, spec, self.store, self._revive)
+        dormant.elsewhere = self.store.owner_of(record)
+        return dormant
+
+    async def _next_id(self) -> str:
+        """A new session's id: handed out by the store when there is one, so that every
+        process of the store gets ids of its own, never reused."""
+        if self._ids_by_store:
+            assert self.store is not None
+            return await self.store.new_session_id()
+        return self._new_id()
+
+    async def refresh_stored(self) -> None:
+        """The stored sessions listed as the store has them now: those other processes of
+        the store started since are listed too, and each stored one says whether another live
+        process runs it (``DormantSession.elsewhere``). Without a store, nothing to do."""
+        from supervisor.store.dormant import DormantSession
+
+        if self.store is None:
+            return
+        changed = False
+        for record in await self.store.refresh():
+            current = self._sessions.get(record.id)
+            if current is None:
+                self._sessions[record.id] = self._dormant(record)
+                changed = True
+            elif isinstance(current, DormantSession) and record.id not in self._reviving:
+                current.stored = record
+                current.elsewhere = self.store.owner_of(record)
+        if changed:
+            self._poke()
 
     def _store(self, session: Session | RemoteSession, resume: str | None = None) -> None:
         if self.store is not None:
@@ -301,7 +340,7 @@ class Supervisor:
         if not os.path.isdir(where):
             raise BadRequest(f"cwd {where!r} is not a directory")
         self._check_capacity(spec, at_most)
-        session_id = self._new_id()
+        session_id = await self._next_id()
         made: Worktree | None = None
         if spec.worktree if worktree is None else worktree:
             made = await self._make_worktree(session_id, where)
@@ -506,6 +545,21 @@ class Supervisor:
             self._check_capacity(spec)  # (a host's node counts its own)
         self._reviving[dormant.id] = done = trio.Event()
         try:
+            from supervisor.store.backend import SessionElsewhere, StoreError
+
+            assert self.store is not None
+            # Taken up in the store first: another process of it may run it (refused, naming
+            # that process), or have run it since it was listed here (its row as it is now).
+            try:
+                dormant.stored = await self.store.claim(dormant.id)
+            except SessionElsewhere as exc:
+                dormant.elsewhere = self.store.owner_of(dormant.stored)
+                raise AgentNotRunning(str(exc)) from None
+            except StoreError as exc:
+                raise AgentNotRunning(
+                    f"session {dormant.id} cannot be started again: {exc}"
+                ) from None
+            dormant.elsewhere = None
             if dormant.host is not None:
                 return await self._revive_on_host(dormant, dormant.host, spec)
             where = dormant.cwd or spec.cwd or os.getcwd()
@@ -711,6 +765,23 @@ class Supervisor:
         except KeyError:
             raise SessionNotFound(f"no session {session_id!r}") from None
 
+    async def find(self, session_id: str) -> AnySession:
+        """The session ``session_id``: one listed here, or one the store has that another of
+        its processes started since the last list (listed from now on, as stored: it says
+        which process runs it). :class:`SessionNotFound` when neither knows it."""
+        current = self._sessions.get(session_id)
+        if current is not None or self.store is None:
+            return self.get(session_id)
+        record = await self.store.stored(session_id)
+        current = self._sessions.get(session_id)
+        if current is not None:  # (listed meanwhile)
+            return current
+        if record is None:
+            raise SessionNotFound(f"no session {session_id!r}")
+        dormant = self._sessions[session_id] = self._dormant(record)
+        self._poke()
+        return dormant
+
     def list(self) -> list[SessionSummary]:
         return [session.summary() for session in self._sessions.values()]
 
@@ -728,16 +799,13 @@ class Supervisor:
         if isinstance(current, DormantSession):
             return current
         await self.store.flushed()  # its last events and its row are in the store
-        stored = next((s for s in await self.store.sessions() if s.id == session_id), None)
+        stored = await self.store.stored(session_id)
         current = self._sessions.get(session_id)
         if stored is None or (current is not None and current.state not in _ENDED):
             return self.get(session_id)  # unknown; or started again meanwhile
         if isinstance(current, DormantSession):
             return current
-        spec = self.agents.get(stored.agent) or AgentSpec(
-            name=stored.agent, protocol=stored.protocol, command=()
-        )
-        dormant = DormantSession(stored, spec, self.store, self._revive)
+        dormant = self._dormant(stored)
         self._sessions[session_id] = dormant
         self._poke()
         return dormant
@@ -875,6 +943,7 @@ async def open_supervisor(
     metrics: Metrics | None = None,
     tracer_provider: TracerProvider | None = None,
     store: str | None = None,
+    store_kind: str = "serve",
     retention: Retention | None = None,
     checkpoints: bool = True,
 ) -> AsyncIterator[Supervisor]:
@@ -917,6 +986,8 @@ async def open_supervisor(
     (stopped, their history replayed from it); None or ``"none"``: nothing is stored (the
     default: an embedding application's sessions live in its memory). A store that cannot be
     opened raises :class:`~supervisor.store.backend.StoreError`, one line saying what to do.
+    ``store_kind``: what this process is to the store's other processes (``serve``, of which
+    one at a time opens a store; ``acp``, an ACP front door, any number beside it).
     ``retention``: how long the store keeps stopped sessions (``[store] keep_days``,
     ``keep_sessions``, ``keep_bytes``; None: for good), swept at start and every hour.
     """
@@ -949,7 +1020,7 @@ async def open_supervisor(
         from supervisor.store.url import backend_for
         from supervisor.store.writer import SessionStore
 
-        backend = backend_for(store)
+        backend = backend_for(store, store_kind)
         if backend is not None:
             session_store = SessionStore(backend)
             stored = await session_store.open()

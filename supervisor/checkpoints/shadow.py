@@ -6,16 +6,23 @@ is run as ``git --git-dir=<store> --work-tree=<cwd>`` with the user's git enviro
 global configuration left out, so the user's ``.git`` is never read for writing: no commit,
 branch, stash, index change or ref there. What git ignores in the work tree (``.gitignore``
 files, and the repository's ``.git/info/exclude``, given as the store's ``core.excludesFile``)
-is not kept; neither are ``.git`` directories, which git never adds.
+is not kept; neither are ``.git`` directories, which git never adds. A git repository nested
+in the working directory (a clone, a submodule's checkout) is kept as its files, like any
+other directory's, not as git's one entry for it (a gitlink, whose files' changes nobody would
+see); its own ``.git`` is not kept, so a restore puts its files back, not its history.
 
-A snapshot is ``git add -A`` into the store's index, ``git write-tree``, and a commit of that
-tree with a ref of its own (``refs/checkpoints/<commit>``), which keeps its objects reachable
-until the session forgets it (:meth:`ShadowStore.forget`): then the ref goes, and the store's
-housekeeping (:meth:`ShadowStore.housekeep`, a ``git gc --auto`` every
-:data:`HOUSEKEEP_EVERY` snapshots, off the turns' path) prunes what no kept one holds. Files larger
-than ``max_file_bytes`` are left out of the tree and named, with their size and mtime, so a
-change to one is still seen. Paths are bytes throughout (a file name need not be UTF-8 and may
-hold a newline): git is asked with ``-z``.
+A snapshot is one ``git status`` (what differs from the store's index, and what is new: one
+pass over the work tree, with the untracked cache), those paths put in the index, ``git
+write-tree`` (not run when nothing changed), and a commit of that tree with a ref of its own
+(``refs/checkpoints/<commit>``), both written by the store itself as git writes them. The ref
+keeps the snapshot's objects reachable until the session forgets it
+(:meth:`ShadowStore.forget`): then the ref goes, and the store's housekeeping
+(:meth:`ShadowStore.housekeep`, a ``git gc --auto`` every :data:`HOUSEKEEP_EVERY` snapshots,
+off the turns' path) prunes what no kept one holds. ``HEAD`` is the newest snapshot, which
+``git status`` compares the index with. Files larger than ``max_file_bytes`` are left out of
+the tree and named, with their size and mtime, so a change to one is still seen. Paths are
+bytes throughout (a file name need not be UTF-8 and may hold a newline): git is asked with
+``-z``.
 
 Every git call is a subprocess run by ``trio.run_process`` within :data:`GIT_TIMEOUT_S`; file
 work (stats, a restore's writes) runs in a worker thread: the event loop never waits on disk.
@@ -28,7 +35,10 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import stat
+import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -89,6 +99,16 @@ _KINDS: Final = {
 }
 _SYMLINK: Final = "120000"
 _GITLINK: Final = "160000"
+#: who the store's commits are by
+_NAME: Final = "agent-supervisor"
+_EMAIL: Final = "checkpoints@agent-supervisor.invalid"
+#: ``git status --porcelain=v2`` records of paths in the index: how many spaces precede the path
+_TRACKED_FIELDS: Final = {b"1 ": 8, b"2 ": 9, b"u ": 10}
+#: the index entry that opens a nested repository (:meth:`ShadowStore._open_nested`): a name
+#: no one's file has, pointing at the empty file
+_NESTED_PROBE: Final = b".agent-supervisor-nested-repository"
+_EMPTY_BLOB: Final = b"e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+_NO_OBJECT: Final = b"0" * 40
 
 
 class CheckpointError(Exception):
@@ -189,6 +209,23 @@ class Diff:
         }
 
 
+#: Seconds a git stopped by a cancel (a closing session's housekeeping) has to remove its lock
+#: files and end, before it and its children are killed
+_STOP_GRACE_S: Final = 5.0
+
+
+async def _stop_group(process: trio.Process) -> None:
+    """A cancelled git's end: SIGTERM to its process group, so that the children it runs (a
+    collection's ``pack-refs``) end too, each removing its lock files, rather than go on holding
+    them after it; SIGKILL if they linger."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        await trio.sleep(_STOP_GRACE_S)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _git_env() -> dict[str, str]:
     """The environment git runs in: none of the user's ``GIT_*`` (a ``GIT_DIR`` or
     ``GIT_INDEX_FILE`` would point it at their repository) and none of their global or system
@@ -198,10 +235,10 @@ def _git_env() -> dict[str, str]:
         GIT_CONFIG_NOSYSTEM="1",
         GIT_CONFIG_GLOBAL=os.devnull,
         GIT_TERMINAL_PROMPT="0",
-        GIT_AUTHOR_NAME="agent-supervisor",
-        GIT_AUTHOR_EMAIL="checkpoints@agent-supervisor.invalid",
-        GIT_COMMITTER_NAME="agent-supervisor",
-        GIT_COMMITTER_EMAIL="checkpoints@agent-supervisor.invalid",
+        GIT_AUTHOR_NAME=_NAME,
+        GIT_AUTHOR_EMAIL=_EMAIL,
+        GIT_COMMITTER_NAME=_NAME,
+        GIT_COMMITTER_EMAIL=_EMAIL,
         LC_ALL="C",
     )
     return env
@@ -236,6 +273,8 @@ class ShadowStore:
         self._housekeeping = False
         #: what the sessions' turns changed here, the newest last (:meth:`conflicts`)
         self._changed: deque[_Changed] = deque(maxlen=CHANGES_KEPT)
+        #: the tree of the store's index, while it is known (None: changed since written)
+        self._tree: str | None = None
         #: the newest snapshot's big files: they are not in the index, so not listed as
         #: changed by it, and are looked at again each time
         self._last_big: Mapping[bytes, tuple[int, int]] = {}
@@ -258,6 +297,8 @@ class ShadowStore:
                     check=False,
                     cwd=self.cwd,
                     env=self._env,
+                    start_new_session=True,
+                    deliver_cancel=_stop_group,
                 )
         except trio.TooSlowError:
             raise CheckpointError(
@@ -303,7 +344,15 @@ class ShadowStore:
             "core.safecrlf": "false",
             "core.fileMode": "true",
             "core.symlinks": "true",
+            # what ``git status`` lists untracked is cached per directory in the index, and
+            # checked against each directory's mtime: only changed directories are read again
             "core.untrackedCache": "true",
+            "status.showUntrackedFiles": "all",  # the cache is kept for this listing only
+            # each snapshot's three git calls read the index and two write it: with a split
+            # index they write only the entries changed since the shared part (which is
+            # written again past 20% of them), in version 4 paths are prefix-compressed
+            "core.splitIndex": "true",
+            "index.version": "4",
             "gc.auto": "0",  # a snapshot never waits for a collection: housekeep() runs it
             "core.logAllRefUpdates": "false",  # a reflog would keep forgotten snapshots
             "commit.gpgSign": "false",
@@ -321,27 +370,29 @@ class ShadowStore:
         """The working directory now, kept."""
         async with self._lock:
             await self._ensure()
-            candidates = await self._git(
-                "ls-files", "-z", "--others", "--modified", "--exclude-standard"
-            )
-            names = [name for name in candidates.split(b"\0") if name]
-            names.extend(self._last_big)
+            changed, tracked = await self._differing()
+            names = [*changed, *(path for path in self._last_big if path not in changed)]
             too_big = await trio.to_thread.run_sync(self._big_files, names)
-            if too_big:
-                specs = [b"."] + [b":(exclude,literal)" + path for path in too_big]
-                await self._git(
-                    "add",
-                    "-A",
-                    "--pathspec-from-file=-",
-                    "--pathspec-file-nul",
-                    stdin=b"\0".join(specs),
-                )
-                await self._git(
-                    "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(too_big)
-                )
-            else:
-                await self._git("add", "-A")
-            tree = (await self._git("write-tree")).strip().decode()
+            adds = [path for path in changed if path not in too_big]
+            grown = [path for path in too_big if path in tracked]
+            tree = self._tree
+            if adds or grown or tree is None:
+                self._tree = None  # the index is changing: its tree is unknown until written
+                if grown:  # a kept file grew past the limit: out of the index, so out of the tree
+                    await self._git(
+                        "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(grown)
+                    )
+                if adds:
+                    await self._git(
+                        "update-index",
+                        "-z",
+                        "--add",
+                        "--remove",
+                        "--replace",
+                        "--stdin",
+                        stdin=b"\0".join(adds),
+                    )
+                tree = (await self._git("write-tree")).strip().decode()
             # Each snapshot its own commit (``taken``: two of one tree in one second differ),
             # so a ref forgotten by one session never drops another's.
             message = json.dumps(
@@ -350,11 +401,97 @@ class ShadowStore:
                     "taken": secrets.token_hex(8),
                 }
             )
-            commit = (await self._git("commit-tree", tree, "-m", message)).strip().decode()
-            await self._git("update-ref", _REFS + commit, commit)
+            commit = await trio.to_thread.run_sync(self._commit, tree, message)
+            self._tree = tree
             self._last_big = too_big
             self._taken += 1
             return Snapshot(commit, tree, too_big, self._taken)
+
+    async def _differing(self) -> tuple[dict[bytes, None], set[bytes]]:
+        """The paths whose state on disk is not the index's (in git's order), and which of them
+        are in the index. ``git status`` finds both in one pass over the work tree, with the
+        untracked cache and the stat data of the index: a file whose stat data is unchanged is
+        not read. Its comparison of the index with ``HEAD`` (the newest snapshot) is of two
+        equal trees, which the index's cache tree makes cheap.
+
+        A nested git repository (a directory with its own ``.git``: a clone, a submodule's
+        checkout) is one entry to git, a gitlink, and its files' changes would be nobody's: it
+        is opened instead (:meth:`_open_nested`), and its files are listed like any other."""
+        opened: set[bytes] = set()
+        while True:
+            changed, tracked, nested = await self._status()
+            nested -= opened
+            if not nested:
+                return changed, tracked
+            await self._open_nested(nested)
+            opened |= nested
+
+    async def _status(self) -> tuple[dict[bytes, None], set[bytes], set[bytes]]:
+        """One ``git status``: the changed paths, those of them in the index, and the nested
+        repositories it did not look into."""
+        out = await self._git(
+            "status",
+            "--porcelain=v2",
+            "-z",
+            "--untracked-files=all",
+            "--no-renames",
+        )
+        records = iter(out.split(b"\0"))
+        changed: dict[bytes, None] = {}
+        tracked: set[bytes] = set()
+        nested: set[bytes] = set()
+        for record in records:
+            kind = record[:2]
+            if kind == b"? ":
+                if record.endswith(b"/"):  # all untracked files listed: a directory is a repository
+                    nested.add(record[2:-1])
+                else:
+                    changed[record[2:]] = None
+            elif kind in _TRACKED_FIELDS:
+                fields = record.split(b" ", _TRACKED_FIELDS[kind])
+                path = fields[-1]
+                if fields[4] == _GITLINK.encode():  # in the index as a gitlink
+                    nested.add(path)
+                elif fields[1][1:2] != b".":  # the work tree's side differs from the index
+                    changed[path] = None
+                    tracked.add(path)
+                if kind == b"2 ":
+                    next(records, None)  # a rename's old path
+        return changed, tracked, nested
+
+    async def _open_nested(self, nested: Iterable[bytes]) -> None:
+        """Nested repositories looked into from now on: each gets an index entry below it (a
+        file that is not there, :data:`_NESTED_PROBE`, which the next ``git status`` finds
+        deleted, and so the snapshot removes). git walks a directory it has entries below as
+        any other, its ``.git`` left out, and lists its files by the ignore rules. A gitlink
+        the index has there goes. (A repository with no file to list is opened again at each
+        snapshot: two git calls more.)"""
+        self._tree = None
+        lines = []
+        for path in nested:
+            lines.append(b"0 %s\t%s" % (_NO_OBJECT, path))
+            lines.append(b"100644 %s\t%s/%s" % (_EMPTY_BLOB, path, _NESTED_PROBE))
+        await self._git("update-index", "-z", "--index-info", stdin=b"\0".join(lines) + b"\0")
+
+    def _commit(self, tree: str, message: str) -> str:
+        """A commit of ``tree``, its ref, and ``HEAD`` (what the next ``git status`` compares the
+        index with) at it, written as git writes them: a loose object, then each ref through its
+        lock file, renamed into place. Two git processes fewer at each turn's start than
+        ``commit-tree`` and ``update-ref`` (run in a worker thread)."""
+        ident = f"{_NAME} <{_EMAIL}> {int(time.time())} +0000"
+        body = f"tree {tree}\nauthor {ident}\ncommitter {ident}\n\n{message}\n".encode()
+        raw = b"commit %d\0%s" % (len(body), body)
+        commit = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
+        line = f"{commit}\n".encode()
+        try:
+            _write_aside(self.git_dir / "objects" / commit[:2] / commit[2:], zlib.compress(raw))
+            _write_ref(self.git_dir / (_REFS + commit), line)
+            _write_ref(self.git_dir / "HEAD", line)
+        except OSError as exc:
+            raise CheckpointError(
+                f"the checkpoint store {self.git_dir} cannot be written: {exc.strerror or exc}"
+            ) from None
+        return commit
 
     async def load(self, commits: Iterable[str]) -> dict[str, Snapshot]:
         """The snapshots of ``commits`` (taken by an earlier process: a session revived from
@@ -564,8 +701,17 @@ class ShadowStore:
             not_restored: list[tuple[bytes, str]] = []
             writes: list[tuple[bytes, str, str]] = []
             deletes: list[bytes] = []
+            # a nested repository that ``target`` holds as one entry (a gitlink: a snapshot
+            # of an earlier version of the store) has no files there to go back to
+            gitlinks = tuple(
+                path + b"/" for _m, new_mode, _s, status, path in raw if new_mode == _GITLINK
+            )
             for _old_mode, new_mode, sha, status, path in raw:
-                if path in before.too_big:
+                if gitlinks and path.startswith(gitlinks):
+                    not_restored.append(
+                        (path, "in a nested git repository that checkpoint did not look into")
+                    )
+                elif path in before.too_big:
                     not_restored.append(
                         (
                             path,
@@ -617,6 +763,47 @@ class ShadowStore:
             blobs[sha] = out[start : start + int(size)]
             at = start + int(size) + 1
         return blobs
+
+
+#: Tries at a write into the store whose directory a collection beside it removes (it deletes
+#: the directories it empties, a ref's or an object's, which the write then makes again)
+_WRITE_TRIES: Final = 3
+
+
+def _write_aside(path: Path, content: bytes) -> None:
+    """``content`` at ``path``, written aside and renamed into place (a reader sees the old file
+    or the new one, never a part)."""
+    _in_place(path, path.with_name(f".{path.name}.{secrets.token_hex(4)}"), content)
+
+
+def _write_ref(path: Path, content: bytes) -> None:
+    """A ref of the store's, as git writes one: through its lock file, which a git process
+    changing the same ref meanwhile (a collection packing it) holds, so that this fails rather
+    than be lost."""
+    _in_place(path, path.with_name(path.name + ".lock"), content)
+
+
+def _in_place(path: Path, aside: Path, content: bytes) -> None:
+    for attempt in range(_WRITE_TRIES):
+        try:
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            if attempt == _WRITE_TRIES - 1:
+                raise
+            path.parent.mkdir(exist_ok=True)
+            continue
+        break
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(aside, path)
+    except BaseException:
+        aside.unlink(missing_ok=True)
+        raise
 
 
 def _put_back(

@@ -1,11 +1,14 @@
 """A session's per-turn checkpoints, as the core keeps track of them.
 
-The files are the shell's (``supervisor/checkpoints/``); the core decides when: a turn starts
-only once its working directory is snapshotted (it waits at the queue's front meanwhile, so a
-cancel drops it at once, never waiting for the snapshot); a turn's ``turn.ended`` and its
-receipt are held until the snapshot at its end says what it changed (the session is ready
-meanwhile, and no next turn starts before); a rewind runs only while no turn does. One of
-these at a time: :attr:`Checkpoints.under_way`.
+The files are the shell's (``supervisor/checkpoints/``); the core decides when: as the session
+starts, a first snapshot kept by no turn (:attr:`Checkpoints.baseline`), so that the first
+turn's own is an incremental one; a turn starts only once its working directory is
+snapshotted (it waits at the queue's front meanwhile, so a cancel drops it at once, never
+waiting for the snapshot); a turn's ``turn.ended`` and its receipt are held until the snapshot
+at its end says what it changed (the session is ready meanwhile, and no next turn starts
+before); a rewind runs only while no turn does. One of these at a time:
+:attr:`Checkpoints.under_way`; a turn's start snapshot waits for the first one too, a rewind
+does not (the shell's store takes its calls in turn).
 """
 
 from __future__ import annotations
@@ -71,6 +74,10 @@ class Checkpoints:
         #: the snapshot of :attr:`starting` is taken (or failed: the turn starts without one)
         self.taken = False
         self.held: HeldEnd | None = None
+        #: the session's first snapshot is under way: a turn's start snapshot is asked for
+        #: once it is taken (the store's index then holds every file: only what changed since
+        #: is hashed, where a first snapshot of 100,000 files takes tens of seconds)
+        self.baseline = False
         #: a rewind's caller, until it is done
         self.rewinding: Waiter[dict[str, Any]] | None = None
         #: ids a rewind may name, oldest first: turns' starts and rewinds' own states

@@ -63,6 +63,10 @@ class SessionIO(Protocol):
         agent whose session is a fresh one is to read it before the next prompt: at most
         ``limit`` bytes, ending with what introduces that prompt; "" when there is none."""
 
+    def baseline(self) -> None:
+        """Snapshot the working directory as the session starts, kept by no turn;
+        :meth:`SessionCore.baseline_taken` follows."""
+
     def checkpoint(self, turn_id: str) -> None:
         """Snapshot the working directory as ``turn_id``'s start;
         :meth:`SessionCore.checkpoint_taken` follows."""

@@ -221,6 +221,10 @@ class SessionCore:
         first)."""
         if self.paused.held:
             self.emit(self.paused.event(self._io.now(), 0))
+        if self.checkpoints.on:
+            # Beside the agent's start: the first turn's start snapshot is then incremental.
+            self.checkpoints.baseline = True
+            self._io.baseline()
         self.life.spawn()
 
     def prompt(self, text: str, parts: tuple[Part, ...]) -> TurnHandle:
@@ -412,7 +416,10 @@ class SessionCore:
         """The prompt at the queue's front that waits only for its checkpoint: its caller was
         told it runs (``queued`` False), so a cancel stops it as the turn it is."""
         checkpoints = self.checkpoints
-        if checkpoints.under_way != "start" or not self.queue:
+        waits = checkpoints.under_way == "start" or (
+            checkpoints.under_way is None and checkpoints.baseline
+        )
+        if not waits or not self.queue:
             return None
         head = self.queue[0][0]
         return head if head == checkpoints.starting else None
@@ -775,9 +782,29 @@ class SessionCore:
             checkpoints.starting, checkpoints.taken = None, False
             return True
         checkpoints.starting, checkpoints.taken = turn_id, False
+        if checkpoints.baseline:
+            return False  # asked for once the first snapshot is taken (baseline_taken)
         checkpoints.under_way = "start"
         self._io.checkpoint(turn_id)
         return False
+
+    def baseline_taken(self, error: str | None) -> None:
+        """The session's first snapshot is taken (or could not be: ``error``, said once; each
+        turn's start tries again): a turn waiting for it has its own start snapshot taken."""
+        checkpoints = self.checkpoints
+        if not checkpoints.baseline:
+            return
+        checkpoints.baseline = False
+        if error is not None:
+            self.emit(
+                ev.ErrorEvent(
+                    code="checkpoint_failed",
+                    message=f"the working directory cannot be checkpointed: {error}"
+                    " (each turn's start tries again)",
+                )
+            )
+        if self.state not in ENDS:
+            self.start_next()
 
     def checkpoint_taken(self, turn_id: str, error: str | None) -> None:
         """The working directory is snapshotted as ``turn_id``'s start (or could not be:
@@ -831,8 +858,15 @@ class SessionCore:
             raise AgentNotRunning(f"session {self.id} is {self.state}")
         if not checkpoints.has(turn_id):
             raise BadRequest(f"session {self.id} has no checkpoint of {turn_id!r}")
-        if self.turn is not None or checkpoints.under_way is not None:
-            what = f"turn {self.turn.id} runs" if self.turn is not None else "a checkpoint is"
+        starting = self._starting()
+        if self.turn is not None or checkpoints.under_way is not None or starting is not None:
+            what = (
+                f"turn {self.turn.id} runs"
+                if self.turn is not None
+                else f"turn {starting}'s start"
+                if checkpoints.under_way is None
+                else "a checkpoint is"
+            )
             raise Busy(f"session {self.id} cannot rewind now: {what} under way (stop it first)")
         checkpoints.under_way = "rewind"
         checkpoints.rewinding = waiter

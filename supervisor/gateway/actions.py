@@ -80,6 +80,7 @@ class Actions:
             case ListAgents():
                 return self.agents()
             case ListSessions():
+                await sup.refresh_stored()  # (other processes of the store start sessions)
                 return self.sessions()
             case ListReceipts():
                 return self.receipts(call)
@@ -88,16 +89,17 @@ class Actions:
             case StartSession():
                 return await self.start(call)
             case Subscribe():
-                await client.subscribe(request_id, sup.get(call.session_id), call.since_seq)
+                session = await sup.find(call.session_id)
+                await client.subscribe(request_id, session, call.since_seq)
                 return None
             case Unsubscribe():
                 client.unsubscribe(sup.get(call.session_id).id)
                 return {}
             case Prompt():
-                turn = await sup.get(call.session_id).prompt(call.text, call.parts)
+                turn = await (await sup.find(call.session_id)).prompt(call.text, call.parts)
                 return {"turn_id": turn.id, "queued": turn.queued, "held": turn.held}
             case SetMode():
-                await sup.get(call.session_id).set_mode(call.mode_id)
+                await (await sup.find(call.session_id)).set_mode(call.mode_id)
                 return {}
             case Input():
                 await sup.get(call.session_id).input(call.data)
@@ -106,7 +108,7 @@ class Actions:
                 await sup.get(call.session_id).resize(call.cols, call.rows)
                 return {}
             case Steer():
-                return steer_to_wire(await sup.get(call.session_id).steer(call.text))
+                return steer_to_wire(await (await sup.find(call.session_id)).steer(call.text))
             case Cancel():
                 return await self.cancel(call)
             case RespondPermission():
@@ -316,6 +318,7 @@ def _stored(summary: SessionSummary) -> dict[str, Any]:
         "created": summary.created,
         "last_active": summary.last_active,
         "first_prompt": summary.first_prompt or "",
+        **({"elsewhere": summary.elsewhere} if summary.elsewhere is not None else {}),
     }
 
 

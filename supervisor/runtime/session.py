@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -103,6 +104,11 @@ _IDLE_TURNS = 3
 #: worker thread: ~1 ms for a small tree). A tree that grows 1 GB/s overshoots by ~2 GB before
 #: it is seen; agents grow over minutes (Claude Code users report ~3 GB per session).
 MEMORY_SAMPLE_S = 2.0
+#: The checkpoint stores (one per working directory) whose first snapshot of this process a
+#: session has begun: the sessions started there after it take none of their own, their first
+#: turn's start snapshot waits for the store behind it (each would be a whole incremental
+#: snapshot in the way of the others' turns: a second on 100,000 files).
+_BASELINED: weakref.WeakSet[ShadowStore] = weakref.WeakSet()
 
 
 @frozen
@@ -130,6 +136,9 @@ class SessionSummary:
     #: the git worktree it runs in, and its branch (``supervisor/worktrees.py``); None: none
     worktree: str | None = None
     branch: str | None = None
+    #: a stored session another process of the store runs: that process (``serve pid 4242 on
+    #: box``, ``supervisor/store/dormant.py``); None otherwise
+    elsewhere: str | None = None
 
 
 # -- mailbox calls: what each runs on the core, in the order they came -------------------------
@@ -339,6 +348,11 @@ class _Swept:
 
 
 @define
+class _BaselineTaken:
+    error: str | None
+
+
+@define
 class _CheckpointTaken:
     turn_id: str
     error: str | None
@@ -514,6 +528,15 @@ class _AgentIO:
 
     # -- checkpoints (supervisor/checkpoints/): the files' side, the core's is core/checkpoints.py
 
+    def baseline(self) -> None:
+        store = self._session._checkpoints
+        assert self.nursery is not None and store is not None
+        if store in _BASELINED:
+            self.nursery.start_soon(self._post, _BaselineTaken(None))
+            return
+        _BASELINED.add(store)
+        self.nursery.start_soon(self._baseline)
+
     def checkpoint(self, turn_id: str) -> None:
         assert self.nursery is not None
         self.nursery.start_soon(self._checkpoint, turn_id)
@@ -563,6 +586,24 @@ class _AgentIO:
             await store.housekeep()
         except (CheckpointError, OSError) as exc:  # tried again after the next snapshots
             log.warning("session %s: checkpoint housekeeping failed: %s", self._session.id, exc)
+
+    async def _baseline(self) -> None:
+        """The session's first snapshot, in the actor's nursery (a stop cancels it, and its
+        git with it: ``trio.run_process`` ends the process it waits for). No rewind names
+        it: its ref goes at the next housekeeping; what it leaves is the store's index."""
+        store = self._session._checkpoints
+        assert store is not None
+        try:
+            snapshot = await store.snapshot()
+        except (CheckpointError, OSError) as exc:
+            await self._post(_BaselineTaken(str(exc)))
+        except trio.Cancelled:
+            _BASELINED.discard(store)  # not taken: the next session started here takes it
+            raise
+        else:
+            store.forget([snapshot])
+            self._housekeep(store)
+            await self._post(_BaselineTaken(None))
 
     async def _checkpoint(self, turn_id: str) -> None:
         store = self._session._checkpoints
@@ -1243,6 +1284,8 @@ class Session:
             core.life.memory_over(item.generation, item.used_mb)
         elif isinstance(item, _CheckpointTaken):
             core.checkpoint_taken(item.turn_id, item.error)
+        elif isinstance(item, _BaselineTaken):
+            core.baseline_taken(item.error)
         elif isinstance(item, _TurnChanges):
             core.turn_changes(item.turn_id, item.changes, item.error)
         elif isinstance(item, _Rewound):

@@ -20,15 +20,24 @@ written to.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from attrs import field, frozen
 
 __all__ = [
+    "EXCLUSIVE_KINDS",
     "MIGRATIONS",
+    "Owner",
+    "SessionElsewhere",
     "SCHEMA_VERSION",
     "SESSIONS_QUERY",
+    "SESSION_QUERY",
     "Backend",
     "Batch",
     "CheckpointRow",
@@ -43,6 +52,8 @@ __all__ = [
     "UPSERT_CHECKPOINT",
     "CHECKPOINTS_QUERY",
     "checkpoint_rows",
+    "highest_number",
+    "this_process",
     "store_beyond",
     "stored_session",
 ]
@@ -53,6 +64,37 @@ class StoreError(Exception):
     (a corrupt file, a newer schema, a lock held by another process, a read-only directory,
     an unreachable server, bad credentials), or a write that failed (the batch is not
     written: all of it or none)."""
+
+
+class SessionElsewhere(StoreError):
+    """The stored session runs in another live process on the same store (its owner): it
+    cannot be started again here; the message names that process."""
+
+
+#: The kinds of process of which one at most opens a store (a second is refused at open, one
+#: line): two ``serve``s on one store would each serve its own half of the sessions.
+EXCLUSIVE_KINDS = frozenset({"serve"})
+
+
+@frozen(kw_only=True)
+class Owner:
+    """A process that has the store open (a row of ``owners``, written at open, deleted at a
+    clean close). Its sessions are its own while it lives: no other process recovers them,
+    starts their agents again, or lets retention delete them. Whether it lives is told by a
+    lock it holds (``Backend.owners``), never guessed from its pid: the pid, host and start
+    are what messages say of it."""
+
+    #: random, never reused: what a session row's ``owner`` names
+    token: str
+    pid: int
+    host: str
+    #: ``serve``, ``acp`` (an ACP front door), ``embedded``...
+    kind: str
+    started: float
+
+    def describe(self) -> str:
+        """``acp pid 1234 on box``: how a message names it."""
+        return f"{self.kind} pid {self.pid} on {self.host}"
 
 
 @frozen(kw_only=True)
@@ -91,6 +133,9 @@ class StoredSession:
     #: the git worktree it runs in (``supervisor/worktrees.py``'s ``Worktree`` as JSON text);
     #: None: none
     worktree: str | None = None
+    #: the token of the process (:class:`Owner`) that runs it (None: none, since its last
+    #: process closed the store cleanly or its owner was found gone)
+    owner: str | None = None
 
 
 #: How much of a session's first prompt :data:`SESSIONS_QUERY` reads: a line of a list of
@@ -101,13 +146,17 @@ FIRST_PROMPT_CHARS = 200
 #: Every stored session, newest first, with its newest ``seq`` and the start of its first
 #: prompt (each an index lookup: ``texts`` is keyed by session and seq): the same SQL in both
 #: dialects; each row is made a :class:`StoredSession` by :func:`stored_session`.
-SESSIONS_QUERY = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
+_SESSION_ROWS = f"""SELECT id, agent, protocol, host, cwd, mcp_servers, agent_session_id,
     created, last_active, state, open_turn_id, clean, turns,
     (SELECT max(last_seq) FROM events WHERE session_id = sessions.id),
     (SELECT substr(text, 1, {FIRST_PROMPT_CHARS}) FROM texts
         WHERE session_id = sessions.id AND kind = 'prompt' ORDER BY seq LIMIT 1),
-    worktree
-FROM sessions ORDER BY last_active DESC, id DESC"""
+    worktree, owner
+FROM sessions"""
+SESSIONS_QUERY = f"{_SESSION_ROWS} ORDER BY last_active DESC, id DESC"
+#: One stored session, by id (the primary key), as :data:`SESSIONS_QUERY` has it; ``{}``: the
+#: dialect's placeholder.
+SESSION_QUERY = _SESSION_ROWS + " WHERE id = {}"
 
 
 def stored_session(row: Sequence[Any]) -> StoredSession:
@@ -129,6 +178,7 @@ def stored_session(row: Sequence[Any]) -> StoredSession:
         last_seq=row[13] or 0,
         first_prompt=row[14] or "",
         worktree=row[15],
+        owner=row[16],
     )
 
 
@@ -254,6 +304,22 @@ class Batch:
         return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)
 
 
+def this_process(kind: str) -> Owner:
+    """This process as an owner of a store, of ``kind``, with a new token."""
+    return Owner(
+        token=secrets.token_hex(8),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        kind=kind,
+        started=time.time(),
+    )
+
+
+def highest_number(ids: Iterable[str]) -> int:
+    """The highest ``N`` of the ids ``sN`` among ``ids`` (0: none)."""
+    return max((int(i[1:]) for i in ids if i[:1] == "s" and i[1:].isdigit()), default=0)
+
+
 def store_beyond(
     run: EventRun,
     stored_last: Callable[[str, int], int | None],
@@ -341,7 +407,31 @@ class Backend(Protocol):
         database reuses freed space by itself (PostgreSQL) returns False."""
 
     def close(self) -> None:
-        """Close the connection (the writer flushed what it had)."""
+        """Close the connection (the writer flushed what it had), delete this process's
+        ``owners`` row and let go of its locks."""
+
+    def session(self, session_id: str) -> StoredSession | None:
+        """The stored session ``session_id`` (None: the store has it not): one indexed
+        read, for a session another process of the store started since it was listed."""
+
+    #: this process, as :meth:`open` registers it in ``owners``
+    owner: Owner
+
+    def owners(self) -> dict[str, tuple[Owner, bool]]:
+        """Every registered owner by token, and whether it lives (holds its lock; this
+        process's own does)."""
+
+    def drop_owners(self, tokens: Sequence[str]) -> None:
+        """Delete the ``owners`` rows of processes found gone (their sessions recovered)."""
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        """Held by one process of the store at a time: what reads sessions' owners and
+        writes by what it read (recovery, a session taken up, retention's deletes) runs in
+        it, so two processes never both take one session."""
+
+    def next_session_number(self, at_least: int) -> int:
+        """A new session number (``sN``), one no process of the store was given before nor
+        any stored session has; above ``at_least``. Atomic across processes."""
 
 
 #: The schema, one entry per version: its statements for each dialect, run in order in one
@@ -360,6 +450,9 @@ class Backend(Protocol):
 #:   (a tsvector holds at most 1 MB: a longer text's would fail its batch).
 #: - ``checkpoints`` (from version 4): :class:`CheckpointRow`, primary key
 #:   ``(session_id, checkpoint_id)``, its commits in ``start_commit`` and ``end_commit``.
+#: - ``owners`` (from version 5): :class:`Owner`, primary key ``token``; ``sessions.owner``
+#:   names one. ``counters`` (from version 5): ``name`` and ``value``; the row ``session``
+#:   is the highest session number handed out (:meth:`Backend.next_session_number`).
 MIGRATIONS: list[dict[str, list[str]]] = [
     {
         "sqlite": [
@@ -500,6 +593,32 @@ MIGRATIONS: list[dict[str, list[str]]] = [
                 PRIMARY KEY (session_id, checkpoint_id)
             )""",
             "CREATE INDEX checkpoints_by_n ON checkpoints (session_id, n)",
+        ],
+    },
+    {
+        "sqlite": [
+            "ALTER TABLE sessions ADD COLUMN owner TEXT",
+            """CREATE TABLE owners (
+                token TEXT PRIMARY KEY,
+                pid INTEGER NOT NULL,
+                host TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                started REAL NOT NULL
+            )""",
+            "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+            "INSERT INTO counters (name, value) VALUES ('session', 0)",
+        ],
+        "postgresql": [
+            "ALTER TABLE sessions ADD COLUMN owner TEXT",
+            """CREATE TABLE owners (
+                token TEXT PRIMARY KEY,
+                pid BIGINT NOT NULL,
+                host TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                started DOUBLE PRECISION NOT NULL
+            )""",
+            "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+            "INSERT INTO counters (name, value) VALUES ('session', 0)",
         ],
     },
 ]

@@ -25,7 +25,7 @@ from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, Fanout, Subscription
 from supervisor.runtime.handle import SessionHandle
 from supervisor.runtime.session import DEFAULT_SUBSCRIBER_BUFFER, SessionSummary
 from supervisor.steering import SteerResult
-from supervisor.store.backend import StoredSession
+from supervisor.store.backend import Owner, StoredSession
 from supervisor.store.writer import SessionStore
 from supervisor.wire.codec import event_from_json
 from supervisor.wire.frames import text_frames
@@ -55,6 +55,9 @@ class DormantSession:
         self._revive = revive
         self._fanout = Fanout(1)
         self._fanout.close()
+        #: the other live process of the store that runs it (None: none, as last read): a
+        #: prompt here is refused, naming it
+        self.elsewhere: Owner | None = None
 
     @property
     def host(self) -> str | None:
@@ -121,9 +124,15 @@ class DormantSession:
             first_prompt=self.stored.first_prompt,
             worktree=worktree.path if worktree is not None else None,
             branch=worktree.branch if worktree is not None else None,
+            elsewhere=self.elsewhere.describe() if self.elsewhere is not None else None,
         )
 
     def _not_running(self) -> AgentNotRunning:
+        if self.elsewhere is not None:
+            return AgentNotRunning(
+                f"session {self.id} runs in another process on this store"
+                f" ({self.elsewhere.describe()}): use it there"
+            )
         return AgentNotRunning(
             f"session {self.id}'s agent is not running (the session was stored by an earlier"
             " supervisor)"

@@ -12,19 +12,21 @@ after a commit whose answer was lost, a node's session adopted again handing ove
 run) is written again, whole, run by run, storing what each holds beyond the stored run
 (:func:`~supervisor.store.backend.store_beyond`): still one transaction, still nothing twice.
 
-The database is held by one supervisor at a time, as the SQLite file is: a session-level
-advisory lock, taken at open and held by the connection (two supervisors writing the same
-sessions would interleave two histories with the same seqs). When the server goes away (a
-restart, a failover) or the connection drops, the next call connects again, takes the lock
-again (from its own old connection's server process if that one has not noticed yet) and
-carries on; a batch that failed is written again by the caller, and nothing of it is stored
-twice.
+Several processes share the database (ACP front doors beside a ``serve``): each registers
+itself in ``owners`` and holds a session-level advisory lock of its own (its token's) for as
+long as its connection lives, which tells the others it lives (``pg_locks``). One ``serve``
+at a time: a ``serve`` also holds the store's advisory lock, taken at open. When the server
+goes away (a restart, a failover) or the connection drops, the next call connects again,
+takes the locks again (from its own old connection's server process if that one has not
+noticed yet) and carries on; a batch that failed is written again by the caller, and nothing
+of it is stored twice.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -34,10 +36,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
+    SESSION_QUERY,
     SESSIONS_QUERY,
     Batch,
     CheckpointRow,
     EventRun,
+    Owner,
     ReceiptRow,
     SearchHit,
     StoredSession,
@@ -46,6 +50,7 @@ from supervisor.store.backend import (
     checkpoint_rows,
     store_beyond,
     stored_session,
+    this_process,
 )
 
 __all__ = ["PostgresBackend"]
@@ -76,6 +81,11 @@ _SERVER_SIDE_TIMEOUTS = {
 #: stores in two schemas of one database are two stores).
 _LOCK_CLASS = 0x61737570
 _LOCK = "%s, hashtext(current_schema())"
+#: Each owner's advisory lock: this number and the hash of its token.
+_OWNER_CLASS = 0x61737571
+_OWNER_LOCK = "%s, hashtext(%s)"
+#: The lock :meth:`PostgresBackend.exclusive` holds a moment (per schema, as the store's).
+_EXCLUSIVE_CLASS = 0x61737572
 #: How long taking the lock back from this backend's own lost connection waits for its server
 #: process to exit (it exits at its next check for interrupts: at once when idle).
 _TAKE_BACK_WAIT_MS = 5_000
@@ -98,7 +108,8 @@ class PostgresBackend:
     libpq's parameters, such as ``sslmode``, in its query string), in the first schema of its
     ``search_path`` (``public`` by default; another: ``options=-csearch_path%3DNAME``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, kind: str = "serve") -> None:
+        self.owner = this_process(kind)
         self.url = url
         self.where = redacted(url)
         self._connection: psycopg.Connection[Any] | None = None
@@ -180,15 +191,37 @@ class PostgresBackend:
                 connection.execute(
                     "INSERT INTO schema_version (version) VALUES (%s)", (number + 1,)
                 )
+            o = self.owner
+            connection.execute(
+                "INSERT INTO owners (token, pid, host, kind, started) VALUES (%s, %s, %s, %s, %s)"
+                " ON CONFLICT (token) DO NOTHING",
+                (o.token, o.pid, o.host, o.kind, o.started),
+            )
 
     def _lock(self, connection: psycopg.Connection[Any]) -> None:
         """Take the advisory lock. Held already by this backend's own last connection (its
         server process, which has not noticed yet that the connection is gone: a network that
         dropped it rather than a server restart), the lock is taken back by ending that process;
-        held by anyone else, the database is in use."""
+        held by anyone else, the database is in use. Only a ``serve`` takes it (one at a
+        time); every process takes its owner's lock the same way."""
+        if self.owner.kind in contract.EXCLUSIVE_KINDS:
+            self._take(connection, _LOCK_CLASS)
+        owner_lock = (_OWNER_CLASS, self.owner.token)
+        if not _try_lock(connection, _OWNER_LOCK, owner_lock):
+            previous = self._server_process
+            if previous is None or not _end_server_process(connection, previous, _OWNER_CLASS):
+                raise StoreError(f"the store {self.where}: this process's lock is held elsewhere")
+            _try_lock(connection, _OWNER_LOCK, owner_lock)
+        row = connection.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        self._server_process = (row[0], row[1]) if row else None
+
+    def _take(self, connection: psycopg.Connection[Any], lock_class: int) -> None:
+        """The store's lock, as :meth:`_lock` says."""
         if not _try_lock(connection):
             previous = self._server_process
-            if previous is None or not _end_server_process(connection, previous):
+            if previous is None or not _end_server_process(connection, previous, lock_class):
                 raise StoreError(
                     f"the store {self.where} is in use by another process (another "
                     "agent-supervisor serve? the server lets go of one whose machine went "
@@ -200,10 +233,6 @@ class PostgresBackend:
                     f"the store {self.where} was taken by another process while this one "
                     "reconnected (another agent-supervisor serve?); stop it"
                 )
-        row = connection.execute(
-            "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
-        ).fetchone()
-        self._server_process = (row[0], row[1]) if row else None
 
     def _live(self) -> psycopg.Connection[Any]:
         """The connection; a new one when the server dropped the last (a restart)."""
@@ -277,6 +306,10 @@ class PostgresBackend:
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
+
+    def session(self, session_id: str) -> StoredSession | None:
+        rows = self._read(SESSION_QUERY.format("%s"), (session_id,))
+        return stored_session(rows[0]) if rows else None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         # Runs in order of their first seq, a page at a time: the first run of a page has a
@@ -372,7 +405,69 @@ class PostgresBackend:
 
         return self._run("read", read)
 
+    def owners(self) -> dict[str, tuple[Owner, bool]]:
+        rows = self._read(
+            """SELECT o.token, o.pid, o.host, o.kind, o.started, EXISTS (
+                SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND l.classid = %s AND l.objid = hashtext(o.token)::oid AND l.objsubid = 2)
+            FROM owners o""",
+            (_OWNER_CLASS,),
+        )
+        return {
+            token: (
+                Owner(token=token, pid=pid, host=host, kind=kind, started=started),
+                token == self.owner.token or bool(alive),
+            )
+            for token, pid, host, kind, started, alive in rows
+        }
+
+    def drop_owners(self, tokens: Sequence[str]) -> None:
+        ids = list(tokens)
+        self._run(
+            "write to",
+            lambda c: c.execute("DELETE FROM owners WHERE token = ANY(%s)", (ids,)),
+        )
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        def lock(connection: psycopg.Connection[Any]) -> None:
+            connection.execute(
+                "SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (_EXCLUSIVE_CLASS,)
+            )
+
+        def unlock(connection: psycopg.Connection[Any]) -> None:
+            connection.execute(
+                "SELECT pg_advisory_unlock(%s, hashtext(current_schema()))", (_EXCLUSIVE_CLASS,)
+            )
+
+        self._run("lock", lock)
+        try:
+            yield
+        finally:
+            try:
+                self._run("unlock", unlock)
+            except StoreError:  # (the connection went, and its lock with it)
+                pass
+
+    def next_session_number(self, at_least: int) -> int:
+        def take(connection: psycopg.Connection[Any]) -> int:
+            row = connection.execute(
+                "UPDATE counters SET value = greatest(value, %s) + 1 WHERE name = 'session' "
+                "RETURNING value",
+                (at_least,),
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        return self._run("write to", take)
+
     def close(self) -> None:
+        if self._opened and self._connection is not None and not self._connection.broken:
+            try:
+                self._connection.execute("DELETE FROM owners WHERE token = %s", (self.owner.token,))
+            except psycopg.Error:
+                pass  # (the next process finds it gone: its lock went with its connection)
         self._opened = False
         self._server_process = None
         connection, self._connection = self._connection, None
@@ -383,7 +478,7 @@ class PostgresBackend:
             # process exits, a moment after close() returns (a supervisor starting again at
             # once would find the database in use).
             try:
-                connection.execute(f"SELECT pg_advisory_unlock({_LOCK})", (_LOCK_CLASS,))
+                connection.execute("SELECT pg_advisory_unlock_all()")
             except psycopg.Error:
                 pass  # gone: its lock with it
         connection.close()
@@ -392,12 +487,18 @@ class PostgresBackend:
 # -- the lock
 
 
-def _try_lock(connection: psycopg.Connection[Any]) -> bool:
-    row = connection.execute(f"SELECT pg_try_advisory_lock({_LOCK})", (_LOCK_CLASS,)).fetchone()
+def _try_lock(
+    connection: psycopg.Connection[Any],
+    lock: str = _LOCK,
+    key: tuple[object, ...] = (_LOCK_CLASS,),
+) -> bool:
+    row = connection.execute(f"SELECT pg_try_advisory_lock({lock})", key).fetchone()
     return bool(row and row[0])
 
 
-def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int, datetime]) -> bool:
+def _end_server_process(
+    connection: psycopg.Connection[Any], process: tuple[int, datetime], lock_class: int
+) -> bool:
     """End the server process ``(pid, start time)`` if it is still there and holds the lock,
     and wait (a bounded while) until it has exited, its lock released; whether it did."""
     pid, started = process
@@ -407,7 +508,7 @@ def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int,
             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
             AND l.classid = %s AND l.objsubid = 2
         WHERE a.pid = %s AND a.backend_start = %s""",
-        (_TAKE_BACK_WAIT_MS, _LOCK_CLASS, pid, started),
+        (_TAKE_BACK_WAIT_MS, lock_class, pid, started),
     ).fetchone()
     return bool(row and row[0])
 
@@ -415,13 +516,15 @@ def _end_server_process(connection: psycopg.Connection[Any], process: tuple[int,
 # -- a batch's SQL
 
 _UPSERT_SESSION = """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
-        agent_session_id, created, last_active, state, open_turn_id, clean, turns, worktree)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+        agent_session_id, created, last_active, state, open_turn_id, clean, turns, worktree,
+        owner)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (id) DO UPDATE SET agent = excluded.agent, protocol = excluded.protocol,
         host = excluded.host, cwd = excluded.cwd, mcp_servers = excluded.mcp_servers,
         agent_session_id = excluded.agent_session_id, last_active = excluded.last_active,
         state = excluded.state, open_turn_id = excluded.open_turn_id, clean = excluded.clean,
-        turns = greatest(sessions.turns, excluded.turns), worktree = excluded.worktree"""
+        turns = greatest(sessions.turns, excluded.turns), worktree = excluded.worktree,
+        owner = excluded.owner"""
 _EVENT_COLUMNS = "events (session_id, first_seq, last_seq, payloads)"
 _INSERT_EVENTS = f"INSERT INTO {_EVENT_COLUMNS} VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING"
 _INSERT_RECEIPT = """INSERT INTO receipts (session_id, seq, turn_id, payload)
@@ -462,6 +565,7 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
                         s.clean,
                         s.turns,
                         s.worktree,
+                        s.owner,
                     )
                     for s in batch.sessions
                 ],

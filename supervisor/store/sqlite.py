@@ -2,31 +2,41 @@
 
 WAL with ``synchronous=NORMAL``: a batch is one transaction, appended to the log without an
 fsync per commit (a power cut may lose the last batches, never corrupt the file; a crash of
-the process loses nothing written). The file is locked for this process alone (an exclusive
-lock taken at open and held): two supervisors writing the same sessions would interleave two
-histories with the same seqs. FTS5 indexes the texts (``texts_fts``) for :meth:`search`.
+the process loses nothing written). Several processes share the file (an ACP front door
+beside ``serve``): each registers itself in ``owners`` and holds a lock on a file of its own
+in the directory ``<file>.owners`` for as long as it lives (``flock``: the kernel lets go of
+it when the process dies, however it dies), so another process tells a live owner from a gone
+one by trying that lock. A ``serve`` also holds ``<file>.owners/serve``: a second one is
+refused at open. Writers wait for each other (SQLite's busy timeout). FTS5 indexes the texts
+(``texts_fts``) for :meth:`search`.
 What can wait until a batch's events are given to subscribers is done then (:meth:`settle`):
 the search index of the texts written, and the checkpoint of the write-ahead log.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import sqlite3
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from supervisor.store.backend import (
     CHECKPOINTS_QUERY,
+    EXCLUSIVE_KINDS,
     MIGRATIONS,
     SCHEMA_VERSION,
+    SESSION_QUERY,
     SESSIONS_QUERY,
     UPSERT_CHECKPOINT,
     Batch,
     CheckpointRow,
     EventRun,
+    Owner,
     ReceiptRow,
     SearchHit,
     StoredSession,
@@ -35,6 +45,7 @@ from supervisor.store.backend import (
     checkpoint_rows,
     store_beyond,
     stored_session,
+    this_process,
 )
 
 __all__ = ["SqliteBackend"]
@@ -62,6 +73,9 @@ CHECKPOINT_PAGES = 1000
 #: Pages a write adds to the log beyond its rows' bytes (the leaves of the tables and indexes
 #: a batch adds to, the file's header): what :meth:`SqliteBackend.write` counts, a bound.
 _PAGES_PER_WRITE = 5
+#: How long a statement waits for another process's write to end (SQLite's busy timeout): a
+#: batch takes a few ms; past this, the write fails and the writer tries it again.
+_BUSY_S = 10.0
 _WORD = re.compile(r"\w+", re.UNICODE)
 #: The page size of a new file (``_setup``).
 _PAGE_SIZE = 16384
@@ -77,7 +91,7 @@ _INSERT_EVENTS = (
 class SqliteBackend:
     """The store in the SQLite file ``path`` (created, with its directory, if missing)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], kind: str = "serve") -> None:
         self.path = Path(path)
         self.where = str(self.path)
         self._db: sqlite3.Connection | None = None
@@ -85,6 +99,33 @@ class SqliteBackend:
         #: texts written and not indexed yet; pages the log holds (counted as written)
         self._unindexed = False
         self._log_pages = 0
+        self.owner = this_process(kind)
+        #: the directory of the owners' lock files
+        self._locks = self.path.with_name(self.path.name + ".owners")
+        #: the lock files this process holds (its owner's, a serve's), open for as long
+        self._held: list[int] = []
+
+    def _hold(self, name: str, wait_s: float) -> bool:
+        """Lock ``name`` in the owners' directory (exclusive) and keep it; False if another
+        process holds it for ``wait_s``."""
+        fd = os.open(self._locks / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+                continue
+            self._held.append(fd)
+            return True
+
+    def _let_go(self) -> None:
+        for fd in self._held:
+            os.close(fd)
+        self._held.clear()
 
     def open(self) -> None:
         where = self.where
@@ -103,32 +144,50 @@ class SqliteBackend:
                 "writable or choose another with [store] url or --store"
             )
         try:
+            self._locks.mkdir(exist_ok=True)
+            if self.owner.kind in EXCLUSIVE_KINDS and not self._hold(self.owner.kind, _LOCK_WAIT_S):
+                raise StoreError(
+                    f"the store {where} is in use by another process (another agent-supervisor "
+                    f"{self.owner.kind}); stop it or choose another file with [store] url or "
+                    "--store"
+                )
+            self._hold(self.owner.token, 0)
+        except OSError as exc:
+            self._let_go()
+            raise StoreError(f"cannot lock the store {where}: {exc.strerror}") from None
+        except StoreError:
+            self._let_go()
+            raise
+        try:
             db = sqlite3.connect(
                 self.path, timeout=_LOCK_WAIT_S, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
+            self._let_go()
             raise StoreError(f"cannot open the store {where}: {exc}") from None
         try:
             self._setup(db)
         except sqlite3.DatabaseError as exc:
             db.close()
+            self._let_go()
             raise StoreError(_open_error(where, exc)) from None
         except StoreError:
             db.close()
+            self._let_go()
             raise
+        db.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
         # A new file's pages (an existing file keeps its own): a flood's batch is ~100 KB of
         # runs, written at a third less CPU in 16 KB pages than in the default 4 KB.
         db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
-        db.execute("PRAGMA locking_mode = EXCLUSIVE")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA wal_autocheckpoint = 0")  # (settle() checkpoints)
         self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
-        db.execute("BEGIN IMMEDIATE")  # takes the exclusive lock, held from now on
+        db.execute("BEGIN IMMEDIATE")  # one process migrates at a time
         try:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = db.execute("SELECT max(version) FROM schema_version").fetchone()
@@ -146,6 +205,13 @@ class SqliteBackend:
                 db.execute("INSERT INTO schema_version (version) VALUES (?)", (number + 1,))
             db.execute(_DROP_FTS_TRIGGER)
             db.execute(_INDEX_TEXTS)  # (what a supervisor that went away left unindexed)
+            o = self.owner
+            # (a file kept at an older schema has no owners: none to share it with)
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'owners'").fetchone():
+                db.execute(
+                    "INSERT INTO owners (token, pid, host, kind, started) VALUES (?, ?, ?, ?, ?)",
+                    (o.token, o.pid, o.host, o.kind, o.started),
+                )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -193,8 +259,8 @@ class SqliteBackend:
             db.executemany(
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
                     agent_session_id, created, last_active, state, open_turn_id, clean, turns,
-                    worktree)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    worktree, owner)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
@@ -202,7 +268,7 @@ class SqliteBackend:
                     last_active = excluded.last_active, state = excluded.state,
                     open_turn_id = excluded.open_turn_id, clean = excluded.clean,
                     turns = max(sessions.turns, excluded.turns),
-                    worktree = excluded.worktree""",
+                    worktree = excluded.worktree, owner = excluded.owner""",
                 [
                     (
                         s.id,
@@ -219,6 +285,7 @@ class SqliteBackend:
                         s.clean,
                         s.turns,
                         s.worktree,
+                        s.owner,
                     )
                     for s in batch.sessions
                 ],
@@ -266,6 +333,10 @@ class SqliteBackend:
 
     def sessions(self) -> list[StoredSession]:
         return [stored_session(row) for row in self._read(SESSIONS_QUERY, ())]
+
+    def session(self, session_id: str) -> StoredSession | None:
+        rows = self._read(SESSION_QUERY.format("?"), (session_id,))
+        return stored_session(rows[0]) if rows else None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         found: list[tuple[int, bytes]] = []
@@ -398,10 +469,80 @@ class SqliteBackend:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the store {self.where}: {exc}") from None
 
+    def owners(self) -> dict[str, tuple[Owner, bool]]:
+        found: dict[str, tuple[Owner, bool]] = {}
+        for token, pid, host, kind, started in self._read(
+            "SELECT token, pid, host, kind, started FROM owners", ()
+        ):
+            owner = Owner(token=token, pid=pid, host=host, kind=kind, started=started)
+            found[token] = (owner, token == self.owner.token or self._lives(token))
+        return found
+
+    def _lives(self, token: str) -> bool:
+        """Whether the process that registered ``token`` holds its lock file still."""
+        try:
+            fd = os.open(self._locks / token, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False  # (deleted at its clean close)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # (and with it the lock, if it was had)
+        return False
+
+    def drop_owners(self, tokens: Sequence[str]) -> None:
+        db = self._conn
+        try:
+            db.executemany("DELETE FROM owners WHERE token = ?", [(t,) for t in tokens])
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+        for token in tokens:
+            try:
+                os.unlink(self._locks / token)
+            except OSError:
+                pass
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        try:
+            fd = os.open(self._locks / "exclusive", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot lock the store {self.where}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a few ms by whoever has it)
+            yield
+        finally:
+            os.close(fd)
+
+    def next_session_number(self, at_least: int) -> int:
+        db = self._conn
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute(
+                    "UPDATE counters SET value = max(value, ?) + 1 WHERE name = 'session' "
+                    "RETURNING value",
+                    (at_least,),
+                ).fetchone()
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+        return int(row[0])
+
     def close(self) -> None:
         if self._db is not None:
+            try:
+                self.drop_owners([self.owner.token])
+            except StoreError:  # (the next process finds it gone: its lock went with it)
+                pass
             self._db.close()
             self._db = None
+        self._let_go()
 
 
 def _open_error(where: str, exc: sqlite3.DatabaseError) -> str:

@@ -16,10 +16,12 @@ def default_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / DEFAULT_FILE}"
 
 
-def backend_for(url: str) -> Backend | None:
+def backend_for(url: str, kind: str = "serve") -> Backend | None:
     """The backend ``url`` names (not opened yet): ``sqlite:///PATH`` (an absolute path:
     ``sqlite:////var/lib/x.db``; ``sqlite:///x.db`` is relative to the working directory),
-    ``postgresql://...``; ``"none"``: None, no store. :class:`StoreError` for anything else."""
+    ``postgresql://...``; ``"none"``: None, no store. :class:`StoreError` for anything else.
+    ``kind``: what this process is to the store's others (:class:`~supervisor.store.backend.
+    Owner`; one ``serve`` at a time)."""
     text = url.strip()
     if text.lower() == "none":
         return None
@@ -29,7 +31,7 @@ def backend_for(url: str) -> Backend | None:
         path = text[len("sqlite:///") :]
         if not path:
             raise StoreError(f"store URL {url!r} names no file: sqlite:///PATH")
-        return SqliteBackend(Path(path).expanduser())
+        return SqliteBackend(Path(path).expanduser(), kind)
     if text.startswith(("postgresql://", "postgres://")):
         try:
             from supervisor.store.postgres import (  # type: ignore[import-not-found,unused-ignore]
@@ -40,7 +42,7 @@ def backend_for(url: str) -> Backend | None:
                 f"store URL {redacted(text)}: PostgreSQL support is not installed "
                 "(pip install 'agent-supervisor[postgresql]')"
             ) from None
-        backend: Backend = PostgresBackend(text)
+        backend: Backend = PostgresBackend(text, kind)
         return backend
     raise StoreError(
         f"store URL {redacted(text)!r} is not one this supervisor knows: "

@@ -43,11 +43,14 @@ from supervisor.store.backend import (
     Batch,
     CheckpointRow,
     EventRun,
+    Owner,
     ReceiptRow,
     SearchHit,
+    SessionElsewhere,
     StoredSession,
     StoreError,
     TextRow,
+    highest_number,
 )
 from supervisor.store.retention import Retention, expired
 from supervisor.wire.codec import dumps, event_json, event_to_wire
@@ -110,6 +113,10 @@ RECLAIM_PAGES = 4096
 #: How long the store is idle (nothing recorded) before the backend does what can wait for
 #: that (:meth:`Backend.settle`: SQLite checkpoints its write-ahead log then, not in a stream).
 SETTLE_IDLE_S = 1.0
+#: The states in which a session's agent is gone for good (``Supervisor``'s ended states):
+#: the row written with that event hands it back (no owner, clean), for any process of the
+#: store to take up.
+_GONE_FOR_GOOD = frozenset({"stopped", "failed"})
 #: An answer's text indexed for search at most (the events keep it whole).
 MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
@@ -168,6 +175,8 @@ class _Meta:
     stored: bool = False
     #: the git worktree it runs in, as JSON text (None: none)
     worktree: str | None = None
+    #: the token of this process (its rows name it while it runs the session)
+    owner: str | None = None
 
 
 class SessionStore:
@@ -239,6 +248,11 @@ class SessionStore:
         #: writes fail now, and are tried again (None: they go through)
         self.fault: StoreFault | None = None
         self._watchers: list[Callable[[StoreNotice], object]] = []
+        #: the other live processes of the store that run some of its sessions, by token
+        #: (as last read: :meth:`refresh`)
+        self.owners: dict[str, Owner] = {}
+        #: the highest session number stored when it opened (the store's counter is past it)
+        self._highest = 0
 
     # -- setting up ----------------------------------------------------------------------
 
@@ -250,73 +264,172 @@ class SessionStore:
         return await self._in_thread(self._recover)
 
     def _recover(self) -> list[StoredSession]:
-        """Sessions an earlier supervisor left: one that did not close cleanly gets a
-        ``stream.gap`` of :data:`UNCLEAN_SKIP` seqs after its last stored one (events clients
-        may have seen and the store never got: their seqs are never used again) and skips as
-        many turn numbers; a turn whose ``turn.ended`` never reached the store ran when its
-        supervisor went away (stopped, killed, crashed): it ends now, in the history, failed,
-        once. Written with the sessions' rows in one transaction: a second start adds
-        nothing."""
-        stored = self.backend.sessions()
-        now = time.time()
-        runs: list[EventRun] = []
-        changed: list[StoredSession] = []
-        sessions: list[StoredSession] = []
-        for session in stored:
-            # A node's session (``host``) is not: the node numbers its events, and hands over
-            # again what the store lacks when it is adopted again.
-            unclean = not session.clean and session.host is None
-            if not unclean and session.open_turn_id is None:
-                if not session.clean:
-                    changed.append(attrs.evolve(session, clean=True))
-                sessions.append(attrs.evolve(session, clean=True))
-                continue
-            seq = session.last_seq
-            payloads: list[bytes] = []
-            turns = session.turns
-            if unclean:
-                seq += UNCLEAN_SKIP
-                payloads.append(
-                    _wire_json(
-                        ev.StreamGap(
-                            session_id=session.id,
-                            seq=seq,
-                            timestamp=now,
-                            from_seq=session.last_seq + 1,
-                            to_seq=seq,
-                            cause="the supervisor went away before they were stored",
-                        ),
-                        session.host,
-                    )
-                )
-                turns = max(turns, _highest_turn(self.backend.texts(session.id))) + UNCLEAN_SKIP
-            if session.open_turn_id is not None:
-                seq += 1
-                payloads.append(
-                    _wire_json(
-                        ev.TurnEnded(
-                            session_id=session.id,
-                            seq=seq,
-                            timestamp=now,
-                            turn_id=session.open_turn_id,
-                            outcome="failed",
-                            stop_reason="supervisor_gone",
-                            error="the supervisor went away while the turn ran",
-                        ),
-                        session.host,
-                    )
-                )
-            # One run, its seqs contiguous: the gap takes the seq of the last one it covers.
-            first = seq - len(payloads) + 1
-            runs.append(EventRun(session_id=session.id, first_seq=first, payloads=payloads))
-            ended = attrs.evolve(
-                session, open_turn_id=None, last_active=now, last_seq=seq, clean=True, turns=turns
-            )
-            changed.append(ended)
-            sessions.append(ended)
-        if changed:
-            self.backend.write(Batch(sessions=changed, events=runs))
+        """Sessions a supervisor that went away left (no owner, or an owner found gone;
+        those of another live process are left to it): one that did not close cleanly gets
+        a ``stream.gap`` of :data:`UNCLEAN_SKIP` seqs after its last stored one (events
+        clients may have seen and the store never got: their seqs are never used again) and
+        skips as many turn numbers; a turn whose ``turn.ended`` never reached the store ran
+        when its supervisor went away (stopped, killed, crashed): it ends now, in the
+        history, failed, once. Written with the sessions' rows in one transaction, with the
+        store's other processes kept out meanwhile (:meth:`Backend.exclusive`): a second
+        start adds nothing."""
+        with self.backend.exclusive():
+            stored = self.backend.sessions()
+            owners = self.backend.owners()
+            self._highest = highest_number(s.id for s in stored)
+            runs: list[EventRun] = []
+            changed: list[StoredSession] = []
+            sessions: list[StoredSession] = []
+            for session in stored:
+                if self._elsewhere(session, owners) is not None:
+                    sessions.append(session)
+                    continue
+                ended, run = self._recovered(session)
+                if ended != session:
+                    changed.append(ended)
+                if run is not None:
+                    runs.append(run)
+                sessions.append(ended)
+            if changed:
+                self.backend.write(Batch(sessions=changed, events=runs))
+            gone = [token for token, (_, alive) in owners.items() if not alive]
+            if gone:
+                self.backend.drop_owners(gone)
         return sessions
+
+    def _elsewhere(
+        self, session: StoredSession, owners: dict[str, tuple[Owner, bool]]
+    ) -> Owner | None:
+        """The other live process that runs ``session`` (None: none does)."""
+        if session.owner is None or session.owner == self.backend.owner.token:
+            return None
+        owner, alive = owners.get(session.owner, (None, False))
+        if owner is not None and alive:
+            self.owners[owner.token] = owner
+            return owner
+        return None
+
+    def _recovered(self, session: StoredSession) -> tuple[StoredSession, EventRun | None]:
+        """(The worker thread.) ``session`` as its process left it, made good (as
+        :meth:`_recover` says), and the events that does so (None: none); its owner
+        cleared."""
+        # A node's session (``host``) is not: the node numbers its events, and hands over
+        # again what the store lacks when it is adopted again.
+        unclean = not session.clean and session.host is None
+        if not unclean and session.open_turn_id is None:
+            return attrs.evolve(session, clean=True, owner=None), None
+        now = time.time()
+        seq = session.last_seq
+        payloads: list[bytes] = []
+        turns = session.turns
+        if unclean:
+            seq += UNCLEAN_SKIP
+            payloads.append(
+                _wire_json(
+                    ev.StreamGap(
+                        session_id=session.id,
+                        seq=seq,
+                        timestamp=now,
+                        from_seq=session.last_seq + 1,
+                        to_seq=seq,
+                        cause="the supervisor went away before they were stored",
+                    ),
+                    session.host,
+                )
+            )
+            turns = max(turns, _highest_turn(self.backend.texts(session.id))) + UNCLEAN_SKIP
+        if session.open_turn_id is not None:
+            seq += 1
+            payloads.append(
+                _wire_json(
+                    ev.TurnEnded(
+                        session_id=session.id,
+                        seq=seq,
+                        timestamp=now,
+                        turn_id=session.open_turn_id,
+                        outcome="failed",
+                        stop_reason="supervisor_gone",
+                        error="the supervisor went away while the turn ran",
+                    ),
+                    session.host,
+                )
+            )
+        # One run, its seqs contiguous: the gap takes the seq of the last one it covers.
+        first = seq - len(payloads) + 1
+        ended = attrs.evolve(
+            session,
+            open_turn_id=None,
+            last_active=now,
+            last_seq=seq,
+            clean=True,
+            turns=turns,
+            owner=None,
+        )
+        return ended, EventRun(session_id=session.id, first_seq=first, payloads=payloads)
+
+    async def claim(self, session_id: str) -> StoredSession:
+        """Take up the stored session ``session_id`` to start its agent here: as the store
+        has it now (another process may have run it meanwhile), made good if its process went
+        away (:meth:`_recover`), its row naming this process. :class:`SessionElsewhere` if
+        another live process runs it; :class:`StoreError` if the store has it not."""
+        return await self._in_thread(self._claim, session_id)
+
+    def _claim(self, session_id: str) -> StoredSession:
+        """(The worker thread.)"""
+        with self.backend.exclusive():
+            session = self.backend.session(session_id)
+            if session is None:
+                raise StoreError(f"the store {self.backend.where} has no session {session_id}")
+            owner = self._elsewhere(session, self.backend.owners())
+            if owner is not None:
+                raise SessionElsewhere(
+                    f"session {session_id} runs in another process on this store "
+                    f"({owner.describe()}): use it there, or stop that process first"
+                )
+            mine = self.backend.owner.token
+            if session.owner == mine:  # (stopped here: its rows are this process's own)
+                return session
+            ended, run = self._recovered(session)
+            claimed = attrs.evolve(ended, owner=mine)
+            self.backend.write(Batch(sessions=[claimed], events=[run] if run else []))
+            return claimed
+
+    async def new_session_id(self) -> str:
+        """A new session id (``sN``), never given by any process of the store before."""
+        number = await self._in_thread(self.backend.next_session_number, self._highest)
+        return f"s{number}"
+
+    def owner_of(self, session: StoredSession) -> Owner | None:
+        """The other live process ``session`` ran in when last read (None: none)."""
+        return self.owners.get(session.owner) if session.owner is not None else None
+
+    async def stored(self, session_id: str) -> StoredSession | None:
+        """The stored session ``session_id`` as the store has it now (None: it has it not),
+        one another process of the store started too (:meth:`owner_of` says whether a live
+        process runs it)."""
+        return await self._in_thread(self._stored, session_id)
+
+    def _stored(self, session_id: str) -> StoredSession | None:
+        """(The worker thread.)"""
+        session = self.backend.session(session_id)
+        if session is not None and session.owner not in (None, self.backend.owner.token):
+            self.owners.pop(session.owner, None)  # (alive as it is read now, or not)
+            self._elsewhere(session, self.backend.owners())
+        return session
+
+    async def refresh(self) -> list[StoredSession]:
+        """The stored sessions as the store has them now, those of other processes too
+        (:meth:`owner_of` says which live process runs each)."""
+        return await self._in_thread(self._refresh)
+
+    def _refresh(self) -> list[StoredSession]:
+        """(The worker thread.)"""
+        stored = self.backend.sessions()
+        owners = self.backend.owners()
+        self.owners = {}
+        for session in stored:
+            self._elsewhere(session, owners)
+        return stored
 
     def attach(self, session: Any, resume: str | None = None) -> None:
         """Store ``session`` (a local or remote session handle) and its events from now on;
@@ -334,6 +447,7 @@ class SessionStore:
             session=session,
             agent_session_id=resume,
             worktree=worktree.to_json() if worktree is not None else None,
+            owner=self.backend.owner.token,
         )
         session.fanout.recorder = self
         if hasattr(session, "on_text"):
@@ -650,6 +764,8 @@ class SessionStore:
                     assert isinstance(event, ev.SessionState)
                     if info is not None:
                         info.state = event.state
+                        if event.state in _GONE_FOR_GOOD:
+                            info.owner = None  # (taken up again here by ``claim``)
                 elif cls is ev.TurnStarted or cls is ev.TurnSteered:
                     assert isinstance(event, ev.TurnStarted | ev.TurnSteered)
                     text = event.text
@@ -780,9 +896,20 @@ class SessionStore:
         return await self._in_thread(self._expired, keep, {*protected, *self._meta})
 
     def _expired(self, keep: Retention, protected: set[str]) -> list[str]:
-        """(The worker thread.)"""
+        """(The worker thread.) Sessions another live process runs are protected too."""
         sizes = self.backend.sizes() if keep.keep_bytes is not None else {}
-        return expired(self.backend.sessions(), sizes, keep, time.time(), protected)
+        stored = self.backend.sessions()
+        owners = self.backend.owners()
+        protected |= {s.id for s in stored if self._elsewhere(s, owners) is not None}
+        return expired(stored, sizes, keep, time.time(), protected)
+
+    def _delete(self, session_ids: Sequence[str]) -> None:
+        """(The worker thread.) Those of ``session_ids`` no other live process took up since
+        they were chosen, deleted."""
+        with self.backend.exclusive():
+            owners = self.backend.owners()
+            free = {s.id for s in self.backend.sessions() if self._elsewhere(s, owners) is None}
+            self.backend.delete([i for i in session_ids if i in free])
 
     async def delete(self, session_ids: Sequence[str]) -> None:
         """Delete the sessions (whole, in one transaction), then give back what they took, a
@@ -791,15 +918,19 @@ class SessionStore:
         deleted."""
         if not session_ids:
             return
-        await self._in_thread(self.backend.delete, session_ids)
+        await self._in_thread(self._delete, session_ids)
         for session_id in session_ids:
             self._meta.pop(session_id, None)
         while await self._in_thread(self.backend.reclaim, RECLAIM_PAGES):
             pass
 
     async def flushed(self) -> None:
-        """Return once nothing recorded waits to be written (written, or given up), nor
-        waits to be recorded (:meth:`soon`)."""
+        """Return once every event the sessions published so far is written (or given up).
+        What a session published in its actor's step waits in its fan-out as objects until
+        the actor next waits (a turn's end, a cancel's answer just given): serialized here
+        first."""
+        for meta in self._meta.values():
+            meta.session.fanout.serialize()
         while self._count or self._soon:
             await self._batch_done.wait()
 
@@ -837,9 +968,9 @@ class SessionStore:
     def _mark_clean(self) -> None:
         """(The worker thread.) Every session whose row was written, marked clean."""
         rows = [
-            attrs.evolve(_row(sid, info), clean=True)
+            attrs.evolve(_row(sid, info), clean=True, owner=None)
             for sid, info in self._meta.items()
-            if info.stored and sid not in self._lost
+            if info.stored and sid not in self._lost and info.owner is not None
         ]
         if rows:
             self.backend.write(Batch(sessions=rows))
@@ -873,8 +1004,9 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         last_active=info.last_active,
         state=info.state,
         open_turn_id=info.open_turn_id,
-        clean=False,
+        clean=info.owner is None,  # (handed back with its last events: nothing after)
         worktree=info.worktree,
+        owner=info.owner,
     )
 
 

@@ -10,7 +10,8 @@ are published, with no writer at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import trio
@@ -18,7 +19,15 @@ import trio.testing
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
-from supervisor.store.backend import Batch, ReceiptRow, SearchHit, StoredSession, TextRow
+from supervisor.store.backend import (
+    Batch,
+    Owner,
+    ReceiptRow,
+    SearchHit,
+    StoredSession,
+    TextRow,
+    this_process,
+)
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
@@ -29,6 +38,20 @@ class HeldBackend:
     """Keeps what it is given; a write goes through only while :attr:`open` is set."""
 
     where = "memory"
+
+    owner = this_process("serve")
+
+    def owners(self) -> dict[str, tuple[Owner, bool]]:
+        return {}
+
+    def drop_owners(self, tokens: Sequence[str]) -> None:
+        pass
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def next_session_number(self, at_least: int) -> int:
+        return at_least + 1
 
     def __init__(self) -> None:
         self.stored: set[int] = set()
@@ -46,6 +69,9 @@ class HeldBackend:
 
     def sessions(self) -> list[StoredSession]:
         return []
+
+    def session(self, session_id: str) -> StoredSession | None:
+        return None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         return []

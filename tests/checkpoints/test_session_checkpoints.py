@@ -247,6 +247,47 @@ async def test_a_working_directory_that_disappears_ends_the_turn_and_is_said(
                 nursery.cancel_scope.cancel()
 
 
+async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its_git(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's first snapshot is under way before any prompt; a prompt waits for it, a
+    cancel does not, and a stop ends it with its git process. Here its walk of the tree
+    (``git status``) never finishes (a ``git`` first on the PATH that sleeps instead)."""
+    import shutil
+
+    pid_fifo = tmp_path / "status.pid"
+    os.mkfifo(pid_fifo)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_git = bin_dir / "git"
+    fake_git.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        f'  if [ "$arg" = status ]; then echo $$ > "{pid_fifo}"; exec sleep 300; fi\n'
+        "done\n"
+        f'exec "{shutil.which("git")}" "$@"\n'
+    )
+    fake_git.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            said = await trio.to_thread.run_sync(pid_fifo.read_text, abandon_on_cancel=True)
+            git_walk = int(said)
+            turn = await session.prompt("edit the files")
+            assert not turn.queued
+            receipt = await session.cancel()
+            assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
+            os.kill(git_walk, 0)  # still at work
+            await session.stop()
+        assert not launcher.wrote.is_set()
+    with pytest.raises(ProcessLookupError):  # ended and reaped
+        os.kill(git_walk, 0)
+
+
 async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, work: Path) -> None:
     """However long a turn's start snapshot takes (a first one of 100,000 files takes tens of
     seconds, ``bench/checkpoint_snapshot_100k.py``), a cancel of that turn answers at once:

@@ -16,7 +16,7 @@ from worktrees import fingerprint as _fingerprint
 from worktrees import git as _git
 from worktrees import tree as _tree
 
-from supervisor.checkpoints import Change, CheckpointError, ShadowStore
+from supervisor.checkpoints import Change, CheckpointError, ShadowStore, Snapshot
 
 
 @pytest.fixture
@@ -245,6 +245,131 @@ async def test_a_diff_is_cut_at_its_limit_and_names_odd_paths_literally(
     assert (await store.diff(before, after, b"huge.bin")).too_big
 
 
+async def test_each_snapshot_sees_what_changed_since_the_last_one(
+    tmp_path: Path, work: Path
+) -> None:
+    """Snapshots in a row: files new in old directories, in new ones, a file where a directory
+    was and the reverse, a file touched but not changed, and nothing changed at all."""
+    store = _store(tmp_path, work)
+    first = await store.snapshot()
+    same = await store.snapshot()  # nothing changed: the same tree, a snapshot of its own
+    assert same.tree == first.tree and same.commit != first.commit
+    (work / "sub" / "new.py").write_text("new\n")
+    (work / "a" / "b").mkdir(parents=True)
+    (work / "a" / "b" / "deep.txt").write_text("deep\n")
+    os.utime(work / "keep.txt", ns=(1, 1))  # touched, same bytes
+    second = await store.snapshot()
+    assert await store.changes(first, second) == [
+        Change(b"a/b/deep.txt", "added"),
+        Change(b"sub/new.py", "added"),
+    ]
+    (work / "sub" / "edit.py").unlink()
+    (work / "sub" / "new.py").unlink()
+    (work / "sub").rmdir()
+    (work / "sub").write_text("a file now\n")
+    (work / "gone.txt").unlink()
+    (work / "gone.txt").mkdir()
+    (work / "gone.txt" / "inside").write_text("inside\n")
+    third = await store.snapshot()
+    assert await store.changes(second, third) == [
+        Change(b"gone.txt", "deleted"),
+        Change(b"gone.txt/inside", "added"),
+        Change(b"sub", "added"),
+        Change(b"sub/edit.py", "deleted"),
+        Change(b"sub/new.py", "deleted"),
+    ]
+    # a new store object on the same store (a restarted supervisor) carries on from it
+    again = _store(tmp_path, work)
+    (work / "sub").write_text("changed\n")
+    fourth = await again.snapshot()
+    assert await again.changes(third, fourth) == [Change(b"sub", "modified")]
+    # the commits and refs the store writes itself are git's own, each snapshot's kept
+    store_git = ["git", "--git-dir", str(store.git_dir)]
+    subprocess.run([*store_git, "fsck", "--strict", "--no-dangling"], check=True)
+    shown = subprocess.run(
+        [*store_git, "show", "-s", "--format=%H %T", "HEAD", "refs/checkpoints/" + first.commit],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert shown == [f"{s.commit} {s.tree}" for s in (fourth, first)]
+    assert await store.load([same.commit]) == {same.commit: Snapshot(same.commit, same.tree)}
+
+
+async def test_a_snapshot_that_failed_halfway_is_made_whole_by_the_next(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from supervisor.checkpoints import CheckpointError
+
+    store = _store(tmp_path, work)
+    first = await store.snapshot()
+    (work / "keep.txt").write_text("changed\n")
+    real_git = store._git
+
+    async def failing_write_tree(*args: Any, **kwargs: Any) -> bytes:
+        if args[0] == "write-tree":  # the index has the change; no tree, no commit
+            raise CheckpointError("git write-tree failed: no space left on device")
+        return await real_git(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_git", failing_write_tree)
+    with pytest.raises(CheckpointError, match="no space"):
+        await store.snapshot()
+    monkeypatch.undo()
+    assert await store.changes(first, await store.snapshot()) == [Change(b"keep.txt", "modified")]
+
+
+async def test_a_nested_repositorys_files_are_kept_and_restored_like_any_other(
+    tmp_path: Path, work: Path
+) -> None:
+    """A clone inside the working directory (its own ``.git``) is a gitlink to git: its files
+    are looked into, by the ignore rules, and its ``.git`` is left alone. A store that holds
+    it as a gitlink (made by ``git add -A``) looks into it from its next snapshot."""
+    lib = work / "lib"
+    (lib / "d").mkdir(parents=True)
+    (lib / "a.txt").write_text("a\n")
+    (lib / "d" / "t.txt").write_text("t\n")
+    (lib / ".gitignore").write_text("*.log\n")
+    _git(lib, "init", "-q")
+    _git(lib, "add", "-A")
+    _git(lib, "commit", "-qm", "lib")
+    (lib / "untracked.txt").write_text("u\n")
+    store = _store(tmp_path, work)
+    _git(work, "init", "-q", "--bare", str(store.git_dir))
+    _git(work, f"--git-dir={store.git_dir}", f"--work-tree={work}", "add", "-A")
+    gitlinked = subprocess.run(
+        ["git", f"--git-dir={store.git_dir}", "write-tree"], check=True, capture_output=True
+    ).stdout.decode()
+    start = await store.snapshot()
+    tree_start, lib_git = _tree(work), _fingerprint(lib / ".git")
+    (lib / "a.txt").write_text("changed\n")
+    (lib / "d" / "t.txt").unlink()
+    (lib / "new.txt").write_text("new\n")
+    (lib / "noise.log").write_text("ignored\n")
+    (work / "empty" / "repo").mkdir(parents=True)  # a repository with no files yet
+    _git(work / "empty" / "repo", "init", "-q")
+    after = await store.snapshot()
+    assert await store.changes(start, after) == [
+        Change(b"lib/a.txt", "modified"),
+        Change(b"lib/d/t.txt", "deleted"),
+        Change(b"lib/new.txt", "added"),
+    ]
+    result = await store.restore(start)
+    assert result.restored == [b"lib/a.txt", b"lib/d/t.txt", b"lib/new.txt"]
+    assert result.not_restored == []
+    assert _tree(work) == {**tree_start, b"lib/noise.log": (0o100644, b"ignored\n")}
+    assert _fingerprint(lib / ".git") == lib_git
+    # a snapshot that held it as a gitlink has none of its files: they stay as they are
+    result = await store.restore(Snapshot("0" * 40, gitlinked.strip()))
+    assert _tree(work) == {**tree_start, b"lib/noise.log": (0o100644, b"ignored\n")}
+    assert [path for path, _why in result.not_restored] == [
+        b"lib",
+        b"lib/.gitignore",
+        b"lib/a.txt",
+        b"lib/d/t.txt",
+        b"lib/untracked.txt",
+    ]
+
+
 def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     """As root (who reads every file) the store runs as nobody, in a child process."""
     if os.geteuid() != 0:
@@ -277,7 +402,7 @@ async def unreadable(tmp_path: Path) -> None:
     try:
         await store.snapshot()
     except CheckpointError as exc:
-        wanted = 'git add failed: error: open("secret.txt"): Permission denied'
+        wanted = 'git update-index failed: error: open("secret.txt"): Permission denied'
         if str(exc) != wanted:
             raise AssertionError(f"{exc} != {wanted}") from None
     else:

@@ -484,7 +484,8 @@ async def test_remote_chat_through_a_gateway(config: str) -> None:
             await terminal.send(b"\x04")
             assert await terminal.wait_exit() == 0
         async with connect(url) as client:
-            assert await client.sessions() == []  # quitting stopped the chat's session
+            # quitting stopped the chat's session (kept in the store, as stopped)
+            assert [s["state"] for s in await client.sessions()] == ["stopped"]
     finally:
         await _reap(serve, signal.SIGINT)
 

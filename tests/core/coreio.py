@@ -64,8 +64,8 @@ class RecordingIO:
     #: what :meth:`conversation` answers, and the limits it was asked with
     said: str = ""
     conversation_limits: list[int] = field(factory=list)
-    #: what was asked of the checkpoints, in order: ("checkpoint" | "turn_changes", turn id),
-    #: ("rewind", checkpoint id, undo id)
+    #: what was asked of the checkpoints, in order: ("baseline",), ("checkpoint" |
+    #: "turn_changes", turn id), ("rewind", checkpoint id, undo id)
     checkpoints: list[tuple[str, ...]] = field(factory=list)
 
     def now(self) -> float:
@@ -112,6 +112,9 @@ class RecordingIO:
         """What the shell would give a fresh agent session: ``said``, with ``limit`` noted."""
         self.conversation_limits.append(limit)
         return self.said
+
+    def baseline(self) -> None:
+        self.checkpoints.append(("baseline",))
 
     def checkpoint(self, turn_id: str) -> None:
         self.checkpoints.append(("checkpoint", turn_id))

@@ -15,9 +15,13 @@ CHANGES = [{"path": "a.txt", "change": "modified"}]
 
 
 def ready() -> tuple[SessionCore, RecordingIO, AcpAgent]:
+    """A session whose agent is up and whose first snapshot is taken."""
     core, io, agent = acp_session(checkpoints=True)
     agent.start()
     assert core.state is State.READY
+    assert io.checkpoints == [("baseline",)]
+    core.baseline_taken(None)
+    io.checkpoints.clear()
     return core, io, agent
 
 
@@ -182,5 +186,74 @@ def test_a_rewind_notice_names_a_bounded_number_of_paths_and_an_undo_as_a_rewind
 def test_tell_rewind_off_leaves_the_prompt_as_typed() -> None:
     core, io, agent = acp_session(ACP.with_options(tell_rewind=False), checkpoints=True)
     agent.start()
+    core.baseline_taken(None)
     _rewound_then_prompted(core, io, agent)
     assert _prompts(io)[-1] == "go on"
+
+
+def test_the_first_snapshot_is_taken_as_the_session_starts_and_the_first_turn_waits_for_it() -> (
+    None
+):
+    """Its start snapshot is then an incremental one, and still the state at its start."""
+    core, io, agent = acp_session(checkpoints=True)
+    core.start()
+    assert io.checkpoints == [("baseline",)]  # beside the agent's start, not after it
+    agent.come_up()
+    handle = core.prompt("edit", ())
+    assert not handle.queued
+    assert io.checkpoints == [("baseline",)] and core.turn is None and not prompt_sent(io)
+    core.baseline_taken(None)
+    assert io.checkpoints[-1] == ("checkpoint", "t1") and not prompt_sent(io)
+    core.checkpoint_taken("t1", None)
+    agent.answer()
+    assert core.turn_id == "t1" and prompt_sent(io)
+    assert "error" not in io.kinds()
+
+
+def test_a_cancel_never_waits_for_the_first_snapshot() -> None:
+    core, io, agent = acp_session(checkpoints=True)
+    agent.start()
+    core.prompt("edit", ())
+    core.prompt("behind it", ())
+    slot = Slot()
+    core.cancel(None, "user", slot)
+    receipt = slot.receipt  # at once
+    assert (receipt.turn_id, receipt.outcome) == ("t1", "cancelled")
+    assert [p.turn_id for p in receipt.dropped_prompts] == ["t2"]
+    core.baseline_taken(None)  # comes later: nothing waits for it any more
+    assert io.checkpoints == [("baseline",)] and not prompt_sent(io)
+
+
+def test_a_failed_first_snapshot_is_said_once_and_the_first_turn_tries_again() -> None:
+    core, io, agent = acp_session(checkpoints=True)
+    agent.start()
+    core.prompt("edit", ())
+    core.baseline_taken("no space left on the checkpoint store's disk (/s): git add failed")
+    [said] = [e for e in io.events if getattr(e, "code", None) == "checkpoint_failed"]
+    assert said.message == (
+        "the working directory cannot be checkpointed: no space left on the checkpoint"
+        " store's disk (/s): git add failed (each turn's start tries again)"
+    )
+    assert io.checkpoints[-1] == ("checkpoint", "t1")
+    core.checkpoint_taken("t1", None)
+    agent.answer()
+    assert core.turn_id == "t1" and core.checkpoints.has("t1")
+
+
+def test_a_rewind_does_not_wait_for_the_first_snapshot_but_a_starting_turn_refuses_it() -> None:
+    """A session revived from the store may be rewound to a turn of before at once (the
+    shell's restore takes the store after the first snapshot); not while a prompt was told
+    it runs."""
+    core, io, agent = acp_session(checkpoints=True)
+    core.checkpoints.seed(["t9"])
+    agent.start()
+    core.prompt("edit", ())
+    with pytest.raises(Busy, match="turn t1's start under way"):
+        core.rewind("t9", Slot())
+    core.cancel(None, "user", Slot())
+    slot = Slot()
+    core.rewind("t9", slot)
+    assert io.checkpoints == [("baseline",), ("rewind", "t9", "r1")]
+    core.baseline_taken(None)
+    core.rewound("t9", "r1", {"restored": ["a.txt"], "not_restored": []}, None)
+    assert slot.value["undo"] == "r1"

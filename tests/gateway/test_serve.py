@@ -203,7 +203,9 @@ async def test_max_sessions_of_the_gateway_and_of_an_agent_answer_capacity(
             assert gateway_full.value.code == "capacity"
             await client.stop(first)
             await client.start_session("solo")
-            assert len(await client.sessions()) == 2
+            states = {s["session_id"]: s["state"] for s in await client.sessions()}
+            assert states.pop(first) == "stopped"  # (stored: a prompt would start it again)
+            assert len(states) == 2 and "stopped" not in states.values()
 
 
 async def test_the_max_sessions_flag_wins_over_the_config(tmp_path: Path) -> None:

@@ -212,11 +212,12 @@ async def test_a_remote_rewind_that_would_undo_another_sessions_edit_is_a_confli
             assert (work / "notes.txt").read_bytes() == BEFORE
 
 
-async def test_a_stored_remote_sessions_rewind_says_it_cannot_be_started_again(
+async def test_a_stored_remote_sessions_rewind_starts_it_again_on_its_host(
     tmp_path: Path,
 ) -> None:
     """A session an earlier front kept on another host, its agent not running: a rewind (and a
-    diff) over the wire is a bad request that says so, never a hint to prompt it first."""
+    diff) over the wire starts it again there, as a prompt would, and is answered by the
+    node: never a hint to prompt it first."""
     from typing import Any, cast
 
     from supervisor.gateway.actions import Actions
@@ -251,11 +252,13 @@ async def test_a_stored_remote_sessions_rewind_says_it_cannot_be_started_again(
         ) as sup:
             actions = Actions(sup)
             client = cast(Any, None)
-            for call in (Rewind(session_id="s1", turn_id="t1"), Diff("s1", "t1", "a.txt")):
+            answers = {
+                Rewind(session_id="s1", turn_id="t1"): "session s1 has no checkpoint of 't1'",
+                Diff("s1", "t1", "a.txt"): "session s1 has no changes of 't1' (a turn that has"
+                " ended, whose checkpoints are kept)",
+            }
+            for call, answer in answers.items():
                 with pytest.raises(BadRequest) as refused:
                     await actions.run(1, call, client)
-                assert str(refused.value) == (
-                    "session s1 on here is stored (its agent is not running) and cannot be"
-                    " started again: starting a stored session on another host again is not"
-                    " supported"
-                )
+                assert str(refused.value) == answer  # the node's: it has no such turn
+            assert sup.get("s1").state == "ready"  # started again on its host, for the rewind

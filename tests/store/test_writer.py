@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.store.backend import (
     Batch,
+    Owner,
     ReceiptRow,
     SearchHit,
     StoredSession,
     StoreError,
     TextRow,
+    this_process,
 )
 from supervisor.store.writer import (
     SETTLE_IDLE_S,
@@ -41,6 +44,20 @@ class FakeBackend:
     for it (the database falls behind)."""
 
     where = "memory"
+
+    owner = this_process("serve")
+
+    def owners(self) -> dict[str, tuple[Owner, bool]]:
+        return {}
+
+    def drop_owners(self, tokens: Sequence[str]) -> None:
+        pass
+
+    def exclusive(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def next_session_number(self, at_least: int) -> int:
+        return at_least + 1
 
     def __init__(self, failures: int = 0, gate: threading.Event | None = None) -> None:
         self.batches: list[tuple[float, Batch]] = []
@@ -64,6 +81,9 @@ class FakeBackend:
 
     def sessions(self) -> list[StoredSession]:
         return []
+
+    def session(self, session_id: str) -> StoredSession | None:
+        return None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         return []

@@ -88,7 +88,12 @@ async def _open_embedded(stack: AsyncExitStack, config: str | None) -> Superviso
             await trio.to_thread.run_sync(_import, url, directory, protocols)
         return await stack.enter_async_context(
             open_supervisor(
-                agents=settings.agents, state_dir=state_dir, gc_policy=True, hosts=hosts, store=url
+                agents=settings.agents,
+                state_dir=state_dir,
+                gc_policy=True,
+                hosts=hosts,
+                store=url,
+                store_kind="acp",
             )
         )
     except StoreError as exc:
@@ -100,7 +105,7 @@ async def _open_embedded(stack: AsyncExitStack, config: str | None) -> Superviso
 
 def _import(url: str, directory: Path, protocols: dict[str, str]) -> None:
     """(A worker thread.) The JSON records of ``directory`` into the store at ``url``."""
-    backend = backend_for(url)
+    backend = backend_for(url, "acp")
     if backend is None:
         return  # no store: the records stay where they are
     backend.open()
