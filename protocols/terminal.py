@@ -19,7 +19,10 @@ or the interrupt) were written: a screen that shows the pattern but never answer
 nothing about them. Then the turn is ``end_turn``, or ``cancelled`` after an interrupt; a
 screen that never settles is the stall watchdog's (after a prompt) or the grace's (after an
 interrupt) to end. The session is established once ``start_pattern`` (default: the prompt
-pattern) shows, stable, the same way: a TUI that never shows it meets ``start_timeout_s``.
+pattern) shows, stable, the same way: a TUI that never shows it meets ``start_timeout_s``. A
+resumed start waits for ``resume_pattern`` instead where one is set: a TUI that draws its input
+box before it has loaded the conversation it resumes (Gemini CLI) ignores or loses a prompt
+typed meanwhile, and its screen tells the difference only by the conversation drawn.
 
 **A prompt** is written as a bracketed paste (``ESC [200~ text ESC [201~``, so a TUI takes its
 newlines as text, not as Enter) followed by Enter (``\\r``), or (``submit = "type"``) as typed
@@ -148,12 +151,15 @@ class TerminalSettings:
     submit_delay_s: float = 0.0
     #: what the first screen shows once the agent takes input; None: ``prompt_pattern``
     start_pattern: str | None = None
+    #: what the first screen of a resumed start shows once the agent takes input (the
+    #: conversation it resumed drawn); None: ``start_pattern``
+    resume_pattern: str | None = None
     cols: int = DEFAULT_COLS
     rows: int = DEFAULT_ROWS
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot be used."""
-        for name in ("prompt_pattern", "start_pattern"):
+        for name in ("prompt_pattern", "start_pattern", "resume_pattern"):
             pattern = getattr(self, name)
             if pattern is None:
                 continue
@@ -237,6 +243,8 @@ class TerminalClient(AgentProtocol):
             raise RuntimeError("start() called twice")
         self._phase = "starting"
         self._resume = resume
+        if resume is not None and self.settings.resume_pattern is not None:
+            self._start = re.compile(self.settings.resume_pattern, re.MULTILINE)
         return Step()
 
     def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:

@@ -65,6 +65,7 @@ def test_registered_and_configured() -> None:
     "bad",
     [
         {"prompt_pattern": "("},
+        {"resume_pattern": "["},
         {"idle_s": 0},
         {"interrupt": ()},
         {"submit": "shout"},
@@ -98,6 +99,24 @@ def test_start_pattern_and_resume() -> None:
     assert controls(tick(client, 1.0)) == []
     out(client, b"READY", 1.0)
     assert controls(tick(client, 2.0)) == [SessionEstablished(TERMINAL_SESSION, resumed=True)]
+
+
+def test_a_resumed_start_waits_for_the_resume_pattern() -> None:
+    """The input box a TUI draws before it has loaded the conversation it resumes does not
+    establish a resumed start; the same box does a fresh start."""
+    settings = TerminalSettings(idle_s=IDLE, resume_pattern="(?s)^said: .*^>")
+    resumed = TerminalClient(settings)
+    resumed.start(cwd="/", resume=TERMINAL_SESSION)
+    out(resumed, b"> ", 0.0)
+    assert controls(tick(resumed, 5.0)) == []
+    out(resumed, b"\x1b[2J\x1b[Hsaid: hello\r\n> ", 5.0)
+    assert controls(tick(resumed, 5.0 + IDLE)) == [
+        SessionEstablished(TERMINAL_SESSION, resumed=True)
+    ]
+    fresh = TerminalClient(settings)
+    fresh.start(cwd="/")
+    out(fresh, b"> ", 0.0)
+    assert controls(tick(fresh, IDLE)) == [SessionEstablished(None, resumed=None)]
 
 
 def test_a_turn_paste_lines_and_end() -> None:

@@ -100,6 +100,13 @@ AIDER_ARGS = (
     "--no-show-model-warnings",
 )
 
+#: Gemini CLI resumed and ready (why: agents.toml.example): its input box, nothing saying it
+#: works, and a first line that is the conversation's, not a notice (⚠, ℹ, ✕) or the input
+#: area's top, all its screen has before the conversation is loaded.
+GEMINI_RESUMED = (
+    r"\A(?![\s\S]*esc to cancel)\s*(?![⚠ℹ✕─]|\? for shortcuts)\S[\s\S]*^ >   Type your message"
+)
+
 #: The settings of agents.toml.example. A prompt line showing while nothing on the screen says
 #: the TUI works (its "esc to interrupt" / "esc to cancel" hint): each TUI draws its input box
 #: during a turn too.
@@ -125,6 +132,7 @@ TUIS = [
         ("--resume", "latest"),
         TerminalSettings(
             prompt_pattern=r"\A(?![\s\S]*esc to cancel)[\s\S]*^ >   Type your message",
+            resume_pattern=GEMINI_RESUMED,
             submit_delay_s=0.5,
         ),
     ),
