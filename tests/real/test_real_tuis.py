@@ -57,6 +57,11 @@ CYCLES = 20
 CYCLES_BOUND_S = 600.0
 #: ``AGENT_TIER4_TUIS=aider-tui,codex-tui``: only those TUIs (a run that looks at one of them)
 ONLY_VARIABLE = "AGENT_TIER4_TUIS"
+#: TUIs that run only when named in ``AGENT_TIER4_TUIS``. aider: after a stop its interrupted
+#: model stream stays open until a garbage collection, and now and then (about one run of the
+#: scenarios in thirteen) it sends no next request for over a minute: a known limit of aider
+#: behind a stop (``design/terminal.md``), not a result the suite can count on.
+WHEN_NAMED = frozenset({"aider-tui"})
 
 
 @frozen
@@ -158,7 +163,8 @@ def installed() -> dict[Tui, install.Installed | install.Unavailable]:
     """Each TUI's package, installed (or why not), before the test's Trio run."""
     found: dict[Tui, install.Installed | install.Unavailable] = {}
     only = os.environ.get(ONLY_VARIABLE)
-    for tui in TUIS if not only else [t for t in TUIS if t.key in only.split(",")]:
+    named = only.split(",") if only else [t.key for t in TUIS if t.key not in WHEN_NAMED]
+    for tui in [t for t in TUIS if t.key in named]:
         try:
             found[tui] = install.ensure(tui.package)
         except install.Unavailable as exc:
