@@ -19,7 +19,10 @@ or the interrupt) were written: a screen that shows the pattern but never answer
 nothing about them. Then the turn is ``end_turn``, or ``cancelled`` after an interrupt; a
 screen that never settles is the stall watchdog's (after a prompt) or the grace's (after an
 interrupt) to end. The session is established once ``start_pattern`` (default: the prompt
-pattern) shows, stable, the same way: a TUI that never shows it meets ``start_timeout_s``.
+pattern) shows, stable, the same way: a TUI that never shows it meets ``start_timeout_s``. A
+resumed start waits for ``resume_pattern`` instead where one is set: a TUI that draws its input
+box before it has loaded the conversation it resumes (Gemini CLI) ignores or loses a prompt
+typed meanwhile, and its screen tells the difference only by the conversation drawn.
 
 **A prompt** is written as a bracketed paste (``ESC [200~ text ESC [201~``, so a TUI takes its
 newlines as text, not as Enter) followed by Enter (``\\r``), or (``submit = "type"``) as typed
@@ -110,6 +113,11 @@ SUBMIT_MODES: Final = ("paste", "type")
 #: The longest pause between a prompt's text and its Enter (``submit_delay_s``): a TUI tells a
 #: paste from typing within tens of milliseconds; more than this is a mistake.
 MAX_SUBMIT_DELAY_S: Final = 5.0
+#: With ``submit_delay_s``, the pause runs from the screen's first change after the text (the
+#: TUI read it): a TUI that is busy when the text comes (starting, on a loaded machine) reads
+#: the text and an Enter sent meanwhile at once, as one paste. A screen that shows no change
+#: gets its Enter this long after the text, plus the pause.
+ECHO_WAIT_S: Final = 2.0
 #: A terminal agent has no session id of its own; this stands for "the conversation it ran",
 #: which its ``resume_command`` restores after a kill.
 TERMINAL_SESSION: Final = "terminal"
@@ -143,12 +151,15 @@ class TerminalSettings:
     submit_delay_s: float = 0.0
     #: what the first screen shows once the agent takes input; None: ``prompt_pattern``
     start_pattern: str | None = None
+    #: what the first screen of a resumed start shows once the agent takes input (the
+    #: conversation it resumed drawn); None: ``start_pattern``
+    resume_pattern: str | None = None
     cols: int = DEFAULT_COLS
     rows: int = DEFAULT_ROWS
 
     def check(self) -> None:
         """Raise ValueError naming the first setting that cannot be used."""
-        for name in ("prompt_pattern", "start_pattern"):
+        for name in ("prompt_pattern", "start_pattern", "resume_pattern"):
             pattern = getattr(self, name)
             if pattern is None:
                 continue
@@ -212,6 +223,8 @@ class TerminalClient(AgentProtocol):
         #: a prompt's Enter waits (``submit_delay_s``): 0.0 until the link's next frame gives
         #: the time, then when it is due; None: none waits
         self._enter_at: float | None = None
+        #: the screen changed since the waiting Enter's text went (its pause runs from then)
+        self._echoed = False
 
     @classmethod
     def configured(cls, settings: object | None) -> TerminalClient:
@@ -230,6 +243,8 @@ class TerminalClient(AgentProtocol):
             raise RuntimeError("start() called twice")
         self._phase = "starting"
         self._resume = resume
+        if resume is not None and self.settings.resume_pattern is not None:
+            self._start = re.compile(self.settings.resume_pattern, re.MULTILINE)
         return Step()
 
     def prompt(self, turn_id: str, text: str, parts: Sequence[Part] = ()) -> Step:
@@ -250,6 +265,7 @@ class TerminalClient(AgentProtocol):
         # The machine has no clock: a wake-up at once tells the time the text went, and
         # the Enter is due submit_delay_s after that (_submit).
         self._enter_at = 0.0
+        self._echoed = False
         self._wake_at = 0.0
         return Step(send=[{"keys": keys}, {"wake_at": 0.0}])
 
@@ -360,12 +376,17 @@ class TerminalClient(AgentProtocol):
         return step
 
     def _submit(self, now: float, step: Step) -> None:
-        """The waiting Enter of a prompt, once due (``submit_delay_s``)."""
+        """The waiting Enter of a prompt, once due: ``submit_delay_s`` after the screen first
+        changed since the text went, at the latest :data:`ECHO_WAIT_S` after the text."""
         if self._enter_at is None or self._turn_id is None or self._interrupted:
             self._enter_at = None
             return
-        if not self._enter_at:
-            self._enter_at = now + self.settings.submit_delay_s
+        delay = self.settings.submit_delay_s
+        if not self._enter_at:  # the first frame since the text: about when it went
+            self._enter_at = now + ECHO_WAIT_S + delay
+        if self._answered and not self._echoed:  # _answered: changed since the keys
+            self._echoed = True
+            self._enter_at = min(self._enter_at, now + delay)
         if now < self._enter_at:
             self._wake(self._enter_at, now, step)
             return

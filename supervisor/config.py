@@ -472,6 +472,7 @@ _TERMINAL_FIELDS = {
     "submit",
     "submit_delay_s",
     "start_pattern",
+    "resume_pattern",
     "cols",
     "rows",
     "resume_command",
@@ -619,7 +620,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
 
 def _parse_terminal(table: Mapping[str, Any], at: str) -> TerminalSettings:
     options = {key: table[key] for key in _TERMINAL_FIELDS - {"resume_command"} if key in table}
-    for key in ("prompt_pattern", "start_pattern", "submit"):
+    for key in ("prompt_pattern", "start_pattern", "resume_pattern", "submit"):
         if key in options and not isinstance(options[key], str):
             raise ConfigError(f"{at}: '{key}' must be a string")
     interrupt = options.get("interrupt")

@@ -11,6 +11,7 @@ from protocols import events as ev
 from protocols import new_machine
 from protocols.machine import SessionEstablished, Step, TurnFinished
 from protocols.terminal import (
+    ECHO_WAIT_S,
     MAX_SEQUENCE_CHARS,
     MAX_SNAPSHOT_BYTES,
     TERMINAL_SESSION,
@@ -64,6 +65,7 @@ def test_registered_and_configured() -> None:
     "bad",
     [
         {"prompt_pattern": "("},
+        {"resume_pattern": "["},
         {"idle_s": 0},
         {"interrupt": ()},
         {"submit": "shout"},
@@ -97,6 +99,24 @@ def test_start_pattern_and_resume() -> None:
     assert controls(tick(client, 1.0)) == []
     out(client, b"READY", 1.0)
     assert controls(tick(client, 2.0)) == [SessionEstablished(TERMINAL_SESSION, resumed=True)]
+
+
+def test_a_resumed_start_waits_for_the_resume_pattern() -> None:
+    """The input box a TUI draws before it has loaded the conversation it resumes does not
+    establish a resumed start; the same box does a fresh start."""
+    settings = TerminalSettings(idle_s=IDLE, resume_pattern="(?s)^said: .*^>")
+    resumed = TerminalClient(settings)
+    resumed.start(cwd="/", resume=TERMINAL_SESSION)
+    out(resumed, b"> ", 0.0)
+    assert controls(tick(resumed, 5.0)) == []
+    out(resumed, b"\x1b[2J\x1b[Hsaid: hello\r\n> ", 5.0)
+    assert controls(tick(resumed, 5.0 + IDLE)) == [
+        SessionEstablished(TERMINAL_SESSION, resumed=True)
+    ]
+    fresh = TerminalClient(settings)
+    fresh.start(cwd="/")
+    out(fresh, b"> ", 0.0)
+    assert controls(tick(fresh, IDLE)) == [SessionEstablished(None, resumed=None)]
 
 
 def test_a_turn_paste_lines_and_end() -> None:
@@ -312,6 +332,28 @@ def test_enter_after_a_pause_for_a_tui_that_takes_quick_input_as_a_paste() -> No
     assert {"wake_at": 6.0 + IDLE} in step.send
     [finished] = controls(tick(client, 6.0 + IDLE))
     assert finished == TurnFinished("t1", "end_turn", interrupted=False)
+
+
+def test_the_pause_runs_from_when_a_busy_tui_shows_the_text() -> None:
+    # A TUI busy when the text comes reads it late: an Enter due 0.3 s after the text would
+    # reach it with the text, as part of the paste.
+    client = machine(submit_delay_s=0.3)
+    ready(client)
+    client.prompt("t1", "hi")
+    assert {"wake_at": 1.0 + ECHO_WAIT_S + 0.3} in tick(client, 1.0).send
+    assert {"keys": "\r"} not in tick(client, 1.3).send
+    step = out(client, b"hi", 2.5)  # it reads the text now
+    assert {"wake_at": 2.8} in step.send and {"keys": "\r"} not in step.send
+    assert tick(client, 2.8).send == [{"keys": "\r"}]
+
+
+def test_enter_at_the_latest_echo_wait_after_a_text_never_shown() -> None:
+    client = machine(submit_delay_s=0.3)
+    ready(client)
+    client.prompt("t1", "hi")
+    tick(client, 1.0)
+    assert {"keys": "\r"} not in tick(client, 1.0 + ECHO_WAIT_S).send
+    assert tick(client, 1.0 + ECHO_WAIT_S + 0.3).send == [{"keys": "\r"}]
 
 
 def test_no_enter_after_a_stop_during_the_pause() -> None:

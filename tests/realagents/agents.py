@@ -26,7 +26,7 @@ from pathlib import Path
 from attrs import frozen
 
 from protocols.amp import AMP_COMMAND
-from realagents.fake_model import PERMISSION_COMMAND, SHELL_COMMAND
+from realagents.fake_model import AGENT_LOOP_MODEL, PERMISSION_COMMAND, SHELL_COMMAND
 from supervisor import AgentSpec
 
 __all__ = ["AGENTS", "Prepared", "RealAgent"]
@@ -400,7 +400,8 @@ def amp_spec(prepared: Prepared, *, grace_s: float, tee_dir: Path | None = None)
 # -- TUIs in a pseudo-terminal (protocol "terminal"; tests/real/test_real_tuis.py) --------------------
 # Each agent's own interactive interface, its first-run screens answered by its configuration
 # files: Claude Code's onboarding, API-key approval and folder trust (``~/.claude.json``);
-# Codex's folder trust and model-upgrade notice (``config.toml``); Gemini CLI's as for --acp.
+# Codex's folder trust and model-upgrade notice (``config.toml``); Gemini CLI's as for --acp;
+# aider's by its command-line switches (``tests/real/test_real_tuis.py``).
 
 #: Claude Code's TUI takes an API key only once approved; it keeps the last 20 characters.
 CLAUDE_TUI_KEY = "sk-ant-fake-key-0123456789abcdefghij"
@@ -435,3 +436,25 @@ def _codex_tui(home: Path, work: Path, base_url: str) -> dict[str, str]:
 _SETUPS["claude-tui"] = _claude_tui
 _SETUPS["codex-tui"] = _codex_tui
 _SETUPS["gemini-tui"] = _gemini
+
+
+def _aider(home: Path, work: Path, base_url: str) -> dict[str, str]:
+    # Its model-metadata cache, fresh and empty: else aider fetches litellm's price list from
+    # GitHub at start (and again each day).
+    _write(home / ".aider/caches/model_prices_and_context_window.json", "{}")
+    return {
+        "OPENAI_API_BASE": f"{base_url}/v1",
+        "OPENAI_API_KEY": "fake-key",
+        # The agent's turns go to the fake model's agent loop; side requests (summaries of a
+        # long history) to another name, so they stay quick.
+        "AIDER_MODEL": f"openai/{AGENT_LOOP_MODEL}",
+        "AIDER_WEAK_MODEL": "openai/fake-weak",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        # Its install holds the bytecode of the modules its start imports (``install.py``,
+        # ``warm``), not of those it imports later: the first run writes theirs, even where
+        # the environment says not to (empty: unset).
+        "PYTHONDONTWRITEBYTECODE": "",
+    }
+
+
+_SETUPS["aider-tui"] = _aider

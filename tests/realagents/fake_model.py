@@ -4,7 +4,7 @@ It speaks the four wire formats the agents call (``shared/real-agents.md``):
 
 - ``POST /v1/responses`` (OpenAI Responses SSE): codex-acp, Codex app-server;
 - ``POST /v1/messages`` (Anthropic Messages SSE): claude-agent-acp, Claude Code;
-- ``POST /v1/chat/completions`` (OpenAI chat completions SSE): OpenCode, Qwen Code;
+- ``POST /v1/chat/completions`` (OpenAI chat completions SSE): OpenCode, Qwen Code, aider;
 - ``POST /v1beta/models/M:streamGenerateContent?alt=sse`` and ``:generateContent``: Gemini CLI.
 
 What it answers is decided by the newest user text of the request (the last of the words below
@@ -12,7 +12,7 @@ that appears in it), so a test steers the model by its prompt:
 
 - ``quick``: a short answer at once;
 - ``stream``: a token every 200 ms for 60 s, only when the request carries tools (side requests
-  such as titles or routers stay fast);
+  such as titles or routers stay fast), or names :data:`AGENT_LOOP_MODEL`;
 - ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
 - ``briefshell``: the same call running :data:`BRIEF_SHELL_COMMAND`, which ends by itself within
   seconds (exit 124): for a turn that must get past its tool call (a steer that waits for it);
@@ -69,6 +69,7 @@ __all__ = [
     "BRIEF_SHELL_COMMAND",
     "EDIT_BRIEF_COMMAND",
     "EDIT_SHELL_COMMAND",
+    "AGENT_LOOP_MODEL",
     "MCP_TOOL",
     "PERMISSION_COMMAND",
     "SHELL_COMMAND",
@@ -110,6 +111,11 @@ GOAL_CONTINUATION = '<codex_internal_context source="goal">'
 #: The goal turn in which ``goalrun``'s model marks its goal complete.
 GOAL_RUN_TURNS = 2
 
+#: A chat-completions request naming this model counts as one of an agent's turns, as if it
+#: carried tools: aider offers the model no tools (it reads edits out of the text), and its side
+#: requests (summaries, commit messages) go to its weak model, named otherwise.
+AGENT_LOOP_MODEL = "fake-agent-loop"
+
 STREAM_INTERVAL_S = 0.2
 STREAM_DURATION_S = 60.0
 QUICK_TEXT = "Quick answer from the fake model."
@@ -148,7 +154,7 @@ class Exchange:
     path: str
     started_at: float  # time.monotonic()
     scenario: str | None = None
-    has_tools: bool = False
+    has_tools: bool = False  # it carried tools, or named AGENT_LOOP_MODEL: an agent's turn
     stream: bool = False
     user_text: str = ""
     tool_result: dict[str, Any] | None = None  # {"call_id", "output"} when a tool result came in
@@ -510,7 +516,7 @@ def _read_messages(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | No
 
 def _read_chat(body: dict[str, Any]) -> tuple[bool, str, dict[str, Any] | None]:
     """OpenAI chat completions: a trailing ``tool`` message is a result."""
-    has_tools = bool(body.get("tools"))
+    has_tools = bool(body.get("tools")) or body.get("model") == AGENT_LOOP_MODEL
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     if not messages:
         return has_tools, "", None

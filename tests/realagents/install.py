@@ -1,8 +1,11 @@
-"""Install the real agent CLIs from npm, pinned, once, into ``.cache/npm-agents/`` (git-ignored).
+"""Install the real agent CLIs from npm (and PyPI), pinned, once, into ``.cache/npm-agents/``
+(git-ignored).
 
 Each package goes to its own folder ``.cache/npm-agents/<key>@<version>/``, installed with a
-plain ``npm install --no-audit --no-fund`` into a scratch folder that is renamed into place
-only once the install succeeded and its entry point checks out; a marker file records that
+plain ``npm install --no-audit --no-fund`` (a PyPI package: ``uv pip install`` into a virtual
+environment of its own, ``venv/``, so that none of its dependencies meets the project's) into a
+scratch folder that is renamed into place only once the install succeeded and its entry point
+checks out; a marker file records that
 (plus the time it took and the size), so later runs reuse it at no cost. A lock file per package
 makes two test runs that install at once wait for each other instead of racing.
 
@@ -11,9 +14,9 @@ Install scripts always run (never ``--ignore-scripts``: OpenCode links its nativ
 scripts to be approved: the scratch ``package.json`` approves, by name, exactly the packages
 below that need theirs.
 
-Without npm, or when an install fails or runs out of time, :func:`ensure` raises
-:class:`Unavailable` with the reason; the tests turn that into a skip (a failure when
-``AGENT_SUPERVISOR_STRICT_SKIPS=1``).
+Without npm (for a PyPI package: without uv, the test extra's), or when an install fails or
+runs out of time, :func:`ensure` raises :class:`Unavailable` with the reason; the tests turn
+that into a skip (a failure when ``AGENT_SUPERVISOR_STRICT_SKIPS=1``).
 
 Run it by hand to pre-install everything: ``python tests/realagents/install.py``.
 """
@@ -44,25 +47,38 @@ CACHE_DIR = Path(
 #: The npm client to install with (``AGENT_SUPERVISOR_NPM``; a missing one means "skip").
 NPM = os.environ.get("AGENT_SUPERVISOR_NPM") or "npm"
 #: One package's install, downloads included. Measured here on a cold npm cache: 9-19 s each
-#: (all four in parallel: 19 s; Amp, 101 MB: 3.5 s warm). Five minutes leaves room for a slow registry day; the four run
-#: in parallel, so the whole setup stays within that bound too.
+#: (all four in parallel: 19 s; Amp, 101 MB: 3.5 s warm); aider from PyPI with uv, 540 MB
+#: (its 572 MB of wheels downloaded): 3-25 s with uv's cache cold, 1.1-1.7 s warm (the files
+#: are hard links into the cache), then 6-10 s writing the bytecode its start needs (``warm``);
+#: all of it 11.5 s warm, 36 s cold, on 2 cores under a load of 11.
+#: Five minutes leaves room for a slow registry day (aider's wheels at 2 MB/s: ~5 min); the
+#: four run in parallel, so the whole setup stays within that bound too.
 INSTALL_TIMEOUT_S = 300.0
 MARKER = ".installed.json"
 #: Node major version the CLIs need (Gemini CLI: >= 20).
 MIN_NODE_MAJOR = 20
+#: Where a PyPI package's interpreter is, in its install folder. It runs the package as
+#: ``python -m MODULE``: a virtual environment's interpreter finds its packages wherever the
+#: folder was renamed to, where the console scripts' ``#!`` lines name the scratch folder.
+VENV_PYTHON = "venv/bin/python"
 
 
 @frozen
 class Package:
     key: str  # our name for it, and the folder name
-    npm: str  # the npm package
+    npm: str  # the package's name in its registry (npm's, or PyPI's for ``registry="pypi"``)
     version: str
-    #: how to start it, relative to the install folder; a ``.js`` entry is run with ``node``
+    #: how to start it, relative to the install folder; a ``.js`` entry is run with ``node``.
+    #: A PyPI package's is the module its install's interpreter runs (``python -m``).
     entry: str
     #: packages (this one or dependencies) whose install scripts must run
     scripts: tuple[str, ...] = ()
     #: dependencies pinned below the package's own ranges (npm ``overrides``): name, version
     overrides: tuple[tuple[str, str], ...] = ()
+    registry: str = "npm"  # or "pypi"
+    #: a PyPI package's modules imported once after its install, so that their bytecode is
+    #: written (uv compiles none): the package's first start does not pay for compiling them
+    warm: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -140,6 +156,21 @@ PACKAGES: dict[str, Package] = {
             "node_modules/@qwen-code/qwen-code/cli.js",
         ),
         Package(
+            "aider",
+            "aider-chat",
+            "0.86.2",
+            # aider's TUI (tests/real/test_real_tuis.py): ~570 MB with its dependencies (litellm,
+            # tree-sitter grammars, numpy, ...), which stay in the install's own venv
+            "aider",
+            registry="pypi",
+            # what its start imports (its Python bytecode: ~2700 files of ~6800; all of them,
+            # uv's --compile-bytecode, take twice as long)
+            warm=(
+                *("aider.main", "aider.coders", "aider.models", "aider.repomap", "litellm"),
+                *("networkx", "numpy", "openai", "tiktoken"),
+            ),
+        ),
+        Package(
             "acp-sdk",
             "@agentclientprotocol/sdk",
             "2.4.0",
@@ -181,6 +212,8 @@ def _node_problem() -> str | None:
 
 
 def _argv(package: Package, folder: Path) -> tuple[str, ...]:
+    if package.registry == "pypi":
+        return (os.fspath(folder / VENV_PYTHON), "-m", package.entry)
     entry = folder / package.entry
     if entry.suffix in (".js", ".mjs", ".cjs"):
         node = shutil.which("node")
@@ -190,6 +223,12 @@ def _argv(package: Package, folder: Path) -> tuple[str, ...]:
 
 
 def _check(package: Package, folder: Path) -> str | None:
+    if package.registry == "pypi":
+        if not os.access(folder / VENV_PYTHON, os.X_OK):
+            return f"{VENV_PYTHON} is missing after install"
+        if not list(folder.glob(f"venv/lib/python*/site-packages/{package.entry}/__main__.py")):
+            return f"the module {package.entry} is missing after install"
+        return None
     entry = folder / package.entry
     if not entry.is_file():
         return f"{package.entry} is missing after install"
@@ -222,7 +261,8 @@ def _size(folder: Path) -> int:
 def ensure(key: str, *, timeout: float = INSTALL_TIMEOUT_S) -> Installed:
     """The installed package ``key``, installing it first if needed; or :class:`Unavailable`."""
     package = PACKAGES[key]
-    problem = _node_problem()  # every package needs node: to install, or to run
+    # every npm package needs node: to install, or to run
+    problem = _node_problem() if package.registry == "npm" else _venv_problem()
     if problem is not None:
         raise Unavailable(problem)
     try:
@@ -244,17 +284,56 @@ def ensure(key: str, *, timeout: float = INSTALL_TIMEOUT_S) -> Installed:
                     False,
                 )
             shutil.rmtree(package.folder, ignore_errors=True)  # damaged: start over
-        if shutil.which(NPM) is None:
+        if package.registry == "npm" and shutil.which(NPM) is None:
             raise Unavailable(
                 f"{NPM} is not installed: cannot install {package.npm}@{package.version}"
             )
         return _install(package, timeout)
 
 
+def _uv() -> str | None:
+    """uv's executable (the test extra's ``uv`` package), or None."""
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def _venv_problem() -> str | None:
+    if _uv() is None:
+        return "uv is not installed (pip install -e '.[test]')"
+    return None
+
+
 def _install(package: Package, timeout: float) -> Installed:
     scratch = package.folder.with_name(package.folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
+    if package.registry == "pypi":
+        uv = _uv()
+        assert uv is not None  # ensure() checked
+        commands = [
+            [uv, "venv", "--quiet", "--python", sys.executable, "venv"],
+            [
+                *(uv, "pip", "install", "--quiet", "--python", VENV_PYTHON),
+                f"{package.npm}=={package.version}",
+            ],
+        ]
+        if package.warm:
+            # written even where the environment says not to (PYTHONDONTWRITEBYTECODE)
+            imports = (
+                f"import sys; sys.dont_write_bytecode = False; import {', '.join(package.warm)}"
+            )
+            commands.append([os.fspath(scratch / VENV_PYTHON), "-c", imports])
+    else:
+        commands = [_npm_install(package, scratch)]
+    return _run_install(package, scratch, commands, timeout)
+
+
+def _npm_install(package: Package, scratch: Path) -> list[str]:
+    """The npm command that installs ``package`` in ``scratch``, after its ``package.json``."""
     manifest = {
         "name": f"agent-supervisor-tier4-{package.key}",
         "private": True,
@@ -264,36 +343,40 @@ def _install(package: Package, timeout: float) -> Installed:
     if package.overrides:
         manifest["overrides"] = dict(package.overrides)
     (scratch / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return [NPM, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+
+
+def _run_install(
+    package: Package, scratch: Path, commands: list[list[str]], timeout: float
+) -> Installed:
+    """Run ``commands`` in ``scratch``, one after the other within ``timeout`` in all, check
+    the result and rename it into place."""
     env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false"}
-    command = [NPM, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+    how = f"{package.registry} install {package.npm}@{package.version}"
     started = time.monotonic()
-    log = scratch / "npm-install.log"
+    log = scratch / f"{package.registry}-install.log"
     try:
         with open(log, "wb") as out:
-            process = subprocess.Popen(
-                command,
-                cwd=scratch,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            try:
-                code = process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                raise Unavailable(
-                    f"npm install {package.npm}@{package.version} took over {timeout:.0f} s"
-                ) from None
+            for command in commands:
+                process = subprocess.Popen(
+                    command,
+                    cwd=scratch,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                try:
+                    code = process.wait(timeout=max(0.0, started + timeout - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+                    raise Unavailable(f"{how} took over {timeout:.0f} s") from None
+                if code != 0:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-8:]
+                    raise Unavailable(f"{how} failed (exit {code}): " + " | ".join(tail))
         seconds = time.monotonic() - started
-        if code != 0:
-            tail = log.read_text(errors="replace").strip().splitlines()[-8:]
-            raise Unavailable(
-                f"npm install {package.npm}@{package.version} failed (exit {code}): "
-                + " | ".join(tail)
-            )
         problem = _check(package, scratch)  # e.g. a postinstall that did not run
         if problem is not None:
             raise Unavailable(f"{package.npm}@{package.version}: {problem}")
