@@ -61,6 +61,12 @@ SETTINGS = {
 }
 
 
+#: The servers this process started, by their postmasters' pids: a server's processes (the
+#: postmaster and its children) are below the test process too, and never an agent's
+#: (``tests/faults/harness.py`` counts an agent's tree below the test process).
+SERVER_PIDS: set[int] = set()
+
+
 def why_not() -> str | None:
     if not (BIN / "initdb").exists() or not (BIN / "postgres").exists():
         return f"PostgreSQL 15 is not installed in {BIN} (scripts/ensure-postgresql.sh installs it)"
@@ -159,6 +165,7 @@ class PostgresServer:
             )
         finally:
             log.close()
+        SERVER_PIDS.add(self.process.pid)
         self._wait_ready()
 
     def _wait_ready(self) -> None:

@@ -102,17 +102,17 @@ class Actions:
                 await (await sup.find(call.session_id)).set_mode(call.mode_id)
                 return {}
             case Input():
-                await sup.get(call.session_id).input(call.data)
+                await (await sup.find(call.session_id)).input(call.data)
                 return {}
             case Resize():
-                await sup.get(call.session_id).resize(call.cols, call.rows)
+                await (await sup.find(call.session_id)).resize(call.cols, call.rows)
                 return {}
             case Steer():
                 return steer_to_wire(await (await sup.find(call.session_id)).steer(call.text))
             case Cancel():
                 return await self.cancel(call)
             case RespondPermission():
-                await sup.get(call.session_id).respond_permission(
+                await (await sup.find(call.session_id)).respond_permission(
                     call.request_id, call.option_id, cancelled=call.cancelled
                 )
                 return {}
@@ -180,7 +180,7 @@ class Actions:
             found = await self._rewindable(call.session_id)
             receipt = await found.cancel(turn_id=call.task_id, reason=call.reason, rewind=True)
         else:
-            session = self.supervisor.get(call.session_id)
+            session = await self.supervisor.find(call.session_id)
             receipt = await session.cancel(turn_id=call.task_id, reason=call.reason)
         return {**receipt_to_wire(receipt), "success": True}
 
@@ -188,7 +188,7 @@ class Actions:
         """A session with its checkpoints where its files are: here, or in its host's node
         (which rewinds it there). A stored one (an earlier supervisor's) has its agent started
         again, with the checkpoints it kept; one that cannot be is said as such."""
-        session: Any = self.supervisor.get(session_id)
+        session: Any = await self.supervisor.find(session_id)
         if isinstance(session, DormantSession):
             try:
                 session = await session.revive()

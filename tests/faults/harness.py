@@ -15,6 +15,7 @@ import psutil
 import trio
 
 from helpers import Recorder
+from pg import SERVER_PIDS
 from protocols import events as ev
 from supervisor.agents.cgroups import Cgroup
 from supervisor.agents.containment import choose_blocking
@@ -30,14 +31,23 @@ def tree() -> list[psutil.Process]:
     """Every agent process of this test process's supervisors: below us (shims and their
     trees, agents in cgroups), and in our cgroups (what agents in a cgroup left to init); not
     the cgroup keeper, which lives as long as we do."""
-    found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    found = {p.pid: p for p in psutil.Process().children(recursive=True) if not _postgresql(p.pid)}
     root = choose_blocking("auto").root
     if root is not None:
         found.pop(root.keeper_pid or -1, None)
         for pid in Cgroup(root.path).pids():
-            with contextlib.suppress(psutil.Error):
-                found.setdefault(pid, psutil.Process(pid))
+            if not _postgresql(pid):
+                with contextlib.suppress(psutil.Error):
+                    found.setdefault(pid, psutil.Process(pid))
     return list(found.values())
+
+
+def _postgresql(pid: int) -> bool:
+    """A process of a PostgreSQL server the store tests started in this process."""
+    try:
+        return pid in SERVER_PIDS or psutil.Process(pid).ppid() in SERVER_PIDS
+    except psutil.Error:
+        return False
 
 
 def living(processes: Iterable[psutil.Process]) -> list[psutil.Process]:

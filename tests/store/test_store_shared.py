@@ -108,7 +108,10 @@ async def test_serve_and_a_front_door_share_the_store(tmp_path: Path) -> None:
                 await front.until(lambda m: "agent_message_chunk" in json.dumps(m))
                 pid = front.process.pid
                 async with connect(served.url) as client:
-                    # Found by its id, never listed here: it runs in the front door.
+                    # Found by its id, never listed here: it runs in the front door, whose
+                    # turn it is to stop or to prompt.
+                    with pytest.raises(GatewayError, match=f"acp pid {pid}"):
+                        await client.cancel(theirs)
                     with pytest.raises(GatewayError, match=f"acp pid {pid}"):
                         await client.prompt(theirs, "mine now?")
                     ours = (await client.start_session("talker"))["session_id"]
