@@ -271,6 +271,11 @@ class ShadowStore:
         #: snapshots no session keeps, their refs not deleted yet (:meth:`housekeep` does)
         self._dropped: list[str] = []
         self._housekeeping = False
+        #: ``_taken`` when the last housekeeping began: the next is due a period after it, so
+        #: one that outlasts a period (a slow disk's gc) delays the next, never skips it
+        self._housekept_at = 0
+        #: set when a housekeeping ends (:meth:`housekept`)
+        self._housekeeping_done = trio.Event()
         #: what the sessions' turns changed here, the newest last (:meth:`conflicts`)
         self._changed: deque[_Changed] = deque(maxlen=CHANGES_KEPT)
         #: the tree of the store's index, while it is known (None: changed since written)
@@ -531,7 +536,7 @@ class ShadowStore:
 
     @property
     def housekeeping_due(self) -> bool:
-        return not self._housekeeping and self._taken % HOUSEKEEP_EVERY == 0 and self._taken > 0
+        return not self._housekeeping and self._taken - self._housekept_at >= HOUSEKEEP_EVERY
 
     async def housekeep(self) -> None:
         """Delete the refs of forgotten snapshots, then ``git gc --auto``: past
@@ -542,6 +547,7 @@ class ShadowStore:
         if self._housekeeping:
             return
         self._housekeeping = True
+        self._housekept_at = self._taken
         try:
             await self._ensure()
             dropped, self._dropped = self._dropped, []
@@ -565,6 +571,15 @@ class ShadowStore:
             )
         finally:
             self._housekeeping = False
+            self._housekeeping_done.set()
+            self._housekeeping_done = trio.Event()
+
+    async def housekept(self) -> None:
+        """Wait for the housekeeping under way, if any, then keep house once more: every
+        snapshot forgotten so far has its ref deleted."""
+        while self._housekeeping:
+            await self._housekeeping_done.wait()
+        await self.housekeep()
 
     # -- other sessions in the same directory ---------------------------------------------------
 

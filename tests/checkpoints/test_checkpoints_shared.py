@@ -139,15 +139,19 @@ async def test_over_many_turns_the_checkpoints_kept_stay_bounded(
             assert (
                 work / "a.txt"
             ).read_text() == f"turn {turns - core_checkpoints.CHECKPOINTS_KEPT}\n"
+            await store.housekept()
     assert most["snapshots"] <= core_checkpoints.CHECKPOINTS_KEPT + 1
     assert (
         most["ends"] <= core_checkpoints.CHECKPOINTS_KEPT + 1
     )  # (the newest forgotten goes at the next)
     assert most["changed"] <= CHANGES_KEPT
-    # refs of forgotten snapshots go at each housekeeping (every shadow.HOUSEKEEP_EVERY snapshots)
-    assert most["dropped"] <= 2 * shadow.HOUSEKEEP_EVERY + 2
+    # Refs of forgotten snapshots go at each housekeeping (a period of shadow.HOUSEKEEP_EVERY
+    # snapshots after the last began): during the turns, not only at the end (how many wait at
+    # most depends on how long git's collection takes on this machine, not on the turns).
+    assert most["dropped"] < turns // 2
+    assert store._dropped == []  # (the last housekeeping, below, deleted them all)
     refs = _git_out(store.git_dir, "for-each-ref", "refs/checkpoints/").splitlines()
-    assert len(refs) <= 2 * core_checkpoints.CHECKPOINTS_KEPT + 2 * shadow.HOUSEKEEP_EVERY + 2
+    assert len(refs) <= 2 * core_checkpoints.CHECKPOINTS_KEPT + 2
     # what no kept snapshot holds can be collected: the store holds the kept turns' objects
     # (a blob, a tree and two commits each), not the thousand's
     _git_out(store.git_dir, "gc", "--prune=now", "--quiet")
