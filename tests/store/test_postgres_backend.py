@@ -317,23 +317,31 @@ def test_a_store_whose_vectors_were_generated_is_migrated_and_searched(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A store of schema version 5 (each text's vector generated as its row is written) keeps
-    its vectors, and its new texts are indexed after their write."""
+    its vectors, and its new texts are indexed after their write; new long texts are
+    compressed with LZ4 (Debian's server has it), stored ones keep pglz."""
+    long = " ".join(f"w{i}" for i in range(2_000))  # (past the 2 KB a row's value is kept in)
     monkeypatch.setattr(contract, "SCHEMA_VERSION", 5)
     old = PostgresBackend(url)
     old.open()
-    old.write(Batch(sessions=[session()], texts=[answer(4, "zebra river")]))
+    old.write(Batch(sessions=[session()], texts=[answer(4, "zebra river"), answer(5, long)]))
     old.close()
-    assert indexed(url) == {(4, "answer"): True}
+    assert indexed(url) == {(4, "answer"): True, (5, "answer"): True}
     monkeypatch.undo()
     new = PostgresBackend(url)
     new.open()
     try:
-        new.write(Batch(texts=[answer(8, "zebra again")]))
-        assert indexed(url) == {(4, "answer"): True, (8, "answer"): False}
+        new.write(Batch(texts=[answer(8, "zebra again"), answer(9, long)]))
+        assert indexed(url) == {(s, "answer"): s < 8 for s in (4, 5, 8, 9)}
         new.settle(idle=False)
-        assert indexed(url) == {(4, "answer"): True, (8, "answer"): True}
+        assert indexed(url) == {(s, "answer"): True for s in (4, 5, 8, 9)}
         assert [h.seq for h in new.search("zebra", 10)] == [4, 8]
         assert [h.snippet for h in new.search("river", 10)] == ["zebra [river]"]
+        assert [h.seq for h in new.search("w1999", 10)] == [5, 9]
+        with psycopg.connect(url) as connection:
+            compressed = connection.execute(
+                "SELECT seq, pg_column_compression(text) FROM texts WHERE seq IN (5, 9)"
+            ).fetchall()
+        assert sorted(compressed) == [(5, "pglz"), (9, "lz4")]
     finally:
         new.close()
 
