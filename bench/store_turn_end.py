@@ -7,7 +7,9 @@ events to subscribers once that batch commits, and ``Backend.settle`` runs after
 ``--words`` distinct words (``w0 w1 ...``, as the light agent streams them) and, interleaved
 with it (the order alternating), the floor: the same batch with a one-word answer; the
 ``settle`` after each is timed apart. Median and p90 of ``--repeats`` rounds, wall time of
-the backend's calls (the server's work is in another process). PostgreSQL runs on a throwaway
+the backend's calls; and the CPU the write takes where the database works (PostgreSQL: the
+connection's server process, read at the kernel's 10 ms tick, so only its mean over the rounds
+means anything; SQLite: this thread), steadier than wall time on a busy machine. PostgreSQL runs on a throwaway
 cluster of Debian's PostgreSQL 15 (``tests/pg.py``, fsync off) or on ``--url``; a machine
 without one (``scripts/ensure-postgresql.sh``) gets a line that says why not.
 
@@ -21,7 +23,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from bench.cancel_overhead import percentile
 from bench.store_write import _session, _store
@@ -52,25 +57,45 @@ def turn_end(sid: str, answer: str) -> Batch:
     )
 
 
-def timed(backend: Backend, batch: Batch) -> tuple[float, float]:
-    """Seconds of the write (what subscribers wait for) and of the settle after it."""
+def cpu_clock(backend: Backend) -> Callable[[], float]:
+    """CPU seconds so far where the backend's database works: PostgreSQL's server process
+    for its connection, else this thread (SQLite works in it)."""
+    connection = getattr(backend, "_connection", None)
+    if connection is None:
+        return time.thread_time
+    server = psutil.Process(connection.info.backend_pid)
+
+    def used() -> float:
+        times = server.cpu_times()
+        return float(times.user + times.system)
+
+    return used
+
+
+def timed(backend: Backend, batch: Batch, cpu: Callable[[], float]) -> tuple[float, float, float]:
+    """Seconds of the write (what subscribers wait for), its CPU, and the settle after it."""
+    cpu_before = cpu()
     begun = time.perf_counter()
     due = backend.write(batch)
     written = time.perf_counter()
+    cpu_s = cpu() - cpu_before
     if due:
         backend.settle(idle=False)
-    return written - begun, time.perf_counter() - written
+    return written - begun, cpu_s, time.perf_counter() - written
 
 
 def measure(backend: Backend, words: int, repeats: int) -> dict[str, list[float]]:
     answer = " ".join(f"w{i}" for i in range(words))
-    times: dict[str, list[float]] = {"floor": [], "floor_settle": [], "long": [], "settle": []}
-    timed(backend, turn_end("warm", answer))  # (the tables' first pages, the plans)
+    keys = ("floor", "floor_cpu", "floor_settle", "long", "long_cpu", "settle")
+    times: dict[str, list[float]] = {key: [] for key in keys}
+    cpu = cpu_clock(backend)
+    timed(backend, turn_end("warm", answer), cpu)  # (the tables' first pages, the plans)
     for round_ in range(repeats):
         sides = [("floor", "w0"), ("long", answer)]
         for side, text in sides if round_ % 2 == 0 else reversed(sides):
-            write_s, settle_s = timed(backend, turn_end(f"{side}{round_}", text))
+            write_s, cpu_s, settle_s = timed(backend, turn_end(f"{side}{round_}", text), cpu)
             times[side].append(write_s)
+            times[f"{side}_cpu"].append(cpu_s)
             times["floor_settle" if side == "floor" else "settle"].append(settle_s)
     return times
 
@@ -111,6 +136,9 @@ def main() -> None:
                 backend.close()
         ms = {key: [t * 1000 for t in values] for key, values in times.items()}
         for key, values in ms.items():
+            if key.endswith("_cpu"):
+                figures[f"{name}_{key}_mean_ms"] = round(statistics.mean(values), 3)
+                continue
             figures[f"{name}_{key}_p50_ms"] = round(statistics.median(values), 3)
             figures[f"{name}_{key}_p90_ms"] = round(percentile(values, 0.9), 3)
         ratio = statistics.median(ms["long"]) / statistics.median(ms["floor"])
@@ -119,8 +147,9 @@ def main() -> None:
             f"{name:10s} turn end, {args.words:,}-word answer: write p50"
             f" {statistics.median(ms['long']):.2f} ms (p90 {percentile(ms['long'], 0.9):.2f}),"
             f" floor (one word) p50 {statistics.median(ms['floor']):.2f} ms (ratio"
-            f" {ratio:.2f}); settle after it p50 {statistics.median(ms['settle']):.2f} ms"
-            f" ({args.repeats} interleaved rounds)"
+            f" {ratio:.2f}); its CPU {statistics.mean(ms['long_cpu']):.1f} ms (floor"
+            f" {statistics.mean(ms['floor_cpu']):.1f}); settle after it p50"
+            f" {statistics.median(ms['settle']):.2f} ms ({args.repeats} interleaved rounds)"
         )
         if not args.json:
             print(lines[-1], flush=True)
