@@ -97,8 +97,7 @@ _EXCLUSIVE_CLASS = 0x61737572
 _TAKE_BACK_WAIT_MS = 5_000
 #: A text's first characters that its ``tsvector`` indexes (the ``search`` column: a tsvector
 #: holds at most 1 MB, and a text whose vector would not fit must not fail its indexing); the
-#: snippet is made from the same characters. A store's first schema generated the column
-#: from the same characters.
+#: snippet is made from the same characters.
 _INDEXED_CHARS = 100_000
 #: The texts not indexed yet, indexed: every process's (one that went away before it indexed
 #: its own leaves them to the next). Rows another process is indexing at the moment are
