@@ -82,6 +82,9 @@ _SHUTDOWN_MARGIN_S = 1.0
 #: Upper bound on looking at the stopped sessions' worktrees on the way out (each is a few git
 #: calls: milliseconds); one not looked at in time is kept, and listed by ``worktrees``.
 _WORKTREES_BOUND_S = 10.0
+#: Upper bound on writing a node's last checkpoint records on the way out (a few lines each);
+#: one not written in time is a checkpoint its session, started again, does not get back.
+_RECORDS_BOUND_S = 5.0
 
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
@@ -957,6 +960,10 @@ class Supervisor:
                 if isinstance(session, RemoteSession) and self._kept(session):
                     session.release()
             await self.remote.aclose(release=self.keep_node_sessions)
+            if self._records is not None:  # (its sessions' last checkpoints, recorded)
+                self._records.close()
+                with trio.move_on_after(_RECORDS_BOUND_S):
+                    await self._records.drained.wait()
         self._nursery.cancel_scope.cancel()
 
     async def _stop_quietly(self, session: AnySession) -> None:

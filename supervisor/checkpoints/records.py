@@ -20,6 +20,7 @@ then not had back, the others are.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,6 +55,8 @@ class CheckpointRecords:
         self._send, self._receive = trio.open_memory_channel[tuple[Path, CheckpointRow]](math.inf)
         #: lines of each record written by this process, once counted
         self._lines: dict[Path, int] = {}
+        #: set once :meth:`run` has written all that was told before :meth:`close`
+        self.drained = trio.Event()
 
     @staticmethod
     def path(store: ShadowStore, key: str) -> Path:
@@ -64,8 +67,9 @@ class CheckpointRecords:
 
     def keep(self, path: Path, row: CheckpointRow) -> None:
         """A session's new checkpoint, or its turn's end (a session's ``on_checkpoint``):
-        appended soon, in the order told."""
-        self._send.send_nowait((path, row))
+        appended soon, in the order told (after :meth:`close`: nowhere)."""
+        with contextlib.suppress(trio.ClosedResourceError):
+            self._send.send_nowait((path, row))
 
     def close(self) -> None:
         """Nothing more is told: :meth:`run` ends once what was is written."""
@@ -84,6 +88,7 @@ class CheckpointRecords:
                 await trio.to_thread.run_sync(self._append, batch)
             except OSError as exc:  # (a full disk: the checkpoints are kept all the same)
                 log.warning("checkpoint records cannot be written: %s", exc.strerror or exc)
+        self.drained.set()
 
     @staticmethod
     async def read(path: Path, key: str, limit: int = CHECKPOINTS_KEPT) -> list[CheckpointRow]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from supervisor.checkpoints import ShadowStore
 from supervisor.checkpoints.records import COMPACT_AFTER_LINES, CheckpointRecords
 from supervisor.core.checkpoints import CHECKPOINTS_KEPT
+from supervisor.remote.revival import Revival, first_node_id
 from supervisor.store.backend import CheckpointRow
 
 
@@ -48,3 +50,15 @@ async def test_rows_are_had_back_by_key_merged_and_bounded(tmp_path: Path) -> No
     path.write_bytes(path.read_bytes() + b'{"id": "t99", "n"')  # a line cut by a kill
     assert len(await records.read(path, "s1")) == CHECKPOINTS_KEPT
     assert await records.read(tmp_path / "none.jsonl", "s3") == []
+
+
+def test_a_revive_names_the_key_of_the_sessions_recorded_checkpoints() -> None:
+    """The front names the node's id of the session as first started (``s1`` of ``s1@h``);
+    a node reads it back, and refuses what is no id; a revive without it has none."""
+    revival = Revival(None, 7, 2, checkpoints_of=first_node_id("s1@h"))
+    assert revival.to_wire()["checkpoints_of"] == "s1"
+    assert Revival.from_wire(revival.to_wire()) == revival
+    assert "checkpoints_of" not in Revival(None, 7, 2).to_wire()
+    assert Revival.from_wire({"last_seq": 0, "turns": 0}).checkpoints_of is None
+    with pytest.raises(ValueError, match="checkpoints_of"):
+        Revival.from_wire({"last_seq": 0, "turns": 0, "checkpoints_of": 3})
