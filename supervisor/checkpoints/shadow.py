@@ -101,9 +101,11 @@ _KINDS: Final = {
     "160000": "git repository",
 }
 _SYMLINK: Final = "120000"
+_GITLINK: Final = "160000"
 #: what a change says of a file that could not be read
 _UNREADABLE: Final = "cannot be read (permission denied): its content is not kept"
-_GITLINK: Final = "160000"
+#: paths one git command line names at most (an argv has a limit of its own)
+_ARGV_PATHS: Final = 1000
 #: who the store's commits are by
 _NAME: Final = "agent-supervisor"
 _EMAIL: Final = "checkpoints@agent-supervisor.invalid"
@@ -722,8 +724,11 @@ class ShadowStore:
         named = [path for path, now in new.unreadable.items() if old.unreadable.get(path) != now]
         if not named:
             return
-        listed = await self._git("ls-tree", "-z", "--name-only", old.tree, "--", *named)
-        had = set(listed.split(b"\0")) | old.unreadable.keys() | old.too_big.keys()
+        had = old.unreadable.keys() | old.too_big.keys()
+        for at in range(0, len(named), _ARGV_PATHS):
+            some = named[at : at + _ARGV_PATHS]
+            listed = await self._git("ls-tree", "-z", "--name-only", old.tree, "--", *some)
+            had |= set(listed.split(b"\0"))
         for path in named:
             change = "modified" if path in had else "added"
             found[path] = Change(path, change, _UNREADABLE)
