@@ -302,6 +302,9 @@ async def _serve_node(
                     # Each turn's checkpoints are taken here, where the files are: a front's
                     # rewind and diff are the node's (design/remote.md, "Checkpoints").
                     checkpoints=True,
+                    # ... and recorded beside them: a front's stored session started again
+                    # here after this node is gone gets its earlier turns' back.
+                    record_checkpoints=True,
                     metrics=Metrics(),  # GET /metrics on its socket; node --metrics
                     tracer_provider=tracer_provider,
                 ) as supervisor,

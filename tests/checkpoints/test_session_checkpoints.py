@@ -4,7 +4,10 @@ ACP agent whose tool edits, creates and deletes files in the session's directory
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +47,20 @@ class FileToolAgent(AcpAgent):
         (work / "notes.txt").unlink(missing_ok=True)
         (work / "new" / "dir").mkdir(parents=True, exist_ok=True)
         (work / "new" / "dir" / "made.bin").write_bytes(b"\x00\xff" * 64)
+        for name in launcher.hide:  # written, then made unreadable
+            (work / name).write_text("the tool's secret\n")
+            (work / name).chmod(0)
         launcher.wrote.set()
         await trio.sleep(seconds)
 
 
 class FileToolLauncher(AcpLauncher):
-    def __init__(self, behaviour: AcpBehaviour, work: Path) -> None:
+    def __init__(self, behaviour: AcpBehaviour, work: Path, hide: tuple[str, ...] = ()) -> None:
         super().__init__(behaviour)
         self.work = work
         self.wrote = trio.Event()
+        #: files the tool writes, then makes unreadable
+        self.hide = hide
 
     def launch(self, link: Any, spec: AgentSpec, resume: str | None) -> AcpAgent:
         return FileToolAgent(link, self)
@@ -315,3 +323,68 @@ async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, wor
                 ended = await _turn_ended(recorder, second.id)
                 assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
                 nursery.cancel_scope.cancel()
+
+
+def test_a_turn_that_makes_a_file_unreadable_names_it_and_its_rewind_leaves_it() -> None:
+    """The tool changes files and makes one unreadable: the turn's changes name it (and list
+    the others), and a rewind restores the others and leaves it as it is. As root (who reads
+    every file) the supervisor runs as nobody, in a child process."""
+    if os.geteuid() != 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            trio.run(unreadable_turn, Path(tmp))
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to run the supervisor as another user")
+    with tempfile.TemporaryDirectory(prefix="checkpoints-") as shared:
+        os.chmod(shared, 0o777)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, __file__, "unreadable_turn", shared],
+            capture_output=True,
+            timeout=BOUND_S,
+            env={**os.environ, "HOME": shared, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+
+
+async def unreadable_turn(tmp_path: Path) -> None:
+    """(Plain asserts: run by a child process, whose failure the test shows.)"""
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "app.py").write_text("print('first')\n")
+    (work / "notes.txt").write_text("notes\n")
+    (work / "secret.txt").write_text("s\n")
+    launcher = FileToolLauncher(
+        AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work, hide=("secret.txt",)
+    )
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("edit the files")
+                ended = await _turn_ended(recorder, turn.id)
+                why = "cannot be read (permission denied): its content is not kept"
+                assert ended.changes == [
+                    *EXPECTED[:2],
+                    {"path": "secret.txt", "change": "modified", "detail": why},
+                    EXPECTED[2],
+                ], ended.changes
+                result = await session.rewind(turn.id)
+                assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
+                assert result["not_restored"] == [
+                    {"path": "secret.txt", "why": "cannot be read now: left as it is"}
+                ], result
+                assert (work / "src" / "app.py").read_text() == "print('first')\n"
+                assert (work / "notes.txt").read_text() == "notes\n"
+                assert not (work / "new").exists()
+                secret = (work / "secret.txt").stat()
+                assert (secret.st_size, secret.st_mode & 0o777) == (18, 0)  # as the tool left it
+                nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":  # a test's child process (test_a_turn_that_makes_a_file_...)
+    trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))

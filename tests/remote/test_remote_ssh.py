@@ -631,3 +631,49 @@ async def test_a_stored_session_whose_node_is_gone_starts_again_on_its_host(
                 assert agents and {p.cwd() for p in agents} == {cwd}, agents
                 last = answer[-1].seq
                 await sup.stop_session(sid)
+
+
+async def test_a_session_started_again_on_its_host_rewinds_to_a_turn_from_before(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A turn edits files on the host; its node is killed (the front lists the session as
+    stored); a prompt starts it again on its host, where the new node has the earlier turn's
+    checkpoints back: a rewind to it restores the files byte for byte."""
+    spec = demo_on(host)
+    before = b"the notes as they were\n\x00\xff raw bytes\n"
+    work = host.home / "work-rewind"
+    work.mkdir()
+    (work / "notes.txt").write_bytes(before)
+    for path in (work, work / "notes.txt"):
+        os.chown(path, host.uid, -1)
+    options: dict[str, Any] = {
+        "agents": {spec.name: spec},
+        "hosts": {"h": host_spec(host)},
+        "state_dir": tmp_path / "state",
+        "store": f"sqlite:///{tmp_path / 'sessions.db'}",
+    }
+    with trio.fail_after(BOUND):
+        async with open_supervisor(**options) as sup:
+            first = await sup.start_session(spec.name, cwd=str(work))
+            assert isinstance(first, RemoteSession) and first.keeps_checkpoints
+            await first.prompt("write=notes.txt write=new.txt words=2")
+            said = await _answer(first, 0)
+            assert said[-1].changes == [  # type: ignore[attr-defined]
+                {"path": "new.txt", "change": "added"},
+                {"path": "notes.txt", "change": "modified"},
+            ]
+            async with first.subscribe(since_seq=said[-1].seq) as events:
+                psutil.Process(node_pid(first)).kill()
+                async for event in events:
+                    if isinstance(event, ev.SessionState) and event.state == "failed":
+                        break
+            handle = await sup.get(first.id).prompt("and now words=1")
+            assert handle.id == "t2"
+            live = sup.get(first.id)
+            assert isinstance(live, RemoteSession) and live is not first
+            await _answer(live, said[-1].seq)
+            result = await live.rewind("t1")
+            assert result["restored"] == ["new.txt", "notes.txt"], result
+            assert (work / "notes.txt").read_bytes() == before
+            assert not (work / "new.txt").exists()
+            await sup.stop_session(first.id)
