@@ -244,3 +244,16 @@ async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str
                 break
             got.append(event)
     return got
+
+
+async def watch_deltas(
+    events: trio.MemoryReceiveChannel[dict[str, Any]], seen: dict[int, dict[str, Any]], count: int
+) -> None:
+    """Keeps each event of ``events`` in ``seen`` by its seq until ``count`` ``message.delta``
+    events have come: a point in the middle of a turn's stream."""
+    deltas = 0
+    async for event in events:
+        seen[event["seq"]] = event
+        deltas += event["event"] == "message.delta"
+        if deltas == count:
+            return
