@@ -246,14 +246,16 @@ async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str
     return got
 
 
-async def watch_deltas(
-    events: trio.MemoryReceiveChannel[dict[str, Any]], seen: dict[int, dict[str, Any]], count: int
-) -> None:
-    """Keeps each event of ``events`` in ``seen`` by its seq until ``count`` ``message.delta``
-    events have come: a point in the middle of a turn's stream."""
+async def read_deltas(
+    events: trio.MemoryReceiveChannel[dict[str, Any]], count: int
+) -> list[dict[str, Any]]:
+    """The events of ``events`` up to its ``count``-th ``message.delta``: a point in the middle
+    of a turn's stream."""
+    got: list[dict[str, Any]] = []
     deltas = 0
     async for event in events:
-        seen[event["seq"]] = event
+        got.append(event)
         deltas += event["event"] == "message.delta"
         if deltas == count:
-            return
+            break
+    return got

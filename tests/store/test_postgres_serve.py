@@ -20,8 +20,8 @@ from served import (
     _env,
     check_replay,
     demo_command,
+    read_deltas,
     serve,
-    watch_deltas,
     whole_history,
     write_config,
 )
@@ -61,7 +61,7 @@ async def test_serve_killed_mid_stream_comes_back_on_postgresql(
                 sid = (await client.start_session("talker"))["session_id"]
                 async with client.subscribe(sid) as events:
                     await client.prompt(sid, "keep talking")
-                    await watch_deltas(events, seen, KILL_AFTER)
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
                 # Killed once the store holds what the client saw (the writer flushes every few
                 # ms, after the clients got the events).
                 await trio.to_thread.run_sync(stored_up_to, url, sid, max(seen))

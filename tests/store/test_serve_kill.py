@@ -17,8 +17,8 @@ import trio
 from served import (
     check_replay,
     demo_command,
+    read_deltas,
     serve,
-    watch_deltas,
     whole_history,
     write_config,
 )
@@ -50,7 +50,7 @@ async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
                 sid = (await client.start_session("flood"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     await client.prompt(sid, "flood")
-                    await watch_deltas(events, seen, KILL_AFTER)
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
                     served.signal(signal.SIGKILL)
                     # (the channel ends with the connection: every event that reached the
                     # client before the kill is in ``seen``)
@@ -81,7 +81,7 @@ async def test_serve_killed_mid_flood_reuses_no_seq(tmp_path: Path, store_url: s
                 sid = (await client.start_session("flood"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     await client.prompt(sid, "flood")
-                    await watch_deltas(events, seen, KILL_AFTER)
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
                 first.signal(signal.SIGKILL)  # no wait for the store: the flood goes on
                 await first.wait_exit()
         async with serve(tmp_path, "--config", str(config), "--store", store_url) as second:
