@@ -29,7 +29,7 @@ from protocols import events as ev
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.config import DEFAULT_STALL_S, DEFAULT_TOOL_STALL_S
 from supervisor.supervisor import AnySession
-from supervisor.testing import FakeAgent
+from supervisor.testing import FakeAgent, record
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_from_json, event_json
 
@@ -384,12 +384,9 @@ async def _demo_session(state_dir: str, stall_s: float) -> AsyncIterator[tuple[S
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"demo": spec}) as sup:
             session = await sup.start_session("demo", cwd="/")
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 yield session, recorder
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
 
 
 @pytest.mark.real_process

@@ -21,13 +21,13 @@ import psutil
 import pytest
 import trio
 
-from helpers import Recorder
 from protocols import events as ev
 from served import read_deltas
 from supervisor import open_supervisor
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.remote import HostSpec, RemoteSession
 from supervisor.remote.version import TEST_VERSION_VARIABLE, package_version
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -167,9 +167,7 @@ async def test_an_upgrade_on_the_host_drains_the_old_node(nodes: Path) -> None:
         async with open_supervisor(agents={"demo": spec}, hosts=new_host, state_dir=state) as sup:
             adopted = sup.get(old_id)
             assert isinstance(adopted, RemoteSession)
-            recorder = Recorder(adopted)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(adopted) as recorder:
                 # the old session, driven in the old node: its turn went on, it cancels
                 await recorder.wait_for(is_delta, count=5)
                 receipt = await adopted.cancel()
@@ -192,7 +190,6 @@ async def test_an_upgrade_on_the_host_drains_the_old_node(nodes: Path) -> None:
                 steer = await new.steer("more words=3")
                 assert steer.turn_id
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
             assert psutil.pid_exists(new_conn.hello.pid)
 
 

@@ -31,6 +31,7 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
 from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
 from supervisor.supervisor import Supervisor
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -106,12 +107,9 @@ async def remote_session(
         async with open_supervisor(agents={spec.name: spec}, hosts=hosts) as sup:
             session = await sup.start_session(spec.name)
             assert isinstance(session, RemoteSession)
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 yield sup, session, recorder
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
 
 
 def is_delta(event: ev.Event) -> bool:

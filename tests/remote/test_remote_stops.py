@@ -10,10 +10,10 @@ import pytest
 import trio
 from test_remote_faults import FAR, fake_host
 
-from helpers import Recorder
 from supervisor import open_supervisor
 from supervisor.config import builtin_agents
 from supervisor.remote import HostSpec, RemoteSession
+from supervisor.testing import record
 
 BOUND = 60.0
 
@@ -35,9 +35,7 @@ async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> No
             remote = await sup.start_session("far", cwd=str(tmp_path))
             local = await sup.start_session("demo", cwd=str(tmp_path))
             assert isinstance(remote, RemoteSession)
-            recorder = Recorder(remote)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(remote) as recorder:
                 turn = await remote.prompt("hello words=400")
                 await recorder.wait_kind("message.delta")
                 queued = await remote.prompt("after words=3")
@@ -47,7 +45,6 @@ async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> No
                 await recorder.wait_kind("turn.ended", turn_id=queued.id)
                 await local.prompt("hello words=400")
                 near = await local.cancel()
-                nursery.cancel_scope.cancel()
             stops = sup.stops.recent()
     assert [(s.session_id, s.turn_id, s.host, s.agent) for s in stops] == [
         (remote.id, turn.id, "here", "far"),
@@ -67,13 +64,10 @@ async def test_a_cancel_no_node_answered_is_one_stop(told: bool) -> None:
     async with open_supervisor(agents={"far": FAR}, hosts={"h": host}) as sup:
         with trio.fail_after(BOUND):
             session = await sup.start_session("far")
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("hi")
                 await recorder.wait_kind("message.delta", turn_id=turn.id)
                 receipt = await session.cancel()
-                nursery.cancel_scope.cancel()
             assert receipt.outcome == "unreachable"
             [stop] = sup.stops.recent()
             assert (stop.session_id, stop.turn_id, stop.host) == (session.id, turn.id, "h")
