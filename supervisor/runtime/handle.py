@@ -115,25 +115,13 @@ class SessionHandle(Protocol):
     async def stop(self) -> ExitStatus | None: ...
 
 
-class _OpensSubscriptions(Protocol):
-    async def open_subscription(
-        self,
-        *,
-        since_seq: int | None = None,
-        max_buffer: int = ...,
-        stall_s: float | None = None,
-        wire: bool = False,
-        max_buffer_bytes: int | None = None,
-    ) -> Subscription: ...
-
-
 class Subscribable:
     """:meth:`subscribe` over the handle's own ``open_subscription`` (for callers that manage
     the lifetime: they call ``close()``), the same for every kind of session."""
 
     @asynccontextmanager
     async def subscribe(
-        self: _OpensSubscriptions,
+        self: SessionHandle,
         *,
         since_seq: int | None = None,
         max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
