@@ -76,6 +76,16 @@ async def process_session(
                 recorder.check_invariants()
 
 
+async def run_turn(session: AnySession, text: str) -> None:
+    """Prompt ``session`` and return once a turn has ended (subscribed before the prompt, so
+    the end cannot be missed)."""
+    async with session.subscribe() as events:
+        await session.prompt(text)
+        async for event in events:
+            if event.kind == "turn.ended":
+                break
+
+
 def skip_or_fail(reason: str) -> None:
     """Skip with ``reason``; in strict mode (``AGENT_SUPERVISOR_STRICT_SKIPS=1``, CI) fail."""
     if os.environ.get("AGENT_SUPERVISOR_STRICT_SKIPS") == "1":
