@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+from hosts import env_node
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
@@ -239,15 +240,7 @@ def test_the_bridge_imports_only_the_standard_library(tmp_path: Path) -> None:
 
 async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
     """The whole path (bridge, node daemon, WebSocket over stdio) with no SSH at all."""
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(tmp_path / "node"),
-        )
-    }
+    hosts = {"here": env_node(tmp_path / "node")}
     spec = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     spec = spec.with_options(hosts=("here",))
     with trio.fail_after(BOUND):
@@ -347,15 +340,7 @@ async def test_a_host_session_takes_content_and_modes_its_agent_offers(tmp_path:
     node's subscribe answer; an image goes through as such, and a mode switches there."""
     from protocols.content import Part, parts_text
 
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(tmp_path / "node"),
-        )
-    }
+    hosts = {"here": env_node(tmp_path / "node")}
     spec = builtin_agents()["demo"].with_args(
         "--state-dir", str(tmp_path / "demo"), "--content", "--modes"
     )

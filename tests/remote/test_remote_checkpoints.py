@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from hosts import env_node
 from test_remote_faults import FAR, fake_host
 
 from helpers import Recorder
@@ -41,13 +42,7 @@ async def remote_session(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Remo
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_bytes(BEFORE)
-    here = HostSpec(
-        name="here",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=1.0,
-        state_dir=str(tmp_path / "node"),
-    )
+    here = env_node(tmp_path / "node")
     demo = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     agents = {"far": demo.with_options(name="far", hosts=("here",))}
     async with open_supervisor(agents=agents, hosts={"here": here}) as sup:

@@ -11,13 +11,13 @@ session its node still holds takes the pause up.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import trio
+from hosts import env_node
 
 from helpers import Recorder
 from protocols import events as ev
@@ -53,13 +53,7 @@ def nodes(tmp_path: Path) -> Iterator[Path]:
 
 
 def hosts(tmp_path: Path) -> dict[str, HostSpec]:
-    host = HostSpec(
-        name="h",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=30.0,
-        state_dir=str(tmp_path / "host"),
-    )
+    host = env_node(tmp_path / "host", name="h", detach_s=30.0)
     return {"h": host}
 
 

@@ -3,16 +3,16 @@ stop a node's ``turn.ended`` tells of, and the cancel no node answered (``unreac
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import trio
+from hosts import env_node
 from test_remote_faults import FAR, fake_host
 
 from supervisor import open_supervisor
 from supervisor.config import builtin_agents
-from supervisor.remote import HostSpec, RemoteSession
+from supervisor.remote import RemoteSession
 from supervisor.testing import record
 
 BOUND = 60.0
@@ -21,13 +21,7 @@ BOUND = 60.0
 async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> None:
     """A remote cancel, with a queued prompt it drops, and a local one: two stops, the remote
     one naming its host; the dropped prompt's ``turn.ended`` (its receipt too) is none."""
-    here = HostSpec(
-        name="here",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=1.0,
-        state_dir=str(tmp_path / "node"),
-    )
+    here = env_node(tmp_path / "node")
     demo = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     agents = {"demo": demo, "far": demo.with_options(name="far", hosts=("here",))}
     with trio.fail_after(BOUND):
