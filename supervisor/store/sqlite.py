@@ -555,10 +555,8 @@ def _lone_run(db: sqlite3.Connection, batch: Batch) -> int | None:
     (:meth:`SqliteBackend._write` stores what it holds beyond)."""
     if len(batch.events) != 1 or batch.sessions or batch.receipts or batch.texts:
         return None
-    if batch.checkpoints:
-        return None
     run = batch.events[0]
-    if not run.payloads:
+    if batch.checkpoints or not run.payloads:
         return None
     payloads = b"\n".join(run.payloads)
     row = (run.session_id, run.first_seq, run.last_seq, payloads)
