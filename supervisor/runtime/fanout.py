@@ -856,14 +856,22 @@ class Fanout:
         self._gated.clear()
 
     def _held_full(self) -> bool:
-        """A backpressured subscriber would be full once what waits to be stored is offered
-        to it: the session reads no more agent output until the store catches up (or it
-        takes), so what a store write releases at once never cuts it off."""
+        """A backpressured subscriber would be past half its margin (between a full buffer
+        and where it is cut off) once what waits to be stored is offered to it: the session
+        reads no more agent output until the store catches up (or it takes), so what a store
+        write releases at once never cuts it off, and the other half stays for what the
+        session publishes while held (an agent message, a cancel's events). Not at a full
+        buffer: what waits to be stored is the store's pipeline (a batch being written, one
+        gathering), which a subscriber without a store never has to leave room for; a full
+        buffer holds the session anyway (:meth:`must_wait`)."""
         count, size = self._held_count, self._held_bytes
         return any(
             s.stall_s is not None
             and not s._closed
-            and (len(s._events) + count >= s.capacity or s._bytes + size >= s.byte_capacity)
+            and (
+                2 * (len(s._events) + count) >= s.capacity + s._limit
+                or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
+            )
             for s in self._gated
         )
 

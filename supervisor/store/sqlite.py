@@ -226,13 +226,15 @@ class SqliteBackend:
     def write(self, batch: Batch) -> bool:
         db = self._conn
         try:
-            db.execute("BEGIN")
-            try:
-                size = self._write(db, batch)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+            size = _lone_run(db, batch)
+            if size is None:
+                db.execute("BEGIN")
+                try:
+                    size = self._write(db, batch)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
         self._unindexed = self._unindexed or bool(batch.texts)
@@ -543,6 +545,22 @@ class SqliteBackend:
             self._db.close()
             self._db = None
         self._let_go()
+
+
+def _lone_run(db: sqlite3.Connection, batch: Batch) -> int | None:
+    """A batch of one run of events and nothing else (a stream's, most of a flood), written
+    as one statement, its own transaction: one call into SQLite, where ``BEGIN``, the insert
+    and ``COMMIT`` are three, each taking the GIL back from the event loop when it returns.
+    Returns its bytes; None if it is not such a batch, or its first seq is stored already
+    (:meth:`SqliteBackend._write` stores what it holds beyond)."""
+    if len(batch.events) != 1 or batch.sessions or batch.receipts or batch.texts:
+        return None
+    run = batch.events[0]
+    if batch.checkpoints or not run.payloads:
+        return None
+    payloads = b"\n".join(run.payloads)
+    row = (run.session_id, run.first_seq, run.last_seq, payloads)
+    return len(payloads) if db.execute(_INSERT_EVENTS, row).rowcount else None
 
 
 def _open_error(where: str, exc: sqlite3.DatabaseError) -> str:

@@ -113,6 +113,11 @@ RECLAIM_PAGES = 4096
 #: How long the store is idle (nothing recorded) before the backend does what can wait for
 #: that (:meth:`Backend.settle`: SQLite checkpoints its write-ahead log then, not in a stream).
 SETTLE_IDLE_S = 1.0
+#: A batch writes a session's row when it changed, or when only its ``last_active`` did and
+#: by at least this much: a stream's batches (one every few ms) then write its events alone,
+#: one statement (``SqliteBackend.write``). What lists and retention read of ``last_active``
+#: is then up to this late while a session streams (a clean close writes it exact).
+ACTIVE_EVERY_S = 1.0
 #: The states in which a session's agent is gone for good (``Supervisor``'s ended states):
 #: the row written with that event hands it back (no owner, clean), for any process of the
 #: store to take up.
@@ -177,6 +182,8 @@ class _Meta:
     worktree: str | None = None
     #: the token of this process (its rows name it while it runs the session)
     owner: str | None = None
+    #: its row as last written (None: not yet)
+    written: StoredSession | None = None
 
 
 class SessionStore:
@@ -806,8 +813,14 @@ class SessionStore:
                                 payload=dumps(event.receipt),
                             )
                         )
-        sessions = [_row(sid, info) for sid, info in touched.items()]
-        for info in touched.values():
+        sessions: list[StoredSession] = []
+        for sid, info in touched.items():
+            written = info.written
+            if written is not None and info.last_active - written.last_active < ACTIVE_EVERY_S:
+                if _row(sid, info, written.last_active) == written:
+                    continue  # (only its last_active moved, and by little)
+            info.written = row = _row(sid, info)
+            sessions.append(row)
             info.stored = True
         self._last_batch = Batch(sessions=sessions, events=runs, receipts=receipts, texts=texts)
         return self._last_batch
@@ -988,7 +1001,8 @@ def _timestamp(found: list[tuple[int, bytes]], seq: int) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _row(session_id: str, info: _Meta) -> StoredSession:
+def _row(session_id: str, info: _Meta, last_active: float | None = None) -> StoredSession:
+    """The session's row (``last_active``: that one rather than its own)."""
     own = getattr(info.session, "agent_session_id", None)
     if own is not None:
         info.agent_session_id = own
@@ -1001,7 +1015,7 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
         mcp_servers=info.mcp_servers,
         agent_session_id=info.agent_session_id,
         created=info.created,
-        last_active=info.last_active,
+        last_active=info.last_active if last_active is None else last_active,
         state=info.state,
         open_turn_id=info.open_turn_id,
         clean=info.owner is None,  # (handed back with its last events: nothing after)
@@ -1011,18 +1025,19 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
 
 
 _TEXT = operator.attrgetter("text")
-_TURN = operator.attrgetter("turn_id")
-_ROLE = operator.attrgetter("role")
+_TURN_ROLE = operator.attrgetter("turn_id", "role")
 
 
 def _one_answer(events: list[ev.Event]) -> bool:
     """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run)."""
-    if type(events[0]) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
+    first = events[0]
+    if type(first) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
         return False
     if set(map(type, events)) != {ev.MessageDelta}:
         return False
-    turns = set(map(_TURN, events))
-    return len(turns) == 1 and None not in turns and set(map(_ROLE, events)) == {"assistant"}
+    return first.turn_id is not None and set(map(_TURN_ROLE, events)) == {
+        (first.turn_id, "assistant")
+    }
 
 
 def _spans(pending: list[_Run]) -> dict[str, list[int]]:

@@ -19,6 +19,7 @@ from memory_store import MemoryBackend, in_this_thread
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
+from supervisor.runtime.fanout import Fanout
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
@@ -82,3 +83,49 @@ async def test_without_a_store_events_are_given_as_they_are_published(
             given = events.take(events.pending)  # the turn's end too, at once
             assert [event.seq for event in given] == list(range(1, session.last_seq + 1))
             assert any(isinstance(event, ev.TurnEnded) for event in given)
+
+
+class _Recorder:
+    """Keeps nothing: what a fan-out asks of a store, for a test that commits by hand."""
+
+    full = False
+
+    def record(self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout) -> None:
+        pass
+
+    def when_room(self, callback: Callable[[], object]) -> None:
+        callback()
+
+    def soon(self, fanout: Fanout) -> None:
+        pass
+
+    def hasten(self) -> None:
+        pass
+
+    async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
+        return []
+
+
+def test_what_waits_to_be_stored_holds_the_agent_back_before_a_write_could_cut_off() -> None:
+    fanout = Fanout(10_000)
+    fanout.recorder = _Recorder()
+    reader = fanout.subscribe(None, head_seq=0, max_buffer=100, stall_s=5.0)
+
+    def deltas(first: int, count: int) -> list[ev.Event]:
+        return [
+            ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text="w")
+            for seq in range(first, first + count)
+        ]
+
+    # More than a buffer waits for the store (the store's pipeline): the agent is read on,
+    # up to half the margin a backpressured subscriber has past a full buffer.
+    fanout.publish_many(deltas(1, 120))
+    assert not fanout.must_wait()
+    fanout.publish_many(deltas(121, 30))
+    assert fanout.must_wait()
+    # The write gives it all at once: full, held back, never cut off.
+    fanout.committed(150)
+    assert reader.pending == 150 and not reader.lagged
+    assert fanout.must_wait()
+    reader.take(150)
+    assert not fanout.must_wait()

@@ -20,6 +20,7 @@ from supervisor.store.backend import (
     Batch,
 )
 from supervisor.store.writer import (
+    ACTIVE_EVERY_S,
     SETTLE_IDLE_S,
     TURN_END_S,
     SessionStore,
@@ -62,6 +63,52 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
     assert backend.seqs() == list(range(1, 107))
 
 
+class _Session:
+    """What the writer reads of a session it stores (``SessionStore.attach``)."""
+
+    id = "s1"
+    host = None
+    cwd = "/"
+    agent_session_id = None
+
+    def __init__(self) -> None:
+        self.spec = AgentSpec(name="demo", protocol="acp", command=["demo"])
+        self.fanout = _Fanout([])
+
+
+async def test_a_streams_batches_write_its_events_and_its_row_when_it_changes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    backend = MemoryBackend()
+    store = SessionStore(backend, run_sync=in_this_thread)
+    store.attach(_Session())
+
+    def delta(seq: int, at: float) -> tuple[list[ev.Event], list[bytes]]:
+        event = ev.MessageDelta(session_id="s1", seq=seq, timestamp=at, turn_id="t1", text="w")
+        return [event], [event_json(event)]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        for seq, at in enumerate([100.0, 100.2, 100.2 + ACTIVE_EVERY_S], 1):
+            store.record(*delta(seq, at))
+            await store.flushed()
+        state = ev.SessionState(session_id="s1", seq=4, timestamp=101.3, state="idle")
+        store.record([state], [event_json(state)])
+        await store.flushed()
+        await store.aclose()
+    rows = [
+        [(row.last_active, row.state) for row in batch.sessions] for _, batch in backend.batches
+    ]
+    # The first write, a last_active a second on, a new state; the clean close, exact.
+    assert rows == [
+        [(100.0, "starting")],
+        [],
+        [(100.2 + ACTIVE_EVERY_S, "starting")],
+        [(101.3, "idle")],
+        [(101.3, "idle")],
+    ]
+
+
 class _Fanout:
     """What the writer tells a session's fan-out (its subscribers get what is stored)."""
 
@@ -70,6 +117,9 @@ class _Fanout:
 
     def committed(self, seq: int) -> None:
         self.calls.append(f"committed {seq}")
+
+    def serialize(self) -> None:
+        pass
 
 
 async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
