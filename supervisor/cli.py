@@ -725,9 +725,10 @@ class _Shutdown:
 async def run_serve(options: ServeOptions) -> int:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting; on SIGINT or
     SIGTERM a graceful stop, exit 0 (a second signal: the agents are killed at once, exit 1)."""
+    from supervisor.gateway import CannotListen
     from supervisor.store.backend import StoreError
 
-    refused: StoreError | None = None
+    refused: StoreError | CannotListen | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         shutdown = _Shutdown(trio.Event())
         try:
@@ -735,10 +736,12 @@ async def run_serve(options: ServeOptions) -> int:
                 watcher.start_soon(shutdown.watch, signals)
                 await _serve(options, shutdown)
                 watcher.cancel_scope.cancel()
-        except* StoreError as group:  # the store cannot be opened: one line, what to do
-            refused = next(e for e in _leaves(group) if isinstance(e, StoreError))
+        # The store cannot be opened, or the port is taken: one line, what to do.
+        except* (StoreError, CannotListen) as group:
+            refused = next(e for e in _leaves(group) if isinstance(e, (StoreError, CannotListen)))
     if refused is not None:
-        _say(str(refused))
+        taken = isinstance(refused, CannotListen) and refused.port_taken
+        _say(str(refused) + ("; choose another with --port N (0 picks a free one)" * taken))
         return 2
     if shutdown.forced:
         return 1

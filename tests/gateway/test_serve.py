@@ -455,6 +455,20 @@ async def test_a_non_loopback_bind_without_tls_is_refused(tmp_path: Path) -> Non
     assert "refusing to bind 0.0.0.0 without TLS" in line and "--insecure" in line
 
 
+async def test_a_taken_port_is_one_line_naming_it_and_how_to_choose_another(
+    tmp_path: Path,
+) -> None:
+    [holder] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = holder.socket.getsockname()[1]
+    async with holder:
+        code, stdout, stderr = await refused(tmp_path, "--port", str(port))
+    assert (code, stdout) == (2, "")
+    assert "Traceback" not in stderr
+    line = stderr.splitlines()[-1]
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+    assert "--port N (0 picks a free one)" in line
+
+
 # -- lows ----------------------------------------------------------------------------------------
 
 
