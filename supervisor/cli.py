@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -135,6 +136,22 @@ def _detect_containment_early() -> None:
     threading.Thread(target=detect, name="containment", daemon=True).start()
 
 
+#: The schemes a gateway URL may have: the ``ready`` line's, or a WebSocket one.
+GATEWAY_SCHEMES = ("http", "https", "ws", "wss")
+
+
+def gateway_url(value: str) -> str:
+    """A gateway URL given to ``chat``, ``acp --connect``, ``pause``, ``resume``: refused at
+    once, naming what is wanted, unless it has a scheme and a host."""
+    parts = urlsplit(value)
+    if parts.scheme.lower() not in GATEWAY_SCHEMES or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a gateway URL: give the one `agent-supervisor serve` printed"
+            " (http://HOST:PORT/?token=...)"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-supervisor",
@@ -213,7 +230,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--agent", default="demo", help="agent to start (default: demo)")
     chat.add_argument(
-        "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
+        "--url",
+        type=gateway_url,
+        help="a running gateway (the `ready` URL of serve); default: an embedded one",
     )
     chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
     chat.add_argument(
@@ -233,6 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     acp.add_argument(
         "--connect",
         metavar="URL",
+        type=gateway_url,
         help="a running gateway (the `ready` URL of serve): its sessions, shared with the"
         " web UI and the chat; default: an embedded supervisor",
     )
@@ -268,6 +288,7 @@ def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.Argument
     for command in (pause, resume):
         command.add_argument(
             "--url",
+            type=gateway_url,
             help="the gateway: the `ready` URL of serve (its ?token= is used), default"
             " $AGENT_SUPERVISOR_URL or http://127.0.0.1:8765/",
         )
@@ -368,13 +389,24 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from supervisor.clients.operator import OperatorError, default_url, run_operator, token_for
+    from supervisor.clients.operator import (
+        URL_VARIABLE,
+        OperatorError,
+        default_url,
+        run_operator,
+        token_for,
+    )
 
     deadline_s: float | None = getattr(args, "deadline", None)
     if deadline_s is not None and not (0 <= deadline_s < float("inf")):
         print("agent-supervisor: --deadline takes seconds, 0 or more", file=sys.stderr)
         return 2
     url = args.url or default_url()
+    try:
+        gateway_url(url)  # (from the environment: argparse has not seen it)
+    except argparse.ArgumentTypeError as exc:
+        print(f"agent-supervisor {args.command}: ${URL_VARIABLE}: {exc}", file=sys.stderr)
+        return 2
     try:
         from_file = read_token_file(args.token_file) if args.token_file else None
         token = token_for(url, from_file, os.environ)
