@@ -58,6 +58,16 @@ STORE_WAIT_S = 2.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _command(argv)
+        sys.stdout.flush()  # here, not at exit: a reader gone is then caught below
+    except BrokenPipeError:  # the reader went (| head): nothing more to say, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush)
+        return 0
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -113,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return main_node(args)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
+            width = max(len(name) for name in agents)
             for spec in agents.values():
-                print(f"{spec.name:<12} {spec.protocol:<8} {spec.description}")
+                print(f"{spec.name:<{width}}  {spec.protocol:<8} {spec.description}".rstrip())
             print(f"\ncontainment: {_containment_line()}")
     except (ConfigError, ContainmentUnavailable) as exc:
         print(f"agent-supervisor: {exc}", file=sys.stderr)

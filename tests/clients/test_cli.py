@@ -1,11 +1,20 @@
-"""A gateway URL given on the command line (``chat --url``, ``acp --connect``, ``pause`` and
+"""The command line as a newcomer meets it: what it prints and its errors, each one line.
+
+A gateway URL given on the command line (``chat --url``, ``acp --connect``, ``pause`` and
 ``resume``'s ``--url`` or ``$AGENT_SUPERVISOR_URL``) that is not one: one line saying what is
-wanted, exit 2, before anything connects."""
+wanted, exit 2, before anything connects. ``agents`` lines its columns up, and its output may
+be cut short (``| head``) without a traceback.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
+from served import ROOT
 from supervisor.cli import main
 
 WANTED = "is not a gateway URL: give the one `agent-supervisor serve` printed"
@@ -40,3 +49,25 @@ def test_one_from_the_environment_is_refused_naming_the_variable(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("agent-supervisor resume: $AGENT_SUPERVISOR_URL: '127.0.0.1:8765'")
     assert WANTED in line
+
+
+def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["agents"]) == 0
+    listed = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in listed] == ["demo", "demo-stubborn"]
+    assert len({line.index(" acp ") for line in listed}) == 1
+
+
+def test_output_cut_short_is_no_traceback() -> None:
+    # The reader takes nothing and goes: the write finds the pipe closed.
+    done = subprocess.run(
+        f"{sys.executable} -m supervisor.cli agents | true",
+        shell=True,
+        env={**os.environ, "PYTHONUNBUFFERED": ""},  # block-buffered, as for most users
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
