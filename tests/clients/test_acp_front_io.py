@@ -544,3 +544,19 @@ async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
                 error = (await client.answer(1))["error"]
         assert error["code"] == INVALID_PARAMS and said in error["message"], error
         assert sup.list() == []  # nothing was started
+
+
+async def test_a_call_naming_a_session_not_open_here_is_invalid_params_naming_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    async with open_supervisor(agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())) as sup:
+        async with conversing(EmbeddedSessions(sup)) as (front, client):
+            mode = {"id": 3, "method": "session/set_mode"}
+            mode["params"] = {"sessionId": "nope", "modeId": "m"}
+            for call in (prompt(1, "nope", "hi"), switch_agent(2, "nope", "fake"), mode):
+                await client.send(call)
+            with trio.fail_after(5):
+                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3)]
+    said = "no session 'nope' here: session/new, session/load or session/resume opens one"
+    assert errors == [{"code": INVALID_PARAMS, "message": said}] * 3
