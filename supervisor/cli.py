@@ -481,8 +481,8 @@ class _Printer:
         elif isinstance(event, ev.TurnEnded) and event.stop_reason != "dropped":
             self.line(f"   [turn {event.turn_id} ended: {event.outcome}]")
         elif isinstance(event, ev.AgentExited):
-            how = "asked to" if event.expected else "unexpectedly"
-            self.line(f"   [agent process exited {how}]")
+            how = ", as asked" if event.expected else " unexpectedly"
+            self.line(f"   [agent process exited{how}]")
 
     def expect_words(self, count: int) -> None:
         self.words = 0
@@ -504,7 +504,8 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
         printer.line()
         printer.line("1. A cooperative agent: it honours the ACP session/cancel notification.")
         session = await supervisor.start_session(demo.with_args("--delay", "0.05"))
-        printer.line(f"   started session {session.id}: {' '.join(demo.command[1:])}")
+        command = [Path(demo.command[0]).name, *demo.command[1:]]  # (not the venv's path)
+        printer.line(f"   started session {session.id}: {' '.join(command)}")
         await _prompt_and_stop(session, printer, "Tell me about supervisors", words_before_stop)
 
         printer.line()

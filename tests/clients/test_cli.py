@@ -9,8 +9,10 @@ be cut short (``| head``) without a traceback.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,25 @@ def test_output_cut_short_is_no_traceback() -> None:
         check=False,
     )
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+@pytest.mark.real_process
+def test_the_demo_stops_both_agents_and_says_so(tmp_path: Path) -> None:
+    # What `make demo` runs, with a short grace for the stubborn agent.
+    done = subprocess.run(
+        [sys.executable, "-m", "supervisor.cli", "demo", "--grace", "0.3"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "AGENT_SUPERVISOR_STATE_DIR": str(tmp_path)},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "started session s1: python" in out and " -m supervisor.demo_agent" in out
+    assert re.search(r"receipt: Cancelled in \d+ ms\n", out)
+    assert "[agent process exited, as asked]\n" in out
+    assert "receipt: Killed after 0.3 s grace, session resumed\n" in out
+    assert "[turn t2 ended: completed]" in out
+    assert "Traceback" not in done.stderr
