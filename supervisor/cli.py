@@ -163,6 +163,19 @@ def gateway_url(value: str) -> str:
     return value
 
 
+def _port(value: str) -> int:
+    """A TCP port: a number out of range is refused, never bound modulo 65536."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a port: 1 to 65535, or 0 for a free one"
+        )
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-supervisor",
@@ -183,7 +196,9 @@ def _parser() -> argparse.ArgumentParser:
         "--config", help="agents TOML file (the built-in demo agent is always there)"
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
+    serve.add_argument(
+        "--port", type=_port, default=8765, help="port, 1 to 65535 (0 picks a free one)"
+    )
     serve.add_argument(
         "--token",
         help=f"access token; visible to every local user in the process list: prefer"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from served import ROOT
-from supervisor.cli import main
+from supervisor.cli import _parser, main
 
 WANTED = "is not a gateway URL: give the one `agent-supervisor serve` printed"
 
@@ -51,6 +51,15 @@ def test_one_from_the_environment_is_refused_naming_the_variable(
     [line] = capsys.readouterr().err.splitlines()
     assert line.startswith("agent-supervisor resume: $AGENT_SUPERVISOR_URL: '127.0.0.1:8765'")
     assert WANTED in line
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["serve", "--port", port])  # (not main: it would serve)
+    assert exited.value.code == 2
+    said = f"argument --port: {port!r} is not a port: 1 to 65535, or 0 for a free one"
+    assert said in capsys.readouterr().err
 
 
 def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
