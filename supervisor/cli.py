@@ -338,11 +338,15 @@ def _add_sessions_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         " directory); one a running serve holds cannot be read: stop it, or use its gateway",
     )
     which = sessions.add_subparsers(dest="sessions_command", metavar="COMMAND", required=True)
-    which.add_parser("list", help="every stored session, the newest first")
+    listed = which.add_parser("list", help="every stored session, the newest first")
     show = which.add_parser("show", help="a session's turns and receipts")
     export = which.add_parser("export", help="a session's events as JSONL (the wire's bytes)")
     for command in (show, export):
-        command.add_argument("session_id", metavar="ID")
+        command.add_argument("session_id", metavar="ID", help="a session's id, as list shows it")
+    for command in (listed, show, export):  # after the command too: `sessions list --store URL`
+        command.add_argument(
+            "--store", metavar="URL", default=argparse.SUPPRESS, help="as sessions --store"
+        )
 
 
 def _add_worktrees_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -62,6 +62,12 @@ def test_serve_refuses_a_port_out_of_range(port: str, capsys: pytest.CaptureFixt
     assert said in capsys.readouterr().err
 
 
+def test_the_store_of_sessions_may_be_named_before_or_after_the_command() -> None:
+    for argv in (["sessions", "--store", "none", "list"], ["sessions", "list", "--store", "none"]):
+        assert _parser().parse_args(argv).store == "none", argv
+    assert _parser().parse_args(["sessions", "show", "s1"]).store is None
+
+
 def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["agents"]) == 0
     listed = capsys.readouterr().out.split("\n\n")[0].splitlines()
