@@ -293,7 +293,20 @@ def _parser() -> argparse.ArgumentParser:
     add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
     agents.add_argument("--config", help="agents TOML file")
+    _describe(commands)
     return parser
+
+
+def _describe(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each command's ``--help`` opens with the line the command list gives it (and its own
+    commands', for ``sessions``)."""
+    for action in commands._choices_actions:
+        command = commands.choices[action.dest]
+        command.description = command.description or action.help
+        if command._subparsers is not None:
+            for inner in command._subparsers._group_actions:
+                if isinstance(inner, argparse._SubParsersAction):
+                    _describe(inner)
 
 
 def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -8,11 +8,14 @@ be cut short (``| head``) without a traceback.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +69,19 @@ def test_the_store_of_sessions_may_be_named_before_or_after_the_command() -> Non
     for argv in (["sessions", "--store", "none", "list"], ["sessions", "list", "--store", "none"]):
         assert _parser().parse_args(argv).store == "none", argv
     assert _parser().parse_args(["sessions", "show", "s1"]).store is None
+
+
+def test_every_commands_help_says_what_it_does() -> None:
+    def commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, Any]]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    yield name, command
+                    yield from commands(command)
+
+    described = {name: bool(command.description) for name, command in commands(_parser())}
+    assert {"serve", "demo", "agents", "worktrees", "list", "show"} <= set(described)
+    assert all(described.values()), described
 
 
 def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
