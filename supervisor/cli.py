@@ -187,13 +187,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--words-before-stop", type=int, default=8, help=argparse.SUPPRESS)
     demo.add_argument(
-        "--grace", type=float, default=1.5, help="grace window for the stubborn agent (s)"
+        "--grace",
+        type=float,
+        metavar="S",
+        default=1.5,
+        help="grace window for the stubborn agent, in seconds (default 1.5)",
     )
     serve = commands.add_parser(
         "serve", help="serve the WebSocket gateway, the web UI and the HTTP API on one port"
     )
     serve.add_argument(
-        "--config", help="agents TOML file (the built-in demo agent is always there)"
+        "--config",
+        metavar="FILE",
+        help="agents TOML file (the built-in demo agent is always there)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument(
@@ -254,13 +260,17 @@ def _parser() -> argparse.ArgumentParser:
     chat = commands.add_parser(
         "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
     )
-    chat.add_argument("--agent", default="demo", help="agent to start (default: demo)")
+    chat.add_argument(
+        "--agent", metavar="NAME", default="demo", help="agent to start (default: demo)"
+    )
     chat.add_argument(
         "--url",
         type=gateway_url,
         help="a running gateway (the `ready` URL of serve); default: an embedded one",
     )
-    chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    chat.add_argument(
+        "--config", metavar="FILE", help="agents TOML file (embedded supervisor only)"
+    )
     chat.add_argument(
         "--session",
         metavar="ID",
@@ -272,9 +282,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     acp.add_argument(
         "--agent",
+        metavar="NAME",
         help="agent behind it (default: the first listed, the built-in demo; a session option too)",
     )
-    acp.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp.add_argument("--config", metavar="FILE", help="agents TOML file (embedded supervisor only)")
     acp.add_argument(
         "--connect",
         metavar="URL",
@@ -292,7 +303,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
-    agents.add_argument("--config", help="agents TOML file")
+    agents.add_argument("--config", metavar="FILE", help="agents TOML file")
     _describe(commands)
     return parser
 
