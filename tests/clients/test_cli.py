@@ -2,8 +2,8 @@
 
 A gateway URL given on the command line (``chat --url``, ``acp --connect``, ``pause`` and
 ``resume``'s ``--url`` or ``$AGENT_SUPERVISOR_URL``) that is not one: one line saying what is
-wanted, exit 2, before anything connects. ``agents`` lines its columns up, and its output may
-be cut short (``| head``) without a traceback.
+wanted, exit 2, before anything connects; a wrong token is said as such. ``agents`` lines its
+columns up, and its output may be cut short (``| head``) without a traceback.
 """
 
 from __future__ import annotations
@@ -14,13 +14,20 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import trio
 
 from served import ROOT
+from supervisor import AgentSpec, open_supervisor
 from supervisor.cli import _parser, main
+from supervisor.clients.acp_front.backends import BackendError
+from supervisor.gateway import Gateway
+from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 WANTED = "is not a gateway URL: give the one `agent-supervisor serve` printed"
 
@@ -126,3 +133,26 @@ def test_the_demo_stops_both_agents_and_says_so(tmp_path: Path) -> None:
     assert "receipt: Killed after 0.3 s grace, session resumed\n" in out
     assert "[turn t2 ended: completed]" in out
     assert "Traceback" not in done.stderr
+
+
+async def test_chat_and_the_front_door_say_a_wrong_token_in_words() -> None:
+    from supervisor.clients import acp_front, chat
+
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake"])
+    with trio.fail_after(30):
+        async with open_supervisor(
+            agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())
+        ) as sup:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(Gateway(sup, port=0, token="right").serve)
+                wrong = url.replace("token=right", "token=wrong")
+                where = urlsplit(url).netloc
+                for connect, error in (
+                    (chat._connect, chat.ChatError),
+                    (acp_front._connect, BackendError),
+                ):
+                    async with AsyncExitStack() as stack:
+                        with pytest.raises(error) as refused:
+                            await connect(stack, wrong)
+                    assert str(refused.value) == f"{where} refused the token (HTTP 401)"
+                nursery.cancel_scope.cancel()
