@@ -1,4 +1,4 @@
-"""``agent-supervisor serve`` as a sysadmin and an attacker meet it (issue 11): a real process,
+"""``agent-supervisor serve`` as a sysadmin and an attacker meet it: a real process,
 real loopback sockets, the demo agent, signals; on the real clock, every wait bounded."""
 
 from __future__ import annotations
