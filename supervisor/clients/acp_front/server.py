@@ -274,6 +274,9 @@ class AcpFront:
             rpc_id = getattr(action, "rpc_id", None)
             if rpc_id is not None and not isinstance(action, _ANSWERED_ELSEWHERE):
                 self._owed.add(rpc_id)
+            if isinstance(action, NewSession | OpenSession):
+                # Under way from now: a shutdown before its task begins answers it too.
+                self._opening[action.rpc_id] = trio.CancelScope()
             if isinstance(action, _IN_ORDER):
                 lane = self._lane(action.session_id)
                 if isinstance(action, PromptRequested):
@@ -326,8 +329,10 @@ class AcpFront:
             self._apply(self.machine.fail(rpc_id, "the front door is shutting down"))
 
     async def _opening_one(self, action: NewSession | OpenSession) -> None:
-        with trio.CancelScope() as scope:
-            self._opening[action.rpc_id] = scope
+        scope = self._opening.get(action.rpc_id)
+        if scope is None:  # withdrawn before it began (shutting down): answered then
+            return
+        with scope:
             try:
                 if isinstance(action, NewSession):
                     await self._new(action)
