@@ -368,6 +368,16 @@ async def test_a_stopped_session_of_the_store_is_stopped_not_unknown(tmp_path: P
                 nursery.cancel_scope.cancel()
 
 
+async def test_head_is_answered_as_get_without_the_body() -> None:
+    # `curl -I`: the status and the head, never an empty reply.
+    async with gateway() as (_, url, _l):
+        auth = {"authorization": "Bearer secret-token"}
+        with trio.fail_after(BOUND):
+            assert await http(url, "HEAD", "/v1/sessions", auth) == (200, "")
+            assert await http(url, "HEAD", "/", auth) == (200, "")
+            assert await http(url, "HEAD", "/v1/sessions") == (401, "")  # no token
+
+
 async def test_http_abort_returns_the_receipt() -> None:
     async with gateway(AcpBehaviour(words=400, word_interval=0.01, stop_delay=0.02)) as (
         _,
