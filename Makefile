@@ -21,8 +21,11 @@ $(XTERM): scripts/vendor-xterm.sh
 
 install: $(STAMP) $(XTERM)
 
+# make run ARGS='--port 0': serve's own options (agent-supervisor serve --help)
+ARGS ?=
+
 run: $(STAMP) $(XTERM)
-	$(VENV)/bin/agent-supervisor serve
+	@$(VENV)/bin/agent-supervisor serve $(ARGS)
 
 demo: $(STAMP) $(XTERM)
 	$(VENV)/bin/agent-supervisor demo

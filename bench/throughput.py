@@ -8,8 +8,8 @@ side in the same run, interleaved, each ``--repeats`` times (the median is repor
   built and serialized once with the standard library's ``json`` (compact), framed once; the
   frames of ``FLOOR_BATCH`` events joined and sent to each connection with one ``send_all``, on
   a bare trio socket (WebSocket handshake by hand, ``bench/bare_websocket.py``). It has no
-  agent: its events come from nowhere. This is the floor issue 9's target is set against
-  (ours >= 0.8x its events/s);
+  agent: its events come from nowhere. This is the floor the streaming target is set
+  against (ours >= 0.8x its events/s);
 - **floor with msgspec**: the same, each frame serialized by the gateway's own encoder
   (``supervisor.wire.codec.dumps``: msgspec, ~10x faster than ``json`` on these dicts) and framed by
   its ``text_frame``: the floor for a server that serializes as ours does. A stricter yardstick

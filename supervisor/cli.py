@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -57,6 +58,16 @@ STORE_WAIT_S = 2.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _command(argv)
+        sys.stdout.flush()  # here, not at exit: a reader gone is then caught below
+    except BrokenPipeError:  # the reader went (| head): nothing more to say, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (the exit's flush)
+        return 0
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -112,8 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return main_node(args)
         elif args.command == "agents":
             agents = load_agents(args.config) if args.config else builtin_agents()
+            width = max(len(name) for name in agents)
             for spec in agents.values():
-                print(f"{spec.name:<12} {spec.protocol:<8} {spec.description}")
+                print(f"{spec.name:<{width}}  {spec.protocol:<8} {spec.description}".rstrip())
             print(f"\ncontainment: {_containment_line()}")
     except (ConfigError, ContainmentUnavailable) as exc:
         print(f"agent-supervisor: {exc}", file=sys.stderr)
@@ -135,6 +147,35 @@ def _detect_containment_early() -> None:
     threading.Thread(target=detect, name="containment", daemon=True).start()
 
 
+#: The schemes a gateway URL may have: the ``ready`` line's, or a WebSocket one.
+GATEWAY_SCHEMES = ("http", "https", "ws", "wss")
+
+
+def gateway_url(value: str) -> str:
+    """A gateway URL given to ``chat``, ``acp --connect``, ``pause``, ``resume``: refused at
+    once, naming what is wanted, unless it has a scheme and a host."""
+    parts = urlsplit(value)
+    if parts.scheme.lower() not in GATEWAY_SCHEMES or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a gateway URL: give the one `agent-supervisor serve` printed"
+            " (http://HOST:PORT/?token=...)"
+        )
+    return value
+
+
+def _port(value: str) -> int:
+    """A TCP port: a number out of range is refused, never bound modulo 65536."""
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a port: 1 to 65535, or 0 for a free one"
+        )
+    return port
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-supervisor",
@@ -146,16 +187,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--words-before-stop", type=int, default=8, help=argparse.SUPPRESS)
     demo.add_argument(
-        "--grace", type=float, default=1.5, help="grace window for the stubborn agent (s)"
+        "--grace",
+        type=float,
+        metavar="S",
+        default=1.5,
+        help="grace window for the stubborn agent, in seconds (default 1.5)",
     )
     serve = commands.add_parser(
         "serve", help="serve the WebSocket gateway, the web UI and the HTTP API on one port"
     )
     serve.add_argument(
-        "--config", help="agents TOML file (the built-in demo agent is always there)"
+        "--config",
+        metavar="FILE",
+        help="agents TOML file (the built-in demo agent is always there)",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
+    serve.add_argument(
+        "--port", type=_port, default=8765, help="port, 1 to 65535 (0 picks a free one)"
+    )
     serve.add_argument(
         "--token",
         help=f"access token; visible to every local user in the process list: prefer"
@@ -211,11 +260,17 @@ def _parser() -> argparse.ArgumentParser:
     chat = commands.add_parser(
         "chat", help="chat with an agent in the terminal; Esc or Ctrl-C stops the turn"
     )
-    chat.add_argument("--agent", default="demo", help="agent to start (default: demo)")
     chat.add_argument(
-        "--url", help="a running gateway (the `ready` URL of serve); default: an embedded one"
+        "--agent", metavar="NAME", default="demo", help="agent to start (default: demo)"
     )
-    chat.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    chat.add_argument(
+        "--url",
+        type=gateway_url,
+        help="a running gateway (the `ready` URL of serve); default: an embedded one",
+    )
+    chat.add_argument(
+        "--config", metavar="FILE", help="agents TOML file (embedded supervisor only)"
+    )
     chat.add_argument(
         "--session",
         metavar="ID",
@@ -227,12 +282,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     acp.add_argument(
         "--agent",
+        metavar="NAME",
         help="agent behind it (default: the first listed, the built-in demo; a session option too)",
     )
-    acp.add_argument("--config", help="agents TOML file (embedded supervisor only)")
+    acp.add_argument("--config", metavar="FILE", help="agents TOML file (embedded supervisor only)")
     acp.add_argument(
         "--connect",
         metavar="URL",
+        type=gateway_url,
         help="a running gateway (the `ready` URL of serve): its sessions, shared with the"
         " web UI and the chat; default: an embedded supervisor",
     )
@@ -246,8 +303,21 @@ def _parser() -> argparse.ArgumentParser:
 
     add_node_parser(commands)
     agents = commands.add_parser("agents", help="list the configured agents")
-    agents.add_argument("--config", help="agents TOML file")
+    agents.add_argument("--config", metavar="FILE", help="agents TOML file")
+    _describe(commands)
     return parser
+
+
+def _describe(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each command's ``--help`` opens with the line the command list gives it (and its own
+    commands', for ``sessions``)."""
+    for action in commands._choices_actions:
+        command = commands.choices[action.dest]
+        command.description = command.description or action.help
+        if command._subparsers is not None:
+            for inner in command._subparsers._group_actions:
+                if isinstance(inner, argparse._SubParsersAction):
+                    _describe(inner)
 
 
 def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -268,6 +338,7 @@ def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.Argument
     for command in (pause, resume):
         command.add_argument(
             "--url",
+            type=gateway_url,
             help="the gateway: the `ready` URL of serve (its ?token= is used), default"
             " $AGENT_SUPERVISOR_URL or http://127.0.0.1:8765/",
         )
@@ -291,11 +362,15 @@ def _add_sessions_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         " directory); one a running serve holds cannot be read: stop it, or use its gateway",
     )
     which = sessions.add_subparsers(dest="sessions_command", metavar="COMMAND", required=True)
-    which.add_parser("list", help="every stored session, the newest first")
+    listed = which.add_parser("list", help="every stored session, the newest first")
     show = which.add_parser("show", help="a session's turns and receipts")
     export = which.add_parser("export", help="a session's events as JSONL (the wire's bytes)")
     for command in (show, export):
-        command.add_argument("session_id", metavar="ID")
+        command.add_argument("session_id", metavar="ID", help="a session's id, as list shows it")
+    for command in (listed, show, export):  # after the command too: `sessions list --store URL`
+        command.add_argument(
+            "--store", metavar="URL", default=argparse.SUPPRESS, help="as sessions --store"
+        )
 
 
 def _add_worktrees_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -368,13 +443,24 @@ def _sessions(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from supervisor.clients.operator import OperatorError, default_url, run_operator, token_for
+    from supervisor.clients.operator import (
+        URL_VARIABLE,
+        OperatorError,
+        default_url,
+        run_operator,
+        token_for,
+    )
 
     deadline_s: float | None = getattr(args, "deadline", None)
     if deadline_s is not None and not (0 <= deadline_s < float("inf")):
         print("agent-supervisor: --deadline takes seconds, 0 or more", file=sys.stderr)
         return 2
     url = args.url or default_url()
+    try:
+        gateway_url(url)  # (from the environment: argparse has not seen it)
+    except argparse.ArgumentTypeError as exc:
+        print(f"agent-supervisor {args.command}: ${URL_VARIABLE}: {exc}", file=sys.stderr)
+        return 2
     try:
         from_file = read_token_file(args.token_file) if args.token_file else None
         token = token_for(url, from_file, os.environ)
@@ -438,8 +524,8 @@ class _Printer:
         elif isinstance(event, ev.TurnEnded) and event.stop_reason != "dropped":
             self.line(f"   [turn {event.turn_id} ended: {event.outcome}]")
         elif isinstance(event, ev.AgentExited):
-            how = "asked to" if event.expected else "unexpectedly"
-            self.line(f"   [agent process exited {how}]")
+            how = ", as asked" if event.expected else " unexpectedly"
+            self.line(f"   [agent process exited{how}]")
 
     def expect_words(self, count: int) -> None:
         self.words = 0
@@ -461,7 +547,8 @@ async def run_demo(out: TextIO, words_before_stop: int = 8, grace: float = 1.5) 
         printer.line()
         printer.line("1. A cooperative agent: it honours the ACP session/cancel notification.")
         session = await supervisor.start_session(demo.with_args("--delay", "0.05"))
-        printer.line(f"   started session {session.id}: {' '.join(demo.command[1:])}")
+        command = [Path(demo.command[0]).name, *demo.command[1:]]  # (not the venv's path)
+        printer.line(f"   started session {session.id}: {' '.join(command)}")
         await _prompt_and_stop(session, printer, "Tell me about supervisors", words_before_stop)
 
         printer.line()
@@ -725,9 +812,10 @@ class _Shutdown:
 async def run_serve(options: ServeOptions) -> int:
     """``agent-supervisor serve``: one line ``ready URL`` on stdout once accepting; on SIGINT or
     SIGTERM a graceful stop, exit 0 (a second signal: the agents are killed at once, exit 1)."""
+    from supervisor.gateway import CannotListen
     from supervisor.store.backend import StoreError
 
-    refused: StoreError | None = None
+    refused: StoreError | CannotListen | None = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         shutdown = _Shutdown(trio.Event())
         try:
@@ -735,10 +823,12 @@ async def run_serve(options: ServeOptions) -> int:
                 watcher.start_soon(shutdown.watch, signals)
                 await _serve(options, shutdown)
                 watcher.cancel_scope.cancel()
-        except* StoreError as group:  # the store cannot be opened: one line, what to do
-            refused = next(e for e in _leaves(group) if isinstance(e, StoreError))
+        # The store cannot be opened, or the port is taken: one line, what to do.
+        except* (StoreError, CannotListen) as group:
+            refused = next(e for e in _leaves(group) if isinstance(e, (StoreError, CannotListen)))
     if refused is not None:
-        _say(str(refused))
+        taken = isinstance(refused, CannotListen) and refused.port_taken
+        _say(str(refused) + ("; choose another with --port N (0 picks a free one)" * taken))
         return 2
     if shutdown.forced:
         return 1

@@ -38,7 +38,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 from attrs import field, frozen
@@ -312,9 +312,24 @@ def load_agents(path: str | os.PathLike[str]) -> dict[str, AgentSpec]:
     return load_config(path).agents
 
 
+#: The tables a configuration file may have: each is read by what it configures.
+TABLES: Final = {
+    "agents": "[agents.NAME]",
+    "gateway": "[gateway]",
+    "store": "[store]",
+    "hosts": "[hosts.NAME]",
+}
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """The agents (built-ins overlaid with ``[agents.NAME]``) and ``[gateway]`` of a file."""
     document, where = read_toml(path)
+    unknown = sorted(set(document) - set(TABLES))
+    if unknown:  # a misspelt table would be left out without a word
+        raise ConfigError(
+            f"{where}: unknown table(s) {', '.join(f'[{name}]' for name in unknown)} (allowed:"
+            f" {', '.join(TABLES.values())})"
+        )
     agents = {**builtin_agents(), **parse_agents(document, where)}
     return Config(
         agents=agents,

@@ -17,10 +17,12 @@ repository is touched. Every git call is a subprocess run by ``trio.run_process`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -237,10 +239,30 @@ class Worktrees:
             prefix=prefix.rstrip("/"),
         )
         async with self._lock(path):
-            await self._git(top, "worktree", "add", "--quiet", "-b", branch, path, base)
-            await self._record(worktree, live=True)
+            try:
+                await self._git(top, "worktree", "add", "--quiet", "-b", branch, path, base)
+                await self._record(worktree, live=True)
+            except BaseException:
+                # Cancelled (its caller went away) or failed part way: git may have made the
+                # branch, the directory or both; neither is left in the user's repository.
+                with trio.CancelScope(shield=True):
+                    await self._unmake(worktree)
+                raise
         log.info("session %s works in the worktree %s (branch %s)", session_id, path, branch)
         return worktree
+
+    async def _unmake(self, worktree: Worktree) -> None:
+        """What :meth:`create` made of ``worktree`` before it was stopped, removed: its name
+        was free (no directory, no branch), so all of it is its own. Never raises."""
+        with contextlib.suppress(WorktreeError):
+            await self._git(worktree.repo, "worktree", "remove", "--force", worktree.path)
+        await trio.to_thread.run_sync(lambda: shutil.rmtree(worktree.path, ignore_errors=True))
+        with contextlib.suppress(WorktreeError):
+            await self._git(worktree.repo, "worktree", "prune")
+        if await self._branch_exists(worktree.repo, worktree.branch):
+            with contextlib.suppress(WorktreeError):
+                await self._git(worktree.repo, "branch", "-D", "--quiet", worktree.branch)
+        await trio.to_thread.run_sync(_unlink, worktree.path + ".json")
 
     async def reopen(self, worktree: Worktree) -> Worktree:
         """``worktree`` again, for its session revived: as it is if its directory is there;

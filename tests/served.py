@@ -2,7 +2,7 @@
 loopback sockets, send it signals and read what it printed.
 
 ``serve(tmp_path, *args)`` starts it with its own state directory and waits (bounded) for the
-``ready`` line; leaving the block stops it (SIGTERM, which is graceful now, then SIGKILL of its
+``ready`` line; leaving the block stops it (SIGTERM, which is graceful, then SIGKILL of its
 process group if it does not go). ``refused(tmp_path, *args)`` runs one that must not start.
 """
 

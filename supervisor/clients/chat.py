@@ -1221,6 +1221,8 @@ async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
     try:
         return await stack.enter_async_context(connect(url))
     except ConnectionRejected as exc:
+        if exc.status_code == 401:  # (its body is the gateway's JSON: the status says it all)
+            raise ChatError(f"{where} refused the token (HTTP 401)") from exc
         body = (exc.body or b"").decode("utf-8", errors="replace")
         raise ChatError(f"{where} refused the connection (HTTP {exc.status_code}): {body}") from exc
     except (OSError, HandshakeError, ConnectionClosed) as exc:

@@ -20,6 +20,6 @@ session serializes each event once, when it emits it), so it lives beside the ru
 
 from supervisor.gateway.auth import is_loopback
 from supervisor.gateway.limits import LIMITS, GatewayLimits
-from supervisor.gateway.server import Gateway
+from supervisor.gateway.server import CannotListen, Gateway
 
-__all__ = ["LIMITS", "Gateway", "GatewayLimits", "is_loopback"]
+__all__ = ["LIMITS", "CannotListen", "Gateway", "GatewayLimits", "is_loopback"]

@@ -154,8 +154,9 @@ class Actions:
 
     async def stop(self, call: StopSession) -> dict[str, Any]:
         """``session.stop``: its exit code, and what became of its worktree if it had one
-        (``design/worktrees.md``)."""
-        session = self.supervisor.get(call.session_id)
+        (``design/worktrees.md``). A stopped session, stored, answers a null exit code: a
+        stop asked twice is not an error."""
+        session = await self.supervisor.find(call.session_id)
         status = await self.supervisor.stop_session(session.id)
         answer: dict[str, Any] = {"exit_code": status.code if status is not None else None}
         left = session.worktree_left if isinstance(session, Session) else None

@@ -135,7 +135,15 @@ class Http:
                 return Upgrade(conn, bytes(raw))
             status, content_type, payload, extra = await self._route(request)
             with trio.move_on_after(self.limits.request_timeout_s) as writing:
-                await respond(conn, stream, status, payload, content_type, extra)
+                await respond(
+                    conn,
+                    stream,
+                    status,
+                    payload,
+                    content_type,
+                    extra,
+                    head=request.method == "HEAD",
+                )
             if writing.cancelled_caught:
                 return None  # it reads nothing
             first = False
@@ -193,7 +201,7 @@ class Http:
                 # loads (a script element sends no token, only the cookie)
                 denied = None
         if denied is not None:
-            await self._refuse(conn, stream, path, denied)
+            await self._refuse(conn, stream, path, denied, head=method == "HEAD")
             return None
         slot.state = "busy"
         if headers.get("upgrade", "").lower() == "websocket":
@@ -210,7 +218,13 @@ class Http:
         return _Incoming(method, target, headers, body)
 
     async def _refuse(
-        self, conn: h11.Connection, stream: trio.abc.Stream, path: str, denied: str
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        path: str,
+        denied: str,
+        *,
+        head: bool = False,
     ) -> None:
         if path in _PAGE_PATHS and denied == "unauthorized":
             page = _page(
@@ -218,10 +232,12 @@ class Http:
                 "Open the URL that <code>agent-supervisor serve</code> printed"
                 " (it ends in <code>?token=...</code>).",
             )
-            await respond(conn, stream, 401, page, "text/html; charset=utf-8", close=True)
+            await respond(
+                conn, stream, 401, page, "text/html; charset=utf-8", close=True, head=head
+            )
             return
         error = json_error(denied, _DENIED[denied])
-        await respond(conn, stream, _HTTP_STATUS[denied], error, close=True)
+        await respond(conn, stream, _HTTP_STATUS[denied], error, close=True, head=head)
 
     async def _next_event(
         self,
@@ -256,7 +272,8 @@ class Http:
                     line = bytes(head.head.split(b"\n", 1)[0]).split(b" ")
                     target = line[1].decode("latin-1") if len(line) > 1 else ""
                     path = (_split_target(target) or ("", ""))[0]
-                    await self._refuse(conn, stream, path, "unauthorized")
+                    head_only = line[0] == b"HEAD"
+                    await self._refuse(conn, stream, path, "unauthorized", head=head_only)
                     return None
             conn.receive_data(data)
 
@@ -277,7 +294,9 @@ class Http:
 
     async def _route(self, request: _Incoming) -> tuple[int, str, bytes, list[tuple[str, str]]]:
         """An authenticated request's answer: (status, content type, body, extra headers)."""
-        method, body = request.method, request.body
+        # HEAD is GET without the body (``respond`` leaves it out): RFC 9110 9.3.2.
+        method = "GET" if request.method == "HEAD" else request.method
+        body = request.body
         path = (_split_target(request.target) or ("", ""))[0]
         if method == "GET" and path in _PAGE_PATHS:
             secure = "; Secure" if self.tls else ""
@@ -377,9 +396,11 @@ async def respond(
     extra: list[tuple[str, str]] | None = None,
     *,
     close: bool = False,
+    head: bool = False,
 ) -> None:
-    """Answer one request (``close``: and say the connection closes); nothing is sent once
-    h11 holds the connection unusable."""
+    """Answer one request (``close``: and say the connection closes; ``head``: a HEAD
+    request's, its body's length said and the body left out, as h11 requires); nothing is
+    sent once h11 holds the connection unusable."""
     headers = [
         ("content-type", content_type),
         ("content-length", str(len(body))),
@@ -390,13 +411,18 @@ async def respond(
     ]
     if close:
         headers.append(("connection", "close"))
+    data = b""
     try:
         reason = HTTPStatus(status).phrase.encode() if status in _STATUSES else b""
         data = conn.send(h11.Response(status_code=status, headers=headers, reason=reason))
-        data += conn.send(h11.Data(data=body)) or b""
+        if not head:
+            data += conn.send(h11.Data(data=body)) or b""
         data += conn.send(h11.EndOfMessage()) or b""
     except h11.LocalProtocolError:
-        return
+        if not (head and close):
+            return
+        # A HEAD refused before h11 read it (no token): h11 waits for the body it was told
+        # of; the head goes out as it is, and the connection closes.
     if data:
         await stream.send_all(data)
 

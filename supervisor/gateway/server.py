@@ -12,6 +12,7 @@ as it is.
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
 import socket
@@ -33,12 +34,21 @@ from supervisor.gateway.websocket import HandshakeFailed, ServerWebSocket, WebSo
 from supervisor.store.writer import StoreFault, StoreNotice
 from supervisor.supervisor import Supervisor
 
-__all__ = ["Gateway"]
+__all__ = ["CannotListen", "Gateway"]
 
 log = logging.getLogger(__name__)
 
 #: how often a connection that never showed the token may put a line in the log
 _QUIET_LOG_S: Final = 60.0
+
+
+class CannotListen(Exception):
+    """The address or port cannot be bound (taken, or not this machine's): one line naming
+    it and the system's reason; ``port_taken`` if another process holds the port."""
+
+    def __init__(self, message: str, *, port_taken: bool) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 class Gateway:
@@ -109,7 +119,14 @@ class Gateway:
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled; ``task_status.started`` gets the URL once accepting."""
-        sockets = await trio.open_tcp_listeners(self.port, host=self.host)
+        try:
+            sockets = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as exc:  # socket.gaierror included: a host name that does not resolve
+            reason = exc.strerror or str(exc)
+            raise CannotListen(
+                f"cannot listen on {self.host}:{self.port}: {reason}",
+                port_taken=exc.errno == errno.EADDRINUSE,
+            ) from exc
         sockname = sockets[0].socket.getsockname()
         self.port = int(sockname[1])
         listeners: list[trio.abc.Listener[Any]] = list(sockets)

@@ -138,10 +138,8 @@ class DormantSession(Subscribable):
                 f"session {self.id} runs in another process on this store"
                 f" ({self.elsewhere.describe()}): use it there"
             )
-        return AgentNotRunning(
-            f"session {self.id}'s agent is not running (the session was stored by an earlier"
-            " supervisor)"
-        )
+        again = ": a prompt starts it again" if self._revive is not None else ""
+        return AgentNotRunning(f"session {self.id} is stopped (its agent is not running){again}")
 
     async def prompt(self, text: str, parts: Sequence[Part] = ()) -> TurnHandle:
         if self._revive is None:

@@ -247,6 +247,31 @@ async def test_worktrees_prune_removes_those_without_work_whose_session_is_not_l
     assert sorted(_branches(repo)) == ["agent-supervisor/s2", "agent-supervisor/s3", "main"]
 
 
+async def test_a_worktree_cancelled_while_git_makes_it_leaves_nothing_behind(
+    tmp_path: Path, repo: Path
+) -> None:
+    # Its caller went away (a client closing while its session.start runs): the branch and
+    # the directory git had made by then go too.
+    started, finish = tmp_path / "started", tmp_path / "finish"
+    hook = repo / ".git" / "hooks" / "post-checkout"  # git runs it once both are made
+    hook.write_text(
+        f"#!/bin/sh\ntouch '{started}'\nwhile [ ! -e '{finish}' ]; do sleep 0.05; done\n"
+    )
+    hook.chmod(0o755)
+    root = tmp_path / "state" / "worktrees"
+    with trio.fail_after(BOUND_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(Worktrees(root).create, "s1", str(repo))
+            while not started.exists():  # (another process's doing: nothing to wait on)
+                await trio.sleep(0.01)
+            assert "agent-supervisor/s1" in _branches(repo)
+            nursery.cancel_scope.cancel()
+    finish.touch()
+    assert _branches(repo) == ["main"]
+    assert len(_worktree_paths(repo)) == 1  # the repository's own
+    assert list(root.iterdir()) == []
+
+
 def test_the_worktrees_command_lists_and_prunes(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

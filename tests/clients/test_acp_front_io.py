@@ -7,6 +7,7 @@ import json
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -544,3 +545,57 @@ async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
                 error = (await client.answer(1))["error"]
         assert error["code"] == INVALID_PARAMS and said in error["message"], error
         assert sup.list() == []  # nothing was started
+
+
+async def test_a_call_naming_a_session_not_open_here_is_invalid_params_naming_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    async with open_supervisor(agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())) as sup:
+        async with conversing(EmbeddedSessions(sup)) as (front, client):
+            mode = {"id": 3, "method": "session/set_mode"}
+            mode["params"] = {"sessionId": "nope", "modeId": "m"}
+            for call in (prompt(1, "nope", "hi"), switch_agent(2, "nope", "fake"), mode):
+                await client.send(call)
+            with trio.fail_after(5):
+                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3)]
+    said = "no session 'nope' here: session/new, session/load or session/resume opens one"
+    assert errors == [{"code": INVALID_PARAMS, "message": said}] * 3
+
+
+class AllAtOnce(trio.abc.ReceiveStream):
+    """Stdin as a pipe its client wrote and closed before the front door read it: every byte
+    in the first read, then the end, no other task run in between."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data, self.data = self.data, b""
+        return data
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_session_new_in_the_last_read_before_stdin_closes_is_answered(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """``printf '...session/new...' | agent-supervisor acp``: the request and the end of input
+    are read before its task has begun; it is answered all the same ("shutting down")."""
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    new = {"id": 1, "method": "session/new", "params": {"cwd": str(tmp_path), "mcpServers": []}}
+    async with open_supervisor(agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())) as sup:
+        front = AcpFront(EmbeddedSessions(sup))
+        to_front, from_client = trio.testing.memory_stream_pair()
+        client = Conversation(to_front)
+        async with trio.open_nursery() as nursery:
+
+            async def serve() -> None:
+                await front.serve(AllAtOnce(line(new)), from_client)
+                await from_client.aclose()  # what the process's exit does to its stdout
+
+            nursery.start_soon(serve)
+            with trio.fail_after(30):
+                answered = await client.answer(1)
+    assert answered["error"]["message"] == "the front door is shutting down"

@@ -120,7 +120,6 @@ def test_process_env_expands_tilde(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_empty_file_has_only_the_demo(tmp_path: Path) -> None:
     assert load_agents(write(tmp_path, "")) == builtin_agents()
     assert load_agents(write(tmp_path, "[agents]\n")) == builtin_agents()
-    assert load_agents(write(tmp_path, 'title = "other tables are ignored"\n')) == builtin_agents()
 
 
 def test_demo_is_built_in() -> None:
@@ -331,6 +330,14 @@ def test_agents_not_a_table(tmp_path: Path, value: str) -> None:
     message, path = config_error(tmp_path, f"agents = {value}\n")
     assert message.startswith(f"{path}: ")
     assert "'agents' must be a table of [agents.NAME] tables" in message
+
+
+def test_a_misspelt_table_is_named_not_left_out(tmp_path: Path) -> None:
+    message, path = config_error(tmp_path, '[agent.x]\nprotocol = "acp"\ncommand = ["a"]\n')
+    assert message == (
+        f"{path}: unknown table(s) [agent] (allowed: [agents.NAME], [gateway], [store],"
+        " [hosts.NAME])"
+    )
 
 
 # --- AgentSpec.from_config ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -339,6 +340,42 @@ async def test_agent_not_running_after_stop() -> None:
             with pytest.raises(GatewayError) as error:
                 await client.prompt(session_id, "again")
             assert error.value.code in ("agent_not_running", "session_not_found")
+
+
+async def test_a_stopped_session_of_the_store_is_stopped_not_unknown(tmp_path: Path) -> None:
+    # Stopped here, it is the store's: a second stop is no error, and a cancel says it is
+    # stopped and what brings it back (not that an earlier supervisor stored it).
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=0.5)
+    launcher = AcpLauncher(AcpBehaviour(words=3))
+    store = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=store) as sup:
+            async with trio.open_nursery() as nursery:
+                url = await nursery.start(Gateway(sup, port=0, token="secret-token").serve)
+                async with connect(url) as client:
+                    session_id = await start_and_subscribe(client)
+                    assert (await client.stop(session_id)) == {"exit_code": 0}
+                    assert sup.store is not None
+                    await sup.store.flushed()  # (its end is the store's)
+                    assert (await client.stop(session_id)) == {"exit_code": None}
+                    with pytest.raises(GatewayError) as error:
+                        await client.cancel(session_id)
+                    assert error.value.code == "agent_not_running"
+                    assert error.value.message == (
+                        f"session {session_id} is stopped (its agent is not running):"
+                        " a prompt starts it again"
+                    )
+                nursery.cancel_scope.cancel()
+
+
+async def test_head_is_answered_as_get_without_the_body() -> None:
+    # `curl -I`: the status and the head, never an empty reply.
+    async with gateway() as (_, url, _l):
+        auth = {"authorization": "Bearer secret-token"}
+        with trio.fail_after(BOUND):
+            assert await http(url, "HEAD", "/v1/sessions", auth) == (200, "")
+            assert await http(url, "HEAD", "/", auth) == (200, "")
+            assert await http(url, "HEAD", "/v1/sessions") == (401, "")  # no token
 
 
 async def test_http_abort_returns_the_receipt() -> None:

@@ -1,4 +1,4 @@
-"""``agent-supervisor serve`` as a sysadmin and an attacker meet it (issue 11): a real process,
+"""``agent-supervisor serve`` as a sysadmin and an attacker meet it: a real process,
 real loopback sockets, the demo agent, signals; on the real clock, every wait bounded."""
 
 from __future__ import annotations
@@ -453,6 +453,20 @@ async def test_a_non_loopback_bind_without_tls_is_refused(tmp_path: Path) -> Non
     assert (code, stdout) == (2, "")
     line = refusal(stderr)
     assert "refusing to bind 0.0.0.0 without TLS" in line and "--insecure" in line
+
+
+async def test_a_taken_port_is_one_line_naming_it_and_how_to_choose_another(
+    tmp_path: Path,
+) -> None:
+    [holder] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = holder.socket.getsockname()[1]
+    async with holder:
+        code, stdout, stderr = await refused(tmp_path, "--port", str(port))
+    assert (code, stdout) == (2, "")
+    assert "Traceback" not in stderr
+    line = stderr.splitlines()[-1]
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
+    assert "--port N (0 picks a free one)" in line
 
 
 # -- lows ----------------------------------------------------------------------------------------

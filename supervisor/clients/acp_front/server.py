@@ -274,6 +274,9 @@ class AcpFront:
             rpc_id = getattr(action, "rpc_id", None)
             if rpc_id is not None and not isinstance(action, _ANSWERED_ELSEWHERE):
                 self._owed.add(rpc_id)
+            if isinstance(action, NewSession | OpenSession):
+                # Under way from now: a shutdown before its task begins answers it too.
+                self._opening[action.rpc_id] = trio.CancelScope()
             if isinstance(action, _IN_ORDER):
                 lane = self._lane(action.session_id)
                 if isinstance(action, PromptRequested):
@@ -326,8 +329,10 @@ class AcpFront:
             self._apply(self.machine.fail(rpc_id, "the front door is shutting down"))
 
     async def _opening_one(self, action: NewSession | OpenSession) -> None:
-        with trio.CancelScope() as scope:
-            self._opening[action.rpc_id] = scope
+        scope = self._opening.get(action.rpc_id)
+        if scope is None:  # withdrawn before it began (shutting down): answered then
+            return
+        with scope:
             try:
                 if isinstance(action, NewSession):
                     await self._new(action)
@@ -459,7 +464,7 @@ class AcpFront:
     async def _set_agent(self, action: SetAgent) -> None:
         live = self._live.get(action.session_id)
         if live is None:
-            raise BackendError(f"no session {action.session_id!r}")
+            raise _unknown(action.session_id)
         names = [name for name, _ in self.backend.agents]
         if action.agent not in names:
             self._apply(
@@ -491,7 +496,7 @@ class AcpFront:
     async def _set_mode(self, action: SetMode) -> None:
         live = self._live.get(action.session_id)
         if live is None:
-            raise BackendError(f"no session {action.session_id!r}")
+            raise _unknown(action.session_id)
         try:
             await live.front.set_mode(action.mode_id)
         except BackendRefused as exc:
@@ -502,9 +507,10 @@ class AcpFront:
     async def _send_prompt(self, action: PromptRequested) -> None:
         live = self._live.get(action.session_id)
         if live is None:
+            refused = _unknown(action.session_id)
             self._apply(
                 self.machine.prompt_failed(
-                    action.rpc_id, action.session_id, action.text, "no such session here"
+                    action.rpc_id, action.session_id, action.text, str(refused), code=INVALID_PARAMS
                 )
             )
             return
@@ -543,7 +549,7 @@ class AcpFront:
     async def _steer(self, action: SteerRequested) -> None:
         live = self._live.get(action.session_id)
         if live is None:
-            raise BackendError("no such session here")
+            raise _unknown(action.session_id)
         mode = await live.front.steer(action.text)
         self._apply(self.machine.steer_answered(action.rpc_id, action.session_id, mode))
 
@@ -629,3 +635,10 @@ async def stdio_streams() -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStrea
     stdout = trio.lowlevel.FdStream(os.dup(1))
     os.dup2(2, 1)
     return stdin, stdout
+
+
+def _unknown(session_id: str) -> BackendRefused:
+    """A call naming a session this front door does not have open: the client's mistake."""
+    return BackendRefused(
+        f"no session {session_id!r} here: session/new, session/load or session/resume opens one"
+    )
