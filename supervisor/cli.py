@@ -359,7 +359,7 @@ def _add_sessions_parser(commands: argparse._SubParsersAction[argparse.ArgumentP
         "--store",
         metavar="URL",
         help="the session store, as serve's --store (default: sessions.db in the state"
-        " directory); one a running serve holds cannot be read: stop it, or use its gateway",
+        " directory); read beside a running serve too",
     )
     which = sessions.add_subparsers(dest="sessions_command", metavar="COMMAND", required=True)
     listed = which.add_parser("list", help="every stored session, the newest first")

@@ -7,12 +7,11 @@ itself, without a gateway.
 - ``export ID``: its events as JSONL, each the wire JSON the store keeps, byte for byte.
 
 The store is opened as ``serve`` opens it (``--store``, default the state directory's
-``sessions.db``), and so locked as ``serve`` locks it: a store a running ``serve`` holds is
-refused in one line that says so (SQLite's exclusive lock lets no other process read the file,
-not even read-only; PostgreSQL's advisory lock admits one supervisor), and a running gateway
-is read through its wire instead (``session.list``, ``session.subscribe``, ``session.search``).
-A store that does not exist is said to be missing, not created. Anything that keeps a command
-from its answer is one line on stderr: exit 1 (2: the store cannot be opened).
+``sessions.db``), as one more process sharing it (an owner of kind ``sessions``, which owns no
+session): it reads beside a running ``serve`` or ACP front door, and ``show`` says which live
+process runs a session, or that the process a session was left running by is gone. A store
+that does not exist is said to be missing, not created. Anything that keeps a command from its
+answer is one line on stderr: exit 1 (2: the store cannot be opened).
 """
 
 from __future__ import annotations
@@ -23,12 +22,15 @@ from pathlib import Path
 from typing import Any, BinaryIO, Final, TextIO
 
 from supervisor.store.backend import Backend, ReceiptRow, StoredSession, StoreError, TextRow
-from supervisor.store.url import backend_for, redacted
+from supervisor.store.url import backend_for
 
 __all__ = ["SessionsError", "run_sessions"]
 
 #: How much of a session's first prompt ``list`` shows: one line of a terminal.
 FIRST_PROMPT_CHARS: Final = 60
+#: What this command is as an owner of the store (``Owner.kind``): not exclusive, so it opens
+#: a store a running ``serve`` holds.
+READER_KIND: Final = "sessions"
 #: Events read from the store at a time by ``export``: a few MB at most, whatever the session.
 EXPORT_PAGE: Final = 10_000
 
@@ -65,7 +67,7 @@ def run_sessions(
 
 def _open(url: str) -> Backend:
     try:
-        backend = backend_for(url)
+        backend = backend_for(url, kind=READER_KIND)
     except StoreError as exc:
         raise SessionsError(str(exc), 2) from None
     if backend is None:
@@ -77,14 +79,7 @@ def _open(url: str) -> Backend:
     try:
         backend.open()
     except StoreError as exc:
-        text = str(exc)
-        if "in use by another" in text:
-            text = (
-                f"the store {redacted(url)} is held by a running serve, which lets no other "
-                "process read it: stop it, or read through its gateway (session.list, "
-                "session.subscribe, session.search)"
-            )
-        raise SessionsError(text, 2) from None
+        raise SessionsError(str(exc), 2) from None
     return backend
 
 
@@ -117,7 +112,7 @@ def _show(backend: Backend, stored: StoredSession, out: TextIO) -> None:
     out.write(f"session {stored.id}: {stored.agent} ({stored.protocol}){where}, in {stored.cwd}\n")
     out.write(
         f"created {_when(stored.created)}, last active {_when(stored.last_active)}, "
-        f"{stored.state}, {stored.last_seq} events\n"
+        f"{_state(backend, stored)}, {stored.last_seq} events\n"
     )
     turns: dict[str, list[TextRow | ReceiptRow]] = {}
     every: list[TextRow | ReceiptRow] = [*backend.texts(stored.id), *backend.receipts(stored.id)]
@@ -134,6 +129,18 @@ def _show(backend: Backend, stored: StoredSession, out: TextIO) -> None:
                 out.write(f"{row.kind} (seq {row.seq}):\n{_indented(row.text)}\n")
     if not turns:
         out.write("\nno turns stored\n")
+
+
+def _state(backend: Backend, stored: StoredSession) -> str:
+    """The stored state, and whose the session is: the live process that runs it, or the one
+    that left it so and is gone (the next supervisor to open the store ends its turn)."""
+    owner = backend.owners().get(stored.owner) if stored.owner else None
+    if owner is None:
+        return stored.state
+    process, alive = owner
+    if alive:
+        return f"{stored.state} in {process.describe()}"
+    return f"{stored.state} when {process.describe()} went away"
 
 
 def _receipt(row: ReceiptRow) -> str:

@@ -1,12 +1,14 @@
 """``agent-supervisor sessions list|show|export``, reading a store a supervisor filled: the
 sessions newest first with their first prompts, a session's turns and receipts, its events as
-the wire bytes stored; one line for a store a running supervisor holds, a missing store, an
+the wire bytes stored; read beside a running supervisor; one line for a missing store, an
 unknown session. In-memory agents, on the real clock."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -125,11 +127,17 @@ async def test_the_commands_through_main_and_their_errors(
     assert "no store at" in capsys.readouterr().err
     assert not (tmp_path / "nothing.db").exists()  # never created by reading
 
-    # A running supervisor holds the file: one line, what to do instead.
+    # Read beside a running supervisor: its session is said to run there.
     with trio.fail_after(BOUND):
-        async with open_supervisor(agents={"fake": SPEC}, store=url):
-            code = await trio.to_thread.run_sync(main, ["sessions", "--store", url, "list"])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert "held by a running serve" in err and "session.search" in err
+        async with open_supervisor(
+            agents={"fake": SPEC}, launcher=AcpLauncher(AcpBehaviour()), store=url
+        ) as sup:
+            session = await sup.start_session("fake")
+            assert sup.store is not None
+            await sup.store.flushed()  # (its row is written a few ms after it starts)
+            code = await trio.to_thread.run_sync(
+                main, ["sessions", "--store", url, "show", session.id]
+            )
+            assert code == 0, capsys.readouterr().err
+            said = capsys.readouterr().out.splitlines()[1]
+            assert f"in serve pid {os.getpid()} on {socket.gethostname()}" in said, said

@@ -6,8 +6,10 @@ SIGKILLed is taken up (recovered first: its turn ended honestly) with its histor
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from itertools import count
@@ -20,6 +22,7 @@ import trio
 from served import ROOT, _env, demo_command, serve, write_config
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.clients.sessions import run_sessions
 from supervisor.errors import AgentNotRunning, SessionNotFound
 from supervisor.store.dormant import DormantSession
 from supervisor.store.retention import Retention
@@ -158,6 +161,13 @@ async def test_two_front_doors_share_the_store(tmp_path: Path) -> None:
             listed = (await second.call("session/list", {}))[-1]["result"]["sessions"]
             assert {s["sessionId"] for s in listed} == {theirs, ours}
             await first.kill()
+            # `agent-supervisor sessions` reads beside them: whose each session is.
+            url = f"sqlite:///{state_dir / 'sessions.db'}"
+            shown = [await trio.to_thread.run_sync(shown_state, url, i) for i in (theirs, ours)]
+            assert shown[0].endswith(
+                f"when acp pid {first.process.pid} on {socket.gethostname()} went away"
+            )
+            assert shown[1].endswith(f"in acp pid {second.process.pid} on {socket.gethostname()}")
             replayed = await second.call("session/load", {"sessionId": theirs, **new})
             chunks = [m["params"]["update"] for m in replayed if m.get("method")]
             assert chunks[0]["sessionUpdate"] == "user_message_chunk"
@@ -170,6 +180,13 @@ async def test_two_front_doors_share_the_store(tmp_path: Path) -> None:
         finally:
             await first.kill()
             await second.kill()
+
+
+def shown_state(url: str, session_id: str) -> str:
+    """The state ``agent-supervisor sessions show`` gives ``session_id``."""
+    out = io.StringIO()
+    run_sessions("show", url, session_id, out, io.BytesIO())
+    return out.getvalue().splitlines()[1].rsplit(", ", 1)[0]
 
 
 async def until_ended(client: GatewayClient, session_id: str, turns: int) -> list[dict[str, Any]]:
