@@ -137,14 +137,18 @@ class Supervisor:
         retention: Retention | None = None,
         checkpoints_dir: str | os.PathLike[str] | None = None,
         worktrees_dir: str | os.PathLike[str] | None = None,
+        checkpoint_watch: bool = True,
     ) -> None:
         """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
         directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
-        keeps none); None: none are kept. ``worktrees_dir``: where sessions started with
-        ``worktree`` get theirs (``supervisor/worktrees.py``); None: they cannot be."""
+        keeps none); None: none are kept. ``checkpoint_watch``: their snapshots are told what
+        changed by a watcher of the directory (``ShadowStore(watch=)``). ``worktrees_dir``:
+        where sessions started with ``worktree`` get theirs (``supervisor/worktrees.py``);
+        None: they cannot be."""
         self._nursery = nursery
         self._worktrees = Worktrees(worktrees_dir) if worktrees_dir is not None else None
         self._checkpoints_dir = checkpoints_dir
+        self._checkpoint_watch = checkpoint_watch
         #: one store per working directory: sessions sharing one take turns on its index
         self._checkpoint_stores: dict[str, ShadowStore] = {}
         #: where every session and its events are written (``supervisor/store/``); None: not
@@ -507,7 +511,9 @@ class Supervisor:
             return None
         store = self._checkpoint_stores.get(real)
         if store is None:
-            store = self._checkpoint_stores[real] = ShadowStore(self._checkpoints_dir, real)
+            store = self._checkpoint_stores[real] = ShadowStore(
+                self._checkpoints_dir, real, watch=self._checkpoint_watch
+            )
         return store
 
     async def _revive(self, dormant: DormantSession) -> AnySession:
@@ -946,6 +952,7 @@ async def open_supervisor(
     store_kind: str = "serve",
     retention: Retention | None = None,
     checkpoints: bool = True,
+    checkpoint_watch: bool = True,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -954,7 +961,9 @@ async def open_supervisor(
     directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
     runs without that crash safety. Its local sessions' working directories are checkpointed
     per turn under ``state_dir/checkpoints`` (``design/checkpoints.md``) unless ``checkpoints``
-    is false or their agent's ``checkpoints = false``; sessions started with ``worktree``
+    is false or their agent's ``checkpoints = false``, each snapshot told what changed by a
+    watcher of the directory unless ``checkpoint_watch`` is false (``[checkpoints] watch``);
+    sessions started with ``worktree``
     run in git worktrees under ``state_dir/worktrees`` (``design/worktrees.md``).
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
@@ -1051,6 +1060,7 @@ async def open_supervisor(
                     else None
                 ),
                 worktrees_dir=Path(state_dir) / "worktrees" if state_dir is not None else None,
+                checkpoint_watch=checkpoint_watch,
             )
             try:
                 yield supervisor

@@ -315,3 +315,43 @@ async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, wor
                 ended = await _turn_ended(recorder, second.id)
                 assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
                 nursery.cancel_scope.cancel()
+
+
+def _inotify_instances() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if _readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify")
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+async def test_the_directory_is_watched_while_a_session_runs_there_and_no_longer(
+    tmp_path: Path, work: Path
+) -> None:
+    """A turn's end snapshot comes from the watcher's events, and the watcher (its inotify
+    descriptor) is closed with the session."""
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    before = _inotify_instances()
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            recorder = Recorder(session)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(recorder.run)
+                turn = await session.prompt("edit the files")
+                ended = await _turn_ended(recorder, turn.id)
+                assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+                (store,) = sup._checkpoint_stores.values()
+                assert store.last_look == "events"
+                assert _inotify_instances() == before + 1
+                nursery.cancel_scope.cancel()
+            await session.stop()
+    # (the session's task has ended with the supervisor's block)
+    assert store._watcher is None
+    assert _inotify_instances() == before
