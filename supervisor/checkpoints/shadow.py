@@ -455,7 +455,11 @@ class ShadowStore:
             self._watcher = Watcher(self.cwd)
         if self._watcher is None:
             return None
-        changes = self._watcher.changed()
+        try:
+            changes = self._watcher.changed()
+        except OSError:  # unforeseen: this snapshot the full pass, the next one watches afresh
+            self._watcher.close()
+            return None
         excludes = [_identity(path) for path in self._outside_excludes()]
         if excludes != self._excludes:
             self._excludes = excludes

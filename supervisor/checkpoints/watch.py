@@ -145,7 +145,11 @@ class Watcher:
         inotify = self._inotify
         assert inotify is not None
         for _ in range(_READS):
-            events = inotify.read(timeout=0)
+            try:
+                events = inotify.read(timeout=0)
+            except OSError:  # what it held is lost: watched afresh, and a full look
+                self._full = self._rebuild = True
+                return
             if not events:
                 return
             for event in events:

@@ -375,3 +375,26 @@ async def test_a_directory_made_just_after_a_full_look_is_not_lost_to_gits_cache
         b"new/two.txt",
     ]
     store.release()
+
+
+async def test_a_queue_that_cannot_be_read_means_a_full_look_and_a_new_watcher(
+    tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ShadowStore(tmp_path / "state", work)
+    store.hold()
+    first = await store.snapshot()
+    (work / "top.txt").write_text("changed\n")
+
+    def unreadable(self: INotify, timeout: int | None = None) -> list[object]:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(INotify, "read", unreadable)
+        second = await store.snapshot()
+    assert store.last_look == "full"
+    assert await store.changes(first, second) == [Change(b"top.txt", "modified")]
+    (work / "a" / "one.txt").write_text("changed\n")
+    third = await store.snapshot()  # watched again from the full look on
+    assert store.last_look == "events"
+    assert await store.changes(second, third) == [Change(b"a/one.txt", "modified")]
+    store.release()
