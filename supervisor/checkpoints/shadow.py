@@ -304,6 +304,8 @@ class ShadowStore:
         #: sessions holding the store: the watcher lives while there are any
         self._holders = 0
         self._watcher: Watcher | None = None
+        #: a worker thread reads the watcher's queue: it is not to be closed under it
+        self._reading = False
         #: the index is the work tree as it was when the watcher's queue was last read (the
         #: newest snapshot was whole, and the watcher was watching before it looked)
         self._exact = False
@@ -413,8 +415,8 @@ class ShadowStore:
 
     def release(self) -> None:
         self._holders -= 1
-        if self._holders <= 0 and not self._lock.locked():
-            self._close_watcher()  # else the snapshot under way closes it
+        if self._holders <= 0 and not self._reading:
+            self._close_watcher()  # else the snapshot reading it closes it
 
     def _close_watcher(self) -> None:
         self._holders = max(self._holders, 0)
@@ -427,7 +429,13 @@ class ShadowStore:
         """The working directory now, kept."""
         async with self._lock:
             await self._ensure()
-            changes = await trio.to_thread.run_sync(self._watched) if self.watch else None
+            changes = None
+            if self.watch:
+                self._reading = True
+                try:
+                    changes = await trio.to_thread.run_sync(self._watched)
+                finally:
+                    self._reading = False
             # until this snapshot is whole, the index may be anywhere between the two states
             exact, self._exact = self._exact, False
             try:
@@ -546,7 +554,7 @@ class ShadowStore:
         tree = self._tree
         if adds or removes or tree is None:
             self._tree = None  # the index is changing: its tree is unknown until written
-            if removes:  # (a kept file grown past the limit: out of the index and the tree)
+            if removes:  # files grown past the limit; directories made or removed (_named)
                 await self._git(
                     "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(removes)
                 )
