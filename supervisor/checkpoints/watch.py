@@ -14,9 +14,10 @@ then listed, its files named as changed: what was written in it before its watch
 found by the listing, what after, by the events. A directory deleted had each of its files
 deleted first, under its watch. ``None`` comes for anything whose paths the events do not give:
 
-- the kernel's queue overflowed (events were dropped): the watches are set up again;
-- a directory moved within or out of the tree (its files' paths changed with no event of
-  theirs; the watches below it name its old place): the watches are set up again;
+- the kernel's queue overflowed (events were dropped), or could not be read: the watches are
+  set up again;
+- a directory moved within, into or out of the tree (its files' paths changed with no event
+  of theirs; the watches below it name its old place): the watches are set up again;
 - a ``.gitignore``, ``.gitattributes`` or ``.git`` changed (what git keeps, or how, changed,
   or a repository was nested), or a new directory holds a ``.git``;
 - more changed paths than :data:`MAX_PATHS` (memory stays bounded), or a writer still going
@@ -117,8 +118,8 @@ class Watcher:
         return self._inotify is not None and not self._rebuild
 
     def changed(self) -> Changes | None:
-        """The paths changed since the last call (the first: ``None``), relative to the root;
-        ``None``: not known, look at every file. The watches are set up (again) here when
+        """What changed since the last call (the first: ``None``); ``None``: not known, look
+        at every file. The watches are set up (again) here when
         needed, before returning: a full look after this call misses nothing."""
         if self.broken is not None:
             return None
