@@ -41,6 +41,7 @@ BENCHMARKS = [
     # ~20 s here: the 1,000-session restart is 1 million events (10 million: ``--events
     # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
     ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
+    ("store_turn_end", ["--backends", "postgresql,sqlite", "--words", "100000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
     # minutes on a slow disk: making and deleting 100,000 files, and a first snapshot of them
     ("checkpoint_snapshot_100k", ["--repeats", "5", "--first-turns", "1"]),
@@ -75,6 +76,10 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("cancel_ratio_p50", "cancel p50, store on/off (ratio; within 5 %)"),
         ("cancel_ratio_p99", "cancel p99, store on/off (ratio; within 5 %)"),
         ("throughput_ratio", "events/s, 1 subscriber, store on/off (ratio; >= 0.9)"),
+    ],
+    "store_turn_end": [
+        ("postgresql_long_p50_ms", "a turn's end, 100,000-word answer, PostgreSQL write p50 (ms)"),
+        ("postgresql_write_ratio_p50", "that write vs a one-word answer's, p50 (ratio)"),
     ],
     "checkpoint_snapshot": [
         ("snapshot_p50_ms", "a turn's snapshot, 10,000 files, 3 changed, p50 (ms; <= 20)"),

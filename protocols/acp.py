@@ -56,7 +56,7 @@ from protocols.machine import (
     TurnFinished,
 )
 from protocols.mcp import McpServer, McpUnsupported, check_transports, mcp_server_to_acp
-from protocols.permissions import Held, PermissionDesk
+from protocols.permissions import DeskPermissions, Held, PermissionDesk
 
 __all__ = ["ACP_PROTOCOL_VERSION", "AcpClient", "CLIENT_INFO", "TextChunk"]
 
@@ -123,7 +123,7 @@ _TEXT_CHUNKS: msgspec.json.Decoder[TextChunk] = msgspec.json.Decoder(TextChunk)
 
 
 @define
-class AcpClient(AgentProtocol):
+class AcpClient(DeskPermissions[RequestId], AgentProtocol):
     """Our side of one ACP connection."""
 
     name: ClassVar[str] = "acp"
@@ -265,20 +265,6 @@ class AcpClient(AgentProtocol):
             return Step()
         _, message = self._rpc.request("session/close", {"sessionId": self._session_id}, None)
         return Step(send=[message])
-
-    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        self._desk.check(request_id, option_id)
-        return self._answer_permission(self._desk.take(request_id), option_id, by="client")
-
-    def cancel_permissions(self) -> Step:
-        step = Step()
-        for held in self._desk.take_all():
-            step.extend(self._answer_permission(held, None, by="supervisor"))
-        return step
-
-    @property
-    def pending_permissions(self) -> list[str]:
-        return self._desk.pending
 
     def number_requests(self, tag: str) -> None:
         self._desk.tag = tag  # JSON-RPC ids start again with each process

@@ -157,7 +157,7 @@ from protocols.machine import (
     session_changed,
 )
 from protocols.mcp import McpServer
-from protocols.permissions import Held, PermissionDesk
+from protocols.permissions import DeskPermissions, Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
 __all__ = [
@@ -270,7 +270,7 @@ class _TaskStop:
 
 
 @define
-class ClaudeClient(AgentProtocol):
+class ClaudeClient(DeskPermissions[Any], AgentProtocol):
     """Our side of one ``claude -p --input-format stream-json`` process."""
 
     name: ClassVar[str] = "claude"
@@ -428,20 +428,6 @@ class ClaudeClient(AgentProtocol):
             elif state == "cancelled":
                 step.extend(self._answer_steer(command, False, "the CLI cancelled the steer"))
         return step
-
-    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        self._desk.check(request_id, option_id)
-        return self._answer_permission(self._desk.take(request_id), option_id, by="client")
-
-    def cancel_permissions(self) -> Step:
-        step = Step()
-        for held in self._desk.take_all():
-            step.extend(self._answer_permission(held, None, by="supervisor"))
-        return step
-
-    @property
-    def pending_permissions(self) -> list[str]:
-        return self._desk.pending
 
     @property
     def running_tasks(self) -> dict[str, str | None]:

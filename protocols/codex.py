@@ -131,7 +131,7 @@ from protocols.machine import (
     TurnFinished,
 )
 from protocols.mcp import McpServer, McpUnsupported, check_transports
-from protocols.permissions import Held, PermissionDesk
+from protocols.permissions import DeskPermissions, Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
 __all__ = ["CLIENT_INFO", "CodexClient", "codex_mcp_table"]
@@ -384,7 +384,7 @@ class _Approval:
 
 
 @define
-class CodexClient(AgentProtocol):
+class CodexClient(DeskPermissions[_Approval], AgentProtocol):
     """Our side of one ``codex app-server`` connection, driving one thread."""
 
     name: ClassVar[str] = "codex"
@@ -512,20 +512,6 @@ class CodexClient(AgentProtocol):
             sent.steer_id, sent.turn_id, False, no_turn=no_turn, detail=response.error.describe()
         )
         return Step(events=[answer])
-
-    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        self._desk.check(request_id, option_id)
-        return self._answer_approval(self._desk.take(request_id), option_id, by="client")
-
-    def cancel_permissions(self) -> Step:
-        step = Step()
-        for held in self._desk.take_all():
-            step.extend(self._answer_approval(held, None, by="supervisor"))
-        return step
-
-    @property
-    def pending_permissions(self) -> list[str]:
-        return self._desk.pending
 
     def number_requests(self, tag: str) -> None:
         self._desk.tag = tag  # JSON-RPC ids start again with each process
@@ -1188,7 +1174,7 @@ class CodexClient(AgentProtocol):
         )
         return Step(events=[announced])
 
-    def _answer_approval(self, held: Held[_Approval], option_id: str | None, *, by: str) -> Step:
+    def _answer_permission(self, held: Held[_Approval], option_id: str | None, *, by: str) -> Step:
         approval = held.ticket
         decision = option_id or "cancel"
         result: dict[str, Any]

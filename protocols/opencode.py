@@ -85,7 +85,7 @@ from protocols.machine import (
     TurnFinished,
 )
 from protocols.mcp import McpServer, McpUnsupported
-from protocols.permissions import Held, PermissionDesk
+from protocols.permissions import DeskPermissions, Held, PermissionDesk
 from protocols.tools import ToolVocabulary
 
 __all__ = [
@@ -231,7 +231,7 @@ def _remember(table: dict[str, Any], key: str, value: Any) -> None:
 
 
 @define
-class OpenCodeClient(AgentProtocol):
+class OpenCodeClient(DeskPermissions[None], AgentProtocol):
     """Our side of one ``opencode serve`` process, driving one session."""
 
     name: ClassVar[str] = "opencode"
@@ -319,20 +319,6 @@ class OpenCodeClient(AgentProtocol):
             return Step()  # an abort before the loop runs is a no-op: sent at "busy"
         return self._abort(turn)
 
-    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
-        self._desk.check(request_id, option_id)
-        return self._reply(self._desk.take(request_id), option_id, by="client")
-
-    def cancel_permissions(self) -> Step:
-        step = Step()
-        for held in self._desk.take_all():
-            step.extend(self._reply(held, None, by="supervisor"))
-        return step
-
-    @property
-    def pending_permissions(self) -> list[str]:
-        return self._desk.pending
-
     @property
     def agent_session_id(self) -> str | None:
         if self._session_id is not None:
@@ -363,7 +349,7 @@ class OpenCodeClient(AgentProtocol):
         sent = _Sent("abort", turn.turn_id)
         return Step(send=[self._request("POST", self._path("abort"), sent)])
 
-    def _reply(self, held: Held[None], option_id: str | None, *, by: str) -> Step:
+    def _answer_permission(self, held: Held[None], option_id: str | None, *, by: str) -> Step:
         request_id = held.request_id
         reply = option_id or _CANCELLED_REPLY
         turn = self._turn

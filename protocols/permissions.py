@@ -12,15 +12,16 @@ a JSON-RPC id, the kind of answer, the tool input to echo) and writes the answer
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from attrs import define, field, frozen
 
 from protocols import events as ev
-from protocols.machine import check_answer
+from protocols.machine import Step, check_answer
 
-__all__ = ["Held", "PermissionDesk"]
+__all__ = ["DeskPermissions", "Held", "PermissionDesk"]
 
 T = TypeVar("T")
 
@@ -125,3 +126,33 @@ class PermissionDesk(Generic[T]):
             option_id=option_id,
             by=by,
         )
+
+
+class DeskPermissions(ABC, Generic[T]):
+    """The permission methods of an :class:`~protocols.machine.AgentProtocol` whose pending
+    requests are at a :class:`PermissionDesk` (``_desk``): the same for every protocol but the
+    answer itself, which the machine writes in :meth:`_answer_permission`. Listed before
+    ``AgentProtocol`` among the machine's bases."""
+
+    __slots__ = ()
+
+    _desk: PermissionDesk[T]
+
+    @abstractmethod
+    def _answer_permission(self, held: Held[T], option_id: str | None, *, by: str) -> Step:
+        """The agent's answer to ``held`` (``option_id``, or None: cancelled) and its
+        ``permission.resolved``, ``by`` whom."""
+
+    def respond_permission(self, request_id: str, option_id: str | None) -> Step:
+        self._desk.check(request_id, option_id)
+        return self._answer_permission(self._desk.take(request_id), option_id, by="client")
+
+    def cancel_permissions(self) -> Step:
+        step = Step()
+        for held in self._desk.take_all():
+            step.extend(self._answer_permission(held, None, by="supervisor"))
+        return step
+
+    @property
+    def pending_permissions(self) -> list[str]:
+        return self._desk.pending

@@ -29,6 +29,7 @@ from supervisor.agents.link import Launcher
 from supervisor.agents.process_link import ProcessLauncher
 from supervisor.agents.statefile import StateFile, sweep_orphans
 from supervisor.checkpoints import CheckpointError, ShadowStore, Snapshot
+from supervisor.checkpoints.records import CheckpointRecords
 from supervisor.config import AgentSpec, ConfigError, builtin_agents
 from supervisor.core.checkpoints import CHECKPOINTS_KEPT
 from supervisor.core.exit import ExitStatus
@@ -44,7 +45,7 @@ from supervisor.pausing import PauseStatus, Pausing
 from supervisor.remote.front import RemoteHosts
 from supervisor.remote.hosts import HostSpec, check_agent_hosts
 from supervisor.remote.record import RemoteRecord
-from supervisor.remote.revival import Revival
+from supervisor.remote.revival import Revival, first_node_id
 from supervisor.remote.session import RemoteSession
 from supervisor.runtime.alarm import AlarmClock
 from supervisor.runtime.context import Said
@@ -81,6 +82,9 @@ _SHUTDOWN_MARGIN_S = 1.0
 #: Upper bound on looking at the stopped sessions' worktrees on the way out (each is a few git
 #: calls: milliseconds); one not looked at in time is kept, and listed by ``worktrees``.
 _WORKTREES_BOUND_S = 10.0
+#: Upper bound on writing a node's last checkpoint records on the way out (a few lines each);
+#: one not written in time is a checkpoint its session, started again, does not get back.
+_RECORDS_BOUND_S = 5.0
 
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
@@ -137,18 +141,25 @@ class Supervisor:
         retention: Retention | None = None,
         checkpoints_dir: str | os.PathLike[str] | None = None,
         worktrees_dir: str | os.PathLike[str] | None = None,
+        record_checkpoints: bool = False,
         checkpoint_watch: bool = True,
     ) -> None:
         """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
         directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
-        keeps none); None: none are kept. ``checkpoint_watch``: their snapshots are told what
-        changed by a watcher of the directory (``ShadowStore(watch=)``). ``worktrees_dir``:
-        where sessions started with ``worktree`` get theirs (``supervisor/worktrees.py``);
-        None: they cannot be."""
+        keeps none); None: none are kept. ``worktrees_dir``: where sessions started with
+        ``worktree`` get theirs (``supervisor/worktrees.py``); None: they cannot be.
+        ``record_checkpoints`` (a node's, which keeps no session store): each session's
+        checkpoints are recorded beside its snapshots, for a front's stored session started
+        again here (``supervisor/checkpoints/records.py``). ``checkpoint_watch``: the stores'
+        snapshots are told what changed by a watcher of the directory (``ShadowStore(watch=)``)."""
         self._nursery = nursery
         self._worktrees = Worktrees(worktrees_dir) if worktrees_dir is not None else None
         self._checkpoints_dir = checkpoints_dir
         self._checkpoint_watch = checkpoint_watch
+        self._records: CheckpointRecords | None = None
+        if record_checkpoints and checkpoints_dir is not None:
+            self._records = CheckpointRecords()
+            nursery.start_soon(self._records.run)
         #: one store per working directory: sessions sharing one take turns on its index
         self._checkpoint_stores: dict[str, ShadowStore] = {}
         #: where every session and its events are written (``supervisor/store/``); None: not
@@ -293,6 +304,7 @@ class Supervisor:
         worktree: bool | None = None,
         after: tuple[int, int] = (0, 0),
         earlier: Sequence[Said] = (),
+        checkpoints_of: str | None = None,
     ) -> AnySession:
         """Start an agent and its session; by default return once it takes prompts.
 
@@ -318,7 +330,9 @@ class Supervisor:
         ``design/worktrees.md``); :class:`BadRequest` for a ``cwd`` in no repository.
         ``after`` and ``earlier`` (a node's, for a front's stored session started again on
         it: ``supervisor/remote/revival.py``): the last seq and the number of turns it goes
-        on after, and what was said, for an agent that cannot resume.
+        on after, and what was said, for an agent that cannot resume; ``checkpoints_of``: the
+        key its checkpoints were recorded under here (a node's ``record_checkpoints``), had
+        back for a rewind or a diff of its earlier turns, its own recorded under it too.
         """
         if self._closing:
             raise BadRequest("the supervisor is shutting down")
@@ -354,9 +368,11 @@ class Supervisor:
             except AtCapacity:
                 await self._release_quietly(made)
                 raise
+        key = checkpoints_of if checkpoints_of is not None else session_id
         try:
+            kept = await self._recorded_checkpoints(key, spec, where) if checkpoints_of else []
             session = await self._start_here(
-                session_id, spec, where, resume, after, earlier, worktree=made
+                session_id, spec, where, resume, after, earlier, worktree=made, kept=kept, key=key
             )
         except BaseException:
             if made is not None and session_id not in self._sessions:
@@ -444,10 +460,13 @@ class Supervisor:
         earlier: Sequence[Said] = (),
         worktree: Worktree | None = None,
         kept: Sequence[tuple[CheckpointRow, Snapshot, Snapshot | None]] = (),
+        key: str | None = None,
     ) -> Session:
         """A session on this machine, listed, its actor running (its agent starting);
         ``worktree``: the one made for it, ``where`` is in it; ``kept``: the checkpoints it
-        had before (``Session.seed_checkpoints``)."""
+        had before (``Session.seed_checkpoints``); ``key``: what its checkpoints are recorded
+        under (``record_checkpoints``; None: its id)."""
+        shadow = self._checkpoint_store(spec, where)
         session = Session(
             session_id,
             spec,
@@ -463,11 +482,14 @@ class Supervisor:
             paused=self._pausing.for_new_session(),
             after=after,
             earlier=earlier,
-            checkpoints=self._checkpoint_store(spec, where),
+            checkpoints=shadow,
         )
         session.worktree = worktree
         if kept:
             session.seed_checkpoints(kept)
+        if self._records is not None and shadow is not None:
+            path = self._records.path(shadow, key if key is not None else session_id)
+            session.on_checkpoint = functools.partial(self._records.keep, path)
         self._sessions[session.id] = session
         self._observe(session)
         self._store(session, resume)
@@ -609,6 +631,7 @@ class Supervisor:
             last_seq=dormant.last_seq,
             turns=await self.store.turns(dormant.id),
             earlier=tuple(await self.store.conversation(dormant.id, spec.context_bytes)),
+            checkpoints_of=first_node_id(dormant.id),
         )
         # (a stored cwd of "" is a session started in its node's own directory)
         return await self._place(spec, host, dormant.cwd or None, (dormant.id, revival))
@@ -624,6 +647,28 @@ class Supervisor:
         if shadow is None or self.store is None:
             return []
         rows = await self.store.checkpoints(session_id, CHECKPOINTS_KEPT)
+        return await self._load_checkpoints(session_id, shadow, rows)
+
+    async def _recorded_checkpoints(
+        self, key: str, spec: AgentSpec, where: str
+    ) -> list[tuple[CheckpointRow, Snapshot, Snapshot | None]]:
+        """The checkpoints a node recorded under ``key`` (``record_checkpoints``): a front's
+        stored session started again here has its earlier turns' back. As
+        :meth:`_stored_checkpoints`, those whose commits are gone are left out."""
+        shadow = self._checkpoint_store(spec, where)
+        if shadow is None or self._records is None:
+            return []
+        try:
+            rows = await self._records.read(self._records.path(shadow, key), key)
+        except OSError as exc:
+            log.warning("checkpoints recorded under %s cannot be read: %s", key, exc)
+            return []
+        return await self._load_checkpoints(key, shadow, rows)
+
+    async def _load_checkpoints(
+        self, session_id: str, shadow: ShadowStore, rows: Sequence[CheckpointRow]
+    ) -> list[tuple[CheckpointRow, Snapshot, Snapshot | None]]:
+        """``rows`` with their snapshots, read from ``shadow``'s commits."""
         try:
             found = await shadow.load(c for row in rows for c in (row.start, row.end) if c)
         except CheckpointError as exc:
@@ -920,6 +965,10 @@ class Supervisor:
                 if isinstance(session, RemoteSession) and self._kept(session):
                     session.release()
             await self.remote.aclose(release=self.keep_node_sessions)
+            if self._records is not None:  # (its sessions' last checkpoints, recorded)
+                self._records.close()
+                with trio.move_on_after(_RECORDS_BOUND_S):
+                    await self._records.drained.wait()
         self._nursery.cancel_scope.cancel()
 
     async def _stop_quietly(self, session: AnySession) -> None:
@@ -952,6 +1001,7 @@ async def open_supervisor(
     store_kind: str = "serve",
     retention: Retention | None = None,
     checkpoints: bool = True,
+    record_checkpoints: bool = False,
     checkpoint_watch: bool = True,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
@@ -965,6 +1015,9 @@ async def open_supervisor(
     watcher of the directory unless ``checkpoint_watch`` is false (``[checkpoints] watch``);
     sessions started with ``worktree``
     run in git worktrees under ``state_dir/worktrees`` (``design/worktrees.md``).
+    ``record_checkpoints`` (a node's): each session's checkpoints are recorded beside its
+    snapshots, for a front's stored session started again here
+    (``supervisor/checkpoints/records.py``).
     ``max_sessions`` caps the sessions running at once (``AtCapacity`` beyond it).
     ``containment`` is ``auto`` (the default: a cgroup per agent where the host allows it, else
     the shim), ``cgroup`` or ``shim`` (``supervisor/agents/containment.py``); None reads
@@ -1060,6 +1113,7 @@ async def open_supervisor(
                     else None
                 ),
                 worktrees_dir=Path(state_dir) / "worktrees" if state_dir is not None else None,
+                record_checkpoints=record_checkpoints,
                 checkpoint_watch=checkpoint_watch,
             )
             try:

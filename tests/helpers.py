@@ -36,14 +36,11 @@ async def running(
     """
     async with open_supervisor(agents={spec.name: spec}, launcher=launcher) as sup:
         session = await sup.start_session(spec.name, cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
+        async with record(session) as recorder:
             yield session, launcher, recorder
             if catch_up:
                 await recorder.catch_up()
             recorder.check_invariants()
-            nursery.cancel_scope.cancel()
     assert launcher.violations == []
 
 
@@ -73,13 +70,20 @@ async def process_session(
     with trio.fail_after(bound):
         async with open_supervisor(agents={spec.name: spec}) as sup:
             session = await sup.start_session(spec.name, cwd=cwd)
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 yield session, recorder
                 await recorder.catch_up()
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
+
+
+async def run_turn(session: AnySession, text: str) -> None:
+    """Prompt ``session`` and return once a turn has ended (subscribed before the prompt, so
+    the end cannot be missed)."""
+    async with session.subscribe() as events:
+        await session.prompt(text)
+        async for event in events:
+            if event.kind == "turn.ended":
+                break
 
 
 def skip_or_fail(reason: str) -> None:

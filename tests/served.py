@@ -244,3 +244,18 @@ async def whole_history(client: GatewayClient, session_id: str) -> list[dict[str
                 break
             got.append(event)
     return got
+
+
+async def read_deltas(
+    events: trio.MemoryReceiveChannel[dict[str, Any]], count: int
+) -> list[dict[str, Any]]:
+    """The events of ``events`` up to its ``count``-th ``message.delta``: a point in the middle
+    of a turn's stream."""
+    got: list[dict[str, Any]] = []
+    deltas = 0
+    async for event in events:
+        got.append(event)
+        deltas += event["event"] == "message.delta"
+        if deltas == count:
+            break
+    return got

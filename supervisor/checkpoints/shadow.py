@@ -20,7 +20,10 @@ keeps the snapshot's objects reachable until the session forgets it
 (:meth:`ShadowStore.housekeep`, a ``git gc --auto`` every :data:`HOUSEKEEP_EVERY` snapshots,
 off the turns' path) prunes what no kept one holds. ``HEAD`` is the newest snapshot, which
 ``git status`` compares the index with. Files larger than ``max_file_bytes`` are left out of
-the tree and named, with their size and mtime, so a change to one is still seen. Paths are
+the tree and named, with their size and mtime, so a change to one is still seen. A file the
+supervisor may not read (its permissions) is skipped: its entry stays as the store last had it
+(none, for a new one), and it is named the same way, so a snapshot never fails for it and a
+restore never writes over it. Paths are
 bytes throughout (a file name need not be UTF-8 and may hold a newline): git is asked with
 ``-z``.
 
@@ -108,6 +111,10 @@ _KINDS: Final = {
 }
 _SYMLINK: Final = "120000"
 _GITLINK: Final = "160000"
+#: what a change says of a file that could not be read
+_UNREADABLE: Final = "cannot be read (permission denied): its content is not kept"
+#: paths one git command line names at most (an argv has a limit of its own)
+_ARGV_PATHS: Final = 1000
 #: who the store's commits are by
 _NAME: Final = "agent-supervisor"
 _EMAIL: Final = "checkpoints@agent-supervisor.invalid"
@@ -149,6 +156,9 @@ class Snapshot:
     #: its place among the store's snapshots in this process (0: one taken before it,
     #: :meth:`ShadowStore.load`), for what other sessions changed since
     n: int = 0
+    #: files that could not be read (permissions): path -> (size, mtime in ns); their entry
+    #: in the tree is the one the store had before (none: they had none), not what is on disk
+    unreadable: Mapping[bytes, tuple[int, int]] = field(factory=dict)
 
 
 @frozen
@@ -300,6 +310,9 @@ class ShadowStore:
         #: the newest snapshot's big files: they are not in the index, so not listed as
         #: changed by it, and are looked at again each time
         self._last_big: Mapping[bytes, tuple[int, int]] = {}
+        #: the newest snapshot's unreadable files: tried first at the next (one git call, not
+        #: a failed one and another)
+        self._last_unreadable: Mapping[bytes, tuple[int, int]] = {}
         self.watch = watch
         #: sessions holding the store: the watcher lives while there are any
         self._holders = 0
@@ -516,8 +529,10 @@ class ShadowStore:
         later by a snapshot that ran no ``git status``, would otherwise leave a stale listing
         (a new directory never looked into) to the next full pass. A file put in the index or
         taken out drops its own directory's listing likewise."""
-        names = sorted(changes.files)
-        paths = changes.files
+        # the last snapshot's unreadable files: listed by every git status (their stat is
+        # not the index's), so looked at again each time here too
+        paths = changes.files | self._last_unreadable.keys()
+        names = sorted(paths)
         others = [path for path in self._last_big if path not in paths]
         found = await trio.to_thread.run_sync(_lstat_all, os.fsencode(self.cwd), names + others)
         there = []
@@ -549,8 +564,14 @@ class ShadowStore:
     async def _take(
         self, adds: list[bytes], removes: list[bytes], too_big: dict[bytes, tuple[int, int]]
     ) -> Snapshot:
-        """The index rid of ``removes`` and given ``adds`` as they are on disk, its tree, and
-        a commit of it."""
+        """The index rid of ``removes`` and given ``adds`` as they are on disk (but those that
+        cannot be read: :meth:`_add`), its tree, and a commit of it."""
+        unreadable: dict[bytes, tuple[int, int]] = {}
+        if self._last_unreadable:  # (still so, as the last snapshot found them: not added)
+            unreadable = await trio.to_thread.run_sync(
+                self._unreadable, [path for path in adds if path in self._last_unreadable]
+            )
+            adds = [path for path in adds if path not in unreadable]
         tree = self._tree
         if adds or removes or tree is None:
             self._tree = None  # the index is changing: its tree is unknown until written
@@ -559,29 +580,41 @@ class ShadowStore:
                     "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(removes)
                 )
             if adds:
-                await self._git(
-                    "update-index",
-                    "-z",
-                    "--add",
-                    "--remove",
-                    "--replace",
-                    "--stdin",
-                    stdin=b"\0".join(adds),
-                )
+                unreadable.update(await self._add(adds))
             tree = (await self._git("write-tree")).strip().decode()
         # Each snapshot its own commit (``taken``: two of one tree in one second differ),
         # so a ref forgotten by one session never drops another's.
-        message = json.dumps(
-            {
-                "too_big": {os.fsdecode(p): v for p, v in too_big.items()},
-                "taken": secrets.token_hex(8),
-            }
-        )
-        commit = await trio.to_thread.run_sync(self._commit, tree, message)
+        kept: dict[str, Any] = {
+            "too_big": {os.fsdecode(p): v for p, v in too_big.items()},
+            "taken": secrets.token_hex(8),
+        }
+        if unreadable:
+            kept["unreadable"] = {os.fsdecode(p): v for p, v in unreadable.items()}
+        commit = await trio.to_thread.run_sync(self._commit, tree, json.dumps(kept))
         self._tree = tree
         self._last_big = too_big
+        self._last_unreadable = unreadable
         self._taken += 1
-        return Snapshot(commit, tree, too_big, self._taken)
+        return Snapshot(commit, tree, too_big, self._taken, unreadable)
+
+    async def _add(self, paths: list[bytes]) -> dict[bytes, tuple[int, int]]:
+        """``paths`` put in the index as they are on disk, but those that cannot be read
+        (permissions), returned: their entries stay as they were. git's ``update-index``
+        stops at the first it cannot open and writes nothing, so only then is each tried."""
+        add = ["update-index", "-z", "--add", "--remove", "--replace", "--stdin"]
+        try:
+            await self._git(*add, stdin=b"\0".join(paths))
+            return {}
+        except CheckpointError as exc:
+            if "Permission denied" not in str(exc):
+                raise
+            unreadable = await trio.to_thread.run_sync(self._unreadable, paths)
+            if not unreadable:
+                raise
+        rest = [path for path in paths if path not in unreadable]
+        if rest:
+            await self._git(*add, stdin=b"\0".join(rest))
+        return unreadable
 
     async def _differing(self) -> tuple[dict[bytes, None], set[bytes]]:
         """The paths whose state on disk is not the index's (in git's order), and which of them
@@ -694,11 +727,12 @@ class ShadowStore:
             head, _, message = body.partition(b"\n\n")
             tree = head.split(b"\n", 1)[0].removeprefix(b"tree ").decode("ascii")
             try:
-                big = json.loads(message).get("too_big", {})
-                too_big = {os.fsencode(path): (int(s), int(m)) for path, (s, m) in big.items()}
+                kept = json.loads(message)
+                too_big = _sizes(kept.get("too_big", {}))
+                unreadable = _sizes(kept.get("unreadable", {}))
             except (ValueError, AttributeError, TypeError):
                 continue  # not a snapshot of ours
-            found[sha] = Snapshot(sha, tree, too_big)
+            found[sha] = Snapshot(sha, tree, too_big, unreadable=unreadable)
         return found
 
     def forget(self, snapshots: Iterable[Snapshot]) -> None:
@@ -801,6 +835,27 @@ class ShadowStore:
                 big[name] = (info.st_size, info.st_mtime_ns)
         return big
 
+    def _unreadable(self, names: Iterable[bytes]) -> dict[bytes, tuple[int, int]]:
+        """Of ``names``, the regular files that cannot be opened for reading for their
+        permissions, with their size and mtime (run in a worker thread)."""
+        root = os.fsencode(self.cwd)
+        found: dict[bytes, tuple[int, int]] = {}
+        for name in names:
+            full = os.path.join(root, name)
+            try:
+                info = os.lstat(full)
+            except OSError:
+                continue  # (gone meanwhile, or in a directory it may not enter: git says so)
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            try:
+                os.close(os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+            except PermissionError:
+                found[name] = (info.st_size, info.st_mtime_ns)
+            except OSError:
+                continue
+        return found
+
     # -- changes ------------------------------------------------------------------------------
 
     async def changes(self, old: Snapshot, new: Snapshot) -> list[Change]:
@@ -830,7 +885,26 @@ class ShadowStore:
                 found[path] = Change(path, "modified", None)
             elif seen is None:
                 found[path] = Change(path, "deleted", None)
+        await self._name_unreadable(old, new, found)
         return [found[path] for path in sorted(found)]
+
+    async def _name_unreadable(
+        self, old: Snapshot, new: Snapshot, found: dict[bytes, Change]
+    ) -> None:
+        """``new``'s unreadable files in ``found``, as a change: each that was not so in
+        ``old`` or whose size or mtime changed since (one still unreadable and untouched is
+        nothing new). ``added`` when ``old`` had no such file."""
+        named = [path for path, now in new.unreadable.items() if old.unreadable.get(path) != now]
+        if not named:
+            return
+        had = old.unreadable.keys() | old.too_big.keys()
+        for at in range(0, len(named), _ARGV_PATHS):
+            some = named[at : at + _ARGV_PATHS]
+            listed = await self._git("ls-tree", "-z", "--name-only", old.tree, "--", *some)
+            had |= set(listed.split(b"\0"))
+        for path in named:
+            change = "modified" if path in had else "added"
+            found[path] = Change(path, change, _UNREADABLE)
 
     async def diff(
         self, old: Snapshot, new: Snapshot, path: bytes, *, max_bytes: int = DIFF_MAX_BYTES
@@ -892,7 +966,22 @@ class ShadowStore:
             gitlinks = tuple(
                 path + b"/" for _m, new_mode, _s, status, path in raw if new_mode == _GITLINK
             )
+            # files that could not be read, now or then: what they hold is not known, so they
+            # are never written over nor removed
+            unknown = {
+                path: "cannot be read now: left as it is"
+                for path, now in before.unreadable.items()
+                if target.unreadable.get(path) != now
+            }
+            for path in target.unreadable.keys() - before.unreadable.keys():
+                unknown[path] = (
+                    "could not be read when that checkpoint was taken: its content was not kept"
+                )
+            not_restored.extend(unknown.items())
+            untouched = unknown.keys() | before.unreadable.keys()  # (unchanged since: unnamed)
             for _old_mode, new_mode, sha, status, path in raw:
+                if path in untouched:
+                    continue
                 if gitlinks and path.startswith(gitlinks):
                     not_restored.append(
                         (path, "in a nested git repository that checkpoint did not look into")
@@ -949,6 +1038,11 @@ class ShadowStore:
             blobs[sha] = out[start : start + int(size)]
             at = start + int(size) + 1
         return blobs
+
+
+def _sizes(kept: Mapping[str, Any]) -> dict[bytes, tuple[int, int]]:
+    """A snapshot's commit message's ``too_big`` or ``unreadable``: path -> (size, mtime)."""
+    return {os.fsencode(path): (int(size), int(mtime)) for path, (size, mtime) in kept.items()}
 
 
 #: Tries at a write into the store whose directory a collection beside it removes (it deletes

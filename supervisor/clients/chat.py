@@ -32,7 +32,7 @@ import re
 import signal
 import termios
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
     AsyncExitStack,
@@ -40,7 +40,7 @@ from contextlib import (
     contextmanager,
     nullcontext,
 )
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import cattrs
@@ -60,6 +60,8 @@ from supervisor.runtime.session import Session, Subscription
 from supervisor.steering import SteerResult
 from supervisor.supervisor import AnySession, open_supervisor
 from supervisor.wire.codec import converter, known_event
+
+E = TypeVar("E")
 
 __all__ = [
     "ChatBackend",
@@ -1296,15 +1298,12 @@ async def open_remote(url: str, agent: str) -> AsyncIterator[RemoteBackend]:
 
 
 @contextmanager
-def _cbreak(fd: int) -> Iterator[None]:
-    """No echo, no line buffering, signals still on (Ctrl-C stays SIGINT); always undone."""
+def terminal_mode(fd: int, set_mode: Callable[[int], object]) -> Iterator[None]:
+    """The terminal ``fd`` in the mode ``set_mode`` puts it in; its mode before always put
+    back."""
     saved = termios.tcgetattr(fd)
     try:
-        mode = termios.tcgetattr(fd)
-        mode[3] &= ~(termios.ECHO | termios.ICANON)
-        mode[6][termios.VMIN] = 1
-        mode[6][termios.VTIME] = 0
-        termios.tcsetattr(fd, termios.TCSANOW, mode)
+        set_mode(fd)
         yield
     finally:
         # TCSANOW, not TCSADRAIN: draining could wait forever on a terminal nobody reads.
@@ -1312,6 +1311,15 @@ def _cbreak(fd: int) -> Iterator[None]:
             termios.tcsetattr(fd, termios.TCSANOW, saved)
         except termios.error:
             pass  # the terminal hung up: there is nothing left to restore
+
+
+def _cbreak(fd: int) -> None:
+    """No echo, no line buffering, signals still on (Ctrl-C stays SIGINT)."""
+    mode = termios.tcgetattr(fd)
+    mode[3] &= ~(termios.ECHO | termios.ICANON)
+    mode[6][termios.VMIN] = 1
+    mode[6][termios.VTIME] = 0
+    termios.tcsetattr(fd, termios.TCSANOW, mode)
 
 
 class _Console:
@@ -1415,13 +1423,8 @@ async def _converse(core: ChatCore, backend: ChatBackend, console: _Console) -> 
                     else:
                         await send.send(Terminate(signum))
 
-            async def follow_events() -> None:
-                async for event in backend.events():
-                    await send.send(event)
-                await send.send(EventsEnded())
-
             nursery.start_soon(follow_signals)
-            nursery.start_soon(follow_events)
+            nursery.start_soon(forward_events, backend.events(), send)
             nursery.start_soon(console.read_input, send)
             async for item in receive:
                 commands = core.feed(item)
@@ -1437,6 +1440,29 @@ async def _converse(core: ChatCore, backend: ChatBackend, console: _Console) -> 
     return code
 
 
+async def forward_events(
+    events: AsyncIterator[E], send: trio.MemorySendChannel[E | EventsEnded]
+) -> None:
+    """Posts the session's events to the UI loop, then :class:`EventsEnded`."""
+    async for event in events:
+        await send.send(event)
+    await send.send(EventsEnded())
+
+
+async def prompt_answer(backend: ChatBackend, text: str) -> PromptAccepted | PromptFailed:
+    try:
+        return PromptAccepted(await backend.prompt(text))
+    except ChatError as exc:
+        return PromptFailed(str(exc))
+
+
+async def cancel_answer(backend: ChatBackend, turn_id: str) -> CancelDone | CancelFailed:
+    try:
+        return CancelDone(await backend.cancel(turn_id))
+    except ChatError as exc:
+        return CancelFailed(str(exc))
+
+
 async def _perform(
     backend: ChatBackend,
     command: SendPrompt | SendCancel | SendSteer | SendPermission | SendRewind,
@@ -1445,15 +1471,9 @@ async def _perform(
     """Carry out one command and post its answer back to the UI loop."""
     result: Input
     if isinstance(command, SendPrompt):
-        try:
-            result = PromptAccepted(await backend.prompt(command.text))
-        except ChatError as exc:
-            result = PromptFailed(str(exc))
+        result = await prompt_answer(backend, command.text)
     elif isinstance(command, SendCancel):
-        try:
-            result = CancelDone(await backend.cancel(command.turn_id))
-        except ChatError as exc:
-            result = CancelFailed(str(exc))
+        result = await cancel_answer(backend, command.turn_id)
     elif isinstance(command, SendSteer):
         try:
             result = SteerDone(await backend.steer(command.text))
@@ -1508,7 +1528,7 @@ async def run_chat(
                 else:
                     if isinstance(backend, RemoteBackend):
                         core.earlier(backend.transcript)
-                    with _cbreak(stdin_fd) if console.interactive else nullcontext():
+                    with terminal_mode(stdin_fd, _cbreak) if console.interactive else nullcontext():
                         core.start(backend.label)  # the prompt shows once keys can be read
                         await console.write(core.take_output())
                         code = await _converse(core, backend, console)

@@ -25,8 +25,6 @@ import os
 import signal
 import termios
 import tty
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import trio
 from attrs import frozen
@@ -51,6 +49,10 @@ from supervisor.clients.chat import (
     _clean,
     _Console,
     _summary,
+    cancel_answer,
+    forward_events,
+    prompt_answer,
+    terminal_mode,
 )
 
 __all__ = ["DOUBLE_KEY_S", "STOP_KEY", "RawCore", "converse_raw"]
@@ -350,19 +352,10 @@ class RawCore:
 # -- the shell -------------------------------------------------------------------------------
 
 
-@contextmanager
-def _raw(fd: int) -> Iterator[None]:
-    """Raw mode (no echo, no line editing, no signals from keys: Ctrl-C and Ctrl-Z are the
-    agent's); always undone."""
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setraw(fd, termios.TCSANOW)
-        yield
-    finally:
-        try:
-            termios.tcsetattr(fd, termios.TCSANOW, saved)
-        except termios.error:
-            pass  # the terminal hung up: there is nothing left to restore
+def _raw(fd: int) -> None:
+    """Raw mode: no echo, no line editing, no signals from keys (Ctrl-C and Ctrl-Z are the
+    agent's)."""
+    tty.setraw(fd, termios.TCSANOW)
 
 
 def _size(*fds: int) -> Resized | None:
@@ -385,7 +378,10 @@ async def converse_raw(backend: ChatBackend, console: _Console, stdout_fd: int) 
     ordered_send, ordered_receive = trio.open_memory_channel[Ordered](math.inf)
     code = 0
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH)
-    with trio.open_signal_receiver(*signals) as received, _raw(console.stdin_fd):
+    with (
+        trio.open_signal_receiver(*signals) as received,
+        terminal_mode(console.stdin_fd, _raw),
+    ):
         try:
             core.start(backend.label)
             await console.write_bytes(core.take_output())
@@ -400,11 +396,6 @@ async def converse_raw(backend: ChatBackend, console: _Console, stdout_fd: int) 
                         else:
                             await send.send(Terminate(signum))
 
-                async def follow_events() -> None:
-                    async for item in backend.terminal_events():
-                        await send.send(item)
-                    await send.send(EventsEnded())
-
                 async def read_keys() -> None:
                     while data := await console.read_raw():
                         await send.send(RawKeys(data, trio.current_time()))
@@ -418,7 +409,7 @@ async def converse_raw(backend: ChatBackend, console: _Console, stdout_fd: int) 
                 if size is not None:
                     ordered_send.send_nowait(SendResize(size.cols, size.rows))
                 nursery.start_soon(follow_signals)
-                nursery.start_soon(follow_events)
+                nursery.start_soon(forward_events, backend.terminal_events(), send)
                 nursery.start_soon(read_keys)
                 nursery.start_soon(write_in_order)
                 async for item in receive:
@@ -450,10 +441,7 @@ async def _perform(
         elif isinstance(command, SendResize):
             await backend.resize(command.cols, command.rows)
         else:
-            try:
-                result = PromptAccepted(await backend.prompt(command.text))
-            except ChatError as exc:
-                result = PromptFailed(str(exc))
+            result = await prompt_answer(backend, command.text)
     except ChatError as exc:
         what = "keys" if isinstance(command, SendInput) else "the new size"
         result = InputFailed(f"{what} not taken: {exc}")
@@ -464,9 +452,4 @@ async def _perform(
 async def _cancel(
     backend: ChatBackend, turn_id: str, send: trio.MemorySendChannel[RawInput]
 ) -> None:
-    result: RawInput
-    try:
-        result = CancelDone(await backend.cancel(turn_id))
-    except ChatError as exc:
-        result = CancelFailed(str(exc))
-    await send.send(result)
+    await send.send(await cancel_answer(backend, turn_id))

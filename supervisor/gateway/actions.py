@@ -147,6 +147,7 @@ class Actions:
             resume=revival.resume if revival is not None else None,
             after=(revival.last_seq, revival.turns) if revival is not None else (0, 0),
             earlier=revival.earlier if revival is not None else (),
+            checkpoints_of=revival.checkpoints_of if revival is not None else None,
         )
         host = {"host": session.host} if session.host is not None else {}
         return {"session_id": session.id, "state": session.state, **host, **_worktree(session)}

@@ -304,6 +304,9 @@ async def _serve_node(
                     # rewind and diff are the node's (design/remote.md, "Checkpoints").
                     checkpoints=True,
                     checkpoint_watch=settings.checkpoints.watch if settings is not None else True,
+                    # ... and recorded beside them: a front's stored session started again
+                    # here after this node is gone gets its earlier turns' back.
+                    record_checkpoints=True,
                     metrics=Metrics(),  # GET /metrics on its socket; node --metrics
                     tracer_provider=tracer_provider,
                 ) as supervisor,

@@ -8,7 +8,11 @@ was killed), a prompt starts it again on the same host: ``session.start`` carrie
 after ``last_seq`` and its turns after ``turns``, and has ``earlier`` (what was said, from the
 front's store) to give an agent that cannot resume, as a local session started again does
 (``supervisor/runtime/context.py``). The front keeps the session's id (``s1@h``) for the
-node's new session, whatever the node calls it.
+node's new session, whatever the node calls it. The snapshots of its earlier turns are in the
+node's checkpoint store of its cwd, recorded under the node's id of the session as first
+started (``supervisor/checkpoints/records.py``): ``checkpoints_of`` names it, and the new
+session has them back (a rewind to a turn from before goes on working) and records its own
+under it too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from attrs import frozen
 from protocols.framing import is_text
 from supervisor.runtime.context import Said
 
-__all__ = ["Revival"]
+__all__ = ["Revival", "first_node_id"]
 
 _ROLES = ("user", "assistant")
 
@@ -36,14 +40,19 @@ class Revival:
     turns: int
     #: the conversation so far (bounded, the newest kept), for an agent that cannot resume
     earlier: tuple[Said, ...] = ()
+    #: what the node recorded its checkpoints under (:func:`first_node_id`; None: nothing)
+    checkpoints_of: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire: dict[str, Any] = {
             "resume": self.resume,
             "last_seq": self.last_seq,
             "turns": self.turns,
             "earlier": [{"role": said.role, "text": said.text} for said in self.earlier],
         }
+        if self.checkpoints_of is not None:  # (a node older than it ignores it)
+            wire["checkpoints_of"] = self.checkpoints_of
+        return wire
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Revival:
@@ -65,9 +74,22 @@ class Revival:
             for said in earlier
         ):
             raise ValueError("'revive.earlier' must be a list of {role: user|assistant, text}")
+        checkpoints_of = data.get("checkpoints_of")
+        if checkpoints_of is not None and not (
+            isinstance(checkpoints_of, str) and is_text(checkpoints_of) and checkpoints_of
+        ):
+            raise ValueError("'revive.checkpoints_of' must be a session id or null")
         return cls(
             resume,
             last_seq,
             turns,
             tuple(Said(said["role"], said["text"]) for said in earlier),
+            checkpoints_of,
         )
+
+
+def first_node_id(session_id: str) -> str:
+    """The node's id of a front's session as first started: the front names it
+    ``NODE_ID@HOST`` (``RemoteSession``) and keeps that name for the node's later sessions
+    of it."""
+    return session_id.partition("@")[0]

@@ -16,8 +16,7 @@ import base64
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import attrs
@@ -49,13 +48,14 @@ from supervisor.remote.frames import (
     check_state,
     text_field,
 )
-from supervisor.runtime.fanout import Fanout, Subscription, fill_from_recorder
-from supervisor.runtime.session import (
-    DEFAULT_HISTORY,
+from supervisor.runtime.fanout import (
     DEFAULT_SUBSCRIBER_BUFFER,
-    SessionSummary,
-    TurnHandle,
+    Fanout,
+    Subscription,
+    fill_from_recorder,
 )
+from supervisor.runtime.handle import Subscribable
+from supervisor.runtime.session import DEFAULT_HISTORY, SessionSummary, TurnHandle
 from supervisor.steering import STEER_MODES, SteerResult
 from supervisor.wire.codec import converter, dumps, event_to_wire, known_event
 
@@ -155,7 +155,7 @@ def _diffed(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-class RemoteSession:
+class RemoteSession(Subscribable):
     """One session of a node on another host (create it through the ``Supervisor``)."""
 
     def __init__(
@@ -476,26 +476,6 @@ class RemoteSession:
         else:
             payload["option_id"] = option_id
         await self._request("permission.respond", payload, as_is)
-
-    @asynccontextmanager
-    async def subscribe(
-        self,
-        *,
-        since_seq: int | None = None,
-        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
-        stall_s: float | None = None,
-        max_buffer_bytes: int | None = None,
-    ) -> AsyncIterator[Subscription]:
-        subscription = await self.open_subscription(
-            since_seq=since_seq,
-            max_buffer=max_buffer,
-            stall_s=stall_s,
-            max_buffer_bytes=max_buffer_bytes,
-        )
-        try:
-            yield subscription
-        finally:
-            subscription.close()
 
     async def open_subscription(
         self,

@@ -90,6 +90,8 @@ DEFAULT_HISTORY_BYTES = 4 * 1024 * 1024
 #: What one subscriber may have buffered at most, in bytes, beside its count of events: past
 #: it, it is cut off (or, backpressured, holds the agent back) as for a full count.
 DEFAULT_BUFFER_BYTES = 4 * 1024 * 1024
+#: Events a subscriber may fall behind before it is cut off (it resubscribes with since_seq).
+DEFAULT_SUBSCRIBER_BUFFER = 4096
 #: The size counted for an event buffered before it was serialized (a state change, a turn's
 #: start or end: events the session makes, small, a prompt's text previewed).
 _UNSERIALIZED_SIZE = 1024

@@ -5,8 +5,8 @@ supervisor, the gateway, the ACP front door and the chat use."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol
 
 from protocols.content import Part
@@ -14,10 +14,10 @@ from supervisor.config import AgentSpec
 from supervisor.core.exit import ExitStatus
 from supervisor.core.session import TurnHandle
 from supervisor.receipt import CancelReceipt
-from supervisor.runtime.fanout import Fanout, Subscription
+from supervisor.runtime.fanout import DEFAULT_SUBSCRIBER_BUFFER, Fanout, Subscription
 from supervisor.steering import SteerResult
 
-__all__ = ["SessionHandle"]
+__all__ = ["SessionHandle", "Subscribable"]
 
 
 class SessionHandle(Protocol):
@@ -113,3 +113,35 @@ class SessionHandle(Protocol):
     async def wait_ready(self) -> None: ...
 
     async def stop(self) -> ExitStatus | None: ...
+
+
+class Subscribable:
+    """:meth:`subscribe` over the handle's own ``open_subscription`` (for callers that manage
+    the lifetime: they call ``close()``), the same for every kind of session."""
+
+    @asynccontextmanager
+    async def subscribe(
+        self: SessionHandle,
+        *,
+        since_seq: int | None = None,
+        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
+        stall_s: float | None = None,
+        max_buffer_bytes: int | None = None,
+    ) -> AsyncIterator[Subscription]:
+        """Events from now on (or replayed after ``since_seq``), in order, until you leave.
+
+        A subscriber a full buffer behind (``max_buffer`` events, or ``max_buffer_bytes`` of
+        them, the supervisor's ``buffer_bytes`` by default) is cut off (``lagged``); with
+        ``stall_s`` it holds the agent back instead (its output is not read meanwhile) and is
+        cut off only once it has taken nothing for ``stall_s`` (see
+        ``supervisor/runtime/fanout.py``)."""
+        subscription = await self.open_subscription(
+            since_seq=since_seq,
+            max_buffer=max_buffer,
+            stall_s=stall_s,
+            max_buffer_bytes=max_buffer_bytes,
+        )
+        try:
+            yield subscription
+        finally:
+            subscription.close()

@@ -27,8 +27,7 @@ import os
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -70,10 +69,12 @@ from supervisor.runtime.context import Said, context_text, said_in
 from supervisor.runtime.fanout import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_HISTORY_BYTES,
+    DEFAULT_SUBSCRIBER_BUFFER,
     Fanout,
     Subscription,
     fill_from_recorder,
 )
+from supervisor.runtime.handle import Subscribable
 from supervisor.runtime.ingest import BYTES_PER_UNIT, IngestGate, Unlimited, cost_of
 from supervisor.runtime.reply import Reply
 from supervisor.steering import SteerResult
@@ -90,8 +91,6 @@ T = TypeVar("T")
 DEFAULT_HISTORY = 10_000
 #: Prompts that may wait behind the running turn; more is a client bug, not a workload.
 DEFAULT_MAX_QUEUED = 32
-#: Events a subscriber may fall behind before it is cut off (it resubscribes with since_seq).
-DEFAULT_SUBSCRIBER_BUFFER = 4096
 #: Items buffered between the pumps and the actor: backpressure on a flooding agent. A reader
 #: posts one item per read (up to 64 KiB of lines), so this bounds a session to ~1 MB of agent
 #: output held in memory, however fast the agent writes.
@@ -673,7 +672,7 @@ class _AgentIO:
             log.error("session %s: %s", self._session.id, survivors_text(exc.survivors))
 
 
-class Session:
+class Session(Subscribable):
     """One agent session. Create it through :class:`supervisor.Supervisor`."""
 
     #: where it runs: this machine (a remote one is a ``supervisor.remote.RemoteSession``)
@@ -980,33 +979,6 @@ class Session:
         reply: Reply[None] = Reply()
         await self._ask(_RespondPermission(request_id, option_id, reply), reply)
 
-    @asynccontextmanager
-    async def subscribe(
-        self,
-        *,
-        since_seq: int | None = None,
-        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
-        stall_s: float | None = None,
-        max_buffer_bytes: int | None = None,
-    ) -> AsyncIterator[Subscription]:
-        """Events from now on (or replayed after ``since_seq``), in order, until you leave.
-
-        A subscriber a full buffer behind (``max_buffer`` events, or ``max_buffer_bytes`` of
-        them, the supervisor's ``buffer_bytes`` by default) is cut off (``lagged``); with
-        ``stall_s`` it holds the agent back instead (its output is not read meanwhile) and is
-        cut off only once it has taken nothing for ``stall_s`` (see
-        ``supervisor/runtime/fanout.py``)."""
-        subscription = await self.open_subscription(
-            since_seq=since_seq,
-            max_buffer=max_buffer,
-            stall_s=stall_s,
-            max_buffer_bytes=max_buffer_bytes,
-        )
-        try:
-            yield subscription
-        finally:
-            subscription.close()
-
     async def open_subscription(
         self,
         *,
@@ -1016,9 +988,8 @@ class Session:
         wire: bool = False,
         max_buffer_bytes: int | None = None,
     ) -> Subscription:
-        """Like :meth:`subscribe`, for callers that manage the lifetime (call ``close()``).
-        ``wire=True``: the subscriber takes each event's WebSocket text frame
-        (``take_frames``), as the gateway sends it, instead of event objects."""
+        """Like :meth:`subscribe`; ``wire=True``: the subscriber takes each event's WebSocket
+        text frame (``take_frames``), as the gateway sends it, instead of event objects."""
         check_subscription(since_seq, max_buffer, stall_s, max_buffer_bytes)
         reply: Reply[Subscription] = Reply()
         call = _Subscribe(since_seq, max_buffer, reply, stall_s, wire, max_buffer_bytes)

@@ -10,8 +10,8 @@ its id, and its seqs and turn ids go on); a cancel or a permission answer finds 
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 from protocols.content import Part
@@ -21,9 +21,14 @@ from supervisor.core.session import TurnHandle
 from supervisor.core.states import State
 from supervisor.errors import AgentNotRunning
 from supervisor.receipt import CancelReceipt
-from supervisor.runtime.fanout import DEFAULT_BUFFER_BYTES, Fanout, Subscription
-from supervisor.runtime.handle import SessionHandle
-from supervisor.runtime.session import DEFAULT_SUBSCRIBER_BUFFER, SessionSummary
+from supervisor.runtime.fanout import (
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_SUBSCRIBER_BUFFER,
+    Fanout,
+    Subscription,
+)
+from supervisor.runtime.handle import SessionHandle, Subscribable
+from supervisor.runtime.session import SessionSummary
 from supervisor.steering import SteerResult
 from supervisor.store.backend import Owner, StoredSession
 from supervisor.store.writer import SessionStore
@@ -37,7 +42,7 @@ __all__ = ["DormantSession"]
 _READ_EVENTS = 10_000
 
 
-class DormantSession:
+class DormantSession(Subscribable):
     """A stored session (``stored``) whose agent runs nowhere; ``spec`` is its agent's."""
 
     def __init__(
@@ -175,26 +180,6 @@ class DormantSession:
         self, request_id: str, option_id: str | None = None, *, cancelled: bool = False
     ) -> None:
         raise self._not_running()
-
-    @asynccontextmanager
-    async def subscribe(
-        self,
-        *,
-        since_seq: int | None = None,
-        max_buffer: int = DEFAULT_SUBSCRIBER_BUFFER,
-        stall_s: float | None = None,
-        max_buffer_bytes: int | None = None,
-    ) -> AsyncIterator[Subscription]:
-        subscription = await self.open_subscription(
-            since_seq=since_seq,
-            max_buffer=max_buffer,
-            stall_s=stall_s,
-            max_buffer_bytes=max_buffer_bytes,
-        )
-        try:
-            yield subscription
-        finally:
-            subscription.close()
 
     async def open_subscription(
         self,

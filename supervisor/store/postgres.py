@@ -12,6 +12,12 @@ after a commit whose answer was lost, a node's session adopted again handing ove
 run) is written again, whole, run by run, storing what each holds beyond the stored run
 (:func:`~supervisor.store.backend.store_beyond`): still one transaction, still nothing twice.
 
+A text's ``tsvector`` is not computed in the batch that stores it: a long answer's takes the
+server tens of ms (100,000 words: ``design/store-postgresql.md``), and that batch holds its
+turn's end, which subscribers wait for. :meth:`PostgresBackend.settle` computes it once the
+batch's events are given to them, and :meth:`PostgresBackend.search` first, for texts not
+indexed yet (``search IS NULL``, found by a partial index).
+
 Several processes share the database (ACP front doors beside a ``serve``): each registers
 itself in ``owners`` and holds a session-level advisory lock of its own (its token's) for as
 long as its connection lives, which tells the others it lives (``pg_locks``). One ``serve``
@@ -89,10 +95,19 @@ _EXCLUSIVE_CLASS = 0x61737572
 #: How long taking the lock back from this backend's own lost connection waits for its server
 #: process to exit (it exits at its next check for interrupts: at once when idle).
 _TAKE_BACK_WAIT_MS = 5_000
-#: A text's first characters that its ``tsvector`` indexes (the ``search`` column, as the
-#: migration defines it: a tsvector holds at most 1 MB, and a text whose vector would not fit
-#: must not make its batch fail); the snippet is made from the same characters.
+#: A text's first characters that its ``tsvector`` indexes (the ``search`` column: a tsvector
+#: holds at most 1 MB, and a text whose vector would not fit must not fail its indexing); the
+#: snippet is made from the same characters.
 _INDEXED_CHARS = 100_000
+#: The texts not indexed yet, indexed: every process's (one that went away before it indexed
+#: its own leaves them to the next). Rows another process is indexing at the moment are
+#: skipped, not waited for: two processes that each wait for a row the other locked first
+#: would deadlock.
+_INDEX_TEXTS = f"""UPDATE texts t
+    SET search = to_tsvector('simple', left(t.text, {_INDEXED_CHARS}))
+    FROM (SELECT session_id, seq, kind FROM texts WHERE search IS NULL
+        FOR UPDATE SKIP LOCKED) AS u
+    WHERE t.session_id = u.session_id AND t.seq = u.seq AND t.kind = u.kind"""
 #: The search snippet: about a dozen words around the first match, the words in brackets
 #: (as SQLite's ``snippet()`` gives it).
 _HEADLINE = "StartSel=[, StopSel=], MaxWords=12, MinWords=5, ShortWord=0"
@@ -119,6 +134,8 @@ class PostgresBackend:
         self._server_process: tuple[int, datetime] | None = None
         #: connections made since open: 1, and one more each time the server dropped one
         self.connections = 0
+        #: texts may wait to be indexed (written here and not indexed, or left at open)
+        self._unindexed = False
 
     # -- connecting
 
@@ -126,6 +143,7 @@ class PostgresBackend:
         self.connections = 0
         self._connection = self._connect()
         self._opened = True
+        self._unindexed = True  # (what a process that went away left unindexed)
 
     def _connect(self) -> psycopg.Connection[Any]:
         """A connection holding the lock, the schema at :data:`SCHEMA_VERSION`."""
@@ -269,10 +287,17 @@ class PostgresBackend:
     def write(self, batch: Batch) -> bool:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
-        return False  # (a text's ``tsvector`` is a generated column: computed as it is stored)
+            self._unindexed = self._unindexed or bool(batch.texts)
+        return self._unindexed
 
     def settle(self, idle: bool) -> None:
-        pass
+        if self._unindexed:
+            self._index()
+
+    def _index(self) -> None:
+        """Index the texts not indexed yet (one statement: its own transaction)."""
+        self._run("write to", lambda connection: connection.execute(_INDEX_TEXTS))
+        self._unindexed = False
 
     def delete(self, session_ids: Sequence[str]) -> None:
         # Freed rows are reused by later writes once autovacuum has been by; a VACUUM FULL
@@ -370,6 +395,9 @@ class PostgresBackend:
         words = _WORD.findall(query)
         if not words:
             return []
+        # Texts written and not indexed yet are found too: this process's, and those another
+        # process of the store wrote a moment ago (a partial index's probe when there are none).
+        self._index()
         # The words only, each a lexeme that must be present: what the user typed is text to
         # find, never tsquery syntax. The snippet is made for the rows returned, not all hits.
         rows = self._read(

@@ -8,19 +8,19 @@ exactly cancel time + grace. The machine alone is ``tests/machines/test_claude_t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+import helpers
 from helpers import Recorder
 from paths import TESTS
 from protocols import events as ev
 from protocols.claude import CLAUDE_COMMAND
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 from supervisor.testing._claude import ClaudeBehaviour, ClaudeLauncher
 
 GOLDEN_DIR = TESTS / "golden" / "claude" / "tasks"
@@ -35,20 +35,10 @@ def claude_spec() -> AgentSpec:
     return AgentSpec(name="claude", protocol="claude", command=CLAUDE_COMMAND, grace_s=GRACE)
 
 
-@asynccontextmanager
-async def running(
+def running(
     behaviour: ClaudeBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, ClaudeLauncher, Recorder]]:
-    launcher = ClaudeLauncher(behaviour)
-    async with open_supervisor(agents={"claude": claude_spec()}, launcher=launcher) as sup:
-        session = await sup.start_session("claude", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            await recorder.catch_up()
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
+) -> AbstractAsyncContextManager[tuple[Session, ClaudeLauncher, Recorder]]:
+    return helpers.running(ClaudeLauncher(behaviour), claude_spec(), catch_up=True)
 
 
 def is_delta(event: ev.Event) -> bool:

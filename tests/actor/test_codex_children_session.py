@@ -10,17 +10,17 @@ interrupts it. The machine alone is ``tests/machines/test_codex_children.py``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from helpers import Recorder
+import helpers
+from helpers import KILLED, Recorder
 from protocols import events as ev
-from supervisor import AgentSpec, Session, open_supervisor
+from supervisor import AgentSpec, Session
 from supervisor.testing._codex import CodexBehaviour, CodexLauncher
 
 GRACE = 2.0
@@ -33,21 +33,10 @@ def codex_spec() -> AgentSpec:
     return AgentSpec(name="codex", protocol="codex", command=["codex", "app-server"], grace_s=GRACE)
 
 
-@asynccontextmanager
-async def running_session(
+def running_session(
     behaviour: CodexBehaviour | None = None,
-) -> AsyncIterator[tuple[Session, CodexLauncher, Recorder]]:
-    launcher = CodexLauncher(behaviour)
-    async with open_supervisor(agents={"codex": codex_spec()}, launcher=launcher) as sup:
-        session = await sup.start_session("codex", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
-            yield session, launcher, recorder
-            await recorder.catch_up()
-            recorder.check_invariants()
-            nursery.cancel_scope.cancel()
-    assert launcher.violations == []
+) -> AbstractAsyncContextManager[tuple[Session, CodexLauncher, Recorder]]:
+    return helpers.running(CodexLauncher(behaviour), codex_spec(), catch_up=True)
 
 
 def child_started(event: ev.Event) -> bool:
@@ -115,13 +104,7 @@ async def test_child_that_never_answers_means_kill_at_grace(
         await rec.catch_up()
         assert trio.current_time() - t0 == pytest.approx(GRACE)
         assert receipt.outcome == "killed"
-        assert receipt.escalation == [
-            "interrupt",
-            "grace_expired",
-            "sigterm",
-            "respawned",
-            "resumed",
-        ]
+        assert receipt.escalation == KILLED
         ended = [e for e in rec.of_kind("turn.ended") if isinstance(e, ev.TurnEnded)]
         assert [(e.turn_id, e.outcome) for e in ended] == [(turn.id, "killed")]
         # The killed server's machine still says which child never confirmed.

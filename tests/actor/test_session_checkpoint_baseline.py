@@ -14,7 +14,7 @@ import trio.testing
 
 from supervisor import AgentSpec
 from supervisor.checkpoints import Change, ShadowStore, Snapshot
-from supervisor.runtime.session import Session
+from supervisor.runtime.session import Session, TurnHandle
 from supervisor.testing import Recorder
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
@@ -83,6 +83,23 @@ async def gated_session(
             nursery.cancel_scope.cancel()
 
 
+async def prompt_during_the_first_snapshot(session: Session, store: GatedStore) -> TurnHandle:
+    """A prompt once the agent is up and the session's first snapshot is under way."""
+    await session.wait_ready()
+    await store.wait_asked(1)
+    return await session.prompt("edit")
+
+
+async def starts_once_let_through(
+    store: GatedStore, recorder: Recorder, index: int, turn: TurnHandle
+) -> None:
+    """Snapshot ``index`` (``turn``'s start's) let through once asked for: ``turn`` starts."""
+    await store.wait_asked(index + 1)
+    store.let_through(index)
+    started = await recorder.wait_kind("turn.started")
+    assert started.turn_id == turn.id
+
+
 async def test_the_first_turn_waits_for_the_first_snapshot_then_its_own(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
@@ -97,9 +114,7 @@ async def test_the_first_turn_waits_for_the_first_snapshot_then_its_own(
         store.let_through(0)
         await store.wait_asked(2)  # the turn's own, the state at its start
         assert recorder.of_kind("turn.started") == []
-        store.let_through(1)
-        started = await recorder.wait_kind("turn.started")
-        assert started.turn_id == turn.id
+        await starts_once_let_through(store, recorder, 1, turn)
         await store.wait_asked(3)  # at its end
         store.let_through(2)
         ended = await recorder.wait_kind("turn.ended")
@@ -115,9 +130,7 @@ async def test_a_cancel_never_waits_for_the_first_snapshot(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with gated_session(tmp_path) as (session, store, recorder, _):
-        await session.wait_ready()
-        await store.wait_asked(1)
-        turn = await session.prompt("edit")
+        turn = await prompt_during_the_first_snapshot(session, store)
         before = trio.current_time()
         receipt = await session.cancel()
         assert trio.current_time() == before  # answered at once
@@ -126,10 +139,8 @@ async def test_a_cancel_never_waits_for_the_first_snapshot(
         assert (ended.turn_id, ended.outcome) == (turn.id, "cancelled")
         store.let_through(0)
         second = await session.prompt("again")
-        await store.wait_asked(2)
-        store.let_through(1)
-        started = await recorder.wait_kind("turn.started")
-        assert started.turn_id == second.id  # the cancelled one never reached the agent
+        # (the cancelled one never reached the agent)
+        await starts_once_let_through(store, recorder, 1, second)
         await session.stop()
 
 
@@ -137,9 +148,7 @@ async def test_a_stop_cancels_the_first_snapshot(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     async with gated_session(tmp_path) as (session, store, recorder, gone):
-        await session.wait_ready()
-        await store.wait_asked(1)
-        turn = await session.prompt("edit")
+        turn = await prompt_during_the_first_snapshot(session, store)
         with trio.fail_after(10):  # the agent's exit: the snapshot is not waited for
             await session.stop()
             await gone.wait()
@@ -163,9 +172,7 @@ async def test_a_session_started_beside_another_takes_no_first_snapshot_of_its_o
         async with gated_session(tmp_path, store, "s2") as (second, _, recorder, _):
             await second.wait_ready()
             turn = await second.prompt("edit")
-            await store.wait_asked(2)  # its own start snapshot, at once
-            store.let_through(1)
-            started = await recorder.wait_kind("turn.started")
-            assert started.turn_id == turn.id
+            # its own start snapshot, asked for at once
+            await starts_once_let_through(store, recorder, 1, turn)
             await second.stop()
         store.let_through(0)

@@ -14,9 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from helpers import Recorder, running
+from helpers import running
 from protocols import events as ev
 from supervisor import AgentNotRunning, AgentSpec, open_supervisor
+from supervisor.testing import record
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 GRACE = 2.0
@@ -137,9 +138,7 @@ async def test_a_receipt_of_a_session_that_failed_waits_for_the_failed_agent_to_
     spec = fake_spec(start_timeout_s=5.0)
     async with open_supervisor(agents={"fake": spec}, launcher=launcher) as sup:
         session = await sup.start_session("fake", cwd="/")
-        recorder = Recorder(session)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
+        async with record(session) as recorder:
             await session.prompt("hello")
             await recorder.wait_kind("message.delta")
             launcher.behaviour = attrs.evolve(
@@ -161,7 +160,6 @@ async def test_a_receipt_of_a_session_that_failed_waits_for_the_failed_agent_to_
             assert len(ended) == 1 and isinstance(ended[0], ev.TurnEnded)
             assert ended[0].receipt is not None
             assert ended[0].receipt["session_failed"] == receipt.session_failed
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_start_that_fails_leaves_no_session_behind(

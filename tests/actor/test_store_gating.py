@@ -10,95 +10,27 @@ are published, with no writer at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
 from typing import Any
 
 import trio
 import trio.testing
+from memory_store import MemoryBackend, in_this_thread
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
-from supervisor.store.backend import (
-    Batch,
-    Owner,
-    ReceiptRow,
-    SearchHit,
-    StoredSession,
-    TextRow,
-    this_process,
-)
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=2.0)
 
 
-class HeldBackend:
-    """Keeps what it is given; a write goes through only while :attr:`open` is set."""
-
-    where = "memory"
-
-    owner = this_process("serve")
-
-    def owners(self) -> dict[str, tuple[Owner, bool]]:
-        return {}
-
-    def drop_owners(self, tokens: Sequence[str]) -> None:
-        pass
-
-    def exclusive(self) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def next_session_number(self, at_least: int) -> int:
-        return at_least + 1
-
-    def __init__(self) -> None:
-        self.stored: set[int] = set()
-        self.open_ = trio.Event()
-
-    def open(self) -> None:
-        pass
-
-    def write(self, batch: Batch) -> None:
-        for run in batch.events:
-            self.stored.update(range(run.first_seq, run.last_seq + 1))
-
-    def settle(self, idle: bool) -> None:
-        pass
-
-    def sessions(self) -> list[StoredSession]:
-        return []
-
-    def session(self, session_id: str) -> StoredSession | None:
-        return None
-
-    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
-        return []
-
-    def texts(self, session_id: str) -> list[TextRow]:
-        return []
-
-    def receipts(self, session_id: str) -> list[ReceiptRow]:
-        return []
-
-    def first_prompts(self, chars: int) -> dict[str, str]:
-        return {}
-
-    def search(self, query: str, limit: int) -> list[SearchHit]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-def held_store(backend: HeldBackend) -> SessionStore:
+def held_store(backend: MemoryBackend, let_through: trio.Event) -> SessionStore:
     async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
-        """The backend called in the test's thread; a write once :attr:`open_` is set."""
+        """The backend called in the test's thread; a write once ``let_through`` is set."""
         if getattr(fn, "__name__", "") == "_write":
-            await backend.open_.wait()
-        await trio.lowlevel.checkpoint()
-        return fn(*args)
+            await let_through.wait()
+        return await in_this_thread(fn, *args)
 
     return SessionStore(backend, run_sync=run_sync)
 
@@ -106,8 +38,9 @@ def held_store(backend: HeldBackend) -> SessionStore:
 async def test_an_event_is_given_only_once_it_is_stored(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = HeldBackend()
-    store = held_store(backend)
+    backend = MemoryBackend()
+    let_through = trio.Event()
+    store = held_store(backend, let_through)
     launcher = AcpLauncher(AcpBehaviour(words=20, word_interval=0.1))
     with trio.fail_after(60):  # (virtual seconds: an event never given fails, not hangs)
         async with trio.open_nursery() as writer:
@@ -119,15 +52,15 @@ async def test_an_event_is_given_only_once_it_is_stored(
                     await session.prompt("hello")
                     await trio.sleep(1)  # ten words said, none stored
                     assert session.last_seq > 10
-                    assert events.pending == 0 and not backend.stored
+                    assert events.pending == 0 and not backend.seqs()
                     # The cancel's answer is a reply: it does not wait for the store.
                     receipt = await session.cancel()
                     assert receipt.outcome == "cancelled"
                     assert events.pending == 0
-                    backend.open_.set()
+                    let_through.set()
                     seqs = []
                     async for event in events:
-                        assert event.seq in backend.stored  # stored before it was given
+                        assert event.seq in backend.seqs()  # stored before it was given
                         seqs.append(event.seq)
                         if isinstance(event, ev.TurnEnded):
                             break

@@ -86,13 +86,13 @@ def _fill(disk: Path, leave: int) -> Path:
 
 
 async def store_fills(tmp_path: Path) -> None:
-    from checkpoints.test_session_checkpoints import _spec
+    from checkpoints.test_session_checkpoints import session_in
     from worktrees import tree
 
     from protocols import events as ev
-    from supervisor import AgentSpec, open_supervisor
+    from supervisor import AgentSpec
     from supervisor.errors import BadRequest, CheckpointFailed
-    from supervisor.testing import Recorder
+    from supervisor.testing import record
     from supervisor.testing._acp import AcpAgent, AcpBehaviour, AcpLauncher
 
     class WritingAgent(AcpAgent):
@@ -116,74 +116,67 @@ async def store_fills(tmp_path: Path) -> None:
     work.mkdir()
     (work / "a.txt").write_text("a\n")
     launcher = WritingLauncher(work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
 
-                async def turn(payload: bytes) -> tuple[ev.TurnEnded, list[str]]:
-                    launcher.payload = payload
-                    handle = await session.prompt("write")
-                    ended = await recorder.wait_for(
-                        lambda e: e.kind == "turn.ended" and e.turn_id == handle.id
-                    )
-                    assert isinstance(ended, ev.TurnEnded)
-                    said = [
-                        e.message
-                        for e in recorder.events
-                        if isinstance(e, ev.ErrorEvent) and e.code == "checkpoint_failed"
-                    ]
-                    recorder.events.clear()
-                    return ended, said
+        async def turn(payload: bytes) -> tuple[ev.TurnEnded, list[str]]:
+            launcher.payload = payload
+            handle = await session.prompt("write")
+            ended = await recorder.wait_for(
+                lambda e: e.kind == "turn.ended" and e.turn_id == handle.id
+            )
+            assert isinstance(ended, ev.TurnEnded)
+            said = [
+                e.message
+                for e in recorder.events
+                if isinstance(e, ev.ErrorEvent) and e.code == "checkpoint_failed"
+            ]
+            recorder.events.clear()
+            return ended, said
 
-                first, said = await turn(b"small\n")
-                _same(
-                    (first.outcome, first.changes, said),
-                    ("completed", [{"path": "out.bin", "change": "added"}], []),
-                )
-                filler = _fill(store_disk, 64 * 1024)
-                big = os.urandom(1024 * 1024)  # does not compress: needs its size in the store
-                full = (
-                    f"no space left on the checkpoint store's disk ({store_disk}): git add failed"
-                )
+        first, said = await turn(b"small\n")
+        _same(
+            (first.outcome, first.changes, said),
+            ("completed", [{"path": "out.bin", "change": "added"}], []),
+        )
+        filler = _fill(store_disk, 64 * 1024)
+        big = os.urandom(1024 * 1024)  # does not compress: needs its size in the store
+        full = f"no space left on the checkpoint store's disk ({store_disk}): git add failed"
 
-                # The disk fills during the turn: its end's snapshot fails, the turn still ends.
-                second, said = await turn(big)
-                _same((second.outcome, second.changes), ("completed", None))
-                _same(said, [f"what turn {second.turn_id} changed is not known: {full}"])
-                # Still full at the next turn's start: it runs without a checkpoint.
-                third, said = await turn(big)
-                _same((third.outcome, third.changes), ("completed", None))
-                _same(said, [f"turn {third.turn_id} starts without a checkpoint: {full}"])
-                try:
-                    await session.rewind(third.turn_id)
-                    raise AssertionError("a turn without a checkpoint was rewound")
-                except BadRequest as exc:
-                    assert "has no checkpoint" in str(exc)
-                # A rewind keeps the state before it first: with no room for that, it is
-                # refused and nothing is touched.
-                still = tree(work)
-                try:
-                    await session.rewind(second.turn_id)
-                    raise AssertionError("a rewind went ahead without keeping the state before")
-                except CheckpointFailed as exc:
-                    _same(str(exc), f"session {session.id} could not rewind: {full}")
-                _same(tree(work), still)
-                # What git had half written is gone: the space is the filler's to give back.
-                assert not list(store_disk.rglob("tmp_obj_*"))
+        # The disk fills during the turn: its end's snapshot fails, the turn still ends.
+        second, said = await turn(big)
+        _same((second.outcome, second.changes), ("completed", None))
+        _same(said, [f"what turn {second.turn_id} changed is not known: {full}"])
+        # Still full at the next turn's start: it runs without a checkpoint.
+        third, said = await turn(big)
+        _same((third.outcome, third.changes), ("completed", None))
+        _same(said, [f"turn {third.turn_id} starts without a checkpoint: {full}"])
+        try:
+            await session.rewind(third.turn_id)
+            raise AssertionError("a turn without a checkpoint was rewound")
+        except BadRequest as exc:
+            assert "has no checkpoint" in str(exc)
+        # A rewind keeps the state before it first: with no room for that, it is
+        # refused and nothing is touched.
+        still = tree(work)
+        try:
+            await session.rewind(second.turn_id)
+            raise AssertionError("a rewind went ahead without keeping the state before")
+        except CheckpointFailed as exc:
+            _same(str(exc), f"session {session.id} could not rewind: {full}")
+        _same(tree(work), still)
+        # What git had half written is gone: the space is the filler's to give back.
+        assert not list(store_disk.rglob("tmp_obj_*"))
 
-                filler.unlink()
-                fourth, said = await turn(b"small again\n")
-                _same((fourth.changes, said), ([{"path": "out.bin", "change": "modified"}], []))
-                before = tree(work)
-                await session.rewind(fourth.turn_id)
-                assert (work / "out.bin").read_bytes() == big
-                assert tree(work) != before
-                nursery.cancel_scope.cancel()
+        filler.unlink()
+        fourth, said = await turn(b"small again\n")
+        _same((fourth.changes, said), ([{"path": "out.bin", "change": "modified"}], []))
+        before = tree(work)
+        await session.rewind(fourth.turn_id)
+        assert (work / "out.bin").read_bytes() == big
+        assert tree(work) != before
 
 
 async def work_fills(tmp_path: Path) -> None:

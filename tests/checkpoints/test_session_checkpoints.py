@@ -4,7 +4,12 @@ ACP agent whose tool edits, creates and deletes files in the session's directory
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,8 @@ from worktrees import tree as _tree
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import BadRequest, Busy
-from supervisor.testing import Recorder
+from supervisor.supervisor import AnySession
+from supervisor.testing import Recorder, record
 from supervisor.testing._acp import AcpAgent, AcpBehaviour, AcpLauncher
 
 #: Whatever the machine's load, a test that takes longer is stuck.
@@ -44,15 +50,20 @@ class FileToolAgent(AcpAgent):
         (work / "notes.txt").unlink(missing_ok=True)
         (work / "new" / "dir").mkdir(parents=True, exist_ok=True)
         (work / "new" / "dir" / "made.bin").write_bytes(b"\x00\xff" * 64)
+        for name in launcher.hide:  # written, then made unreadable
+            (work / name).write_text("the tool's secret\n")
+            (work / name).chmod(0)
         launcher.wrote.set()
         await trio.sleep(seconds)
 
 
 class FileToolLauncher(AcpLauncher):
-    def __init__(self, behaviour: AcpBehaviour, work: Path) -> None:
+    def __init__(self, behaviour: AcpBehaviour, work: Path, hide: tuple[str, ...] = ()) -> None:
         super().__init__(behaviour)
         self.work = work
         self.wrote = trio.Event()
+        #: files the tool writes, then makes unreadable
+        self.hide = hide
 
     def launch(self, link: Any, spec: AgentSpec, resume: str | None) -> AcpAgent:
         return FileToolAgent(link, self)
@@ -82,6 +93,20 @@ def _spec(**changes: Any) -> AgentSpec:
     return spec.with_options(**changes) if changes else spec
 
 
+@asynccontextmanager
+async def session_in(
+    work: Path, launcher: AcpLauncher, tmp_path: Path, **changes: Any
+) -> AsyncIterator[AnySession]:
+    """A session of the agent ``fake`` (:func:`_spec` with ``changes``) in ``work``, its
+    checkpoints kept under ``tmp_path``; a test that takes longer than :data:`BOUND_S` is
+    stuck."""
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec(**changes)}, launcher=launcher, state_dir=tmp_path / "s"
+        ) as sup:
+            yield await sup.start_session("fake", cwd=str(work))
+
+
 async def _turn_ended(recorder: Recorder, turn_id: str) -> ev.TurnEnded:
     event = await recorder.wait_for(lambda e: e.kind == "turn.ended" and e.turn_id == turn_id)
     assert isinstance(event, ev.TurnEnded)
@@ -99,37 +124,32 @@ async def test_a_stopped_turns_receipt_lists_what_its_tool_changed_and_rewind_un
     launcher = FileToolLauncher(AcpBehaviour(tool=100.0, stop_delay=stop_delay), work)
     git_before = _fingerprint(work / ".git")
     tree_before = _tree(work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec(grace_s=grace_s)}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                turn = await session.prompt("edit the files")
-                await launcher.wrote.wait()
-                tree_turn = _tree(work)
-                receipt = await session.cancel()
-                assert receipt.outcome == outcome
-                assert receipt.changes == EXPECTED
-                ended = await _turn_ended(recorder, turn.id)
-                assert ended.changes == EXPECTED
-                assert ended.receipt is not None and ended.receipt["changes"] == EXPECTED
+    async with (
+        session_in(work, launcher, tmp_path, grace_s=grace_s) as session,
+        record(session) as recorder,
+    ):
+        turn = await session.prompt("edit the files")
+        await launcher.wrote.wait()
+        tree_turn = _tree(work)
+        receipt = await session.cancel()
+        assert receipt.outcome == outcome
+        assert receipt.changes == EXPECTED
+        ended = await _turn_ended(recorder, turn.id)
+        assert ended.changes == EXPECTED
+        assert ended.receipt is not None and ended.receipt["changes"] == EXPECTED
 
-                result = await session.rewind(turn.id)
-                assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
-                assert result["not_restored"] == []
-                assert _tree(work) == tree_before
-                assert not (work / "new").exists()
-                rewound = await recorder.wait_for(lambda e: e.kind == "session.rewound")
-                assert isinstance(rewound, ev.SessionRewound)
-                assert rewound.restored == result["restored"]
+        result = await session.rewind(turn.id)
+        assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
+        assert result["not_restored"] == []
+        assert _tree(work) == tree_before
+        assert not (work / "new").exists()
+        rewound = await recorder.wait_for(lambda e: e.kind == "session.rewound")
+        assert isinstance(rewound, ev.SessionRewound)
+        assert rewound.restored == result["restored"]
 
-                # the rewind is itself undoable
-                await session.rewind(result["undo"])
-                assert _tree(work) == tree_turn
-                nursery.cancel_scope.cancel()
+        # the rewind is itself undoable
+        await session.rewind(result["undo"])
+        assert _tree(work) == tree_turn
     assert _fingerprint(work / ".git") == git_before
 
 
@@ -138,24 +158,20 @@ async def test_stop_and_rewind_in_one_call_and_a_rewind_while_a_turn_runs_is_bus
 ) -> None:
     launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
     tree_before = _tree(work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            turn = await session.prompt("edit the files")
-            await launcher.wrote.wait()
-            with pytest.raises(Busy, match=f"turn {turn.id} runs"):
-                await session.rewind(turn.id)
-            receipt = await session.cancel(rewind=True)
-            assert receipt.changes == EXPECTED
-            assert receipt.restored is not None
-            assert receipt.restored["restored"] == [
-                "new/dir/made.bin",
-                "notes.txt",
-                "src/app.py",
-            ]
-            assert _tree(work) == tree_before
+    async with session_in(work, launcher, tmp_path) as session:
+        turn = await session.prompt("edit the files")
+        await launcher.wrote.wait()
+        with pytest.raises(Busy, match=f"turn {turn.id} runs"):
+            await session.rewind(turn.id)
+        receipt = await session.cancel(rewind=True)
+        assert receipt.changes == EXPECTED
+        assert receipt.restored is not None
+        assert receipt.restored["restored"] == [
+            "new/dir/made.bin",
+            "notes.txt",
+            "src/app.py",
+        ]
+        assert _tree(work) == tree_before
 
 
 async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
@@ -168,9 +184,7 @@ async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
             agents=agents, launcher=launcher, state_dir=tmp_path / "s"
         ) as sup:
             session = await sup.start_session("fake", cwd=str(work))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("edit the files")
                 ended = await _turn_ended(recorder, turn.id)
                 assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
@@ -178,7 +192,6 @@ async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
                 second = await session.prompt("again")
                 ended = await _turn_ended(recorder, second.id)
                 assert ended.changes == []
-                nursery.cancel_scope.cancel()
             plain = await sup.start_session("plain", cwd=str(work))
             turn = await plain.prompt("again")
             with pytest.raises(BadRequest, match="keeps no checkpoints"):
@@ -189,28 +202,24 @@ async def test_a_completed_turn_carries_its_changes_and_an_agent_may_keep_none(
 
 async def test_a_turns_diff_of_one_path_from_its_checkpoints(tmp_path: Path, work: Path) -> None:
     launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            turn = await session.prompt("edit the files")
-            await launcher.wrote.wait()
-            with pytest.raises(BadRequest, match="has no changes of"):
-                await session.diff(turn.id, "src/app.py")  # still running
-            await session.cancel(rewind=True)
+    async with session_in(work, launcher, tmp_path) as session:
+        turn = await session.prompt("edit the files")
+        await launcher.wrote.wait()
+        with pytest.raises(BadRequest, match="has no changes of"):
+            await session.diff(turn.id, "src/app.py")  # still running
+        await session.cancel(rewind=True)
 
-            modified = await session.diff(turn.id, "src/app.py")
-            assert "-print('first')\n+print('rewritten')\n" in modified["diff"]
-            assert modified["diff"].startswith("diff --git a/src/app.py b/src/app.py\n")
-            assert (modified["binary"], modified["truncated"]) == (False, False)
-            deleted = await session.diff(turn.id, "notes.txt")
-            assert "deleted file mode" in deleted["diff"] and "-notes\n" in deleted["diff"]
-            binary = await session.diff(turn.id, "new/dir/made.bin")
-            assert binary["binary"] is True
-            assert "Binary files /dev/null and b/new/dir/made.bin differ" in binary["diff"]
-            untouched = await session.diff(turn.id, "other.txt")
-            assert untouched["diff"] == ""
+        modified = await session.diff(turn.id, "src/app.py")
+        assert "-print('first')\n+print('rewritten')\n" in modified["diff"]
+        assert modified["diff"].startswith("diff --git a/src/app.py b/src/app.py\n")
+        assert (modified["binary"], modified["truncated"]) == (False, False)
+        deleted = await session.diff(turn.id, "notes.txt")
+        assert "deleted file mode" in deleted["diff"] and "-notes\n" in deleted["diff"]
+        binary = await session.diff(turn.id, "new/dir/made.bin")
+        assert binary["binary"] is True
+        assert "Binary files /dev/null and b/new/dir/made.bin differ" in binary["diff"]
+        untouched = await session.diff(turn.id, "other.txt")
+        assert untouched["diff"] == ""
 
 
 async def test_a_working_directory_that_disappears_ends_the_turn_and_is_said(
@@ -223,28 +232,23 @@ async def test_a_working_directory_that_disappears_ends_the_turn_and_is_said(
     from supervisor.errors import CheckpointFailed
 
     launcher = FileToolLauncher(AcpBehaviour(tool=100.0), work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                turn = await session.prompt("edit the files")
-                await launcher.wrote.wait()
-                shutil.rmtree(work)
-                receipt = await session.cancel()
-                assert (receipt.outcome, receipt.changes) == ("cancelled", None)
-                said = await recorder.wait_kind("error")
-                assert isinstance(said, ev.ErrorEvent) and said.code == "checkpoint_failed"
-                gone = f"the working directory {work} is gone"
-                assert said.message == f"what turn {turn.id} changed is not known: {gone}"
-                ended = await _turn_ended(recorder, turn.id)
-                assert (ended.outcome, ended.changes) == ("cancelled", None)
-                with pytest.raises(CheckpointFailed, match=f"could not rewind: {gone}"):
-                    await session.rewind(turn.id)
-                nursery.cancel_scope.cancel()
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
+        turn = await session.prompt("edit the files")
+        await launcher.wrote.wait()
+        shutil.rmtree(work)
+        receipt = await session.cancel()
+        assert (receipt.outcome, receipt.changes) == ("cancelled", None)
+        said = await recorder.wait_kind("error")
+        assert isinstance(said, ev.ErrorEvent) and said.code == "checkpoint_failed"
+        gone = f"the working directory {work} is gone"
+        assert said.message == f"what turn {turn.id} changed is not known: {gone}"
+        ended = await _turn_ended(recorder, turn.id)
+        assert (ended.outcome, ended.changes) == ("cancelled", None)
+        with pytest.raises(CheckpointFailed, match=f"could not rewind: {gone}"):
+            await session.rewind(turn.id)
 
 
 async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its_git(
@@ -270,20 +274,16 @@ async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its
     fake_git.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            said = await trio.to_thread.run_sync(pid_fifo.read_text, abandon_on_cancel=True)
-            git_walk = int(said)
-            turn = await session.prompt("edit the files")
-            assert not turn.queued
-            receipt = await session.cancel()
-            assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
-            os.kill(git_walk, 0)  # still at work
-            await session.stop()
-        assert not launcher.wrote.is_set()
+    async with session_in(work, launcher, tmp_path) as session:
+        said = await trio.to_thread.run_sync(pid_fifo.read_text, abandon_on_cancel=True)
+        git_walk = int(said)
+        turn = await session.prompt("edit the files")
+        assert not turn.queued
+        receipt = await session.cancel()
+        assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
+        os.kill(git_walk, 0)  # still at work
+        await session.stop()
+    assert not launcher.wrote.is_set()
     with pytest.raises(ProcessLookupError):  # ended and reaped
         os.kill(git_walk, 0)
 
@@ -293,28 +293,79 @@ async def test_a_cancel_never_waits_for_a_snapshot_under_way(tmp_path: Path, wor
     seconds, ``bench/checkpoint_snapshot_100k.py``), a cancel of that turn answers at once:
     here the snapshot cannot even begin, the store held by the test."""
     launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            store = session._checkpoints  # type: ignore[attr-defined]
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                async with store._lock:
-                    turn = await session.prompt("edit the files")
-                    assert not turn.queued
-                    receipt = await session.cancel()
-                    assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
-                    ended = await _turn_ended(recorder, turn.id)
-                    assert ended.outcome == "cancelled"
-                assert not launcher.wrote.is_set()  # it never reached the agent
-                # the snapshot taken once the store is free is the next turn's
-                second = await session.prompt("edit the files")
-                ended = await _turn_ended(recorder, second.id)
-                assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
-                nursery.cancel_scope.cancel()
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
+        store = session._checkpoints  # type: ignore[attr-defined]
+        async with store._lock:
+            turn = await session.prompt("edit the files")
+            assert not turn.queued
+            receipt = await session.cancel()
+            assert (receipt.turn_id, receipt.outcome) == (turn.id, "cancelled")
+            ended = await _turn_ended(recorder, turn.id)
+            assert ended.outcome == "cancelled"
+        assert not launcher.wrote.is_set()  # it never reached the agent
+        # the snapshot taken once the store is free is the next turn's
+        second = await session.prompt("edit the files")
+        ended = await _turn_ended(recorder, second.id)
+        assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+
+
+def test_a_turn_that_makes_a_file_unreadable_names_it_and_its_rewind_leaves_it() -> None:
+    """The tool changes files and makes one unreadable: the turn's changes name it (and list
+    the others), and a rewind restores the others and leaves it as it is. As root (who reads
+    every file) the supervisor runs as nobody, in a child process."""
+    if os.geteuid() != 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            trio.run(unreadable_turn, Path(tmp))
+        return
+    if shutil.which("setpriv") is None:
+        pytest.skip("root, and no setpriv to run the supervisor as another user")
+    with tempfile.TemporaryDirectory(prefix="checkpoints-") as shared:
+        os.chmod(shared, 0o777)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [sys.executable, __file__, "unreadable_turn", shared],
+            capture_output=True,
+            timeout=BOUND_S,
+            env={**os.environ, "HOME": shared, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+
+
+async def unreadable_turn(tmp_path: Path) -> None:
+    """(Plain asserts: run by a child process, whose failure the test shows.)"""
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "app.py").write_text("print('first')\n")
+    (work / "notes.txt").write_text("notes\n")
+    (work / "secret.txt").write_text("s\n")
+    launcher = FileToolLauncher(
+        AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work, hide=("secret.txt",)
+    )
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
+        turn = await session.prompt("edit the files")
+        ended = await _turn_ended(recorder, turn.id)
+        why = "cannot be read (permission denied): its content is not kept"
+        assert ended.changes == [
+            *EXPECTED[:2],
+            {"path": "secret.txt", "change": "modified", "detail": why},
+            EXPECTED[2],
+        ], ended.changes
+        result = await session.rewind(turn.id)
+        assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
+        assert result["not_restored"] == [
+            {"path": "secret.txt", "why": "cannot be read now: left as it is"}
+        ], result
+        assert (work / "src" / "app.py").read_text() == "print('first')\n"
+        assert (work / "notes.txt").read_text() == "notes\n"
+        assert not (work / "new").exists()
+        secret = (work / "secret.txt").stat()
+        assert (secret.st_size, secret.st_mode & 0o777) == (18, 0)  # as the tool left it
 
 
 def _inotify_instances() -> int:
@@ -336,22 +387,20 @@ async def test_the_directory_is_watched_while_a_session_runs_there_and_no_longer
     descriptor) is closed with the session."""
     launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
     before = _inotify_instances()
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": _spec()}, launcher=launcher, state_dir=tmp_path / "s"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(work))
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
-                turn = await session.prompt("edit the files")
-                ended = await _turn_ended(recorder, turn.id)
-                assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
-                (store,) = sup._checkpoint_stores.values()
-                assert store.last_look == "events"
-                assert _inotify_instances() == before + 1
-                nursery.cancel_scope.cancel()
-            await session.stop()
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
+        turn = await session.prompt("edit the files")
+        ended = await _turn_ended(recorder, turn.id)
+        assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+        store = session._checkpoints  # type: ignore[attr-defined]
+        assert store.last_look == "events"
+        assert _inotify_instances() == before + 1
     # (the session's task has ended with the supervisor's block)
     assert store._watcher is None
     assert _inotify_instances() == before
+
+
+if __name__ == "__main__":  # a test's child process (test_a_turn_that_makes_a_file_...)
+    trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from supervisor.errors import BadRequest
 from supervisor.gateway import Gateway
 from supervisor.runtime.session import Session
 from supervisor.supervisor import Supervisor
-from supervisor.testing import Recorder
+from supervisor.testing import record
 from supervisor.testing._acp import AcpAgent, AcpBehaviour, AcpLauncher
 from supervisor.worktrees import Worktree, Worktrees
 
@@ -52,6 +54,17 @@ def _launcher() -> WritingLauncher:
 SPEC = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=1.0)
 
 
+@asynccontextmanager
+async def worktree_supervisor(tmp_path: Path, spec: AgentSpec = SPEC) -> AsyncIterator[Supervisor]:
+    """A supervisor of the writing agent ``fake`` (``spec``), its state under ``tmp_path``; a
+    test that takes longer than :data:`BOUND_S` is stuck."""
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": spec}, launcher=_launcher(), state_dir=tmp_path / "state"
+        ) as sup:
+            yield sup
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
@@ -81,11 +94,8 @@ def _worktree_paths(repo: Path) -> list[str]:
 async def _prompt_and_wait(sup: Supervisor, session_id: str, text: str) -> None:
     """Prompt the session (a stored one is revived by it) and wait for the turn's end."""
     turn = await sup.get(session_id).prompt(text)
-    recorder = Recorder(sup.get(session_id))  # its history holds the turn's events
-    async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+    async with record(sup.get(session_id)) as recorder:  # its history holds the turn's events
         await recorder.wait_for(lambda e: e.kind == "turn.ended" and e.turn_id == turn.id)
-        nursery.cancel_scope.cancel()
 
 
 async def test_two_sessions_on_one_repository_never_see_each_others_edits(
@@ -127,34 +137,28 @@ async def test_two_sessions_on_one_repository_never_see_each_others_edits(
 async def test_a_stopped_sessions_worktree_without_work_is_removed_with_its_branch(
     tmp_path: Path, repo: Path
 ) -> None:
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": SPEC}, launcher=_launcher(), state_dir=tmp_path / "state"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(repo), worktree=True)
-            assert isinstance(session, Session) and session.worktree is not None
-            path = session.worktree.path
-            assert _worktree_paths(repo) == [str(repo.resolve()), path]
-            await sup.stop_session(session.id)
-            assert session.worktree_left is not None and not session.worktree_left.kept
+    async with worktree_supervisor(tmp_path) as sup:
+        session = await sup.start_session("fake", cwd=str(repo), worktree=True)
+        assert isinstance(session, Session) and session.worktree is not None
+        path = session.worktree.path
+        assert _worktree_paths(repo) == [str(repo.resolve()), path]
+        await sup.stop_session(session.id)
+        assert session.worktree_left is not None and not session.worktree_left.kept
     assert not Path(path).exists() and not Path(path + ".json").exists()
     assert _branches(repo) == ["main"]
     assert _worktree_paths(repo) == [str(repo.resolve())]
 
 
 async def test_a_worktree_with_a_commit_is_kept(tmp_path: Path, repo: Path) -> None:
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": SPEC}, launcher=_launcher(), state_dir=tmp_path / "state"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(repo), worktree=True)
-            assert isinstance(session, Session) and session.worktree is not None
-            (Path(session.cwd) / "more.txt").write_text("more\n")
-            _git(Path(session.cwd), "add", "-A")
-            _git(Path(session.cwd), "commit", "-qm", "more")
-            await sup.stop_session(session.id)
-            left = session.worktree_left
-            assert left is not None and left.kept and left.why == "1 commit beyond its base"
+    async with worktree_supervisor(tmp_path) as sup:
+        session = await sup.start_session("fake", cwd=str(repo), worktree=True)
+        assert isinstance(session, Session) and session.worktree is not None
+        (Path(session.cwd) / "more.txt").write_text("more\n")
+        _git(Path(session.cwd), "add", "-A")
+        _git(Path(session.cwd), "commit", "-qm", "more")
+        await sup.stop_session(session.id)
+        left = session.worktree_left
+        assert left is not None and left.kept and left.why == "1 commit beyond its base"
 
 
 async def test_a_cwd_in_no_repository_is_a_bad_request(tmp_path: Path) -> None:
@@ -176,14 +180,11 @@ async def test_an_agents_worktree_setting_gives_its_sessions_one(
     tmp_path: Path, repo: Path
 ) -> None:
     spec = SPEC.with_options(worktree=True)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": spec}, launcher=_launcher(), state_dir=tmp_path / "state"
-        ) as sup:
-            session = await sup.start_session("fake", cwd=str(repo))
-            assert isinstance(session, Session) and session.worktree is not None
-            plain = await sup.start_session("fake", cwd=str(repo), worktree=False)
-            assert isinstance(plain, Session) and plain.worktree is None
+    async with worktree_supervisor(tmp_path, spec) as sup:
+        session = await sup.start_session("fake", cwd=str(repo))
+        assert isinstance(session, Session) and session.worktree is not None
+        plain = await sup.start_session("fake", cwd=str(repo), worktree=False)
+        assert isinstance(plain, Session) and plain.worktree is None
 
 
 @pytest.mark.parametrize("pruned", [False, True], ids=["kept", "pruned"])
@@ -282,40 +283,37 @@ async def test_over_the_wire_start_list_and_stop_say_the_worktree(
     tmp_path: Path, repo: Path
 ) -> None:
     before = _tree(repo)
-    with trio.fail_after(BOUND_S):
-        async with open_supervisor(
-            agents={"fake": SPEC}, launcher=_launcher(), state_dir=tmp_path / "state"
-        ) as sup:
-            async with trio.open_nursery() as nursery:
-                url = await nursery.start(Gateway(sup, port=0, token="secret-token").serve)
-                async with connect(url) as client:
-                    started = await client.request(
-                        "session.start", {"agent": "fake", "cwd": str(repo), "worktree": True}
+    async with worktree_supervisor(tmp_path) as sup:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(Gateway(sup, port=0, token="secret-token").serve)
+            async with connect(url) as client:
+                started = await client.request(
+                    "session.start", {"agent": "fake", "cwd": str(repo), "worktree": True}
+                )
+                session_id = started["session_id"]
+                path = started["worktree"]
+                assert started["branch"] == f"agent-supervisor/{session_id}"
+                assert started["cwd"] == path
+                (listed,) = (await client.request("session.list"))["sessions"]
+                assert (listed["worktree"], listed["branch"], listed["cwd"]) == (
+                    path,
+                    started["branch"],
+                    path,
+                )
+                await _prompt_and_wait(sup, session_id, "over the wire")
+                stopped = await client.request("session.stop", {"session_id": session_id})
+                assert stopped["worktree"] == {
+                    "path": path,
+                    "branch": started["branch"],
+                    "kept": True,
+                    "why": "changes not committed",
+                }
+                with pytest.raises(GatewayError) as refused:
+                    await client.request(
+                        "session.start",
+                        {"agent": "fake", "cwd": str(tmp_path), "worktree": True},
                     )
-                    session_id = started["session_id"]
-                    path = started["worktree"]
-                    assert started["branch"] == f"agent-supervisor/{session_id}"
-                    assert started["cwd"] == path
-                    (listed,) = (await client.request("session.list"))["sessions"]
-                    assert (listed["worktree"], listed["branch"], listed["cwd"]) == (
-                        path,
-                        started["branch"],
-                        path,
-                    )
-                    await _prompt_and_wait(sup, session_id, "over the wire")
-                    stopped = await client.request("session.stop", {"session_id": session_id})
-                    assert stopped["worktree"] == {
-                        "path": path,
-                        "branch": started["branch"],
-                        "kept": True,
-                        "why": "changes not committed",
-                    }
-                    with pytest.raises(GatewayError) as refused:
-                        await client.request(
-                            "session.start",
-                            {"agent": "fake", "cwd": str(tmp_path), "worktree": True},
-                        )
-                    assert refused.value.code == "bad_request"
-                nursery.cancel_scope.cancel()
+                assert refused.value.code == "bad_request"
+            nursery.cancel_scope.cancel()
     assert (Path(path) / "same.txt").read_text() == "over the wire"
     assert _tree(repo) == before

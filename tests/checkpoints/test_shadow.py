@@ -16,7 +16,7 @@ from worktrees import fingerprint as _fingerprint
 from worktrees import git as _git
 from worktrees import tree as _tree
 
-from supervisor.checkpoints import Change, CheckpointError, ShadowStore, Snapshot
+from supervisor.checkpoints import Change, ShadowStore, Snapshot
 
 
 @pytest.fixture
@@ -370,8 +370,11 @@ async def test_a_nested_repositorys_files_are_kept_and_restored_like_any_other(
     ]
 
 
-def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
-    """As root (who reads every file) the store runs as nobody, in a child process."""
+def test_a_file_that_cannot_be_read_is_skipped_named_and_left_by_a_rewind(tmp_path: Path) -> None:
+    """A turn makes one file unreadable and a new one too, and changes others: the snapshot
+    keeps the others, names the unreadable ones, and a rewind restores the others and leaves
+    them as they are. As root (who reads every file) the store runs as nobody, in a child
+    process."""
     if os.geteuid() != 0:
         import trio
 
@@ -393,25 +396,51 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
 
 
 async def unreadable(tmp_path: Path) -> None:
+    """(Plain asserts: run by a child process, whose failure the test shows.)"""
     work = tmp_path / "work"
     work.mkdir()
-    (work / "a.txt").write_text("a\n")
+    (work / "a.txt").write_bytes(b"a\n\xff")
     (work / "secret.txt").write_text("s\n")
-    (work / "secret.txt").chmod(0)
     store = _store(tmp_path, work)
-    try:
-        await store.snapshot()
-    except CheckpointError as exc:
-        wanted = 'git update-index failed: error: open("secret.txt"): Permission denied'
-        if str(exc) != wanted:
-            raise AssertionError(f"{exc} != {wanted}") from None
-    else:
-        raise AssertionError("a snapshot of a file that cannot be read went through")
-    (work / "secret.txt").chmod(0o600)
-    await store.snapshot()
+    start = await store.snapshot()
+    (work / "a.txt").write_text("changed\n")
+    (work / "new.txt").write_text("new\n")
+    (work / "secret.txt").write_text("the turn's secret\n")
+    (work / "secret.txt").chmod(0)
+    (work / "fresh.txt").write_text("never readable\n")
+    (work / "fresh.txt").chmod(0)
+    end = await store.snapshot()
+    why = "cannot be read (permission denied): its content is not kept"
+    found = await store.changes(start, end)
+    assert found == [
+        Change(b"a.txt", "modified"),
+        Change(b"fresh.txt", "added", why),
+        Change(b"new.txt", "added"),
+        Change(b"secret.txt", "modified", why),
+    ], found
+    assert await store.changes(end, await store.snapshot()) == []  # still so: nothing new
+
+    result = await store.restore(start)
+    assert result.restored == [b"a.txt", b"new.txt"], result
+    assert result.not_restored == [
+        (b"fresh.txt", "cannot be read now: left as it is"),
+        (b"secret.txt", "cannot be read now: left as it is"),
+    ], result.not_restored
+    assert (work / "a.txt").read_bytes() == b"a\n\xff"
+    assert not (work / "new.txt").exists()
+    for name, size in (("secret.txt", 18), ("fresh.txt", 15)):  # left as they are
+        assert (work / name).stat().st_size == size and (work / name).stat().st_mode & 0o777 == 0
+
+    (work / "secret.txt").chmod(0o600)  # readable again: kept as any file
+    again = await store.snapshot()
+    assert again.unreadable.keys() == {b"fresh.txt"}
+    assert (await store.load([again.commit]))[again.commit].unreadable == again.unreadable
+    assert b"secret.txt" in [c.path for c in await store.changes(end, again)]
 
 
-if __name__ == "__main__":  # a test's child process (test_a_file_that_cannot_be_read_is_named)
+if (
+    __name__ == "__main__"
+):  # a test's child process (test_a_file_that_cannot_be_read_is_skipped_...)
     import trio
 
     trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))

@@ -14,7 +14,6 @@ import pty
 import re
 import signal
 import struct
-import subprocess
 import sys
 import termios
 from collections.abc import AsyncIterator
@@ -60,6 +59,8 @@ ROOT = REPO
 EXPECT_S = 15.0
 #: Bound on a process's exit once asked to quit.
 EXIT_S = 10.0
+#: What the chat shows once a stop cancelled the turn: the receipt, then the prompt again.
+CANCELLED = r"■ Cancelled in \d+ ms\n› "
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -315,6 +316,15 @@ class Terminal:
     def local_modes(self) -> int:
         return int(termios.tcgetattr(self.slave)[3])
 
+    async def stop_with_esc(self, said: str = CANCELLED) -> None:
+        """Esc stops the running turn: the receipt ``said``, then the prompt again."""
+        await self.send(b"\x1b")
+        await self.expect(said)
+
+    async def quit_with_ctrl_d(self) -> None:
+        await self.send(b"\x04")
+        assert await self.wait_exit() == 0
+
 
 async def _reap(process: trio.Process, first: signal.Signals) -> None:
     """Ask the process (group) to go, then make sure; bounded, and safe when cancelled."""
@@ -392,12 +402,10 @@ async def test_esc_stops_the_turn_and_the_next_one_completes(config: str) -> Non
         assert not modes & termios.ECHO and not modes & termios.ICANON  # cbreak while chatting
         await terminal.send(b"tell me about supervisors words=10000\r")
         await terminal.expect(r"Hello! I am the demo")
-        await terminal.send(b"\x1b")
-        await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
+        await terminal.stop_with_esc()
         await terminal.send(b"are you still there? words=5\r")
         await terminal.expect(r"Hello! I am the demo \n› ")
-        await terminal.send(b"\x04")
-        assert await terminal.wait_exit() == 0
+        await terminal.quit_with_ctrl_d()
         modes = terminal.local_modes()
         assert modes & termios.ECHO and modes & termios.ICANON  # the terminal is given back
         assert os.get_blocking(terminal.slave)  # and so is the blocking mode it shares
@@ -409,7 +417,7 @@ async def test_ctrl_c_stops_the_turn_and_a_second_one_quits(config: str) -> None
         await terminal.send(b"count to forty words=10000\r")
         await terminal.expect(r"Hello! I am")
         await terminal.send(b"\x03")  # ISIG: the line discipline sends SIGINT
-        await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
+        await terminal.expect(CANCELLED)
         assert terminal.process.returncode is None  # one Ctrl-C only stops the turn
         await terminal.send(b"\x03")  # within a second of the first
         assert await terminal.wait_exit() == 0
@@ -422,8 +430,7 @@ async def test_a_stubborn_agent_is_killed_after_its_grace_and_resumed(config: st
         await terminal.expect(r"› ")
         await terminal.send(b"refactor the parser words=10000\r")
         await terminal.expect(r"Hello! I am")
-        await terminal.send(b"\x1b")
-        await terminal.expect(r"■ Killed after 1\.0 s grace, session resumed\n› ")
+        await terminal.stop_with_esc(r"■ Killed after 1\.0 s grace, session resumed\n› ")
         await terminal.send(b"still there? words=3\r")
         await terminal.expect(r"Hello! I am \n› ")
         await terminal.send(b"/quit\r")
@@ -438,8 +445,7 @@ async def test_permission_answered_with_y_lets_the_turn_complete(config: str) ->
         await terminal.send(b"y")
         await terminal.expect(r"allowed \(Allow once\)")
         await terminal.expect(r"Hello! I am the \n› ")
-        await terminal.send(b"\x04")
-        assert await terminal.wait_exit() == 0
+        await terminal.quit_with_ctrl_d()
 
 
 async def test_steer_the_running_turn_from_the_terminal(config: str) -> None:
@@ -453,41 +459,21 @@ async def test_steer_the_running_turn_from_the_terminal(config: str) -> None:
         await terminal.expect(r"↪ make it short")
         await terminal.expect(r"the running turn took it")
         await terminal.expect(r"Steered: make it short\.")
-        await terminal.send(b"\x1b")
-        await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
-        await terminal.send(b"\x04")
-        assert await terminal.wait_exit() == 0
+        await terminal.stop_with_esc()
+        await terminal.quit_with_ctrl_d()
 
 
-async def test_remote_chat_through_a_gateway(config: str) -> None:
-    serve = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "supervisor.cli", "serve", "--port", "0", "--config", config],
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-        cwd=ROOT,
-    )
-    try:
-        assert serve.stdout is not None
-        output = b""
-        with trio.fail_after(EXPECT_S):
-            while (match := re.search(rb"ready (\S+)\n", output)) is None:
-                data = await serve.stdout.receive_some(4096)
-                assert data, f"serve exited: {output!r}"
-                output += data
-        url = match.group(1).decode()
-        async with chat_in_pty("--url", url) as terminal:
+async def test_remote_chat_through_a_gateway(tmp_path: Path, config: str) -> None:
+    async with serve(tmp_path, "--config", config) as served:
+        async with chat_in_pty("--url", served.url) as terminal:
             await terminal.expect(r"› ")
             await terminal.send(b"hello over the wire words=10000\r")
             await terminal.expect(r"Hello! I am the demo")
-            await terminal.send(b"\x1b")
-            await terminal.expect(r"■ Cancelled in \d+ ms\n› ")
-            await terminal.send(b"\x04")
-            assert await terminal.wait_exit() == 0
-        async with connect(url) as client:
+            await terminal.stop_with_esc()
+            await terminal.quit_with_ctrl_d()
+        async with connect(served.url) as client:
             # quitting stopped the chat's session (kept in the store, as stopped)
             assert [s["state"] for s in await client.sessions()] == ["stopped"]
-    finally:
-        await _reap(serve, signal.SIGINT)
 
 
 async def test_rewind_in_the_terminal_puts_the_files_back(tmp_path: Path) -> None:
@@ -514,8 +500,7 @@ async def test_rewind_in_the_terminal_puts_the_files_back(tmp_path: Path) -> Non
         await terminal.send(b"/rewind r1\r")
         await terminal.expect(r"before r1: restored new\.txt, notes\.txt\n")
         assert (work / "new.txt").exists()
-        await terminal.send(b"\x04")
-        assert await terminal.wait_exit() == 0
+        await terminal.quit_with_ctrl_d()
 
 
 async def test_piped_stdin_is_read_as_lines(config: str) -> None:
@@ -590,8 +575,7 @@ async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_
             await terminal.expect(rf"chat with demo \(session {session_id} at [^\n]*\n› ")
             await terminal.send(b"and again words=3\r")
             await terminal.expect(r"Hello! I am \n› ")
-            await terminal.send(b"\x04")
-            assert await terminal.wait_exit() == 0
+            await terminal.quit_with_ctrl_d()
         async with chat_in_pty("--url", served.url, "--session", session_id) as terminal:
             # The turns from before the restart come from the store, the later from memory.
             await terminal.expect(
@@ -599,8 +583,7 @@ async def test_chat_joins_a_stored_session_shows_its_conversation_and_brings_it_
                 r"› and again words=3\n"
             )
             await terminal.expect(r"Hello! I am \nchat with demo [^\n]*\n› ")
-            await terminal.send(b"\x04")
-            assert await terminal.wait_exit() == 0
+            await terminal.quit_with_ctrl_d()
         async with connect(served.url) as client:
             (summary,) = [s for s in await client.sessions() if s["session_id"] == session_id]
             assert summary["state"] == "ready"

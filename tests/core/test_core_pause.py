@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 
 from coreio import ACP, AcpAgent, RecordingIO, Slot, acp_session
+from helpers import KILLED
 from protocols import events as ev
 from supervisor.core.pause import Pause
 from supervisor.core.session import SessionCore
 from supervisor.core.states import State
 
 GRACE = ACP.grace_s
-KILLED = ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
 
 
 def held_events(io: RecordingIO) -> list[ev.SessionHeld]:

@@ -4,6 +4,7 @@ and the receipt says exactly what the stop took."""
 from __future__ import annotations
 
 from coreio import Slot
+from helpers import KILLED_HARD
 from protocols.machine import TurnFinished
 from supervisor.core.ladder import CancelJob
 from supervisor.receipt import DroppedPrompt
@@ -41,14 +42,7 @@ def test_the_kill_rungs_in_order_then_the_receipt() -> None:
     ladder.respawned(13.22)  # a fresh retry after a refused resume is the same step
     ladder.resumed_as(True, 13.25)
     receipt = ladder.receipt("s1", "killed", 13.2504)
-    assert receipt.escalation == [
-        "interrupt",
-        "grace_expired",
-        "sigterm",
-        "sigkill",
-        "respawned",
-        "resumed",
-    ]
+    assert receipt.escalation == KILLED_HARD
     assert (receipt.outcome, receipt.stop_reason, receipt.resumed) == ("killed", "killed", True)
     assert receipt.elapsed_ms == 3250.4 and receipt.grace_s == 3.0
     # when each rung was reached, in ms after the cancel began (the kill's steps at its end)

@@ -44,6 +44,8 @@ from faults.agents import (
     said_it_resumed,
 )
 from faults.harness import LONG, FaultRecorder, living, session_of, tree, wait_gone
+from helpers import KILLED as KILL
+from helpers import KILLED_HARD as KILL_HARD
 from helpers import require_cgroups
 from protocols import events as ev
 from supervisor import CancelReceipt, Session, Supervisor
@@ -63,8 +65,6 @@ pytestmark = pytest.mark.real_process
 KILL_GRACE = 0.5
 COOPERATIVE_GRACE = 10.0
 
-KILL = ["interrupt", "grace_expired", "sigterm", "respawned", "resumed"]
-KILL_HARD = ["interrupt", "grace_expired", "sigterm", "sigkill", "respawned", "resumed"]
 EXITED = ["interrupt", "respawned", "resumed"]  # the agent exited during the cancel
 
 #: Cells whose agent is expected to be killed at the grace deadline.

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import trio
+from hosts import env_node
 
 from paths import TESTS
 from protocols.terminal import TerminalClient, TerminalSettings
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, connect
 from supervisor.gateway import Gateway
-from supervisor.remote import HostSpec
 from supervisor.remote import session as remote_session
 
 pytestmark = pytest.mark.real_process
@@ -159,15 +159,7 @@ async def test_a_late_subscriber_through_the_front_gets_the_node_s_screen_first(
     """A terminal session on another host (a node over the ``env`` transport): the front
     draws the output since the node's picture on it for a subscriber that joins late, and
     asks the node for a new picture once that output passes its bound."""
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(tmp_path / "node"),
-        )
-    }
+    hosts = {"here": env_node(tmp_path / "node")}
     spec = AgentSpec(
         name="tui",
         protocol="terminal",

@@ -16,7 +16,6 @@ import os
 import queue
 import re
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -24,11 +23,11 @@ from typing import Any
 
 import pytest
 import trio
+from hosts import env_node
 
 from supervisor.config import AgentSpec
 from supervisor.demo_agent import DEMO_WORDS
 from supervisor.gateway import Gateway
-from supervisor.remote.hosts import HostSpec
 from supervisor.supervisor import open_supervisor
 
 try:
@@ -117,15 +116,7 @@ class GatewayThread:
                 name="remote-demo", hosts=("here",)
             ),
         }
-        hosts = {
-            "here": HostSpec(
-                name="here",
-                transport=["env"],
-                command=[sys.executable, "-m", "supervisor"],
-                detach_s=5.0,
-                state_dir=tempfile.mkdtemp(prefix="web-ui-node-"),
-            )
-        }
+        hosts = {"here": env_node(tempfile.mkdtemp(prefix="web-ui-node-"), detach_s=5.0)}
         async with (
             open_supervisor(agents=agents, hosts=hosts) as sup,
             trio.open_nursery() as nursery,

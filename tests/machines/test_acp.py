@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import json_scalars, json_values
 
 import golden
 from golden import event_to_dict
@@ -156,20 +157,6 @@ def test_every_session_update_kind_in_the_goldens() -> None:
 
 # --- Robustness: no message from the agent crashes the machine ----------------------------
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-3, 10)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
 methods = st.sampled_from(
     ["session/update", "session/request_permission", "$/cancel_request", "fs/read_text_file", "x"]
 ) | st.text(max_size=5)

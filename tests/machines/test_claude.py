@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import json_scalars, json_values
 
 import golden
 from golden import event_to_dict
@@ -220,20 +221,6 @@ def test_respond_after_withdrawal_sends_nothing_at_all() -> None:
 
 # --- Robustness: no message from the CLI crashes the machine ------------------------------
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-3, 10)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
 types = (
     st.sampled_from(
         [

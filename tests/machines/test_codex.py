@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import json_scalars, json_values
 
 import golden
 from golden import event_to_dict
@@ -104,20 +105,6 @@ def test_every_info_notification_is_session_info() -> None:
 
 # --- Robustness: no message from the server crashes the machine ---------------------------
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-3, 10)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=5)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
 methods = st.sampled_from(
     [
         "turn/started",

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import json_values_of
 
 import golden
 from golden import event_to_dict
@@ -318,13 +319,7 @@ def test_memory_of_parts_is_bounded() -> None:
 # --- Robustness: nothing from the server crashes the machine -----------------------------
 
 json_scalars = st.none() | st.booleans() | st.integers(-3, 600) | st.text(max_size=5)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
+json_values = json_values_of(json_scalars)
 event_types = st.sampled_from(
     [
         "session.status",

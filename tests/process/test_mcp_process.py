@@ -23,6 +23,7 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayError, connect
 from supervisor.errors import AgentNotRunning, BadRequest
 from supervisor.gateway import Gateway
+from supervisor.testing import record
 
 FAKE_MCP = TESTS / "fakes" / "mcp_server.py"
 #: A loaded 2-core machine starts the demo agent and a Python MCP server in about a second.
@@ -67,11 +68,8 @@ async def test_the_demo_agent_starts_and_calls_a_sessions_mcp_server(tmp_path: P
             session = await sup.start_session(
                 demo(tmp_path), cwd=tmp_path, mcp_servers=[marker_server(marker, "hello")]
             )
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 reply = await reply_of(session, recorder, "mcp fast")
-                nursery.cancel_scope.cancel()
     assert "marker connected (fake-mcp 1.0; tools: marker_ping)" in reply
     assert "marker_ping said 'pong hello'" in reply
     initialize, call = marks(marker)
@@ -92,11 +90,8 @@ async def test_the_agents_own_servers_and_the_sessions_same_name_wins(tmp_path: 
                 "demo", cwd=tmp_path, mcp_servers=[marker_server(ours, "session")]
             )
             assert [s.name for s in session.spec.mcp_servers] == ["marker", "other"]
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 reply = await reply_of(session, recorder, "mcp fast")
-                nursery.cancel_scope.cancel()
     assert "'pong session'" in reply and "'pong agent'" in reply
     assert [m["word"] for m in marks(ours)] == ["session", "session"]  # initialize, call
     assert [m["word"] for m in marks(theirs)] == ["agent", "agent"]
@@ -110,15 +105,12 @@ async def test_a_respawned_agent_gets_its_mcp_servers_again(tmp_path: Path) -> N
             session = await sup.start_session(
                 spec, cwd=tmp_path, mcp_servers=[marker_server(marker, "again")]
             )
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 await session.prompt("keep talking")
                 await recorder.wait_kind("message.delta")
                 receipt = await session.cancel(reason="test")
                 assert receipt.outcome == "killed" and receipt.resumed is True
                 reply = await reply_of(session, recorder, "mcp fast")
-                nursery.cancel_scope.cancel()
     first, second, call = marks(marker)
     assert [first["event"], second["event"], call["event"]] == ["initialize"] * 2 + ["call"]
     assert first["pid"] != second["pid"] == call["pid"]  # the first died with the old tree

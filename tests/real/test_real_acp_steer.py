@@ -37,7 +37,7 @@ from protocols import events as ev
 from realagents import scenarios, steering
 from realagents.conftest import agent_opener
 from realagents.scenarios import second_prompt_completes
-from realagents.steering import PROMPT_MARK, STEER_QUICK, STEER_STREAM
+from realagents.steering import STEER_QUICK, STEER_STREAM
 
 pytestmark = pytest.mark.real_process
 
@@ -62,39 +62,16 @@ def open_not_steering(tmp_path: Path) -> Any:
 async def test_steer_while_streaming_joins_the_running_turn(open_steering: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_steering(keep_bodies=True) as h:
-            turn, stream = await steering.streaming(h)
-            steered = await steering.steer(h, STEER_QUICK)
-            assert (steered.result.mode, steered.result.turn_id) == ("injected", turn.id)
-            assert (steered.result.receipt, steered.result.detail) == (None, None), steered
-            await steering.assert_steered_event(h, steered, STEER_QUICK)
-            request = await steering.request_carrying(h, steered.sent_at)
-            ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
-            gone = await scenarios.stream_ended(h, stream)
+            mid = await steering.steer_mid_stream(h)
             steering.steer_row(
-                h,
-                STEERING,
-                "steer-mid",
-                steered,
-                request,
-                notes=[
-                    f"stream_dropped_ms={scenarios.ms_after(steered.sent_at, gone.disconnected_at)}"
-                ],
+                h, STEERING, "steer-mid", mid.steered, mid.request, notes=[mid.dropped_note]
             )
-            assert isinstance(ended, ev.TurnEnded)
-            assert (ended.outcome, ended.stop_reason, ended.receipt) == (
-                "completed",
-                "end_turn",
-                None,
-            )
-            assert steering.turns_started(h) == [turn.id]
-            assert not steering.ever_cancelling(h)
-            assert gone.disconnected_at is not None, h.model.describe()
-            assert PROMPT_MARK in steering.body_text(request), request.body
+            steering.assert_one_turn_took_it(h, mid, "end_turn")
             # The steer's answer reached the session as part of the same turn.
             texts = "".join(
                 e.text
                 for e in h.recorder.of_kind("message.delta")
-                if isinstance(e, ev.MessageDelta) and e.turn_id == turn.id
+                if isinstance(e, ev.MessageDelta) and e.turn_id == mid.turn.id
             )
             assert "Quick answer from the fake model." in texts, texts
             await second_prompt_completes(h)
@@ -104,16 +81,7 @@ async def test_steer_while_streaming_joins_the_running_turn(open_steering: Any) 
 async def test_steer_with_no_turn_running_starts_one(open_steering: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_steering() as h:
-            steered = await steering.steer(h, STEER_QUICK)
-            assert steered.result.mode == "started", steered
-            await steering.assert_steered_event(h, steered, STEER_QUICK)
-            request = await steering.request_carrying(h, steered.sent_at)
-            ended = await h.recorder.wait_kind("turn.ended", turn_id=steered.result.turn_id)
-            steering.steer_row(h, STEERING, "steer-idle", steered, request)
-            assert isinstance(ended, ev.TurnEnded)
-            assert (ended.outcome, ended.stop_reason) == ("completed", "end_turn"), ended
-            assert steering.turns_started(h) == [steered.result.turn_id]
-            await second_prompt_completes(h)
+            await steering.steer_starts_a_turn(h, STEERING, "end_turn", second_prompt_completes)
 
 
 async def test_cancel_after_a_steer_took_over_the_turn(open_steering: Any) -> None:

@@ -35,7 +35,7 @@ from realagents import scenarios, steering
 from realagents.conftest import GRACE_S, Harness
 from realagents.fake_model import BRIEF_SHELL_COMMAND, SHELL_COMMAND
 from realagents.scenarios import TOOL_LEAF, family, sample_until
-from realagents.steering import MARK, PROMPT_MARK, STEER_QUICK
+from realagents.steering import MARK, STEER_QUICK
 
 pytestmark = pytest.mark.real_process
 
@@ -75,37 +75,14 @@ async def _command_running(
 async def test_steer_while_streaming_joins_the_running_turn(open_codex: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_codex(keep_bodies=True) as h:
-            turn, stream = await steering.streaming(h)
-            steered = await steering.steer(h, STEER_QUICK)
-            assert (steered.result.mode, steered.result.turn_id) == ("injected", turn.id)
-            assert (steered.result.receipt, steered.result.detail) == (None, None), steered
-            await steering.assert_steered_event(h, steered, STEER_QUICK)
-            request = await steering.request_carrying(h, steered.sent_at)
-            ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
-            gone = await scenarios.stream_ended(h, stream)
+            mid = await steering.steer_mid_stream(h)
             steering.steer_row(
-                h,
-                KEY,
-                "steer-mid",
-                steered,
-                request,
-                notes=[
-                    f"stream_dropped_ms={scenarios.ms_after(steered.sent_at, gone.disconnected_at)}"
-                ],
+                h, KEY, "steer-mid", mid.steered, mid.request, notes=[mid.dropped_note]
             )
-            assert isinstance(ended, ev.TurnEnded)
-            assert (ended.outcome, ended.stop_reason, ended.receipt) == (
-                "completed",
-                "completed",
-                None,
-            )
-            # One turn, in Codex too: no cancel, no second turn.
-            assert steering.turns_started(h) == [turn.id]
+            # One turn, in Codex too: no cancel, no second turn; Codex dropped the stream for
+            # the steer, and the steer's request holds the prompt.
+            steering.assert_one_turn_took_it(h, mid, "completed")
             assert len(_codex_turns(h)) == 1, _codex_turns(h)
-            assert not steering.ever_cancelling(h)
-            # Codex dropped the stream for the steer, and the steer's request holds the prompt.
-            assert gone.disconnected_at is not None, h.model.describe()
-            assert PROMPT_MARK in steering.body_text(request), request.body
             await second_prompt_completes(h)
             assert len(steering.requests_carrying(h)) == 1, h.model.describe()
 
@@ -113,16 +90,7 @@ async def test_steer_while_streaming_joins_the_running_turn(open_codex: Any) -> 
 async def test_steer_with_no_turn_running_starts_one(open_codex: Any) -> None:
     with trio.fail_after(BOUND_S):
         async with open_codex() as h:
-            steered = await steering.steer(h, STEER_QUICK)
-            assert steered.result.mode == "started", steered
-            await steering.assert_steered_event(h, steered, STEER_QUICK)
-            request = await steering.request_carrying(h, steered.sent_at)
-            ended = await h.recorder.wait_kind("turn.ended", turn_id=steered.result.turn_id)
-            steering.steer_row(h, KEY, "steer-idle", steered, request)
-            assert isinstance(ended, ev.TurnEnded)
-            assert (ended.outcome, ended.stop_reason) == ("completed", "completed"), ended
-            assert steering.turns_started(h) == [steered.result.turn_id]
-            await second_prompt_completes(h)
+            await steering.steer_starts_a_turn(h, KEY, "completed", second_prompt_completes)
 
 
 async def test_steer_while_a_command_runs_waits_for_it(open_codex: Any) -> None:

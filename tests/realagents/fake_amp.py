@@ -53,13 +53,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import trio
 
 from realagents.fake_model import SHELL_COMMAND
+from realagents.local_http import LocalServer, ServedFake
 
 __all__ = [
     "AFTER_TOOL_TEXT",
@@ -150,7 +151,7 @@ class Call:
     params: dict[str, Any]
 
 
-class FakeAmp:
+class FakeAmp(ServedFake):
     """The server: ``with FakeAmp(listener) as amp:``; ``amp.base_url`` goes into ``AMP_URL``."""
 
     def __init__(self, listener: socket.socket | None = None) -> None:
@@ -161,33 +162,12 @@ class FakeAmp:
         self.calls: list[Call] = []
         self.http: list[tuple[str, dict[str, Any]]] = []  # (path, params) of every POST
         self._conn_ids = 0
-        self._server = _Server(listener, self)
-        self.port: int = self._server.server_address[1]
-        self._serving = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._serve(_Server(listener, self))
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        self._serving.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closing.set()
-        with self._cond:
-            for thread in self._threads.values():
-                for conn in list(thread.conns):
-                    conn.ws.shut()
-            self._cond.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
-        self._serving.join(timeout=5)
+    def _hang_up(self) -> None:
+        for thread in self._threads.values():
+            for conn in list(thread.conns):
+                conn.ws.shut()
 
     # -- what tests look at ----------------------------------------------------------------
 
@@ -770,21 +750,10 @@ class _WebSocket:
             pass
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 64
-
+class _Server(LocalServer):
     def __init__(self, listener: socket.socket | None, amp: FakeAmp) -> None:
         self.amp = amp
-        if listener is None:
-            super().__init__(("127.0.0.1", 0), _Handler)
-        else:
-            super().__init__(listener.getsockname(), _Handler, bind_and_activate=False)
-            self.socket.close()
-            self.socket = listener
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a CLI that hung up mid-request: the turn log says what became of its turn
+        super().__init__(listener, _Handler)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

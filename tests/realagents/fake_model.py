@@ -57,12 +57,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Self
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 from urllib.parse import urlsplit
 
 import attrs
 import trio
+
+from realagents.local_http import LocalServer, ServedFake
 
 __all__ = [
     "BACKGROUND_COMMAND",
@@ -172,7 +174,7 @@ class Exchange:
         return self.scenario == "stream" and self.has_tools and self.stream
 
 
-class FakeModel:
+class FakeModel(ServedFake):
     """The server. ``with FakeModel() as model:``; ``model.base_url`` is ``http://127.0.0.1:P``.
 
     ``listener`` is an already listening TCP socket to serve on (one created inside the agents'
@@ -186,30 +188,7 @@ class FakeModel:
         self._cond = threading.Condition()
         self._ids = 0
         self._closing = threading.Event()
-        self._server = _Server(listener, self)
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closing.set()
-        with self._cond:
-            self._cond.notify_all()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._serve(_Server(listener, self))
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -427,21 +406,10 @@ class _ClientGone(Exception):
     pass
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 64
-
+class _Server(LocalServer):
     def __init__(self, listener: socket.socket | None, model: FakeModel) -> None:
         self.model = model
-        if listener is None:
-            super().__init__(("127.0.0.1", 0), _Handler)
-        else:
-            super().__init__(listener.getsockname(), _Handler, bind_and_activate=False)
-            self.socket.close()
-            self.socket = listener
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up mid-request: the exchange log already says so
+        super().__init__(listener, _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):

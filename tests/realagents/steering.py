@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -33,11 +33,15 @@ __all__ = [
     "STEER_QUICK",
     "STEER_STREAM",
     "Steered",
+    "SteeredMidStream",
+    "assert_one_turn_took_it",
     "assert_steered_event",
     "carries",
     "request_carrying",
     "steer",
     "steer_row",
+    "steer_mid_stream",
+    "steer_starts_a_turn",
     "streaming",
 ]
 
@@ -157,3 +161,72 @@ def steer_row(
         ),
         **extra,
     )
+
+
+async def steer_starts_a_turn(
+    h: Harness,
+    key: str,
+    stop_reason: str,
+    second_prompt_completes: Callable[[Harness], Awaitable[object]],
+) -> None:
+    """A steer with no turn running (``steer-idle``) starts a turn of its own, which the agent
+    completes with ``stop_reason``; a prompt after it completes too."""
+    steered = await steer(h, STEER_QUICK)
+    assert steered.result.mode == "started", steered
+    await assert_steered_event(h, steered, STEER_QUICK)
+    request = await request_carrying(h, steered.sent_at)
+    ended = await h.recorder.wait_kind("turn.ended", turn_id=steered.result.turn_id)
+    steer_row(h, key, "steer-idle", steered, request)
+    assert isinstance(ended, ev.TurnEnded)
+    assert (ended.outcome, ended.stop_reason) == ("completed", stop_reason), ended
+    assert turns_started(h) == [steered.result.turn_id]
+    await second_prompt_completes(h)
+
+
+@attrs.frozen
+class SteeredMidStream:
+    """A quick steer taken into a turn while its model streamed (:func:`steer_mid_stream`)."""
+
+    turn: Any
+    steered: Steered
+    #: the first model request carrying the steer's text
+    request: Exchange
+    ended: ev.TurnEnded
+    #: the turn's model stream, ended
+    stream: Exchange
+
+    @property
+    def dropped_note(self) -> str:
+        """The row's note: how long after the steer the agent hung up the old stream."""
+        dropped = scenarios.ms_after(self.steered.sent_at, self.stream.disconnected_at)
+        return f"stream_dropped_ms={dropped}"
+
+
+async def steer_mid_stream(h: Harness) -> SteeredMidStream:
+    """A quick steer while a turn streams: the running turn takes it (``injected``, no receipt),
+    then ends; waits for that end and for the old stream's."""
+    turn, stream = await streaming(h)
+    steered = await steer(h, STEER_QUICK)
+    assert (steered.result.mode, steered.result.turn_id) == ("injected", turn.id)
+    assert (steered.result.receipt, steered.result.detail) == (None, None), steered
+    await assert_steered_event(h, steered, STEER_QUICK)
+    request = await request_carrying(h, steered.sent_at)
+    ended = await h.recorder.wait_kind("turn.ended", turn_id=turn.id)
+    assert isinstance(ended, ev.TurnEnded)
+    gone = await scenarios.stream_ended(h, stream)
+    return SteeredMidStream(turn, steered, request, ended, gone)
+
+
+def assert_one_turn_took_it(h: Harness, mid: SteeredMidStream, stop_reason: str) -> None:
+    """The steered turn completed (``stop_reason``) as the only turn, nothing cancelled; the
+    agent dropped the old stream, and the steer's request holds the steered prompt (one
+    conversation)."""
+    assert (mid.ended.outcome, mid.ended.stop_reason, mid.ended.receipt) == (
+        "completed",
+        stop_reason,
+        None,
+    )
+    assert turns_started(h) == [mid.turn.id]
+    assert not ever_cancelling(h)
+    assert mid.stream.disconnected_at is not None, h.model.describe()
+    assert PROMPT_MARK in body_text(mid.request), mid.request.body

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import trio
+from hosts import env_node
 
-from helpers import Recorder
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError, builtin_agents, parse_agents
@@ -32,6 +32,7 @@ from supervisor.remote.hosts import (
 )
 from supervisor.remote.link import classify_transport_failure
 from supervisor.remote.version import TEST_VERSION_VARIABLE, TEST_WIRE_VARIABLE, WIRE
+from supervisor.testing import record
 
 BOUND = 60.0
 
@@ -239,15 +240,7 @@ def test_the_bridge_imports_only_the_standard_library(tmp_path: Path) -> None:
 
 async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
     """The whole path (bridge, node daemon, WebSocket over stdio) with no SSH at all."""
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(tmp_path / "node"),
-        )
-    }
+    hosts = {"here": env_node(tmp_path / "node")}
     spec = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     spec = spec.with_options(hosts=("here",))
     with trio.fail_after(BOUND):
@@ -265,9 +258,7 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
             assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o600
             node = psutil.Process(session.link.node_pid)
             assert [c for c in node.net_connections(kind="inet") if c.status == "LISTEN"] == []
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("hello words=400")
                 await recorder.wait_kind("message.delta")
                 receipt = await session.cancel()
@@ -277,7 +268,6 @@ async def test_a_local_node_over_the_env_transport(tmp_path: Path) -> None:
                 ended = await recorder.wait_kind("turn.ended", turn_id=steer.turn_id)
                 assert isinstance(ended, ev.TurnEnded) and ended.outcome == "completed"
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
             node_pid = session.link.node_pid
             assert await sup.stop_session(session.id) is not None or session.state == "stopped"
             assert sup.list() == []
@@ -350,15 +340,7 @@ async def test_a_host_session_takes_content_and_modes_its_agent_offers(tmp_path:
     node's subscribe answer; an image goes through as such, and a mode switches there."""
     from protocols.content import Part, parts_text
 
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(tmp_path / "node"),
-        )
-    }
+    hosts = {"here": env_node(tmp_path / "node")}
     spec = builtin_agents()["demo"].with_args(
         "--state-dir", str(tmp_path / "demo"), "--content", "--modes"
     )
@@ -369,9 +351,7 @@ async def test_a_host_session_takes_content_and_modes_its_agent_offers(tmp_path:
             assert isinstance(session, RemoteSession)
             assert {"image", "resource"} <= session.prompt_carries
             assert session.modes is not None and session.modes["currentModeId"] == "ask"
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 parts = (
                     Part("text", text="look words=3 fast"),
                     Part("image", data="iVBORw0KGgo=", mime_type="image/png"),
@@ -395,5 +375,4 @@ async def test_a_host_session_takes_content_and_modes_its_agent_offers(tmp_path:
                 )
                 assert thought.startswith("Thinking about: [mode code] hi")
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
             await sup.stop_session(session.id)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from hosts import env_node
 from test_remote_faults import FAR, fake_host
 
 from helpers import Recorder
@@ -23,6 +24,7 @@ from supervisor.errors import BadRequest, Busy
 from supervisor.gateway import Gateway
 from supervisor.remote import HostSpec, RemoteSession
 from supervisor.supervisor import Supervisor
+from supervisor.testing import record
 
 BOUND = 60.0
 #: a turn that writes two files, then runs a tool until it is stopped
@@ -40,13 +42,7 @@ async def remote_session(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, Remo
     work = tmp_path / "work"
     work.mkdir()
     (work / "notes.txt").write_bytes(BEFORE)
-    here = HostSpec(
-        name="here",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=1.0,
-        state_dir=str(tmp_path / "node"),
-    )
+    here = env_node(tmp_path / "node")
     demo = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     agents = {"far": demo.with_options(name="far", hosts=("here",))}
     async with open_supervisor(agents=agents, hosts={"here": here}) as sup:
@@ -61,9 +57,7 @@ async def test_a_cancelled_remote_turn_lists_its_changes_and_rewinds_byte_for_by
     with trio.fail_after(BOUND):
         async with remote_session(tmp_path) as (_, session, work):
             assert session.keeps_checkpoints
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt(EDITS)
                 await recorder.wait_kind("tool.call", turn_id=turn.id)  # (the files are written)
                 written = (work / "notes.txt").read_bytes()
@@ -105,7 +99,6 @@ async def test_a_cancelled_remote_turn_lists_its_changes_and_rewinds_byte_for_by
                 assert (work / "notes.txt").read_bytes() == written
                 with pytest.raises(BadRequest, match="no checkpoint of 'nope'"):
                     await session.rewind("nope")
-                nursery.cancel_scope.cancel()
 
 
 async def test_stop_and_rewind_of_a_remote_turn_in_one_call_and_through_the_gateway(
@@ -162,9 +155,7 @@ async def test_a_node_too_old_to_keep_checkpoints_is_never_asked_and_says_so(
             session = await sup.start_session("far")
             assert isinstance(session, RemoteSession)
             assert not session.keeps_checkpoints
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("hi")
                 await recorder.wait_kind("message.delta", turn_id=turn.id)
                 with pytest.raises(BadRequest, match="too old to keep checkpoints"):
@@ -176,7 +167,6 @@ async def test_a_node_too_old_to_keep_checkpoints_is_never_asked_and_says_so(
                 assert receipt.restored is not None
                 assert receipt.restored["code"] == "bad_request"
                 assert "too old to keep checkpoints" in receipt.restored["error"]
-                nursery.cancel_scope.cancel()
     actions = asked.read_text()
     assert "agent.cancel" in actions
     assert "session.rewind" not in actions and "session.diff" not in actions
@@ -190,12 +180,9 @@ async def test_a_remote_rewind_that_would_undo_another_sessions_edit_is_a_confli
     from supervisor.errors import Conflict
 
     async def turn(session: RemoteSession, text: str) -> None:
-        recorder = Recorder(session)  # type: ignore[arg-type]
-        async with trio.open_nursery() as nursery:
-            await nursery.start(recorder.run)
+        async with record(session) as recorder:
             handle = await session.prompt(text)
             await recorder.wait_kind("turn.ended", turn_id=handle.id)
-            nursery.cancel_scope.cancel()
 
     with trio.fail_after(BOUND):
         async with remote_session(tmp_path) as (sup, first, work):

@@ -37,6 +37,7 @@ from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.remote import HostSpec, RemoteSession
 from supervisor.supervisor import Supervisor
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -128,12 +129,9 @@ async def remote_session(
         ) as sup:
             session = await sup.start_session(spec.name)
             assert isinstance(session, RemoteSession)
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 yield sup, session, recorder
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
 
 
 def is_delta(event: ev.Event) -> bool:

@@ -32,6 +32,7 @@ from supervisor.errors import AgentNotRunning
 from supervisor.remote import HostSpec, HostUnreachable, RemoteSession
 from supervisor.remote.link import LogThrottle
 from supervisor.supervisor import Supervisor
+from supervisor.testing import record
 
 BOUND = 60.0
 FAKE_NODE = TESTS / "faults" / "fake_node.py"
@@ -98,9 +99,7 @@ async def fault_the_remote_session(sup: Supervisor, host: str, at: str, fault: s
         return raised.value.cause
     session = await sup.start_session("far", host=host)
     assert isinstance(session, RemoteSession)
-    recorder = Recorder(session)  # type: ignore[arg-type]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(recorder.run)
+    async with record(session) as recorder:
         if at == "turn" and fault in ANSWERS:
             with pytest.raises(HostUnreachable) as raised:
                 await session.prompt("hi")
@@ -134,7 +133,6 @@ async def fault_the_remote_session(sup: Supervisor, host: str, at: str, fault: s
         if session.last_seq:
             await recorder.catch_up()
         recorder.check_invariants()
-        nursery.cancel_scope.cancel()
     return cause
 
 
@@ -195,27 +193,21 @@ async def test_a_protocol_error_fails_every_session_of_its_link_and_the_next_con
             first = await sup.start_session("far")
             second = await sup.start_session("far")
             assert isinstance(first, RemoteSession) and isinstance(second, RemoteSession)
-            recorder = Recorder(second)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(second) as recorder:
                 await first.prompt("hi")
                 failed = await recorder.wait_kind("session.state", state="failed")
                 assert isinstance(failed, ev.SessionState) and failed.detail is not None
                 assert failed.detail.startswith("host h: the node sent a frame"), failed
-                nursery.cancel_scope.cancel()
             assert [s.state for s in sup.list()] == ["failed", "failed"]
             link = sup.remote.link("h")
             assert link.connects == 1
             third = await sup.start_session("far")
             assert link.connects == 2 and link.connected
-            recorder = Recorder(third)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(third) as recorder:
                 turn = await third.prompt("hi")
                 await recorder.wait_kind("message.delta", turn_id=turn.id)
                 receipt = await third.cancel()
                 assert (receipt.outcome, receipt.host) == ("cancelled", "h")
-                nursery.cancel_scope.cancel()
             await sup.stop_session(third.id)
     # The stops went out on the new connection, as soon as it was up (before the third
     # session's turn).
@@ -237,9 +229,7 @@ async def test_a_bad_handshake_on_a_reconnect_fails_the_sessions_at_once(tmp_pat
         async with open_supervisor(agents={"far": FAR}, hosts=hosts) as sup:
             session = await sup.start_session("far")
             assert isinstance(session, RemoteSession)
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 armed.touch()
                 process = session.link.process
                 assert process is not None
@@ -247,7 +237,6 @@ async def test_a_bad_handshake_on_a_reconnect_fails_the_sessions_at_once(tmp_pat
                 failed = await recorder.wait_kind("session.state", state="failed")
                 assert isinstance(failed, ev.SessionState) and failed.detail is not None
                 assert "host h: the node's WebSocket handshake failed" in failed.detail, failed
-                nursery.cancel_scope.cancel()
             assert session.link.last_error is not None
             assert session.link.last_error.cause == "protocol_error"
 

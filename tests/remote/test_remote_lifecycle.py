@@ -21,12 +21,13 @@ import psutil
 import pytest
 import trio
 
-from helpers import Recorder
 from protocols import events as ev
+from served import read_deltas
 from supervisor import open_supervisor
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.remote import HostSpec, RemoteSession
 from supervisor.remote.version import TEST_VERSION_VARIABLE, package_version
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -166,9 +167,7 @@ async def test_an_upgrade_on_the_host_drains_the_old_node(nodes: Path) -> None:
         async with open_supervisor(agents={"demo": spec}, hosts=new_host, state_dir=state) as sup:
             adopted = sup.get(old_id)
             assert isinstance(adopted, RemoteSession)
-            recorder = Recorder(adopted)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(adopted) as recorder:
                 # the old session, driven in the old node: its turn went on, it cancels
                 await recorder.wait_for(is_delta, count=5)
                 receipt = await adopted.cancel()
@@ -191,7 +190,6 @@ async def test_an_upgrade_on_the_host_drains_the_old_node(nodes: Path) -> None:
                 steer = await new.steer("more words=3")
                 assert steer.turn_id
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
             assert psutil.pid_exists(new_conn.hello.pid)
 
 
@@ -259,15 +257,6 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
     config = _config(nodes)
     seen: list[dict[str, Any]] = []
 
-    async def read(events: Any, deltas: int) -> None:
-        count = 0
-        async for event in events:
-            seen.append(event)
-            if event["event"] == "message.delta":
-                count += 1
-                if count == deltas:
-                    return
-
     with trio.fail_after(BOUND):
         first, url = await start_serve(state, "--local-node", "--config", str(config))
     try:
@@ -279,7 +268,7 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
                 stubborn = (await client.start_session("stubborn"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
-                    await read(events, 10)
+                    seen += await read_deltas(events, 10)
         await end(first, getattr(signal, stop))
         if stop == "SIGTERM":
             assert first.returncode == 0
@@ -294,7 +283,7 @@ async def test_serve_local_sessions_in_a_local_node_outlive_a_restart(
                 assert set(listed) == {sid, stubborn}, listed
                 assert listed[sid]["host"] == "local"
                 async with client.subscribe(sid, since_seq=seen[-1]["seq"]) as events:
-                    await read(events, 20)
+                    seen += await read_deltas(events, 20)
                     receipt = await client.cancel(sid)
                     assert (receipt["outcome"], receipt["turn_id"]) == ("cancelled", turn)
                     assert receipt["host"] == "local"

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import trio
+from hosts import env_node
 from prometheus_client.parser import text_string_to_metric_families
 
 from paths import REPO
@@ -22,7 +23,7 @@ from supervisor import open_supervisor
 from supervisor.config import builtin_agents
 from supervisor.node.scrape import EXIT_NO_NODE
 from supervisor.observe import Metrics
-from supervisor.remote import HostSpec, RemoteSession
+from supervisor.remote import RemoteSession
 from supervisor.testing import record
 
 BOUND = 60.0
@@ -49,15 +50,7 @@ def node_metrics(state_dir: Path) -> subprocess.CompletedProcess[str]:
 
 async def test_the_front_and_the_node_count_the_same_turns(tmp_path: Path) -> None:
     state_dir = tmp_path / "node"
-    hosts = {
-        "here": HostSpec(
-            name="here",
-            transport=["env"],
-            command=[sys.executable, "-m", "supervisor"],
-            detach_s=1.0,
-            state_dir=str(state_dir),
-        )
-    }
+    hosts = {"here": env_node(state_dir)}
     spec = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     spec = spec.with_options(hosts=("here",))
     front = Metrics()

@@ -11,19 +11,20 @@ session its node still holds takes the pause up.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 import trio
+from hosts import env_node
 
 from helpers import Recorder
 from protocols import events as ev
 from supervisor import open_supervisor
 from supervisor.config import AgentSpec, builtin_agents
 from supervisor.remote import HostSpec, RemoteSession
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -52,13 +53,7 @@ def nodes(tmp_path: Path) -> Iterator[Path]:
 
 
 def hosts(tmp_path: Path) -> dict[str, HostSpec]:
-    host = HostSpec(
-        name="h",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=30.0,
-        state_dir=str(tmp_path / "host"),
-    )
+    host = env_node(tmp_path / "host", name="h", detach_s=30.0)
     return {"h": host}
 
 
@@ -76,9 +71,7 @@ async def test_a_node_session_is_held_and_a_dropped_link_loses_no_pause(nodes: P
         async with open_supervisor(agents={"demo": demo(nodes)}, hosts=hosts(nodes)) as sup:
             session = await sup.start_session("demo")
             assert isinstance(session, RemoteSession)
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 status = await sup.pause()
                 assert status.held == (session.id,) and status.pending == ()
                 first = await session.prompt("hello words=3 fast")
@@ -112,7 +105,6 @@ async def test_a_node_session_is_held_and_a_dropped_link_loses_no_pause(nodes: P
                 assert started(recorder) == [first.id, second.id]
                 assert session.link.connects == 3
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
 
 
 def drop(session: RemoteSession) -> None:
@@ -128,9 +120,7 @@ async def test_at_the_deadline_the_node_stops_the_running_turn_with_reason_pause
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"demo": demo(nodes)}, hosts=hosts(nodes)) as sup:
             session = await sup.start_session("demo")
-            recorder = Recorder(session)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("long words=3000")
                 await recorder.wait_kind("message.delta", turn_id=turn.id)
                 await sup.pause(deadline_s=0.5)
@@ -138,7 +128,6 @@ async def test_at_the_deadline_the_node_stops_the_running_turn_with_reason_pause
                 assert isinstance(ended, ev.TurnEnded) and ended.outcome == "cancelled"
                 assert ended.reason == "paused" and ended.receipt is not None
                 assert ended.receipt["host"] == "h" and ended.receipt["reason"] == "paused"
-                nursery.cancel_scope.cancel()
 
 
 async def test_a_front_that_adopts_a_held_session_takes_the_pause_up(nodes: Path) -> None:

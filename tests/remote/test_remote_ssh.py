@@ -25,11 +25,13 @@ import trio
 
 from helpers import Recorder
 from protocols import events as ev
+from served import read_deltas
 from sshd import SshHost, start_ssh_host
 from supervisor import AgentSpec, open_supervisor
 from supervisor.errors import AgentNotRunning
 from supervisor.remote import HostCapacity, HostSpec, HostUnreachable, RemoteSession
 from supervisor.supervisor import Supervisor
+from supervisor.testing import record
 
 pytestmark = pytest.mark.real_process
 
@@ -105,12 +107,9 @@ async def remote_session(
         async with open_supervisor(agents={spec.name: spec}, hosts=hosts) as sup:
             session = await sup.start_session(spec.name)
             assert isinstance(session, RemoteSession)
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 yield sup, session, recorder
                 recorder.check_invariants()
-                nursery.cancel_scope.cancel()
 
 
 def is_delta(event: ev.Event) -> bool:
@@ -313,15 +312,6 @@ async def test_serve_stopped_and_started_again_loses_no_session(
     state = tmp_path / "state"
     seen: list[dict[str, Any]] = []
 
-    async def read(events: Any, deltas: int) -> None:
-        count = 0
-        async for event in events:
-            seen.append(event)
-            if event["event"] == "message.delta":
-                count += 1
-                if count == deltas:
-                    return
-
     with trio.fail_after(BOUND):
         first, url = await start_serve(config, state)
     try:
@@ -330,7 +320,7 @@ async def test_serve_stopped_and_started_again_loses_no_session(
                 sid = (await client.start_session("remote-demo"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     turn = (await client.prompt(sid, "long words=3000"))["turn_id"]
-                    await read(events, 10)
+                    seen += await read_deltas(events, 10)
             on_host = _node_and_agents(host)
             assert any("demo_agent" in line for line in on_host.values()), on_host
             first.send_signal(getattr(signal, stop))
@@ -349,7 +339,7 @@ async def test_serve_stopped_and_started_again_loses_no_session(
                 [listed] = await client.sessions()
                 assert (listed["session_id"], listed["host"]) == (sid, "h"), listed
                 async with client.subscribe(sid, since_seq=seen[-1]["seq"]) as events:
-                    await read(events, 20)
+                    seen += await read_deltas(events, 20)
                     receipt = await client.cancel(sid)
                     assert (receipt["outcome"], receipt["turn_id"]) == ("cancelled", turn)
                     assert receipt["host"] == "h"
@@ -631,3 +621,49 @@ async def test_a_stored_session_whose_node_is_gone_starts_again_on_its_host(
                 assert agents and {p.cwd() for p in agents} == {cwd}, agents
                 last = answer[-1].seq
                 await sup.stop_session(sid)
+
+
+async def test_a_session_started_again_on_its_host_rewinds_to_a_turn_from_before(
+    host: SshHost, tmp_path: Path
+) -> None:
+    """A turn edits files on the host; its node is killed (the front lists the session as
+    stored); a prompt starts it again on its host, where the new node has the earlier turn's
+    checkpoints back: a rewind to it restores the files byte for byte."""
+    spec = demo_on(host)
+    before = b"the notes as they were\n\x00\xff raw bytes\n"
+    work = host.home / "work-rewind"
+    work.mkdir()
+    (work / "notes.txt").write_bytes(before)
+    for path in (work, work / "notes.txt"):
+        os.chown(path, host.uid, -1)
+    options: dict[str, Any] = {
+        "agents": {spec.name: spec},
+        "hosts": {"h": host_spec(host)},
+        "state_dir": tmp_path / "state",
+        "store": f"sqlite:///{tmp_path / 'sessions.db'}",
+    }
+    with trio.fail_after(BOUND):
+        async with open_supervisor(**options) as sup:
+            first = await sup.start_session(spec.name, cwd=str(work))
+            assert isinstance(first, RemoteSession) and first.keeps_checkpoints
+            await first.prompt("write=notes.txt write=new.txt words=2")
+            said = await _answer(first, 0)
+            assert said[-1].changes == [  # type: ignore[attr-defined]
+                {"path": "new.txt", "change": "added"},
+                {"path": "notes.txt", "change": "modified"},
+            ]
+            async with first.subscribe(since_seq=said[-1].seq) as events:
+                psutil.Process(node_pid(first)).kill()
+                async for event in events:
+                    if isinstance(event, ev.SessionState) and event.state == "failed":
+                        break
+            handle = await sup.get(first.id).prompt("and now words=1")
+            assert handle.id == "t2"
+            live = sup.get(first.id)
+            assert isinstance(live, RemoteSession) and live is not first
+            await _answer(live, said[-1].seq)
+            result = await live.rewind("t1")
+            assert result["restored"] == ["new.txt", "notes.txt"], result
+            assert (work / "notes.txt").read_bytes() == before
+            assert not (work / "new.txt").exists()
+            await sup.stop_session(first.id)

@@ -3,17 +3,17 @@ stop a node's ``turn.ended`` tells of, and the cancel no node answered (``unreac
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import trio
+from hosts import env_node
 from test_remote_faults import FAR, fake_host
 
-from helpers import Recorder
 from supervisor import open_supervisor
 from supervisor.config import builtin_agents
-from supervisor.remote import HostSpec, RemoteSession
+from supervisor.remote import RemoteSession
+from supervisor.testing import record
 
 BOUND = 60.0
 
@@ -21,13 +21,7 @@ BOUND = 60.0
 async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> None:
     """A remote cancel, with a queued prompt it drops, and a local one: two stops, the remote
     one naming its host; the dropped prompt's ``turn.ended`` (its receipt too) is none."""
-    here = HostSpec(
-        name="here",
-        transport=["env"],
-        command=[sys.executable, "-m", "supervisor"],
-        detach_s=1.0,
-        state_dir=str(tmp_path / "node"),
-    )
+    here = env_node(tmp_path / "node")
     demo = builtin_agents()["demo"].with_args("--state-dir", str(tmp_path / "demo"))
     agents = {"demo": demo, "far": demo.with_options(name="far", hosts=("here",))}
     with trio.fail_after(BOUND):
@@ -35,9 +29,7 @@ async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> No
             remote = await sup.start_session("far", cwd=str(tmp_path))
             local = await sup.start_session("demo", cwd=str(tmp_path))
             assert isinstance(remote, RemoteSession)
-            recorder = Recorder(remote)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(remote) as recorder:
                 turn = await remote.prompt("hello words=400")
                 await recorder.wait_kind("message.delta")
                 queued = await remote.prompt("after words=3")
@@ -47,7 +39,6 @@ async def test_a_hosts_stops_are_the_fronts_beside_its_own(tmp_path: Path) -> No
                 await recorder.wait_kind("turn.ended", turn_id=queued.id)
                 await local.prompt("hello words=400")
                 near = await local.cancel()
-                nursery.cancel_scope.cancel()
             stops = sup.stops.recent()
     assert [(s.session_id, s.turn_id, s.host, s.agent) for s in stops] == [
         (remote.id, turn.id, "here", "far"),
@@ -67,13 +58,10 @@ async def test_a_cancel_no_node_answered_is_one_stop(told: bool) -> None:
     async with open_supervisor(agents={"far": FAR}, hosts={"h": host}) as sup:
         with trio.fail_after(BOUND):
             session = await sup.start_session("far")
-            recorder = Recorder(session)  # type: ignore[arg-type]
-            async with trio.open_nursery() as nursery:
-                await nursery.start(recorder.run)
+            async with record(session) as recorder:
                 turn = await session.prompt("hi")
                 await recorder.wait_kind("message.delta", turn_id=turn.id)
                 receipt = await session.cancel()
-                nursery.cancel_scope.cancel()
             assert receipt.outcome == "unreachable"
             [stop] = sup.stops.recent()
             assert (stop.session_id, stop.turn_id, stop.host) == (session.id, turn.id, "h")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers import run_turn
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
@@ -26,11 +27,7 @@ async def test_a_restarted_session_whose_agent_cannot_resume_gets_what_was_said(
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
             first = await sup.start_session("fake")
-            async with first.subscribe() as events:
-                await first.prompt("remember the number 42")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(first, "remember the number 42")
         last = first.last_seq
         launcher.behaviour = AcpBehaviour(words=3, word_interval=0.01, resumes=resumes)
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:

@@ -6,14 +6,20 @@ PostgreSQL column or tsvector cannot hold as it is. The rest is the backend cont
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
+import trio
 
 from pg import PostgresServer
+from protocols import events as ev
+from supervisor.store import backend as contract
 from supervisor.store.backend import Batch, EventRun, StoredSession, StoreError, TextRow
 from supervisor.store.postgres import PostgresBackend, redacted
 from supervisor.store.url import backend_for
+from supervisor.store.writer import SessionStore
+from supervisor.wire.codec import event_json
 
 
 def session(id: str = "s1") -> StoredSession:
@@ -269,6 +275,109 @@ def test_text_postgresql_cannot_hold_as_is_is_stored_and_found(backend: Postgres
     assert prompt.text == "a nul\ufffd here"
     assert [h.seq for h in backend.search("w5", 10)] == [1]
     assert [h.seq for h in backend.search("here", 10)] == [2]
+
+
+def indexed(url: str) -> dict[tuple[int, str], bool]:
+    """Whether each stored text has its ``tsvector``, by (seq, kind): read by a connection of
+    its own, so what it sees is what was committed."""
+    with psycopg.connect(url) as connection:
+        rows = connection.execute("SELECT seq, kind, search IS NOT NULL FROM texts").fetchall()
+    return {(seq, kind): bool(has) for seq, kind, has in rows}
+
+
+def answer(seq: int, text: str, sid: str = "s1") -> TextRow:
+    return TextRow(session_id=sid, turn_id="t1", seq=seq, kind="answer", text=text)
+
+
+def test_a_texts_vector_is_computed_after_the_write_that_stores_it(url: str) -> None:
+    """The batch that stores a text (a turn's end with its answer, which subscribers wait
+    for) commits without the text's ``tsvector``; ``settle`` computes it, a search before that
+    finds the text too, and what a process that went away left unindexed is indexed by the
+    next."""
+    first = PostgresBackend(url)
+    first.open()
+    assert first.write(Batch(sessions=[session()], texts=[answer(4, "zebra river")]))
+    assert indexed(url) == {(4, "answer"): False}
+    first.settle(idle=False)
+    assert indexed(url) == {(4, "answer"): True}
+    assert not first.write(Batch(events=events(1, 3)))  # nothing left to settle
+    assert first.write(Batch(texts=[answer(8, "zebra again")]))
+    first.close()  # (gone before its settle)
+    assert indexed(url) == {(4, "answer"): True, (8, "answer"): False}
+    reader = PostgresBackend(url, kind="acp")
+    reader.open()
+    try:
+        assert [h.seq for h in reader.search("zebra", 10)] == [4, 8]
+        assert indexed(url) == {(4, "answer"): True, (8, "answer"): True}
+    finally:
+        reader.close()
+
+
+def test_a_store_whose_vectors_were_generated_is_migrated_and_searched(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of schema version 5 (each text's vector generated as its row is written) keeps
+    its vectors, and its new texts are indexed after their write; new long texts are
+    compressed with LZ4 (Debian's server has it), stored ones keep pglz."""
+    long = " ".join(f"w{i}" for i in range(2_000))  # (past the 2 KB a row's value is kept in)
+    monkeypatch.setattr(contract, "SCHEMA_VERSION", 5)
+    old = PostgresBackend(url)
+    old.open()
+    old.write(Batch(sessions=[session()], texts=[answer(4, "zebra river"), answer(5, long)]))
+    old.close()
+    assert indexed(url) == {(4, "answer"): True, (5, "answer"): True}
+    monkeypatch.undo()
+    new = PostgresBackend(url)
+    new.open()
+    try:
+        new.write(Batch(texts=[answer(8, "zebra again"), answer(9, long)]))
+        assert indexed(url) == {(s, "answer"): s < 8 for s in (4, 5, 8, 9)}
+        new.settle(idle=False)
+        assert indexed(url) == {(s, "answer"): True for s in (4, 5, 8, 9)}
+        assert [h.seq for h in new.search("zebra", 10)] == [4, 8]
+        assert [h.snippet for h in new.search("river", 10)] == ["zebra [river]"]
+        assert [h.seq for h in new.search("w1999", 10)] == [5, 9]
+        with psycopg.connect(url) as connection:
+            compressed = connection.execute(
+                "SELECT seq, pg_column_compression(text) FROM texts WHERE seq IN (5, 9)"
+            ).fetchall()
+        assert sorted(compressed) == [(5, "pglz"), (9, "lz4")]
+    finally:
+        new.close()
+
+
+async def test_a_turns_end_reaches_subscribers_before_its_answer_is_indexed(url: str) -> None:
+    """Through the store's writer, on its thread: when the fan-out is told the turn's end is
+    stored (its subscribers get it), the answer is stored and its vector is not computed; by
+    the writer's close it is, and the answer is found."""
+    seen: list[dict[tuple[int, str], bool]] = []
+
+    class Fanout:
+        def committed(self, seq: int) -> None:
+            seen.append(indexed(url))
+
+    backend = PostgresBackend(url)
+    store = SessionStore(backend)
+    fanout: Any = Fanout()
+    words = [
+        ev.MessageDelta(session_id="s1", seq=seq, timestamp=1.0, turn_id="t1", text=f"zebra{seq} ")
+        for seq in (1, 2, 3)
+    ]
+    ended = ev.TurnEnded(session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="completed")
+    with trio.fail_after(60):
+        await store.open()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            store.record([*words, ended], [event_json(e) for e in [*words, ended]], fanout)
+            await store.flushed()
+            await store.aclose()
+    assert seen == [{(4, "answer"): False}]
+    assert indexed(url) == {(4, "answer"): True}
+    backend.open()
+    try:
+        assert [h.seq for h in backend.search("zebra2", 10)] == [4]
+    finally:
+        backend.close()
 
 
 def test_the_password_never_shows() -> None:

@@ -15,7 +15,16 @@ import psycopg
 import trio
 
 from pg import PostgresServer
-from served import ROOT, _env, check_replay, demo_command, serve, whole_history, write_config
+from served import (
+    ROOT,
+    _env,
+    check_replay,
+    demo_command,
+    read_deltas,
+    serve,
+    whole_history,
+    write_config,
+)
 from supervisor.client import connect
 
 BOUND = 90.0
@@ -52,12 +61,7 @@ async def test_serve_killed_mid_stream_comes_back_on_postgresql(
                 sid = (await client.start_session("talker"))["session_id"]
                 async with client.subscribe(sid) as events:
                     await client.prompt(sid, "keep talking")
-                    deltas = 0
-                    async for event in events:
-                        seen[event["seq"]] = event
-                        deltas += event["event"] == "message.delta"
-                        if deltas == KILL_AFTER:
-                            break
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
                 # Killed once the store holds what the client saw (the writer flushes every few
                 # ms, after the clients got the events).
                 await trio.to_thread.run_sync(stored_up_to, url, sid, max(seen))

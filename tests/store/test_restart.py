@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 
+from helpers import run_turn
 from protocols import events as ev
 from protocols.mcp import McpServer, NameValue
 from supervisor import AgentSpec, open_supervisor
@@ -42,11 +43,7 @@ async def test_sessions_and_their_history_come_back(tmp_path: Path) -> None:
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
             one = await sup.start_session("fake")
             two = await sup.start_session("fake")
-            async with one.subscribe() as events:
-                await one.prompt("first prompt")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(one, "first prompt")
             launcher.behaviour = AcpBehaviour(words=1000, word_interval=0.05)
             async with two.subscribe() as events:
                 await two.prompt("a long one " + "x" * 20_000)
@@ -107,11 +104,7 @@ async def test_a_prompt_to_a_stored_session_starts_its_agent_again_resumed(
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
             first = await sup.start_session("fake")
-            async with first.subscribe() as events:
-                await first.prompt("remember this")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(first, "remember this")
             own_id = first.agent_session_id
             assert own_id is not None
         last = first.last_seq

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers import run_turn
 from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError, parse_store
 from supervisor.store.backend import Backend, Batch, EventRun, ReceiptRow, StoredSession, TextRow
@@ -227,11 +228,7 @@ async def three_sessions(url: str) -> None:
     async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
         for _ in range(3):
             session = await sup.start_session("fake")
-            async with session.subscribe() as events:
-                await session.prompt("tell me about a zebra")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(session, "tell me about a zebra")
             await sup.stop_session(session.id)  # its last event: s1's the oldest
 
 
@@ -252,11 +249,7 @@ async def test_sweeps_delete_stopped_sessions_and_never_a_running_one(store_url:
             assert {hit.session_id for hit in await sup.store.search("zebra", 10)} == {"s2", "s3"}
 
             live = await sup.start_session("fake")  # s4
-            async with live.subscribe() as events:
-                await live.prompt("hi")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(live, "hi")
             await sup.store.flushed()
             # s4 ran long enough ago for any age bound: it runs, so it stays; s2 and s3 go
             assert await sup.sweep_store(Retention(keep_days=1e-9)) == ["s2", "s3"]

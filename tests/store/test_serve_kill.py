@@ -14,7 +14,14 @@ from typing import Any
 
 import trio
 
-from served import check_replay, demo_command, serve, whole_history, write_config
+from served import (
+    check_replay,
+    demo_command,
+    read_deltas,
+    serve,
+    whole_history,
+    write_config,
+)
 from supervisor.client import connect
 from supervisor.store.url import backend_for
 
@@ -24,13 +31,18 @@ BOUND = 120.0
 KILL_AFTER = 3000
 
 
-async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
-    tmp_path: Path, store_url: str
-) -> None:
-    config = write_config(
+def flood_config(tmp_path: Path) -> Path:
+    """A config whose agent ``flood`` answers a prompt with words as fast as it can."""
+    return write_config(
         tmp_path,
         {"flood": {"command": demo_command(tmp_path, "--words", "200000", "--delay", "0")}},
     )
+
+
+async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
+    tmp_path: Path, store_url: str
+) -> None:
+    config = flood_config(tmp_path)
     seen: dict[int, dict[str, Any]] = {}
     with trio.fail_after(BOUND):
         async with serve(tmp_path, "--config", str(config), "--store", store_url) as served:
@@ -38,14 +50,12 @@ async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
                 sid = (await client.start_session("flood"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     await client.prompt(sid, "flood")
-                    deltas = 0
-                    async for event in events:
-                        seen[event["seq"]] = event
-                        deltas += event["event"] == "message.delta"
-                        if deltas == KILL_AFTER:
-                            served.signal(signal.SIGKILL)
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
+                    served.signal(signal.SIGKILL)
                     # (the channel ends with the connection: every event that reached the
                     # client before the kill is in ``seen``)
+                    async for event in events:
+                        seen[event["seq"]] = event
                 await served.wait_exit()
     backend = backend_for(store_url)
     assert backend is not None
@@ -63,10 +73,7 @@ async def test_every_event_a_client_saw_before_a_sigkill_is_stored(
 
 
 async def test_serve_killed_mid_flood_reuses_no_seq(tmp_path: Path, store_url: str) -> None:
-    config = write_config(
-        tmp_path,
-        {"flood": {"command": demo_command(tmp_path, "--words", "200000", "--delay", "0")}},
-    )
+    config = flood_config(tmp_path)
     seen: dict[int, dict[str, Any]] = {}
     with trio.fail_after(BOUND):
         async with serve(tmp_path, "--config", str(config), "--store", store_url) as first:
@@ -74,12 +81,7 @@ async def test_serve_killed_mid_flood_reuses_no_seq(tmp_path: Path, store_url: s
                 sid = (await client.start_session("flood"))["session_id"]
                 async with client.subscribe(sid, since_seq=0) as events:
                     await client.prompt(sid, "flood")
-                    deltas = 0
-                    async for event in events:
-                        seen[event["seq"]] = event
-                        deltas += event["event"] == "message.delta"
-                        if deltas == KILL_AFTER:
-                            break
+                    seen.update((e["seq"], e) for e in await read_deltas(events, KILL_AFTER))
                 first.signal(signal.SIGKILL)  # no wait for the store: the flood goes on
                 await first.wait_exit()
         async with serve(tmp_path, "--config", str(config), "--store", store_url) as second:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers import run_turn
 from supervisor import AgentSpec, open_supervisor
 from supervisor.cli import main
 from supervisor.clients.sessions import run_sessions
@@ -30,11 +31,7 @@ async def fill(url: str) -> dict[str, list[bytes]]:
     with trio.fail_after(BOUND):
         async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
             one = await sup.start_session("fake")
-            async with one.subscribe() as events:
-                await one.prompt("tell me\nabout a zebra")
-                async for event in events:
-                    if event.kind == "turn.ended":
-                        break
+            await run_turn(one, "tell me\nabout a zebra")
             launcher.behaviour = AcpBehaviour(words=1000, word_interval=0.05)
             two = await sup.start_session("fake")
             async with two.subscribe() as events:

@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from memory_store import MemoryBackend, in_this_thread
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
 from supervisor.store.backend import (
     Batch,
-    Owner,
-    ReceiptRow,
-    SearchHit,
-    StoredSession,
-    StoreError,
-    TextRow,
-    this_process,
 )
 from supervisor.store.writer import (
     SETTLE_IDLE_S,
@@ -39,85 +31,6 @@ from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 from supervisor.wire.codec import event_json
 
 
-class FakeBackend:
-    """Keeps batches in memory; fails the next ``failures`` writes; ``gate``: a write waits
-    for it (the database falls behind)."""
-
-    where = "memory"
-
-    owner = this_process("serve")
-
-    def owners(self) -> dict[str, tuple[Owner, bool]]:
-        return {}
-
-    def drop_owners(self, tokens: Sequence[str]) -> None:
-        pass
-
-    def exclusive(self) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def next_session_number(self, at_least: int) -> int:
-        return at_least + 1
-
-    def __init__(self, failures: int = 0, gate: threading.Event | None = None) -> None:
-        self.batches: list[tuple[float, Batch]] = []
-        self.failures = failures
-        self.gate = gate
-        self.clock = lambda: 0.0
-
-    def open(self) -> None:
-        pass
-
-    def write(self, batch: Batch) -> None:
-        if self.gate is not None:
-            assert self.gate.wait(60)
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("cannot write to the store memory: disk I/O error")
-        self.batches.append((self.clock(), batch))
-
-    def settle(self, idle: bool) -> None:
-        pass
-
-    def sessions(self) -> list[StoredSession]:
-        return []
-
-    def session(self, session_id: str) -> StoredSession | None:
-        return None
-
-    def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
-        return []
-
-    def texts(self, session_id: str) -> list[TextRow]:
-        return []
-
-    def receipts(self, session_id: str) -> list[ReceiptRow]:
-        return []
-
-    def first_prompts(self, chars: int) -> dict[str, str]:
-        return {}
-
-    def search(self, query: str, limit: int) -> list[SearchHit]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def seqs(self) -> list[int]:
-        return [
-            seq
-            for _, batch in self.batches
-            for run in batch.events
-            for seq in range(run.first_seq, run.last_seq + 1)
-        ]
-
-
-async def direct(fn: Callable[..., Any], *args: Any) -> Any:
-    """The backend called in the test's own thread: virtual time sees it take none."""
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
 def deltas(first: int, count: int, session_id: str = "s1") -> tuple[list[ev.Event], list[bytes]]:
     events: list[ev.Event] = [
         ev.MessageDelta(session_id=session_id, seq=seq, timestamp=1.0, turn_id="t1", text="w ")
@@ -129,9 +42,9 @@ def deltas(first: int, count: int, session_id: str = "s1") -> tuple[list[ev.Even
 async def test_events_gather_for_a_few_ms_or_a_batch_worth(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend()
+    backend = MemoryBackend()
     backend.clock = trio.current_time
-    store = SessionStore(backend, flush_s=0.005, batch_events=100, run_sync=direct)
+    store = SessionStore(backend, flush_s=0.005, batch_events=100, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         start = trio.current_time()
@@ -164,7 +77,7 @@ async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
 ) -> None:
     calls: list[str] = []
 
-    class Ordered(FakeBackend):
+    class Ordered(MemoryBackend):
         def write(self, batch: Batch) -> bool:
             calls.append(f"write {len(batch.texts)} texts")
             super().write(batch)
@@ -173,7 +86,7 @@ async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
         def settle(self, idle: bool) -> None:
             calls.append(f"settle idle={idle}")
 
-    store = SessionStore(Ordered(), run_sync=direct)
+    store = SessionStore(Ordered(), run_sync=in_this_thread)
     fanout: Any = _Fanout(calls)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
@@ -201,11 +114,11 @@ async def test_the_backend_settles_once_the_store_is_idle(
 ) -> None:
     settled: list[tuple[float, bool]] = []
 
-    class Settled(FakeBackend):
+    class Settled(MemoryBackend):
         def settle(self, idle: bool) -> None:
             settled.append((trio.current_time(), idle))
 
-    store = SessionStore(Settled(), run_sync=direct)
+    store = SessionStore(Settled(), run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         store.record(*deltas(1, 3))
@@ -221,9 +134,9 @@ async def test_the_backend_settles_once_the_store_is_idle(
 
 
 async def test_a_turns_end_is_written_sooner(autojump_clock: trio.testing.MockClock) -> None:
-    backend = FakeBackend()
+    backend = MemoryBackend()
     backend.clock = trio.current_time
-    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    store = SessionStore(backend, flush_s=0.005, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         start = trio.current_time()
@@ -263,9 +176,9 @@ async def test_a_cancels_events_are_stored_from_the_writers_step(
 ) -> None:
     """Events left as objects by a cancel's step are serialized by the writer TURN_END_S on,
     not in the step that asked; at once if a client waits for them (a held response)."""
-    backend = FakeBackend()
+    backend = MemoryBackend()
     backend.clock = trio.current_time
-    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    store = SessionStore(backend, flush_s=0.005, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         await trio.testing.wait_all_tasks_blocked()  # the writer waits for work
@@ -286,9 +199,9 @@ async def test_a_cancels_events_are_stored_from_the_writers_step(
 async def test_a_waiting_client_has_what_is_recorded_written_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend()
+    backend = MemoryBackend()
     backend.clock = trio.current_time
-    store = SessionStore(backend, flush_s=0.005, run_sync=direct)
+    store = SessionStore(backend, flush_s=0.005, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         start = trio.current_time()
@@ -308,8 +221,8 @@ async def test_a_waiting_client_has_what_is_recorded_written_at_once(
 async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = FakeBackend(failures=10**9)
-    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=direct)
+    backend = MemoryBackend(failures=10**9)
+    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         store.record(*deltas(1, 2))
@@ -338,8 +251,8 @@ async def test_a_database_away_for_long_holds_the_agents_back_and_drops_nothing(
 async def test_failing_writes_are_told_then_their_recovery_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    backend = FakeBackend(failures=10**9)
-    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=direct)
+    backend = MemoryBackend(failures=10**9)
+    store = SessionStore(backend, max_pending=100, batch_events=10, run_sync=in_this_thread)
     told: list[tuple[float, StoreNotice]] = []
     store.watch(lambda notice: told.append((trio.current_time(), notice)))
     async with trio.open_nursery() as nursery:
@@ -376,8 +289,8 @@ async def test_failing_writes_are_told_then_their_recovery_once(
 async def test_what_cannot_be_written_at_close_is_said_in_one_line(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = FakeBackend(failures=10**9)
-    store = SessionStore(backend, run_sync=direct)
+    backend = MemoryBackend(failures=10**9)
+    store = SessionStore(backend, run_sync=in_this_thread)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         store.record(*deltas(1, 2))
@@ -393,7 +306,7 @@ async def test_what_cannot_be_written_at_close_is_said_in_one_line(
 
 async def test_a_database_that_falls_behind_holds_the_agents_back(tmp_path: Path) -> None:
     gate = threading.Event()
-    backend = FakeBackend(gate=gate)
+    backend = MemoryBackend(gate=gate)
     store = SessionStore(backend, max_pending=200, batch_events=50)
     launcher = AcpLauncher(AcpBehaviour(words=3000, flood=True))
     spec = AgentSpec(name="fake", protocol="acp", command=["fake"])
