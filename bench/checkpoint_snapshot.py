@@ -5,7 +5,10 @@ the shadow store (``supervisor/checkpoints/``) once (the first snapshot: every f
 then ``--repeats`` times with ``--changed`` files rewritten before each (a turn's start after
 a turn that edited a few files). The floor is what any git-based snapshot must do: ``git add
 -A && git write-tree`` into a separate git directory and index of the same tree, with the
-same files changed, timed the same way. Printed: p50 (and p90) of each, and their ratio.
+same files changed, timed the same way. Printed: p50 (and p90) of each, and their ratio, the
+CPU time of each (this process and its git processes: steadier on a loaded machine), and how
+many of the snapshots were told what changed by the store's watcher (the store is held as a
+session holds it; ``--no-watch``: every snapshot is git's full pass).
 
 Then what a user waits for: a session started on the repository (a supervisor with its own
 state directory, so a fresh checkpoint store; an in-memory agent), its first prompt sent
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -67,6 +71,13 @@ def _floor(root: Path, git_dir: Path) -> float:
     return time.perf_counter() - started
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of its children waited for (git)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _pcts(samples: list[float]) -> dict[str, float]:
     ms = sorted(s * 1000 for s in samples)
     return {
@@ -102,13 +113,14 @@ async def _first_turn_wait(
 
 
 async def _run(
-    files: int, changed: int, repeats: int, first_turns: int, prompt_after: float
+    files: int, changed: int, repeats: int, first_turns: int, prompt_after: float, watch: bool
 ) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "repo"
         root.mkdir()
         paths = _make_repo(root, files)
-        store = ShadowStore(Path(tmp) / "state", root)
+        store = ShadowStore(Path(tmp) / "state", root, watch=watch)
+        store.hold()  # as a session does: a watching store watches the directory meanwhile
         floor_dir = Path(tmp) / "floor.git"
         subprocess.run(["git", "init", "-q", "--bare", str(floor_dir)], check=True)
         # a first snapshot writes an object per file: neither is to pay for the other's, or the
@@ -121,19 +133,33 @@ async def _run(
         first_floor = _floor(root, floor_dir)
         ours: list[float] = []
         floor: list[float] = []
+        ours_cpu: list[float] = []
+        floor_cpu: list[float] = []
+        told = 0
+
+        async def snapshot() -> None:
+            nonlocal told
+            cpu, started = _cpu(), time.perf_counter()
+            await store.snapshot()
+            ours.append(time.perf_counter() - started)
+            ours_cpu.append(_cpu() - cpu)
+            told += store.last_look == "events"
+
+        def plain() -> None:
+            cpu = _cpu()
+            floor.append(_floor(root, floor_dir))
+            floor_cpu.append(_cpu() - cpu)
+
         for round_ in range(repeats):
             _change(paths, changed, round_)
             # each side sees the same changed files: alternate which goes first
             if round_ % 2:
-                floor.append(_floor(root, floor_dir))
-                started = time.perf_counter()
-                await store.snapshot()
-                ours.append(time.perf_counter() - started)
+                plain()
+                await snapshot()
             else:
-                started = time.perf_counter()
-                await store.snapshot()
-                ours.append(time.perf_counter() - started)
-                floor.append(_floor(root, floor_dir))
+                await snapshot()
+                plain()
+        store.release()
         waits = [
             await _first_turn_wait(
                 root, Path(tmp) / f"sup{n}", paths, changed, repeats + n, prompt_after
@@ -151,6 +177,10 @@ async def _run(
             "snapshot": snapshot,
             "floor": plain,
             "p50_ratio": round(snapshot["p50_ms"] / plain["p50_ms"], 2),
+            "snapshot_cpu_p50_ms": _pcts(ours_cpu)["p50_ms"],
+            "floor_cpu_p50_ms": _pcts(floor_cpu)["p50_ms"],
+            "watched": watch,
+            "told_by_watcher": told,
             "prompt_after_s": prompt_after,
             "first_turn_wait_ms": [round(wait * 1000, 1) for wait in waits],
             "first_turn_wait_p50_ms": round(statistics.median(waits) * 1000, 1),
@@ -165,10 +195,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--first-turns", type=int, default=3, help="new sessions' first turns")
     parser.add_argument("--prompt-after", type=float, default=1.0, help="s after the start")
+    parser.add_argument(
+        "--no-watch", action="store_true", help="no watcher: every snapshot git's full pass"
+    )
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line too")
     args = parser.parse_args()
     result = trio.run(
-        _run, args.files, args.changed, args.repeats, args.first_turns, args.prompt_after
+        _run,
+        args.files,
+        args.changed,
+        args.repeats,
+        args.first_turns,
+        args.prompt_after,
+        not args.no_watch,
     )
     print(json.dumps(result, indent=2))
     if args.json:  # flat, as bench/run_all.py reads them
@@ -179,6 +218,9 @@ def main() -> None:
             "snapshot_p90_ms": snapshot["p90_ms"],
             "floor_p50_ms": floor["p50_ms"],
             "p50_ratio": result["p50_ratio"],
+            "snapshot_cpu_p50_ms": result["snapshot_cpu_p50_ms"],
+            "floor_cpu_p50_ms": result["floor_cpu_p50_ms"],
+            "told_by_watcher": result["told_by_watcher"],
             "first_ms": result["first_ms"],
             "first_floor_ms": result["first_floor_ms"],
             "first_ratio": result["first_ratio"],

@@ -889,6 +889,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
         keep_node_sessions=options.keep_node_sessions,
         metrics=Metrics(),  # GET /metrics, with the gateway's token
         tracer_provider=options.tracer_provider,
+        checkpoint_watch=options.config.checkpoints.watch,
     ) as supervisor:
         shutdown.supervisor = supervisor
         gateway = Gateway(

@@ -272,10 +272,21 @@ class StoreSettings:
 
 
 @frozen(kw_only=True)
+class CheckpointSettings:
+    """The ``[checkpoints]`` table: how local sessions' per-turn checkpoints are taken
+    (``design/checkpoints.md``)."""
+
+    #: a snapshot is told what changed by an inotify watcher of the directory, rather than
+    #: having git look at every file (false: git's full pass each time)
+    watch: bool = True
+
+
+@frozen(kw_only=True)
 class Config:
     agents: dict[str, AgentSpec]
     gateway: GatewaySettings = GatewaySettings()
     store: StoreSettings = StoreSettings()
+    checkpoints: CheckpointSettings = CheckpointSettings()
 
 
 def default_max_sessions(memory_bytes: int | None = None, open_files: int | None = None) -> int:
@@ -335,7 +346,22 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         agents=agents,
         gateway=parse_gateway(document, where),
         store=parse_store(document, where),
+        checkpoints=parse_checkpoints(document, where),
     )
+
+
+def parse_checkpoints(document: Mapping[str, Any], where: str = "<config>") -> CheckpointSettings:
+    table = document.get("checkpoints", {})
+    at = f"{where}: [checkpoints]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{at} must be a table")
+    unknown = set(table) - {"watch"}
+    if unknown:
+        raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))} (allowed: watch)")
+    watch = table.get("watch", True)
+    if not isinstance(watch, bool):
+        raise ConfigError(f"{at}: 'watch' must be true or false")
+    return CheckpointSettings(watch=watch)
 
 
 def parse_store(document: Mapping[str, Any], where: str = "<config>") -> StoreSettings:

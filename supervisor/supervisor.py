@@ -142,6 +142,7 @@ class Supervisor:
         checkpoints_dir: str | os.PathLike[str] | None = None,
         worktrees_dir: str | os.PathLike[str] | None = None,
         record_checkpoints: bool = False,
+        checkpoint_watch: bool = True,
     ) -> None:
         """``checkpoints_dir``: where the checkpoint stores of its local sessions' working
         directories are (``supervisor/checkpoints/``; an agent's ``checkpoints = false``
@@ -149,10 +150,12 @@ class Supervisor:
         ``worktree`` get theirs (``supervisor/worktrees.py``); None: they cannot be.
         ``record_checkpoints`` (a node's, which keeps no session store): each session's
         checkpoints are recorded beside its snapshots, for a front's stored session started
-        again here (``supervisor/checkpoints/records.py``)."""
+        again here (``supervisor/checkpoints/records.py``). ``checkpoint_watch``: the stores'
+        snapshots are told what changed by a watcher of the directory (``ShadowStore(watch=)``)."""
         self._nursery = nursery
         self._worktrees = Worktrees(worktrees_dir) if worktrees_dir is not None else None
         self._checkpoints_dir = checkpoints_dir
+        self._checkpoint_watch = checkpoint_watch
         self._records: CheckpointRecords | None = None
         if record_checkpoints and checkpoints_dir is not None:
             self._records = CheckpointRecords()
@@ -530,7 +533,9 @@ class Supervisor:
             return None
         store = self._checkpoint_stores.get(real)
         if store is None:
-            store = self._checkpoint_stores[real] = ShadowStore(self._checkpoints_dir, real)
+            store = self._checkpoint_stores[real] = ShadowStore(
+                self._checkpoints_dir, real, watch=self._checkpoint_watch
+            )
         return store
 
     async def _revive(self, dormant: DormantSession) -> AnySession:
@@ -997,6 +1002,7 @@ async def open_supervisor(
     retention: Retention | None = None,
     checkpoints: bool = True,
     record_checkpoints: bool = False,
+    checkpoint_watch: bool = True,
 ) -> AsyncIterator[Supervisor]:
     """A supervisor whose sessions all end, with their process trees, when the block ends.
 
@@ -1005,7 +1011,9 @@ async def open_supervisor(
     directory that cannot be used (a read-only home) is logged, in one line, and the supervisor
     runs without that crash safety. Its local sessions' working directories are checkpointed
     per turn under ``state_dir/checkpoints`` (``design/checkpoints.md``) unless ``checkpoints``
-    is false or their agent's ``checkpoints = false``; sessions started with ``worktree``
+    is false or their agent's ``checkpoints = false``, each snapshot told what changed by a
+    watcher of the directory unless ``checkpoint_watch`` is false (``[checkpoints] watch``);
+    sessions started with ``worktree``
     run in git worktrees under ``state_dir/worktrees`` (``design/worktrees.md``).
     ``record_checkpoints`` (a node's): each session's checkpoints are recorded beside its
     snapshots, for a front's stored session started again here
@@ -1106,6 +1114,7 @@ async def open_supervisor(
                 ),
                 worktrees_dir=Path(state_dir) / "worktrees" if state_dir is not None else None,
                 record_checkpoints=record_checkpoints,
+                checkpoint_watch=checkpoint_watch,
             )
             try:
                 yield supervisor

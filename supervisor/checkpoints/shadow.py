@@ -27,6 +27,13 @@ restore never writes over it. Paths are
 bytes throughout (a file name need not be UTF-8 and may hold a newline): git is asked with
 ``-z``.
 
+While a session holds the store (:meth:`ShadowStore.hold`), an inotify watcher
+(:mod:`supervisor.checkpoints.watch`) names the files changed since the last snapshot, and a
+snapshot skips ``git status`` (its ``lstat`` of every file is most of its cost): the named
+paths git does not ignore are put in the index as they are, and the tree written
+(:meth:`ShadowStore._named`). Whatever the events cannot tell exactly means the full pass
+above, so the tree is the one it would write.
+
 Every git call is a subprocess run by ``trio.run_process`` within :data:`GIT_TIMEOUT_S`; file
 work (stats, a restore's writes) runs in a worker thread: the event loop never waits on disk.
 """
@@ -49,6 +56,8 @@ from typing import Any, Final
 
 import trio
 from attrs import field, frozen
+
+from supervisor.checkpoints.watch import Changes, Watcher
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -116,6 +125,10 @@ _TRACKED_FIELDS: Final = {b"1 ": 8, b"2 ": 9, b"u ": 10}
 _NESTED_PROBE: Final = b".agent-supervisor-nested-repository"
 _EMPTY_BLOB: Final = b"e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 _NO_OBJECT: Final = b"0" * 40
+
+
+class _CannotTell(Exception):
+    """The watcher's paths cannot give this snapshot: the full pass gives it."""
 
 
 class CheckpointError(Exception):
@@ -266,7 +279,11 @@ class ShadowStore:
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         timeout_s: float = GIT_TIMEOUT_S,
         prune_expire: str = PRUNE_EXPIRE,
+        watch: bool = True,
     ) -> None:
+        """``watch``: while sessions hold the store (:meth:`hold`), snapshots are told what
+        changed by an inotify watcher instead of looking at every file (the module docstring);
+        false: each is the full pass."""
         self.cwd = os.path.realpath(cwd)
         name = hashlib.sha256(os.fsencode(self.cwd)).hexdigest()[:24]
         self.git_dir = Path(root) / name
@@ -296,13 +313,32 @@ class ShadowStore:
         #: the newest snapshot's unreadable files: tried first at the next (one git call, not
         #: a failed one and another)
         self._last_unreadable: Mapping[bytes, tuple[int, int]] = {}
+        self.watch = watch
+        #: sessions holding the store: the watcher lives while there are any
+        self._holders = 0
+        self._watcher: Watcher | None = None
+        #: a worker thread reads the watcher's queue: it is not to be closed under it
+        self._reading = False
+        #: the index is the work tree as it was when the watcher's queue was last read (the
+        #: newest snapshot was whole, and the watcher was watching before it looked)
+        self._exact = False
+        #: the ignore files outside the work tree, as they were at the last snapshot
+        self._excludes: list[tuple[int, int, int] | None] = []
+        #: how the newest snapshot knew what changed: ``"events"`` (the watcher's paths) or
+        #: ``"full"`` (git's pass over every file)
+        self.last_look = "full"
 
     # -- git ----------------------------------------------------------------------------------
 
     async def _git(
-        self, *args: str | bytes, stdin: bytes | None = None, store: bool = True
+        self,
+        *args: str | bytes,
+        stdin: bytes | None = None,
+        store: bool = True,
+        ok: tuple[int, ...] = (0,),
     ) -> bytes:
-        """``store``: run on the store and the working directory (else plain git)."""
+        """``store``: run on the store and the working directory (else plain git); ``ok``: the
+        exit statuses that are answers, not failures."""
         where = [f"--git-dir={self.git_dir}", f"--work-tree={self.cwd}"] if store else []
         command = ["git", *where, *args]
         try:
@@ -328,7 +364,7 @@ class ShadowStore:
             raise CheckpointError("git is not installed") from None
         except NotADirectoryError:
             raise CheckpointError(f"the working directory {self.cwd} is gone") from None
-        if done.returncode != 0:
+        if done.returncode not in ok:
             if b"No space left on device" in done.stderr:
                 await trio.to_thread.run_sync(_drop_temporary_objects, self.git_dir)
                 raise CheckpointError(
@@ -384,45 +420,182 @@ class ShadowStore:
 
     # -- snapshots ----------------------------------------------------------------------------
 
+    def hold(self) -> None:
+        """A session keeps checkpoints here: the store watches the directory until the last
+        one lets go (:meth:`release`). The watches are set up by the next snapshot, before it
+        looks at any file: nothing that changes after is missed."""
+        self._holders += 1
+
+    def release(self) -> None:
+        self._holders -= 1
+        if self._holders <= 0 and not self._reading:
+            self._close_watcher()  # else the snapshot reading it closes it
+
+    def _close_watcher(self) -> None:
+        self._holders = max(self._holders, 0)
+        self._exact = False
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
     async def snapshot(self) -> Snapshot:
         """The working directory now, kept."""
         async with self._lock:
             await self._ensure()
-            changed, tracked = await self._differing()
-            names = [*changed, *(path for path in self._last_big if path not in changed)]
-            too_big = await trio.to_thread.run_sync(self._big_files, names)
-            adds = [path for path in changed if path not in too_big]
-            grown = [path for path in too_big if path in tracked]
-            unreadable: dict[bytes, tuple[int, int]] = {}
-            if self._last_unreadable:  # (still so, as the last snapshot found them: not added)
-                unreadable = await trio.to_thread.run_sync(
-                    self._unreadable, [path for path in adds if path in self._last_unreadable]
+            changes = None
+            if self.watch:
+                self._reading = True
+                try:
+                    changes = await trio.to_thread.run_sync(self._watched)
+                finally:
+                    self._reading = False
+            # until this snapshot is whole, the index may be anywhere between the two states
+            exact, self._exact = self._exact, False
+            try:
+                snapshot = None
+                if changes is not None and exact:
+                    try:
+                        snapshot = await self._take(*await self._named(changes))
+                        self.last_look = "events"
+                    except (_CannotTell, CheckpointError, OSError):
+                        pass  # the full pass says what is wrong, if anything is
+                if snapshot is None:
+                    snapshot = await self._take(*await self._everything())
+                    self.last_look = "full"
+            finally:
+                if self._holders <= 0:
+                    self._close_watcher()
+            self._exact = self._watcher is not None and self._watcher.watching
+            return snapshot
+
+    def _watched(self) -> Changes | None:
+        """The paths the watcher saw change since the last snapshot (run in a worker thread);
+        None: not known (no watcher, or it cannot tell, or an ignore file outside the work tree
+        changed). Its watches are set up here the first time, before any file is looked at."""
+        if self._holders > 0 and self._watcher is None:
+            self._watcher = Watcher(self.cwd)
+        if self._watcher is None:
+            return None
+        try:
+            changes = self._watcher.changed()
+        except OSError:  # unforeseen: this snapshot the full pass, the next one watches afresh
+            self._watcher.close()
+            return None
+        excludes = [_identity(path) for path in self._outside_excludes()]
+        if excludes != self._excludes:
+            self._excludes = excludes
+            return None
+        return changes
+
+    def _outside_excludes(self) -> list[str]:
+        """The ignore files outside the work tree, which the watcher does not see: the
+        repository's own excludes (the store's ``core.excludesFile``) and git's per-user one
+        (``$XDG_CONFIG_HOME/git/ignore``, read when no ``core.excludesFile`` is set)."""
+        config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(
+            os.path.expanduser("~"), ".config"
+        )
+        return [
+            os.path.join(self.cwd, ".git", "info", "exclude"),
+            os.path.join(config, "git", "ignore"),
+        ]
+
+    async def _everything(
+        self,
+    ) -> tuple[list[bytes], list[bytes], dict[bytes, tuple[int, int]]]:
+        """The full pass: what to put in the index (as it is on disk), what to take out of it
+        (kept files grown past the limit), and the files too big to keep."""
+        changed, tracked = await self._differing()
+        names = [*changed, *(path for path in self._last_big if path not in changed)]
+        too_big = await trio.to_thread.run_sync(self._big_files, names)
+        adds = [path for path in changed if path not in too_big]
+        grown = [path for path in too_big if path in tracked]
+        return adds, grown, too_big
+
+    async def _named(
+        self, changes: Changes
+    ) -> tuple[list[bytes], list[bytes], dict[bytes, tuple[int, int]]]:
+        """What :meth:`_everything` finds, from the watcher's ``changes`` (every file changed
+        since the index was the work tree): each is looked at (``lstat``), those that are there
+        asked of ``git check-ignore`` (which answers for the ones not in the index: a kept file
+        stays kept when a rule comes to match it, as with ``git status``), and the rest are put
+        in the index, or taken out if gone. Anything but a file, a symlink or nothing at a
+        path (a directory where a file was, a fifo) is the full pass's to judge.
+
+        The directories created or deleted are taken out of the index too, which holds no
+        entry of that name: what that does is drop the untracked cache's listing of the
+        directory holding each. That listing is trusted while the directory's mtime is the one
+        it was read at, to the second, unless the index was written in that same second; a
+        directory changed just after a ``git status`` read it, and an index written a second
+        later by a snapshot that ran no ``git status``, would otherwise leave a stale listing
+        (a new directory never looked into) to the next full pass. A file put in the index or
+        taken out drops its own directory's listing likewise."""
+        # the last snapshot's unreadable files: listed by every git status (their stat is
+        # not the index's), so looked at again each time here too
+        paths = changes.files | self._last_unreadable.keys()
+        names = sorted(paths)
+        others = [path for path in self._last_big if path not in paths]
+        found = await trio.to_thread.run_sync(_lstat_all, os.fsencode(self.cwd), names + others)
+        there = []
+        for path in names:
+            info = found[path]
+            if info is not None:
+                if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):
+                    raise _CannotTell
+                there.append(path)
+        ignored: set[bytes] = set()
+        if there:
+            out = await self._git(
+                "check-ignore", "-z", "--stdin", stdin=b"\0".join(there) + b"\0", ok=(0, 1)
+            )
+            ignored = set(out.split(b"\0")[:-1])
+        wanted = [path for path in names if path not in ignored]
+        too_big = {
+            path: (info.st_size, info.st_mtime_ns)
+            for path in [*wanted, *(p for p in names if p in self._last_big), *others]
+            if (info := found.get(path)) is not None
+            and stat.S_ISREG(info.st_mode)
+            and info.st_size > self.max_file_bytes
+        }
+        adds = [path for path in wanted if path not in too_big]
+        # a file grown past the limit out of the index (one that is not in it: nothing to do)
+        removes = [path for path in wanted if path in too_big]
+        return adds, [*removes, *sorted(changes.dirs)], too_big
+
+    async def _take(
+        self, adds: list[bytes], removes: list[bytes], too_big: dict[bytes, tuple[int, int]]
+    ) -> Snapshot:
+        """The index rid of ``removes`` and given ``adds`` as they are on disk (but those that
+        cannot be read: :meth:`_add`), its tree, and a commit of it."""
+        unreadable: dict[bytes, tuple[int, int]] = {}
+        if self._last_unreadable:  # (still so, as the last snapshot found them: not added)
+            unreadable = await trio.to_thread.run_sync(
+                self._unreadable, [path for path in adds if path in self._last_unreadable]
+            )
+            adds = [path for path in adds if path not in unreadable]
+        tree = self._tree
+        if adds or removes or tree is None:
+            self._tree = None  # the index is changing: its tree is unknown until written
+            if removes:  # files grown past the limit; directories made or removed (_named)
+                await self._git(
+                    "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(removes)
                 )
-                adds = [path for path in adds if path not in unreadable]
-            tree = self._tree
-            if adds or grown or tree is None:
-                self._tree = None  # the index is changing: its tree is unknown until written
-                if grown:  # a kept file grew past the limit: out of the index, so out of the tree
-                    await self._git(
-                        "update-index", "-z", "--force-remove", "--stdin", stdin=b"\0".join(grown)
-                    )
-                if adds:
-                    unreadable.update(await self._add(adds))
-                tree = (await self._git("write-tree")).strip().decode()
-            # Each snapshot its own commit (``taken``: two of one tree in one second differ),
-            # so a ref forgotten by one session never drops another's.
-            kept: dict[str, Any] = {
-                "too_big": {os.fsdecode(p): v for p, v in too_big.items()},
-                "taken": secrets.token_hex(8),
-            }
-            if unreadable:
-                kept["unreadable"] = {os.fsdecode(p): v for p, v in unreadable.items()}
-            commit = await trio.to_thread.run_sync(self._commit, tree, json.dumps(kept))
-            self._tree = tree
-            self._last_big = too_big
-            self._last_unreadable = unreadable
-            self._taken += 1
-            return Snapshot(commit, tree, too_big, self._taken, unreadable)
+            if adds:
+                unreadable.update(await self._add(adds))
+            tree = (await self._git("write-tree")).strip().decode()
+        # Each snapshot its own commit (``taken``: two of one tree in one second differ),
+        # so a ref forgotten by one session never drops another's.
+        kept: dict[str, Any] = {
+            "too_big": {os.fsdecode(p): v for p, v in too_big.items()},
+            "taken": secrets.token_hex(8),
+        }
+        if unreadable:
+            kept["unreadable"] = {os.fsdecode(p): v for p, v in unreadable.items()}
+        commit = await trio.to_thread.run_sync(self._commit, tree, json.dumps(kept))
+        self._tree = tree
+        self._last_big = too_big
+        self._last_unreadable = unreadable
+        self._taken += 1
+        return Snapshot(commit, tree, too_big, self._taken, unreadable)
 
     async def _add(self, paths: list[bytes]) -> dict[bytes, tuple[int, int]]:
         """``paths`` put in the index as they are on disk, but those that cannot be read
@@ -875,6 +1048,26 @@ def _sizes(kept: Mapping[str, Any]) -> dict[bytes, tuple[int, int]]:
 #: Tries at a write into the store whose directory a collection beside it removes (it deletes
 #: the directories it empties, a ref's or an object's, which the write then makes again)
 _WRITE_TRIES: Final = 3
+
+
+def _lstat_all(root: bytes, paths: list[bytes]) -> dict[bytes, os.stat_result | None]:
+    """Each path's ``lstat`` (None: nothing there), in a worker thread."""
+    found: dict[bytes, os.stat_result | None] = {}
+    for path in paths:
+        try:
+            found[path] = os.lstat(os.path.join(root, path))
+        except (FileNotFoundError, NotADirectoryError):
+            found[path] = None
+    return found
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """What tells a file's change without reading it: inode, size, mtime (None: none there)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 def _write_aside(path: Path, content: bytes) -> None:

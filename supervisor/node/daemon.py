@@ -276,12 +276,13 @@ async def _serve_node(
     history: int = DEFAULT_HISTORY,
 ) -> None:
     from supervisor.agents.statefile import default_state_dir
-    from supervisor.config import builtin_agents, load_agents
+    from supervisor.config import builtin_agents, load_config
     from supervisor.observe import Metrics
     from supervisor.remote.errors import NodeRetired
     from supervisor.supervisor import open_supervisor
 
-    agents = load_agents(config) if config else builtin_agents()
+    settings = load_config(config) if config else None
+    agents = settings.agents if settings is not None else builtin_agents()
     tracer_provider = _tracer_provider()
     presence = Presence()
     listener = trio.SocketListener(
@@ -302,6 +303,7 @@ async def _serve_node(
                     # Each turn's checkpoints are taken here, where the files are: a front's
                     # rewind and diff are the node's (design/remote.md, "Checkpoints").
                     checkpoints=True,
+                    checkpoint_watch=settings.checkpoints.watch if settings is not None else True,
                     # ... and recorded beside them: a front's stored session started again
                     # here after this node is gone gets its earlier turns' back.
                     record_checkpoints=True,

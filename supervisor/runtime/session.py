@@ -1091,6 +1091,9 @@ class Session(Subscribable):
         self._task = trio.lowlevel.current_task()
         self._io.now = trio.lowlevel.current_clock().current_time
         core = self.core
+        store = self._checkpoints
+        if store is not None:
+            store.hold()  # its directory watched while the session lives
         try:
             async with trio.open_nursery() as nursery:
                 self._io.nursery = nursery
@@ -1109,6 +1112,8 @@ class Session(Subscribable):
                         await self._kill_link_on_exit()
                     nursery.cancel_scope.cancel()
         finally:
+            if store is not None:
+                store.release()
             core.finish()
             self._fanout.close()
             self._alarm.close()

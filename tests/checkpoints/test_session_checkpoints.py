@@ -368,5 +368,39 @@ async def unreadable_turn(tmp_path: Path) -> None:
         assert (secret.st_size, secret.st_mode & 0o777) == (18, 0)  # as the tool left it
 
 
+def _inotify_instances() -> int:
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if _readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify")
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+async def test_the_directory_is_watched_while_a_session_runs_there_and_no_longer(
+    tmp_path: Path, work: Path
+) -> None:
+    """A turn's end snapshot comes from the watcher's events, and the watcher (its inotify
+    descriptor) is closed with the session."""
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    before = _inotify_instances()
+    async with (
+        session_in(work, launcher, tmp_path) as session,
+        record(session) as recorder,
+    ):
+        turn = await session.prompt("edit the files")
+        ended = await _turn_ended(recorder, turn.id)
+        assert (ended.outcome, ended.changes) == ("completed", EXPECTED)
+        store = session._checkpoints  # type: ignore[attr-defined]
+        assert store.last_look == "events"
+        assert _inotify_instances() == before + 1
+    # (the session's task has ended with the supervisor's block)
+    assert store._watcher is None
+    assert _inotify_instances() == before
+
+
 if __name__ == "__main__":  # a test's child process (test_a_turn_that_makes_a_file_...)
     trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))

@@ -460,6 +460,19 @@ def test_gateway_table_errors(tmp_path: Path, body: str, expected: str) -> None:
     assert str(info.value).startswith(f"{path}: [gateway]: {expected}")
 
 
+def test_the_checkpoints_watcher_is_on_unless_the_table_turns_it_off(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "")).checkpoints.watch is True
+    assert load_config(write(tmp_path, "[checkpoints]\nwatch = false\n")).checkpoints.watch is False
+    for body, expected in [
+        ('watch = "no"', "'watch' must be true or false"),
+        ("watched = false", "unknown key(s) watched (allowed: watch)"),
+    ]:
+        path = write(tmp_path, f"[checkpoints]\n{body}\n")
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}: [checkpoints]: {expected}"
+
+
 GIB = 1024**3
 
 
