@@ -328,6 +328,7 @@ TABLES: Final = {
     "agents": "[agents.NAME]",
     "gateway": "[gateway]",
     "store": "[store]",
+    "checkpoints": "[checkpoints]",
     "hosts": "[hosts.NAME]",
 }
 

@@ -59,16 +59,16 @@ def check_subscription(
     since_seq: object, max_buffer: object, stall_s: object, max_buffer_bytes: object = None
 ) -> None:
     if since_seq is not None and (type(since_seq) is not int or since_seq < 0):
-        raise BadRequest(f"since_seq must be a whole number >= 0 or None, not {since_seq!r}")
+        raise BadRequest(f"since_seq must be a whole number >= 0 (or left out), not {since_seq!r}")
     if type(max_buffer) is not int or max_buffer < 1:
         raise BadRequest(f"max_buffer must be a whole number >= 1, not {max_buffer!r}")
     if max_buffer_bytes is not None and (type(max_buffer_bytes) is not int or max_buffer_bytes < 1):
         raise BadRequest(
-            f"max_buffer_bytes must be a whole number >= 1 or None, not {max_buffer_bytes!r}"
+            f"max_buffer_bytes must be a whole number >= 1 (or left out), not {max_buffer_bytes!r}"
         )
     if stall_s is not None and (
         isinstance(stall_s, bool)
         or not isinstance(stall_s, int | float)
         or not 0 < stall_s < math.inf
     ):
-        raise BadRequest(f"stall_s must be a number of seconds > 0 or None, not {stall_s!r}")
+        raise BadRequest(f"stall_s must be a number of seconds > 0 (or left out), not {stall_s!r}")

@@ -336,7 +336,7 @@ def test_a_misspelt_table_is_named_not_left_out(tmp_path: Path) -> None:
     message, path = config_error(tmp_path, '[agent.x]\nprotocol = "acp"\ncommand = ["a"]\n')
     assert message == (
         f"{path}: unknown table(s) [agent] (allowed: [agents.NAME], [gateway], [store],"
-        " [hosts.NAME])"
+        " [checkpoints], [hosts.NAME])"
     )
 
 
