@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -98,12 +99,12 @@ AIDER_ARGS = (
     "--no-show-model-warnings",
 )
 
-#: Gemini CLI resumed and ready (why: agents.toml.example): its input box, nothing saying it
-#: works, and a first line that is the conversation's, not a notice (⚠, ℹ, ✕) or the input
-#: area's top, all its screen has before the conversation is loaded.
-GEMINI_RESUMED = (
-    r"\A(?![\s\S]*esc to cancel)\s*(?![⚠ℹ✕─]|\? for shortcuts)\S[\s\S]*^ >   Type your message"
-)
+#: Gemini CLI ready (why: agents.toml.example): its input box, nothing saying it works, and
+#: above them its header, which it draws once its configuration has loaded.
+GEMINI_STARTED = r"\A(?![\s\S]*esc to cancel)[\s\S]*Gemini CLI v[\s\S]*^ >   Type your message"
+#: Gemini CLI resumed and ready: the same, with a prompt of the conversation it resumed (a line
+#: `` > text``) drawn above the input box.
+GEMINI_RESUMED = r"\A(?![\s\S]*esc to cancel)[\s\S]*^ > \S[\s\S]*^ >   Type your message"
 
 #: The settings of agents.toml.example. A prompt line showing while nothing on the screen says
 #: the TUI works (its "esc to interrupt" / "esc to cancel" hint): each TUI draws its input box
@@ -130,6 +131,7 @@ TUIS = [
         ("--resume", "latest"),
         TerminalSettings(
             prompt_pattern=r"\A(?![\s\S]*esc to cancel)[\s\S]*^ >   Type your message",
+            start_pattern=GEMINI_STARTED,
             resume_pattern=GEMINI_RESUMED,
             submit_delay_s=0.5,
         ),
@@ -386,3 +388,37 @@ def test_agents_toml_example_has_the_settings_tested_here() -> None:
             spec.resume_command[1 : len(tui.resume_args) + 1]
             == tui.resume_args[: len(spec.resume_command) - 1]
         )
+
+
+#: Gemini CLI 0.61.0's screens at a start (as the terminal machine reads them; the footer cut):
+#: its input box, drawn before its configuration has loaded, and its header, drawn once it has.
+GEMINI_BOX = (
+    "⚠  Warning: 256-color support not detected. Using a terminal with at least 256-color"
+    " support is recommended for a better\n   visual experience.\n\n\n\n"
+    + " " * 104
+    + "? for shortcuts\n"
+    + "─" * 120
+    + "\n Shift+Tab to accept edits\n\n >   Type your message or @path/to/file\n"
+)
+GEMINI_HEADER = (
+    " ▝▜▄     Gemini CLI v0.61.0\n   ▝▜▄\n  ▗▟▀    Authenticated with gemini-api-key /auth\n ▝▀\n"
+)
+GEMINI_CONVERSATION = " > quick\n✦ Quick answer from the fake model.\n"
+
+
+@pytest.mark.parametrize(
+    ("screen", "started", "resumed"),
+    [
+        (GEMINI_BOX, False, False),  # typed now, a prompt would wait unseen (resumed: lost)
+        (GEMINI_HEADER + GEMINI_BOX, True, False),
+        (GEMINI_HEADER + GEMINI_CONVERSATION + GEMINI_BOX, True, True),
+    ],
+)
+def test_gemini_starts_once_its_configuration_has_loaded(
+    screen: str, started: bool, resumed: bool
+) -> None:
+    [settings] = [t.settings for t in TUIS if t.key == "gemini-tui"]
+    assert re.search(settings.prompt_pattern, screen, re.MULTILINE)  # the box shows throughout
+    assert settings.start_pattern is not None and settings.resume_pattern is not None
+    assert bool(re.search(settings.start_pattern, screen, re.MULTILINE)) is started
+    assert bool(re.search(settings.resume_pattern, screen, re.MULTILINE)) is resumed
