@@ -738,7 +738,8 @@ class _Writer:
                 yield f"token{n} "
                 self.wait(STREAM_INTERVAL_S)
 
-        self.text_turn(api, tokens(), stream)
+        # not streamed, the tokens still count as made: the answer is under way
+        self.text_turn(api, tokens() if stream else self.counted(tokens()), stream)
 
     def tool_call(self, api: str, scenario: str, stream: bool) -> None:
         command = {
@@ -872,7 +873,7 @@ class _Writer:
 
     def text_turn(self, api: str, tokens: Iterator[str], stream: bool) -> None:
         if not stream:
-            text = "".join(self.counted(tokens))
+            text = "".join(tokens)
             self.json_response(_FULL_TEXT[api](text))
             return
         self.start_sse()
