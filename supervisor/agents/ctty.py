@@ -40,9 +40,11 @@ def main() -> None:
     except OSError as exc:
         os.write(2, f"{PROG}: stdin is not a terminal we can take: {exc}\n".encode())
         os._exit(126)
-    # CPython ignores these at startup and exec keeps an ignored signal ignored: the agent
-    # gets them back at their defaults (what subprocess's restore_signals does).
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+    # Exec keeps an ignored signal ignored: the agent gets these back at their defaults. CPython
+    # ignores SIGPIPE and SIGXFSZ at startup (what subprocess's restore_signals undoes); a shell
+    # ignores SIGINT and SIGQUIT in what a script runs in the background (``supervisor &``), and
+    # the terminal's own keys (Ctrl-C, a TUI's interrupt) would then never reach the agent.
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     try:
         os.execvp(cmd[0], cmd)

@@ -5,6 +5,9 @@ pseudo-terminal, real clock, generous bounds. The machine alone: ``tests/machine
 from __future__ import annotations
 
 import base64
+import os
+import select
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 import trio
 
 from helpers import KILLED_HARD, process_session
-from paths import TESTS
+from paths import REPO, TESTS
 from protocols import events as ev
 from protocols.terminal import TerminalSettings
 from supervisor import AgentSpec
@@ -23,6 +26,8 @@ from supervisor.testing import Recorder
 pytestmark = pytest.mark.real_process
 
 FAKE_TUI = TESTS / "fakes" / "fake_tui.py"
+#: What runs a terminal agent's command (``supervisor/agents/process.py``).
+CTTY = [sys.executable, "-S", "-E", "-P", str(REPO / "supervisor" / "agents" / "ctty.py")]
 IDLE_S = 0.3
 
 
@@ -192,3 +197,39 @@ async def test_twenty_prompt_and_stop_cycles_leave_no_process(tmp_path: Path) ->
     leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     _, alive = psutil.wait_procs(leftover, timeout=5)
     assert alive == []
+
+
+def test_the_terminal_keys_signals_reach_an_agent_the_supervisor_ignores_them_in() -> None:
+    """A supervisor that a script ran in the background (``&``: SIGINT and SIGQUIT ignored,
+    which exec hands on) still starts a terminal agent that Ctrl-C interrupts."""
+    probe = (
+        "import signal as s;"
+        " print(s.getsignal(s.SIGINT) is s.default_int_handler, s.getsignal(s.SIGQUIT) == s.SIG_DFL)"
+    )
+    ignoring = ["sh", "-c", 'trap "" INT QUIT; exec "$@"', "sh"]
+    master, slave = os.openpty()
+    try:
+        subprocess.run(
+            [*ignoring, *CTTY, sys.executable, "-c", probe],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            timeout=30,
+            check=True,
+        )
+        os.close(slave)
+        slave = -1
+        shown = b""
+        while select.select([master], [], [], 5)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+        if slave != -1:
+            os.close(slave)
+    assert shown.split() == [b"True", b"True"], shown

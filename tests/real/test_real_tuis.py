@@ -7,8 +7,9 @@ and switches (``tests/realagents/agents.py``), with the settings ``agents.toml.e
 them. For each:
 
 (a) a ``quick`` turn completes and is detected (the prompt back, the screen still);
-(b) a stop while the model streams is ``cancelled`` (the interrupt key), and the TUI hung up on
-    the model (aider: not always, ``Tui.hangs_up``); the next turn completes;
+(b) a stop while the model streams (aider: while it waits for the whole answer, ``--no-stream``)
+    is ``cancelled`` (the interrupt key), and the TUI hung up on the model; the next turn
+    completes;
 (c) a turn past its grace (0 s here) is ``killed`` with the TUI's whole tree, the TUI started
     again with its resume command, and the next turn's request to the model still holds the
     conversation from before the kill;
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -57,11 +59,6 @@ CYCLES = 20
 CYCLES_BOUND_S = 600.0
 #: ``AGENT_TIER4_TUIS=aider-tui,codex-tui``: only those TUIs (a run that looks at one of them)
 ONLY_VARIABLE = "AGENT_TIER4_TUIS"
-#: TUIs that run only when named in ``AGENT_TIER4_TUIS``. aider: after a stop its interrupted
-#: model stream stays open until a garbage collection, and now and then (about one run of the
-#: scenarios in thirteen) it sends no next request for over a minute: a known limit of aider
-#: behind a stop (``design/terminal.md``), not a result the suite can count on.
-WHEN_NAMED = frozenset({"aider-tui"})
 
 
 @frozen
@@ -71,11 +68,6 @@ class Tui:
     args: tuple[str, ...]
     resume_args: tuple[str, ...]
     settings: TerminalSettings
-    #: whether a stop hangs up on the model's stream. aider's Ctrl-C leaves the response in a
-    #: reference cycle (the re-raised KeyboardInterrupt's traceback): the connection closes
-    #: when Python's garbage collector runs, mostly within milliseconds, about one stop in ten
-    #: not before a later turn.
-    hangs_up: bool = True
 
     @property
     def agent(self) -> RealAgent:
@@ -93,11 +85,13 @@ class Tui:
         )
 
 
-#: aider without colours or prompt_toolkit (a plain input line), no git repository, and nothing
-#: asked or fetched at start: its model, endpoint and key come from the environment.
+#: aider without colours or prompt_toolkit (a plain input line), its answers not streamed (why:
+#: agents.toml.example), no git repository, and nothing asked or fetched at start: its model,
+#: endpoint and key come from the environment.
 AIDER_ARGS = (
     "--no-pretty",
     "--no-fancy-input",
+    "--no-stream",
     "--no-git",
     "--no-check-update",
     "--no-show-release-notes",
@@ -105,12 +99,12 @@ AIDER_ARGS = (
     "--no-show-model-warnings",
 )
 
-#: Gemini CLI resumed and ready (why: agents.toml.example): its input box, nothing saying it
-#: works, and a first line that is the conversation's, not a notice (⚠, ℹ, ✕) or the input
-#: area's top, all its screen has before the conversation is loaded.
-GEMINI_RESUMED = (
-    r"\A(?![\s\S]*esc to cancel)\s*(?![⚠ℹ✕─]|\? for shortcuts)\S[\s\S]*^ >   Type your message"
-)
+#: Gemini CLI ready (why: agents.toml.example): its input box, nothing saying it works, and
+#: above them its header, which it draws once its configuration has loaded.
+GEMINI_STARTED = r"\A(?![\s\S]*esc to cancel)[\s\S]*Gemini CLI v[\s\S]*^ >   Type your message"
+#: Gemini CLI resumed and ready: the same, with a prompt of the conversation it resumed (a line
+#: `` > text``) drawn above the input box.
+GEMINI_RESUMED = r"\A(?![\s\S]*esc to cancel)[\s\S]*^ > \S[\s\S]*^ >   Type your message"
 
 #: The settings of agents.toml.example. A prompt line showing while nothing on the screen says
 #: the TUI works (its "esc to interrupt" / "esc to cancel" hint): each TUI draws its input box
@@ -137,6 +131,7 @@ TUIS = [
         ("--resume", "latest"),
         TerminalSettings(
             prompt_pattern=r"\A(?![\s\S]*esc to cancel)[\s\S]*^ >   Type your message",
+            start_pattern=GEMINI_STARTED,
             resume_pattern=GEMINI_RESUMED,
             submit_delay_s=0.5,
         ),
@@ -153,7 +148,6 @@ TUIS = [
         TerminalSettings(
             prompt_pattern=r"^>\s*\Z", idle_s=2.0, interrupt=("\u0003",), submit="type"
         ),
-        hangs_up=False,
     ),
 ]
 
@@ -163,7 +157,7 @@ def installed() -> dict[Tui, install.Installed | install.Unavailable]:
     """Each TUI's package, installed (or why not), before the test's Trio run."""
     found: dict[Tui, install.Installed | install.Unavailable] = {}
     only = os.environ.get(ONLY_VARIABLE)
-    named = only.split(",") if only else [t.key for t in TUIS if t.key not in WHEN_NAMED]
+    named = only.split(",") if only else [t.key for t in TUIS]
     for tui in [t for t in TUIS if t.key in named]:
         try:
             found[tui] = install.ensure(tui.package)
@@ -216,10 +210,11 @@ async def quick_completes(h: Harness, text: str = "quick") -> ev.TurnEnded:
 
 
 async def stream_started(h: Harness, after: int) -> Any:
-    """A ``stream`` turn whose model stream has sent tokens: the turn and the stream."""
+    """A ``stream`` turn whose model has made tokens (streamed them, or holds them for the
+    whole answer): the turn and the model's request."""
     turn = await h.session.prompt("stream")
     stream = await h.model.wait_for(
-        lambda e: e.id > after and e.streaming_tokens and e.tokens_sent >= 3, timeout=60
+        lambda e: e.id > after and e.slow_tokens and e.tokens_sent >= 3, timeout=60
     )
     return turn, stream
 
@@ -245,6 +240,15 @@ def screen_noted(h: Harness) -> Iterator[None]:
         rows = "\n".join(line.rstrip() for line in screen.display).strip("\n")
         exc.add_note(f"screen:\n{rows}\nmodel:\n{h.model.describe()}")
         raise
+
+
+def slow(e: Any) -> bool:
+    return bool(e.slow_tokens)
+
+
+def hung_up(e: Any) -> bool:
+    """A slow answer the TUI hung up on before its end (each of the cycles' stops)."""
+    return bool(e.slow_tokens and e.disconnected_at is not None)
 
 
 def tui_tree(h: Harness) -> list[psutil.Process]:
@@ -273,7 +277,11 @@ async def test_turns_stops_and_cycles_leave_no_process(
                 tui,
                 "cycles",
                 receipt,
-                notes=[f"cycles={CYCLES}", f"cancel_ms_max={max(elapsed):.0f}"],
+                notes=[
+                    f"cycles={CYCLES}",
+                    f"cancel_ms_max={max(elapsed):.0f}",
+                    f"hung_up={len(h.model.find(hung_up))}/{len(h.model.find(slow))}",
+                ],
             )
             left = await scenarios.wait_gone(tree)
             assert left == [], [scenarios.command_of(p) for p in left]
@@ -311,21 +319,10 @@ async def turns_and_stops(h: Harness, tui: Tui) -> tuple[Any, list[float], list[
 
 
 async def stopped(h: Harness, tui: Tui, stream: Any, cancelled_at: float, receipt: Any) -> None:
-    """(b): the TUI hung up on the model's stream (where it does: ``Tui.hangs_up``)."""
-    if tui.hangs_up:
-        gone = await scenarios.stream_ended(h, stream, timeout=30)
-    else:
-        [gone] = h.model.find(lambda e: e.id == stream.id)
-    row(
-        h,
-        tui,
-        "stream",
-        receipt,
-        model_gone_ms=ms_after(cancelled_at, gone.disconnected_at),
-        notes=[] if tui.hangs_up else [f"hung_up={gone.disconnected_at is not None}"],
-    )
-    if tui.hangs_up:
-        scenarios.assert_stream_abandoned(h, gone, cancelled_at)
+    """(b): the TUI hung up on the model."""
+    gone = await scenarios.stream_ended(h, stream, timeout=30)
+    row(h, tui, "stream", receipt, model_gone_ms=ms_after(cancelled_at, gone.disconnected_at))
+    scenarios.assert_stream_abandoned(h, gone, cancelled_at)
 
 
 async def test_killed_past_the_grace_and_resumed(
@@ -391,3 +388,37 @@ def test_agents_toml_example_has_the_settings_tested_here() -> None:
             spec.resume_command[1 : len(tui.resume_args) + 1]
             == tui.resume_args[: len(spec.resume_command) - 1]
         )
+
+
+#: Gemini CLI 0.61.0's screens at a start (as the terminal machine reads them; the footer cut):
+#: its input box, drawn before its configuration has loaded, and its header, drawn once it has.
+GEMINI_BOX = (
+    "⚠  Warning: 256-color support not detected. Using a terminal with at least 256-color"
+    " support is recommended for a better\n   visual experience.\n\n\n\n"
+    + " " * 104
+    + "? for shortcuts\n"
+    + "─" * 120
+    + "\n Shift+Tab to accept edits\n\n >   Type your message or @path/to/file\n"
+)
+GEMINI_HEADER = (
+    " ▝▜▄     Gemini CLI v0.61.0\n   ▝▜▄\n  ▗▟▀    Authenticated with gemini-api-key /auth\n ▝▀\n"
+)
+GEMINI_CONVERSATION = " > quick\n✦ Quick answer from the fake model.\n"
+
+
+@pytest.mark.parametrize(
+    ("screen", "started", "resumed"),
+    [
+        (GEMINI_BOX, False, False),  # typed now, a prompt would wait unseen (resumed: lost)
+        (GEMINI_HEADER + GEMINI_BOX, True, False),
+        (GEMINI_HEADER + GEMINI_CONVERSATION + GEMINI_BOX, True, True),
+    ],
+)
+def test_gemini_starts_once_its_configuration_has_loaded(
+    screen: str, started: bool, resumed: bool
+) -> None:
+    [settings] = [t.settings for t in TUIS if t.key == "gemini-tui"]
+    assert re.search(settings.prompt_pattern, screen, re.MULTILINE)  # the box shows throughout
+    assert settings.start_pattern is not None and settings.resume_pattern is not None
+    assert bool(re.search(settings.start_pattern, screen, re.MULTILINE)) is started
+    assert bool(re.search(settings.resume_pattern, screen, re.MULTILINE)) is resumed

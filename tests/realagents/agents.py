@@ -109,7 +109,8 @@ def _gemini(home: Path, work: Path, base_url: str) -> dict[str, str]:
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
         "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-        "ui": {"hideTips": True, "hideBanner": True},
+        # its banner kept: the TUI's start pattern waits for its header (agents.toml.example)
+        "ui": {"hideTips": True},
     }
     _write(home / ".gemini/settings.json", json.dumps(settings, indent=2))
     # A user-tier policy: the test's long command runs without asking; anything else asks.

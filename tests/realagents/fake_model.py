@@ -11,8 +11,9 @@ What it answers is decided by the newest user text of the request (the last of t
 that appears in it), so a test steers the model by its prompt:
 
 - ``quick``: a short answer at once;
-- ``stream``: a token every 200 ms for 60 s, only when the request carries tools (side requests
-  such as titles or routers stay fast), or names :data:`AGENT_LOOP_MODEL`;
+- ``stream``: a token every 200 ms for 60 s (to a request that does not stream, all of them at
+  the end), only when the request carries tools (side requests such as titles or routers stay
+  fast), or names :data:`AGENT_LOOP_MODEL`;
 - ``shell``: a tool call running :data:`SHELL_COMMAND` (long-running, harmless);
 - ``briefshell``: the same call running :data:`BRIEF_SHELL_COMMAND`, which ends by itself within
   seconds (exit 124): for a turn that must get past its tool call (a steer that waits for it);
@@ -169,9 +170,15 @@ class Exchange:
     goal_turn: bool = False  # a goal turn's request (Codex's GOAL_CONTINUATION)
 
     @property
+    def slow_tokens(self) -> bool:
+        """A request we answer with the slow tokens: streamed, or (a request that does not
+        stream) held until the last is made, ``tokens_sent`` counting them."""
+        return self.scenario == "stream" and self.has_tools and self.api != "gemini-json"
+
+    @property
     def streaming_tokens(self) -> bool:
         """A request we answered with the slow token stream."""
-        return self.scenario == "stream" and self.has_tools and self.stream
+        return self.slow_tokens and self.stream
 
 
 class FakeModel(ServedFake):
@@ -699,7 +706,8 @@ class _Writer:
                 yield f"token{n} "
                 self.wait(STREAM_INTERVAL_S)
 
-        self.text_turn(api, tokens(), stream)
+        # not streamed, the tokens still count as made: the answer is under way
+        self.text_turn(api, tokens() if stream else self.counted(tokens()), stream)
 
     def tool_call(self, api: str, scenario: str, stream: bool) -> None:
         command = {
@@ -842,6 +850,11 @@ class _Writer:
 
     def count(self) -> None:
         self.model._update(self.exchange, tokens_sent=self.exchange.tokens_sent + 1)
+
+    def counted(self, tokens: Iterator[str]) -> Iterator[str]:
+        for token in tokens:
+            self.count()
+            yield token
 
 
 def _usage_responses() -> dict[str, Any]:

@@ -196,7 +196,7 @@ async def streaming(h: Harness) -> tuple[Any, Exchange]:
     """(a)'s start: a ``stream`` turn whose tokens reach the model's stream and the session.
     The turn and the model's stream."""
     turn = await h.session.prompt("stream")
-    stream = await h.model.wait_for(lambda e: e.streaming_tokens and e.tokens_sent >= 3)
+    stream = await h.model.wait_for(lambda e: e.slow_tokens and e.tokens_sent >= 3)
     await h.recorder.wait_kind("message.delta", turn_id=turn.id)
     return turn, stream
 
@@ -318,7 +318,7 @@ async def killed_mid_stream(h: Harness) -> tuple[Any, Exchange, list[psutil.Proc
     first = await h.session.prompt(f"quick: remember {RESUME_MARKER}")
     await h.recorder.wait_kind("turn.ended", turn_id=first.id)
     turn = await h.session.prompt(f"stream, and remember {KILLED_MARKER}")
-    stream = await h.model.wait_for(lambda e: e.streaming_tokens and e.tokens_sent >= 3)
+    stream = await h.model.wait_for(lambda e: e.slow_tokens and e.tokens_sent >= 3)
     tree = [p for p in psutil.Process().children(recursive=True) if not is_holder(p)]
     return turn, stream, tree
 
