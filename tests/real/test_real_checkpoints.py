@@ -21,6 +21,9 @@ The same holds for a turn that completes by itself (``editbrief``: the edits and
 for a turn killed with the agent's whole tree (a grace of 0 s: the tool's writes made before
 the kill are in the receipt).
 
+Two sessions of Claude Code started with a worktree each on the user's repository each edit
+their own worktree, never the other's nor the user's checkout.
+
 Real clock, generous bounds. Each stop's receipt latency, and how long the rewind took, go
 into the tier-4 table (scenario ``ckpt-stop``, ``ckpt-kill``, ``ckpt-done``; ``ckpt-rw``: a
 stop and rewind in one call, ``cancel(rewind=True)``).
@@ -36,10 +39,12 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import trio
 from worktrees import fingerprint, git, tree
 
+from helpers import Recorder
 from protocols import events as ev
 from realagents import scenarios
 from realagents.agents import (
@@ -325,3 +330,49 @@ async def test_a_completed_turns_edits_are_listed_and_rewound(key: str, open_age
                 float("nan"),
                 [f"turn_ms={turn_ms}", f"rewind_ms={rewind_ms}"],
             )
+
+
+@pytest.mark.parametrize("key", [CLAUDE_STREAM_JSON.key])
+async def test_two_sessions_in_worktrees_of_one_repository_never_see_each_others_edits(
+    key: str, open_agent: Any
+) -> None:
+    """Two sessions of Claude Code started with ``worktree=True`` on the user's repository:
+    each turn's edits land in its own worktree (one append to the committed file each, never
+    two), each receipt lists exactly its own, and the user's checkout is as it was."""
+    with trio.fail_after(BOUND_S):
+        async with open_agent() as h:
+            kept, status = _kept(h.work), _status(h.work)
+            spec = h.session.spec.name
+            both = [
+                await h.supervisor.start_session(spec, cwd=str(h.work), worktree=True)
+                for _ in range(2)
+            ]
+            ended: list[ev.TurnEnded] = []
+            async with trio.open_nursery() as nursery:
+                for session in both:
+                    nursery.start_soon(_edit_briefly, attrs.evolve(h, session=session), ended)
+            assert [e.outcome for e in ended] == ["completed", "completed"], h.model.describe()
+            assert all(_changes(e.changes) == EXPECTED_CHANGES for e in ended), ended
+            paths = {Path(s.worktree.path) for s in both if s.worktree is not None}
+            assert len(paths) == 2 and h.work not in paths
+            for path in paths:
+                assert (path / "created.txt").read_bytes() == b"made by the turn\n"
+                assert not (path / "doomed.txt").exists()
+                edited = (path / "edit-me.txt").read_bytes()
+                assert edited.startswith(COMMITTED["edit-me.txt"])
+                assert edited.count(b"\n") == COMMITTED["edit-me.txt"].count(b"\n") + 1
+            assert _kept(h.work) == kept and _status(h.work) == status
+
+
+async def _edit_briefly(h: Harness, ended: list[ev.TurnEnded]) -> None:
+    """Run ``editbrief`` in ``h.session`` (approved wherever asked) to its end."""
+    recorder = Recorder(h.session)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(recorder.run)
+        h = attrs.evolve(h, recorder=recorder)
+        turn = await h.session.prompt("editbrief")
+        nursery.start_soon(approve, h, turn.id, [])
+        done = await recorder.wait_kind("turn.ended", turn_id=turn.id)
+        assert isinstance(done, ev.TurnEnded)
+        ended.append(done)
+        nursery.cancel_scope.cancel()

@@ -25,6 +25,7 @@ from realagents import install, netns
 from realagents.agents import AGENTS, TEE_VARIABLE, Prepared, RealAgent
 from realagents.fake_model import FakeModel
 from supervisor import AgentSpec, Session, open_supervisor
+from supervisor.supervisor import Supervisor
 
 STRICT_VARIABLE = "AGENT_SUPERVISOR_STRICT_SKIPS"
 RESULTS_FILE = install.REPO_ROOT / ".cache" / "tier4-results.json"
@@ -71,6 +72,8 @@ class Harness:
     prepared: Prepared
     ready_s: float
     namespace: bool
+    #: the supervisor the session runs under (a test may start more sessions of the agent)
+    supervisor: Supervisor
 
     @property
     def work(self) -> Path:
@@ -130,7 +133,7 @@ async def supervised(
         recorder = Recorder(session)
         async with trio.open_nursery() as nursery:
             await nursery.start(recorder.run)
-            yield Harness(agent, session, recorder, model, prepared, ready_s, namespaced)
+            yield Harness(agent, session, recorder, model, prepared, ready_s, namespaced, sup)
             if catch_up:
                 await recorder.catch_up()
             recorder.check_invariants()
