@@ -221,6 +221,9 @@ class Supervisor:
         self._refusal: SupervisorError | None = None
         #: stored sessions whose agent is being started again (``_revive``)
         self._reviving: dict[str, trio.Event] = {}
+        #: sessions stopped here, no longer listed, whose end the store may not have written
+        #: yet: ``find`` waits for it rather than say they are unknown (``_stored_soon``)
+        self._unstored: set[str] = set()
         self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
@@ -823,6 +826,8 @@ class Supervisor:
         current = self._sessions.get(session_id)
         if current is not None or self.store is None:
             return self.get(session_id)
+        if session_id in self._unstored:
+            await self.store.flushed()
         record = await self.store.stored(session_id)
         current = self._sessions.get(session_id)
         if current is not None:  # (listed meanwhile)
@@ -864,11 +869,21 @@ class Supervisor:
     async def stop_session(self, session_id: str) -> ExitStatus | None:
         session = self.get(session_id)
         status = await session.stop()
-        if self._sessions.pop(session_id, None) is not None and self._observers is not None:
-            self._observers.retire(session)
+        if self._sessions.pop(session_id, None) is not None:
+            if self._observers is not None:
+                self._observers.retire(session)
+            if self.store is not None:
+                self._unstored.add(session_id)
+                with suppress(RuntimeError):  # the supervisor is closing: nothing asks again
+                    self._nursery.start_soon(self._stored_soon, session_id)
         self._poke()
         await self._leave_worktree(session)
         return status
+
+    async def _stored_soon(self, session_id: str) -> None:
+        assert self.store is not None
+        await self.store.flushed()
+        self._unstored.discard(session_id)
 
     async def pause(self, deadline_s: float | None = None) -> PauseStatus:
         """Pause all: from now on no new turn starts in any session, running now or started
