@@ -86,6 +86,10 @@ _WORKTREES_BOUND_S = 10.0
 #: one not written in time is a checkpoint its session, started again, does not get back.
 _RECORDS_BOUND_S = 5.0
 
+#: Upper bound on deleting a failed start's rows from the store (a batch and a delete:
+#: milliseconds); a store that cannot write that long keeps it, as a stopped session.
+_DISCARD_BOUND_S = 5.0
+
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
 #: never reach the older generations, so they never count towards a full collection, which
@@ -385,7 +389,7 @@ class Supervisor:
             try:
                 await session.wait_ready()
             except SupervisorError:
-                self._forget_soon(session)  # it failed to start: nobody can use it
+                await self._discard_failed_start(session)
                 raise
             except BaseException:
                 # Its caller went away: stopped and forgotten, never left running for nobody,
@@ -711,6 +715,21 @@ class Supervisor:
             self._nursery.start_soon(self._forget, session)
 
     async def _forget(self, session: Session) -> None:
+        with suppress(SupervisorError):
+            await self.stop_session(session.id)
+
+    async def _discard_failed_start(self, session: Session) -> None:
+        """``session``'s agent never came up: no session to go back to (its starter has the
+        reason), so it is neither listed nor kept in the store, where it would stay a past
+        session without a prompt. Listed as failed until its rows are gone, so a call naming it
+        meanwhile says why."""
+        from supervisor.store.backend import StoreError
+
+        await session.stop()  # (over already: this waits for its actor's last events)
+        if self.store is not None:
+            with trio.move_on_after(_DISCARD_BOUND_S), suppress(StoreError):
+                await self.store.flushed()
+                await self.store.delete([session.id])
         with suppress(SupervisorError):
             await self.stop_session(session.id)
 
