@@ -242,8 +242,10 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         metavar="URL",
         help="where sessions, their events and prompts are kept across restarts:"
-        " sqlite:///PATH, postgresql://..., or none (default: [store] url, else"
-        " sessions.db in the state directory)",
+        " sqlite:///PATH (PATH is what follows the three slashes: sqlite:///x.db is x.db in"
+        " the working directory, sqlite:////var/lib/x.db is absolute, sqlite:///~/x.db in"
+        " your home; missing directories are made), postgresql://..., or none (default:"
+        " [store] url, else sessions.db in the state directory)",
     )
     serve.add_argument(
         "--local-node",

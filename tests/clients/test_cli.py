@@ -78,6 +78,26 @@ def test_the_store_of_sessions_may_be_named_before_or_after_the_command() -> Non
     assert _parser().parse_args(["sessions", "show", "s1"]).store is None
 
 
+def test_the_store_help_says_where_a_sqlite_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve = next(
+        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices["serve"]
+    said = " ".join(serve.format_help().split())
+    assert "sqlite:///x.db is x.db in the working directory" in said
+    assert "sqlite:////var/lib/x.db is absolute" in said
+    # As said: from the working directory, and its missing directories are made.
+    from supervisor.store.url import backend_for
+
+    monkeypatch.chdir(tmp_path)
+    backend = backend_for("sqlite:///a/b/x.db")
+    assert backend is not None
+    backend.open()
+    backend.close()
+    assert (tmp_path / "a" / "b" / "x.db").is_file()
+
+
 def test_every_commands_help_says_what_it_does() -> None:
     def commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, Any]]:
         for action in parser._actions:
