@@ -390,15 +390,33 @@ class ChatCore:
         if self.interactive:
             help_text = (
                 "Enter sends · type while a turn runs to steer it · Esc or Ctrl-C stops the"
-                " turn · /rewind [TURN] undoes files · Ctrl-D or /quit quits"
+                " turn · /rewind [TURN] undoes files · /help · Ctrl-D or /quit quits"
             )
         else:
             help_text = (
                 "/stop stops the turn · /steer TEXT steers it · /rewind [TURN] undoes files"
-                " · /quit or end of input quits"
+                " · /help · /quit or end of input quits"
             )
         self._status(f"chat with {label} · {help_text}")
         self._show_prompt()
+
+    def _help(self) -> None:
+        """The chat's own commands; any other line, a ``/word`` too, is the agent's."""
+        if self.interactive:
+            stop, steer, end = "Esc or Ctrl-C", "type while a turn runs", "Ctrl-D"
+        else:
+            stop, steer, end = "/stop", "/steer TEXT", "end of input"
+        for line in (
+            "the chat's commands:",
+            f"  {stop:<22} stops the running turn",
+            f"  {steer:<22} steers the running turn",
+            f"  {'/rewind [TURN]':<22} puts the files back as before TURN (default: the last)",
+            f"  {'/help':<22} this",
+            f"  {'/quit or ' + end:<22} quits",
+            "any other line is a prompt to the agent, a /word too (agents have slash commands"
+            " of their own)",
+        ):
+            self._status(line)
 
     def error(self, message: str) -> None:
         self._status(f"✗ {message}")
@@ -505,6 +523,8 @@ class ChatCore:
             self._steer_buffer.clear()
             if text.split(maxsplit=1)[:1] == ["/rewind"]:  # a command, never a steer
                 self._status("a turn is running: stop it first (Esc), then /rewind")
+            elif text.strip() == "/help":
+                self._help()
             else:
                 self._steer(text)
 
@@ -525,6 +545,8 @@ class ChatCore:
             self._quit(0)
         elif command == "/stop":
             self._status("no turn is running")
+        elif command == "/help":
+            self._help()
         elif command.startswith("/steer ") or command == "/steer":
             self._steer(command.removeprefix("/steer").strip())
         elif command.split(maxsplit=1)[0] == "/rewind":
