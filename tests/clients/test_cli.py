@@ -111,6 +111,20 @@ def test_every_commands_help_says_what_it_does() -> None:
     assert all(described.values()), described
 
 
+def test_every_option_names_its_value_in_words() -> None:
+    # (argparse's own placeholder is the option's name in capitals: --detach DETACH.)
+    def options(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, Any]]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    yield from options(command, f"{path} {name}")
+            elif action.option_strings and action.nargs != 0:
+                yield f"{path} {action.option_strings[-1]}", action.metavar
+
+    unnamed = [option for option, metavar in options(_parser(), "agent-supervisor") if not metavar]
+    assert unnamed == []
+
+
 def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["agents"]) == 0
     listed = capsys.readouterr().out.split("\n\n")[0].splitlines()
