@@ -46,11 +46,11 @@ from urllib.parse import urlsplit
 import cattrs
 import trio
 from attrs import define, frozen
-from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
 from supervisor.agents.statefile import default_state_dir
-from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.client import CONNECT_ERRORS, GatewayClient, GatewayError, connect, not_connected
 from supervisor.config import builtin_agents, load_agents
 from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
@@ -1239,18 +1239,10 @@ async def _is_terminal(client: GatewayClient, agent: object) -> bool:
 
 
 async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
-    where = urlsplit(url).netloc or url  # not the token
     try:
         return await stack.enter_async_context(connect(url))
-    except ConnectionRejected as exc:
-        if exc.status_code == 401:  # (its body is the gateway's JSON: the status says it all)
-            raise ChatError(f"{where} refused the token (HTTP 401)") from exc
-        body = (exc.body or b"").decode("utf-8", errors="replace")
-        raise ChatError(f"{where} refused the connection (HTTP {exc.status_code}): {body}") from exc
-    except (OSError, HandshakeError, ConnectionClosed) as exc:
-        # trio-websocket's HandshakeError says nothing itself; its cause says why.
-        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
-        raise ChatError(f"cannot connect to {where}: {why}") from exc
+    except CONNECT_ERRORS as exc:
+        raise ChatError(not_connected(url, exc)) from exc
 
 
 @asynccontextmanager

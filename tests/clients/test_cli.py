@@ -9,8 +9,10 @@ columns up, and its output may be cut short (``| head``) without a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -167,6 +169,29 @@ def test_the_demo_stops_both_agents_and_says_so(tmp_path: Path) -> None:
     assert "receipt: Killed after 0.3 s grace, session resumed\n" in out
     assert "[turn t2 ended: completed]" in out
     assert "Traceback" not in done.stderr
+
+
+async def test_chat_the_front_door_and_pause_say_a_gateway_not_there_alike() -> None:
+    from supervisor.clients import acp_front, chat
+    from supervisor.clients.operator import OperatorError, run_operator
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/?token=T"
+    said = []
+    with trio.fail_after(30):
+        for connect, error in ((chat._connect, chat.ChatError), (acp_front._connect, BackendError)):
+            async with AsyncExitStack() as stack:
+                with pytest.raises(error) as refused:
+                    await connect(stack, url)
+            said.append(str(refused.value))
+        with pytest.raises(OperatorError) as refused:
+            await run_operator("pause", url, "T", io.StringIO())
+        said.append(str(refused.value))
+    assert said[0].startswith(f"cannot connect to 127.0.0.1:{port}: ")
+    assert said[0].endswith(" (is `agent-supervisor serve` running there?)")
+    assert said == [said[0]] * 3
 
 
 async def test_chat_and_the_front_door_say_a_wrong_token_in_words() -> None:
