@@ -725,13 +725,14 @@ class Supervisor:
         meanwhile says why."""
         from supervisor.store.backend import StoreError
 
-        await session.stop()  # (over already: this waits for its actor's last events)
-        if self.store is not None:
-            with trio.move_on_after(_DISCARD_BOUND_S), suppress(StoreError):
-                await self.store.flushed()
-                await self.store.delete([session.id])
-        with suppress(SupervisorError):
-            await self.stop_session(session.id)
+        with trio.CancelScope(shield=True):  # (its starter may be leaving: done all the same)
+            await session.stop()  # (over already: this waits for its actor's last events)
+            if self.store is not None:
+                with trio.move_on_after(_DISCARD_BOUND_S), suppress(StoreError):
+                    await self.store.flushed()
+                    await self.store.delete([session.id])
+            with suppress(SupervisorError):
+                await self.stop_session(session.id)
 
     def _check_capacity(self, spec: AgentSpec, at_most: int | None = None) -> None:
         live = [s for s in self._sessions.values() if s.state not in _ENDED]
