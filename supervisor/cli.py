@@ -185,7 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="cancel a streaming turn of the built-in demo agent, twice, and explain"
     )
-    demo.add_argument("--words-before-stop", type=int, default=8, help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--words-before-stop", type=int, default=8, metavar="N", help=argparse.SUPPRESS
+    )
     demo.add_argument(
         "--grace",
         type=float,
@@ -201,12 +203,19 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="agents TOML file (the built-in demo agent is always there)",
     )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument(
-        "--port", type=_port, default=8765, help="port, 1 to 65535 (0 picks a free one)"
+        "--host", metavar="ADDRESS", default="127.0.0.1", help="address to bind (default 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port",
+        type=_port,
+        default=8765,
+        metavar="PORT",
+        help="port, 1 to 65535 (0 picks a free one)",
     )
     serve.add_argument(
         "--token",
+        metavar="TOKEN",
         help=f"access token; visible to every local user in the process list: prefer"
         f" ${TOKEN_VARIABLE} or --token-file (default: a new random one)",
     )
@@ -242,8 +251,10 @@ def _parser() -> argparse.ArgumentParser:
         "--store",
         metavar="URL",
         help="where sessions, their events and prompts are kept across restarts:"
-        " sqlite:///PATH, postgresql://..., or none (default: [store] url, else"
-        " sessions.db in the state directory)",
+        " sqlite:///PATH (PATH is what follows the three slashes: sqlite:///x.db is x.db in"
+        " the working directory, sqlite:////var/lib/x.db is absolute, sqlite:///~/x.db in"
+        " your home; missing directories are made), postgresql://..., or none (default:"
+        " [store] url, else sessions.db in the state directory)",
     )
     serve.add_argument(
         "--local-node",
@@ -266,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--url",
         type=gateway_url,
+        metavar="URL",
         help="a running gateway (the `ready` URL of serve); default: an embedded one",
     )
     chat.add_argument(
@@ -339,6 +351,7 @@ def _add_operator_parsers(commands: argparse._SubParsersAction[argparse.Argument
         command.add_argument(
             "--url",
             type=gateway_url,
+            metavar="URL",
             help="the gateway: the `ready` URL of serve (its ?token= is used), default"
             " $AGENT_SUPERVISOR_URL or http://127.0.0.1:8765/",
         )

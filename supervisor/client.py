@@ -27,13 +27,26 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
 from protocols import events as ev
 from protocols.mcp import McpServer, mcp_server_to_acp
 from supervisor.wire.codec import known_event
 
-__all__ = ["GatewayClient", "GatewayError", "connect", "websocket_url"]
+__all__ = [
+    "CONNECT_ERRORS",
+    "GatewayClient",
+    "GatewayError",
+    "connect",
+    "not_connected",
+    "websocket_url",
+]
 
 #: The gateway's notices a client keeps until taken (they come every 10 s at most).
 _NOTICES_KEPT = 64
@@ -46,6 +59,25 @@ class GatewayError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+#: What :func:`connect` raises when the gateway cannot be had: none listens, or it answered no
+#: (``ConnectionRejected`` is a ``HandshakeError``), or it hung up; :func:`not_connected` says it.
+CONNECT_ERRORS = (OSError, HandshakeError, ConnectionClosed)
+
+
+def not_connected(url: str, exc: BaseException) -> str:
+    """The one line a command prints when ``exc`` (one of :data:`CONNECT_ERRORS`) kept it
+    from the gateway at ``url`` (never its token)."""
+    where = urlsplit(url).netloc or url
+    if isinstance(exc, ConnectionRejected):
+        if exc.status_code == 401:  # (its body is the gateway's JSON: the status says it all)
+            return f"{where} refused the token (HTTP 401)"
+        body = (exc.body or b"").decode("utf-8", errors="replace").strip()
+        return f"{where} refused the connection (HTTP {exc.status_code}): {body}"
+    # trio-websocket's HandshakeError says nothing itself; its cause says why.
+    why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
+    return f"cannot connect to {where}: {why} (is `agent-supervisor serve` running there?)"
 
 
 def websocket_url(url: str, token: str | None = None) -> str:

@@ -1084,20 +1084,7 @@ class DemoAgent:
                 "content": {"type": "text", "text": f"Thinking about: {shown}"},
             },
         )
-        await self.update(
-            sid,
-            {
-                "sessionUpdate": "plan",
-                "entries": [
-                    {"content": "Read the prompt", "priority": "high", "status": "completed"},
-                    {
-                        "content": "Stream a friendly reply word by word",
-                        "priority": "medium",
-                        "status": "in_progress",
-                    },
-                ],
-            },
-        )
+        await self._plan(sid, "in_progress")
         if plan.garbage:
             await self.write_chunks(list(GARBAGE_LINES))
         if plan.huge:
@@ -1143,6 +1130,8 @@ class DemoAgent:
                 break
         # No word is said from here on: a steer that came now would never be.
         turn.stage = "stuck" if plan.hang or plan.mute else "ending"
+        if not (plan.crash or plan.hang or plan.mute):
+            await self._plan(turn.session.session_id, "completed")  # (a plan a turn ends with)
         if plan.crash:
             _crash()
         if plan.hang:
@@ -1154,6 +1143,23 @@ class DemoAgent:
             await self.stdout.aclose()
             os.close(1)
             await trio.sleep_forever()
+
+    async def _plan(self, session_id: str, reply: str) -> None:
+        """The turn's plan: the prompt read, the reply in the status ``reply``."""
+        await self.update(
+            session_id,
+            {
+                "sessionUpdate": "plan",
+                "entries": [
+                    {"content": "Read the prompt", "priority": "high", "status": "completed"},
+                    {
+                        "content": "Stream a friendly reply word by word",
+                        "priority": "medium",
+                        "status": reply,
+                    },
+                ],
+            },
+        )
 
     async def _run_tool(self, turn: Turn, seconds: float) -> None:
         """A pretend tool that runs ``seconds`` and says nothing meanwhile."""

@@ -86,6 +86,10 @@ _WORKTREES_BOUND_S = 10.0
 #: one not written in time is a checkpoint its session, started again, does not get back.
 _RECORDS_BOUND_S = 5.0
 
+#: Upper bound on deleting a failed start's rows from the store (a batch and a delete:
+#: milliseconds); a store that cannot write that long keeps it, as a stopped session.
+_DISCARD_BOUND_S = 5.0
+
 #: Young-generation threshold of the cyclic GC under :func:`apply_gc_policy` (CPython's default
 #: is 700 allocations; 3.13 raised it to 2000). Objects that die within this many allocations
 #: never reach the older generations, so they never count towards a full collection, which
@@ -221,6 +225,9 @@ class Supervisor:
         self._refusal: SupervisorError | None = None
         #: stored sessions whose agent is being started again (``_revive``)
         self._reviving: dict[str, trio.Event] = {}
+        #: sessions stopped here, no longer listed, whose end the store may not have written
+        #: yet: ``find`` waits for it rather than say they are unknown (``_stored_soon``)
+        self._unstored: set[str] = set()
         self._sessions_changed = trio.Event()
         #: the agent-output allowance every session of this supervisor shares (``ingest.py``)
         self.gate = IngestGate()
@@ -382,7 +389,7 @@ class Supervisor:
             try:
                 await session.wait_ready()
             except SupervisorError:
-                self._forget_soon(session)  # it failed to start: nobody can use it
+                await self._discard_failed_start(session)
                 raise
             except BaseException:
                 # Its caller went away: stopped and forgotten, never left running for nobody,
@@ -711,6 +718,22 @@ class Supervisor:
         with suppress(SupervisorError):
             await self.stop_session(session.id)
 
+    async def _discard_failed_start(self, session: Session) -> None:
+        """``session``'s agent never came up: no session to go back to (its starter has the
+        reason), so it is neither listed nor kept in the store, where it would stay a past
+        session without a prompt. Listed as failed until its rows are gone, so a call naming it
+        meanwhile says why."""
+        from supervisor.store.backend import StoreError
+
+        with trio.CancelScope(shield=True):  # (its starter may be leaving: done all the same)
+            await session.stop()  # (over already: this waits for its actor's last events)
+            if self.store is not None:
+                with trio.move_on_after(_DISCARD_BOUND_S), suppress(StoreError):
+                    await self.store.flushed()
+                    await self.store.delete([session.id])
+            with suppress(SupervisorError):
+                await self.stop_session(session.id)
+
     def _check_capacity(self, spec: AgentSpec, at_most: int | None = None) -> None:
         live = [s for s in self._sessions.values() if s.state not in _ENDED]
         if at_most is not None and len(live) >= at_most:
@@ -823,6 +846,8 @@ class Supervisor:
         current = self._sessions.get(session_id)
         if current is not None or self.store is None:
             return self.get(session_id)
+        if session_id in self._unstored:
+            await self.store.flushed()
         record = await self.store.stored(session_id)
         current = self._sessions.get(session_id)
         if current is not None:  # (listed meanwhile)
@@ -864,11 +889,21 @@ class Supervisor:
     async def stop_session(self, session_id: str) -> ExitStatus | None:
         session = self.get(session_id)
         status = await session.stop()
-        if self._sessions.pop(session_id, None) is not None and self._observers is not None:
-            self._observers.retire(session)
+        if self._sessions.pop(session_id, None) is not None:
+            if self._observers is not None:
+                self._observers.retire(session)
+            if self.store is not None:
+                self._unstored.add(session_id)
+                with suppress(RuntimeError):  # the supervisor is closing: nothing asks again
+                    self._nursery.start_soon(self._stored_soon, session_id)
         self._poke()
         await self._leave_worktree(session)
         return status
+
+    async def _stored_soon(self, session_id: str) -> None:
+        assert self.store is not None
+        await self.store.flushed()
+        self._unstored.discard(session_id)
 
     async def pause(self, deadline_s: float | None = None) -> PauseStatus:
         """Pause all: from now on no new turn starts in any session, running now or started

@@ -46,11 +46,11 @@ from urllib.parse import urlsplit
 import cattrs
 import trio
 from attrs import define, frozen
-from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
 from supervisor.agents.statefile import default_state_dir
-from supervisor.client import GatewayClient, GatewayError, connect
+from supervisor.client import CONNECT_ERRORS, GatewayClient, GatewayError, connect, not_connected
 from supervisor.config import builtin_agents, load_agents
 from supervisor.errors import SupervisorError
 from supervisor.receipt import CancelReceipt
@@ -390,15 +390,33 @@ class ChatCore:
         if self.interactive:
             help_text = (
                 "Enter sends · type while a turn runs to steer it · Esc or Ctrl-C stops the"
-                " turn · /rewind [TURN] undoes files · Ctrl-D or /quit quits"
+                " turn · /rewind [TURN] undoes files · /help · Ctrl-D or /quit quits"
             )
         else:
             help_text = (
                 "/stop stops the turn · /steer TEXT steers it · /rewind [TURN] undoes files"
-                " · /quit or end of input quits"
+                " · /help · /quit or end of input quits"
             )
         self._status(f"chat with {label} · {help_text}")
         self._show_prompt()
+
+    def _help(self) -> None:
+        """The chat's own commands; any other line, a ``/word`` too, is the agent's."""
+        if self.interactive:
+            stop, steer, end = "Esc or Ctrl-C", "type while a turn runs", "Ctrl-D"
+        else:
+            stop, steer, end = "/stop", "/steer TEXT", "end of input"
+        for line in (
+            "the chat's commands:",
+            f"  {stop:<22} stops the running turn",
+            f"  {steer:<22} steers the running turn",
+            f"  {'/rewind [TURN]':<22} puts the files back as before TURN (default: the last)",
+            f"  {'/help':<22} this",
+            f"  {'/quit or ' + end:<22} quits",
+            "any other line is a prompt to the agent, a /word too (agents have slash commands"
+            " of their own)",
+        ):
+            self._status(line)
 
     def error(self, message: str) -> None:
         self._status(f"✗ {message}")
@@ -505,6 +523,8 @@ class ChatCore:
             self._steer_buffer.clear()
             if text.split(maxsplit=1)[:1] == ["/rewind"]:  # a command, never a steer
                 self._status("a turn is running: stop it first (Esc), then /rewind")
+            elif text.strip() == "/help":
+                self._help()
             else:
                 self._steer(text)
 
@@ -525,6 +545,8 @@ class ChatCore:
             self._quit(0)
         elif command == "/stop":
             self._status("no turn is running")
+        elif command == "/help":
+            self._help()
         elif command.startswith("/steer ") or command == "/steer":
             self._steer(command.removeprefix("/steer").strip())
         elif command.split(maxsplit=1)[0] == "/rewind":
@@ -1217,18 +1239,10 @@ async def _is_terminal(client: GatewayClient, agent: object) -> bool:
 
 
 async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
-    where = urlsplit(url).netloc or url  # not the token
     try:
         return await stack.enter_async_context(connect(url))
-    except ConnectionRejected as exc:
-        if exc.status_code == 401:  # (its body is the gateway's JSON: the status says it all)
-            raise ChatError(f"{where} refused the token (HTTP 401)") from exc
-        body = (exc.body or b"").decode("utf-8", errors="replace")
-        raise ChatError(f"{where} refused the connection (HTTP {exc.status_code}): {body}") from exc
-    except (OSError, HandshakeError, ConnectionClosed) as exc:
-        # trio-websocket's HandshakeError says nothing itself; its cause says why.
-        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
-        raise ChatError(f"cannot connect to {where}: {why}") from exc
+    except CONNECT_ERRORS as exc:
+        raise ChatError(not_connected(url, exc)) from exc
 
 
 @asynccontextmanager

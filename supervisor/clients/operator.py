@@ -15,9 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TextIO
 from urllib.parse import parse_qs, urlsplit
 
-from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
-
-from supervisor.client import GatewayError, connect
+from supervisor.client import CONNECT_ERRORS, GatewayError, connect, not_connected
 
 __all__ = [
     "DEFAULT_URL",
@@ -76,19 +74,8 @@ async def run_operator(
                 answer = await client.pause(deadline_s)
             else:
                 answer = await client.resume()
-    except ConnectionRejected as exc:
-        if exc.status_code == 401:
-            raise OperatorError(f"{where} refused the token (HTTP 401)") from None
-        body = (exc.body or b"").decode("utf-8", errors="replace").strip()
-        raise OperatorError(
-            f"{where} refused the connection (HTTP {exc.status_code}): {body}"
-        ) from None
-    except (OSError, HandshakeError, ConnectionClosed) as exc:
-        # trio-websocket's HandshakeError says nothing itself; its cause says why.
-        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
-        raise OperatorError(
-            f"cannot connect to {where}: {why} (is `agent-supervisor serve` running there?)"
-        ) from None
+    except CONNECT_ERRORS as exc:
+        raise OperatorError(not_connected(url, exc)) from None
     except GatewayError as exc:
         if exc.code == "unknown_action":
             raise OperatorError(

@@ -67,19 +67,26 @@ def add_node_parser(commands: Any) -> None:
         "--detach",
         type=float,
         default=DEFAULT_DETACH_S,
+        metavar="S",
         help=f"stop every session after this long undriven (s, default {DEFAULT_DETACH_S:g})",
     )
     node.add_argument(
         "--history",
         type=int,
         default=DEFAULT_HISTORY,
+        metavar="N",
         help="events each session keeps that its front has not acknowledged; with that many"
         f" the agent is held back until the front catches up (default {DEFAULT_HISTORY})",
     )
-    node.add_argument("--config", help="agents TOML file on this host (the front sends its own)")
-    node.add_argument("--state-dir", help="default: $XDG_STATE_HOME/agent-supervisor")
+    node.add_argument(
+        "--config", metavar="FILE", help="agents TOML file on this host (the front sends its own)"
+    )
+    node.add_argument(
+        "--state-dir", metavar="DIR", help="default: $XDG_STATE_HOME/agent-supervisor"
+    )
     node.add_argument(
         "--instance",
+        metavar="ID",
         help="(--bridge, --metrics) the node to reach while it lives, else the current one",
     )
 

@@ -169,6 +169,22 @@ def test_rewind_defaults_to_the_last_turn_and_says_what_it_restored() -> None:
     assert "✗ rewind failed: session s1 cannot rewind now: busy" in core.take_output()
 
 
+def test_help_lists_the_chat_commands_and_any_other_slash_word_is_the_agents() -> None:
+    core = ChatCore(interactive=True, color=False)
+    core.start("fake")
+    assert "/help" in core.take_output()
+    assert _type(core, "/help\n") == []
+    shown = core.take_output()
+    for command in ("Esc or Ctrl-C", "/rewind [TURN]", "/quit or Ctrl-D"):
+        assert command in shown
+    assert "a /word too (agents have slash commands of their own)" in shown
+    assert shown.endswith("› ")
+    assert _type(core, "/compact\n") == [SendPrompt("/compact")]
+    core.feed(PromptAccepted("t1"))
+    assert _type(core, "/help\n") == []  # while a turn runs: not a steer either
+    assert "the chat's commands:" in core.take_output()
+
+
 def test_a_status_line_at_the_prompt_redraws_the_line_being_typed() -> None:
     core = ChatCore(interactive=True, color=False)
     core.start("fake")

@@ -9,8 +9,10 @@ columns up, and its output may be cut short (``| head``) without a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -78,6 +80,26 @@ def test_the_store_of_sessions_may_be_named_before_or_after_the_command() -> Non
     assert _parser().parse_args(["sessions", "show", "s1"]).store is None
 
 
+def test_the_store_help_says_where_a_sqlite_path_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve = next(
+        a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices["serve"]
+    said = " ".join(serve.format_help().split())
+    assert "sqlite:///x.db is x.db in the working directory" in said
+    assert "sqlite:////var/lib/x.db is absolute" in said
+    # As said: from the working directory, and its missing directories are made.
+    from supervisor.store.url import backend_for
+
+    monkeypatch.chdir(tmp_path)
+    backend = backend_for("sqlite:///a/b/x.db")
+    assert backend is not None
+    backend.open()
+    backend.close()
+    assert (tmp_path / "a" / "b" / "x.db").is_file()
+
+
 def test_every_commands_help_says_what_it_does() -> None:
     def commands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, Any]]:
         for action in parser._actions:
@@ -89,6 +111,20 @@ def test_every_commands_help_says_what_it_does() -> None:
     described = {name: bool(command.description) for name, command in commands(_parser())}
     assert {"serve", "demo", "agents", "worktrees", "list", "show"} <= set(described)
     assert all(described.values()), described
+
+
+def test_every_option_names_its_value_in_words() -> None:
+    # (argparse's own placeholder is the option's name in capitals: --detach DETACH.)
+    def options(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, Any]]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, command in action.choices.items():
+                    yield from options(command, f"{path} {name}")
+            elif action.option_strings and action.nargs != 0:
+                yield f"{path} {action.option_strings[-1]}", action.metavar
+
+    unnamed = [option for option, metavar in options(_parser(), "agent-supervisor") if not metavar]
+    assert unnamed == []
 
 
 def test_agents_lines_its_columns_up(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +169,29 @@ def test_the_demo_stops_both_agents_and_says_so(tmp_path: Path) -> None:
     assert "receipt: Killed after 0.3 s grace, session resumed\n" in out
     assert "[turn t2 ended: completed]" in out
     assert "Traceback" not in done.stderr
+
+
+async def test_chat_the_front_door_and_pause_say_a_gateway_not_there_alike() -> None:
+    from supervisor.clients import acp_front, chat
+    from supervisor.clients.operator import OperatorError, run_operator
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/?token=T"
+    said = []
+    with trio.fail_after(30):
+        for connect, error in ((chat._connect, chat.ChatError), (acp_front._connect, BackendError)):
+            async with AsyncExitStack() as stack:
+                with pytest.raises(error) as refused:
+                    await connect(stack, url)
+            said.append(str(refused.value))
+        with pytest.raises(OperatorError) as refused:
+            await run_operator("pause", url, "T", io.StringIO())
+        said.append(str(refused.value))
+    assert said[0].startswith(f"cannot connect to 127.0.0.1:{port}: ")
+    assert said[0].endswith(" (is `agent-supervisor serve` running there?)")
+    assert said == [said[0]] * 3
 
 
 async def test_chat_and_the_front_door_say_a_wrong_token_in_words() -> None:

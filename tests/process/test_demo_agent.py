@@ -233,6 +233,13 @@ async def test_prompt_streams_and_ends_turn(spawn: Spawn) -> None:
         assert len(words) == 7
         assert all(w.endswith(" ") and len(w.split()) == 1 for w in words)
         assert "".join(words).startswith("Hello! I am the demo agent")
+        plans = [
+            m["params"]["update"]["entries"]
+            for m in updates
+            if m["params"]["update"]["sessionUpdate"] == "plan"
+        ]
+        assert [e["status"] for e in plans[0]] == ["completed", "in_progress"]
+        assert [e["status"] for e in plans[-1]] == ["completed", "completed"]  # a turn done
 
 
 async def test_inline_overrides_and_flood(spawn: Spawn) -> None:

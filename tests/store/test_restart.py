@@ -79,6 +79,25 @@ async def test_sessions_and_their_history_come_back(tmp_path: Path) -> None:
             assert three.id == "s3"
 
 
+async def test_a_start_that_failed_is_not_kept_as_a_session(tmp_path: Path) -> None:
+    # Its starter has the reason; listed or stored, it would be a past session without a
+    # prompt, forever.
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    gone = AgentSpec(name="gone", protocol="acp", command=[str(tmp_path / "no-such-agent")])
+    agents = {"gone": gone, "fake": SPEC}
+    launcher = AcpLauncher(AcpBehaviour())
+    with trio.fail_after(BOUND):
+        async with open_supervisor(agents={"gone": gone}, store=url) as sup:
+            with pytest.raises(AgentNotRunning, match="no-such-agent"):
+                await sup.start_session("gone")
+            assert sup.list() == []
+            assert sup.store is not None
+            assert await sup.store.stored("s1") is None
+        async with open_supervisor(agents=agents, launcher=launcher, store=url) as sup:
+            assert sup.list() == []
+            assert (await sup.start_session("fake")).id == "s2"  # (its id is not given again)
+
+
 async def test_a_turn_running_when_the_supervisor_went_away_ends_once(tmp_path: Path) -> None:
     url = _store_running_turn(tmp_path, "s7", "/")
     launcher = AcpLauncher(AcpBehaviour())

@@ -19,7 +19,6 @@ import signal
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import trio
 
@@ -119,23 +118,12 @@ def _import(url: str, directory: Path, protocols: dict[str, str]) -> None:
 
 async def _connect(stack: AsyncExitStack, url: str) -> GatewayClient:
     """The gateway's client, or :class:`BackendError` saying why not (never its token)."""
-    from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError
+    from supervisor.client import CONNECT_ERRORS, connect, not_connected
 
-    from supervisor.client import connect
-
-    where = urlsplit(url).netloc or url
     try:
         return await stack.enter_async_context(connect(url))
-    except ConnectionRejected as exc:
-        if exc.status_code == 401:  # (its body is the gateway's JSON: the status says it all)
-            raise BackendError(f"{where} refused the token (HTTP 401)") from exc
-        body = (exc.body or b"").decode("utf-8", errors="replace")
-        raise BackendError(
-            f"{where} refused the connection (HTTP {exc.status_code}): {body}"
-        ) from exc
-    except (OSError, HandshakeError, ConnectionClosed) as exc:
-        why = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
-        raise BackendError(f"cannot connect to {where}: {why}") from exc
+    except CONNECT_ERRORS as exc:
+        raise BackendError(not_connected(url, exc)) from exc
 
 
 async def _shut_down_on_signal(front: AcpFront) -> None:
