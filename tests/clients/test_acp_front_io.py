@@ -17,7 +17,7 @@ import trio.testing
 from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
-from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
+from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
 from supervisor import AgentSpec, open_supervisor
 from supervisor.clients.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
 from supervisor.clients.acp_front.server import OUT_BOUND, AcpFront
@@ -547,20 +547,30 @@ async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
         assert sup.list() == []  # nothing was started
 
 
-async def test_a_call_naming_a_session_not_open_here_is_invalid_params_naming_it(
+async def test_a_call_naming_a_session_not_known_here_is_resource_not_found_naming_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """ACP's own code for a session that is not there (-32002, "Resource not found"), for a
+    load or a resume of an id nobody knows as for a call on a session not open here: the
+    client's mistake, not ours (-32603), and told apart from a bad parameter."""
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
     async with open_supervisor(agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())) as sup:
         async with conversing(EmbeddedSessions(sup)) as (front, client):
             mode = {"id": 3, "method": "session/set_mode"}
             mode["params"] = {"sessionId": "nope", "modeId": "m"}
+            opening = {"sessionId": "nope", "cwd": "/w", "mcpServers": []}
+            load = {"id": 4, "method": "session/load", "params": opening}
+            resume = {"id": 5, "method": "session/resume", "params": opening}
             for call in (prompt(1, "nope", "hi"), switch_agent(2, "nope", "fake"), mode):
                 await client.send(call)
+            await client.send(load)
+            await client.send(resume)
             with trio.fail_after(5):
-                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3)]
+                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3, 4, 5)]
     said = "no session 'nope' here: session/new, session/load or session/resume opens one"
-    assert errors == [{"code": INVALID_PARAMS, "message": said}] * 3
+    assert errors[:3] == [{"code": RESOURCE_NOT_FOUND, "message": said}] * 3
+    assert [e["code"] for e in errors[3:]] == [RESOURCE_NOT_FOUND] * 2
+    assert all("'nope'" in e["message"] for e in errors[3:]), errors
 
 
 class AllAtOnce(trio.abc.ReceiveStream):

@@ -37,12 +37,19 @@ from protocols.acp_agent import (
     agent_config_option,
 )
 from protocols.framing import Frame, FramingError, LineDecoder, Message, encode_message
-from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, RequestId
+from protocols.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+    RequestId,
+)
 from supervisor.clients.acp_front.backends import (
     MAX_ENTRY_CHARS,
     MAX_TRANSCRIPT_ENTRIES,
     Backend,
     BackendError,
+    BackendNotFound,
     BackendRefused,
     FrontSession,
 )
@@ -374,9 +381,7 @@ class AcpFront:
         except BackendError as exc:
             rpc_id = getattr(action, "rpc_id", None)
             if rpc_id is not None:
-                # Refused as asked (the client's mistake) or failed (ours, or the agent's).
-                code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
-                self._apply(self.machine.fail(rpc_id, str(exc), code=code))
+                self._apply(self.machine.fail(rpc_id, str(exc), code=_code(exc)))
             else:
                 log.info("%s: %s", type(action).__name__, exc)
         except Exception as exc:  # a bug must answer the client, not end the connection
@@ -506,20 +511,13 @@ class AcpFront:
 
     async def _send_prompt(self, action: PromptRequested) -> None:
         live = self._live.get(action.session_id)
-        if live is None:
-            refused = _unknown(action.session_id)
-            self._apply(
-                self.machine.prompt_failed(
-                    action.rpc_id, action.session_id, action.text, str(refused), code=INVALID_PARAMS
-                )
-            )
-            return
         try:
+            if live is None:
+                raise _unknown(action.session_id)
             turn_id = await live.front.prompt(action.text, action.parts)
         except BackendError as exc:
-            code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
             out = self.machine.prompt_failed(
-                action.rpc_id, action.session_id, action.text, str(exc), code=code
+                action.rpc_id, action.session_id, action.text, str(exc), code=_code(exc)
             )
             self._apply(out)
             return
@@ -637,8 +635,17 @@ async def stdio_streams() -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStrea
     return stdin, stdout
 
 
-def _unknown(session_id: str) -> BackendRefused:
+def _code(exc: BackendError) -> int:
+    """The JSON-RPC error code of a failed call: a session not there (ACP's "Resource not
+    found"), a refusal of what was asked (the client's mistake), or a failure (ours, or the
+    agent's)."""
+    if isinstance(exc, BackendNotFound):
+        return RESOURCE_NOT_FOUND
+    return INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
+
+
+def _unknown(session_id: str) -> BackendNotFound:
     """A call naming a session this front door does not have open: the client's mistake."""
-    return BackendRefused(
+    return BackendNotFound(
         f"no session {session_id!r} here: session/new, session/load or session/resume opens one"
     )
