@@ -17,7 +17,13 @@ import trio.testing
 from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
-from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, RESOURCE_NOT_FOUND
+from protocols.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+)
 from supervisor import AgentSpec, open_supervisor
 from supervisor.clients.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
 from supervisor.clients.acp_front.server import OUT_BOUND, AcpFront
@@ -609,3 +615,17 @@ async def test_a_session_new_in_the_last_read_before_stdin_closes_is_answered(
             with trio.fail_after(30):
                 answered = await client.answer(1)
     assert answered["error"]["message"] == "the front door is shutting down"
+
+
+async def test_json_that_is_no_object_is_an_invalid_request_and_bad_json_a_parse_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """JSON-RPC 2.0's two codes: text that is not JSON cannot be parsed (-32700); JSON that
+    is not a request object (a batch, a number) parsed, and is an invalid request (-32600)."""
+    async with conversing(OneSession()) as (front, client):
+        await client.stream.send_all(b"[1, 2]\n{nope\n7\n")
+        await client.send({"id": 9, "method": "session/list"})
+        with trio.fail_after(5):
+            await client.answer(9)
+    errors = [m["error"]["code"] for m in client.messages if m.get("id") is None]
+    assert errors == [INVALID_REQUEST, PARSE_ERROR, INVALID_REQUEST]

@@ -40,6 +40,7 @@ from protocols.framing import Frame, FramingError, LineDecoder, Message, encode_
 from protocols.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     PARSE_ERROR,
     RESOURCE_NOT_FOUND,
     RequestId,
@@ -235,12 +236,11 @@ class AcpFront:
     def _take(self, frames: list[Frame]) -> None:
         for frame in frames:
             if isinstance(frame, FramingError):
+                # JSON that parsed but is no request object (a batch, which ACP does not use;
+                # a number) is an invalid request; the rest could not be read as JSON.
+                code = INVALID_REQUEST if frame.kind == "not_an_object" else PARSE_ERROR
                 self._emit_raw(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": None,
-                        "error": {"code": PARSE_ERROR, "message": frame.detail},
-                    }
+                    {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": frame.detail}}
                 )
             elif isinstance(frame, Message):
                 self._apply(self.machine.receive(frame.payload))
