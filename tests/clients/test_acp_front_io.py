@@ -629,3 +629,27 @@ async def test_json_that_is_no_object_is_an_invalid_request_and_bad_json_a_parse
             await client.answer(9)
     errors = [m["error"]["code"] for m in client.messages if m.get("id") is None]
     assert errors == [INVALID_REQUEST, PARSE_ERROR, INVALID_REQUEST]
+
+
+async def test_a_mode_for_a_loaded_session_whose_agent_is_not_running_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A stored session's load offers no modes (its agent starts on the next prompt, and says
+    its modes then): a mode set before that prompt is refused as for any session offering
+    none, with the reason (a request the client got wrong, not a failure of ours)."""
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    launcher = AcpLauncher(AcpBehaviour(modes=True))
+    with trio.fail_after(30):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            await sup.start_session("fake")
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            async with conversing(EmbeddedSessions(sup)) as (front, client):
+                opening = {"sessionId": "s1", "cwd": "/w", "mcpServers": []}
+                await client.send({"id": 1, "method": "session/load", "params": opening})
+                assert "modes" not in (await client.answer(1))["result"]
+                params = {"sessionId": "s1", "modeId": "code"}
+                await client.send({"id": 2, "method": "session/set_mode", "params": params})
+                error = (await client.answer(2))["error"]
+    assert error["code"] == INVALID_PARAMS, error
+    assert "a prompt starts it again" in error["message"]

@@ -22,7 +22,7 @@ from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
-from supervisor.errors import BadRequest, SessionNotFound, SupervisorError
+from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
 from supervisor.runtime.session import Session, Subscription
 from supervisor.store.backend import TextRow
 from supervisor.store.dormant import DormantSession
@@ -214,7 +214,9 @@ class EmbeddedSession:
     async def set_mode(self, mode_id: str) -> None:
         try:
             await self._current.set_mode(mode_id)
-        except BadRequest as exc:
+        except (BadRequest, AgentNotRunning) as exc:
+            # Not running: a stored session, opened offering no modes (its agent says them
+            # once a prompt starts it), refuses a mode as any session offering none does.
             raise BackendRefused(str(exc)) from exc
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
