@@ -653,3 +653,25 @@ async def test_a_mode_for_a_loaded_session_whose_agent_is_not_running_is_refused
                 error = (await client.answer(2))["error"]
     assert error["code"] == INVALID_PARAMS, error
     assert "a prompt starts it again" in error["message"]
+
+
+async def test_a_session_whose_start_failed_is_not_listed(tmp_path: Path) -> None:
+    """The editor heard an error for its ``session/new`` (here: an http MCP server the agent
+    does not take) and never got the id; the store keeps the failed session, but an editor's
+    history must not show a session it never had, with nothing said in it."""
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    launcher = AcpLauncher(AcpBehaviour())
+    http = {"type": "http", "name": "h", "url": "http://127.0.0.1:1/mcp", "headers": []}
+    with trio.fail_after(30):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            async with conversing(EmbeddedSessions(sup)) as (front, client):
+                params = {"cwd": str(tmp_path), "mcpServers": [http]}
+                await client.send({"id": 1, "method": "session/new", "params": params})
+                assert "error" in await client.answer(1)
+                params = {"cwd": str(tmp_path), "mcpServers": []}
+                await client.send({"id": 2, "method": "session/new", "params": params})
+                good = (await client.answer(2))["result"]["sessionId"]
+                await client.send({"id": 3, "method": "session/list", "params": {}})
+                listed = (await client.answer(3))["result"]["sessions"]
+    assert [s["sessionId"] for s in listed] == [good]

@@ -439,8 +439,13 @@ class AcpFront:
     async def _list(self, action: ListSessions) -> None:
         sessions: list[dict[str, Any]] = []
         for summary in await self.backend.list():
-            if not self.backend.persistent_ids and summary.get("state") in ("stopped", "failed"):
+            state = summary.get("state")
+            if not self.backend.persistent_ids and state in ("stopped", "failed"):
                 continue  # it cannot be brought back
+            if state == "failed" and not summary.get("title"):
+                # Nothing was ever said in it: a start that failed (its session/new was
+                # answered with the error, never with its id), or an agent that never ran.
+                continue
             cwd = summary.get("cwd")
             if not isinstance(cwd, str) or not cwd.startswith("/"):
                 continue  # ACP needs its cwd: a gateway too old to say it lists none
