@@ -319,6 +319,8 @@ class AcpAgentSide:
         if method == "session/list":
             cwd = params.get("cwd")
             cursor = params.get("cursor")
+            if not isinstance(cursor, str | None):
+                return self._invalid(rid, "cursor must be a string")
             return Output(
                 actions=[
                     ListSessions(

@@ -26,7 +26,7 @@ from protocols.jsonrpc import (
 )
 from supervisor import AgentSpec, open_supervisor
 from supervisor.clients.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
-from supervisor.clients.acp_front.server import OUT_BOUND, AcpFront
+from supervisor.clients.acp_front.server import LIST_PAGE, OUT_BOUND, AcpFront
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
@@ -675,3 +675,41 @@ async def test_a_session_whose_start_failed_is_not_listed(tmp_path: Path) -> Non
                 await client.send({"id": 3, "method": "session/list", "params": {}})
                 listed = (await client.answer(3))["result"]["sessions"]
     assert [s["sessionId"] for s in listed] == [good]
+
+
+class ManyStored(OneSession):
+    """A store of ``count`` sessions, newest first."""
+
+    persistent_ids = True
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    async def list(self) -> list[dict[str, Any]]:
+        return [
+            {"session_id": f"s{n}", "agent": "fake", "cwd": "/w", "state": "stopped"}
+            for n in range(self.count, 0, -1)
+        ]
+
+
+async def test_session_list_pages_follow_the_cursor_and_a_cursor_not_ours_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with conversing(ManyStored(LIST_PAGE * 2 + 3)) as (front, client):
+        pages: list[list[str]] = []
+        cursor: str | None = None
+        for rid in range(1, 5):
+            params = {} if cursor is None else {"cursor": cursor}
+            await client.send({"id": rid, "method": "session/list", "params": params})
+            result = (await client.answer(rid))["result"]
+            pages.append([s["sessionId"] for s in result["sessions"]])
+            cursor = result.get("nextCursor")
+            if cursor is None:
+                break
+        for rid, junk in enumerate(("-5", "abc", "1e3", "\u00b2", 5), start=10):
+            await client.send({"id": rid, "method": "session/list", "params": {"cursor": junk}})
+            error = (await client.answer(rid))["error"]
+            assert error["code"] == INVALID_PARAMS, (junk, error)
+    assert [len(page) for page in pages] == [LIST_PAGE, LIST_PAGE, 3]
+    assert sum(pages, []) == [f"s{n}" for n in range(LIST_PAGE * 2 + 3, 0, -1)]

@@ -452,7 +452,14 @@ class AcpFront:
             sessions.append(_session_info(summary, cwd, stored=self.backend.persistent_ids))
         if action.cwd is not None:
             sessions = [s for s in sessions if s["cwd"] == action.cwd]
-        start = int(action.cursor) if action.cursor and action.cursor.isdigit() else 0
+        start = 0
+        if action.cursor is not None:
+            if not (action.cursor.isascii() and action.cursor.isdigit()):
+                # Ours are offsets (nextCursor): one we never gave must not restart the list.
+                why = f"cursor {action.cursor!r} is not one session/list gave"
+                self._apply(self.machine.fail(action.rpc_id, why, code=INVALID_PARAMS))
+                return
+            start = int(action.cursor)
         page = sessions[start : start + LIST_PAGE]
         result: dict[str, Any] = {"sessions": page}
         if start + LIST_PAGE < len(sessions):
