@@ -297,8 +297,10 @@ class AcpAgentSide:
         if method == "initialize":
             return Output(send=[self._initialize(rid, params)])
         if method == "authenticate":
-            # No built-in agent needs it; an agent behind that does logs in by its own means.
-            return Output(send=[self._rpc.respond(rid, {})])
+            # ``authMethods`` is empty (an agent behind that needs a login logs in by its own
+            # means), and the method must be one advertised: none is.
+            why = f"no authentication method {params.get('methodId')!r}: none is advertised"
+            return self._invalid(rid, why)
         if method == "session/new":
             cwd, mcp = _cwd(params), _mcp(params)
             if cwd is None:
@@ -317,6 +319,8 @@ class AcpAgentSide:
         if method == "session/list":
             cwd = params.get("cwd")
             cursor = params.get("cursor")
+            if not isinstance(cursor, str | None):
+                return self._invalid(rid, "cursor must be a string")
             return Output(
                 actions=[
                     ListSessions(

@@ -21,6 +21,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
     "REQUEST_CANCELLED",
+    "RESOURCE_NOT_FOUND",
     "Incoming",
     "IncomingNotification",
     "IncomingRequest",
@@ -37,6 +38,8 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+#: ACP's "Resource not found": a session (or file) a request names that is not there.
+RESOURCE_NOT_FOUND = -32002
 #: ACP's ``$/cancel_request`` answer ("Request cancelled"), from LSP.
 REQUEST_CANCELLED = -32800
 

@@ -17,10 +17,16 @@ import trio.testing
 from trio_websocket import ConnectionClosed
 
 from protocols import events as ev
-from protocols.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
+from protocols.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+)
 from supervisor import AgentSpec, open_supervisor
 from supervisor.clients.acp_front.backends import BackendError, EmbeddedSessions, GatewaySessions
-from supervisor.clients.acp_front.server import OUT_BOUND, AcpFront
+from supervisor.clients.acp_front.server import LIST_PAGE, OUT_BOUND, AcpFront
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 
@@ -547,20 +553,30 @@ async def test_mcp_servers_the_client_got_wrong_are_invalid_params(
         assert sup.list() == []  # nothing was started
 
 
-async def test_a_call_naming_a_session_not_open_here_is_invalid_params_naming_it(
+async def test_a_call_naming_a_session_not_known_here_is_resource_not_found_naming_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """ACP's own code for a session that is not there (-32002, "Resource not found"), for a
+    load or a resume of an id nobody knows as for a call on a session not open here: the
+    client's mistake, not ours (-32603), and told apart from a bad parameter."""
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
     async with open_supervisor(agents={"fake": spec}, launcher=AcpLauncher(AcpBehaviour())) as sup:
         async with conversing(EmbeddedSessions(sup)) as (front, client):
             mode = {"id": 3, "method": "session/set_mode"}
             mode["params"] = {"sessionId": "nope", "modeId": "m"}
+            opening = {"sessionId": "nope", "cwd": "/w", "mcpServers": []}
+            load = {"id": 4, "method": "session/load", "params": opening}
+            resume = {"id": 5, "method": "session/resume", "params": opening}
             for call in (prompt(1, "nope", "hi"), switch_agent(2, "nope", "fake"), mode):
                 await client.send(call)
+            await client.send(load)
+            await client.send(resume)
             with trio.fail_after(5):
-                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3)]
+                errors = [(await client.answer(rid))["error"] for rid in (1, 2, 3, 4, 5)]
     said = "no session 'nope' here: session/new, session/load or session/resume opens one"
-    assert errors == [{"code": INVALID_PARAMS, "message": said}] * 3
+    assert errors[:3] == [{"code": RESOURCE_NOT_FOUND, "message": said}] * 3
+    assert [e["code"] for e in errors[3:]] == [RESOURCE_NOT_FOUND] * 2
+    assert all("'nope'" in e["message"] for e in errors[3:]), errors
 
 
 class AllAtOnce(trio.abc.ReceiveStream):
@@ -599,3 +615,101 @@ async def test_a_session_new_in_the_last_read_before_stdin_closes_is_answered(
             with trio.fail_after(30):
                 answered = await client.answer(1)
     assert answered["error"]["message"] == "the front door is shutting down"
+
+
+async def test_json_that_is_no_object_is_an_invalid_request_and_bad_json_a_parse_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """JSON-RPC 2.0's two codes: text that is not JSON cannot be parsed (-32700); JSON that
+    is not a request object (a batch, a number) parsed, and is an invalid request (-32600)."""
+    async with conversing(OneSession()) as (front, client):
+        await client.stream.send_all(b"[1, 2]\n{nope\n7\n")
+        await client.send({"id": 9, "method": "session/list"})
+        with trio.fail_after(5):
+            await client.answer(9)
+    errors = [m["error"]["code"] for m in client.messages if m.get("id") is None]
+    assert errors == [INVALID_REQUEST, PARSE_ERROR, INVALID_REQUEST]
+
+
+async def test_a_mode_for_a_loaded_session_whose_agent_is_not_running_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A stored session's load offers no modes (its agent starts on the next prompt, and says
+    its modes then): a mode set before that prompt is refused as for any session offering
+    none, with the reason (a request the client got wrong, not a failure of ours)."""
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    launcher = AcpLauncher(AcpBehaviour(modes=True))
+    with trio.fail_after(30):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            await sup.start_session("fake")
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            async with conversing(EmbeddedSessions(sup)) as (front, client):
+                opening = {"sessionId": "s1", "cwd": "/w", "mcpServers": []}
+                await client.send({"id": 1, "method": "session/load", "params": opening})
+                assert "modes" not in (await client.answer(1))["result"]
+                params = {"sessionId": "s1", "modeId": "code"}
+                await client.send({"id": 2, "method": "session/set_mode", "params": params})
+                error = (await client.answer(2))["error"]
+    assert error["code"] == INVALID_PARAMS, error
+    assert "a prompt starts it again" in error["message"]
+
+
+async def test_a_session_whose_start_failed_is_not_listed(tmp_path: Path) -> None:
+    """The editor heard an error for its ``session/new`` (here: an http MCP server the agent
+    does not take) and never got the id; the store keeps the failed session, but an editor's
+    history must not show a session it never had, with nothing said in it."""
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"])
+    launcher = AcpLauncher(AcpBehaviour())
+    http = {"type": "http", "name": "h", "url": "http://127.0.0.1:1/mcp", "headers": []}
+    with trio.fail_after(30):
+        async with open_supervisor(agents={"fake": spec}, launcher=launcher, store=url) as sup:
+            async with conversing(EmbeddedSessions(sup)) as (front, client):
+                params = {"cwd": str(tmp_path), "mcpServers": [http]}
+                await client.send({"id": 1, "method": "session/new", "params": params})
+                assert "error" in await client.answer(1)
+                params = {"cwd": str(tmp_path), "mcpServers": []}
+                await client.send({"id": 2, "method": "session/new", "params": params})
+                good = (await client.answer(2))["result"]["sessionId"]
+                await client.send({"id": 3, "method": "session/list", "params": {}})
+                listed = (await client.answer(3))["result"]["sessions"]
+    assert [s["sessionId"] for s in listed] == [good]
+
+
+class ManyStored(OneSession):
+    """A store of ``count`` sessions, newest first."""
+
+    persistent_ids = True
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+
+    async def list(self) -> list[dict[str, Any]]:
+        return [
+            {"session_id": f"s{n}", "agent": "fake", "cwd": "/w", "state": "stopped"}
+            for n in range(self.count, 0, -1)
+        ]
+
+
+async def test_session_list_pages_follow_the_cursor_and_a_cursor_not_ours_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with conversing(ManyStored(LIST_PAGE * 2 + 3)) as (front, client):
+        pages: list[list[str]] = []
+        cursor: str | None = None
+        for rid in range(1, 5):
+            params = {} if cursor is None else {"cursor": cursor}
+            await client.send({"id": rid, "method": "session/list", "params": params})
+            result = (await client.answer(rid))["result"]
+            pages.append([s["sessionId"] for s in result["sessions"]])
+            cursor = result.get("nextCursor")
+            if cursor is None:
+                break
+        for rid, junk in enumerate(("-5", "abc", "1e3", "\u00b2", 5), start=10):
+            await client.send({"id": rid, "method": "session/list", "params": {"cursor": junk}})
+            error = (await client.answer(rid))["error"]
+            assert error["code"] == INVALID_PARAMS, (junk, error)
+    assert [len(page) for page in pages] == [LIST_PAGE, LIST_PAGE, 3]
+    assert sum(pages, []) == [f"s{n}" for n in range(LIST_PAGE * 2 + 3, 0, -1)]

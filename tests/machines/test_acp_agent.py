@@ -390,3 +390,13 @@ def test_a_long_prompt_of_ours_is_known_by_its_preview() -> None:
     m.prompt_accepted(action.rpc_id, "S", text, "t1")
     (answer,) = m.event("S", ev.TurnEnded(turn_id="t1", outcome="completed")).send
     assert answer["id"] == 1
+
+
+def test_authenticate_with_a_method_never_advertised_is_invalid_params() -> None:
+    """``authMethods`` is empty (no agent here needs a login through the editor): the spec's
+    ``methodId`` "must be one of the methods advertised", so none can succeed."""
+    m = machine()
+    m.receive(request(0, "initialize", {"protocolVersion": 1}))
+    (error,) = m.receive(request(1, "authenticate", {"methodId": "oauth"})).send
+    assert error["error"]["code"] == INVALID_PARAMS
+    assert "'oauth'" in error["error"]["message"]

@@ -22,7 +22,7 @@ from protocols import events as ev
 from protocols.content import CARRY_WORDS, Part, refusal, to_acp
 from protocols.mcp import mcp_servers_from_acp
 from supervisor.client import GatewayClient, GatewayError
-from supervisor.errors import BadRequest, SupervisorError
+from supervisor.errors import AgentNotRunning, BadRequest, SessionNotFound, SupervisorError
 from supervisor.runtime.session import Session, Subscription
 from supervisor.store.backend import TextRow
 from supervisor.store.dormant import DormantSession
@@ -33,6 +33,7 @@ from supervisor.wire.codec import known_event
 __all__ = [
     "Backend",
     "BackendError",
+    "BackendNotFound",
     "BackendRefused",
     "EmbeddedSession",
     "EmbeddedSessions",
@@ -62,6 +63,10 @@ class BackendError(Exception):
 
 class BackendRefused(BackendError):
     """The session refused what it was asked, as asked (content the agent cannot take)."""
+
+
+class BackendNotFound(BackendRefused):
+    """The session a call names is not known (ACP's "Resource not found")."""
 
 
 class FrontSession(Protocol):
@@ -209,7 +214,9 @@ class EmbeddedSession:
     async def set_mode(self, mode_id: str) -> None:
         try:
             await self._current.set_mode(mode_id)
-        except BadRequest as exc:
+        except (BadRequest, AgentNotRunning) as exc:
+            # Not running: a stored session, opened offering no modes (its agent says them
+            # once a prompt starts it), refuses a mode as any session offering none does.
             raise BackendRefused(str(exc)) from exc
         except SupervisorError as exc:
             raise BackendError(str(exc)) from exc
@@ -319,8 +326,10 @@ class EmbeddedSessions:
         try:
             session = await self._supervisor.reopen(session_id)
             subscription = await session.open_subscription()
+        except SessionNotFound as exc:
+            raise BackendNotFound(f"no session {session_id!r} is known here") from exc
         except SupervisorError as exc:
-            raise BackendError(f"no session {session_id!r} is known here") from exc
+            raise BackendError(f"cannot open session {session_id!r}: {exc}") from exc
         front = EmbeddedSession(session, subscription, self._supervisor)
         store = self._supervisor.store
         if history and store is not None:
@@ -575,7 +584,7 @@ class GatewaySessions:
                 agent = str(summary.get("agent"))
                 cwd = str(summary.get("cwd") or "")
                 return await self._follow(session_id, agent, cwd, history=history)
-        raise BackendError(f"the gateway has no session {session_id!r}")
+        raise BackendNotFound(f"the gateway has no session {session_id!r}")
 
     async def _follow(
         self, session_id: str, agent: str, cwd: str, *, history: bool = False

@@ -37,12 +37,20 @@ from protocols.acp_agent import (
     agent_config_option,
 )
 from protocols.framing import Frame, FramingError, LineDecoder, Message, encode_message
-from protocols.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, PARSE_ERROR, RequestId
+from protocols.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    RESOURCE_NOT_FOUND,
+    RequestId,
+)
 from supervisor.clients.acp_front.backends import (
     MAX_ENTRY_CHARS,
     MAX_TRANSCRIPT_ENTRIES,
     Backend,
     BackendError,
+    BackendNotFound,
     BackendRefused,
     FrontSession,
 )
@@ -228,12 +236,11 @@ class AcpFront:
     def _take(self, frames: list[Frame]) -> None:
         for frame in frames:
             if isinstance(frame, FramingError):
+                # JSON that parsed but is no request object (a batch, which ACP does not use;
+                # a number) is an invalid request; the rest could not be read as JSON.
+                code = INVALID_REQUEST if frame.kind == "not_an_object" else PARSE_ERROR
                 self._emit_raw(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": None,
-                        "error": {"code": PARSE_ERROR, "message": frame.detail},
-                    }
+                    {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": frame.detail}}
                 )
             elif isinstance(frame, Message):
                 self._apply(self.machine.receive(frame.payload))
@@ -374,9 +381,7 @@ class AcpFront:
         except BackendError as exc:
             rpc_id = getattr(action, "rpc_id", None)
             if rpc_id is not None:
-                # Refused as asked (the client's mistake) or failed (ours, or the agent's).
-                code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
-                self._apply(self.machine.fail(rpc_id, str(exc), code=code))
+                self._apply(self.machine.fail(rpc_id, str(exc), code=_code(exc)))
             else:
                 log.info("%s: %s", type(action).__name__, exc)
         except Exception as exc:  # a bug must answer the client, not end the connection
@@ -434,15 +439,27 @@ class AcpFront:
     async def _list(self, action: ListSessions) -> None:
         sessions: list[dict[str, Any]] = []
         for summary in await self.backend.list():
-            if not self.backend.persistent_ids and summary.get("state") in ("stopped", "failed"):
+            state = summary.get("state")
+            if not self.backend.persistent_ids and state in ("stopped", "failed"):
                 continue  # it cannot be brought back
+            if state == "failed" and not summary.get("title"):
+                # Nothing was ever said in it: a start that failed (its session/new was
+                # answered with the error, never with its id), or an agent that never ran.
+                continue
             cwd = summary.get("cwd")
             if not isinstance(cwd, str) or not cwd.startswith("/"):
                 continue  # ACP needs its cwd: a gateway too old to say it lists none
             sessions.append(_session_info(summary, cwd, stored=self.backend.persistent_ids))
         if action.cwd is not None:
             sessions = [s for s in sessions if s["cwd"] == action.cwd]
-        start = int(action.cursor) if action.cursor and action.cursor.isdigit() else 0
+        start = 0
+        if action.cursor is not None:
+            if not (action.cursor.isascii() and action.cursor.isdigit()):
+                # Ours are offsets (nextCursor): one we never gave must not restart the list.
+                why = f"cursor {action.cursor!r} is not one session/list gave"
+                self._apply(self.machine.fail(action.rpc_id, why, code=INVALID_PARAMS))
+                return
+            start = int(action.cursor)
         page = sessions[start : start + LIST_PAGE]
         result: dict[str, Any] = {"sessions": page}
         if start + LIST_PAGE < len(sessions):
@@ -506,20 +523,13 @@ class AcpFront:
 
     async def _send_prompt(self, action: PromptRequested) -> None:
         live = self._live.get(action.session_id)
-        if live is None:
-            refused = _unknown(action.session_id)
-            self._apply(
-                self.machine.prompt_failed(
-                    action.rpc_id, action.session_id, action.text, str(refused), code=INVALID_PARAMS
-                )
-            )
-            return
         try:
+            if live is None:
+                raise _unknown(action.session_id)
             turn_id = await live.front.prompt(action.text, action.parts)
         except BackendError as exc:
-            code = INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
             out = self.machine.prompt_failed(
-                action.rpc_id, action.session_id, action.text, str(exc), code=code
+                action.rpc_id, action.session_id, action.text, str(exc), code=_code(exc)
             )
             self._apply(out)
             return
@@ -637,8 +647,17 @@ async def stdio_streams() -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStrea
     return stdin, stdout
 
 
-def _unknown(session_id: str) -> BackendRefused:
+def _code(exc: BackendError) -> int:
+    """The JSON-RPC error code of a failed call: a session not there (ACP's "Resource not
+    found"), a refusal of what was asked (the client's mistake), or a failure (ours, or the
+    agent's)."""
+    if isinstance(exc, BackendNotFound):
+        return RESOURCE_NOT_FOUND
+    return INVALID_PARAMS if isinstance(exc, BackendRefused) else INTERNAL_ERROR
+
+
+def _unknown(session_id: str) -> BackendNotFound:
     """A call naming a session this front door does not have open: the client's mistake."""
-    return BackendRefused(
+    return BackendNotFound(
         f"no session {session_id!r} here: session/new, session/load or session/resume opens one"
     )
