@@ -219,8 +219,12 @@ async def test_the_engine_keeps_a_command_running_when_its_client_is_killed(box:
             client.kill()
             await client.wait()
             said = await trio.to_thread.run_sync(fifo.read_text)  # blocks until sh writes
+            process = psutil.Process(command.process.pid)
+            # sh execs the sleep next; mid-exec its environment (the container's mark) reads
+            # empty, and nothing tells when an exec is done but the process's name.
+            while process.name() != "sleep":
+                await trio.sleep(0.05)
         assert said == "closed\n"  # its stdin closed when the client went away
-        process = psutil.Process(command.process.pid)  # (sh, or the sleep it became)
         assert process.is_running() and process.status() != psutil.STATUS_ZOMBIE
         assert command.exit_code is None
         assert [p.pid for p in box.processes()] == [process.pid]  # still running, alone
