@@ -184,6 +184,13 @@ class Http:
             error = json_error("bad_request", "more than one Host header")
             await respond(conn, stream, 400, error, close=True)
             return None
+        if "transfer-encoding" in headers and "content-length" in headers:
+            # RFC 9112 6.1: the mark of request smuggling. A proxy in front may have framed the
+            # body by the other field, so what follows it here may be another client's request
+            # (h11 would take the chunks and keep the connection for it): refused, and closed.
+            message = "both Transfer-Encoding and Content-Length"
+            await respond(conn, stream, 400, json_error("bad_request", message), close=True)
+            return None
         if split is None:
             error = json_error("bad_request", "malformed request target")
             await respond(conn, stream, 400, error, close=True)

@@ -908,3 +908,23 @@ async def test_http_abort_refuses_a_body_it_cannot_take(body: bytes, why: str) -
             assert status == 400 and isinstance(answer, dict), answer
             assert answer["error"] == {"code": "bad_request", "message": why}
             assert (await client.sessions())[0]["turn_id"] is not None  # nothing was cancelled
+
+
+async def test_a_request_framed_both_by_chunks_and_by_length_is_refused_and_closed() -> None:
+    """RFC 9112 6.1: a request with both Transfer-Encoding and Content-Length may be a smuggling
+    attempt (a proxy in front framed it by the other one): it is refused and its connection
+    closed, so what follows it is never served as a request of its own."""
+    async with gateway() as (_, url, _launcher):
+        auth = "authorization: Bearer secret-token"
+        smuggled = _head(url, "/v1/agents", auth).replace(b"connection: close\r\n", b"")
+        post = _head(
+            url,
+            "/v1/sessions/s1/abort",
+            auth,
+            "content-length: 5",
+            "transfer-encoding: chunked",
+            method="POST",
+        ).replace(b"connection: close\r\n", b"")
+        response = await _exchange(url, post + b"0\r\n\r\n" + smuggled)
+        assert _status(response) == 400 and response.count(b"HTTP/1.1") == 1, response
+        assert b"Transfer-Encoding" in response
