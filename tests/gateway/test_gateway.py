@@ -928,3 +928,27 @@ async def test_a_request_framed_both_by_chunks_and_by_length_is_refused_and_clos
         response = await _exchange(url, post + b"0\r\n\r\n" + smuggled)
         assert _status(response) == 400 and response.count(b"HTTP/1.1") == 1, response
         assert b"Transfer-Encoding" in response
+
+
+async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_count() -> None:
+    """An error answer echoes what it refuses (an action name, a session id) up to a frame's
+    size: a client that sends such requests and reads nothing stops being read once its
+    unread answers reach ``outgoing_bytes``, not after 1024 of them (a gigabyte)."""
+    limits = GatewayLimits(outgoing_bytes=256 * 1024, send_buffer_bytes=16 * 1024)
+    async with gateway(limits=limits) as (server, url, _launcher):
+        async with open_websocket_url(websocket_url(url), message_queue_size=1) as silent:
+            request = json.dumps({"id": 1, "action": "x" * 20_000})
+
+            async def flood() -> None:
+                for _ in range(limits.outgoing_buffer + 100):
+                    await silent.send_message(request)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flood)
+                (connection,) = server._clients
+                with trio.fail_after(BOUND):
+                    while not connection._reader_parked:  # it stopped reading requests
+                        await trio.sleep(0.01)
+                queued = sum(len(frame) for frame, _ in connection._responses)
+                assert queued < limits.outgoing_bytes + 2 * len(request), queued
+                nursery.cancel_scope.cancel()
