@@ -952,3 +952,40 @@ async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_c
                 queued = sum(len(frame) for frame, _ in connection._responses)
                 assert queued < limits.outgoing_bytes + 2 * len(request), queued
                 nursery.cancel_scope.cancel()
+
+
+async def test_a_message_in_tiny_fragments_is_kept_in_few_pieces() -> None:
+    """A message may come as any number of fragments; each kept apart would be a Python object
+    of ~50 bytes beside its 2 bytes (a 16 MiB message, 450 MB). They are joined as they come,
+    and the message is read whole."""
+    from wsproto.events import Ping, Pong, Request
+
+    async with gateway() as (server, url, _launcher):
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        ws = WSConnection(ConnectionType.CLIENT)
+        target = "/ws?token=secret-token"
+        await stream.send_all(ws.send(Request(host=f"{host}:{port}", target=target)))
+        events: list[object] = []
+
+        async def until(kind: type) -> Any:
+            with trio.fail_after(BOUND):
+                while not any(isinstance(event, kind) for event in events):
+                    ws.receive_data(await stream.receive_some(65536))
+                    events.extend(ws.events())
+            return next(event for event in events if isinstance(event, kind))
+
+        await until(AcceptConnection)
+        request = json.dumps({"id": "f", "action": "agents.list", "payload": {"x": "ab" * 4_000}})
+        pieces = [request[i : i + 2] for i in range(0, len(request), 2)]
+        data = b"".join(
+            ws.send(TextMessage(data=piece, message_finished=False)) for piece in pieces
+        )
+        await stream.send_all(data + ws.send(Ping(b"sync")))
+        await until(Pong)  # answered once every fragment before it was read
+        (connection,) = server._clients
+        assert len(connection.websocket._parts) < len(pieces) // 4
+        await stream.send_all(ws.send(TextMessage(data="", message_finished=True)))
+        answer = await until(TextMessage)
+        assert json.loads(answer.data)["id"] == "f" and json.loads(answer.data)["ok"]
+        await stream.aclose()
