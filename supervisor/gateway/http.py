@@ -45,12 +45,16 @@ _HTTP_STATUS: Final = {
 class _HeadWatch:
     """What is looked at of one request head as its bytes come, before h11 parses it: its
     lines (``max_head_fields``: the newlines up to the blank line that ends it, found across
-    reads) and, once it has ended, whether it holds a credential anywhere (:meth:`shows`)."""
+    reads), its size (``max_head_bytes``) and, once it has ended, whether it holds a credential
+    anywhere (:meth:`shows`)."""
 
     limit: int
-    #: the most of a head that is kept (beyond it h11 refuses the head anyway)
+    #: the most bytes a head may have (and the most of it that is kept)
     most: int
     lines: int = 0
+    #: the head's bytes so far: h11 checks its own bound only while a head is incomplete, so
+    #: a head that comes whole in one read (up to 64 KiB) would pass it
+    size: int = 0
     ended: bool = False
     tail: bytes = b""  # the last two bytes seen: a blank line may span two reads
     #: the head's bytes so far (up to ``most``), for :meth:`shows`
@@ -70,6 +74,7 @@ class _HeadWatch:
             self.ended = True
             taken = max(0, end.end() - len(self.tail))
             self.lines += data.count(b"\n", 0, taken)
+        self.size += taken
         if len(self.head) < self.most:
             self.head += data[: min(taken, self.most - len(self.head))]
         return self.lines <= self.limit + 2  # the request line and the blank line are free
@@ -272,6 +277,10 @@ class Http:
                     message = f"a request head has at most {self.limits.max_head_fields} lines"
                     error = json_error("bad_request", message)
                     await respond(conn, stream, 431, error, close=True)
+                    return None
+                if head.size > head.most:
+                    message = f"a request head has at most {head.most} bytes"
+                    await respond(conn, stream, 431, json_error("bad_request", message), close=True)
                     return None
                 if head.ended and not head.shows(self.auth.credentials):
                     # No token in it, in any form, nor the page's cookie: refused unparsed (h11

@@ -989,3 +989,16 @@ async def test_a_message_in_tiny_fragments_is_kept_in_few_pieces() -> None:
         answer = await until(TextMessage)
         assert json.loads(answer.data)["id"] == "f" and json.loads(answer.data)["ok"]
         await stream.aclose()
+
+
+async def test_a_head_over_max_head_bytes_is_refused_however_it_arrives() -> None:
+    """h11 bounds a head only while it is incomplete: one that came whole in one read passed
+    at up to 64 KiB. A head over ``max_head_bytes`` is refused (431) in one write or many."""
+    most = GatewayLimits().max_head_bytes
+    async with gateway() as (_, url, _launcher):
+        auth = "authorization: Bearer secret-token"
+        assert _status(await _exchange(url, _head(url, "/v1/agents", auth, "x: a"))) == 200
+        big = _head(url, "/v1/agents", auth, "x: " + "a" * most)
+        assert _status(await _exchange(url, big)) == 431
+        pieces = [big[i : i + 8192] for i in range(0, len(big), 8192)]
+        assert _status(await _exchange(url, *pieces)) == 431
