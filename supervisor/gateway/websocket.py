@@ -48,6 +48,10 @@ _RECEIVE_BYTES: Final = 65536
 #: object of ~50 bytes beside its data, so a message sent as 2-byte fragments would take 25
 #: times its size (16 MiB of it, 450 MB) if they were all kept until the last one.
 _LOOSE_PARTS: Final = 256
+#: Frames read from one read's bytes before the other tasks get a turn: a read of 64 KiB is up
+#: to ~9,000 tiny frames (1-byte fragments, pings), ~70 ms of wsproto's parsing, and every
+#: other client's request (a cancel is several hops) would wait that long per hop.
+_FRAMES_PER_TURN: Final = 256
 
 
 class WebSocketClosed(Exception):
@@ -147,7 +151,9 @@ class ServerWebSocket:
     async def _receive(self, data: bytes | bytearray) -> None:
         self._ws.receive_data(bytes(data) if data else None)
         reply = b""
-        for event in self._ws.events():
+        for count, event in enumerate(self._ws.events(), 1):
+            if count % _FRAMES_PER_TURN == 0:
+                await trio.lowlevel.checkpoint()
             if isinstance(event, Message):
                 self._parts.append(event.data)
                 self._size += _wire_size(event.data)

@@ -1002,3 +1002,40 @@ async def test_a_head_over_max_head_bytes_is_refused_however_it_arrives() -> Non
         assert _status(await _exchange(url, big)) == 431
         pieces = [big[i : i + 8192] for i in range(0, len(big), 8192)]
         assert _status(await _exchange(url, *pieces)) == 431
+
+
+async def test_a_read_of_many_tiny_frames_gives_the_other_tasks_turns() -> None:
+    """One 64 KiB read may hold ~9,000 tiny frames (~70 ms of parsing): the reader lets the
+    other tasks run every few hundred of them, so another client's cancel does not wait that
+    long at each of its hops."""
+    from trio.testing import memory_stream_pair
+    from wsproto.events import Request
+
+    from supervisor.gateway.websocket import ServerWebSocket
+
+    client_stream, server_stream = memory_stream_pair()
+    server = ServerWebSocket(server_stream, max_message_bytes=MAX_FRAME_BYTES)
+    client = WSConnection(ConnectionType.CLIENT)
+    await server.accept(client.send(Request(host="x", target="/ws")))
+    client.receive_data(await client_stream.receive_some())
+    assert isinstance(next(client.events()), AcceptConnection)
+    frames = 4096
+    data = b"".join(
+        client.send(TextMessage(data="a", message_finished=False)) for _ in range(frames)
+    )
+    await client_stream.send_all(data + client.send(TextMessage(data="", message_finished=True)))
+    turns = 0
+    done = False
+
+    async def other() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()  # (it has started)
+        assert await server.get_message() == "a" * frames
+        done = True
+    assert turns >= frames // 256 - 2, turns
