@@ -222,6 +222,11 @@ class Http:
             message = "upgrade only at /ws, as the first request"
             await respond(conn, stream, 400, json_error("bad_request", message), close=True)
             return None
+        if conn.they_are_waiting_for_100_continue:
+            # (curl sends Expect for a large body, then waits a second for this before it does)
+            await stream.send_all(
+                conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+            )
         body = await self._read_body(conn, stream)
         if body is None:
             message = "request body too large"

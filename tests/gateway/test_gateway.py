@@ -1039,3 +1039,32 @@ async def test_a_read_of_many_tiny_frames_gives_the_other_tasks_turns() -> None:
         assert await server.get_message() == "a" * frames
         done = True
     assert turns >= frames // 256 - 2, turns
+
+
+async def test_a_request_that_expects_100_continue_gets_it_before_its_body_is_read() -> None:
+    """A client that sends ``Expect: 100-continue`` waits for it before it sends the body
+    (curl a second, others longer): it is sent once the head passed its checks."""
+    async with gateway() as (_, url, _launcher):
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        auth = "authorization: Bearer secret-token"
+        post = _head(
+            url,
+            "/v1/sessions/nope/abort",
+            auth,
+            "expect: 100-continue",
+            "content-length: 2",
+            method="POST",
+        )
+        await stream.send_all(post)
+        data = b""
+        with trio.fail_after(BOUND):
+            while b"\r\n\r\n" not in data and (chunk := await stream.receive_some(65536)):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 100 "), data
+        await stream.send_all(b"{}")
+        with trio.fail_after(BOUND):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+        assert b"HTTP/1.1 404 " in data and b"session_not_found" in data, data
+        await stream.aclose()
