@@ -217,9 +217,10 @@ class Http:
             return None
         slot.state = "busy"
         if headers.get("upgrade", "").lower() == "websocket":
-            if raw is not None and path == "/ws":
+            if raw is not None and path == "/ws" and event.http_version == b"1.1":
                 return _Incoming(method, target, headers, b"", upgrade=True)
-            message = "upgrade only at /ws, as the first request"
+            # (RFC 6455 4.1: an upgrade is an HTTP/1.1 request; wsproto takes a 1.0 one)
+            message = "upgrade only at /ws, as the first request, in HTTP/1.1"
             await respond(conn, stream, 400, json_error("bad_request", message), close=True)
             return None
         if conn.they_are_waiting_for_100_continue:

@@ -1068,3 +1068,17 @@ async def test_a_request_that_expects_100_continue_gets_it_before_its_body_is_re
                 data += chunk
         assert b"HTTP/1.1 404 " in data and b"session_not_found" in data, data
         await stream.aclose()
+
+
+async def test_a_websocket_upgrade_in_http_1_0_is_refused() -> None:
+    """RFC 6455 4.1: the opening handshake is an HTTP/1.1 request (wsproto would take 1.0)."""
+    async with gateway() as (_, url, _launcher):
+        handshake = (
+            "upgrade: websocket",
+            "connection: Upgrade",
+            "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==",
+            "sec-websocket-version: 13",
+        )
+        request = _head(url, "/ws?token=secret-token", *handshake)
+        response = await _exchange(url, request.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        assert _status(response) == 400 and b"HTTP/1.1" in response.split(b"\r\n\r\n")[1]
