@@ -60,6 +60,7 @@ class Connection:
         self.actions = actions
         # frames of responses and notices, in order, each behind its barrier
         self._responses: deque[tuple[bytes, _Barrier]] = deque()
+        self._queued_bytes = 0  # the bytes of those frames (``outgoing_bytes``)
         self._subscriptions: dict[str, Subscription] = {}  # session id -> its events, in order
         self._wake = trio.lowlevel.ParkingLot()  # the writer waits here for work
         self._ready = False  # there is work: a response, or events a subscription announced
@@ -85,7 +86,7 @@ class Connection:
             try:
                 while True:
                     message = await self.websocket.get_message()
-                    while len(self._responses) >= self.limits.outgoing_buffer:
+                    while self._backlogged():
                         # It does not read its answers: wait (and let the writer go on
                         # without flow-control pongs, which only this task could read).
                         self._reader_parked = True
@@ -131,6 +132,15 @@ class Connection:
         self._pending += 1
         self._nursery.start_soon(self._serve, decoded)
 
+    def _backlogged(self) -> bool:
+        """Whether the answers queued for the socket are as many frames (``outgoing_buffer``)
+        or bytes (``outgoing_bytes``: an answer may echo a megabyte of its request) as the
+        client may leave unread: then no more requests are read until the writer drains them."""
+        return (
+            len(self._responses) >= self.limits.outgoing_buffer
+            or self._queued_bytes >= self.limits.outgoing_bytes
+        )
+
     def notice(self, message: dict[str, Any]) -> None:
         """Queue a notice of no session (the gateway's own: ``store.error``)."""
         self._send(message)
@@ -148,7 +158,9 @@ class Connection:
             if session_id is not None and subscription is not None
             else ()
         )
-        self._responses.append((text_frame(dumps(message)), barrier))
+        frame = text_frame(dumps(message))
+        self._responses.append((frame, barrier))
+        self._queued_bytes += len(frame)
         self._notify()
         if self.limits.flight_bytes is not None:
             self.websocket.pong_lot.unpark_all()  # a writer held by flow control sends answers
@@ -280,6 +292,7 @@ class Connection:
             if reached:
                 frames.append(frame)
                 answered += 1
+                self._queued_bytes -= len(frame)
             else:
                 waiting.append((frame, barrier))
         self._responses = waiting

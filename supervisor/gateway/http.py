@@ -45,12 +45,16 @@ _HTTP_STATUS: Final = {
 class _HeadWatch:
     """What is looked at of one request head as its bytes come, before h11 parses it: its
     lines (``max_head_fields``: the newlines up to the blank line that ends it, found across
-    reads) and, once it has ended, whether it holds a credential anywhere (:meth:`shows`)."""
+    reads), its size (``max_head_bytes``) and, once it has ended, whether it holds a credential
+    anywhere (:meth:`shows`)."""
 
     limit: int
-    #: the most of a head that is kept (beyond it h11 refuses the head anyway)
+    #: the most bytes a head may have (and the most of it that is kept)
     most: int
     lines: int = 0
+    #: the head's bytes so far: h11 checks its own bound only while a head is incomplete, so
+    #: a head that comes whole in one read (up to 64 KiB) would pass it
+    size: int = 0
     ended: bool = False
     tail: bytes = b""  # the last two bytes seen: a blank line may span two reads
     #: the head's bytes so far (up to ``most``), for :meth:`shows`
@@ -70,6 +74,7 @@ class _HeadWatch:
             self.ended = True
             taken = max(0, end.end() - len(self.tail))
             self.lines += data.count(b"\n", 0, taken)
+        self.size += taken
         if len(self.head) < self.most:
             self.head += data[: min(taken, self.most - len(self.head))]
         return self.lines <= self.limit + 2  # the request line and the blank line are free
@@ -184,6 +189,13 @@ class Http:
             error = json_error("bad_request", "more than one Host header")
             await respond(conn, stream, 400, error, close=True)
             return None
+        if "transfer-encoding" in headers and "content-length" in headers:
+            # RFC 9112 6.1: the mark of request smuggling. A proxy in front may have framed the
+            # body by the other field, so what follows it here may be another client's request
+            # (h11 would take the chunks and keep the connection for it): refused, and closed.
+            message = "both Transfer-Encoding and Content-Length"
+            await respond(conn, stream, 400, json_error("bad_request", message), close=True)
+            return None
         if split is None:
             error = json_error("bad_request", "malformed request target")
             await respond(conn, stream, 400, error, close=True)
@@ -205,11 +217,17 @@ class Http:
             return None
         slot.state = "busy"
         if headers.get("upgrade", "").lower() == "websocket":
-            if raw is not None and path == "/ws":
+            if raw is not None and path == "/ws" and event.http_version == b"1.1":
                 return _Incoming(method, target, headers, b"", upgrade=True)
-            message = "upgrade only at /ws, as the first request"
+            # (RFC 6455 4.1: an upgrade is an HTTP/1.1 request; wsproto takes a 1.0 one)
+            message = "upgrade only at /ws, as the first request, in HTTP/1.1"
             await respond(conn, stream, 400, json_error("bad_request", message), close=True)
             return None
+        if conn.they_are_waiting_for_100_continue:
+            # (curl sends Expect for a large body, then waits a second for this before it does)
+            await stream.send_all(
+                conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+            )
         body = await self._read_body(conn, stream)
         if body is None:
             message = "request body too large"
@@ -265,6 +283,10 @@ class Http:
                     message = f"a request head has at most {self.limits.max_head_fields} lines"
                     error = json_error("bad_request", message)
                     await respond(conn, stream, 431, error, close=True)
+                    return None
+                if head.size > head.most:
+                    message = f"a request head has at most {head.most} bytes"
+                    await respond(conn, stream, 431, json_error("bad_request", message), close=True)
                     return None
                 if head.ended and not head.shows(self.auth.credentials):
                     # No token in it, in any form, nor the page's cookie: refused unparsed (h11

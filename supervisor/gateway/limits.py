@@ -26,6 +26,11 @@ class GatewayLimits:
     max_pending: int = 64
     #: responses queued for one client's socket before its requests are no longer read
     outgoing_buffer: int = 1024
+    #: the same in bytes: an answer may be a megabyte (a diff is up to 256 KiB, an error echoes
+    #: a session id or action name of up to a frame), and 1024 of those unread is a gigabyte.
+    #: Past it, requests are no longer read; the ``max_pending`` requests already running may
+    #: still add their answers.
+    outgoing_bytes: int = 4 * 1024 * 1024
     #: events a subscription may fall behind before it holds the agent back (see stall)
     subscription_buffer: int = 4096
     #: a subscriber whose buffer is full holds the session's agent back (its output is not

@@ -44,6 +44,14 @@ CLOSE_TOO_BIG: Final = 1009
 #: RFC 6455 section 7.4.1: "an endpoint is going away, such as a server going down".
 CLOSE_GOING_AWAY: Final = 1001
 _RECEIVE_BYTES: Final = 65536
+#: Fragments of a message kept apart before they are joined into one piece: each is a Python
+#: object of ~50 bytes beside its data, so a message sent as 2-byte fragments would take 25
+#: times its size (16 MiB of it, 450 MB) if they were all kept until the last one.
+_LOOSE_PARTS: Final = 256
+#: Frames read from one read's bytes before the other tasks get a turn: a read of 64 KiB is up
+#: to ~9,000 tiny frames (1-byte fragments, pings), ~70 ms of wsproto's parsing, and every
+#: other client's request (a cancel is several hops) would wait that long per hop.
+_FRAMES_PER_TURN: Final = 256
 
 
 class WebSocketClosed(Exception):
@@ -79,7 +87,8 @@ class ServerWebSocket:
         self._max = max_message_bytes
         self._ws = WSConnection(ConnectionType.SERVER)
         self._send_lock = trio.Lock()
-        self._parts: list[str | bytes] = []
+        self._parts: list[str | bytes] = []  # the message so far: joined pieces, then loose parts
+        self._loose = 0  # parts at the end of ``_parts`` not joined yet
         self._size = 0
         self._messages: list[str | bytes] = []
         self.closed = False
@@ -142,10 +151,15 @@ class ServerWebSocket:
     async def _receive(self, data: bytes | bytearray) -> None:
         self._ws.receive_data(bytes(data) if data else None)
         reply = b""
-        for event in self._ws.events():
+        for count, event in enumerate(self._ws.events(), 1):
+            if count % _FRAMES_PER_TURN == 0:
+                await trio.lowlevel.checkpoint()
             if isinstance(event, Message):
                 self._parts.append(event.data)
                 self._size += _wire_size(event.data)
+                self._loose += 1
+                if self._loose >= _LOOSE_PARTS:
+                    self._join_loose()
                 if self._size > self._max:
                     reply += self._close(CLOSE_TOO_BIG, "message too big")
                     break
@@ -158,6 +172,7 @@ class ServerWebSocket:
                     self._messages.append(message)
                     self._parts = []
                     self._size = 0
+                    self._loose = 0
             elif isinstance(event, Ping):
                 if self._ws.state is ConnectionState.OPEN:
                     reply += self._ws.send(event.response())
@@ -181,6 +196,18 @@ class ServerWebSocket:
                 break
         if reply:
             await self._send(reply)
+
+    def _join_loose(self) -> None:
+        """Join the loose parts at the end of the message into one piece (never the pieces
+        already joined: each byte is copied about twice in all, however many fragments)."""
+        loose = self._parts[-self._loose :]
+        piece: str | bytes = (
+            "".join(p for p in loose if isinstance(p, str))
+            if isinstance(loose[0], str)
+            else b"".join(p for p in loose if isinstance(p, bytes))
+        )
+        self._parts[-self._loose :] = [piece]
+        self._loose = 0
 
     def _close(self, code: int, reason: str) -> bytes:
         self.closed = True

@@ -478,7 +478,8 @@ def _decode(frame: str | bytes) -> _Checked | RequestError:
     try:
         message = json.loads(frame)
     except (ValueError, RecursionError) as exc:
-        return RequestError(None, "bad_request", f"invalid JSON: {exc}")
+        # Its id, when the frame starts with one, so the client's waiting call is answered.
+        return RequestError(_leading_id(frame), "bad_request", f"invalid JSON: {exc}")
     if not isinstance(message, dict):
         return RequestError(None, "bad_request", "a request must be a JSON object")
     request_id = message.get("id")

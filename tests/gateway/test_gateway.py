@@ -907,3 +907,177 @@ async def test_http_abort_refuses_a_body_it_cannot_take(body: bytes, why: str) -
             assert status == 400 and isinstance(answer, dict), answer
             assert answer["error"] == {"code": "bad_request", "message": why}
             assert (await client.sessions())[0]["turn_id"] is not None  # nothing was cancelled
+
+
+async def test_a_request_framed_both_by_chunks_and_by_length_is_refused_and_closed() -> None:
+    """RFC 9112 6.1: a request with both Transfer-Encoding and Content-Length may be a smuggling
+    attempt (a proxy in front framed it by the other one): it is refused and its connection
+    closed, so what follows it is never served as a request of its own."""
+    async with gateway() as (_, url, _launcher):
+        auth = "authorization: Bearer secret-token"
+        smuggled = _head(url, "/v1/agents", auth).replace(b"connection: close\r\n", b"")
+        post = _head(
+            url,
+            "/v1/sessions/s1/abort",
+            auth,
+            "content-length: 5",
+            "transfer-encoding: chunked",
+            method="POST",
+        ).replace(b"connection: close\r\n", b"")
+        response = await _exchange(url, post + b"0\r\n\r\n" + smuggled)
+        assert _status(response) == 400 and response.count(b"HTTP/1.1") == 1, response
+        assert b"Transfer-Encoding" in response
+
+
+async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_count() -> None:
+    """An error answer echoes what it refuses (an action name, a session id) up to a frame's
+    size: a client that sends such requests and reads nothing stops being read once its
+    unread answers reach ``outgoing_bytes``, not after 1024 of them (a gigabyte)."""
+    limits = GatewayLimits(outgoing_bytes=256 * 1024, send_buffer_bytes=16 * 1024)
+    async with gateway(limits=limits) as (server, url, _launcher):
+        async with open_websocket_url(websocket_url(url), message_queue_size=1) as silent:
+            request = json.dumps({"id": 1, "action": "x" * 20_000})
+
+            async def flood() -> None:
+                for _ in range(limits.outgoing_buffer + 100):
+                    await silent.send_message(request)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flood)
+                (connection,) = server._clients
+                with trio.fail_after(BOUND):
+                    while not connection._reader_parked:  # it stopped reading requests
+                        await trio.sleep(0.01)
+                queued = sum(len(frame) for frame, _ in connection._responses)
+                assert queued < limits.outgoing_bytes + 2 * len(request), queued
+                nursery.cancel_scope.cancel()
+
+
+async def test_a_message_in_tiny_fragments_is_kept_in_few_pieces() -> None:
+    """A message may come as any number of fragments; each kept apart would be a Python object
+    of ~50 bytes beside its 2 bytes (a 16 MiB message, 450 MB). They are joined as they come,
+    and the message is read whole."""
+    from wsproto.events import Ping, Pong, Request
+
+    async with gateway() as (server, url, _launcher):
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        ws = WSConnection(ConnectionType.CLIENT)
+        target = "/ws?token=secret-token"
+        await stream.send_all(ws.send(Request(host=f"{host}:{port}", target=target)))
+        events: list[object] = []
+
+        async def until(kind: type) -> Any:
+            with trio.fail_after(BOUND):
+                while not any(isinstance(event, kind) for event in events):
+                    ws.receive_data(await stream.receive_some(65536))
+                    events.extend(ws.events())
+            return next(event for event in events if isinstance(event, kind))
+
+        await until(AcceptConnection)
+        request = json.dumps({"id": "f", "action": "agents.list", "payload": {"x": "ab" * 4_000}})
+        pieces = [request[i : i + 2] for i in range(0, len(request), 2)]
+        data = b"".join(
+            ws.send(TextMessage(data=piece, message_finished=False)) for piece in pieces
+        )
+        await stream.send_all(data + ws.send(Ping(b"sync")))
+        await until(Pong)  # answered once every fragment before it was read
+        (connection,) = server._clients
+        assert len(connection.websocket._parts) < len(pieces) // 4
+        await stream.send_all(ws.send(TextMessage(data="", message_finished=True)))
+        answer = await until(TextMessage)
+        assert json.loads(answer.data)["id"] == "f" and json.loads(answer.data)["ok"]
+        await stream.aclose()
+
+
+async def test_a_head_over_max_head_bytes_is_refused_however_it_arrives() -> None:
+    """h11 bounds a head only while it is incomplete: one that came whole in one read passed
+    at up to 64 KiB. A head over ``max_head_bytes`` is refused (431) in one write or many."""
+    most = GatewayLimits().max_head_bytes
+    async with gateway() as (_, url, _launcher):
+        auth = "authorization: Bearer secret-token"
+        assert _status(await _exchange(url, _head(url, "/v1/agents", auth, "x: a"))) == 200
+        big = _head(url, "/v1/agents", auth, "x: " + "a" * most)
+        assert _status(await _exchange(url, big)) == 431
+        pieces = [big[i : i + 8192] for i in range(0, len(big), 8192)]
+        assert _status(await _exchange(url, *pieces)) == 431
+
+
+async def test_a_read_of_many_tiny_frames_gives_the_other_tasks_turns() -> None:
+    """One 64 KiB read may hold ~9,000 tiny frames (~70 ms of parsing): the reader lets the
+    other tasks run every few hundred of them, so another client's cancel does not wait that
+    long at each of its hops."""
+    from trio.testing import memory_stream_pair
+    from wsproto.events import Request
+
+    from supervisor.gateway.websocket import ServerWebSocket
+
+    client_stream, server_stream = memory_stream_pair()
+    server = ServerWebSocket(server_stream, max_message_bytes=MAX_FRAME_BYTES)
+    client = WSConnection(ConnectionType.CLIENT)
+    await server.accept(client.send(Request(host="x", target="/ws")))
+    client.receive_data(await client_stream.receive_some())
+    assert isinstance(next(client.events()), AcceptConnection)
+    frames = 4096
+    data = b"".join(
+        client.send(TextMessage(data="a", message_finished=False)) for _ in range(frames)
+    )
+    await client_stream.send_all(data + client.send(TextMessage(data="", message_finished=True)))
+    turns = 0
+    done = False
+
+    async def other() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)
+        await trio.lowlevel.checkpoint()  # (it has started)
+        assert await server.get_message() == "a" * frames
+        done = True
+    assert turns >= frames // 256 - 2, turns
+
+
+async def test_a_request_that_expects_100_continue_gets_it_before_its_body_is_read() -> None:
+    """A client that sends ``Expect: 100-continue`` waits for it before it sends the body
+    (curl a second, others longer): it is sent once the head passed its checks."""
+    async with gateway() as (_, url, _launcher):
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        stream = await trio.open_tcp_stream(host, int(port))
+        auth = "authorization: Bearer secret-token"
+        post = _head(
+            url,
+            "/v1/sessions/nope/abort",
+            auth,
+            "expect: 100-continue",
+            "content-length: 2",
+            method="POST",
+        )
+        await stream.send_all(post)
+        data = b""
+        with trio.fail_after(BOUND):
+            while b"\r\n\r\n" not in data and (chunk := await stream.receive_some(65536)):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 100 "), data
+        await stream.send_all(b"{}")
+        with trio.fail_after(BOUND):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+        assert b"HTTP/1.1 404 " in data and b"session_not_found" in data, data
+        await stream.aclose()
+
+
+async def test_a_websocket_upgrade_in_http_1_0_is_refused() -> None:
+    """RFC 6455 4.1: the opening handshake is an HTTP/1.1 request (wsproto would take 1.0)."""
+    async with gateway() as (_, url, _launcher):
+        handshake = (
+            "upgrade: websocket",
+            "connection: Upgrade",
+            "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==",
+            "sec-websocket-version: 13",
+        )
+        request = _head(url, "/ws?token=secret-token", *handshake)
+        response = await _exchange(url, request.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        assert _status(response) == 400 and b"HTTP/1.1" in response.split(b"\r\n\r\n")[1]

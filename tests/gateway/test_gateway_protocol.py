@@ -248,3 +248,17 @@ def test_an_abort_reason_utf8_cannot_carry_is_bad_request() -> None:
     refused = decode_abort("s1", json.dumps({"reason": "\ud800"}).encode())
     assert isinstance(refused, RequestError) and refused.code == "bad_request"
     assert refused.message.startswith("'reason' is not valid Unicode text")
+
+
+def test_invalid_json_is_answered_with_the_id_it_starts_with() -> None:
+    """A frame JSON cannot read (cut short, a number of 5,000 digits) is still answered with
+    the id it starts with, so the client's call waiting for it ends."""
+    for frame in (
+        '{"id": "c7", "action": "agents.list", "payload": {',
+        '{"id": 7, "x": ' + "9" * 5000,
+    ):
+        result = decode_request(frame)
+        assert isinstance(result, RequestError) and result.code == "bad_request"
+        assert result.id == ("c7" if "c7" in frame else 7), result
+    result = decode_request("[not json")
+    assert isinstance(result, RequestError) and result.id is None
