@@ -541,7 +541,10 @@ class Supervisor:
         store = self._checkpoint_stores.get(real)
         if store is None:
             store = self._checkpoint_stores[real] = ShadowStore(
-                self._checkpoints_dir, real, watch=self._checkpoint_watch
+                self._checkpoints_dir,
+                real,
+                watch=self._checkpoint_watch,
+                own=[os.path.dirname(self._checkpoints_dir)],  # the state directory
             )
         return store
 

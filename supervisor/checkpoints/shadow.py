@@ -44,13 +44,14 @@ import base64
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import stat
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -280,13 +281,19 @@ class ShadowStore:
         timeout_s: float = GIT_TIMEOUT_S,
         prune_expire: str = PRUNE_EXPIRE,
         watch: bool = True,
+        own: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         """``watch``: while sessions hold the store (:meth:`hold`), snapshots are told what
         changed by an inotify watcher instead of looking at every file (the module docstring);
-        false: each is the full pass."""
+        false: each is the full pass. ``own``: directories of the supervisor's own (its state
+        directory), never snapshotted nor watched when they are below ``cwd``: a supervisor
+        started in the project it supervises would otherwise record its own writes (this
+        store's among them) as every turn's changes."""
         self.cwd = os.path.realpath(cwd)
         name = hashlib.sha256(os.fsencode(self.cwd)).hexdigest()[:24]
         self.git_dir = Path(root) / name
+        #: ``own`` and ``root`` below the work tree, relative to it
+        self.own = _below(self.cwd, [root, *own])
         self.max_file_bytes = max_file_bytes
         self.timeout_s = timeout_s
         self._env = _git_env()
@@ -416,6 +423,11 @@ class ShadowStore:
             settings["core.excludesFile"] = str(exclude)
         for key, value in settings.items():
             await self._git("config", key, value)
+        # The store's own excludes (git reads them beside the user's): the supervisor's
+        # directories below the work tree, anchored at its root.
+        info = trio.Path(self.git_dir / "info")
+        await info.mkdir(exist_ok=True)
+        await (info / "exclude").write_bytes(b"".join(_pattern(path) for path in self.own))
         self._ready = True
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -473,7 +485,7 @@ class ShadowStore:
         None: not known (no watcher, or it cannot tell, or an ignore file outside the work tree
         changed). Its watches are set up here the first time, before any file is looked at."""
         if self._holders > 0 and self._watcher is None:
-            self._watcher = Watcher(self.cwd)
+            self._watcher = Watcher(self.cwd, skip=self.own)
         if self._watcher is None:
             return None
         try:
@@ -1245,3 +1257,25 @@ def _write_atomically(full: bytes, mode: str, content: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def _below(top: str, paths: Sequence[str | os.PathLike[str]]) -> frozenset[bytes]:
+    """Those of ``paths`` that are ``top`` or below it, relative to it (``top`` itself is never
+    left out: a store of the state directory's own files records them)."""
+    found = set()
+    for path in paths:
+        relative = os.path.relpath(os.path.realpath(path), top)
+        if (
+            relative != os.curdir
+            and relative != os.pardir
+            and not relative.startswith(os.pardir + os.sep)
+        ):
+            found.add(os.fsencode(relative))
+    return frozenset(found)
+
+
+def _pattern(relative: bytes) -> bytes:
+    """The gitignore line that leaves out the directory ``relative`` (to the work tree) and
+    everything below it, its glob characters and trailing spaces taken literally."""
+    escaped = re.sub(rb"([\\*?\[\]!# ])", rb"\\\1", relative)
+    return b"/" + escaped + b"/\n"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from typing import Final
 
 from attrs import frozen
@@ -96,9 +97,17 @@ class Watcher:
     caller at a time (the store calls it under its lock, in a worker thread)."""
 
     def __init__(
-        self, root: str | bytes, *, max_paths: int = MAX_PATHS, max_watches: int = MAX_WATCHES
+        self,
+        root: str | bytes,
+        *,
+        max_paths: int = MAX_PATHS,
+        max_watches: int = MAX_WATCHES,
+        skip: Collection[bytes] = frozenset(),
     ) -> None:
+        """``skip``: directories (relative to ``root``) never watched, nor anything below
+        them: what no snapshot records (the supervisor's own state directory)."""
         self.root = os.fsencode(root)
+        self.skip = frozenset(skip)
         self.max_paths = max_paths
         self.max_watches = max_watches
         self._inotify: INotify | None = None
@@ -187,6 +196,8 @@ class Watcher:
             if name == b".git":
                 return  # a repository nested or no longer: never watched inside
         path = os.path.join(directory, name) if directory else name
+        if path in self.skip:
+            return
         if mask & flags.ISDIR:
             if mask & (flags.MOVED_FROM | flags.MOVED_TO):
                 # its files' paths changed with no event of theirs, and the watches below it
@@ -268,6 +279,8 @@ class Watcher:
                 except OSError:
                     is_dir = False
                 if is_dir:
+                    if path in self.skip:
+                        continue
                     pending.append(path)
                     if new:
                         self._add(path, self._dir_changes)

@@ -404,3 +404,29 @@ async def test_the_directory_is_watched_while_a_session_runs_there_and_no_longer
 
 if __name__ == "__main__":  # a test's child process (test_a_turn_that_makes_a_file_...)
     trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))
+
+
+async def test_a_state_directory_inside_the_working_directory_is_never_recorded(
+    work: Path,
+) -> None:
+    """A supervisor started in the project it supervises keeps its state there (its
+    checkpoint store included): a turn's changes are its tool's alone, and a rewind leaves the
+    state directory as it is. The directory's name has glob characters, taken literally."""
+    launcher = FileToolLauncher(AcpBehaviour(tool=0.01, words=2, word_interval=0.0), work)
+    state = work / "run" / "state [*]"
+    with trio.fail_after(BOUND_S):
+        async with open_supervisor(
+            agents={"fake": _spec()}, launcher=launcher, state_dir=state
+        ) as sup:
+            session = await sup.start_session("fake", cwd=str(work))
+            async with record(session) as recorder:
+                for n in range(2):  # (the second: after the store wrote the first's refs)
+                    turn = await session.prompt("edit the files")
+                    ended = await _turn_ended(recorder, turn.id)
+                    assert ended.changes == (EXPECTED if n == 0 else []), ended.changes
+                stored = _tree(state)
+                result = await session.rewind(turn.id)
+                assert result["restored"] == [] and result["not_restored"] == [], result
+                result = await session.rewind("t1")
+                assert result["restored"] == ["new/dir/made.bin", "notes.txt", "src/app.py"]
+                assert _tree(state).keys() >= stored.keys()  # nothing of its own undone

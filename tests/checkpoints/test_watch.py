@@ -68,6 +68,22 @@ def test_writes_creations_deletions_renames_and_new_trees_are_named(work: Path) 
     watcher.close()
 
 
+def test_directories_it_skips_are_neither_watched_nor_named(work: Path) -> None:
+    """The supervisor's own state directory below the tree: what is written there, made
+    there before or after the watches, is never a change."""
+    (work / "a" / "state").mkdir()
+    watcher = Watcher(str(work), skip={b"a/state", b"later"})
+    assert watcher.changed() is None
+    (work / "a" / "state" / "sessions.db").write_text("rows\n")
+    (work / "later" / "checkpoints").mkdir(parents=True)
+    (work / "later" / "checkpoints" / "HEAD").write_text("ref\n")
+    (work / "a" / "one.txt").write_text("one, again\n")
+    assert watcher.changed() == Changes(frozenset({b"a/one.txt"}), frozenset())
+    (work / "later" / "checkpoints" / "index").write_text("entries\n")
+    assert watcher.changed() == Changes(frozenset(), frozenset())
+    watcher.close()
+
+
 @pytest.mark.parametrize(
     "change",
     [
