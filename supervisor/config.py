@@ -96,6 +96,12 @@ DEFAULT_STALL_S = 300.0
 #: None, never. Builds, test suites and dev servers run for as long as they run, silently;
 #: only the user knows how long is too long for theirs.
 DEFAULT_TOOL_STALL_S: float | None = None
+#: How long a turn's start waits for its session's first snapshot (``design/checkpoints.md``).
+#: A first snapshot hashes every file: 10,000 files take 2-6 s here, 100,000 about 30 s (both
+#: in ``bench/results.md``), a directory the size of a disk minutes, during which nothing
+#: reaches the agent. Past this the turn starts without a checkpoint (said), as a prompt
+#: should not wait minutes for a record of it. 0 (or None): as long as it takes.
+DEFAULT_FIRST_SNAPSHOT_WAIT_S: float | None = 30.0
 #: The conversation so far, given to an agent whose session could not be resumed (a respawn
 #: or a restart got a fresh one), at most this many bytes of UTF-8 with its preamble: the
 #: newest kept, the oldest left out first. 64 KiB is ~16K tokens, a small share of any coding
@@ -159,6 +165,11 @@ class AgentSpec:
     #: ``turn.ended``, and it can be rewound (``design/checkpoints.md``); local sessions of a
     #: supervisor with a state directory
     checkpoints: bool = True
+    #: how long a turn's start waits for the session's first snapshot (a directory of 100,000
+    #: files takes ~30 s here, a whole disk's worth minutes): past it the turn starts without
+    #: a checkpoint and says so; the turns after it have theirs once it is done. None: as long
+    #: as it takes
+    first_snapshot_wait_s: float | None = DEFAULT_FIRST_SNAPSHOT_WAIT_S
     #: after a rewind, the next prompt the agent gets starts with a line saying the files were
     #: put back to an earlier state, and which (its picture of them is the one undone)
     tell_rewind: bool = True
@@ -497,6 +508,7 @@ _FIELDS = {
     "tool_stall_s",
     "max_memory_mb",
     "checkpoints",
+    "first_snapshot_wait_s",
     "tell_rewind",
     "worktree",
     "env",
@@ -574,6 +586,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
     for key, default_limit in (
         ("stall_s", DEFAULT_STALL_S),
         ("tool_stall_s", DEFAULT_TOOL_STALL_S),
+        ("first_snapshot_wait_s", DEFAULT_FIRST_SNAPSHOT_WAIT_S),
     ):
         limit = table.get(key, default_limit)
         if limit is not None and (
@@ -647,6 +660,7 @@ def _parse_agent(name: str, table: Any, where: str) -> AgentSpec:
         tool_stall_s=stall["tool_stall_s"],
         max_memory_mb=float(max_memory) if max_memory else None,
         checkpoints=checkpoints,
+        first_snapshot_wait_s=stall["first_snapshot_wait_s"],
         tell_rewind=tell_rewind,
         worktree=worktree,
         env=env,

@@ -78,6 +78,12 @@ class Checkpoints:
         #: once it is taken (the store's index then holds every file: only what changed since
         #: is hashed, where a first snapshot of 100,000 files takes tens of seconds)
         self.baseline = False
+        #: when the turn waiting for the first snapshot starts without a checkpoint
+        #: (``spec.first_snapshot_wait_s`` after it began to wait); None: no turn waits
+        self.baseline_until: float | None = None
+        #: the first snapshot outlasted that wait: the turns until it is done start at once,
+        #: without a checkpoint
+        self.baseline_overdue = False
         #: a rewind's caller, until it is done
         self.rewinding: Waiter[dict[str, Any]] | None = None
         #: ids a rewind may name, oldest first: turns' starts and rewinds' own states

@@ -783,6 +783,13 @@ class SessionCore:
             return True
         checkpoints.starting, checkpoints.taken = turn_id, False
         if checkpoints.baseline:
+            if checkpoints.baseline_overdue:
+                checkpoints.starting = None
+                self._without_checkpoint(turn_id)
+                return True
+            wait = self.spec.first_snapshot_wait_s
+            if wait is not None and checkpoints.baseline_until is None:
+                checkpoints.baseline_until = self._io.now() + wait
             return False  # asked for once the first snapshot is taken (baseline_taken)
         checkpoints.under_way = "start"
         self._io.checkpoint(turn_id)
@@ -795,6 +802,7 @@ class SessionCore:
         if not checkpoints.baseline:
             return
         checkpoints.baseline = False
+        checkpoints.baseline_until, checkpoints.baseline_overdue = None, False
         if error is not None:
             self.emit(
                 ev.ErrorEvent(
@@ -805,6 +813,30 @@ class SessionCore:
             )
         if self.state not in ENDS:
             self.start_next()
+
+    def _baseline_overdue(self) -> None:
+        """The first snapshot outlasted ``spec.first_snapshot_wait_s``: the turn waiting for it
+        starts without a checkpoint, and so do the turns after it until it is done."""
+        checkpoints = self.checkpoints
+        checkpoints.baseline_until = None
+        turn_id = checkpoints.starting
+        if self.turn is not None or turn_id is None or self._starting() != turn_id:
+            return  # the turn that waited was cancelled: the next one waits afresh
+        checkpoints.baseline_overdue = True
+        checkpoints.taken = True  # (kept by no checkpoint: its end asks for none)
+        self._without_checkpoint(turn_id)
+        if self.state not in ENDS:
+            self.start_next()
+
+    def _without_checkpoint(self, turn_id: str) -> None:
+        self.emit(
+            ev.ErrorEvent(
+                code="checkpoint_failed",
+                message=f"turn {turn_id} starts without a checkpoint: the working directory's"
+                f" first snapshot is still being taken after {self.spec.first_snapshot_wait_s:g}"
+                " s (first_snapshot_wait_s); the turns after it have theirs once it is done",
+            )
+        )
 
     def checkpoint_taken(self, turn_id: str, error: str | None) -> None:
         """The working directory is snapshotted as ``turn_id``'s start (or could not be:
@@ -1113,7 +1145,8 @@ class SessionCore:
     def next_deadline(self) -> float:
         """When the core must next act though nothing comes (inf: never): a cancel's grace,
         the start's timeout, a steer's answer, an exit that should come, the stall
-        watchdog's limit (once the stream heard is dated), or a pause's deadline."""
+        watchdog's limit (once the stream heard is dated), a pause's deadline, or the end of a
+        turn's wait for the first snapshot."""
         deadline = math.inf
         turn = self.turn
         if turn is not None:
@@ -1131,6 +1164,9 @@ class SessionCore:
             steers = turn.steers
             if steers is not None and steers.pending:
                 deadline = min(deadline, steers.next_deadline())
+        until = self.checkpoints.baseline_until
+        if until is not None and turn is None:
+            deadline = min(deadline, until)
         agent = self.agent
         if agent.start_deadline is not None:
             deadline = min(deadline, agent.start_deadline)
@@ -1158,6 +1194,9 @@ class SessionCore:
         if turn is not None and turn.cancel is None and now >= turn.watch.stall_at:
             self._stall_check(now)
         self._pause_check(now)
+        until = self.checkpoints.baseline_until
+        if until is not None and now >= until and self.checkpoints.baseline:
+            self._baseline_overdue()
 
     # -- the end ------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -59,11 +60,13 @@ class GatedStore(ShadowStore):
 
 @asynccontextmanager
 async def gated_session(
-    tmp_path: Path, store: GatedStore | None = None, session_id: str = "s1"
+    tmp_path: Path, store: GatedStore | None = None, session_id: str = "s1", **changes: Any
 ) -> AsyncIterator[tuple[Session, GatedStore, Recorder, trio.Event]]:
-    """The session, its store, its events, and whether its actor (and its nursery) ended."""
+    """The session (its agent's spec with ``changes``), its store, its events, and whether its
+    actor (and its nursery) ended."""
     store = store if store is not None else GatedStore(tmp_path)
     spec = AgentSpec(name="fake", protocol="acp", command=["fake-agent"], grace_s=2.0)
+    spec = spec.with_options(**changes) if changes else spec
     launcher = AcpLauncher(AcpBehaviour(words=2, word_interval=0.0))
     session = Session(session_id, spec, cwd=str(tmp_path), launcher=launcher, checkpoints=store)
     recorder = Recorder(session)
@@ -123,6 +126,40 @@ async def test_the_first_turn_waits_for_the_first_snapshot_then_its_own(
         # the first snapshot is kept by no turn: a rewind may not name it
         assert list(session._snapshots) == [turn.id]
         assert store._dropped == ["c1"]
+        await session.stop()
+
+
+async def test_past_its_wait_a_turn_starts_without_a_checkpoint_until_the_first_is_taken(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A first snapshot that takes longer than ``first_snapshot_wait_s`` (a directory the size
+    of a disk): the turn waiting for it starts then, without a checkpoint, and says so; so do
+    the turns after it, at once, until the first snapshot is taken; then each has its own."""
+    async with gated_session(tmp_path, first_snapshot_wait_s=10.0) as (session, store, rec, _):
+        turn = await prompt_during_the_first_snapshot(session, store)
+        began = trio.current_time()
+        started = await rec.wait_kind("turn.started")
+        assert started.turn_id == turn.id and trio.current_time() - began == 10.0
+        said = rec.of_kind("error")
+        assert [e.code for e in said] == ["checkpoint_failed"]
+        assert f"turn {turn.id} starts without a checkpoint" in said[0].message
+        ended = await rec.wait_kind("turn.ended")
+        assert (ended.turn_id, ended.changes) == (turn.id, None)
+        second = await session.prompt("edit again")
+        await rec.wait_for(lambda e: e.kind == "turn.started" and e.turn_id == second.id)
+        await rec.wait_for(lambda e: e.kind == "turn.ended" and e.turn_id == second.id)
+        assert len(store.asked) == 1 and len(rec.of_kind("error")) == 2
+        store.let_through(0)  # the first snapshot, at last
+        await trio.testing.wait_all_tasks_blocked()  # (and the session told so)
+        third = await session.prompt("edit once more")
+        await store.wait_asked(2)  # its own start snapshot, once the first is taken
+        store.let_through(1)
+        await rec.wait_for(lambda e: e.kind == "turn.started" and e.turn_id == third.id)
+        await store.wait_asked(3)
+        store.let_through(2)
+        ended = await rec.wait_for(lambda e: e.kind == "turn.ended" and e.turn_id == third.id)
+        assert ended.changes == []
+        assert list(session._snapshots) == [third.id]
         await session.stop()
 
 

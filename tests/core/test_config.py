@@ -411,7 +411,10 @@ def test_stall_limits_are_configurable_and_checked() -> None:
     assert (spec.stall_s, spec.tool_stall_s) == (60.0, 1800.5)
     spec = parse_agents({"agents": {"a": {**table, "stall_s": 0, "tool_stall_s": 0}}})["a"]
     assert (spec.stall_s, spec.tool_stall_s) == (None, None)  # 0: never (TOML has no null)
-    for key in ("stall_s", "tool_stall_s"):
+    assert spec.first_snapshot_wait_s == 30.0
+    spec = parse_agents({"agents": {"a": {**table, "first_snapshot_wait_s": 0}}})["a"]
+    assert spec.first_snapshot_wait_s is None  # 0: a turn waits as long as it takes
+    for key in ("stall_s", "tool_stall_s", "first_snapshot_wait_s"):
         for bad in (-1, True, "300", float("inf"), float("nan")):
             with pytest.raises(ConfigError, match=key):
                 parse_agents({"agents": {"a": {**table, key: bad}}})
