@@ -1260,8 +1260,8 @@ def _write_atomically(full: bytes, mode: str, content: bytes) -> None:
 
 
 def _below(top: str, paths: Sequence[str | os.PathLike[str]]) -> frozenset[bytes]:
-    """Those of ``paths`` that are ``top`` or below it, relative to it (``top`` itself is never
-    left out: a store of the state directory's own files records them)."""
+    """Those of ``paths`` strictly below ``top``, relative to it (a state directory that is the
+    working directory itself leaves nothing out: its files are then the session's)."""
     found = set()
     for path in paths:
         relative = os.path.relpath(os.path.realpath(path), top)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from unprivileged import child_main, run_unprivileged
 from worktrees import fingerprint as _fingerprint
 from worktrees import git as _git
 from worktrees import tree as _tree
@@ -227,7 +226,6 @@ async def test_a_working_directory_that_disappears_ends_the_turn_and_is_said(
 ) -> None:
     """The turn still ends and answers; what it changed is not known, and a rewind says why
     it cannot be made."""
-    import shutil
 
     from supervisor.errors import CheckpointFailed
 
@@ -257,7 +255,6 @@ async def test_the_first_snapshot_runs_as_the_session_starts_and_a_stop_ends_its
     """The session's first snapshot is under way before any prompt; a prompt waits for it, a
     cancel does not, and a stop ends it with its git process. Here its walk of the tree
     (``git status``) never finishes (a ``git`` first on the PATH that sleeps instead)."""
-    import shutil
 
     pid_fifo = tmp_path / "status.pid"
     os.mkfifo(pid_fifo)
@@ -316,22 +313,7 @@ def test_a_turn_that_makes_a_file_unreadable_names_it_and_its_rewind_leaves_it()
     """The tool changes files and makes one unreadable: the turn's changes name it (and list
     the others), and a rewind restores the others and leaves it as it is. As root (who reads
     every file) the supervisor runs as nobody, in a child process."""
-    if os.geteuid() != 0:
-        with tempfile.TemporaryDirectory() as tmp:
-            trio.run(unreadable_turn, Path(tmp))
-        return
-    if shutil.which("setpriv") is None:
-        pytest.skip("root, and no setpriv to run the supervisor as another user")
-    with tempfile.TemporaryDirectory(prefix="checkpoints-") as shared:
-        os.chmod(shared, 0o777)
-        done = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-            + [sys.executable, __file__, "unreadable_turn", shared],
-            capture_output=True,
-            timeout=BOUND_S,
-            env={**os.environ, "HOME": shared, "PYTHONPATH": str(Path(__file__).parent.parent)},
-        )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    run_unprivileged(__file__, unreadable_turn, BOUND_S)
 
 
 async def unreadable_turn(tmp_path: Path) -> None:
@@ -403,7 +385,7 @@ async def test_the_directory_is_watched_while_a_session_runs_there_and_no_longer
 
 
 if __name__ == "__main__":  # a test's child process (test_a_turn_that_makes_a_file_...)
-    trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))
+    child_main(globals())
 
 
 async def test_a_state_directory_inside_the_working_directory_is_never_recorded(

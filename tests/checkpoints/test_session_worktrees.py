@@ -4,6 +4,7 @@ repositories: in-memory ACP agents whose tool writes a file in the session's dir
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -253,17 +254,17 @@ async def test_a_worktree_cancelled_while_git_makes_it_leaves_nothing_behind(
     # Its caller went away (a client closing while its session.start runs): the branch and
     # the directory git had made by then go too.
     started, finish = tmp_path / "started", tmp_path / "finish"
+    os.mkfifo(started)  # the hook's write waits for the test's read: git is then mid-way
     hook = repo / ".git" / "hooks" / "post-checkout"  # git runs it once both are made
     hook.write_text(
-        f"#!/bin/sh\ntouch '{started}'\nwhile [ ! -e '{finish}' ]; do sleep 0.05; done\n"
+        f"#!/bin/sh\necho made > '{started}'\nwhile [ ! -e '{finish}' ]; do sleep 0.05; done\n"
     )
     hook.chmod(0o755)
     root = tmp_path / "state" / "worktrees"
     with trio.fail_after(BOUND_S):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(Worktrees(root).create, "s1", str(repo))
-            while not started.exists():  # (another process's doing: nothing to wait on)
-                await trio.sleep(0.01)
+            await trio.to_thread.run_sync(started.read_text, abandon_on_cancel=True)
             assert "agent-supervisor/s1" in _branches(repo)
             nursery.cancel_scope.cancel()
     finish.touch()

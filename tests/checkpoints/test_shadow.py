@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from unprivileged import child_main, run_unprivileged
 from worktrees import fingerprint as _fingerprint
 from worktrees import git as _git
 from worktrees import tree as _tree
@@ -375,24 +373,7 @@ def test_a_file_that_cannot_be_read_is_skipped_named_and_left_by_a_rewind(tmp_pa
     keeps the others, names the unreadable ones, and a rewind restores the others and leaves
     them as they are. As root (who reads every file) the store runs as nobody, in a child
     process."""
-    if os.geteuid() != 0:
-        import trio
-
-        trio.run(unreadable, tmp_path)
-        return
-    if shutil.which("setpriv") is None:
-        pytest.skip("root, and no setpriv to run the store as another user")
-    # (pytest's own directories are root's alone: one that nobody may enter)
-    with tempfile.TemporaryDirectory(prefix="checkpoints-") as shared:
-        os.chmod(shared, 0o777)
-        done = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-            + [sys.executable, __file__, "unreadable", shared],
-            capture_output=True,
-            timeout=60,
-            env={**os.environ, "HOME": shared, "PYTHONPATH": str(Path(__file__).parent.parent)},
-        )
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    run_unprivileged(__file__, unreadable, 60)
 
 
 async def unreadable(tmp_path: Path) -> None:
@@ -438,9 +419,5 @@ async def unreadable(tmp_path: Path) -> None:
     assert b"secret.txt" in [c.path for c in await store.changes(end, again)]
 
 
-if (
-    __name__ == "__main__"
-):  # a test's child process (test_a_file_that_cannot_be_read_is_skipped_...)
-    import trio
-
-    trio.run(globals()[sys.argv[1]], Path(sys.argv[2]))
+if __name__ == "__main__":  # a test's child process (test_a_file_that_cannot_be_read_...)
+    child_main(globals())
