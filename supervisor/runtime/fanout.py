@@ -900,15 +900,17 @@ class Fanout:
         gathering), which a subscriber without a store never has to leave room for; a full
         buffer holds the session anyway (:meth:`must_wait`)."""
         count, size = self._held_count, self._held_bytes
-        return any(
-            s.stall_s is not None
-            and not s._closed
-            and (
-                2 * (len(s._events) + count) >= s.capacity + s._limit
-                or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
-            )
-            for s in self._gated
-        )
+        for s in self._gated:  # (a loop, not any(): this runs in every step of a stream)
+            if (
+                s.stall_s is not None
+                and not s._closed
+                and (
+                    2 * (len(s._events) + count) >= s.capacity + s._limit
+                    or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
+                )
+            ):
+                return True
+        return False
 
     def acknowledge(self, seq: int) -> None:
         """Events up to ``seq`` are held by the front for good: the history may drop them, and
