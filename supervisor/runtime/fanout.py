@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice, repeat
 from typing import Any, Protocol
 
@@ -125,6 +125,25 @@ class Recorder(Protocol):
         """The session's events with seqs above ``after`` up to ``upto``, as ``(seq, wire
         JSON)``: what a subscriber from before the history's oldest event is replayed
         (:func:`fill_from_recorder`); what it cannot read is left out."""
+
+
+#: a run a fan-out holds until its recorder stored it: its first and last seq, its events'
+#: wire bytes, and the events (None: not kept, decoded from the bytes if asked for)
+_HeldRun = tuple[int, int, list[bytes], "list[ev.Event] | None"]
+
+
+def _seqs(run: _HeldRun) -> Iterable[int]:
+    events = run[3]
+    return range(run[0], run[1] + 1) if events is None else [event.seq for event in events]
+
+
+def _objects_of(runs: list[_HeldRun]) -> list[ev.Event]:
+    """The events of ``runs``, decoded from their bytes where they were not kept (a gated
+    subscription that takes objects came after they were recorded)."""
+    events: list[ev.Event] = []
+    for _, _, payloads, kept in runs:
+        events += kept if kept is not None else map(event_from_json, payloads)
+    return events
 
 
 def _gap_json(first: bytes, from_seq: int, to_seq: int) -> bytes:
@@ -527,8 +546,14 @@ class Fanout:
         #: (with a recorder) subscriptions offered events once they are stored, not as they
         #: are published: ``_subscriptions`` stays empty, so publishing costs nothing more
         self._gated: list[Subscription] = []
-        #: (with a recorder) runs recorded and not stored yet, in order; their events and bytes
-        self._held: deque[tuple[list[ev.Event], list[bytes]]] = deque()
+        #: (with a recorder) runs recorded and not stored yet, in order: first and last seq,
+        #: wire bytes, and the events themselves only while a gated subscription takes
+        #: objects (:attr:`_objects`) or the run's seqs have a hole: a stream's events die
+        #: with their step, not once their batch is written (fewer objects for the collector
+        #: to walk while a write is under way)
+        self._held: deque[_HeldRun] = deque()
+        #: (with a recorder) a gated subscription takes event objects, not wire frames
+        self._objects = False
         self._held_count = 0
         self._held_bytes = 0
         #: waits of the session held back for a full recorder (a diagnostic)
@@ -553,7 +578,7 @@ class Fanout:
         (those after it wait, in :attr:`_held` or as objects not recorded yet); else the
         newest published."""
         if self._held:
-            return self._held[0][0][0].seq - 1
+            return self._held[0][0] - 1
         if self.recorder is not None and self._unserialized:
             return self._unserialized[0].seq - 1
         return self.head_seq
@@ -598,7 +623,9 @@ class Fanout:
         recorder = self.recorder
         if recorder is not None:
             recorder.record(events, payloads, self)
-            self._held.append((events, payloads))
+            first, last = events[0].seq, events[-1].seq
+            objects = events if self._objects or last - first != len(events) - 1 else None
+            self._held.append((first, last, payloads, objects))
             self._held_count += len(events)
             self._held_bytes += total
         history, kept = self._history, self._sizes
@@ -694,6 +721,7 @@ class Fanout:
         elif gated:
             subscription._source = self
             self._gated.append(subscription)
+            self._objects = self._objects or not wire
         else:
             self._subscriptions.append(subscription)
             self._maybe_full = self._maybe_full or subscription._full
@@ -780,26 +808,27 @@ class Fanout:
         held = self._held
         if not held:
             return
-        events: list[ev.Event] = []
+        runs: list[_HeldRun] = []
         payloads: list[bytes] = []
-        while held and held[0][0][-1].seq <= seq:  # (the writer stores whole runs)
-            run, run_payloads = held.popleft()
-            events += run
-            payloads += run_payloads
-        if not events:
+        while held and held[0][1] <= seq:  # (the writer stores whole runs)
+            run = held.popleft()
+            runs.append(run)
+            payloads += run[2]
+        if not runs:
             return
         sizes = list(map(len, payloads))
         total = sum(sizes)
-        self._held_count -= len(events)
+        self._held_count -= len(payloads)
         self._held_bytes -= total
         frames: list[bytes] | None = None
+        events: list[ev.Event] | None = None
         drop = False
         for subscription in self._gated:
             if subscription._closed:
                 drop = True
                 continue
             if subscription._after:
-                if self._offer_after(subscription, events, payloads):
+                if self._offer_after(subscription, runs):
                     drop = True
                 continue
             if subscription.wire:
@@ -807,6 +836,8 @@ class Fanout:
                     frames = text_frames(payloads)
                 fits = subscription._offer_many(frames, sizes, total)
             else:
+                if events is None:
+                    events = _objects_of(runs)
                 fits = subscription._offer_many(events, sizes, total)
             if not fits:
                 subscription._end(lagged=True)
@@ -816,26 +847,30 @@ class Fanout:
             if subscription._unannounced:
                 subscription._announce()
         if drop:
-            self._gated = [s for s in self._gated if not s._ended and not s._closed]
+            self._drop_gated()
         if self._closed and not held:
             self._end_gated()
         self._room.set()
 
+    def _drop_gated(self) -> None:
+        """Forget the gated subscriptions closed or ended."""
+        self._gated = [s for s in self._gated if not s._ended and not s._closed]
+        self._objects = any(not s.wire for s in self._gated)
+
     @staticmethod
-    def _offer_after(
-        subscription: Subscription, events: list[ev.Event], payloads: list[bytes]
-    ) -> bool:
-        """(:meth:`committed`, rare) Offer ``subscription`` those of ``events`` after the seq
-        it has (:attr:`Subscription._after`); True if it is cut off."""
+    def _offer_after(subscription: Subscription, runs: list[_HeldRun]) -> bool:
+        """(:meth:`committed`, rare) Offer ``subscription`` those of ``runs``' events after
+        the seq it has (:attr:`Subscription._after`); True if it is cut off."""
         after = subscription._after
-        cut = next((i for i, event in enumerate(events) if event.seq > after), len(events))
-        if cut < len(events):
+        seqs = [seq for run in runs for seq in _seqs(run)]
+        cut = next((i for i, seq in enumerate(seqs) if seq > after), len(seqs))
+        if cut < len(seqs):
             subscription._after = 0
-        events, payloads = events[cut:], payloads[cut:]
-        if not events:
+        payloads = [payload for run in runs for payload in run[2]][cut:]
+        if not payloads:
             return False
         sizes = list(map(len, payloads))
-        items: list[Any] = text_frames(payloads) if subscription.wire else events
+        items: list[Any] = text_frames(payloads) if subscription.wire else _objects_of(runs)[cut:]
         if not subscription._offer_many(items, sizes, sum(sizes)):
             subscription._end(lagged=True)
             return True
@@ -865,15 +900,17 @@ class Fanout:
         gathering), which a subscriber without a store never has to leave room for; a full
         buffer holds the session anyway (:meth:`must_wait`)."""
         count, size = self._held_count, self._held_bytes
-        return any(
-            s.stall_s is not None
-            and not s._closed
-            and (
-                2 * (len(s._events) + count) >= s.capacity + s._limit
-                or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
-            )
-            for s in self._gated
-        )
+        for s in self._gated:  # (a loop, not any(): this runs in every step of a stream)
+            if (
+                s.stall_s is not None
+                and not s._closed
+                and (
+                    2 * (len(s._events) + count) >= s.capacity + s._limit
+                    or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
+                )
+            ):
+                return True
+        return False
 
     def acknowledge(self, seq: int) -> None:
         """Events up to ``seq`` are held by the front for good: the history may drop them, and
@@ -980,7 +1017,7 @@ class Fanout:
             if subscription._full and taken.get(id(subscription)) == subscription.taken:
                 subscription._end(lagged=True)
         self._subscriptions = [s for s in self._subscriptions if not s._ended]
-        self._gated = [s for s in self._gated if not s._ended]
+        self._drop_gated()
         self._subscriptions_changed()
 
     def wake(self) -> None:

@@ -191,11 +191,21 @@ class EventRun:
 
     session_id: str
     first_seq: int
+    #: each event's wire JSON; with :attr:`counts`, pieces of ``counts[i]`` events each,
+    #: joined already (the store's writer hands over a stream's runs so)
     payloads: list[bytes]
+    counts: list[int] | None = None
 
     @property
     def last_seq(self) -> int:
-        return self.first_seq + len(self.payloads) - 1
+        count = len(self.payloads) if self.counts is None else sum(self.counts)
+        return self.first_seq + count - 1
+
+    def each(self) -> list[bytes]:
+        """Each event's wire JSON."""
+        if self.counts is None:
+            return self.payloads
+        return b"\n".join(self.payloads).split(b"\n")
 
 
 @frozen(kw_only=True)
@@ -339,7 +349,7 @@ def store_beyond(
                 EventRun(
                     session_id=run.session_id,
                     first_seq=first,
-                    payloads=run.payloads[first - run.first_seq :],
+                    payloads=run.each()[first - run.first_seq :],
                 )
             )
             return

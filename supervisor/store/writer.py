@@ -28,7 +28,8 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from operator import countOf
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -67,8 +68,6 @@ if TYPE_CHECKING:
     from supervisor.runtime.fanout import Fanout
 
 T = TypeVar("T")
-#: a run of one session's events as recorded: the events, their wire bytes, their fan-out
-_Run = tuple[list[ev.Event], list[bytes], "Fanout | None"]
 
 log = logging.getLogger("supervisor.store")
 
@@ -127,6 +126,66 @@ MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
 #: soon as its turn starts is written: only prompts queued and not started wait here).
 _MAX_FULL_TEXTS = 10_000
+
+
+class _Run:
+    """A run of one session's events as recorded, as the writer needs it: made in the
+    session's step, where the events are still in the cache, so that the writer's thread
+    touches one object per run and none of the events (whose reference counts the two
+    threads would otherwise pass between two cores), and so that a stream's events need
+    not outlive their step (:attr:`events` None)."""
+
+    __slots__ = (
+        "session_id",
+        "first_seq",
+        "last_seq",
+        "count",
+        "last_active",
+        "joined",
+        "events",
+        "payloads",
+        "answer",
+        "fanout",
+    )
+
+    def __init__(
+        self,
+        events: list[ev.Event],
+        payloads: list[bytes],
+        fanout: Fanout | None,
+    ) -> None:
+        first, last = events[0], events[-1]
+        self.session_id: str = first.session_id
+        self.first_seq: int = first.seq
+        self.last_seq: int = last.seq
+        self.count = count = len(events)
+        self.last_active: float = last.timestamp
+        self.fanout = fanout
+        #: the turn and text of a stream's run (its events all the assistant's
+        #: ``message.delta`` of one turn), whose events are not kept
+        self.answer: tuple[str, str] | None = None
+        #: the events, for the writer to read their kinds (None: a stream's run)
+        self.events: list[ev.Event] | None = events
+        #: each event's bytes, for a run whose seqs have a hole (a node's ``stream.gap``:
+        #: each is stored as a run of its own); else None
+        self.payloads: list[bytes] | None = None
+        #: the bytes of all, joined as a run is stored (None: a run with a hole)
+        self.joined: bytes | None = None
+        if last.seq - first.seq != count - 1:
+            self.payloads = payloads
+            return
+        self.joined = b"\n".join(payloads)
+        if count > 1 and _one_answer(events):
+            self.answer = (first.turn_id, "".join(map(_TEXT, events)))  # type: ignore[attr-defined]
+            self.events = None
+
+    def each(self) -> Iterable[tuple[int, bytes]]:
+        """Each event's seq and bytes."""
+        if self.payloads is not None:
+            assert self.events is not None
+            return zip((event.seq for event in self.events), self.payloads, strict=True)
+        assert self.joined is not None
+        return enumerate(self.joined.split(b"\n"), self.first_seq)
 
 
 @attrs.frozen(kw_only=True)
@@ -211,10 +270,11 @@ class SessionStore:
         #: how the backend is called: on the store's one worker thread (tests on virtual time
         #: give a direct call)
         self._run_sync = run_sync if run_sync is not None else self._on_thread
-        #: runs recorded and not taken by a write yet
-        self._pending: list[_Run] = []
+        #: runs recorded and not taken by a write yet (None: a write, though no event comes
+        #: with it: :meth:`keep_checkpoint`)
+        self._pending: list[_Run | None] = []
         #: those of the write in progress (tried again while it fails)
-        self._writing: list[_Run] = []
+        self._writing: list[_Run | None] = []
         #: fan-outs to serialize before the next write (:meth:`soon`)
         self._soon: list[Fanout] = []
         #: the writer's wait while nothing is recorded: :meth:`soon` gives it a deadline
@@ -476,7 +536,7 @@ class SessionStore:
         """A checkpoint a session may rewind to, new or with its turn's end: written with the
         next batch (a session revived later gets it back: :meth:`checkpoints`)."""
         self._checkpoints.append(row)
-        self._pending.append(([], [], None))  # a write, though no event comes with it
+        self._pending.append(None)
         self._wake.set()
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
@@ -486,14 +546,17 @@ class SessionStore:
     ) -> None:
         """Events a session kept in its history, with their wire bytes: written soon, then
         given to ``fanout``'s subscribers (:meth:`Fanout.committed`)."""
-        self._pending.append((events, payloads, fanout))
-        count = self._count = self._count + len(events)
+        if not events:
+            return
+        run = _Run(events, payloads, fanout)
+        self._pending.append(run)
+        count = self._count = self._count + run.count
         self._wake.set()
         if count >= self.batch_events:
             self._enough.set()
             if count >= self.max_pending:
                 self.full = True
-        elif len(events) <= _SCAN_RUN:
+        elif run.events is not None and len(events) <= _SCAN_RUN:
             # A turn's end or a cancel's receipt is written within TURN_END_S: what a client
             # was told last before a crash is stored sooner (an unclean end's window shrinks).
             for event in events:
@@ -604,7 +667,7 @@ class SessionStore:
         pending, self._pending = self._pending, []
         checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
-        count = sum(len(events) for events, _, _ in pending)
+        count = sum(run.count for run in pending if run is not None)
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None
@@ -665,21 +728,21 @@ class SessionStore:
             pass  # (done by the next call; a store that fails is said by the writes)
 
     @staticmethod
-    def _release(pending: list[_Run], stored: bool) -> None:
+    def _release(pending: list[_Run | None], stored: bool) -> None:
         """Each fan-out whose events ``pending`` held gives them to its subscribers, up to
         its newest one there (a run is written whole, in order); not ``stored`` (given up at
         close): they never will be."""
         newest: dict[Fanout, int] = {}
-        for events, _, fanout in pending:
-            if fanout is not None and events:
-                newest[fanout] = events[-1].seq
+        for run in pending:
+            if run is not None and run.fanout is not None:
+                newest[run.fanout] = run.last_seq
         for fanout, seq in newest.items():
             if stored:
                 fanout.committed(seq)
             else:
                 fanout.abandon()
 
-    def _failing(self, pending: list[_Run], exc: Exception, since: float) -> None:
+    def _failing(self, pending: list[_Run | None], exc: Exception, since: float) -> None:
         """A write failed and is tried again: one log line, and a :class:`StoreFault` told,
         at most every ``LOG_EVERY_S``."""
         now = trio.current_time()
@@ -707,7 +770,7 @@ class SessionStore:
         )
         self._tell(self.fault)
 
-    def _given_up(self, pending: list[_Run], count: int, exc: Exception) -> None:
+    def _given_up(self, pending: list[_Run | None], count: int, exc: Exception) -> None:
         """At close, a batch that still cannot be written: said once for all in
         :meth:`aclose`."""
         self._lost_events += count
@@ -716,7 +779,9 @@ class SessionStore:
             span = self._lost.setdefault(sid, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
 
-    def _write(self, pending: list[_Run], checkpoints: list[CheckpointRow], first: bool) -> bool:
+    def _write(
+        self, pending: list[_Run | None], checkpoints: list[CheckpointRow], first: bool
+    ) -> bool:
         """(The worker thread.) The rows of ``pending``, written in one transaction; whether
         the backend has work to :meth:`~Backend.settle` now."""
         if first:
@@ -724,44 +789,48 @@ class SessionStore:
             self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
         return bool(self.backend.write(self._last_batch))
 
-    def _batch(self, pending: list[_Run]) -> Batch:
+    def _batch(self, pending: list[_Run | None]) -> Batch:
         """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
         texts: list[TextRow] = []
         touched: dict[str, _Meta] = {}
-        newest: dict[str, EventRun] = {}  # each session's last run, to extend
+        newest: dict[str, tuple[EventRun, int]] = {}  # each session's last run and seq
         meta = self._meta
         answers = self._answers
         full_texts = self._full_texts
-        for events, payloads, _ in pending:
-            if not events:
+        for recorded in pending:
+            if recorded is None:
                 continue
-            sid = events[0].session_id
-            first = events[0].seq
-            if events[-1].seq - first != len(events) - 1:  # seqs with a hole (a node's gap)
-                for event, payload in zip(events, payloads, strict=True):
-                    runs.append(EventRun(session_id=sid, first_seq=event.seq, payloads=[payload]))
+            sid = recorded.session_id
+            if recorded.joined is None:  # seqs with a hole (a node's gap): each on its own
+                for seq, payload in recorded.each():
+                    runs.append(EventRun(session_id=sid, first_seq=seq, payloads=[payload]))
             else:
-                run = newest.get(sid)
-                if run is not None and run.last_seq + 1 == first:
-                    run.payloads.extend(payloads)
+                found = newest.get(sid)
+                if found is not None and found[1] + 1 == recorded.first_seq:
+                    run = found[0]
+                    run.payloads.append(recorded.joined)
+                    assert run.counts is not None
+                    run.counts.append(recorded.count)
                 else:
-                    run = newest[sid] = EventRun(
-                        session_id=sid, first_seq=first, payloads=list(payloads)
+                    run = EventRun(
+                        session_id=sid,
+                        first_seq=recorded.first_seq,
+                        payloads=[recorded.joined],
+                        counts=[recorded.count],
                     )
                     runs.append(run)
+                newest[sid] = (run, recorded.last_seq)
             info = meta.get(sid)
             if info is not None:
-                info.last_active = events[-1].timestamp
+                info.last_active = recorded.last_active
                 touched[sid] = info
-            if len(events) > 1 and _one_answer(events):
-                # A stream's run (most of a flood): its texts taken in C-speed passes, not
-                # event by event in Python (the thread holds the GIL the event loop needs).
-                turn = events[0].turn_id  # type: ignore[attr-defined]
-                answers.setdefault((sid, turn), []).extend(map(_TEXT, events))
+            if recorded.answer is not None:
+                answers.setdefault((sid, recorded.answer[0]), []).append(recorded.answer[1])
                 continue
-            for event in events:
+            assert recorded.events is not None
+            for event in recorded.events:
                 cls = type(event)
                 if cls is ev.MessageDelta:
                     assert isinstance(event, ev.MessageDelta)
@@ -839,11 +908,12 @@ class SessionStore:
         before the read: an event written meanwhile is then found by the read. Each seq
         once; a store that cannot be read gives what waits alone (the caller keeps its gap)."""
         waiting: dict[int, bytes] = {}
-        for events, payloads, _ in [*self._writing, *self._pending]:
-            if events and events[0].session_id == session_id:
-                for event, payload in zip(events, payloads, strict=True):
-                    if after < event.seq <= upto:
-                        waiting[event.seq] = payload
+        for run in [*self._writing, *self._pending]:
+            if run is not None and run.session_id == session_id:
+                if run.last_seq > after and run.first_seq <= upto:
+                    for seq, payload in run.each():
+                        if after < seq <= upto:
+                            waiting[seq] = payload
         try:
             found = await self._in_thread(self.backend.events, session_id, after, upto - after)
         except StoreError:
@@ -1025,28 +1095,33 @@ def _row(session_id: str, info: _Meta, last_active: float | None = None) -> Stor
 
 
 _TEXT = operator.attrgetter("text")
-_TURN_ROLE = operator.attrgetter("turn_id", "role")
+_TURN = operator.attrgetter("turn_id")
+_ROLE = operator.attrgetter("role")
 
 
 def _one_answer(events: list[ev.Event]) -> bool:
-    """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run)."""
+    """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run):
+    counted in C, with nothing made per event (this runs in the session's step)."""
     first = events[0]
     if type(first) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
         return False
-    if set(map(type, events)) != {ev.MessageDelta}:
-        return False
-    return first.turn_id is not None and set(map(_TURN_ROLE, events)) == {
-        (first.turn_id, "assistant")
-    }
+    count = len(events)
+    turn = first.turn_id
+    return (
+        turn is not None
+        and countOf(map(type, events), ev.MessageDelta) == count
+        and countOf(map(_TURN, events), turn) == count
+        and countOf(map(_ROLE, events), "assistant") == count
+    )
 
 
-def _spans(pending: list[_Run]) -> dict[str, list[int]]:
+def _spans(pending: list[_Run | None]) -> dict[str, list[int]]:
     """Each session's lowest and highest seq in ``pending``."""
     spans: dict[str, list[int]] = {}
-    for events, _, _ in pending:
-        if events:
-            low, high = events[0].seq, events[-1].seq
-            span = spans.setdefault(events[0].session_id, [low, high])
+    for run in pending:
+        if run is not None:
+            low, high = run.first_seq, run.last_seq
+            span = spans.setdefault(run.session_id, [low, high])
             span[0], span[1] = min(span[0], low), max(span[1], high)
     return spans
 

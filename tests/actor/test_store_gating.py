@@ -10,6 +10,8 @@ are published, with no writer at all.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,8 @@ from supervisor import AgentSpec, open_supervisor
 from supervisor.runtime.fanout import Fanout
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.wire.codec import event_json
+from supervisor.wire.frames import text_frames
 
 SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=2.0)
 
@@ -129,3 +133,39 @@ def test_what_waits_to_be_stored_holds_the_agent_back_before_a_write_could_cut_o
     assert fanout.must_wait()
     reader.take(150)
     assert not fanout.must_wait()
+
+
+def test_a_streams_events_do_not_wait_for_their_write_as_objects() -> None:
+    """What waits to be stored is bytes: a stream's events die with their step (the collector
+    never walks them while a write is under way), and are given as they were, as frames or,
+    to a subscription taking objects that came after they were recorded, decoded again."""
+    fanout = Fanout(10_000)
+    fanout.recorder = _Recorder()
+    frames = fanout.subscribe(None, head_seq=0, max_buffer=1000, wire=True)
+    events = [
+        ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text=f"w{seq} ")
+        for seq in range(1, 51)
+    ]
+    alive = [weakref.ref(event) for event in events]
+    expected = [event_json(event) for event in events]
+    fanout.publish_many(events)
+    del events
+    gc.collect()
+    assert not any(ref() for ref in alive)
+    objects = fanout.subscribe(None, head_seq=0, max_buffer=1000)
+    fanout.committed(50)
+    assert frames.take_frames(100) == text_frames(expected)
+    assert [event_json(event) for event in objects.take(100)] == expected
+
+
+def test_a_subscription_taking_objects_keeps_them_until_they_are_stored() -> None:
+    fanout = Fanout(10_000)
+    fanout.recorder = _Recorder()
+    objects = fanout.subscribe(None, head_seq=0, max_buffer=1000)
+    events = [
+        ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text="w ")
+        for seq in range(1, 11)
+    ]
+    fanout.publish_many(events)
+    fanout.committed(10)
+    assert all(a is b for a, b in zip(objects.take(100), events, strict=True))

@@ -159,6 +159,39 @@ async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
     ]
 
 
+async def test_a_turns_answer_is_the_assistants_words_whatever_the_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream's run gives its text whole; a run mixing kinds, roles or turns is read event
+    by event: the prompt's echo (``role`` user) and another turn's words are not the answer."""
+    backend = MemoryBackend()
+    store = SessionStore(backend, run_sync=in_this_thread)
+
+    def delta(seq: int, text: str, role: str = "assistant", turn: str = "t1") -> ev.Event:
+        return ev.MessageDelta(
+            session_id="s1", seq=seq, timestamp=1.0, turn_id=turn, text=text, role=role
+        )
+
+    runs: list[list[ev.Event]] = [
+        [delta(1, "hello", role="user"), delta(2, "Hi, "), delta(3, "there")],
+        [delta(4, "! "), delta(5, "All "), delta(6, "good.")],  # a stream's run
+        [delta(7, " (t2)", turn="t2")],
+        [
+            delta(8, " Bye."),
+            ev.TurnEnded(session_id="s1", seq=9, timestamp=1.0, turn_id="t1", outcome="completed"),
+        ],
+    ]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        for run in runs:
+            store.record(run, [event_json(e) for e in run])
+        await store.flushed()
+        await store.aclose()
+    written = [text for _, batch in backend.batches for text in batch.texts]
+    assert [(t.kind, t.text) for t in written] == [("answer", "Hi, there! All good. Bye.")]
+    assert backend.seqs() == list(range(1, 10))
+
+
 async def test_the_backend_settles_once_the_store_is_idle(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
