@@ -50,7 +50,7 @@ import trio
 
 from bench.cancel_overhead import percentile
 from bench.machine import free_cpu, load_average, raise_fd_limit
-from supervisor import AgentSpec, Session, Supervisor, open_supervisor
+from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.supervisor import AnySession
 
 HERE = Path(__file__).resolve().parent
@@ -83,6 +83,16 @@ class GcPauses:
         pauses, self.pauses = self.pauses, []
         return pauses
 
+    def figures(self, span: float) -> dict[str, float]:
+        """The collections since the last :meth:`take`, over ``span`` seconds: their share of
+        it, the full ones, the longest."""
+        pauses = self.take()
+        return {
+            "gc_share": sum(seconds for _, seconds in pauses) / span,
+            "gc_full_collections": sum(generation == 2 for generation, _ in pauses),
+            "gc_longest_ms": max((seconds for _, seconds in pauses), default=0.0) * 1000,
+        }
+
 
 class CancelLog:
     """The quiet agent's own record of when it read each ``session/cancel``."""
@@ -100,18 +110,44 @@ class CancelLog:
         return float(entry.split()[1])
 
 
-async def start_flooding(sup: Supervisor, count: int) -> list[Session]:
-    """Start ``count`` sessions and get each one flooding (its first word seen)."""
-    sessions: list[Session] = []
+def agents(log_path: Path) -> dict[str, AgentSpec]:
+    """The quiet agent (its cancels' reads logged to ``log_path``) and the flooding one."""
+    quiet = AgentSpec(
+        name="quiet",
+        protocol="acp",
+        command=[*LIGHT_AGENT, "--interval", str(QUIET_INTERVAL_S), "--log", str(log_path)],
+    )
+    return {"quiet": quiet, "flood": AgentSpec(name="flood", protocol="acp", command=LIGHT_AGENT)}
 
-    async def one() -> None:
-        session = await sup.start_session("flood", cwd="/")
+
+async def flood(sessions: list[AnySession]) -> None:
+    """Get each of ``sessions`` flooding (its first word seen)."""
+
+    async def one(session: AnySession) -> None:
         async with session.subscribe() as events:
             await session.prompt("flood forever")
             async for event in events:
                 if event.kind == "message.delta":
                     break
-        sessions.append(session)
+
+    async with trio.open_nursery() as nursery:
+        for session in sessions:
+            nursery.start_soon(one, session)
+
+
+async def stop_flooding(sessions: list[AnySession]) -> None:
+    """Cancel each of ``sessions``' flood (the receipts are not timed)."""
+    async with trio.open_nursery() as nursery:
+        for session in sessions:
+            nursery.start_soon(session.cancel)
+
+
+async def start_flooders(sup: Supervisor, count: int) -> list[AnySession]:
+    """Start ``count`` sessions of the flooding agent, idle."""
+    sessions: list[AnySession] = []
+
+    async def one() -> None:
+        sessions.append(await sup.start_session("flood", cwd="/"))
 
     async with trio.open_nursery() as nursery:
         for _ in range(count):
@@ -119,19 +155,40 @@ async def start_flooding(sup: Supervisor, count: int) -> list[Session]:
     return sessions
 
 
-async def quiet_round(session: AnySession, log: CancelLog) -> tuple[float, float]:
-    """One turn of the quiet session, cancelled: (receipt, interrupt delivery) in seconds."""
+async def start_flooding(sup: Supervisor, count: int) -> list[AnySession]:
+    """Start ``count`` sessions and get each one flooding (its first word seen)."""
+    sessions = await start_flooders(sup, count)
+    await flood(sessions)
+    return sessions
+
+
+async def quiet_round(
+    session: AnySession, log: CancelLog, words: list[float] | None = None
+) -> tuple[float, float]:
+    """One turn of the quiet session, cancelled: (receipt, interrupt delivery) in seconds;
+    ``words``: given the time from the prompt to its first word seen, too."""
     async with session.subscribe() as events:
+        prompted = time.monotonic()
         await session.prompt("go")
         async for event in events:
             if event.kind == "message.delta":
                 break
         began = time.monotonic()
+        if words is not None:
+            words.append(began - prompted)
         receipt = await session.cancel()
         ended = time.monotonic()
     if receipt.outcome != "cancelled":
         raise RuntimeError(f"the quiet turn was not cancelled: {receipt}")
     return ended - began, log.next_read_at() - began
+
+
+def tails(name: str, values: list[float]) -> dict[str, float]:
+    """``name``'s p50, p99 and max, in ms (``values`` in seconds)."""
+    return {
+        f"{name}_{label}_ms": percentile(values, fraction) * 1000
+        for label, fraction in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+    }
 
 
 async def main(levels: list[int], rounds: int) -> dict[str, Any]:
@@ -144,19 +201,13 @@ async def main(levels: list[int], rounds: int) -> dict[str, Any]:
         "load_before": load_average(),
     }
     log_path = Path(tempfile.mkdtemp(prefix="bench-fairness-")) / "cancels.log"
-    quiet = AgentSpec(
-        name="quiet",
-        protocol="acp",
-        command=[*LIGHT_AGENT, "--interval", str(QUIET_INTERVAL_S), "--log", str(log_path)],
-    )
-    flood = AgentSpec(name="flood", protocol="acp", command=LIGHT_AGENT)
     log = CancelLog(log_path)
     collections = GcPauses()
-    async with open_supervisor(agents={"quiet": quiet, "flood": flood}) as sup:
+    async with open_supervisor(agents=agents(log_path)) as sup:
         session = await sup.start_session("quiet", cwd="/")
         for _ in range(WARM_UP_ROUNDS):
             await quiet_round(session, log)
-        flooders: list[Session] = []
+        flooders: list[AnySession] = []
         for k in levels:
             flooders += await start_flooding(sup, k - len(flooders))
             load = load_average()
@@ -169,19 +220,14 @@ async def main(levels: list[int], rounds: int) -> dict[str, Any]:
                 receipts.append(receipt)
                 deliveries.append(delivery)
             span = time.monotonic() - wall
-            pauses = collections.take()
             level = {
-                "gc_share": sum(seconds for _, seconds in pauses) / span,
-                "gc_full_collections": sum(generation == 2 for generation, _ in pauses),
-                "gc_longest_ms": max((seconds for _, seconds in pauses), default=0.0) * 1000,
+                **collections.figures(span),
                 "load_before": load,
                 "load_after": load_average(),
                 "supervisor_cpu": (time.process_time() - cpu) / span,
                 "flood_events_per_s": (sum(f.last_seq for f in flooders) - seqs) / span,
             }
-            for name, values in (("receipt", receipts), ("delivery", deliveries)):
-                for label, fraction in (("p50", 0.5), ("p99", 0.99), ("max", 1.0)):
-                    level[f"{name}_{label}_ms"] = percentile(values, fraction) * 1000
+            level.update(tails("receipt", receipts) | tails("delivery", deliveries))
             result.update({f"k{k}_{key}": value for key, value in level.items()})
         # Stopping 300 flooding sessions at the exit is not part of any figure.
     return result

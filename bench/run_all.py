@@ -38,9 +38,14 @@ BENCHMARKS = [
     ("remote_cancel", ["--rounds", "50"]),
     ("remote_fairness", ["--k", "0,10,50", "--rounds", "100"]),
     ("metrics_cost", ["--rounds", "200", "--words", "100000", "--repeats", "7"]),
-    # ~20 s here: the 1,000-session restart is 1 million events (10 million: ``--events
-    # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way.
-    ("store_cost", ["--rounds", "200", "--words", "20000", "--repeats", "15"]),
+    # ~100 s here: the 1,000-session restart is 1 million events (10 million: ``--events
+    # 10000``, minutes, a 1.3 GB file), the throughput runs interleaved 15 times each way,
+    # the K=100 flood ~80 s (a supervisor and 101 agents started for each of 12 blocks).
+    (
+        "store_cost",
+        ["--rounds", "200", "--words", "20000", "--repeats", "15"]
+        + ["--flooders", "100", "--fair-rounds", "100"],
+    ),
     ("store_turn_end", ["--backends", "postgresql,sqlite", "--words", "100000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
     # minutes on a slow disk: making and deleting 100,000 files, and a first snapshot of them
@@ -76,6 +81,11 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("cancel_ratio_p50", "cancel p50, store on/off (ratio; within 5 %)"),
         ("cancel_ratio_p99", "cancel p99, store on/off (ratio; within 5 %)"),
         ("throughput_ratio", "events/s, 1 subscriber, store on/off (ratio; >= 0.9)"),
+        ("fair_sqlite_receipt_p99_ratio", "K=100 flood: receipt p99, SQLite on/off (ratio)"),
+        ("fair_off_halves_receipt_p99_ratio", "K=100 flood: receipt p99, off/off (the noise)"),
+        ("fair_sqlite_delivery_p99_ratio", "K=100 flood: delivery p99, SQLite on/off (ratio)"),
+        ("fair_sqlite_written_per_s", "K=100 flood: events/s SQLite wrote"),
+        ("fair_postgresql_written_per_s", "K=100 flood: events/s PostgreSQL wrote"),
     ],
     "store_turn_end": [
         ("postgresql_long_p50_ms", "a turn's end, 100,000-word answer, PostgreSQL write p50 (ms)"),

@@ -16,6 +16,7 @@ the search index of the texts written, and the checkpoint of the write-ahead log
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import sqlite3
@@ -83,9 +84,14 @@ _PAGE_SIZE = 16384
 #: file is not made so: its pointer-map pages, written with every batch, cost 25-50 % of the
 #: write rate (``design/store.md``, "Retention"); freed pages are reused for new rows instead.
 _INCREMENTAL = 2
-_INSERT_EVENTS = (
-    "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads) VALUES (?, ?, ?, ?)"
-)
+_INSERT_EVENTS_HEAD = "INSERT OR IGNORE INTO events (session_id, first_seq, last_seq, payloads)"
+_INSERT_EVENTS = _INSERT_EVENTS_HEAD + " VALUES (?, ?, ?, ?)"
+#: Rows one statement inserts at most (:func:`_insert_rows`): a batch of many sessions' runs
+#: (a flood of many sessions) is then a call or two into SQLite, not one per row. Each call
+#: takes the GIL back from the event loop as it returns, and a busy event loop gives it up
+#: only at its switch interval (5 ms): a batch of 100 sessions' runs row by row took ~100 ms.
+#: Well under SQLite's 32,766 parameters (15 a session's row).
+ROWS_PER_STATEMENT = 100
 
 
 class SqliteBackend:
@@ -258,12 +264,12 @@ class SqliteBackend:
         """The rows of ``batch``; returns about how many bytes they hold (its events')."""
         size = 0
         if batch.sessions:
-            db.executemany(
+            _insert_rows(
+                db,
                 """INSERT INTO sessions (id, agent, protocol, host, cwd, mcp_servers,
                     agent_session_id, created, last_active, state, open_turn_id, clean, turns,
-                    worktree, owner)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
+                    worktree, owner)""",
+                """ON CONFLICT (id) DO UPDATE SET agent = excluded.agent,
                     protocol = excluded.protocol, host = excluded.host, cwd = excluded.cwd,
                     mcp_servers = excluded.mcp_servers,
                     agent_session_id = excluded.agent_session_id,
@@ -296,7 +302,7 @@ class SqliteBackend:
             runs = [run for run in batch.events if run.payloads]
             rows = [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs]
             size = sum(len(row[3]) for row in rows)
-            inserted = db.executemany(_INSERT_EVENTS, rows).rowcount
+            inserted = _insert_rows(db, _INSERT_EVENTS_HEAD, "", rows)
             if inserted < len(runs):  # some met a stored run: what they hold beyond it
 
                 def stored_last(session_id: str, first_seq: int) -> int | None:
@@ -545,6 +551,23 @@ class SqliteBackend:
             self._db.close()
             self._db = None
         self._let_go()
+
+
+def _insert_rows(db: sqlite3.Connection, head: str, tail: str, rows: list[tuple[Any, ...]]) -> int:
+    """``head VALUES (...), (...) tail`` for ``rows``, ``ROWS_PER_STATEMENT`` at a time (one
+    call into SQLite each, where ``executemany`` is one a row); returns the rows changed."""
+    changed = 0
+    for start in range(0, len(rows), ROWS_PER_STATEMENT):
+        chunk = rows[start : start + ROWS_PER_STATEMENT]
+        sql = _rows_statement(head, tail, len(chunk[0]), len(chunk))
+        changed += db.execute(sql, [value for row in chunk for value in row]).rowcount
+    return changed
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_statement(head: str, tail: str, columns: int, rows: int) -> str:
+    one = "(" + ", ".join(["?"] * columns) + ")"
+    return f"{head} VALUES {', '.join([one] * rows)} {tail}"
 
 
 def _lone_run(db: sqlite3.Connection, batch: Batch) -> int | None:

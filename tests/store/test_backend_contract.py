@@ -112,6 +112,18 @@ def test_events_are_read_from_any_seq_in_runs(backend: Backend) -> None:
     assert [seq for seq, _ in backend.events("s1", 0, 100)] == list(range(1, 11))
 
 
+def test_a_batch_of_many_sessions_runs_is_stored_whole(backend: Backend) -> None:
+    # A flood of many sessions: more rows than one statement takes (SQLite's
+    # ROWS_PER_STATEMENT), some of them runs stored already.
+    ids = [f"s{n}" for n in range(250)]
+    backend.write(Batch(sessions=[session(i) for i in ids[:10]], events=[run(1, 2, sid=ids[0])]))
+    rows = [session(i, last_active=5.0) for i in ids]
+    backend.write(Batch(sessions=rows, events=[run(1, 3, sid=i) for i in ids]))
+    assert {(s.id, s.last_active) for s in backend.sessions()} == {(i, 5.0) for i in ids}
+    for i in (ids[0], ids[1], ids[99], ids[100], ids[249]):
+        assert backend.events(i, 0, 100) == [(n, payload(n, sid=i)) for n in (1, 2, 3)]
+
+
 def test_a_longer_run_at_a_stored_first_seq_stores_the_rest(backend: Backend) -> None:
     backend.write(Batch(sessions=[session()], events=[run(1, 3)]))
     # A node's session adopted again hands over more than was stored, from the same seq;
