@@ -92,6 +92,10 @@ _INSERT_EVENTS = _INSERT_EVENTS_HEAD + " VALUES (?, ?, ?, ?)"
 #: only at its switch interval (5 ms): a batch of 100 sessions' runs row by row took ~100 ms.
 #: Well under SQLite's 32,766 parameters (15 a session's row).
 ROWS_PER_STATEMENT = 100
+#: Statements the connection keeps prepared: a batch's statement has as many rows as it
+#: writes (1 to ``ROWS_PER_STATEMENT``, events and sessions' rows), and preparing one is
+#: one more call into SQLite (and one more wait for the GIL) than running it.
+_CACHED_STATEMENTS = 512
 
 
 class SqliteBackend:
@@ -166,7 +170,11 @@ class SqliteBackend:
             raise
         try:
             db = sqlite3.connect(
-                self.path, timeout=_LOCK_WAIT_S, isolation_level=None, check_same_thread=False
+                self.path,
+                timeout=_LOCK_WAIT_S,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=_CACHED_STATEMENTS,
             )
         except sqlite3.Error as exc:
             self._let_go()
@@ -232,7 +240,7 @@ class SqliteBackend:
     def write(self, batch: Batch) -> bool:
         db = self._conn
         try:
-            size = _lone_run(db, batch)
+            size = _events_alone(db, batch)
             if size is None:
                 db.execute("BEGIN")
                 try:
@@ -564,26 +572,36 @@ def _insert_rows(db: sqlite3.Connection, head: str, tail: str, rows: list[tuple[
     return changed
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=_CACHED_STATEMENTS)
 def _rows_statement(head: str, tail: str, columns: int, rows: int) -> str:
     one = "(" + ", ".join(["?"] * columns) + ")"
     return f"{head} VALUES {', '.join([one] * rows)} {tail}"
 
 
-def _lone_run(db: sqlite3.Connection, batch: Batch) -> int | None:
-    """A batch of one run of events and nothing else (a stream's, most of a flood), written
-    as one statement, its own transaction: one call into SQLite, where ``BEGIN``, the insert
-    and ``COMMIT`` are three, each taking the GIL back from the event loop when it returns.
-    Returns its bytes; None if it is not such a batch, or its first seq is stored already
-    (:meth:`SqliteBackend._write` stores what it holds beyond)."""
-    if len(batch.events) != 1 or batch.sessions or batch.receipts or batch.texts:
+def _events_alone(db: sqlite3.Connection, batch: Batch) -> int | None:
+    """A batch of runs of events and nothing else (a stream's, most of a flood's: one run a
+    session, up to ``ROWS_PER_STATEMENT``), written as one statement, its own transaction:
+    one call into SQLite, where ``BEGIN``, the insert and ``COMMIT`` are three, each taking
+    the GIL back from the event loop when it returns (a busy event loop can keep it from the
+    writer's thread for tens of ms). Returns its bytes; None if it is not such a batch, or a
+    run met a stored one at its first seq (:meth:`SqliteBackend._write` then writes the batch
+    again: what this inserted is ignored there, what a run holds beyond a stored one added)."""
+    runs = batch.events
+    if (
+        not runs
+        or len(runs) > ROWS_PER_STATEMENT
+        or batch.sessions
+        or batch.receipts
+        or batch.texts
+        or batch.checkpoints
+        or not all(run.payloads for run in runs)
+    ):
         return None
-    run = batch.events[0]
-    if batch.checkpoints or not run.payloads:
+    rows = [(r.session_id, r.first_seq, r.last_seq, b"\n".join(r.payloads)) for r in runs]
+    sql = _rows_statement(_INSERT_EVENTS_HEAD, "", 4, len(rows))
+    if db.execute(sql, [value for row in rows for value in row]).rowcount < len(rows):
         return None
-    payloads = b"\n".join(run.payloads)
-    row = (run.session_id, run.first_seq, run.last_seq, payloads)
-    return len(payloads) if db.execute(_INSERT_EVENTS, row).rowcount else None
+    return sum(len(row[3]) for row in rows)
 
 
 def _open_error(where: str, exc: sqlite3.DatabaseError) -> str:

@@ -113,9 +113,11 @@ RECLAIM_PAGES = 4096
 #: that (:meth:`Backend.settle`: SQLite checkpoints its write-ahead log then, not in a stream).
 SETTLE_IDLE_S = 1.0
 #: A batch writes a session's row when it changed, or when only its ``last_active`` did and
-#: by at least this much: a stream's batches (one every few ms) then write its events alone,
-#: one statement (``SqliteBackend.write``). What lists and retention read of ``last_active``
-#: is then up to this late while a session streams (a clean close writes it exact).
+#: by at least this much; and every half of it, the rows of all the sessions whose events it
+#: holds: a stream's batches (one every few ms) then write events alone, one statement
+#: (``SqliteBackend.write``), and a flood of many sessions updates their rows together rather
+#: than a few in most batches. What lists and retention read of ``last_active`` is then up to
+#: this late while a session streams (a clean close writes it exact).
 ACTIVE_EVERY_S = 1.0
 #: The states in which a session's agent is gone for good (``Supervisor``'s ended states):
 #: the row written with that event hands it back (no owner, clean), for any process of the
@@ -320,6 +322,9 @@ class SessionStore:
         self.owners: dict[str, Owner] = {}
         #: the highest session number stored when it opened (the store's counter is past it)
         self._highest = 0
+        #: the worker thread's: the newest ``last_active`` of the last batch that wrote the
+        #: rows of all its sessions (``ACTIVE_EVERY_S``)
+        self._active_at = -math.inf
 
     # -- setting up ----------------------------------------------------------------------
 
@@ -883,10 +888,15 @@ class SessionStore:
                             )
                         )
         sessions: list[StoredSession] = []
+        active = max((info.last_active for info in touched.values()), default=-math.inf)
+        every = active - self._active_at >= ACTIVE_EVERY_S / 2
+        if every:
+            self._active_at = active
         for sid, info in touched.items():
             written = info.written
             if (
-                written is not None
+                not every
+                and written is not None
                 and info.last_active - written.last_active < ACTIVE_EVERY_S
                 and _unchanged(info, written)
             ):

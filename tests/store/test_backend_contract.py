@@ -124,6 +124,16 @@ def test_a_batch_of_many_sessions_runs_is_stored_whole(backend: Backend) -> None
         assert backend.events(i, 0, 100) == [(n, payload(n, sid=i)) for n in (1, 2, 3)]
 
 
+def test_runs_alone_some_stored_already_are_each_stored_once(backend: Backend) -> None:
+    # A stream's batch (runs and nothing else, written as one statement by SQLite) that
+    # meets runs stored already: those stay, what they do not hold is added.
+    ids = [f"s{n}" for n in range(30)]
+    backend.write(Batch(events=[run(1, 2, sid=i) for i in ids[::3]]))
+    backend.write(Batch(events=[run(1, 4, sid=i) for i in ids]))
+    for i in ids:
+        assert backend.events(i, 0, 100) == [(n, payload(n, sid=i)) for n in range(1, 5)]
+
+
 def test_a_longer_run_at_a_stored_first_seq_stores_the_rest(backend: Backend) -> None:
     backend.write(Batch(sessions=[session()], events=[run(1, 3)]))
     # A node's session adopted again hands over more than was stored, from the same seq;

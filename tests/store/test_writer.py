@@ -109,6 +109,34 @@ async def test_a_streams_batches_write_its_events_and_its_row_when_it_changes(
     ]
 
 
+async def test_the_rows_of_many_streaming_sessions_are_written_together(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A row whose only change is its ``last_active`` is written with every other session's
+    of the batch, every half ``ACTIVE_EVERY_S``: the batches between are events alone."""
+    backend = MemoryBackend()
+    store = SessionStore(backend, run_sync=in_this_thread)
+    ids = ["s1", "s2", "s3"]
+    for sid in ids:
+        session = _Session()
+        session.id = sid
+        store.attach(session)
+    step = ACTIVE_EVERY_S / 10
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        for tick in range(8):
+            for sid in ids:
+                at = 100.0 + tick * step
+                event = ev.MessageDelta(
+                    session_id=sid, seq=tick + 1, timestamp=at, turn_id="t1", text="w"
+                )
+                store.record([event], [event_json(event)])
+            await store.flushed()
+        await store.aclose()
+    rows = [sorted(row.id for row in batch.sessions) for _, batch in backend.batches]
+    assert rows[:8] == [ids, [], [], [], [], ids, [], []]
+
+
 class _Fanout:
     """What the writer tells a session's fan-out (its subscribers get what is stored)."""
 
