@@ -497,11 +497,7 @@ def flood_report(f: dict[str, Any]) -> None:
         f"  {'GC share, full, longest':>23}"
     )
     for side in sides:
-        g = {
-            key[len(f"fair_{side}_") :]: v
-            for key, v in f.items()
-            if key.startswith(f"fair_{side}_")
-        }
+        g = _side_figures(f, side)
         print(
             f"  {side:<10}  {g['receipt_p50_ms']:>8.2f} ms {g['receipt_p99_ms']:>6.2f}"
             f"  {g['delivery_p50_ms']:>9.2f} ms {g['delivery_p99_ms']:>6.2f}"
@@ -517,11 +513,7 @@ def flood_report(f: dict[str, Any]) -> None:
         what = "off/off (odd blocks/even)" if side == "off_halves" else f"{side} on/off"
         print(f"  {what}: {ratios}")
     for side in sides[1:]:
-        g = {
-            key[len(f"fair_{side}_") :]: v
-            for key, v in f.items()
-            if key.startswith(f"fair_{side}_")
-        }
+        g = _side_figures(f, side)
         print(
             f"  {side} wrote {g['written_per_s']:,.0f} events/s during the flood"
             f" ({g['written_of_recorded']:.2f} of those recorded); at most {g['backlog_peak']:,}"
@@ -529,6 +521,12 @@ def flood_report(f: dict[str, Any]) -> None:
             f" for it {g['holds']:,} times; all written {g['drain_ms_max']:.0f} ms at most"
             " after the flood's cancel"
         )
+
+
+def _side_figures(f: dict[str, Any], side: str) -> dict[str, Any]:
+    """The flood section's figures of one side (``fair_<side>_...``), by their own names."""
+    prefix = f"fair_{side}_"
+    return {key[len(prefix) :]: value for key, value in f.items() if key.startswith(prefix)}
 
 
 if __name__ == "__main__":

@@ -206,6 +206,7 @@ class Engine:
         self.instance = secrets.token_hex(6)
         self.requests: list[str] = []  # "METHOD target", every request served (for tests)
         self.started: list[Exec] = []  # every command exec'd, in order (for tests)
+        self.first_started = threading.Event()  # set once ``started`` holds one
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         #: cleared while the engine is "unreachable": new connections wait, unanswered
@@ -244,6 +245,7 @@ class Engine:
         running = Exec(argv, env, cwd, self._marker(container))
         with self._lock:
             self.started.append(running)
+        self.first_started.set()
         return running
 
     def log(self, request: Request) -> None:

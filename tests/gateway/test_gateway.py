@@ -946,6 +946,8 @@ async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_c
                 nursery.start_soon(flood)
                 (connection,) = server._clients
                 with trio.fail_after(BOUND):
+                    # A bounded poll: nothing marks the reader's parking but its flag, and the
+                    # connection's timers keep the run from ever being all blocked.
                     while not connection._reader_parked:  # it stopped reading requests
                         await trio.sleep(0.01)
                 queued = sum(len(frame) for frame, _ in connection._responses)

@@ -1,5 +1,7 @@
 """What every store backend does: write and read back, one transaction per batch, search,
-migrate, refuse a newer schema. Runs once per backend (``store_url``, ``conftest.py``)."""
+migrate, refuse a newer schema. Runs once per backend (``store_url``, ``conftest.py``); and
+how many calls into SQLite its writes make (each takes the GIL back from the event loop as it
+returns, and a busy event loop can keep it from the writer's thread for tens of ms)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from supervisor.store.backend import (
     StoreError,
     TextRow,
 )
+from supervisor.store.sqlite import ROWS_PER_STATEMENT, SqliteBackend
 from supervisor.store.url import backend_for
 
 
@@ -132,6 +135,29 @@ def test_runs_alone_some_stored_already_are_each_stored_once(backend: Backend) -
     backend.write(Batch(events=[run(1, 4, sid=i) for i in ids]))
     for i in ids:
         assert backend.events(i, 0, 100) == [(n, payload(n, sid=i)) for n in range(1, 5)]
+
+
+def test_sqlite_writes_runs_of_many_sessions_alone_in_one_statement(tmp_path: Path) -> None:
+    backend = SqliteBackend(tmp_path / "sessions.db")
+    backend.open()
+    said: list[str] = []
+    backend._conn.set_trace_callback(lambda sql: said.append(sql.split(None, 1)[0].upper()))
+
+    def statements(batch: Batch) -> list[str]:
+        said.clear()
+        backend.write(batch)
+        return list(said)
+
+    ids = [f"s{n}" for n in range(ROWS_PER_STATEMENT)]
+    assert statements(Batch(events=[run(1, 3, sid=i) for i in ids])) == ["INSERT"]
+    # One more run than a statement takes, or a session's row with them: a transaction.
+    more = Batch(events=[run(4, 2, sid=i) for i in [*ids, "s-extra"]])
+    assert statements(more)[0] == "BEGIN"
+    assert statements(Batch(sessions=[session("s0")], events=[run(6, sid="s0")]))[0] == "BEGIN"
+    for i in ids:
+        last = 6 if i == "s0" else 5
+        assert backend.events(i, 0, 100) == [(n, payload(n, sid=i)) for n in range(1, last + 1)]
+    backend.close()
 
 
 def test_a_longer_run_at_a_stored_first_seq_stores_the_rest(backend: Backend) -> None:
