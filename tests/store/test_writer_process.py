@@ -19,7 +19,6 @@ import trio
 
 from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError
-from supervisor.store import writer_process
 from supervisor.store.backend import Batch, EventRun, StoredSession, StoreError
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
@@ -264,7 +263,7 @@ async def test_a_writer_process_that_cannot_start_is_one_error_at_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "sessions.db"
-    monkeypatch.setattr(writer_process.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # (its child's interpreter)
     with trio.fail_after(BOUND):
         with pytest.raises(StoreError) as raised:
             async with open_supervisor(
