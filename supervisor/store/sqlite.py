@@ -221,6 +221,7 @@ class SqliteBackend:
             db.close()
             raise StoreError(f"cannot open the store {where}: {exc}") from None
         self._writes_only = True
+        self._unindexed = True  # (texts a writer before this one left unindexed: the first settle)
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
