@@ -44,7 +44,7 @@ BENCHMARKS = [
     (
         "store_cost",
         ["--rounds", "200", "--words", "20000", "--repeats", "15"]
-        + ["--flooders", "100", "--fair-rounds", "100"],
+        + ["--flooders", "100", "--fair-rounds", "100", "--events", "10000"],
     ),
     ("store_turn_end", ["--backends", "postgresql,sqlite", "--words", "100000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),

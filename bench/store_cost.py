@@ -28,6 +28,11 @@ interleaved in one run.
   a turn left running), opened as a restarted ``serve`` opens it: the open, the running turns
   ended, the sessions listed; then one session's whole history read for a replay.
 
+The process runs with ``serve``'s collector policy (``apply_gc_policy``), every side alike: the
+supervisor as ``serve`` runs it. The store's batches are written as ``serve`` writes them, by
+its writer process (``supervisor/store/writer_process.py``), whose CPU is counted in the
+server's.
+
 Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]
 [--sessions 1000] [--events 1000] [--flooders 100] [--fair-rounds 100] [--json]`` (``--events 10000``: 10 million events, a 1.3 GB
 file; ``--json``: a summary and the figures on one line, as ``bench/run_all.py`` reads them).
@@ -61,6 +66,7 @@ from supervisor.store.backend import Backend, Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
 from supervisor.store.writer import SessionStore
+from supervisor.supervisor import apply_gc_policy
 
 #: receiver processes for the throughput runs (one subscriber needs one)
 RECEIVERS = 1
@@ -540,6 +546,7 @@ if __name__ == "__main__":
     parser.add_argument("--fair-rounds", type=int, default=FAIR_ROUNDS, help="0: no flood")
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line too")
     args = parser.parse_args()
+    apply_gc_policy()
     figures = trio.run(
         main,
         args.rounds,

@@ -1167,8 +1167,12 @@ async def open_supervisor(
             finally:
                 await supervisor.aclose()
                 if session_store is not None:
-                    # (its sessions' last events were recorded as they stopped)
-                    writer.start_soon(session_store.aclose)
+                    # Its sessions' last events were recorded as they stopped: written here,
+                    # before the nurseries exit, which an exception leaving the block (a
+                    # KeyboardInterrupt) would do cancelling the writer, the close's events
+                    # never written and the sessions marked clean.
+                    with trio.CancelScope(shield=True):
+                        await session_store.aclose()
     except BaseExceptionGroup as group:
         # Sessions never raise into this nursery, so a lone exception is the caller's own:
         # give it back as raised, not wrapped in a group it did not ask for.

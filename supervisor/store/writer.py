@@ -1080,6 +1080,8 @@ class SessionStore:
     async def aclose(self) -> None:
         """Write what is left, mark the sessions written clean (:attr:`StoredSession.clean`:
         the next supervisor knows nothing is missing), then close the backend."""
+        for meta in self._meta.values():  # (a stopped actor's last step waits in its fan-out)
+            meta.session.fanout.serialize()
         self._closing = True
         self._closed.set()
         self._wake.set()
