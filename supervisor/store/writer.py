@@ -290,6 +290,10 @@ class SessionStore:
         self._idle: trio.CancelScope | None = None
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
+        #: those not taken by a write yet: a flood's next write starts at ``batch_events`` of
+        #: them, not as soon as the one in progress ends (its batch would be only what came
+        #: meanwhile: more writes, each with its own wake-ups, release and transaction)
+        self._waiting = 0
         #: sessions hold their agents back (the database fell behind)
         self.full = False
         self._room: list[Callable[[], object]] = []
@@ -570,11 +574,12 @@ class SessionStore:
         run = _Run(events, payloads, fanout)
         self._pending.append(run)
         count = self._count = self._count + run.count
+        waiting = self._waiting = self._waiting + run.count
         self._wake.set()
-        if count >= self.batch_events:
+        if count >= self.max_pending:
+            self.full = True
+        if waiting >= self.batch_events:
             self._enough.set()
-            if count >= self.max_pending:
-                self.full = True
         elif run.events is not None and len(events) <= _SCAN_RUN:
             # A turn's end or a cancel's receipt is written within TURN_END_S: what a client
             # was told last before a crash is stored sooner (an unclean end's window shrinks).
@@ -662,10 +667,10 @@ class SessionStore:
                     if self._soon and not late:  # (woken by a record before the deadline)
                         self._turn_ended = True
                         self._enough.set()
-                if self._count < self.batch_events and not self._closing and not late:
+                if self._waiting < self.batch_events and not self._closing and not late:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
-                        if self._turn_ended and self._count < self.batch_events:
+                        if self._turn_ended and self._waiting < self.batch_events:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
                 self._turn_ended = False
@@ -684,6 +689,7 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        self._waiting = 0
         checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
         count = sum(run.count for run in pending if run is not None)
@@ -828,8 +834,17 @@ class SessionStore:
         if first:
             self._batch(pending)
             self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
-        async with self._limiter:
+        limiter = self._limiter
+        try:
+            # (Taken without a turn given away when nothing else waits for it: the next
+            # batch of a flood is ready as the last one is written.)
+            limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await limiter.acquire()
+        try:
             return await writer.write(self._last_batch)
+        finally:
+            limiter.release()
 
     def _batch(self, pending: list[_Run | None]) -> Batch:
         """(The worker thread, or the event loop with a writer process.) The rows of

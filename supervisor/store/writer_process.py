@@ -56,9 +56,11 @@ CLOSE_WAIT_S = 5.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _frame(message: object) -> bytes:
+def _frame(message: object) -> tuple[bytes, bytes]:
+    """A frame's two pieces, its length and its pickle (sent together, not joined: a batch's
+    pickle is its event bytes, and the event loop copies them once, into the socket)."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LENGTH.pack(len(body)) + body
+    return _LENGTH.pack(len(body)), body
 
 
 class WriterProcess:
@@ -127,7 +129,7 @@ class WriterProcess:
         stream = self._stream
         assert stream is not None
         try:
-            await stream.send_all(_frame(request))
+            await _send(stream, _frame(request))
             (length,) = _LENGTH.unpack(await self._receive(stream, _LENGTH.size))
             kind, value = pickle.loads(await self._receive(stream, length))
         except (trio.BrokenResourceError, EOFError):
@@ -186,6 +188,18 @@ class WriterProcess:
                 await process.wait()
 
 
+async def _send(stream: trio.SocketStream, pieces: tuple[bytes, bytes]) -> None:
+    """``pieces`` one after the other, by ``sendmsg``."""
+    head, body = memoryview(pieces[0]), memoryview(pieces[1])
+    while head or body:
+        try:
+            sent = await stream.socket.sendmsg([head, body] if head else [body])
+        except OSError as exc:  # (the child went away)
+            raise trio.BrokenResourceError from exc
+        taken = min(sent, len(head))
+        head, body = head[taken:], body[sent - taken :]
+
+
 def _serve(sock: socket.socket) -> None:
     """The child: open the store the first request names, then answer requests until the
     supervisor closes its end."""
@@ -205,7 +219,7 @@ def _serve(sock: socket.socket) -> None:
             yield pickle.loads(body)
 
     def answer(kind: str, value: object) -> None:
-        sock.sendall(_frame((kind, value)))
+        sock.sendall(b"".join(_frame((kind, value))))
 
     incoming = requests()
     url = next(incoming, None)
