@@ -44,7 +44,7 @@ BENCHMARKS = [
     (
         "store_cost",
         ["--rounds", "200", "--words", "20000", "--repeats", "15"]
-        + ["--flooders", "100", "--fair-rounds", "100"],
+        + ["--flooders", "100", "--fair-rounds", "100", "--events", "10000"],
     ),
     ("store_turn_end", ["--backends", "postgresql,sqlite", "--words", "100000", "--repeats", "15"]),
     ("checkpoint_snapshot", ["--files", "10000", "--changed", "3", "--repeats", "30"]),
@@ -84,6 +84,8 @@ HEADLINES: dict[str, list[tuple[str, str]]] = {
         ("fair_sqlite_receipt_p99_ratio", "K=100 flood: receipt p99, SQLite on/off (ratio)"),
         ("fair_off_halves_receipt_p99_ratio", "K=100 flood: receipt p99, off/off (the noise)"),
         ("fair_sqlite_delivery_p99_ratio", "K=100 flood: delivery p99, SQLite on/off (ratio)"),
+        ("fair_sqlite_word_p50_ms", "K=100 flood: a quiet session's first word, SQLite, p50 (ms)"),
+        ("fair_sqlite_word_p99_ms", "K=100 flood: that first word, p99 (ms)"),
         ("fair_sqlite_written_per_s", "K=100 flood: events/s SQLite wrote"),
         ("fair_postgresql_written_per_s", "K=100 flood: events/s PostgreSQL wrote"),
     ],

@@ -6,7 +6,7 @@ interleaved in one run.
   ``supervisor_cancel``), ``--rounds`` cancels each way;
 - **throughput**: one WebSocket subscriber, the light agent flooding ``--words`` one-word
   deltas (``bench/throughput.py``'s "ours"), ``--repeats`` runs each way; events/s and the
-  server's CPU per event (the store's worker thread included: it is the same process);
+  server's CPU per event (the store's writer process included);
 - **backend**: events/s the SQLite backend writes alone, in batches of 100 and of 1,000
   events of ~120 bytes (one transaction each, one session's run); the same for PostgreSQL on
   a throwaway cluster (``tests/pg.py``, as ``bench/store_write.py`` starts it) when this
@@ -27,6 +27,11 @@ interleaved in one run.
 - **restart**: a store of ``--sessions`` sessions of ``--events`` events each (one in ten with
   a turn left running), opened as a restarted ``serve`` opens it: the open, the running turns
   ended, the sessions listed; then one session's whole history read for a replay.
+
+The process runs with ``serve``'s collector policy (``apply_gc_policy``), every side alike: the
+supervisor as ``serve`` runs it. The store's batches are written as ``serve`` writes them, by
+its writer process (``supervisor/store/writer_process.py``), whose CPU is counted in the
+server's.
 
 Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]
 [--sessions 1000] [--events 1000] [--flooders 100] [--fair-rounds 100] [--json]`` (``--events 10000``: 10 million events, a 1.3 GB
@@ -54,13 +59,14 @@ import trio
 from bench import fairness
 from bench.cancel_overhead import percentile, supervisor_cancel
 from bench.machine import load_average, raise_fd_limit
-from bench.throughput import run_ours
+from bench.throughput import run_ours, writer_cpu_seconds
 from bench.transport_floor import LIGHT_AGENT, SETTLE_S
 from supervisor import AgentSpec, open_supervisor
 from supervisor.store.backend import Backend, Batch, EventRun, StoredSession
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
 from supervisor.store.writer import SessionStore
+from supervisor.supervisor import apply_gc_policy
 
 #: receiver processes for the throughput runs (one subscriber needs one)
 RECEIVERS = 1
@@ -251,7 +257,7 @@ async def flood_block(
         holds = sum(f.fanout.store_holds for f in sessions)
         written = store.written if store is not None else 0
         collections.take()
-        wall, cpu = time.monotonic(), time.process_time()
+        wall, cpu = time.monotonic(), time.process_time() + writer_cpu_seconds(sup)
         receipts, deliveries = [], []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(backlog)
@@ -264,7 +270,7 @@ async def flood_block(
         span = time.monotonic() - wall
         block = {
             "span_s": span,
-            "cpu_s": time.process_time() - cpu,
+            "cpu_s": time.process_time() + writer_cpu_seconds(sup) - cpu,
             "absorbed": sum(f.last_seq for f in flooding) - absorbed,
             **collections.figures(span),
         }
@@ -540,6 +546,7 @@ if __name__ == "__main__":
     parser.add_argument("--fair-rounds", type=int, default=FAIR_ROUNDS, help="0: no flood")
     parser.add_argument("--json", action="store_true", help="the figures as one JSON line too")
     args = parser.parse_args()
+    apply_gc_policy()
     figures = trio.run(
         main,
         args.rounds,

@@ -1037,6 +1037,7 @@ async def open_supervisor(
     tracer_provider: TracerProvider | None = None,
     store: str | None = None,
     store_kind: str = "serve",
+    store_writer: str = "process",
     retention: Retention | None = None,
     checkpoints: bool = True,
     record_checkpoints: bool = False,
@@ -1088,6 +1089,9 @@ async def open_supervisor(
     opened raises :class:`~supervisor.store.backend.StoreError`, one line saying what to do.
     ``store_kind``: what this process is to the store's other processes (``serve``, of which
     one at a time opens a store; ``acp``, an ACP front door, any number beside it).
+    ``store_writer``: what writes its batches, ``"process"`` (a child process of its own, the
+    default: under a flood of many sessions a thread waits for the GIL; ``design/store.md``)
+    or ``"thread"`` (the store's worker thread: no second process).
     ``retention``: how long the store keeps stopped sessions (``[store] keep_days``,
     ``keep_sessions``, ``keep_bytes``; None: for good), swept at start and every hour.
     """
@@ -1122,7 +1126,11 @@ async def open_supervisor(
 
         backend = backend_for(store, store_kind)
         if backend is not None:
-            session_store = SessionStore(backend)
+            if store_writer not in ("process", "thread"):
+                raise ConfigError(
+                    f"store_writer is {store_writer!r}: 'process' (the default) or 'thread'"
+                )
+            session_store = SessionStore(backend, apart=store_writer == "process")
             stored = await session_store.open()
     try:
         async with trio.open_nursery() as writer, trio.open_nursery() as nursery:
@@ -1159,8 +1167,12 @@ async def open_supervisor(
             finally:
                 await supervisor.aclose()
                 if session_store is not None:
-                    # (its sessions' last events were recorded as they stopped)
-                    writer.start_soon(session_store.aclose)
+                    # Its sessions' last events were recorded as they stopped: written here,
+                    # before the nurseries exit, which an exception leaving the block (a
+                    # KeyboardInterrupt) would do cancelling the writer, the close's events
+                    # never written and the sessions marked clean.
+                    with trio.CancelScope(shield=True):
+                        await session_store.aclose()
     except BaseExceptionGroup as group:
         # Sessions never raise into this nursery, so a lone exception is the caller's own:
         # give it back as raised, not wrapped in a group it did not ask for.

@@ -128,8 +128,9 @@ class Recorder(Protocol):
 
 
 #: a run a fan-out holds until its recorder stored it: its first and last seq, its events'
-#: wire bytes, and the events (None: not kept, decoded from the bytes if asked for)
-_HeldRun = tuple[int, int, list[bytes], "list[ev.Event] | None"]
+#: wire bytes, the events (None: not kept, decoded from the bytes if asked for), and each
+#: event's size and their sum (as the history counted them: not counted again at the release)
+_HeldRun = tuple[int, int, list[bytes], "list[ev.Event] | None", list[int], int]
 
 
 def _seqs(run: _HeldRun) -> Iterable[int]:
@@ -141,7 +142,7 @@ def _objects_of(runs: list[_HeldRun]) -> list[ev.Event]:
     """The events of ``runs``, decoded from their bytes where they were not kept (a gated
     subscription that takes objects came after they were recorded)."""
     events: list[ev.Event] = []
-    for _, _, payloads, kept in runs:
+    for _, _, payloads, kept, _, _ in runs:
         events += kept if kept is not None else map(event_from_json, payloads)
     return events
 
@@ -625,7 +626,7 @@ class Fanout:
             recorder.record(events, payloads, self)
             first, last = events[0].seq, events[-1].seq
             objects = events if self._objects or last - first != len(events) - 1 else None
-            self._held.append((first, last, payloads, objects))
+            self._held.append((first, last, payloads, objects, sizes, total))
             self._held_count += len(events)
             self._held_bytes += total
         history, kept = self._history, self._sizes
@@ -810,14 +811,16 @@ class Fanout:
             return
         runs: list[_HeldRun] = []
         payloads: list[bytes] = []
+        sizes: list[int] = []
+        total = 0
         while held and held[0][1] <= seq:  # (the writer stores whole runs)
             run = held.popleft()
             runs.append(run)
             payloads += run[2]
+            sizes += run[4]
+            total += run[5]
         if not runs:
             return
-        sizes = list(map(len, payloads))
-        total = sum(sizes)
         self._held_count -= len(payloads)
         self._held_bytes -= total
         frames: list[bytes] | None = None

@@ -366,6 +366,16 @@ class Backend(Protocol):
         """Connect; create the schema or migrate it to :data:`SCHEMA_VERSION`. Raises
         :class:`StoreError` (one line: :attr:`where` and what to do) when it cannot."""
 
+    @property
+    def url(self) -> str:
+        """The store's URL, as :func:`~supervisor.store.url.backend_for` takes it (with its
+        password: never shown), for another process to open it."""
+
+    def open_writes(self) -> None:
+        """Connect for :meth:`write` and :meth:`settle` only, in a process beside the one that
+        opened the store (:mod:`~supervisor.store.writer_process`): no lock, no ``owners``
+        row, no migration (that process did those). :class:`StoreError` if it cannot."""
+
     def write(self, batch: Batch) -> bool:
         """Write ``batch`` in one transaction; :class:`StoreError` if it could not (nothing of
         it is written). True: :meth:`settle` has work to do now."""

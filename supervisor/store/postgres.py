@@ -136,6 +136,8 @@ class PostgresBackend:
         self.connections = 0
         #: texts may wait to be indexed (written here and not indexed, or left at open)
         self._unindexed = False
+        #: opened by :meth:`open_writes`: no lock, no owner of the store
+        self._writes_only = False
 
     # -- connecting
 
@@ -144,6 +146,10 @@ class PostgresBackend:
         self._connection = self._connect()
         self._opened = True
         self._unindexed = True  # (what a process that went away left unindexed)
+
+    def open_writes(self) -> None:
+        self._writes_only = True
+        self.open()
 
     def _connect(self) -> psycopg.Connection[Any]:
         """A connection holding the lock, the schema at :data:`SCHEMA_VERSION`."""
@@ -180,6 +186,8 @@ class PostgresBackend:
         # minute instead of its default of hours, and the next supervisor gets the lock.
         for setting, value in _SERVER_SIDE_TIMEOUTS.items():
             connection.execute("SELECT set_config(%s, %s, false)", (setting, value))
+        if self._writes_only:
+            return
         schema = connection.execute("SELECT current_schema()").fetchone()
         if schema is None or schema[0] is None:
             raise StoreError(
@@ -491,7 +499,12 @@ class PostgresBackend:
         return self._run("write to", take)
 
     def close(self) -> None:
-        if self._opened and self._connection is not None and not self._connection.broken:
+        if (
+            self._opened
+            and not self._writes_only
+            and self._connection is not None
+            and not self._connection.broken
+        ):
             try:
                 self._connection.execute("DELETE FROM owners WHERE token = %s", (self.owner.token,))
             except psycopg.Error:

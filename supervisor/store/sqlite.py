@@ -114,6 +114,8 @@ class SqliteBackend:
         self._locks = self.path.with_name(self.path.name + ".owners")
         #: the lock files this process holds (its owner's, a serve's), open for as long
         self._held: list[int] = []
+        #: opened by :meth:`open_writes`: no owner of the store
+        self._writes_only = False
 
     def _hold(self, name: str, wait_s: float) -> bool:
         """Lock ``name`` in the owners' directory (exclusive) and keep it; False if another
@@ -190,6 +192,36 @@ class SqliteBackend:
             self._let_go()
             raise
         db.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
+        self._db = db
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path.resolve()}"
+
+    def open_writes(self) -> None:
+        where = self.where
+        try:
+            # (mode=rw: the file the supervisor opened, never a new one)
+            db = sqlite3.connect(
+                self.path.resolve().as_uri() + "?mode=rw",
+                uri=True,
+                timeout=_LOCK_WAIT_S,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=_CACHED_STATEMENTS,
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {where}: {exc}") from None
+        try:
+            db.execute("PRAGMA synchronous = NORMAL")  # (the journal mode is the file's)
+            db.execute("PRAGMA wal_autocheckpoint = 0")
+            db.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
+            self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreError(f"cannot open the store {where}: {exc}") from None
+        self._writes_only = True
+        self._unindexed = True  # (texts a writer before this one left unindexed: the first settle)
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
@@ -552,10 +584,11 @@ class SqliteBackend:
 
     def close(self) -> None:
         if self._db is not None:
-            try:
-                self.drop_owners([self.owner.token])
-            except StoreError:  # (the next process finds it gone: its lock went with it)
-                pass
+            if not self._writes_only:
+                try:
+                    self.drop_owners([self.owner.token])
+                except StoreError:  # (the next process finds it gone: its lock went with it)
+                    pass
             self._db.close()
             self._db = None
         self._let_go()

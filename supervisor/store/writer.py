@@ -4,9 +4,11 @@ What a session's step does for the store is one list append (:meth:`SessionStore
 called by the session's :class:`~supervisor.runtime.fanout.Fanout` with the events and the
 wire bytes it made of them for its history: nothing is serialized twice). The writer task
 takes what gathered every ``flush_s`` or ``batch_events`` events, whichever comes first, and
-writes it in one transaction on the store's one worker thread
-(``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``), where the rows are made too: the
-event loop pays the append and nothing else.
+writes it in one transaction: by default in a process of its own
+(:mod:`~supervisor.store.writer_process`, ``apart=True``), the batch's rows made on the event
+loop; or on the store's one worker thread (``trio.to_thread.run_sync`` with a
+``CapacityLimiter(1)``), where the rows are made too. Everything else the store does (reads, a
+session taken up, retention's deletes) runs on that thread, in turn with the writes.
 
 Bounded: when ``max_pending`` events wait (the database fell behind), :attr:`full` is set and
 the sessions hold their agents back, as for a full subscriber that asked for backpressure
@@ -54,6 +56,7 @@ from supervisor.store.backend import (
     highest_number,
 )
 from supervisor.store.retention import Retention, expired
+from supervisor.store.writer_process import WriterProcess
 from supervisor.wire.codec import dumps, event_json, event_to_wire
 
 __all__ = [
@@ -262,8 +265,11 @@ class SessionStore:
         max_pending: int = MAX_PENDING,
         retry_s: tuple[float, ...] = RETRY_S,
         run_sync: Callable[..., Awaitable[Any]] | None = None,
+        apart: bool = False,
     ) -> None:
         self.backend = backend
+        #: the process that writes the batches (``apart``); None: the worker thread does
+        self.writer_process = WriterProcess(backend.url, backend.where) if apart else None
         self.flush_s = flush_s
         self.batch_events = batch_events
         self.max_pending = max_pending
@@ -284,6 +290,10 @@ class SessionStore:
         self._idle: trio.CancelScope | None = None
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
+        #: those not taken by a write yet: a flood's next write starts at ``batch_events`` of
+        #: them, not as soon as the one in progress ends (its batch would be only what came
+        #: meanwhile: more writes, each with its own wake-ups, release and transaction)
+        self._waiting = 0
         #: sessions hold their agents back (the database fell behind)
         self.full = False
         self._room: list[Callable[[], object]] = []
@@ -333,7 +343,15 @@ class SessionStore:
         supervisor that went away left (:meth:`_recover`); returns the stored sessions, the
         most recently active first."""
         await self._in_thread(self.backend.open)
-        return await self._in_thread(self._recover)
+        try:
+            stored = await self._in_thread(self._recover)
+            if self.writer_process is not None:
+                await self.writer_process.start()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._in_thread(self.backend.close)
+            raise
+        return stored
 
     def _recover(self) -> list[StoredSession]:
         """Sessions a supervisor that went away left (no owner, or an owner found gone;
@@ -556,11 +574,12 @@ class SessionStore:
         run = _Run(events, payloads, fanout)
         self._pending.append(run)
         count = self._count = self._count + run.count
+        waiting = self._waiting = self._waiting + run.count
         self._wake.set()
-        if count >= self.batch_events:
+        if count >= self.max_pending:
+            self.full = True
+        if waiting >= self.batch_events:
             self._enough.set()
-            if count >= self.max_pending:
-                self.full = True
         elif run.events is not None and len(events) <= _SCAN_RUN:
             # A turn's end or a cancel's receipt is written within TURN_END_S: what a client
             # was told last before a crash is stored sooner (an unclean end's window shrinks).
@@ -648,10 +667,10 @@ class SessionStore:
                     if self._soon and not late:  # (woken by a record before the deadline)
                         self._turn_ended = True
                         self._enough.set()
-                if self._count < self.batch_events and not self._closing and not late:
+                if self._waiting < self.batch_events and not self._closing and not late:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
-                        if self._turn_ended and self._count < self.batch_events:
+                        if self._turn_ended and self._waiting < self.batch_events:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
                 self._turn_ended = False
@@ -670,6 +689,7 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        self._waiting = 0
         checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
         count = sum(run.count for run in pending if run is not None)
@@ -682,7 +702,10 @@ class SessionStore:
         due = False
         while True:
             try:
-                due = await self._in_thread(self._write, pending, checkpoints, first)
+                if self.writer_process is not None:
+                    due = await self._write_apart(self.writer_process, pending, checkpoints, first)
+                else:
+                    due = await self._in_thread(self._write, pending, checkpoints, first)
                 self.written += count
                 if failed_at is not None:
                     failed_s = trio.current_time() - failed_at
@@ -728,7 +751,11 @@ class SessionStore:
 
     async def _settle(self, idle: bool) -> None:
         try:
-            await self._in_thread(self.backend.settle, idle)
+            if self.writer_process is not None:
+                async with self._limiter:
+                    await self.writer_process.settle(idle)
+            else:
+                await self._in_thread(self.backend.settle, idle)
         except StoreError:
             pass  # (done by the next call; a store that fails is said by the writes)
 
@@ -794,8 +821,34 @@ class SessionStore:
             self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
         return bool(self.backend.write(self._last_batch))
 
+    async def _write_apart(
+        self,
+        writer: WriterProcess,
+        pending: list[_Run | None],
+        checkpoints: list[CheckpointRow],
+        first: bool,
+    ) -> bool:
+        """:meth:`_write` by the writer process, the rows made here (on the event loop: a
+        thread would wait for the GIL as long as the writes it saves); in turn with the
+        worker thread's calls, as the thread's own writes are."""
+        if first:
+            self._batch(pending)
+            self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
+        limiter = self._limiter
+        try:
+            # (Taken without a turn given away when nothing else waits for it: the next
+            # batch of a flood is ready as the last one is written.)
+            limiter.acquire_nowait()
+        except trio.WouldBlock:
+            await limiter.acquire()
+        try:
+            return await writer.write(self._last_batch)
+        finally:
+            limiter.release()
+
     def _batch(self, pending: list[_Run | None]) -> Batch:
-        """(The worker thread.) The rows of ``pending``: made once, kept for a retry."""
+        """(The worker thread, or the event loop with a writer process.) The rows of
+        ``pending``: made once, kept for a retry."""
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
         texts: list[TextRow] = []
@@ -969,6 +1022,8 @@ class SessionStore:
     async def search(self, query: str, limit: int) -> list[SearchHit]:
         """Up to ``limit`` stored texts matching ``query``, the best first, each with when its
         event happened (on the store's thread, as every call of the backend)."""
+        if self.writer_process is not None:  # (texts it wrote and not indexed yet: found too)
+            await self._settle(idle=False)
         return await self._in_thread(self._search, query, limit)
 
     def _search(self, query: str, limit: int) -> list[SearchHit]:
@@ -1040,6 +1095,8 @@ class SessionStore:
     async def aclose(self) -> None:
         """Write what is left, mark the sessions written clean (:attr:`StoredSession.clean`:
         the next supervisor knows nothing is missing), then close the backend."""
+        for meta in self._meta.values():  # (a stopped actor's last step waits in its fan-out)
+            meta.session.fanout.serialize()
         self._closing = True
         self._closed.set()
         self._wake.set()
@@ -1055,6 +1112,8 @@ class SessionStore:
                     _names(self._lost),
                     exc if isinstance(exc, StoreError) else repr(exc),
                 )
+            if self.writer_process is not None:
+                await self.writer_process.aclose()
             try:
                 await self._in_thread(self._mark_clean)
             except Exception:  # the next start treats them as unclean: nothing is reused

@@ -5,6 +5,7 @@ real clock."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,35 @@ def _store_running_turn(
     )
     backend.close()
     return f"sqlite:///{path}"
+
+
+class Interrupted(Exception):
+    """What an application's Ctrl-C, or any error, raises inside the supervisor's block."""
+
+
+async def test_an_exception_leaving_the_block_still_stores_the_close(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    launcher = AcpLauncher(AcpBehaviour(words=1000, word_interval=0.01))
+    with trio.fail_after(BOUND):
+        with pytest.raises(Interrupted):
+            async with open_supervisor(agents={"fake": SPEC}, launcher=launcher, store=url) as sup:
+                session = await sup.start_session("fake")
+                async with session.subscribe() as events:
+                    await session.prompt("stream until the application gives up")
+                    async for event in events:
+                        if event.kind == "message.delta":
+                            break
+                raise Interrupted
+        backend = SqliteBackend(tmp_path / "sessions.db", kind="acp")
+        await trio.to_thread.run_sync(backend.open)
+        try:
+            (row,) = await trio.to_thread.run_sync(backend.sessions)
+            stored = await trio.to_thread.run_sync(backend.events, row.id, 0, 100_000)
+        finally:
+            await trio.to_thread.run_sync(backend.close)
+    # The turn stopped by the close is in the store as it ended, not left for the next start.
+    assert (row.state, row.open_turn_id, row.clean) == ("stopped", None, True)
+    assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
+    assert [seq for seq, _ in stored] == list(range(1, len(session.fanout.history) + 1))
+    kinds = [json.loads(payload)["event"] for _, payload in stored]
+    assert "turn.ended" in kinds

@@ -1,0 +1,260 @@
+"""The store's batches written by a process of its own (``python -m
+supervisor.store.writer_process FD``), beside the supervisor's.
+
+Why a process and not the worker thread: under a flood of many sessions the event loop is busy
+all the time, and a thread gets the GIL back after each call into the database only at the
+event loop's switch interval (5 ms), often far later (``design/store.md``, "A process of its
+own"): a batch took tens to hundreds of ms, the backlog grew to tens of thousands of events and
+a quiet session's first word waited for it. A process has a GIL of its own.
+
+The supervisor's process keeps everything else: it opens the store (its lock, its ``owners``
+row, the migrations), makes each batch's rows (:meth:`SessionStore._batch`), reads, and
+writes what is not a batch (a session taken up, retention's deletes), each of these in turn
+with the batches (one at a time, in the order asked). The child opens the store for writes
+only (:meth:`~supervisor.store.backend.Backend.open_writes`) and does two things:
+:meth:`~supervisor.store.backend.Backend.write` a batch and
+:meth:`~supervisor.store.backend.Backend.settle`.
+
+The wire, over a socket pair: frames of a 4-byte length and a pickle (both ends are this
+package, from the same installation). The first request is the store's URL (a PostgreSQL
+password never shows in ``ps``); then ``("write", Batch)`` and ``("settle", idle)``. Each
+answer is ``("ok", value)`` or ``("error", one line)``.
+
+The child goes away with the supervisor, however that goes: it reads the end of its socket
+(the kernel closes the supervisor's end when its process dies) and exits. It runs in a
+session of its own, so a Ctrl-C at the terminal reaches the supervisor alone, which writes
+what is left through it before closing it. A child that dies (killed, out of memory) fails
+the batch it had with :class:`StoreError`; the writer tries the batch again as any failed
+write (nothing of it is stored twice: ``Backend.write``), and the next request starts a new
+child.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from supervisor.store.backend import Batch, StoreError
+
+__all__ = ["WriterProcess"]
+
+_LENGTH = struct.Struct("<I")
+#: How long a child that was asked to go (its socket closed) may take to write what it has
+#: and exit before it is killed.
+CLOSE_WAIT_S = 5.0
+#: The directory this package is in: put first on the child's ``sys.path``, so it runs this
+#: very code whatever the supervisor's working directory and ``PYTHONPATH``.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _frame(message: object) -> tuple[bytes, bytes]:
+    """A frame's two pieces, its length and its pickle (sent together, not joined: a batch's
+    pickle is its event bytes, and the event loop copies them once, into the socket)."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(body)), body
+
+
+class WriterProcess:
+    """The supervisor's end: a child started at the first request, and again after one
+    went away. Requests are sent one at a time (the store's writer asks, and waits)."""
+
+    def __init__(self, url: str, where: str) -> None:
+        self._url = url
+        #: the store, for messages (a URL without its password)
+        self.where = where
+        self._process: trio.Process | None = None
+        self._stream: trio.SocketStream | None = None
+        self._buffer = bytearray()
+        #: children started so far (1, and one more for each that went away)
+        self.started = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None: none runs now)."""
+        return self._process.pid if self._process is not None else None
+
+    async def start(self) -> None:
+        """Start the child and open the store in it, unless one runs; :class:`StoreError`
+        if it cannot."""
+        if self._stream is not None:
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            environment = dict(os.environ)
+            path = environment.get("PYTHONPATH")
+            environment["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
+            self._process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "supervisor.store.writer_process", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=environment,
+            )
+        except OSError as exc:
+            ours.close()
+            raise StoreError(
+                f"cannot start the writer process of the store {self.where}: {exc.strerror}"
+            ) from None
+        finally:
+            theirs.close()
+        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        self._buffer.clear()
+        self.started += 1
+        try:
+            await self._ask(self._url)
+        except StoreError:
+            await self._gone()  # (it exits: it could not open the store)
+            raise
+
+    async def write(self, batch: Batch) -> bool:
+        """:meth:`Backend.write` in the child."""
+        return bool(await self._ask(("write", batch)))
+
+    async def settle(self, idle: bool) -> None:
+        """:meth:`Backend.settle` in the child."""
+        await self._ask(("settle", idle))
+
+    async def _ask(self, request: object) -> Any:
+        if self._stream is None:
+            await self.start()
+        stream = self._stream
+        assert stream is not None
+        try:
+            await _send(stream, _frame(request))
+            (length,) = _LENGTH.unpack(await self._receive(stream, _LENGTH.size))
+            kind, value = pickle.loads(await self._receive(stream, length))
+        except (trio.BrokenResourceError, EOFError):
+            raise StoreError(
+                f"the writer process of the store {self.where} went away "
+                f"({await self._gone()}); a new one writes the batch again"
+            ) from None
+        except BaseException:
+            # Cancelled mid-frame: what the child answers next is no longer this request's.
+            with trio.CancelScope(shield=True):
+                await self._gone()
+            raise
+        if kind == "error":
+            raise StoreError(value)
+        return value
+
+    async def _receive(self, stream: trio.SocketStream, size: int) -> bytes:
+        buffer = self._buffer
+        while len(buffer) < size:
+            chunk = await stream.receive_some(max(65536, size - len(buffer)))
+            if not chunk:
+                raise EOFError
+            buffer += chunk
+        data = bytes(buffer[:size])
+        del buffer[:size]
+        return data
+
+    async def _gone(self) -> str:
+        """End the child (killed if it runs: what it answers is lost) and reap it; how it
+        ended."""
+        process, stream = self._process, self._stream
+        self._process = self._stream = None
+        if stream is not None:
+            await stream.aclose()
+        if process is None:
+            return "not started"
+        if process.returncode is None:
+            process.kill()
+        code = await process.wait()
+        return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+    async def aclose(self) -> None:
+        """Close the child's socket (it exits once it has answered what it was asked) and
+        reap it; killed if it takes over :data:`CLOSE_WAIT_S`."""
+        process, stream = self._process, self._stream
+        self._process = self._stream = None
+        with trio.CancelScope(shield=True):
+            if stream is not None:
+                await stream.aclose()
+            if process is None:
+                return
+            with trio.move_on_after(CLOSE_WAIT_S):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def _send(stream: trio.SocketStream, pieces: tuple[bytes, bytes]) -> None:
+    """``pieces`` one after the other, by ``sendmsg``."""
+    head, body = memoryview(pieces[0]), memoryview(pieces[1])
+    while head or body:
+        try:
+            sent = await stream.socket.sendmsg([head, body] if head else [body])
+        except OSError as exc:  # (the child went away)
+            raise trio.BrokenResourceError from exc
+        taken = min(sent, len(head))
+        head, body = head[taken:], body[sent - taken :]
+
+
+def _serve(sock: socket.socket) -> None:
+    """The child: open the store the first request names, then answer requests until the
+    supervisor closes its end."""
+    from supervisor.store.url import backend_for
+
+    reader = sock.makefile("rb")
+
+    def requests() -> Any:
+        while True:
+            head = reader.read(_LENGTH.size)
+            if len(head) < _LENGTH.size:
+                return
+            (length,) = _LENGTH.unpack(head)
+            body = reader.read(length)
+            if len(body) < length:
+                return
+            yield pickle.loads(body)
+
+    def answer(kind: str, value: object) -> None:
+        sock.sendall(b"".join(_frame((kind, value))))
+
+    incoming = requests()
+    url = next(incoming, None)
+    if url is None:
+        return
+    try:
+        backend = backend_for(url)
+        if backend is None:
+            raise StoreError(f"the store URL {url!r} names no store")
+        backend.open_writes()
+    except StoreError as exc:
+        answer("error", str(exc))
+        return
+    answer("ok", None)
+    try:
+        for what, argument in incoming:
+            try:
+                if what == "write":
+                    answer("ok", backend.write(argument))
+                else:
+                    backend.settle(argument)
+                    answer("ok", None)
+            except StoreError as exc:
+                answer("error", str(exc))
+            except Exception as exc:  # a backend's bug: said, and the supervisor goes on
+                answer("error", f"the writer process of the store {backend.where} failed: {exc!r}")
+    finally:
+        backend.close()
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the supervisor says when to go)
+    with socket.socket(fileno=int(sys.argv[1])) as sock:
+        _serve(sock)
+
+
+if __name__ == "__main__":
+    main()
