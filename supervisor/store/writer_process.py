@@ -95,7 +95,10 @@ class WriterProcess:
             self._process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "supervisor.store.writer_process", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
+                # (not the supervisor's stdio: an ACP front door's stdout is its editor's
+                # channel, and one held open by a child would outlive the front door)
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 start_new_session=True,
                 env=environment,
             )

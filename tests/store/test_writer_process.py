@@ -166,6 +166,8 @@ async def test_a_writer_process_killed_mid_stream_loses_no_event(tmp_path: Path)
             store.watch(notices.append)
             first = store.writer_process.pid
             assert first is not None
+            # Not the supervisor's stdio (an ACP front door's stdout is its editor's channel).
+            assert [os.readlink(f"/proc/{first}/fd/{fd}") for fd in (0, 1)] == ["/dev/null"] * 2
             session = await sup.start_session("fake")
             seen: list[int] = []
             async with session.subscribe() as events:
