@@ -1,11 +1,11 @@
-"""The store's batches written by a process of its own (``python -m
-supervisor.store.writer_process FD``), beside the supervisor's.
+"""The store's batches written by a process of its own, beside the supervisor's: the
+supervisor's end (the child is :mod:`supervisor.store.writer_child`).
 
 Why a process and not the worker thread: under a flood of many sessions the event loop is busy
 all the time, and a thread gets the GIL back after each call into the database only at the
-event loop's switch interval (5 ms), often far later (``design/store.md``, "A process of its
-own"): a batch took tens to hundreds of ms, the backlog grew to tens of thousands of events and
-a quiet session's first word waited for it. A process has a GIL of its own.
+event loop's switch interval (5 ms), often far later (``design/store.md``, "Off the actor"):
+a batch took tens to hundreds of ms, the backlog grew to tens of thousands of events and a
+quiet session's first word waited for it. A process has a GIL of its own.
 
 The supervisor's process keeps everything else: it opens the store (its lock, its ``owners``
 row, the migrations), makes each batch's rows (:meth:`SessionStore._batch`), reads, and
@@ -15,10 +15,7 @@ only (:meth:`~supervisor.store.backend.Backend.open_writes`) and does two things
 :meth:`~supervisor.store.backend.Backend.write` a batch and
 :meth:`~supervisor.store.backend.Backend.settle`.
 
-The wire, over a socket pair: frames of a 4-byte length and a pickle (both ends are this
-package, from the same installation). The first request is the store's URL (a PostgreSQL
-password never shows in ``ps``); then ``("write", Batch)`` and ``("settle", idle)``. Each
-answer is ``("ok", value)`` or ``("error", one line)``.
+The wire, over a socket pair, is the child's (:func:`~supervisor.store.writer_child.frame`).
 
 The child goes away with the supervisor, however that goes: it reads the end of its socket
 (the kernel closes the supervisor's end when its process dies) and exits. It runs in a
@@ -33,9 +30,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import signal
 import socket
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -44,23 +39,16 @@ from typing import Any
 import trio
 
 from supervisor.store.backend import Batch, StoreError
+from supervisor.store.writer_child import LENGTH, frame
 
 __all__ = ["WriterProcess"]
 
-_LENGTH = struct.Struct("<I")
 #: How long a child that was asked to go (its socket closed) may take to write what it has
 #: and exit before it is killed.
 CLOSE_WAIT_S = 5.0
 #: The directory this package is in: put first on the child's ``sys.path``, so it runs this
 #: very code whatever the supervisor's working directory and ``PYTHONPATH``.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def _frame(message: object) -> tuple[bytes, bytes]:
-    """A frame's two pieces, its length and its pickle (sent together, not joined: a batch's
-    pickle is its event bytes, and the event loop copies them once, into the socket)."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return _LENGTH.pack(len(body)), body
 
 
 class WriterProcess:
@@ -93,7 +81,7 @@ class WriterProcess:
             path = environment.get("PYTHONPATH")
             environment["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
             self._process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "supervisor.store.writer_process", str(theirs.fileno())],
+                [sys.executable, "-m", "supervisor.store.writer_child", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 # (not the supervisor's stdio: an ACP front door's stdout is its editor's
                 # channel, and one held open by a child would outlive the front door)
@@ -132,8 +120,8 @@ class WriterProcess:
         stream = self._stream
         assert stream is not None
         try:
-            await _send(stream, _frame(request))
-            (length,) = _LENGTH.unpack(await self._receive(stream, _LENGTH.size))
+            await _send(stream, frame(request))
+            (length,) = LENGTH.unpack(await self._receive(stream, LENGTH.size))
             kind, value = pickle.loads(await self._receive(stream, length))
         except (trio.BrokenResourceError, EOFError):
             raise StoreError(
@@ -201,63 +189,3 @@ async def _send(stream: trio.SocketStream, pieces: tuple[bytes, bytes]) -> None:
             raise trio.BrokenResourceError from exc
         taken = min(sent, len(head))
         head, body = head[taken:], body[sent - taken :]
-
-
-def _serve(sock: socket.socket) -> None:
-    """The child: open the store the first request names, then answer requests until the
-    supervisor closes its end."""
-    from supervisor.store.url import backend_for
-
-    reader = sock.makefile("rb")
-
-    def requests() -> Any:
-        while True:
-            head = reader.read(_LENGTH.size)
-            if len(head) < _LENGTH.size:
-                return
-            (length,) = _LENGTH.unpack(head)
-            body = reader.read(length)
-            if len(body) < length:
-                return
-            yield pickle.loads(body)
-
-    def answer(kind: str, value: object) -> None:
-        sock.sendall(b"".join(_frame((kind, value))))
-
-    incoming = requests()
-    url = next(incoming, None)
-    if url is None:
-        return
-    try:
-        backend = backend_for(url)
-        if backend is None:
-            raise StoreError(f"the store URL {url!r} names no store")
-        backend.open_writes()
-    except StoreError as exc:
-        answer("error", str(exc))
-        return
-    answer("ok", None)
-    try:
-        for what, argument in incoming:
-            try:
-                if what == "write":
-                    answer("ok", backend.write(argument))
-                else:
-                    backend.settle(argument)
-                    answer("ok", None)
-            except StoreError as exc:
-                answer("error", str(exc))
-            except Exception as exc:  # a backend's bug: said, and the supervisor goes on
-                answer("error", f"the writer process of the store {backend.where} failed: {exc!r}")
-    finally:
-        backend.close()
-
-
-def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the supervisor says when to go)
-    with socket.socket(fileno=int(sys.argv[1])) as sock:
-        _serve(sock)
-
-
-if __name__ == "__main__":
-    main()
