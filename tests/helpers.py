@@ -12,6 +12,7 @@ import trio
 
 from supervisor import AgentSpec, Session, open_supervisor
 from supervisor.agents.containment import choose_blocking
+from supervisor.store.backend import StoredSession
 from supervisor.supervisor import AnySession
 from supervisor.testing import FakeAgent, Recorder, open_test_supervisor, record
 from supervisor.testing._memory import MemoryLauncher
@@ -98,3 +99,19 @@ def require_cgroups() -> None:
     found = choose_blocking("auto")
     if found.kind != "cgroup":
         skip_or_fail(f"no cgroup containment here: {found.detail}")
+
+
+def stored_row(id: str = "s1", *, last_active: float = 2.0, state: str = "ready") -> StoredSession:
+    """A session's row as a store keeps it, for tests that write rows to a backend."""
+    return StoredSession(
+        id=id,
+        agent="claude",
+        protocol="claude",
+        host=None,
+        cwd="/tmp",
+        mcp_servers="[]",
+        agent_session_id=None,
+        created=1.0,
+        last_active=last_active,
+        state=state,
+    )

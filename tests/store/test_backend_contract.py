@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from helpers import stored_row as session
 from supervisor.store.backend import (
     FIRST_PROMPT_CHARS,
     MIGRATIONS,
@@ -20,7 +21,6 @@ from supervisor.store.backend import (
     CheckpointRow,
     EventRun,
     ReceiptRow,
-    StoredSession,
     StoreError,
     TextRow,
 )
@@ -35,21 +35,6 @@ def backend(store_url: str) -> Iterator[Backend]:
     backend.open()
     yield backend
     backend.close()
-
-
-def session(id: str = "s1", *, last_active: float = 2.0, state: str = "ready") -> StoredSession:
-    return StoredSession(
-        id=id,
-        agent="claude",
-        protocol="claude",
-        host=None,
-        cwd="/tmp",
-        mcp_servers="[]",
-        agent_session_id=None,
-        created=1.0,
-        last_active=last_active,
-        state=state,
-    )
 
 
 def payload(seq: int, kind: str = "message.delta", sid: str = "s1") -> bytes:

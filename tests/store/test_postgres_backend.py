@@ -12,29 +12,15 @@ import psycopg
 import pytest
 import trio
 
+from helpers import stored_row as session
 from pg import PostgresServer
 from protocols import events as ev
 from supervisor.store import backend as contract
-from supervisor.store.backend import Batch, EventRun, StoredSession, StoreError, TextRow
+from supervisor.store.backend import Batch, EventRun, StoreError, TextRow
 from supervisor.store.postgres import PostgresBackend, redacted
 from supervisor.store.url import backend_for
 from supervisor.store.writer import SessionStore
 from supervisor.wire.codec import event_json
-
-
-def session(id: str = "s1") -> StoredSession:
-    return StoredSession(
-        id=id,
-        agent="claude",
-        protocol="claude",
-        host=None,
-        cwd="/tmp",
-        mcp_servers="[]",
-        agent_session_id=None,
-        created=1.0,
-        last_active=2.0,
-        state="ready",
-    )
 
 
 def events(first: int, count: int, sid: str = "s1") -> list[EventRun]:

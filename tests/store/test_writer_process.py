@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers import stored_row
 from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError
-from supervisor.store.backend import Batch, EventRun, StoredSession, StoreError
+from supervisor.store.backend import Batch, EventRun, StoreError
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
 from supervisor.store.writer import StoreFault, StoreNotice, StoreRecovered
@@ -286,21 +287,6 @@ async def test_a_writer_process_that_cannot_start_is_one_error_at_open(
         again.close()
 
 
-def _session() -> StoredSession:
-    return StoredSession(
-        id="s1",
-        agent="fake",
-        protocol="acp",
-        host=None,
-        cwd="/tmp",
-        mcp_servers="[]",
-        agent_session_id=None,
-        created=1.0,
-        last_active=2.0,
-        state="ready",
-    )
-
-
 def test_open_writes_writes_beside_the_owner(store_url: str) -> None:
     owner = backend_for(store_url)
     assert owner is not None
@@ -313,7 +299,7 @@ def test_open_writes_writes_beside_the_owner(store_url: str) -> None:
             payloads = [b'{"event":"message.delta","seq":%d}' % seq for seq in (1, 2, 3)]
             writes.write(
                 Batch(
-                    sessions=[_session()],
+                    sessions=[stored_row()],
                     events=[EventRun(session_id="s1", first_seq=1, payloads=payloads)],
                 )
             )
