@@ -100,9 +100,10 @@ LOG_EVERY_S = 10.0
 UNCLEAN_SKIP = 2 * MAX_PENDING
 #: How soon after a turn's end (a cancel's receipt too) what was recorded is written, rather
 #: than after ``flush_s``: what a client was told last before a crash is then stored sooner.
-#: Not at once: the writer's thread then takes the GIL while the cancel's receipt is on its
-#: way (``bench.store_cost``, cancel p50 store on/off: 1.12 at once, 1.09 at 1 ms, 1.02 at
-#: 2.5 ms; 0.86 at 5 ms, where the writes fall on the store-off side's cancels instead).
+#: Not at once: the writer's work (a batch's rows on the thread or the event loop) then runs
+#: while the cancel's receipt is on its way (``bench.store_cost`` with the thread, cancel p50
+#: store on/off: 1.12 at once, 1.09 at 1 ms, 1.02 at 2.5 ms; 0.86 at 5 ms, where the writes
+#: fall on the store-off side's cancels instead).
 TURN_END_S = 0.0025
 #: A run of at most this many events is looked at for a ``turn.ended`` (a turn's end, a
 #: cancel's receipt), written after ``TURN_END_S`` rather than ``flush_s``: the session's
@@ -135,10 +136,10 @@ _MAX_FULL_TEXTS = 10_000
 
 class _Run:
     """A run of one session's events as recorded, as the writer needs it: made in the
-    session's step, where the events are still in the cache, so that the writer's thread
-    touches one object per run and none of the events (whose reference counts the two
-    threads would otherwise pass between two cores), and so that a stream's events need
-    not outlive their step (:attr:`events` None)."""
+    session's step, where the events are still in the cache, so that the batch's rows are
+    made from one object per run and none of a stream's events (on the worker thread, their
+    reference counts would pass between two cores), and so that a stream's events need not
+    outlive their step (:attr:`events` None)."""
 
     __slots__ = (
         "session_id",
@@ -309,7 +310,7 @@ class SessionStore:
         self._full_texts: dict[tuple[str, str], str] = {}
         #: checkpoints kept or ended (``keep_checkpoint``) and not taken by a write yet
         self._checkpoints: list[CheckpointRow] = []
-        #: the worker thread's: each running turn's answer so far, by (session, turn)
+        #: the batches' (:meth:`_batch`): each running turn's answer so far, by (session, turn)
         self._answers: dict[tuple[str, str], list[str]] = {}
         #: events that could not be written before the close, their sessions' seqs, and why
         self._lost_events = 0
@@ -320,7 +321,7 @@ class SessionStore:
         self._closed = trio.Event()  # aclose was called: a retry's pause ends
         #: events written (a diagnostic, and what the benches read)
         self.written = 0
-        #: the worker thread's: the rows of the batch being written (kept for a retry)
+        #: the batches' (:meth:`_batch`): the rows of the batch being written (kept for a retry)
         self._last_batch = Batch()
         #: something was written since the backend was last told the store is idle
         self._unsettled = False
@@ -332,8 +333,8 @@ class SessionStore:
         self.owners: dict[str, Owner] = {}
         #: the highest session number stored when it opened (the store's counter is past it)
         self._highest = 0
-        #: the worker thread's: the newest ``last_active`` of the last batch that wrote the
-        #: rows of all its sessions (``ACTIVE_EVERY_S``)
+        #: the batches' (:meth:`_batch`): the newest ``last_active`` of the last batch that
+        #: wrote the rows of all its sessions (``ACTIVE_EVERY_S``)
         self._active_at = -math.inf
 
     # -- setting up ----------------------------------------------------------------------
