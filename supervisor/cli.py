@@ -892,6 +892,7 @@ async def _serve(options: ServeOptions, shutdown: _Shutdown) -> None:
     kept = options.config.store
     async with open_supervisor(
         store=store,
+        store_writer=kept.writer,
         retention=Retention(
             keep_days=kept.keep_days, keep_sessions=kept.keep_sessions, keep_bytes=kept.keep_bytes
         ),

@@ -280,6 +280,9 @@ class StoreSettings:
     keep_sessions: int | None = None
     #: the most bytes the stored sessions take (``"500 MB"``, ``"2 GiB"``, or a number)
     keep_bytes: int | None = None
+    #: what writes the batches: ``"process"`` (a child process of its own) or ``"thread"``
+    #: (the store's worker thread: no second process; slower under floods of many sessions)
+    writer: str = "process"
 
 
 @frozen(kw_only=True)
@@ -381,7 +384,7 @@ def parse_store(document: Mapping[str, Any], where: str = "<config>") -> StoreSe
     at = f"{where}: [store]"
     if not isinstance(table, dict):
         raise ConfigError(f"{at} must be a table")
-    allowed = ("url", "keep_days", "keep_sessions", "keep_bytes")
+    allowed = ("url", "keep_days", "keep_sessions", "keep_bytes", "writer")
     unknown = set(table) - set(allowed)
     if unknown:
         raise ConfigError(
@@ -409,11 +412,15 @@ def parse_store(document: Mapping[str, Any], where: str = "<config>") -> StoreSe
                 f"{at}: 'keep_bytes' must be a size above 0: a number of bytes, or \"500 MB\","
                 ' "2 GiB"'
             )
+    writer = table.get("writer", "process")
+    if writer not in ("process", "thread"):
+        raise ConfigError(f'{at}: \'writer\' must be "process" (the default) or "thread"')
     return StoreSettings(
         url=url,
         keep_days=None if days is None else float(days),
         keep_sessions=count,
         keep_bytes=keep_bytes,
+        writer=writer,
     )
 
 

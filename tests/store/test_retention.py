@@ -105,12 +105,15 @@ def test_the_store_table_takes_the_three_bounds() -> None:
         2 * 10**9,
     )
     assert parse_store({}).keep_days is None
+    assert parse_store({}).writer == "process"
+    assert parse_store({"store": {"writer": "thread"}}).writer == "thread"
     for table, message in [
         ({"keep_days": 0}, "'keep_days' must be a number of days above 0"),
         ({"keep_days": "a week"}, "'keep_days' must be a number of days above 0"),
         ({"keep_sessions": 0}, "'keep_sessions' must be a whole number >= 1"),
         ({"keep_bytes": "big"}, "'keep_bytes' must be a size above 0"),
         ({"keep_forever": 1}, "unknown key(s) keep_forever"),
+        ({"writer": "fork"}, '\'writer\' must be "process" (the default) or "thread"'),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             parse_store({"store": table}, "a.toml")

@@ -18,7 +18,9 @@ import pytest
 import trio
 
 from helpers import stored_row
+from served import demo_command, serve, write_config
 from supervisor import AgentSpec, open_supervisor
+from supervisor.client import connect
 from supervisor.config import ConfigError
 from supervisor.store.backend import Batch, EventRun, StoreError
 from supervisor.store.sqlite import SqliteBackend
@@ -341,3 +343,35 @@ async def test_an_unknown_store_writer_is_a_config_error(tmp_path: Path) -> None
         ):
             raise AssertionError("opened with store_writer='bogus'")
     assert not path.exists()  # (refused before the store was opened)
+
+
+def _writer_children(pid: int) -> list[int]:
+    """The store's writer processes among ``pid``'s children."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # (gone meanwhile)
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"writer_child" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+async def test_serve_writes_through_the_writer_its_config_names(
+    tmp_path: Path, writer: str
+) -> None:
+    config = write_config(tmp_path, {"talker": {"command": demo_command(tmp_path)}})
+    with config.open("a") as toml:
+        toml.write(f'[store]\nurl = "sqlite:///{tmp_path / "sessions.db"}"\nwriter = "{writer}"\n')
+    with trio.fail_after(BOUND):
+        async with serve(tmp_path, "--config", str(config)) as served:
+            async with connect(served.url) as client:
+                session = (await client.start_session("talker"))["session_id"]
+                assert [s["session_id"] for s in await client.sessions()] == [session]
+            children = _writer_children(served.process.pid)
+            assert len(children) == (writer == "process"), children

@@ -93,6 +93,7 @@ async def _open_embedded(stack: AsyncExitStack, config: str | None) -> Superviso
                 hosts=hosts,
                 store=url,
                 store_kind="acp",
+                store_writer=settings.store.writer,
             )
         )
     except StoreError as exc:
