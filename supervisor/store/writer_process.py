@@ -4,8 +4,8 @@ supervisor's end (the child is :mod:`supervisor.store.writer_child`).
 Why a process and not the worker thread: under a flood of many sessions the event loop is busy
 all the time, and a thread gets the GIL back after each call into the database only at the
 event loop's switch interval (5 ms), often far later (``design/store.md``, "Off the actor"):
-a batch took tens to hundreds of ms, the backlog grew to tens of thousands of events and a
-quiet session's first word waited for it. A process has a GIL of its own.
+a batch takes tens to hundreds of ms there, the backlog grows to tens of thousands of events
+and a quiet session's first word waits for it. A process has a GIL of its own.
 
 The supervisor's process keeps everything else: it opens the store (its lock, its ``owners``
 row, the migrations), makes each batch's rows (:meth:`SessionStore._batch`), reads, and
