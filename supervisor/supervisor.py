@@ -1095,6 +1095,8 @@ async def open_supervisor(
     ``retention``: how long the store keeps stopped sessions (``[store] keep_days``,
     ``keep_sessions``, ``keep_bytes``; None: for good), swept at start and every hour.
     """
+    if store_writer not in ("process", "thread"):
+        raise ConfigError(f"store_writer is {store_writer!r}: 'process' (the default) or 'thread'")
     if gc_policy:
         apply_gc_policy()
     state: StateFile | None = None
@@ -1126,10 +1128,6 @@ async def open_supervisor(
 
         backend = backend_for(store, store_kind)
         if backend is not None:
-            if store_writer not in ("process", "thread"):
-                raise ConfigError(
-                    f"store_writer is {store_writer!r}: 'process' (the default) or 'thread'"
-                )
             session_store = SessionStore(backend, apart=store_writer == "process")
             stored = await session_store.open()
     try:

@@ -101,7 +101,9 @@ def require_cgroups() -> None:
         skip_or_fail(f"no cgroup containment here: {found.detail}")
 
 
-def stored_row(id: str = "s1", *, last_active: float = 2.0, state: str = "ready") -> StoredSession:
+def stored_row(
+    id: str = "s1", *, created: float = 1.0, last_active: float = 2.0, state: str = "ready"
+) -> StoredSession:
     """A session's row as a store keeps it, for tests that write rows to a backend."""
     return StoredSession(
         id=id,
@@ -111,7 +113,7 @@ def stored_row(id: str = "s1", *, last_active: float = 2.0, state: str = "ready"
         cwd="/tmp",
         mcp_servers="[]",
         agent_session_id=None,
-        created=1.0,
+        created=created,
         last_active=last_active,
         state=state,
     )

@@ -1169,8 +1169,8 @@ def _row(session_id: str, info: _Meta) -> StoredSession:
 
 def _unchanged(info: _Meta, written: StoredSession) -> bool:
     """``info`` holds what ``written`` does but for ``last_active``: compared field by field
-    rather than by making the row (this runs on the writer's thread, holding the GIL, for
-    every session of every batch: a row made and compared is ~3 us, 100 sessions a batch)."""
+    rather than by making the row (this runs for every session of every batch, on the event
+    loop or the worker thread: a row made and compared is ~3 us, 100 sessions a batch)."""
     own = getattr(info.session, "agent_session_id", None)
     return (
         (own if own is not None else info.agent_session_id) == written.agent_session_id

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from helpers import run_turn
+from helpers import run_turn, stored_row
 from supervisor import AgentSpec, open_supervisor
 from supervisor.config import ConfigError, parse_store
 from supervisor.store.backend import Backend, Batch, EventRun, ReceiptRow, StoredSession, TextRow
@@ -26,18 +26,7 @@ DAY = 86_400.0
 
 
 def stored(id: str, last_active: float) -> StoredSession:
-    return StoredSession(
-        id=id,
-        agent="fake",
-        protocol="acp",
-        host=None,
-        cwd="/tmp",
-        mcp_servers="[]",
-        agent_session_id=None,
-        created=last_active,
-        last_active=last_active,
-        state="stopped",
-    )
+    return stored_row(id, created=last_active, last_active=last_active, state="stopped")
 
 
 # -- which sessions go

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from helpers import run_turn
+from helpers import run_turn, stored_row
 from supervisor import AgentSpec, open_supervisor
 from supervisor.cli import main
 from supervisor.clients.sessions import run_sessions
-from supervisor.store.backend import Batch, StoredSession
+from supervisor.store.backend import Batch
 from supervisor.store.url import backend_for
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
@@ -87,18 +87,7 @@ def test_list_is_newest_created_first_whatever_was_active_last(tmp_path: Path) -
     backend.write(
         Batch(
             sessions=[
-                StoredSession(
-                    id=sid,
-                    agent="fake",
-                    protocol="acp",
-                    host=None,
-                    cwd="/tmp",
-                    mcp_servers="[]",
-                    agent_session_id=None,
-                    created=created,
-                    last_active=active,
-                    state="stopped",
-                )
+                stored_row(sid, created=created, last_active=active, state="stopped")
                 for sid, created, active in rows
             ]
         )
