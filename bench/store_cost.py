@@ -3,10 +3,14 @@ interleaved in one run.
 
 - **cancel**: p50/p99 of ``Session.cancel()`` on a light agent streaming a turn (as
   ``bench/transport_floor.py``'s "light" row: ``bench/cancel_overhead.py``'s
-  ``supervisor_cancel``), ``--rounds`` cancels each way;
+  ``supervisor_cancel``), ``--rounds`` cancels each way, in ``CANCEL_BLOCKS`` blocks of new
+  sessions (new agents), pooled; the range of the blocks' own p50 ratios beside;
 - **throughput**: one WebSocket subscriber, the light agent flooding ``--words`` one-word
   deltas (``bench/throughput.py``'s "ours"), ``--repeats`` runs each way; events/s and the
-  server's CPU per event (the store's writer process included);
+  server's CPU per event (the store's writer process included). 100,000 words (~0.5 s) by
+  default: a rate, in which the stream's start and end, where a store adds a write's latency
+  (the first events wait for a batch, the last for the write after the turn's end:
+  ``bench/store_turn_end.py``), weigh ~1 %; over 20,000 words, 5-8 %;
 - **backend**: events/s the SQLite backend writes alone, in batches of 100 and of 1,000
   events of ~120 bytes (one transaction each, one session's run); the same for PostgreSQL on
   a throwaway cluster (``tests/pg.py``, as ``bench/store_write.py`` starts it) when this
@@ -33,7 +37,7 @@ supervisor as ``serve`` runs it. The store's batches are written as ``serve`` wr
 its writer process (``supervisor/store/writer_process.py``), whose CPU is counted in the
 server's.
 
-Usage: ``python -m bench.store_cost [--rounds 200] [--words 20000] [--repeats 5]
+Usage: ``python -m bench.store_cost [--rounds 200] [--words 100000] [--repeats 5]
 [--sessions 1000] [--events 1000] [--flooders 100] [--fair-rounds 100] [--json]`` (``--events 10000``: 10 million events, a 1.3 GB
 file; ``--json``: a summary and the figures on one line, as ``bench/run_all.py`` reads them).
 """
@@ -70,6 +74,14 @@ from supervisor.supervisor import apply_gc_policy
 
 #: receiver processes for the throughput runs (one subscriber needs one)
 RECEIVERS = 1
+#: The cancels are split in this many blocks, each with a new session (a new agent process)
+#: a side, and pooled: where the kernel runs a side's agent beside the supervisor moves that
+#: side's p50 by up to 5 % for as long as the agent lives (store off on both sides, one agent
+#: each for 300 rounds: 0.99-1.05 between runs), noise a single agent a side would report as
+#: the store's.
+CANCEL_BLOCKS = 6
+#: rounds of each block's new sessions before its measured ones (each side's agent warm)
+CANCEL_WARM_UP = 5
 #: The flood section: its sessions flooding at once (fairness is promised at K=100) and the
 #: quiet session's measured cancels per side, split in blocks, the sides taking turns (each
 #: first in turn): a drift of the machine falls on every side, and two blocks of one side
@@ -92,37 +104,50 @@ BACKLOG_EVERY_S = 0.005
 async def cancels(rounds: int, directory: Path) -> dict[str, Any]:
     spec = AgentSpec(name="light", protocol="acp", command=LIGHT_AGENT)
     times: dict[str, list[float]] = {"off": [], "on": []}
+    block_ratios: list[float] = []
     url = f"sqlite:///{directory / 'cancel.db'}"
     async with (
         open_supervisor(agents={"light": spec}) as off,
         open_supervisor(agents={"light": spec}, store=url) as on,
     ):
-        sessions = {
-            "off": await off.start_session("light", cwd="/"),
-            "on": await on.start_session("light", cwd="/"),
-        }
+        supervisors = {"off": off, "on": on}
         store = on.store
         assert store is not None
-        for round_ in range(5 + rounds):
-            # Each side first in every other round: the second runs in what the first left
-            # (a side's cancel in second place measures ~1-2 % faster, store off on both).
-            order = ["off", "on"] if round_ % 2 == 0 else ["on", "off"]
-            for name in order:
-                elapsed = await supervisor_cancel(sessions[name], SETTLE_S)
-                if round_ >= 5:
-                    times[name].append(elapsed)
-                # The store writes the cancel's events, and does what that write left it
-                # (the search index, a checkpoint: Backend.settle), before the other side's
-                # cancel: one side's store work never falls inside the other's measurement.
-                # (A read runs on the store's thread after the settle in progress.)
-                await store.flushed()
-                await store.sessions()
+        for block in range(CANCEL_BLOCKS):
+            sessions = {
+                name: await sup.start_session("light", cwd="/") for name, sup in supervisors.items()
+            }
+            measured = rounds // CANCEL_BLOCKS + (block < rounds % CANCEL_BLOCKS)
+            block_times: dict[str, list[float]] = {"off": [], "on": []}
+            for round_ in range(CANCEL_WARM_UP + measured):
+                # Each side first in every other round: the second runs in what the first left
+                # (a side's cancel in second place measures ~1-2 % faster, store off on both).
+                order = ["off", "on"] if round_ % 2 == 0 else ["on", "off"]
+                for name in order:
+                    elapsed = await supervisor_cancel(sessions[name], SETTLE_S)
+                    if round_ >= CANCEL_WARM_UP:
+                        block_times[name].append(elapsed)
+                    # The store writes the cancel's events, and does what that write left it
+                    # (a checkpoint: Backend.settle), before the other side's cancel: one
+                    # side's store work never falls inside the other's measurement. (A read
+                    # runs on the store's thread after the settle in progress.)
+                    await store.flushed()
+                    await store.sessions()
+            for name, session in sessions.items():
+                times[name] += block_times[name]
+                await session.stop()
+            block_ratios.append(
+                percentile(block_times["on"], 0.5) / percentile(block_times["off"], 0.5)
+            )
     result: dict[str, Any] = {}
     for name, values in times.items():
         result[f"cancel_{name}_p50_ms"] = percentile(values, 0.5) * 1000
         result[f"cancel_{name}_p99_ms"] = percentile(values, 0.99) * 1000
     result["cancel_ratio_p50"] = result["cancel_on_p50_ms"] / result["cancel_off_p50_ms"]
     result["cancel_ratio_p99"] = result["cancel_on_p99_ms"] / result["cancel_off_p99_ms"]
+    result["cancel_blocks"] = CANCEL_BLOCKS
+    result["cancel_block_ratio_p50_min"] = min(block_ratios)
+    result["cancel_block_ratio_p50_max"] = max(block_ratios)
     return result
 
 
@@ -460,7 +485,9 @@ def report(f: dict[str, Any]) -> None:
     print(
         f"cancel p50 off {f['cancel_off_p50_ms']:.3f} ms, on {f['cancel_on_p50_ms']:.3f} ms"
         f" (ratio {f['cancel_ratio_p50']:.3f}); p99 off {f['cancel_off_p99_ms']:.3f}, on"
-        f" {f['cancel_on_p99_ms']:.3f} (ratio {f['cancel_ratio_p99']:.3f})"
+        f" {f['cancel_on_p99_ms']:.3f} (ratio {f['cancel_ratio_p99']:.3f}); {f['cancel_blocks']}"
+        f" blocks of new sessions, their p50 ratios {f['cancel_block_ratio_p50_min']:.3f}-"
+        f"{f['cancel_block_ratio_p50_max']:.3f}"
     )
     print(
         f"throughput, 1 subscriber: off {f['events_per_s_off']:,.0f} events/s, on"
@@ -538,7 +565,7 @@ def _side_figures(f: dict[str, Any], side: str) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--words", type=int, default=20_000)
+    parser.add_argument("--words", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--events", type=int, default=1000, help="per session, a multiple of 1000")

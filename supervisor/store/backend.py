@@ -32,6 +32,7 @@ from attrs import field, frozen
 
 __all__ = [
     "EXCLUSIVE_KINDS",
+    "INDEX_CHARS",
     "MIGRATIONS",
     "Owner",
     "SessionElsewhere",
@@ -71,6 +72,13 @@ class SessionElsewhere(StoreError):
     cannot be started again here; the message names that process."""
 
 
+#: Characters of texts written and not in the search index yet past which a write leaves
+#: :meth:`Backend.settle` their index to make at once; fewer wait for the store to be idle
+#: (the writer's ``settle(idle=True)``) or for a search, which indexes what waits first. An
+#: index costs the database ~100 ns a character (SQLite's FTS5; PostgreSQL's ``tsvector``
+#: about half): made after each turn's end, a 20,000-word answer's would take its 10-20 ms
+#: beside the next turn's first events; this bounds what one pass of it takes (~30 ms).
+INDEX_CHARS = 256_000
 #: The kinds of process of which one at most opens a store (a second is refused at open, one
 #: line): two ``serve``s on one store would each serve its own half of the sessions.
 EXCLUSIVE_KINDS = frozenset({"serve"})
@@ -313,6 +321,10 @@ class Batch:
     def __bool__(self) -> bool:
         return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)
 
+    def text_chars(self) -> int:
+        """The characters of its texts (what their search index waits for: :data:`INDEX_CHARS`)."""
+        return sum(len(text.text) for text in self.texts)
+
 
 def this_process(kind: str) -> Owner:
     """This process as an owner of a store, of ``kind``, with a new token."""
@@ -382,11 +394,12 @@ class Backend(Protocol):
 
     def settle(self, idle: bool) -> None:
         """What writes leave for after their events are given to subscribers: the search
-        index of the texts written (which :meth:`search` brings up to date itself too, and
-        SQLite's :meth:`delete`), SQLite's checkpoint of a long write-ahead log; ``idle``:
-        nothing was written for a while, so what can wait for that is done too (a checkpoint
-        of the log whatever it holds). :class:`StoreError` if it could not (the next call
-        does it)."""
+        index of the texts written once :data:`INDEX_CHARS` wait (which :meth:`search` brings
+        up to date itself too, and SQLite's :meth:`delete`), SQLite's checkpoint of a long
+        write-ahead log; ``idle``: nothing was written for a while, or a search is about to
+        be made by another connection, so what can wait for that is done too (the index of
+        whatever texts wait, a checkpoint of the log whatever it holds). :class:`StoreError`
+        if it could not (the next call does it)."""
 
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""

@@ -42,6 +42,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor.store import backend as contract
 from supervisor.store.backend import (
+    INDEX_CHARS,
     SESSION_QUERY,
     SESSIONS_QUERY,
     Batch,
@@ -134,8 +135,10 @@ class PostgresBackend:
         self._server_process: tuple[int, datetime] | None = None
         #: connections made since open: 1, and one more each time the server dropped one
         self.connections = 0
-        #: texts may wait to be indexed (written here and not indexed, or left at open)
+        #: texts may wait to be indexed (written here and not indexed, or left at open), and
+        #: the characters of those written here (INDEX_CHARS: left at open, of unknown size)
         self._unindexed = False
+        self._unindexed_chars = 0
         #: opened by :meth:`open_writes`: no lock, no owner of the store
         self._writes_only = False
 
@@ -145,7 +148,9 @@ class PostgresBackend:
         self.connections = 0
         self._connection = self._connect()
         self._opened = True
-        self._unindexed = True  # (what a process that went away left unindexed)
+        # (what a process that went away left unindexed: indexed by the first settle)
+        self._unindexed = True
+        self._unindexed_chars = INDEX_CHARS
 
     def open_writes(self) -> None:
         self._writes_only = True
@@ -295,17 +300,20 @@ class PostgresBackend:
     def write(self, batch: Batch) -> bool:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
-            self._unindexed = self._unindexed or bool(batch.texts)
-        return self._unindexed
+            if batch.texts:
+                self._unindexed = True
+                self._unindexed_chars += batch.text_chars()
+        return self._unindexed_chars >= INDEX_CHARS
 
     def settle(self, idle: bool) -> None:
-        if self._unindexed:
+        if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
             self._index()
 
     def _index(self) -> None:
         """Index the texts not indexed yet (one statement: its own transaction)."""
         self._run("write to", lambda connection: connection.execute(_INDEX_TEXTS))
         self._unindexed = False
+        self._unindexed_chars = 0
 
     def delete(self, session_ids: Sequence[str]) -> None:
         # Freed rows are reused by later writes once autovacuum has been by; a VACUUM FULL

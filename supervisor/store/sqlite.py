@@ -29,6 +29,7 @@ from typing import Any
 from supervisor.store.backend import (
     CHECKPOINTS_QUERY,
     EXCLUSIVE_KINDS,
+    INDEX_CHARS,
     MIGRATIONS,
     SCHEMA_VERSION,
     SESSION_QUERY,
@@ -106,8 +107,11 @@ class SqliteBackend:
         self.where = str(self.path)
         self._db: sqlite3.Connection | None = None
         self._page_size = _PAGE_SIZE
-        #: texts written and not indexed yet; pages the log holds (counted as written)
+        #: texts written and not indexed yet, and their characters (INDEX_CHARS: those a
+        #: writer before this one left, of unknown size); pages the log holds (counted as
+        #: written)
         self._unindexed = False
+        self._unindexed_chars = 0
         self._log_pages = 0
         self.owner = this_process(kind)
         #: the directory of the owners' lock files
@@ -221,7 +225,9 @@ class SqliteBackend:
             db.close()
             raise StoreError(f"cannot open the store {where}: {exc}") from None
         self._writes_only = True
-        self._unindexed = True  # (texts a writer before this one left unindexed: the first settle)
+        # (texts a writer before this one left unindexed: indexed by the first settle)
+        self._unindexed = True
+        self._unindexed_chars = INDEX_CHARS
         self._db = db
 
     def _setup(self, db: sqlite3.Connection) -> None:
@@ -283,21 +289,27 @@ class SqliteBackend:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
-        self._unindexed = self._unindexed or bool(batch.texts)
+        if batch.texts:
+            self._unindexed = True
+            self._unindexed_chars += batch.text_chars()
         self._log_pages += _PAGES_PER_WRITE + size // self._page_size
-        return self._unindexed or self._log_pages >= CHECKPOINT_PAGES
+        return self._unindexed_chars >= INDEX_CHARS or self._log_pages >= CHECKPOINT_PAGES
 
     def settle(self, idle: bool) -> None:
         db = self._conn
         try:
-            if self._unindexed:
-                db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
-                self._unindexed = False
+            if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
+                self._index(db)
             if self._log_pages >= CHECKPOINT_PAGES or (idle and self._log_pages):
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self._log_pages = 0
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+
+    def _index(self, db: sqlite3.Connection) -> None:
+        db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
+        self._unindexed = False
+        self._unindexed_chars = 0
 
     @staticmethod
     def _write(db: sqlite3.Connection, batch: Batch) -> int:
@@ -441,7 +453,10 @@ class SqliteBackend:
         if not words:
             return []
         if self._unindexed:  # (texts written since: found too)
-            self.settle(idle=False)
+            try:
+                self._index(self._conn)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(

@@ -98,17 +98,18 @@ LOG_EVERY_S = 10.0
 #: ``MAX_PENDING`` is the room for those. The skipped range is a ``stream.gap`` in the
 #: history, so a replay says what is gone.
 UNCLEAN_SKIP = 2 * MAX_PENDING
-#: How soon after a turn's end (a cancel's receipt too) what was recorded is written, rather
-#: than after ``flush_s``: what a client was told last before a crash is then stored sooner.
-#: Not at once: the writer's work (a batch's rows on the thread or the event loop) then runs
-#: while the cancel's receipt is on its way (``bench.store_cost`` with the thread, cancel p50
-#: store on/off: 1.12 at once, 1.09 at 1 ms, 1.02 at 2.5 ms; 0.86 at 5 ms, where the writes
-#: fall on the store-off side's cancels instead).
+#: How soon after a cancel's events (published in its caller's step: :meth:`SessionStore.soon`)
+#: they are written, rather than after ``flush_s``: what a client was told last before a crash
+#: is then stored sooner. Not at once: the writer's work (a batch's rows on the thread or the
+#: event loop) would run while the cancel's receipt is on its way (``bench.store_cost`` with
+#: the thread, cancel p50 store on/off: 1.12 at once, 1.09 at 1 ms, 1.02 at 2.5 ms; 0.86 at
+#: 5 ms, where the writes fall on the store-off side's cancels instead). A turn's end in the
+#: session's own step (its agent's answer) is written at once: nobody's answer waits behind
+#: it, and its clients, who see it once stored, get it sooner.
 TURN_END_S = 0.0025
-#: A run of at most this many events is looked at for a ``turn.ended`` (a turn's end, a
-#: cancel's receipt), written after ``TURN_END_S`` rather than ``flush_s``: the session's
-#: own events come in short runs (``Fanout``'s ``_UNSERIALIZED_MAX``), a stream's runs need
-#: not be scanned on the actor.
+#: A run of at most this many events is looked at for a ``turn.ended``, written at once rather
+#: than after ``flush_s``: the session's own events come in short runs (``Fanout``'s
+#: ``_UNSERIALIZED_MAX``), a stream's runs need not be scanned on the actor.
 _SCAN_RUN = 64
 #: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
 #: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
@@ -582,12 +583,13 @@ class SessionStore:
         if waiting >= self.batch_events:
             self._enough.set()
         elif run.events is not None and len(events) <= _SCAN_RUN:
-            # A turn's end or a cancel's receipt is written within TURN_END_S: what a client
+            # A turn's end is written at once: its clients get it sooner, and what a client
             # was told last before a crash is stored sooner (an unclean end's window shrinks).
             for event in events:
                 if type(event) is ev.TurnEnded:
                     self._turn_ended = True
                     self._enough.set()
+                    self._now.set()
                     break
 
     def soon(self, fanout: Fanout) -> None:
@@ -1024,7 +1026,7 @@ class SessionStore:
         """Up to ``limit`` stored texts matching ``query``, the best first, each with when its
         event happened (on the store's thread, as every call of the backend)."""
         if self.writer_process is not None:  # (texts it wrote and not indexed yet: found too)
-            await self._settle(idle=False)
+            await self._settle(idle=True)
         return await self._in_thread(self._search, query, limit)
 
     def _search(self, query: str, limit: int) -> list[SearchHit]:

@@ -19,7 +19,7 @@ import trio
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
-from supervisor.store.backend import Batch, EventRun, SearchHit, StoredSession, TextRow
+from supervisor.store.backend import INDEX_CHARS, Batch, EventRun, SearchHit, StoredSession, TextRow
 from supervisor.store.sqlite import CHECKPOINT_PAGES, SqliteBackend
 from supervisor.store.writer import SessionStore
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
@@ -214,4 +214,31 @@ def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(tmp_path: 
     assert path.stat().st_size == checkpointed  # (a short log waits for an idle store)
     backend.settle(idle=True)
     assert path.stat().st_size > checkpointed
+    backend.close()
+
+
+def test_texts_are_indexed_once_enough_wait_or_the_store_is_idle(tmp_path: Path) -> None:
+    """A few texts wait for an idle store (or a search) to be indexed, so a turn's end is
+    not followed by its answer's index beside the next turn's events; INDEX_CHARS of them
+    are indexed by the next ``settle`` (one pass stays short)."""
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)
+    backend.open()
+
+    def indexed() -> int:
+        return int(backend._read("SELECT count(*) FROM texts_fts_docsize", ())[0][0])
+
+    def answer(seq: int, text: str) -> TextRow:
+        return TextRow(session_id="s1", turn_id=f"t{seq}", seq=seq, kind="answer", text=text)
+
+    assert not backend.write(Batch(texts=[answer(1, "zebra"), answer(2, "river")]))
+    backend.settle(idle=False)
+    assert indexed() == 0
+    backend.settle(idle=True)
+    assert indexed() == 2
+    assert not backend.write(Batch(texts=[answer(3, "okapi")]))
+    assert [hit.seq for hit in backend.search("okapi", 5)] == [3]  # (indexed first)
+    assert backend.write(Batch(texts=[answer(4, "w " * (INDEX_CHARS // 2))]))
+    backend.settle(idle=False)
+    assert indexed() == 4
     backend.close()
