@@ -75,6 +75,9 @@ class MemoryBackend:
     def settle(self, idle: bool) -> None:
         pass
 
+    def index(self) -> None:
+        pass
+
     def sessions(self) -> list[StoredSession]:
         return []
 

@@ -396,10 +396,13 @@ class Backend(Protocol):
         """What writes leave for after their events are given to subscribers: the search
         index of the texts written once :data:`INDEX_CHARS` wait (which :meth:`search` brings
         up to date itself too, and SQLite's :meth:`delete`), SQLite's checkpoint of a long
-        write-ahead log; ``idle``: nothing was written for a while, or a search is about to
-        be made by another connection, so what can wait for that is done too (the index of
-        whatever texts wait, a checkpoint of the log whatever it holds). :class:`StoreError`
-        if it could not (the next call does it)."""
+        write-ahead log; ``idle``: nothing was written for a while, so what can wait for that
+        is done too (the index of whatever texts wait, a checkpoint of the log whatever it
+        holds). :class:`StoreError` if it could not (the next call does it)."""
+
+    def index(self) -> None:
+        """Index every text written and not in the search index yet, as :meth:`search` does
+        first: for a search another connection of the store is about to make."""
 
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""

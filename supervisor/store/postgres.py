@@ -307,10 +307,10 @@ class PostgresBackend:
 
     def settle(self, idle: bool) -> None:
         if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
-            self._index()
+            self.index()
 
-    def _index(self) -> None:
-        """Index the texts not indexed yet (one statement: its own transaction)."""
+    def index(self) -> None:
+        """(One statement: its own transaction.)"""
         self._run("write to", lambda connection: connection.execute(_INDEX_TEXTS))
         self._unindexed = False
         self._unindexed_chars = 0
@@ -413,7 +413,7 @@ class PostgresBackend:
             return []
         # Texts written and not indexed yet are found too: this process's, and those another
         # process of the store wrote a moment ago (a partial index's probe when there are none).
-        self._index()
+        self.index()
         # The words only, each a lexeme that must be present: what the user typed is text to
         # find, never tsquery syntax. The snippet is made for the rows returned, not all hits.
         rows = self._read(

@@ -299,14 +299,20 @@ class SqliteBackend:
         db = self._conn
         try:
             if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
-                self._index(db)
+                self._index_texts(db)
             if self._log_pages >= CHECKPOINT_PAGES or (idle and self._log_pages):
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 self._log_pages = 0
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
 
-    def _index(self, db: sqlite3.Connection) -> None:
+    def index(self) -> None:
+        try:
+            self._index_texts(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+
+    def _index_texts(self, db: sqlite3.Connection) -> None:
         db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
         self._unindexed = False
         self._unindexed_chars = 0
@@ -453,10 +459,7 @@ class SqliteBackend:
         if not words:
             return []
         if self._unindexed:  # (texts written since: found too)
-            try:
-                self._index(self._conn)
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
+            self.index()
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
         rows = self._read(

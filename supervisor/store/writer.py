@@ -1026,7 +1026,11 @@ class SessionStore:
         """Up to ``limit`` stored texts matching ``query``, the best first, each with when its
         event happened (on the store's thread, as every call of the backend)."""
         if self.writer_process is not None:  # (texts it wrote and not indexed yet: found too)
-            await self._settle(idle=True)
+            try:
+                async with self._limiter:
+                    await self.writer_process.index()
+            except StoreError:
+                pass  # (what is indexed is found; a store that fails is said by the writes)
         return await self._in_thread(self._search, query, limit)
 
     def _search(self, query: str, limit: int) -> list[SearchHit]:

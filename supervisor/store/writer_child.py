@@ -1,12 +1,13 @@
 """The store's writer process (``python -m supervisor.store.writer_child FD``): opens the store
-for writes only (:meth:`~supervisor.store.backend.Backend.open_writes`) and answers two
-requests, write a batch and settle, until the supervisor closes its end of the socket
+for writes only (:meth:`~supervisor.store.backend.Backend.open_writes`) and answers three
+requests, write a batch, settle and index, until the supervisor closes its end of the socket
 (:mod:`supervisor.store.writer_process` says why a process, and what the supervisor keeps).
 It imports what the writes need and no more (no trio): it starts at each store's open.
 
 The wire, over a socket pair: frames of a 4-byte length and a pickle (both ends are this
 package, from the same installation). The first request is the store's URL (a PostgreSQL
-password never shows in ``ps``); then ``("write", Batch)`` and ``("settle", idle)``. Each
+password never shows in ``ps``); then ``("write", Batch)``, ``("settle", idle)`` and
+``("index", None)``. Each
 answer is ``("ok", value)`` or ``("error", one line)``.
 """
 
@@ -73,8 +74,11 @@ def _serve(sock: socket.socket) -> None:
             try:
                 if what == "write":
                     answer("ok", backend.write(argument))
-                else:
+                elif what == "settle":
                     backend.settle(argument)
+                    answer("ok", None)
+                else:
+                    backend.index()
                     answer("ok", None)
             except StoreError as exc:
                 answer("error", str(exc))

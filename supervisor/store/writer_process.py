@@ -114,6 +114,10 @@ class WriterProcess:
         """:meth:`Backend.settle` in the child."""
         await self._ask(("settle", idle))
 
+    async def index(self) -> None:
+        """:meth:`Backend.index` in the child."""
+        await self._ask(("index", None))
+
     async def _ask(self, request: object) -> Any:
         if self._stream is None:
             await self.start()

@@ -22,10 +22,11 @@ from served import demo_command, serve, write_config
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import connect
 from supervisor.config import ConfigError
-from supervisor.store.backend import Batch, EventRun, StoreError
+from supervisor.store.backend import Batch, EventRun, StoreError, TextRow
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
 from supervisor.store.writer import StoreFault, StoreNotice, StoreRecovered
+from supervisor.store.writer_process import WriterProcess
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 BOUND = 60.0
@@ -375,3 +376,24 @@ async def test_serve_writes_through_the_writer_its_config_names(
                 assert [s["session_id"] for s in await client.sessions()] == [session]
             children = _writer_children(served.process.pid)
             assert len(children) == (writer == "process"), children
+
+
+async def test_a_search_has_the_writer_process_index_what_waits(tmp_path: Path) -> None:
+    """A text the child wrote waits for an idle store to be indexed; a search of the
+    supervisor's own connection has the child index it first (``SessionStore.search``)."""
+    path = tmp_path / "sessions.db"
+    owner = SqliteBackend(path)
+    owner.open()
+    writer = WriterProcess(owner.url, owner.where)
+    try:
+        with trio.fail_after(BOUND):
+            await writer.settle(idle=False)  # (what a writer before it left: none here)
+            text = TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="okapi")
+            assert not await writer.write(Batch(sessions=[stored_row()], texts=[text]))
+            assert owner.search("okapi", 5) == []  # (not indexed: an idle store or a search)
+            await writer.index()
+            assert [hit.seq for hit in owner.search("okapi", 5)] == [1]
+    finally:
+        with trio.CancelScope(shield=True):
+            await writer.aclose()
+        owner.close()
