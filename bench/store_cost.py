@@ -77,7 +77,7 @@ RECEIVERS = 1
 #: The cancels are split in this many blocks, each with a new session (a new agent process)
 #: a side, and pooled: where the kernel runs a side's agent beside the supervisor moves that
 #: side's p50 by up to 5 % for as long as the agent lives (store off on both sides, one agent
-#: each for 300 rounds: 0.99-1.05 between runs), noise a single agent a side would report as
+#: each for 300 rounds: 0.95-1.05 between runs), noise a single agent a side would report as
 #: the store's.
 CANCEL_BLOCKS = 6
 #: rounds of each block's new sessions before its measured ones (each side's agent warm)
