@@ -676,12 +676,13 @@ class SessionStore:
                         if self._turn_ended and self._waiting < self.batch_events:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
-                self._turn_ended = False
-                self._enough = trio.Event()
-                self._now = trio.Event()
                 soon, self._soon = self._soon, []
                 for fanout in soon:
                     fanout.serialize()  # (recorded: in _pending now)
+                # (after those records: what they asked for is this write, not the next one)
+                self._turn_ended = False
+                self._enough = trio.Event()
+                self._now = trio.Event()
                 if self._pending:
                     await self._write_pending()
                 else:

@@ -305,8 +305,16 @@ async def test_a_cancels_events_are_stored_from_the_writers_step(
         ((at, _),) = backend.batches
         assert aside.serialized_at == at
         assert at - start == pytest.approx(0.0 if hasten else TURN_END_S)
+        # What the writer's own step recorded was in that write: the next events (a new
+        # turn's stream) wait for flush_s as any, not at once for a turn's end already stored.
+        await trio.testing.wait_all_tasks_blocked()
+        events, payloads = deltas(2, 3)
+        start = trio.current_time()
+        store.record(events, payloads)
+        await store.flushed()
+        assert backend.batches[-1][0] - start == pytest.approx(0.005)
         await store.aclose()
-    assert backend.seqs() == [1]
+    assert backend.seqs() == [1, 2, 3, 4]
 
 
 async def test_a_waiting_client_has_what_is_recorded_written_at_once(
