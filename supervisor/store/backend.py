@@ -322,8 +322,9 @@ class Batch:
         return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)
 
     def text_chars(self) -> int:
-        """The characters of its texts (what their search index waits for: :data:`INDEX_CHARS`)."""
-        return sum(len(text.text) for text in self.texts)
+        """The characters of its texts, each at least one (what their search index waits for:
+        :data:`INDEX_CHARS`; above 0 when it has any)."""
+        return sum(len(text.text) or 1 for text in self.texts)
 
 
 def this_process(kind: str) -> Owner:

@@ -135,9 +135,8 @@ class PostgresBackend:
         self._server_process: tuple[int, datetime] | None = None
         #: connections made since open: 1, and one more each time the server dropped one
         self.connections = 0
-        #: texts may wait to be indexed (written here and not indexed, or left at open), and
-        #: the characters of those written here (INDEX_CHARS: left at open, of unknown size)
-        self._unindexed = False
+        #: the characters of the texts that may wait to be indexed (written here and not
+        #: indexed; INDEX_CHARS: those left at open, of unknown size); 0: none
         self._unindexed_chars = 0
         #: opened by :meth:`open_writes`: no lock, no owner of the store
         self._writes_only = False
@@ -149,7 +148,6 @@ class PostgresBackend:
         self._connection = self._connect()
         self._opened = True
         # (what a process that went away left unindexed: indexed by the first settle)
-        self._unindexed = True
         self._unindexed_chars = INDEX_CHARS
 
     def open_writes(self) -> None:
@@ -300,19 +298,16 @@ class PostgresBackend:
     def write(self, batch: Batch) -> bool:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
-            if batch.texts:
-                self._unindexed = True
-                self._unindexed_chars += batch.text_chars()
+            self._unindexed_chars += batch.text_chars()
         return self._unindexed_chars >= INDEX_CHARS
 
     def settle(self, idle: bool) -> None:
-        if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
+        if self._unindexed_chars >= INDEX_CHARS or (idle and self._unindexed_chars):
             self.index()
 
     def index(self) -> None:
         """(One statement: its own transaction.)"""
         self._run("write to", lambda connection: connection.execute(_INDEX_TEXTS))
-        self._unindexed = False
         self._unindexed_chars = 0
 
     def delete(self, session_ids: Sequence[str]) -> None:

@@ -107,10 +107,9 @@ class SqliteBackend:
         self.where = str(self.path)
         self._db: sqlite3.Connection | None = None
         self._page_size = _PAGE_SIZE
-        #: texts written and not indexed yet, and their characters (INDEX_CHARS: those a
-        #: writer before this one left, of unknown size); pages the log holds (counted as
-        #: written)
-        self._unindexed = False
+        #: the characters of the texts written and not indexed yet (INDEX_CHARS: those a
+        #: writer before this one left, of unknown size; 0: none); pages the log holds
+        #: (counted as written)
         self._unindexed_chars = 0
         self._log_pages = 0
         self.owner = this_process(kind)
@@ -175,13 +174,7 @@ class SqliteBackend:
             self._let_go()
             raise
         try:
-            db = sqlite3.connect(
-                self.path,
-                timeout=_LOCK_WAIT_S,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=_CACHED_STATEMENTS,
-            )
+            db = _connect(str(self.path))
         except sqlite3.Error as exc:
             self._let_go()
             raise StoreError(f"cannot open the store {where}: {exc}") from None
@@ -206,27 +199,17 @@ class SqliteBackend:
         where = self.where
         try:
             # (mode=rw: the file the supervisor opened, never a new one)
-            db = sqlite3.connect(
-                self.path.resolve().as_uri() + "?mode=rw",
-                uri=True,
-                timeout=_LOCK_WAIT_S,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=_CACHED_STATEMENTS,
-            )
+            db = _connect(self.path.resolve().as_uri() + "?mode=rw", uri=True)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {where}: {exc}") from None
         try:
-            db.execute("PRAGMA synchronous = NORMAL")  # (the journal mode is the file's)
-            db.execute("PRAGMA wal_autocheckpoint = 0")
+            self._writing_settings(db)  # (the journal mode is the file's)
             db.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
-            self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
         except sqlite3.Error as exc:
             db.close()
             raise StoreError(f"cannot open the store {where}: {exc}") from None
         self._writes_only = True
         # (texts a writer before this one left unindexed: indexed by the first settle)
-        self._unindexed = True
         self._unindexed_chars = INDEX_CHARS
         self._db = db
 
@@ -236,9 +219,7 @@ class SqliteBackend:
         db.execute(f"PRAGMA page_size = {_PAGE_SIZE}")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
             raise StoreError(f"the store {self.where} cannot use WAL; choose another file")
-        db.execute("PRAGMA synchronous = NORMAL")
-        db.execute("PRAGMA wal_autocheckpoint = 0")  # (settle() checkpoints)
-        self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+        self._writing_settings(db)
         db.execute("BEGIN IMMEDIATE")  # one process migrates at a time
         try:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -269,6 +250,13 @@ class SqliteBackend:
             db.execute("ROLLBACK")
             raise
 
+    def _writing_settings(self, db: sqlite3.Connection) -> None:
+        """How a connection of this process or of the writer process writes: commits without
+        an fsync (WAL), the log checkpointed by :meth:`settle` only; the file's page size."""
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint = 0")
+        self._page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+
     @property
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
@@ -289,16 +277,14 @@ class SqliteBackend:
                 db.execute("COMMIT")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
-        if batch.texts:
-            self._unindexed = True
-            self._unindexed_chars += batch.text_chars()
+        self._unindexed_chars += batch.text_chars()
         self._log_pages += _PAGES_PER_WRITE + size // self._page_size
         return self._unindexed_chars >= INDEX_CHARS or self._log_pages >= CHECKPOINT_PAGES
 
     def settle(self, idle: bool) -> None:
         db = self._conn
         try:
-            if self._unindexed and (idle or self._unindexed_chars >= INDEX_CHARS):
+            if self._unindexed_chars >= INDEX_CHARS or (idle and self._unindexed_chars):
                 self._index_texts(db)
             if self._log_pages >= CHECKPOINT_PAGES or (idle and self._log_pages):
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
@@ -314,7 +300,6 @@ class SqliteBackend:
 
     def _index_texts(self, db: sqlite3.Connection) -> None:
         db.execute(_INDEX_TEXTS)  # (one statement: its own transaction)
-        self._unindexed = False
         self._unindexed_chars = 0
 
     @staticmethod
@@ -458,7 +443,7 @@ class SqliteBackend:
         words = _WORD.findall(query)
         if not words:
             return []
-        if self._unindexed:  # (texts written since: found too)
+        if self._unindexed_chars:  # (texts written since: found too)
             self.index()
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
@@ -610,6 +595,19 @@ class SqliteBackend:
             self._db.close()
             self._db = None
         self._let_go()
+
+
+def _connect(database: str, uri: bool = False) -> sqlite3.Connection:
+    """A connection to the file ``database`` names, as every connection of the store is made:
+    transactions begun by hand, usable from the worker thread."""
+    return sqlite3.connect(
+        database,
+        uri=uri,
+        timeout=_LOCK_WAIT_S,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=_CACHED_STATEMENTS,
+    )
 
 
 def _insert_rows(db: sqlite3.Connection, head: str, tail: str, rows: list[tuple[Any, ...]]) -> int:

@@ -301,7 +301,7 @@ class SessionStore:
         self._room: list[Callable[[], object]] = []
         self._wake = trio.Event()  # something was recorded
         self._enough = trio.Event()  # a batch's worth, or a turn's end, was recorded
-        self._turn_ended = False
+        self._aside = False  # a cancel's events wait (:meth:`soon`): written TURN_END_S on
         self._now = trio.Event()  # a client waits for what is recorded (:meth:`hasten`)
         self._closing = False
         self._done = trio.Event()
@@ -587,9 +587,7 @@ class SessionStore:
             # was told last before a crash is stored sooner (an unclean end's window shrinks).
             for event in events:
                 if type(event) is ev.TurnEnded:
-                    self._turn_ended = True
                     self._enough.set()
-                    self._now.set()
                     break
 
     def soon(self, fanout: Fanout) -> None:
@@ -605,7 +603,7 @@ class SessionStore:
         if idle is not None:
             idle.deadline = trio.current_time() + TURN_END_S
         else:
-            self._turn_ended = True
+            self._aside = True
             self._enough.set()
 
     def hasten(self) -> None:
@@ -668,19 +666,19 @@ class SessionStore:
                     if not self._pending and not self._soon:
                         continue
                     if self._soon and not late:  # (woken by a record before the deadline)
-                        self._turn_ended = True
+                        self._aside = True
                         self._enough.set()
                 if self._waiting < self.batch_events and not self._closing and not late:
                     with trio.move_on_after(self.flush_s):
                         await self._enough.wait()
-                        if self._turn_ended and self._waiting < self.batch_events:
+                        if self._aside and self._waiting < self.batch_events:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
                 soon, self._soon = self._soon, []
                 for fanout in soon:
                     fanout.serialize()  # (recorded: in _pending now)
                 # (after those records: what they asked for is this write, not the next one)
-                self._turn_ended = False
+                self._aside = False
                 self._enough = trio.Event()
                 self._now = trio.Event()
                 if self._pending:
@@ -821,8 +819,7 @@ class SessionStore:
         """(The worker thread.) The rows of ``pending``, written in one transaction; whether
         the backend has work to :meth:`~Backend.settle` now."""
         if first:
-            self._batch(pending)
-            self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
+            self._batch(pending, checkpoints)
         return bool(self.backend.write(self._last_batch))
 
     async def _write_apart(
@@ -836,8 +833,7 @@ class SessionStore:
         thread would wait for the GIL as long as the writes it saves); in turn with the
         worker thread's calls, as the thread's own writes are."""
         if first:
-            self._batch(pending)
-            self._last_batch = attrs.evolve(self._last_batch, checkpoints=checkpoints)
+            self._batch(pending, checkpoints)
         limiter = self._limiter
         try:
             # (Taken without a turn given away when nothing else waits for it: the next
@@ -850,9 +846,9 @@ class SessionStore:
         finally:
             limiter.release()
 
-    def _batch(self, pending: list[_Run | None]) -> Batch:
+    def _batch(self, pending: list[_Run | None], checkpoints: list[CheckpointRow]) -> None:
         """(The worker thread, or the event loop with a writer process.) The rows of
-        ``pending``: made once, kept for a retry."""
+        ``pending`` and ``checkpoints``: made once, kept for a retry (:attr:`_last_batch`)."""
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
         texts: list[TextRow] = []
@@ -961,8 +957,13 @@ class SessionStore:
             info.written = row = _row(sid, info)
             sessions.append(row)
             info.stored = True
-        self._last_batch = Batch(sessions=sessions, events=runs, receipts=receipts, texts=texts)
-        return self._last_batch
+        self._last_batch = Batch(
+            sessions=sessions,
+            events=runs,
+            receipts=receipts,
+            texts=texts,
+            checkpoints=checkpoints,
+        )
 
     # -- reading ---------------------------------------------------------------------------
 

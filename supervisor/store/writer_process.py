@@ -11,9 +11,10 @@ The supervisor's process keeps everything else: it opens the store (its lock, it
 row, the migrations), makes each batch's rows (:meth:`SessionStore._batch`), reads, and
 writes what is not a batch (a session taken up, retention's deletes), each of these in turn
 with the batches (one at a time, in the order asked). The child opens the store for writes
-only (:meth:`~supervisor.store.backend.Backend.open_writes`) and does two things:
-:meth:`~supervisor.store.backend.Backend.write` a batch and
-:meth:`~supervisor.store.backend.Backend.settle`.
+only (:meth:`~supervisor.store.backend.Backend.open_writes`) and does three things:
+:meth:`~supervisor.store.backend.Backend.write` a batch,
+:meth:`~supervisor.store.backend.Backend.settle`, and
+:meth:`~supervisor.store.backend.Backend.index` what waits for a search.
 
 The wire, over a socket pair, is the child's (:func:`~supervisor.store.writer_child.frame`).
 

@@ -7,6 +7,7 @@ their own), in-memory agents, the real clock."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -18,16 +19,17 @@ import pytest
 import trio
 
 from helpers import stored_row
+from protocols import events as ev
 from served import demo_command, serve, write_config
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import connect
 from supervisor.config import ConfigError
-from supervisor.store.backend import Batch, EventRun, StoreError, TextRow
+from supervisor.store.backend import Batch, EventRun, StoreError
 from supervisor.store.sqlite import SqliteBackend
 from supervisor.store.url import backend_for
-from supervisor.store.writer import StoreFault, StoreNotice, StoreRecovered
-from supervisor.store.writer_process import WriterProcess
+from supervisor.store.writer import SessionStore, StoreFault, StoreNotice, StoreRecovered
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
+from supervisor.wire.codec import event_json
 
 BOUND = 60.0
 SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=0.5)
@@ -379,21 +381,27 @@ async def test_serve_writes_through_the_writer_its_config_names(
 
 
 async def test_a_search_has_the_writer_process_index_what_waits(tmp_path: Path) -> None:
-    """A text the child wrote waits for an idle store to be indexed; a search of the
-    supervisor's own connection has the child index it first (``SessionStore.search``)."""
+    """A text the child wrote waits for an idle store to be indexed; a search
+    (``SessionStore.search``) has the child index it first: found as soon as it is written."""
     path = tmp_path / "sessions.db"
-    owner = SqliteBackend(path)
-    owner.open()
-    writer = WriterProcess(owner.url, owner.where)
-    try:
-        with trio.fail_after(BOUND):
-            await writer.settle(idle=False)  # (what a writer before it left: none here)
-            text = TextRow(session_id="s1", turn_id="t1", seq=1, kind="prompt", text="okapi")
-            assert not await writer.write(Batch(sessions=[stored_row()], texts=[text]))
-            assert owner.search("okapi", 5) == []  # (not indexed: an idle store or a search)
-            await writer.index()
-            assert [hit.seq for hit in owner.search("okapi", 5)] == [1]
-    finally:
-        with trio.CancelScope(shield=True):
-            await writer.aclose()
-        owner.close()
+    store = SessionStore(SqliteBackend(path), apart=True)
+    said = ev.MessageDelta(session_id="s1", seq=1, timestamp=1.0, turn_id=None, text="hi")
+    started = ev.TurnStarted(session_id="s1", seq=2, timestamp=1.0, turn_id="t1", text="okapi")
+
+    def indexed() -> int:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            return int(db.execute("SELECT count(*) FROM texts_fts_docsize").fetchone()[0])
+
+    with trio.fail_after(BOUND):
+        await store.open()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.run)
+            # (the child's first write leaves settle what a writer before it left: nothing)
+            store.record([said], [event_json(said)])
+            await store.flushed()
+            store.record([started], [event_json(started)])
+            await store.flushed()
+            assert indexed() == 0  # (its index waits for an idle store, or a search)
+            hits = await store.search("okapi", 5)
+            await store.aclose()
+    assert [(hit.session_id, hit.kind, hit.seq) for hit in hits] == [("s1", "prompt", 2)]
