@@ -50,6 +50,7 @@ __all__ = [
     "StoredSession",
     "TEXT_KINDS",
     "TextRow",
+    "TurnEnd",
     "UPSERT_CHECKPOINT",
     "CHECKPOINTS_QUERY",
     "checkpoint_rows",
@@ -304,6 +305,20 @@ class SearchHit:
 
 
 @frozen(kw_only=True)
+class TurnEnd:
+    """A turn's end in a batch: its answer (:class:`TextRow` of kind ``answer``) is written
+    with it, made from the turn's stored events where the batch is written
+    (``supervisor/store/answers.py``)."""
+
+    session_id: str
+    turn_id: str
+    #: the seq of its ``turn.ended``
+    seq: int
+    #: the seq of its ``turn.started`` (None: not known)
+    started: int | None = None
+
+
+@frozen(kw_only=True)
 class Batch:
     """What one :meth:`Backend.write` writes, in one transaction: all of it or none. Runs,
     receipts and texts already stored (the same ``session_id`` and ``first_seq``, ``seq``, or
@@ -317,6 +332,9 @@ class Batch:
     texts: list[TextRow] = field(factory=list)
     #: upserted as :data:`UPSERT_CHECKPOINT` says
     checkpoints: list[CheckpointRow] = field(factory=list)
+    #: the turns it ends, whose answers are added to :attr:`texts` before it is written
+    #: (:class:`~supervisor.store.answers.Answers`); a backend does not read it
+    turn_ends: list[TurnEnd] = field(factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)

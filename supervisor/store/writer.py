@@ -28,10 +28,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import operator
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
-from operator import countOf
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -41,6 +39,7 @@ from protocols import events as ev
 from protocols.events import PREVIEW_CHARS, preview
 from protocols.mcp import McpServer, NameValue
 from supervisor.runtime.context import Said, newest
+from supervisor.store.answers import Answers
 from supervisor.store.backend import (
     Backend,
     Batch,
@@ -53,6 +52,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    TurnEnd,
     highest_number,
 )
 from supervisor.store.retention import Retention, expired
@@ -107,10 +107,6 @@ UNCLEAN_SKIP = 2 * MAX_PENDING
 #: session's own step (its agent's answer) is written at once: nobody's answer waits behind
 #: it, and its clients, who see it once stored, get it sooner.
 TURN_END_S = 0.0025
-#: A run of at most this many events is looked at for a ``turn.ended``, written at once rather
-#: than after ``flush_s``: the session's own events come in short runs (``Fanout``'s
-#: ``_UNSERIALIZED_MAX``), a stream's runs need not be scanned on the actor.
-_SCAN_RUN = 64
 #: Pages a retention sweep's vacuum gives back per call of the worker thread: 64 MB of 16 KB
 #: pages, a few tens of ms of it, so a batch never waits long behind a large sweep.
 RECLAIM_PAGES = 4096
@@ -128,11 +124,12 @@ ACTIVE_EVERY_S = 1.0
 #: the row written with that event hands it back (no owner, clean), for any process of the
 #: store to take up.
 _GONE_FOR_GOOD = frozenset({"stopped", "failed"})
-#: An answer's text indexed for search at most (the events keep it whole).
-MAX_ANSWER_CHARS = 1_000_000
 #: Full texts of long prompts and steers kept for the writer at most (a prompt's is taken as
 #: soon as its turn starts is written: only prompts queued and not started wait here).
 _MAX_FULL_TEXTS = 10_000
+#: The kinds of events the batches' rows are made from (besides every event's bytes): a run
+#: with none of them (a stream's) is not looked at again, and its events are not kept.
+_READ = frozenset({ev.SessionState, ev.TurnStarted, ev.TurnSteered, ev.TurnEnded})
 
 
 class _Run:
@@ -140,7 +137,8 @@ class _Run:
     session's step, where the events are still in the cache, so that the batch's rows are
     made from one object per run and none of a stream's events (on the worker thread, their
     reference counts would pass between two cores), and so that a stream's events need not
-    outlive their step (:attr:`events` None)."""
+    outlive their step (:attr:`events` None). What an answer needs of a stream's events is
+    read from their bytes where the batch is written (``supervisor/store/answers.py``)."""
 
     __slots__ = (
         "session_id",
@@ -151,7 +149,7 @@ class _Run:
         "joined",
         "events",
         "payloads",
-        "answer",
+        "ends_turn",
         "fanout",
     )
 
@@ -168,23 +166,21 @@ class _Run:
         self.count = count = len(events)
         self.last_active: float = last.timestamp
         self.fanout = fanout
-        #: the turn and text of a stream's run (its events all the assistant's
-        #: ``message.delta`` of one turn), whose events are not kept
-        self.answer: tuple[str, str] | None = None
-        #: the events, for the writer to read their kinds (None: a stream's run)
-        self.events: list[ev.Event] | None = events
+        kinds = set(map(type, events))
+        #: it holds a ``turn.ended`` (written at once)
+        self.ends_turn = ev.TurnEnded in kinds
+        #: the events, for the writer to read those of :data:`_READ` (None: it has none)
+        self.events: list[ev.Event] | None = events if not kinds.isdisjoint(_READ) else None
         #: each event's bytes, for a run whose seqs have a hole (a node's ``stream.gap``:
         #: each is stored as a run of its own); else None
         self.payloads: list[bytes] | None = None
         #: the bytes of all, joined as a run is stored (None: a run with a hole)
         self.joined: bytes | None = None
         if last.seq - first.seq != count - 1:
+            self.events = events
             self.payloads = payloads
             return
         self.joined = b"\n".join(payloads)
-        if count > 1 and _one_answer(events):
-            self.answer = (first.turn_id, "".join(map(_TEXT, events)))  # type: ignore[attr-defined]
-            self.events = None
 
     def each(self) -> Iterable[tuple[int, bytes]]:
         """Each event's seq and bytes."""
@@ -240,6 +236,8 @@ class _Meta:
     state: str = "starting"
     last_active: float = 0.0
     open_turn_id: str | None = None
+    #: the seq of its ``turn.started`` (None: not known)
+    open_turn_seq: int | None = None
     #: the agent's own session id, as last known (a stopped agent's is kept: it resumes it)
     agent_session_id: str | None = None
     #: its row was written (a clean close marks it clean)
@@ -311,8 +309,8 @@ class SessionStore:
         self._full_texts: dict[tuple[str, str], str] = {}
         #: checkpoints kept or ended (``keep_checkpoint``) and not taken by a write yet
         self._checkpoints: list[CheckpointRow] = []
-        #: the batches' (:meth:`_batch`): each running turn's answer so far, by (session, turn)
-        self._answers: dict[tuple[str, str], list[str]] = {}
+        #: the thread's writes (no writer process): the batches with their answers
+        self._answers = Answers(backend)
         #: events that could not be written before the close, their sessions' seqs, and why
         self._lost_events = 0
         self._lost: dict[str, list[int]] = {}
@@ -580,15 +578,10 @@ class SessionStore:
         self._wake.set()
         if count >= self.max_pending:
             self.full = True
-        if waiting >= self.batch_events:
+        if waiting >= self.batch_events or run.ends_turn:
+            # (A turn's end is written at once: its clients get it sooner, and what a client
+            # was told last before a crash is stored sooner: an unclean end's window shrinks.)
             self._enough.set()
-        elif run.events is not None and len(events) <= _SCAN_RUN:
-            # A turn's end is written at once: its clients get it sooner, and what a client
-            # was told last before a crash is stored sooner (an unclean end's window shrinks).
-            for event in events:
-                if type(event) is ev.TurnEnded:
-                    self._enough.set()
-                    break
 
     def soon(self, fanout: Fanout) -> None:
         """``fanout`` has events to serialize (a cancel's, published in its caller's step):
@@ -820,7 +813,7 @@ class SessionStore:
         the backend has work to :meth:`~Backend.settle` now."""
         if first:
             self._batch(pending, checkpoints)
-        return bool(self.backend.write(self._last_batch))
+        return bool(self._answers.write(self._last_batch))
 
     async def _write_apart(
         self,
@@ -852,10 +845,10 @@ class SessionStore:
         runs: list[EventRun] = []
         receipts: list[ReceiptRow] = []
         texts: list[TextRow] = []
+        turn_ends: list[TurnEnd] = []
         touched: dict[str, _Meta] = {}
         newest: dict[str, tuple[EventRun, int]] = {}  # each session's last run and seq
         meta = self._meta
-        answers = self._answers
         full_texts = self._full_texts
         for recorded in pending:
             if recorded is None:
@@ -884,17 +877,11 @@ class SessionStore:
             if info is not None:
                 info.last_active = recorded.last_active
                 touched[sid] = info
-            if recorded.answer is not None:
-                answers.setdefault((sid, recorded.answer[0]), []).append(recorded.answer[1])
-                continue
-            assert recorded.events is not None
+            if recorded.events is None:
+                continue  # (none of _READ)
             for event in recorded.events:
                 cls = type(event)
-                if cls is ev.MessageDelta:
-                    assert isinstance(event, ev.MessageDelta)
-                    if event.turn_id is not None and event.role == "assistant":
-                        answers.setdefault((sid, event.turn_id), []).append(event.text)
-                elif cls is ev.SessionState:
+                if cls is ev.SessionState:
                     assert isinstance(event, ev.SessionState)
                     if info is not None:
                         info.state = event.state
@@ -916,21 +903,18 @@ class SessionStore:
                     )
                     if cls is ev.TurnStarted and info is not None:
                         info.open_turn_id = event.turn_id
+                        info.open_turn_seq = event.seq
                 elif cls is ev.TurnEnded:
                     assert isinstance(event, ev.TurnEnded)
+                    started = None
                     if info is not None and info.open_turn_id == event.turn_id:
                         info.open_turn_id = None
-                    parts = answers.pop((sid, event.turn_id), None)
-                    if parts:
-                        texts.append(
-                            TextRow(
-                                session_id=sid,
-                                turn_id=event.turn_id,
-                                seq=event.seq,
-                                kind="answer",
-                                text="".join(parts)[:MAX_ANSWER_CHARS],
-                            )
+                        started = info.open_turn_seq
+                    turn_ends.append(
+                        TurnEnd(
+                            session_id=sid, turn_id=event.turn_id, seq=event.seq, started=started
                         )
+                    )
                     if event.receipt is not None:
                         receipts.append(
                             ReceiptRow(
@@ -963,6 +947,7 @@ class SessionStore:
             receipts=receipts,
             texts=texts,
             checkpoints=checkpoints,
+            turn_ends=turn_ends,
         )
 
     # -- reading ---------------------------------------------------------------------------
@@ -1185,27 +1170,6 @@ def _unchanged(info: _Meta, written: StoredSession) -> bool:
         and info.state == written.state
         and info.open_turn_id == written.open_turn_id
         and info.owner == written.owner
-    )
-
-
-_TEXT = operator.attrgetter("text")
-_TURN = operator.attrgetter("turn_id")
-_ROLE = operator.attrgetter("role")
-
-
-def _one_answer(events: list[ev.Event]) -> bool:
-    """``events`` are all ``message.delta`` of the assistant in one turn (a stream's run):
-    counted in C, with nothing made per event (this runs in the session's step)."""
-    first = events[0]
-    if type(first) is not ev.MessageDelta or type(events[-1]) is not ev.MessageDelta:
-        return False
-    count = len(events)
-    turn = first.turn_id
-    return (
-        turn is not None
-        and countOf(map(type, events), ev.MessageDelta) == count
-        and countOf(map(_TURN, events), turn) == count
-        and countOf(map(_ROLE, events), "assistant") == count
     )
 
 

@@ -8,6 +8,7 @@ their own), in-memory agents, the real clock."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -196,6 +197,11 @@ async def test_a_writer_process_killed_mid_stream_loses_no_event(tmp_path: Path)
             assert [seq for seq, _ in stored] == list(range(1, len(stored) + 1))
             assert set(seen) <= {seq for seq, _ in stored}
             assert [payload for _, payload in stored] == history[: len(stored)]
+            # The turn's answer is whole: the second child read back what the first wrote.
+            said = [json.loads(payload) for _, payload in stored]
+            words = "".join(e["data"]["text"] for e in said if e["event"] == "message.delta")
+            texts = await store.texts(session.id)
+            assert [(t.kind, t.text) for t in texts if t.kind == "answer"] == [("answer", words)]
         assert [type(notice) for notice in notices] == [StoreFault, StoreRecovered]
         fault = notices[0]
         assert isinstance(fault, StoreFault)
