@@ -1,9 +1,9 @@
-"""How long a turn's end with a long answer waits for the store before subscribers get it.
+"""What writing a long answer costs the store, in a batch beside a turn's last events.
 
-At a turn's end the store's writer writes one batch: the turn's last events, its receipt and
-its answer (the turn's ``message.delta`` texts joined); the session's fan-out gives those
-events to subscribers once that batch commits, and ``Backend.settle`` runs after that
-(``design/store.md``). Each round writes such a batch for a new session with an answer of
+A turn's answer (the turn's ``message.delta`` texts joined) is written by the ``Backend.settle``
+after the batch of its turn's end, once that batch's events are given to subscribers
+(``design/store.md``); the next batch's events wait for it. Each round writes a batch of a
+turn's last events, its receipt and its answer for a new session with an answer of
 ``--words`` distinct words (``w0 w1 ...``, as the light agent streams them) and, interleaved
 with it (the order alternating), the floor: the same batch with a one-word answer; the
 ``settle`` after each is timed apart. Median and p90 of ``--repeats`` rounds, wall time of

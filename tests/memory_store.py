@@ -20,6 +20,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    TurnEnd,
     this_process,
 )
 
@@ -85,6 +86,9 @@ class MemoryBackend:
         return None
 
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        return []
+
+    def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
         return []
 
     def texts(self, session_id: str) -> list[TextRow]:

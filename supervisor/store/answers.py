@@ -1,35 +1,40 @@
-"""Each turn's answer (its assistant's ``message.delta`` texts joined), made where the store's
-batches are written: in the writer process (``supervisor/store/writer_child.py``), or on the
-store's thread (``[store] writer = "thread"``), never on the event loop.
+"""Each turn's answer (its assistant's ``message.delta`` texts joined), made from the turn's
+stored events once its end is written, by whoever writes the store's batches (the writer
+process, or the store's thread), never on the event loop and never during the stream.
 
-The event loop is where a stream's every event is handled (read from the agent, serialized,
-framed, offered), and it is what limits a stream's rate; the writer process runs beside it on
-another CPU. A stream's events reach the writer as their wire JSON anyway (in runs: what is
-stored), so reading their texts there costs the event loop nothing, where looking at each
-event of a run on the event loop (are they all the assistant's deltas of one turn? their texts
-joined) cost it ~5 % of a one-subscriber stream's rate (``bench/store_cost.py``).
+A stream's every event is handled on the event loop (read from the agent, serialized, framed,
+offered), and that limits its rate; the writer process runs beside it, on the machine's other
+CPUs, with the agent and the clients. Looking at each event of a stream for its text, on the
+event loop or in the writer as the stream is written, costs a one-subscriber stream ~5 % of
+its rate either way (``bench/store_cost.py``). After the turn's end, the same work costs the
+stream nothing: the batch that holds the end names the turn (a
+:class:`~supervisor.store.backend.TurnEnd`, stored in ``answers_due`` with that batch), and
+:meth:`Backend.settle <supervisor.store.backend.Backend.settle>`, which runs once that batch's
+events are given to subscribers, reads the turn's events back from the store and writes its
+answer, the turn no longer due, in one transaction.
 
-The event loop says which turns a batch ends (:class:`~supervisor.store.backend.TurnEnd`: it
-reads every event of a run that is not all deltas); :class:`Answers` keeps each running turn's
-texts, read from the runs of each batch, and adds the answers of the turns it ends to the
-batch's texts. A batch tried again (a failed write) is read again: the texts are kept by the
-seq their run starts at, so nothing is counted twice. A writer process started while a turn
-ran (the last one was killed) reads that turn's earlier events back from the store.
+Nothing waits for it: a turn whose answer is not made yet (the settle has not run, or the
+process that wrote the end went away before it) is due in the store, and every reader of a
+session's texts gets its answer made from its events meanwhile
+(:func:`with_answers_due`); the next settle or search of any process of the store makes and
+writes it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import msgspec
 
-from supervisor.store.backend import Backend, Batch, EventRun, TextRow, TurnEnd
+from supervisor.store.backend import Backend, Batch, TextRow, TurnEnd
 
-__all__ = ["MAX_ANSWER_CHARS", "Answers"]
+__all__ = ["MAX_ANSWER_CHARS", "answer_texts", "answers_of", "make_answers", "with_answers_due"]
 
-#: An answer's text indexed for search at most (the events keep it whole).
+#: An answer's text indexed for search at most (the events keep it whole); a turn's events
+#: are read back until it has this many.
 MAX_ANSWER_CHARS = 1_000_000
+#: Events read back from the store at a time.
+READ_EVENTS = 10_000
 
 
 class _Data(msgspec.Struct, gc=False):
@@ -67,58 +72,48 @@ def answer_texts(lines: bytes) -> dict[str, str]:
     return {turn: "".join(parts) for turn, parts in texts.items()}
 
 
-class Answers:
-    """Writes batches to ``backend`` with the answers of the turns they end."""
+def _answer(backend: Backend, end: TurnEnd) -> TextRow:
+    """``end``'s answer, from its turn's events as stored (empty: the turn said nothing)."""
+    sid = end.session_id
+    parts: list[str] = []
+    chars = 0
+    # (A start not seen where the end was written, a node's session adopted mid-turn: the
+    # session's events from the first, the turn's picked from them.)
+    after = end.started or 0
+    while after < end.seq and chars < MAX_ANSWER_CHARS:
+        events = backend.events(sid, after, min(READ_EVENTS, end.seq - after))
+        if not events:
+            break
+        text = answer_texts(b"\n".join(payload for _, payload in events)).get(end.turn_id, "")
+        parts.append(text)
+        chars += len(text)
+        after = events[-1][0]
+    return TextRow(
+        session_id=sid,
+        turn_id=end.turn_id,
+        seq=end.seq,
+        kind="answer",
+        text="".join(parts)[:MAX_ANSWER_CHARS],
+    )
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        #: each running turn's texts so far, by (session, turn): by the seq their run starts at
-        self._texts: dict[tuple[str, str], dict[int, str]] = {}
-        #: each session's first seq read here (a turn started before it is read back)
-        self._first_seen: dict[str, int] = {}
 
-    def write(self, batch: Batch) -> bool:
-        """:meth:`Backend.write` of ``batch`` with its turns' answers among its texts."""
-        for run in batch.events:
-            self._read(run)
-        answers = [text for end in batch.turn_ends if (text := self._answer(end)) is not None]
-        if answers:
-            batch = attrs.evolve(batch, texts=[*batch.texts, *answers])
-        due = self.backend.write(batch)
-        for end in batch.turn_ends:
-            self._texts.pop((end.session_id, end.turn_id), None)
-        return due
+def answers_of(backend: Backend, ends: list[TurnEnd]) -> list[TextRow]:
+    """The answers of the turns ``ends`` names, those with any text."""
+    return [answer for end in ends if (answer := _answer(backend, end)).text]
 
-    def _read(self, run: EventRun) -> None:
-        sid = run.session_id
-        seq = run.first_seq
-        first = self._first_seen.setdefault(sid, seq)
-        if seq < first:
-            self._first_seen[sid] = seq
-        counts = run.counts if run.counts is not None else [1] * len(run.payloads)
-        for piece, count in zip(run.payloads, counts, strict=True):
-            self._keep(sid, seq, piece)
-            seq += count
 
-    def _keep(self, sid: str, seq: int, lines: bytes) -> None:
-        for turn, text in answer_texts(lines).items():
-            self._texts.setdefault((sid, turn), {})[seq] = text
+def make_answers(backend: Backend) -> bool:
+    """Write the answers due (of every session), each turn no longer due, in one transaction;
+    whether there were any."""
+    due = backend.answers_due()
+    if due:
+        backend.write(Batch(texts=answers_of(backend, due), answered=due))
+    return bool(due)
 
-    def _answer(self, end: TurnEnd) -> TextRow | None:
-        sid = end.session_id
-        first = self._first_seen.get(sid, end.seq)
-        if end.started is not None and end.started < first - 1:
-            # (events of the turn this process never read: written by a writer before it)
-            for seq, payload in self.backend.events(sid, end.started, first - 1 - end.started):
-                self._keep(sid, seq, payload)
-        texts = self._texts.get((sid, end.turn_id))
-        if not texts:
-            return None
-        text = "".join(texts[seq] for seq in sorted(texts))
-        return TextRow(
-            session_id=sid,
-            turn_id=end.turn_id,
-            seq=end.seq,
-            kind="answer",
-            text=text[:MAX_ANSWER_CHARS],
-        )
+
+def with_answers_due(backend: Backend, session_id: str, texts: list[TextRow]) -> list[TextRow]:
+    """``texts`` (the session's, as stored) with the answers of its turns still due."""
+    due = backend.answers_due(session_id)
+    if not due:
+        return texts
+    return sorted([*texts, *answers_of(backend, due)], key=lambda text: (text.seq, text.kind))

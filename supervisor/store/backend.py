@@ -306,9 +306,9 @@ class SearchHit:
 
 @frozen(kw_only=True)
 class TurnEnd:
-    """A turn's end in a batch: its answer (:class:`TextRow` of kind ``answer``) is written
-    with it, made from the turn's stored events where the batch is written
-    (``supervisor/store/answers.py``)."""
+    """A turn that ended, whose answer (:class:`TextRow` of kind ``answer``) is made from its
+    stored events after the batch that holds its end (``supervisor/store/answers.py``):
+    stored with that batch (``answers_due``) until it is."""
 
     session_id: str
     turn_id: str
@@ -332,12 +332,21 @@ class Batch:
     texts: list[TextRow] = field(factory=list)
     #: upserted as :data:`UPSERT_CHECKPOINT` says
     checkpoints: list[CheckpointRow] = field(factory=list)
-    #: the turns it ends, whose answers are added to :attr:`texts` before it is written
-    #: (:class:`~supervisor.store.answers.Answers`); a backend does not read it
+    #: the turns it ends (their answers are due: made by :meth:`Backend.settle`)
     turn_ends: list[TurnEnd] = field(factory=list)
+    #: turns whose answers it holds among its :attr:`texts` (no longer due)
+    answered: list[TurnEnd] = field(factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.sessions or self.events or self.receipts or self.texts or self.checkpoints)
+        return bool(
+            self.sessions
+            or self.events
+            or self.receipts
+            or self.texts
+            or self.checkpoints
+            or self.turn_ends
+            or self.answered
+        )
 
     def text_chars(self) -> int:
         """The characters of its texts, each at least one (what their search index waits for:
@@ -412,7 +421,8 @@ class Backend(Protocol):
         it is written). True: :meth:`settle` has work to do now."""
 
     def settle(self, idle: bool) -> None:
-        """What writes leave for after their events are given to subscribers: the search
+        """What writes leave for after their events are given to subscribers: the answers of
+        the turns that ended (:func:`~supervisor.store.answers.make_answers`), the search
         index of the texts written once :data:`INDEX_CHARS` wait (which :meth:`search` brings
         up to date itself too, and SQLite's :meth:`delete`), SQLite's checkpoint of a long
         write-ahead log; ``idle``: nothing was written for a while, so what can wait for that
@@ -420,8 +430,13 @@ class Backend(Protocol):
         holds). :class:`StoreError` if it could not (the next call does it)."""
 
     def index(self) -> None:
-        """Index every text written and not in the search index yet, as :meth:`search` does
-        first: for a search another connection of the store is about to make."""
+        """Make the answers due and index every text written and not in the search index yet,
+        as :meth:`search` does first: for a search another connection of the store is about
+        to make."""
+
+    def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
+        """The turns that ended and whose answers are not made yet (of ``session_id``, or of
+        every session), in order of their end."""
 
     def sessions(self) -> list[StoredSession]:
         """Every stored session, the most recently active first."""
@@ -432,7 +447,8 @@ class Backend(Protocol):
         adopted again may hand over events already stored)."""
 
     def texts(self, session_id: str) -> list[TextRow]:
-        """The session's prompts, steers and answers, in order of seq."""
+        """The session's prompts, steers and answers, in order of seq: those of turns whose
+        answers are not made yet too (made from their events here)."""
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         """The session's receipts, in order of seq."""
@@ -522,6 +538,8 @@ END $$"""
 #: - ``owners`` (from version 5): :class:`Owner`, primary key ``token``; ``sessions.owner``
 #:   names one. ``counters`` (from version 5): ``name`` and ``value``; the row ``session``
 #:   is the highest session number handed out (:meth:`Backend.next_session_number`).
+#: - ``answers_due`` (from version 7): :class:`TurnEnd`, primary key ``(session_id, seq)``:
+#:   the turns whose answers are not made yet.
 MIGRATIONS: list[dict[str, list[str]]] = [
     {
         "sqlite": [
@@ -697,6 +715,26 @@ MIGRATIONS: list[dict[str, list[str]]] = [
             "ALTER TABLE texts ALTER COLUMN search DROP EXPRESSION",
             "CREATE INDEX texts_unindexed ON texts (session_id) WHERE search IS NULL",
             _LZ4_TEXTS,
+        ],
+    },
+    {
+        "sqlite": [
+            """CREATE TABLE answers_due (
+                session_id TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                turn_id TEXT NOT NULL,
+                started INTEGER,
+                PRIMARY KEY (session_id, seq)
+            ) WITHOUT ROWID"""
+        ],
+        "postgresql": [
+            """CREATE TABLE answers_due (
+                session_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                turn_id TEXT NOT NULL,
+                started BIGINT,
+                PRIMARY KEY (session_id, seq)
+            )"""
         ],
     },
 ]

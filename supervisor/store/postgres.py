@@ -41,6 +41,7 @@ from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor.store import backend as contract
+from supervisor.store.answers import make_answers, with_answers_due
 from supervisor.store.backend import (
     INDEX_CHARS,
     SESSION_QUERY,
@@ -54,6 +55,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    TurnEnd,
     checkpoint_rows,
     store_beyond,
     stored_session,
@@ -61,6 +63,9 @@ from supervisor.store.backend import (
 )
 
 __all__ = ["PostgresBackend"]
+
+#: The answers due (``answers_due``), in order of their turn's end (``{}``: a condition).
+_ANSWERS_DUE = "SELECT session_id, turn_id, seq, started FROM answers_due {} ORDER BY seq"
 
 #: Connection settings given unless the URL sets them. ``connect_timeout``: a server that does
 #: not answer (a dropped route, a firewall) is reported after this long rather than after the
@@ -138,6 +143,9 @@ class PostgresBackend:
         #: the characters of the texts that may wait to be indexed (written here and not
         #: indexed; INDEX_CHARS: those left at open, of unknown size); 0: none
         self._unindexed_chars = 0
+        #: answers may be due (a batch with turns' ends was written since they were made, or
+        #: a process before this one left some)
+        self._answers_due = True
         #: opened by :meth:`open_writes`: no lock, no owner of the store
         self._writes_only = False
 
@@ -299,13 +307,24 @@ class PostgresBackend:
         if batch:
             self._run("write to", lambda connection: _write(connection, batch))
             self._unindexed_chars += batch.text_chars()
-        return self._unindexed_chars >= INDEX_CHARS
+        if batch.turn_ends:
+            self._answers_due = True
+        return bool(batch.turn_ends) or self._unindexed_chars >= INDEX_CHARS
 
     def settle(self, idle: bool) -> None:
+        if self._answers_due:
+            make_answers(self)
+            self._answers_due = False
         if self._unindexed_chars >= INDEX_CHARS or (idle and self._unindexed_chars):
-            self.index()
+            self._index()
 
     def index(self) -> None:
+        # (Those of every process of the store: one may have gone away before making them.)
+        make_answers(self)
+        self._answers_due = False
+        self._index()
+
+    def _index(self) -> None:
         """(One statement: its own transaction.)"""
         self._run("write to", lambda connection: connection.execute(_INDEX_TEXTS))
         self._unindexed_chars = 0
@@ -316,7 +335,7 @@ class PostgresBackend:
         def delete(connection: psycopg.Connection[Any]) -> None:
             ids = list(session_ids)
             with connection.transaction():
-                for table in ("texts", "receipts", "events", "checkpoints"):
+                for table in ("texts", "receipts", "events", "checkpoints", "answers_due"):
                     connection.execute(f"DELETE FROM {table} WHERE session_id = ANY(%s)", (ids,))
                 connection.execute("DELETE FROM sessions WHERE id = ANY(%s)", (ids,))
 
@@ -373,13 +392,24 @@ class PostgresBackend:
         return found
 
     def texts(self, session_id: str) -> list[TextRow]:
-        return [
+        stored = [
             TextRow(session_id=session_id, seq=seq, kind=kind, turn_id=turn_id, text=text)
             for seq, kind, turn_id, text in self._read(
                 "SELECT seq, kind, turn_id, text FROM texts WHERE session_id = %s "
                 "ORDER BY seq, kind",
                 (session_id,),
             )
+        ]
+        return with_answers_due(self, session_id, stored)
+
+    def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
+        if session_id is None:
+            rows = self._read(_ANSWERS_DUE.format(""), ())
+        else:
+            rows = self._read(_ANSWERS_DUE.format("WHERE session_id = %s"), (session_id,))
+        return [
+            TurnEnd(session_id=sid, turn_id=turn_id, seq=seq, started=started)
+            for sid, turn_id, seq, started in rows
         ]
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
@@ -660,6 +690,17 @@ def _write_batch(connection: psycopg.Connection[Any], batch: Batch, *, copy_even
             cursor.executemany(
                 _UPSERT_CHECKPOINT,
                 [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
+            )
+        if batch.turn_ends:
+            cursor.executemany(
+                "INSERT INTO answers_due (session_id, turn_id, seq, started) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [(e.session_id, e.turn_id, e.seq, e.started) for e in batch.turn_ends],
+            )
+        if batch.answered:
+            cursor.executemany(
+                "DELETE FROM answers_due WHERE session_id = %s AND seq = %s",
+                [(e.session_id, e.seq) for e in batch.answered],
             )
 
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from supervisor.store.answers import make_answers, with_answers_due
 from supervisor.store.backend import (
     CHECKPOINTS_QUERY,
     EXCLUSIVE_KINDS,
@@ -44,6 +45,7 @@ from supervisor.store.backend import (
     StoredSession,
     StoreError,
     TextRow,
+    TurnEnd,
     checkpoint_rows,
     store_beyond,
     stored_session,
@@ -51,6 +53,9 @@ from supervisor.store.backend import (
 )
 
 __all__ = ["SqliteBackend"]
+
+#: The answers due (``answers_due``), in order of their turn's end (``{}``: a condition).
+_ANSWERS_DUE = "SELECT session_id, turn_id, seq, started FROM answers_due {} ORDER BY seq"
 
 #: How long opening waits for a lock another process holds before saying so: long enough for
 #: a supervisor that is stopping to let go, short enough that a second ``serve`` on the same
@@ -112,6 +117,9 @@ class SqliteBackend:
         #: (counted as written)
         self._unindexed_chars = 0
         self._log_pages = 0
+        #: answers may be due (a batch with turns' ends was written since they were made, or
+        #: a writer before this one left some)
+        self._answers_due = True
         self.owner = this_process(kind)
         #: the directory of the owners' lock files
         self._locks = self.path.with_name(self.path.name + ".owners")
@@ -279,9 +287,21 @@ class SqliteBackend:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
         self._unindexed_chars += batch.text_chars()
         self._log_pages += _PAGES_PER_WRITE + size // self._page_size
-        return self._unindexed_chars >= INDEX_CHARS or self._log_pages >= CHECKPOINT_PAGES
+        if batch.turn_ends:
+            self._answers_due = True
+        return (
+            bool(batch.turn_ends)
+            or self._unindexed_chars >= INDEX_CHARS
+            or self._log_pages >= CHECKPOINT_PAGES
+        )
+
+    def _make_answers(self) -> None:
+        if self._answers_due:
+            make_answers(self)
+            self._answers_due = False
 
     def settle(self, idle: bool) -> None:
+        self._make_answers()
         db = self._conn
         try:
             if self._unindexed_chars >= INDEX_CHARS or (idle and self._unindexed_chars):
@@ -293,6 +313,7 @@ class SqliteBackend:
             raise StoreError(f"cannot write to the store {self.where}: {exc}") from None
 
     def index(self) -> None:
+        self._make_answers()
         try:
             self._index_texts(self._conn)
         except sqlite3.Error as exc:
@@ -380,6 +401,17 @@ class SqliteBackend:
                 UPSERT_CHECKPOINT,
                 [(c.session_id, c.checkpoint_id, c.n, c.start, c.end) for c in batch.checkpoints],
             )
+        if batch.turn_ends:
+            db.executemany(
+                "INSERT OR IGNORE INTO answers_due (session_id, turn_id, seq, started) "
+                "VALUES (?, ?, ?, ?)",
+                [(e.session_id, e.turn_id, e.seq, e.started) for e in batch.turn_ends],
+            )
+        if batch.answered:
+            db.executemany(
+                "DELETE FROM answers_due WHERE session_id = ? AND seq = ?",
+                [(e.session_id, e.seq) for e in batch.answered],
+            )
         return size
 
     def sessions(self) -> list[StoredSession]:
@@ -410,12 +442,23 @@ class SqliteBackend:
         return found
 
     def texts(self, session_id: str) -> list[TextRow]:
-        return [
+        stored = [
             TextRow(session_id=session_id, seq=seq, kind=kind, turn_id=turn_id, text=text)
             for seq, kind, turn_id, text in self._read(
                 "SELECT seq, kind, turn_id, text FROM texts WHERE session_id = ? ORDER BY seq",
                 (session_id,),
             )
+        ]
+        return with_answers_due(self, session_id, stored)
+
+    def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
+        if session_id is None:
+            rows = self._read(_ANSWERS_DUE.format(""), ())
+        else:
+            rows = self._read(_ANSWERS_DUE.format("WHERE session_id = ?"), (session_id,))
+        return [
+            TurnEnd(session_id=sid, turn_id=turn_id, seq=seq, started=started)
+            for sid, turn_id, seq, started in rows
         ]
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
@@ -443,7 +486,8 @@ class SqliteBackend:
         words = _WORD.findall(query)
         if not words:
             return []
-        if self._unindexed_chars:  # (texts written since: found too)
+        if self._unindexed_chars or self.answers_due():  # (texts written since: found too)
+            self._answers_due = True
             self.index()
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)
@@ -493,7 +537,7 @@ class SqliteBackend:
                     "SELECT 'delete', rowid, text FROM texts WHERE session_id = ?",
                     ids,
                 )
-                for table in ("texts", "receipts", "events", "checkpoints"):
+                for table in ("texts", "receipts", "events", "checkpoints", "answers_due"):
                     db.executemany(f"DELETE FROM {table} WHERE session_id = ?", ids)
                 db.executemany("DELETE FROM sessions WHERE id = ?", ids)
             except BaseException:
@@ -643,6 +687,8 @@ def _events_alone(db: sqlite3.Connection, batch: Batch) -> int | None:
         or batch.receipts
         or batch.texts
         or batch.checkpoints
+        or batch.turn_ends
+        or batch.answered
         or not all(run.payloads for run in runs)
     ):
         return None

@@ -39,7 +39,6 @@ from protocols import events as ev
 from protocols.events import PREVIEW_CHARS, preview
 from protocols.mcp import McpServer, NameValue
 from supervisor.runtime.context import Said, newest
-from supervisor.store.answers import Answers
 from supervisor.store.backend import (
     Backend,
     Batch,
@@ -137,8 +136,8 @@ class _Run:
     session's step, where the events are still in the cache, so that the batch's rows are
     made from one object per run and none of a stream's events (on the worker thread, their
     reference counts would pass between two cores), and so that a stream's events need not
-    outlive their step (:attr:`events` None). What an answer needs of a stream's events is
-    read from their bytes where the batch is written (``supervisor/store/answers.py``)."""
+    outlive their step (:attr:`events` None). A turn's answer is made from its stored events
+    after its end (``supervisor/store/answers.py``)."""
 
     __slots__ = (
         "session_id",
@@ -309,8 +308,6 @@ class SessionStore:
         self._full_texts: dict[tuple[str, str], str] = {}
         #: checkpoints kept or ended (``keep_checkpoint``) and not taken by a write yet
         self._checkpoints: list[CheckpointRow] = []
-        #: the thread's writes (no writer process): the batches with their answers
-        self._answers = Answers(backend)
         #: events that could not be written before the close, their sessions' seqs, and why
         self._lost_events = 0
         self._lost: dict[str, list[int]] = {}
@@ -813,7 +810,7 @@ class SessionStore:
         the backend has work to :meth:`~Backend.settle` now."""
         if first:
             self._batch(pending, checkpoints)
-        return bool(self._answers.write(self._last_batch))
+        return bool(self.backend.write(self._last_batch))
 
     async def _write_apart(
         self,

@@ -38,7 +38,6 @@ def frame(message: object) -> tuple[bytes, bytes]:
 def _serve(sock: socket.socket) -> None:
     """The child: open the store the first request names, then answer requests until the
     supervisor closes its end."""
-    from supervisor.store.answers import Answers
     from supervisor.store.url import backend_for
 
     reader = sock.makefile("rb")
@@ -70,12 +69,11 @@ def _serve(sock: socket.socket) -> None:
         answer("error", str(exc))
         return
     answer("ok", None)
-    answers = Answers(backend)
     try:
         for what, argument in incoming:
             try:
                 if what == "write":
-                    answer("ok", answers.write(argument))
+                    answer("ok", backend.write(argument))
                 elif what == "settle":
                     backend.settle(argument)
                     answer("ok", None)

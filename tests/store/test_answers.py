@@ -1,102 +1,187 @@
-"""A turn's answer, made where batches are written (``supervisor/store/answers.py``): from the
-runs' wire JSON, whatever their sizes; nothing counted twice when a failed write is tried
-again; and whole when the writer that ends the turn did not write its start (the earlier
-events are read back from the store)."""
+"""A turn's answer (``supervisor/store/answers.py``), on every backend: made from the turn's
+stored events by the settle after the batch that ends it, not in that batch; read from its
+events meanwhile by whoever reads the session's texts; made by the next process when the one
+that ended the turn went away first; the assistant's words of that turn alone, whatever the
+runs, up to its bound."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-from memory_store import MemoryBackend
+import trio
+import trio.testing
+from memory_store import in_this_thread
 
 from helpers import stored_row
 from protocols import events as ev
-from supervisor.store.answers import MAX_ANSWER_CHARS, Answers
-from supervisor.store.backend import Batch, EventRun, StoreError, TurnEnd
-from supervisor.store.sqlite import SqliteBackend
+from supervisor.store import answers
+from supervisor.store.backend import Backend, Batch, EventRun, TurnEnd
+from supervisor.store.url import backend_for
+from supervisor.store.writer import SessionStore
 from supervisor.wire.codec import event_json
 
 
-def said(seq: int, text: str, role: str = "assistant", turn: str = "t1") -> bytes:
-    return event_json(
-        ev.MessageDelta(session_id="s1", seq=seq, timestamp=1.0, turn_id=turn, text=text, role=role)
+@pytest.fixture
+def backend(store_url: str) -> Iterator[Backend]:
+    backend = backend_for(store_url)
+    assert backend is not None
+    backend.open()
+    yield backend
+    backend.close()
+
+
+def said(seq: int, text: str, role: str = "assistant", turn: str = "t1") -> ev.Event:
+    return ev.MessageDelta(
+        session_id="s1", seq=seq, timestamp=1.0, turn_id=turn, text=text, role=role
     )
 
 
-def started(seq: int) -> bytes:
-    return event_json(
-        ev.TurnStarted(session_id="s1", seq=seq, timestamp=1.0, turn_id="t1", text="go")
-    )
+def started(seq: int) -> ev.Event:
+    return ev.TurnStarted(session_id="s1", seq=seq, timestamp=1.0, turn_id="t1", text="go")
 
 
-def ended(seq: int) -> bytes:
-    return event_json(
-        ev.TurnEnded(session_id="s1", seq=seq, timestamp=1.0, turn_id="t1", outcome="completed")
-    )
+def ended(seq: int) -> ev.Event:
+    return ev.TurnEnded(session_id="s1", seq=seq, timestamp=1.0, turn_id="t1", outcome="completed")
 
 
-def run(first_seq: int, *payloads: bytes) -> EventRun:
-    """A run as the writer hands it over: its events joined, in pieces of one or more."""
+def run(*events: ev.Event) -> EventRun:
+    """A run as the writer hands it over: its events' wire JSON, in pieces of two."""
+    payloads = [event_json(e) for e in events]
+    pieces = [b"\n".join(payloads[i : i + 2]) for i in range(0, len(payloads), 2)]
     return EventRun(
         session_id="s1",
-        first_seq=first_seq,
-        payloads=[b"\n".join(payloads[:2]), *payloads[2:]],
-        counts=[min(2, len(payloads)), *[1] * len(payloads[2:])],
+        first_seq=events[0].seq,
+        payloads=pieces,
+        counts=[len(payloads[i : i + 2]) for i in range(0, len(payloads), 2)],
     )
 
 
-END = TurnEnd(session_id="s1", turn_id="t1", seq=6, started=1)
+def answers_of(backend: Backend) -> list[tuple[int, str]]:
+    return [(t.seq, t.text) for t in backend.texts("s1") if t.kind == "answer"]
 
 
-def answers_of(backend: MemoryBackend) -> list[str]:
-    return [t.text for _, batch in backend.batches for t in batch.texts if t.kind == "answer"]
+END = TurnEnd(session_id="s1", turn_id="t1", seq=7, started=1)
 
 
-def test_the_answer_is_the_assistants_words_of_its_turn_in_every_run() -> None:
-    backend = MemoryBackend()
-    answers = Answers(backend)
-    answers.write(Batch(events=[run(1, started(1), said(2, "hello", role="user"), said(3, "Hi"))]))
-    assert answers_of(backend) == []  # (deltas alone: the answer waits for its turn's end)
-    answers.write(
-        Batch(events=[run(4, said(4, ", you"), said(5, "!", turn="t2"), ended(6))], turn_ends=[END])
+def test_an_answer_is_made_by_the_settle_after_its_turns_end(backend: Backend) -> None:
+    backend.write(Batch(sessions=[stored_row()], events=[run(started(1), said(2, "Hi"))]))
+    due = backend.write(Batch(events=[run(said(3, ", you"), ended(7))], turn_ends=[END]))
+    assert due  # (settle has work: the answer)
+    # Not written with the turn's end (no text of it is stored yet), yet read whole.
+    assert backend.answers_due() == [END]
+    assert answers_of(backend) == [(7, "Hi, you")]
+    backend.settle(idle=False)
+    assert backend.answers_due() == []
+    assert answers_of(backend) == [(7, "Hi, you")]  # (stored now: once)
+    assert [h.kind for h in backend.search("you", 10)] == ["answer"]
+
+
+def test_an_answer_a_process_left_due_is_made_by_the_next(store_url: str) -> None:
+    first = backend_for(store_url)
+    assert first is not None
+    first.open()
+    first.write(Batch(sessions=[stored_row()], events=[run(started(1), said(2, "Left "))]))
+    first.write(Batch(events=[run(said(3, "due."), ended(7))], turn_ends=[END]))
+    first.close()  # (went away before its settle)
+    later = backend_for(store_url)
+    assert later is not None
+    later.open_writes()  # (a writer process of the next supervisor)
+    try:
+        assert later.answers_due() == [END]
+        later.settle(idle=False)
+        assert later.answers_due() == []
+        assert answers_of(later) == [(7, "Left due.")]
+    finally:
+        later.close()
+
+
+def test_the_answer_is_the_assistants_words_of_its_turn(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(answers, "READ_EVENTS", 2)  # (read back in several pages)
+    backend.write(
+        Batch(
+            sessions=[stored_row()],
+            events=[run(started(1), said(2, "hello", role="user"), said(3, "Hi, "))],
+        )
     )
-    assert answers_of(backend) == ["Hi, you"]
-
-
-def test_a_batch_tried_again_counts_nothing_twice() -> None:
-    backend = MemoryBackend(failures=1)
-    answers = Answers(backend)
-    first = Batch(events=[run(1, started(1), said(2, "one "), said(3, "two "))])
-    with pytest.raises(StoreError):
-        answers.write(first)
-    answers.write(first)
-    answers.write(Batch(events=[run(4, said(4, "three"), said(5, ""), ended(6))], turn_ends=[END]))
-    assert answers_of(backend) == ["one two three"]
-
-
-def test_a_long_answer_is_indexed_up_to_its_bound() -> None:
-    backend = MemoryBackend()
-    long = "x" * (MAX_ANSWER_CHARS + 10)
-    Answers(backend).write(
-        Batch(events=[run(1, started(1), said(2, long), ended(3))], turn_ends=[END])
+    backend.write(
+        Batch(
+            events=[run(said(4, "there"), said(5, " (t2)", turn="t2"), said(6, "!"), ended(7))],
+            turn_ends=[END],
+        )
     )
-    assert answers_of(backend) == [long[:MAX_ANSWER_CHARS]]
+    backend.settle(idle=False)
+    assert answers_of(backend) == [(7, "Hi, there!")]
 
 
-def test_a_writer_that_did_not_write_the_turns_start_reads_it_back(tmp_path: Path) -> None:
-    """A writer process killed mid-turn: the next one ends the turn with all of it."""
-    path = tmp_path / "sessions.db"
-    backend = SqliteBackend(path)
+def test_a_long_answer_is_kept_up_to_its_bound(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(answers, "MAX_ANSWER_CHARS", 10)
+    backend.write(
+        Batch(
+            sessions=[stored_row()],
+            events=[run(started(1), said(2, "x" * 8), said(3, "y" * 8), ended(7))],
+            turn_ends=[END],
+        )
+    )
+    backend.settle(idle=False)
+    assert answers_of(backend) == [(7, "x" * 8 + "yy")]
+
+
+def test_a_turn_that_said_nothing_has_no_answer(backend: Backend) -> None:
+    backend.write(
+        Batch(sessions=[stored_row()], events=[run(started(1), ended(7))], turn_ends=[END])
+    )
+    assert answers_of(backend) == []
+    backend.settle(idle=False)
+    assert backend.answers_due() == [] and answers_of(backend) == []
+
+
+def test_a_deleted_session_has_no_answer_due(backend: Backend) -> None:
+    backend.write(
+        Batch(
+            sessions=[stored_row()],
+            events=[run(started(1), said(2, "gone"), ended(7))],
+            turn_ends=[END],
+        )
+    )
+    backend.delete(["s1"])
+    assert backend.answers_due() == []
+
+
+async def test_the_writers_batches_make_the_turns_answer(
+    store_url: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Through the store's writer: the runs as a session records them (a stream's run, runs
+    mixing kinds, roles and turns), the answer made once the turn's end is written."""
+    backend = backend_for(store_url)
+    assert backend is not None
+    store = SessionStore(backend, run_sync=in_this_thread)
+    await store.open()
+    runs: list[list[ev.Event]] = [
+        [started(1), said(2, "hello", role="user"), said(3, "Hi, ")],
+        [said(4, "there")],
+        [said(5, "! "), said(6, "All "), said(7, "good.")],  # a stream's run
+        [said(8, " (t2)", turn="t2")],
+        [said(9, " Bye."), ended(10)],
+    ]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        for events in runs:
+            store.record(events, [event_json(e) for e in events])
+            await store.flushed()
+        assert [(t.seq, t.text) for t in await store.texts("s1") if t.kind == "answer"] == [
+            (10, "Hi, there! All good. Bye.")
+        ]
+        await store.aclose()
+    backend = backend_for(store_url)
+    assert backend is not None
     backend.open()
     try:
-        Answers(backend).write(
-            Batch(sessions=[stored_row()], events=[run(1, started(1), said(2, "Written "))])
-        )
-        later = Answers(backend)  # (a new writer process: it read nothing of seqs 1-2)
-        later.write(Batch(events=[run(3, said(3, "before, "), said(4, "and "), said(5, "after."))]))
-        later.write(Batch(events=[run(6, ended(6))], turn_ends=[END]))
-        answers = [t.text for t in backend.texts("s1") if t.kind == "answer"]
+        assert backend.answers_due() == []  # (made by the settle after its end's write)
+        assert answers_of(backend) == [(10, "Hi, there! All good. Bye.")]
     finally:
         backend.close()
-    assert answers == ["Written before, and after."]

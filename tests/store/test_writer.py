@@ -16,9 +16,7 @@ from memory_store import MemoryBackend, in_this_thread
 
 from protocols import events as ev
 from supervisor import AgentSpec, open_supervisor
-from supervisor.store.backend import (
-    Batch,
-)
+from supervisor.store.backend import Batch, TurnEnd
 from supervisor.store.writer import (
     ACTIVE_EVERY_S,
     SETTLE_IDLE_S,
@@ -150,74 +148,49 @@ class _Fanout:
         pass
 
 
-async def test_a_turns_answer_is_indexed_after_its_events_go_to_subscribers(
+async def test_a_turns_end_is_named_in_its_batch_and_settled_after_its_events_go_out(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """The batch that holds a turn's end names the turn (with its start, as the session's
+    events told it), whose answer the backend makes by the settle that follows once the
+    batch's events are given to subscribers (``tests/store/test_answers.py``)."""
     calls: list[str] = []
 
     class Ordered(MemoryBackend):
         def write(self, batch: Batch) -> bool:
-            calls.append(f"write {len(batch.texts)} texts")
+            calls.append(f"write {len(batch.turn_ends)} turn ends, {len(batch.texts)} texts")
             super().write(batch)
-            return bool(batch.texts)
+            return bool(batch.turn_ends)
 
         def settle(self, idle: bool) -> None:
             calls.append(f"settle idle={idle}")
 
-    store = SessionStore(Ordered(), run_sync=in_this_thread)
+    backend = Ordered()
+    store = SessionStore(backend, run_sync=in_this_thread)
+    session: Any = _Session()
+    store.attach(session)
     fanout: Any = _Fanout(calls)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
-        events, payloads = deltas(1, 3)
+        start = ev.TurnStarted(session_id="s1", seq=1, timestamp=1.0, turn_id="t1", text="go")
+        events, payloads = deltas(2, 3)
         ended = ev.TurnEnded(
-            session_id="s1", seq=4, timestamp=1.0, turn_id="t1", outcome="completed"
+            session_id="s1", seq=5, timestamp=1.0, turn_id="t1", outcome="completed"
         )
-        store.record(events, payloads, fanout)
+        store.record([start, *events], [event_json(start), *payloads], fanout)
         await store.flushed()
         store.record([ended], [event_json(ended)], fanout)
         await store.flushed()
         await store.aclose()
-    # Deltas alone carry no text to index; the turn's end carries its answer.
-    assert calls == [
-        "write 0 texts",
-        "committed 3",
-        "write 1 texts",
+    assert calls[:5] == [
+        "write 0 turn ends, 1 texts",  # (the prompt)
         "committed 4",
+        "write 1 turn ends, 0 texts",
+        "committed 5",
         "settle idle=False",
     ]
-
-
-async def test_a_turns_answer_is_the_assistants_words_whatever_the_runs(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A stream's run gives its text whole; a run mixing kinds, roles or turns is read event
-    by event: the prompt's echo (``role`` user) and another turn's words are not the answer."""
-    backend = MemoryBackend()
-    store = SessionStore(backend, run_sync=in_this_thread)
-
-    def delta(seq: int, text: str, role: str = "assistant", turn: str = "t1") -> ev.Event:
-        return ev.MessageDelta(
-            session_id="s1", seq=seq, timestamp=1.0, turn_id=turn, text=text, role=role
-        )
-
-    runs: list[list[ev.Event]] = [
-        [delta(1, "hello", role="user"), delta(2, "Hi, "), delta(3, "there")],
-        [delta(4, "! "), delta(5, "All "), delta(6, "good.")],  # a stream's run
-        [delta(7, " (t2)", turn="t2")],
-        [
-            delta(8, " Bye."),
-            ev.TurnEnded(session_id="s1", seq=9, timestamp=1.0, turn_id="t1", outcome="completed"),
-        ],
-    ]
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(store.run)
-        for run in runs:
-            store.record(run, [event_json(e) for e in run])
-        await store.flushed()
-        await store.aclose()
-    written = [text for _, batch in backend.batches for text in batch.texts]
-    assert [(t.kind, t.text) for t in written] == [("answer", "Hi, there! All good. Bye.")]
-    assert backend.seqs() == list(range(1, 10))
+    ((_, batch),) = [(at, b) for at, b in backend.batches if b.turn_ends]
+    assert batch.turn_ends == [TurnEnd(session_id="s1", turn_id="t1", seq=5, started=1)]
 
 
 async def test_the_backend_settles_once_the_store_is_idle(
