@@ -136,8 +136,10 @@ class _Run:
     session's step, where the events are still in the cache, so that the batch's rows are
     made from one object per run and none of a stream's events (on the worker thread, their
     reference counts would pass between two cores), and so that a stream's events need not
-    outlive their step (:attr:`events` None). A turn's answer is made from its stored events
-    after its end (``supervisor/store/answers.py``)."""
+    outlive their step (:attr:`events` None). A stream's runs recorded one after the other
+    (the ingest gate hands a flooding session a few lines at a time) are one ``_Run``
+    (:meth:`SessionStore.record`). A turn's answer is made from its stored events after its
+    end (``supervisor/store/answers.py``)."""
 
     __slots__ = (
         "session_id",
@@ -145,9 +147,9 @@ class _Run:
         "last_seq",
         "count",
         "last_active",
-        "joined",
-        "events",
         "payloads",
+        "events",
+        "hole",
         "ends_turn",
         "fanout",
     )
@@ -157,6 +159,7 @@ class _Run:
         events: list[ev.Event],
         payloads: list[bytes],
         fanout: Fanout | None,
+        kinds: set[type[ev.Event]],
     ) -> None:
         first, last = events[0], events[-1]
         self.session_id: str = first.session_id
@@ -165,29 +168,24 @@ class _Run:
         self.count = count = len(events)
         self.last_active: float = last.timestamp
         self.fanout = fanout
-        kinds = set(map(type, events))
+        #: each event's bytes (a list of its own: a stream's next runs are added to it)
+        self.payloads = list(payloads)
+        #: its seqs have a hole (a node's ``stream.gap``): each event is stored as a run of
+        #: its own
+        self.hole = last.seq - first.seq != count - 1
         #: it holds a ``turn.ended`` (written at once)
         self.ends_turn = ev.TurnEnded in kinds
         #: the events, for the writer to read those of :data:`_READ` (None: it has none)
-        self.events: list[ev.Event] | None = events if not kinds.isdisjoint(_READ) else None
-        #: each event's bytes, for a run whose seqs have a hole (a node's ``stream.gap``:
-        #: each is stored as a run of its own); else None
-        self.payloads: list[bytes] | None = None
-        #: the bytes of all, joined as a run is stored (None: a run with a hole)
-        self.joined: bytes | None = None
-        if last.seq - first.seq != count - 1:
-            self.events = events
-            self.payloads = payloads
-            return
-        self.joined = b"\n".join(payloads)
+        self.events: list[ev.Event] | None = (
+            events if self.hole or not kinds.isdisjoint(_READ) else None
+        )
 
     def each(self) -> Iterable[tuple[int, bytes]]:
         """Each event's seq and bytes."""
-        if self.payloads is not None:
+        if self.hole:
             assert self.events is not None
             return zip((event.seq for event in self.events), self.payloads, strict=True)
-        assert self.joined is not None
-        return enumerate(self.joined.split(b"\n"), self.first_seq)
+        return enumerate(self.payloads, self.first_seq)
 
 
 @attrs.frozen(kw_only=True)
@@ -280,6 +278,8 @@ class SessionStore:
         #: runs recorded and not taken by a write yet (None: a write, though no event comes
         #: with it: :meth:`keep_checkpoint`)
         self._pending: list[_Run | None] = []
+        #: the newest of them (None: a write took them), which a stream's next run joins
+        self._newest: _Run | None = None
         #: those of the write in progress (tried again while it fails)
         self._writing: list[_Run | None] = []
         #: fan-outs to serialize before the next write (:meth:`soon`)
@@ -557,6 +557,7 @@ class SessionStore:
         next batch (a session revived later gets it back: :meth:`checkpoints`)."""
         self._checkpoints.append(row)
         self._pending.append(None)
+        self._newest = None
         self._wake.set()
 
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
@@ -568,16 +569,37 @@ class SessionStore:
         given to ``fanout``'s subscribers (:meth:`Fanout.committed`)."""
         if not events:
             return
-        run = _Run(events, payloads, fanout)
-        self._pending.append(run)
-        count = self._count = self._count + run.count
-        waiting = self._waiting = self._waiting + run.count
+        kinds = set(map(type, events))
+        newest = self._newest
+        added = len(events)
+        if (
+            newest is not None
+            and newest.fanout is fanout
+            and newest.events is None
+            and not newest.hole
+            and newest.last_seq + 1 == events[0].seq
+            and events[-1].seq - newest.first_seq == newest.count + added - 1
+            and kinds.isdisjoint(_READ)
+            and newest.session_id == events[0].session_id
+        ):
+            newest.payloads += payloads  # (a stream's runs: one)
+            newest.count += added
+            newest.last_seq = events[-1].seq
+            newest.last_active = events[-1].timestamp
+        else:
+            run = self._newest = _Run(events, payloads, fanout, kinds)
+            self._pending.append(run)
+            if run.ends_turn:
+                # (A turn's end is written at once: its clients get it sooner, and what a
+                # client was told last before a crash is stored sooner: an unclean end's
+                # window shrinks.)
+                self._enough.set()
+        count = self._count = self._count + added
+        waiting = self._waiting = self._waiting + added
         self._wake.set()
         if count >= self.max_pending:
             self.full = True
-        if waiting >= self.batch_events or run.ends_turn:
-            # (A turn's end is written at once: its clients get it sooner, and what a client
-            # was told last before a crash is stored sooner: an unclean end's window shrinks.)
+        if waiting >= self.batch_events:
             self._enough.set()
 
     def soon(self, fanout: Fanout) -> None:
@@ -681,6 +703,7 @@ class SessionStore:
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, []
+        self._newest = None
         self._waiting = 0
         checkpoints, self._checkpoints = self._checkpoints, []
         self._writing = pending
@@ -851,21 +874,22 @@ class SessionStore:
             if recorded is None:
                 continue
             sid = recorded.session_id
-            if recorded.joined is None:  # seqs with a hole (a node's gap): each on its own
+            if recorded.hole:  # seqs with a hole (a node's gap): each on its own
                 for seq, payload in recorded.each():
                     runs.append(EventRun(session_id=sid, first_seq=seq, payloads=[payload]))
             else:
+                joined = b"\n".join(recorded.payloads)
                 found = newest.get(sid)
                 if found is not None and found[1] + 1 == recorded.first_seq:
                     run = found[0]
-                    run.payloads.append(recorded.joined)
+                    run.payloads.append(joined)
                     assert run.counts is not None
                     run.counts.append(recorded.count)
                 else:
                     run = EventRun(
                         session_id=sid,
                         first_seq=recorded.first_seq,
-                        payloads=[recorded.joined],
+                        payloads=[joined],
                         counts=[recorded.count],
                     )
                     runs.append(run)

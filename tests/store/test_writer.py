@@ -61,6 +61,34 @@ async def test_events_gather_for_a_few_ms_or_a_batch_worth(
     assert backend.seqs() == list(range(1, 107))
 
 
+async def test_a_streams_runs_are_one_piece_of_its_batch(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Runs a flooding session records one after another (the ingest gate hands it a few
+    lines at a time) are joined once, as one piece, the lists its fan-out keeps untouched; a
+    run with a turn's end, or after a gap in the seqs, starts a run of its own."""
+    backend = MemoryBackend()
+    store = SessionStore(backend, run_sync=in_this_thread)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        first, second, third = deltas(1, 3), deltas(4, 2), deltas(7, 2)
+        ended = ev.TurnEnded(
+            session_id="s1", seq=9, timestamp=1.0, turn_id="t1", outcome="completed"
+        )
+        kept = [list(payloads) for _, payloads in (first, second)]
+        for events, payloads in (first, second):
+            store.record(events, payloads)
+        store.record(*third)  # (seq 6 is missing: a new run)
+        store.record([ended], [event_json(ended)])
+        await store.flushed()
+        await store.aclose()
+    assert [payloads for _, payloads in (first, second)] == kept
+    ((_, batch),) = backend.batches
+    pieces = [(run.first_seq, run.counts, len(run.payloads)) for run in batch.events]
+    assert pieces == [(1, [5], 1), (7, [2, 1], 2)]
+    assert batch.events[0].payloads == [b"\n".join(first[1] + second[1])]
+
+
 class _Session:
     """What the writer reads of a session it stores (``SessionStore.attach``)."""
 
