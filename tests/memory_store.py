@@ -88,6 +88,11 @@ class MemoryBackend:
     def events(self, session_id: str, since_seq: int, limit: int) -> list[tuple[int, bytes]]:
         return []
 
+    def runs(
+        self, session_id: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int, bytes]]:
+        return []
+
     def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
         return []
 

@@ -5,7 +5,7 @@ process, or the store's thread), never on the event loop and never during the st
 A stream's every event is handled on the event loop (read from the agent, serialized, framed,
 offered), and that limits its rate; the writer process runs beside it, on the machine's other
 CPUs, with the agent and the clients. Looking at each event of a stream for its text, on the
-event loop or in the writer as the stream is written, costs a one-subscriber stream ~5 % of
+event loop or in the writer as the stream is written, costs a one-subscriber stream 3-5 % of
 its rate either way (``bench/store_cost.py``). After the turn's end, the same work costs the
 stream nothing: the batch that holds the end names the turn (a
 :class:`~supervisor.store.backend.TurnEnd`, stored in ``answers_due`` with that batch), and
@@ -33,8 +33,8 @@ __all__ = ["MAX_ANSWER_CHARS", "answer_texts", "answers_of", "make_answers", "wi
 #: An answer's text indexed for search at most (the events keep it whole); a turn's events
 #: are read back until it has this many.
 MAX_ANSWER_CHARS = 1_000_000
-#: Events read back from the store at a time.
-READ_EVENTS = 10_000
+#: Runs of events read back from the store at a time (a flood's are ~1,000 events each).
+READ_RUNS = 20
 
 
 class _Data(msgspec.Struct, gc=False):
@@ -79,15 +79,18 @@ def _answer(backend: Backend, end: TurnEnd) -> TextRow:
     chars = 0
     # (A start not seen where the end was written, a node's session adopted mid-turn: the
     # session's events from the first, the turn's picked from them.)
-    after = end.started or 0
-    while after < end.seq and chars < MAX_ANSWER_CHARS:
-        events = backend.events(sid, after, min(READ_EVENTS, end.seq - after))
-        if not events:
+    read = end.started or 0  # the highest seq read
+    while read < end.seq and chars < MAX_ANSWER_CHARS:
+        runs = backend.runs(sid, read, end.seq, READ_RUNS)
+        if not runs:
             break
-        text = answer_texts(b"\n".join(payload for _, payload in events)).get(end.turn_id, "")
-        parts.append(text)
-        chars += len(text)
-        after = events[-1][0]
+        for first, last, lines in runs:
+            if first <= read:  # (runs that overlap: each event once)
+                lines = b"\n".join(lines.split(b"\n")[read + 1 - first :])
+            text = answer_texts(lines).get(end.turn_id, "")
+            parts.append(text)
+            chars += len(text)
+            read = last
     return TextRow(
         session_id=sid,
         turn_id=end.turn_id,

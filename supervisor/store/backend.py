@@ -446,6 +446,14 @@ class Backend(Protocol):
         ``(seq, wire JSON)``; each seq once, though stored runs overlap (a node's session
         adopted again may hand over events already stored)."""
 
+    def runs(
+        self, session_id: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int, bytes]]:
+        """Up to ``limit`` of the session's stored runs that hold a seq above ``after`` and
+        not above ``upto``, in order of their first seq, as ``(first_seq, last_seq, wire JSON
+        of each event joined by newlines)``: what reads many events at once reads (runs may
+        overlap: a node's session adopted again)."""
+
     def texts(self, session_id: str) -> list[TextRow]:
         """The session's prompts, steers and answers, in order of seq: those of turns whose
         answers are not made yet too (made from their events here)."""

@@ -402,6 +402,18 @@ class PostgresBackend:
         ]
         return with_answers_due(self, session_id, stored)
 
+    def runs(
+        self, session_id: str, after: int, upto: int, limit: int
+    ) -> list[tuple[int, int, bytes]]:
+        return [
+            (first, last, bytes(payloads))
+            for first, last, payloads in self._read(
+                "SELECT first_seq, last_seq, payloads FROM events WHERE session_id = %s "
+                "AND last_seq > %s AND first_seq <= %s ORDER BY first_seq LIMIT %s",
+                (session_id, after, upto, limit),
+            )
+        ]
+
     def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
         if session_id is None:
             rows = self._read(_ANSWERS_DUE.format(""), ())

@@ -99,7 +99,7 @@ def test_an_answer_a_process_left_due_is_made_by_the_next(store_url: str) -> Non
 def test_the_answer_is_the_assistants_words_of_its_turn(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(answers, "READ_EVENTS", 2)  # (read back in several pages)
+    monkeypatch.setattr(answers, "READ_RUNS", 1)  # (read back in several pages)
     backend.write(
         Batch(
             sessions=[stored_row()],
@@ -114,6 +114,18 @@ def test_the_answer_is_the_assistants_words_of_its_turn(
     )
     backend.settle(idle=False)
     assert answers_of(backend) == [(7, "Hi, there!")]
+
+
+def test_events_stored_twice_count_once(backend: Backend) -> None:
+    """Runs that overlap (a node's session adopted again hands over events already stored)
+    give each event's text once."""
+    backend.write(
+        Batch(sessions=[stored_row()], events=[run(started(1), said(2, "a"), said(3, "b"))])
+    )
+    backend.write(Batch(events=[run(said(3, "b"), said(4, "c"), said(5, "d"), ended(7))]))
+    backend.write(Batch(turn_ends=[END]))
+    backend.settle(idle=False)
+    assert answers_of(backend) == [(7, "abcd")]
 
 
 def test_a_long_answer_is_kept_up_to_its_bound(
