@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -19,6 +20,7 @@ import trio
 from supervisor import AgentSpec, Supervisor, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect
 from supervisor.gateway import Gateway
+from supervisor.store import sqlite
 from supervisor.store.backend import INDEX_CHARS, Batch, EventRun, SearchHit, StoredSession, TextRow
 from supervisor.store.sqlite import CHECKPOINT_PAGES, SqliteBackend
 from supervisor.store.writer import SessionStore
@@ -185,13 +187,24 @@ def test_a_text_stored_and_not_yet_indexed_is_found_and_deleted_whole(tmp_path: 
     db.close()
 
 
-def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(tmp_path: Path) -> None:
+def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A write leaves the log as it is (its events go to subscribers without a checkpoint's
-    wait); a long log is checkpointed by ``settle``, and so is any log once the store is idle
-    (a checkpoint is seen as the file growing by what the log held)."""
+    wait); a long log is checkpointed by ``settle``, beside the writes (they go on while it
+    runs), and so is any log once the store is idle (a checkpoint is seen as the file growing
+    by what the log held)."""
     path = tmp_path / "sessions.db"
     backend = SqliteBackend(path)
     backend.open()
+    go = threading.Event()
+    checkpoint = sqlite._Checkpointer._checkpoint
+
+    def held(self: Any) -> None:
+        assert go.wait(60)
+        checkpoint(self)
+
+    monkeypatch.setattr(sqlite._Checkpointer, "_checkpoint", held)
     payload = b'{"event":"message.delta","data":{"text":"' + b"x" * 1000 + b'"}}'
     empty = path.stat().st_size
     wal = Path(f"{path}-wal")
@@ -204,15 +217,26 @@ def test_the_write_ahead_log_is_checkpointed_by_settle_not_by_a_write(tmp_path: 
         assert path.stat().st_size == empty  # no write checkpointed the log
         log = wal.stat().st_size
     assert due
-    backend.settle(idle=False)
+    backend.settle(idle=False)  # (returns with the checkpoint begun, held here)
+    assert not backend.write(
+        Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
+    )
+    assert path.stat().st_size == empty
+    go.set()
+    checkpointer = backend._checkpointer
+    assert checkpointer is not None
+    checkpointer.join()
     assert path.stat().st_size > log / 2  # (its data pages; leaves it holds many times)
+    seq += 100
     assert not backend.write(
         Batch(events=[EventRun(session_id="s1", first_seq=seq, payloads=[payload] * 100)])
     )
     checkpointed = path.stat().st_size
     backend.settle(idle=False)
+    checkpointer.join()
     assert path.stat().st_size == checkpointed  # (a short log waits for an idle store)
     backend.settle(idle=True)
+    checkpointer.join()
     assert path.stat().st_size > checkpointed
     backend.close()
 
