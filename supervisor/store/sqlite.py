@@ -664,10 +664,10 @@ class SqliteBackend:
 class _Checkpointer:
     """Checkpoints the write-ahead log of the file at ``path`` on a thread and a connection of
     its own: a checkpoint (the log copied into the file, two fsyncs: 10-20 ms for a 16 MB log
-    here, tens of ms on a busy disk) runs beside the writes instead of between two batches,
-    where a stream's events waited for it and its session was held back (a 100,000-event
-    stream stopped for 13-15 ms). A passive checkpoint takes no lock a write needs: it copies
-    what the log holds and leaves what a write adds meanwhile to the next one."""
+    here, tens of ms on a busy disk) runs beside the writes, not between two batches, where a
+    stream's events would wait for it and its session be held back for the store (a
+    100,000-event stream would stop for 13-15 ms). A passive checkpoint takes no lock a write
+    needs: it copies what the log holds and leaves what a write adds meanwhile to the next."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
