@@ -280,6 +280,9 @@ class SessionStore:
         self._pending: list[_Run | None] = []
         #: the newest of them (None: a write took them), which a stream's next run joins
         self._newest: _Run | None = None
+        #: sessions whose turn started and whose next run (the turn's first word) is not
+        #: recorded yet
+        self._starting: set[str] = set()
         #: those of the write in progress (tried again while it fails)
         self._writing: list[_Run | None] = []
         #: fan-outs to serialize before the next write (:meth:`soon`)
@@ -589,11 +592,16 @@ class SessionStore:
         else:
             run = self._newest = _Run(events, payloads, fanout, kinds)
             self._pending.append(run)
-            if run.ends_turn:
-                # (A turn's end is written at once: its clients get it sooner, and what a
-                # client was told last before a crash is stored sooner: an unclean end's
-                # window shrinks.)
+            starting = self._starting
+            sid = run.session_id
+            if run.ends_turn or sid in starting:
+                # A turn's first word and its end are written at once: what a person waits
+                # for most, and its clients see it once stored. (And what a client was told
+                # last before a crash is stored sooner: an unclean end's window shrinks.)
+                starting.discard(sid)
                 self._enough.set()
+            if ev.TurnStarted in kinds:
+                starting.add(sid)
         count = self._count = self._count + added
         waiting = self._waiting = self._waiting + added
         self._wake.set()

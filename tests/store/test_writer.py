@@ -267,6 +267,36 @@ async def test_a_turns_end_is_written_at_once(autojump_clock: trio.testing.MockC
     assert backend.seqs() == [1, 2, 3, 4]
 
 
+async def test_a_turns_first_word_is_written_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The run after a turn's start (its agent's first word) is written at once: what a
+    person waits for, seen by clients once stored; the turn's start alone, and the words
+    after the first, gather for flush_s as a stream's do."""
+    backend = MemoryBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(backend, flush_s=0.005, run_sync=in_this_thread)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        begun = ev.TurnStarted(session_id="s1", seq=1, timestamp=1.0, turn_id="t1", text="go")
+        start = trio.current_time()
+        store.record([begun], [event_json(begun)])
+        await store.flushed()
+        assert backend.batches[-1][0] - start == pytest.approx(0.005)
+        await trio.sleep(1)
+        first = trio.current_time()
+        store.record(*deltas(2, 2))
+        await store.flushed()
+        assert backend.batches[-1][0] == first
+        await trio.sleep(1)
+        later = trio.current_time()
+        store.record(*deltas(4, 2))
+        await store.flushed()
+        assert backend.batches[-1][0] - later == pytest.approx(0.005)
+        await store.aclose()
+    assert backend.seqs() == [1, 2, 3, 4, 5]
+
+
 class AsideEvents:
     """A session's events published in a cancel's step, serialized when the store asks."""
 
