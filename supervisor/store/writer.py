@@ -129,6 +129,9 @@ _MAX_FULL_TEXTS = 10_000
 #: The kinds of events the batches' rows are made from (besides every event's bytes): a run
 #: with none of them (a stream's) is not looked at again, and its events are not kept.
 _READ = frozenset({ev.SessionState, ev.TurnStarted, ev.TurnSteered, ev.TurnEnded})
+#: The kinds of events a session makes itself as a turn starts: a run of only these holds no
+#: word of the agent's yet.
+_NO_WORD = frozenset({ev.SessionState, ev.TurnStarted, ev.TurnSteered})
 
 
 class _Run:
@@ -594,14 +597,20 @@ class SessionStore:
             self._pending.append(run)
             starting = self._starting
             sid = run.session_id
-            if run.ends_turn or sid in starting:
-                # A turn's first word and its end are written at once: what a person waits
-                # for most, and its clients see it once stored. (And what a client was told
-                # last before a crash is stored sooner: an unclean end's window shrinks.)
-                starting.discard(sid)
-                self._enough.set()
             if ev.TurnStarted in kinds:
                 starting.add(sid)
+            if sid in starting and not kinds <= _NO_WORD:
+                # A turn's first word is written at once, even after a prompt's own events
+                # (published in its caller's step, which wait TURN_END_S otherwise): what a
+                # person waits for most, and its clients see it once stored.
+                starting.discard(sid)
+                self._now.set()
+                self._enough.set()
+            elif run.ends_turn:
+                # (A turn's end is written at once: its clients get it sooner, and what a
+                # client was told last before a crash is stored sooner: an unclean end's
+                # window shrinks.)
+                self._enough.set()
         count = self._count = self._count + added
         waiting = self._waiting = self._waiting + added
         self._wake.set()

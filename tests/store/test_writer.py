@@ -293,18 +293,29 @@ async def test_a_turns_first_word_is_written_at_once(
         store.record(*deltas(4, 2))
         await store.flushed()
         assert backend.batches[-1][0] - later == pytest.approx(0.005)
+        # A prompt's own events, published in its caller's step (written TURN_END_S on), and
+        # its first word in the session's next step: written at once, the start with it.
+        await trio.sleep(1)
+        again = ev.TurnStarted(session_id="s1", seq=6, timestamp=1.0, turn_id="t2", text="go")
+        prompt = AsideEvents(store, [again])
+        store.soon(prompt)  # type: ignore[arg-type]
+        await trio.sleep(0.001)
+        prompted = trio.current_time()
+        prompt.serialize()  # (the session's step serializes what waits, its word with it)
+        store.record(*deltas(7, 1))
+        await store.flushed()
+        assert backend.batches[-1][0] == prompted
         await store.aclose()
-    assert backend.seqs() == [1, 2, 3, 4, 5]
+    assert backend.seqs() == list(range(1, 8))
 
 
 class AsideEvents:
-    """A session's events published in a cancel's step, serialized when the store asks."""
+    """A session's events published in another task's step (a cancel's, a prompt's), serialized
+    when the store asks."""
 
-    def __init__(self, store: SessionStore, first: int) -> None:
+    def __init__(self, store: SessionStore, events: list[ev.Event]) -> None:
         self.store = store
-        self.events: list[ev.Event] = [
-            ev.TurnEnded(session_id="s1", seq=first, timestamp=1.0, turn_id="t1", outcome="x")
-        ]
+        self.events = events
         self.serialized_at: float | None = None
 
     def serialize(self) -> None:
@@ -326,7 +337,10 @@ async def test_a_cancels_events_are_stored_from_the_writers_step(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.run)
         await trio.testing.wait_all_tasks_blocked()  # the writer waits for work
-        aside = AsideEvents(store, 1)
+        aside = AsideEvents(
+            store,
+            [ev.TurnEnded(session_id="s1", seq=1, timestamp=1.0, turn_id="t1", outcome="x")],
+        )
         start = trio.current_time()
         store.soon(aside)  # type: ignore[arg-type]
         assert aside.serialized_at is None  # not in the caller's step
