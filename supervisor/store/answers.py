@@ -105,13 +105,11 @@ def answers_of(backend: Backend, ends: list[TurnEnd]) -> list[TextRow]:
     return [answer for end in ends if (answer := _answer(backend, end)).text]
 
 
-def make_answers(backend: Backend) -> bool:
-    """Write the answers due (of every session), each turn no longer due, in one transaction;
-    whether there were any."""
-    due = backend.answers_due()
+def make_answers(backend: Backend, due: list[TurnEnd]) -> None:
+    """Write the answers of the turns ``due`` (:meth:`Backend.answers_due`), each turn no
+    longer due, in one transaction."""
     if due:
         backend.write(Batch(texts=answers_of(backend, due), answered=due))
-    return bool(due)
 
 
 def with_answers_due(backend: Backend, session_id: str, texts: list[TextRow]) -> list[TextRow]:

@@ -52,6 +52,9 @@ __all__ = [
     "TextRow",
     "TurnEnd",
     "UPSERT_CHECKPOINT",
+    "RUNS_QUERY",
+    "ANSWERS_DUE_QUERY",
+    "turn_ends",
     "CHECKPOINTS_QUERY",
     "checkpoint_rows",
     "highest_number",
@@ -316,6 +319,22 @@ class TurnEnd:
     seq: int
     #: the seq of its ``turn.started`` (None: not known)
     started: int | None = None
+
+
+#: The stored runs :meth:`Backend.runs` reads (``{0}``: the dialect's placeholder).
+RUNS_QUERY = """SELECT first_seq, last_seq, payloads FROM events WHERE session_id = {0}
+    AND last_seq > {0} AND first_seq <= {0} ORDER BY first_seq LIMIT {0}"""
+#: The answers due (:meth:`Backend.answers_due`), in order of their turn's end: every
+#: session's, or (``{}``: ``WHERE session_id = ...``) one session's.
+ANSWERS_DUE_QUERY = "SELECT session_id, turn_id, seq, started FROM answers_due {} ORDER BY seq"
+
+
+def turn_ends(rows: Iterable[Sequence[Any]]) -> list[TurnEnd]:
+    """The rows of :data:`ANSWERS_DUE_QUERY`."""
+    return [
+        TurnEnd(session_id=sid, turn_id=turn_id, seq=seq, started=started)
+        for sid, turn_id, seq, started in rows
+    ]
 
 
 @frozen(kw_only=True)

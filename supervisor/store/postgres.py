@@ -43,7 +43,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from supervisor.store import backend as contract
 from supervisor.store.answers import make_answers, with_answers_due
 from supervisor.store.backend import (
+    ANSWERS_DUE_QUERY,
     INDEX_CHARS,
+    RUNS_QUERY,
     SESSION_QUERY,
     SESSIONS_QUERY,
     Batch,
@@ -60,12 +62,11 @@ from supervisor.store.backend import (
     store_beyond,
     stored_session,
     this_process,
+    turn_ends,
 )
 
 __all__ = ["PostgresBackend"]
 
-#: The answers due (``answers_due``), in order of their turn's end (``{}``: a condition).
-_ANSWERS_DUE = "SELECT session_id, turn_id, seq, started FROM answers_due {} ORDER BY seq"
 
 #: Connection settings given unless the URL sets them. ``connect_timeout``: a server that does
 #: not answer (a dropped route, a firewall) is reported after this long rather than after the
@@ -313,14 +314,14 @@ class PostgresBackend:
 
     def settle(self, idle: bool) -> None:
         if self._answers_due:
-            make_answers(self)
+            make_answers(self, self.answers_due())
             self._answers_due = False
         if self._unindexed_chars >= INDEX_CHARS or (idle and self._unindexed_chars):
             self._index()
 
     def index(self) -> None:
         # (Those of every process of the store: one may have gone away before making them.)
-        make_answers(self)
+        make_answers(self, self.answers_due())
         self._answers_due = False
         self._index()
 
@@ -405,24 +406,14 @@ class PostgresBackend:
     def runs(
         self, session_id: str, after: int, upto: int, limit: int
     ) -> list[tuple[int, int, bytes]]:
-        return [
-            (first, last, bytes(payloads))
-            for first, last, payloads in self._read(
-                "SELECT first_seq, last_seq, payloads FROM events WHERE session_id = %s "
-                "AND last_seq > %s AND first_seq <= %s ORDER BY first_seq LIMIT %s",
-                (session_id, after, upto, limit),
-            )
-        ]
+        rows = self._read(RUNS_QUERY.format("%s"), (session_id, after, upto, limit))
+        return [(first, last, bytes(payloads)) for first, last, payloads in rows]
 
     def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
         if session_id is None:
-            rows = self._read(_ANSWERS_DUE.format(""), ())
-        else:
-            rows = self._read(_ANSWERS_DUE.format("WHERE session_id = %s"), (session_id,))
-        return [
-            TurnEnd(session_id=sid, turn_id=turn_id, seq=seq, started=started)
-            for sid, turn_id, seq, started in rows
-        ]
+            return turn_ends(self._read(ANSWERS_DUE_QUERY.format(""), ()))
+        one = ANSWERS_DUE_QUERY.format("WHERE session_id = %s")
+        return turn_ends(self._read(one, (session_id,)))
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         return [

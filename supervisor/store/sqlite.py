@@ -29,10 +29,12 @@ from typing import Any
 
 from supervisor.store.answers import make_answers, with_answers_due
 from supervisor.store.backend import (
+    ANSWERS_DUE_QUERY,
     CHECKPOINTS_QUERY,
     EXCLUSIVE_KINDS,
     INDEX_CHARS,
     MIGRATIONS,
+    RUNS_QUERY,
     SCHEMA_VERSION,
     SESSION_QUERY,
     SESSIONS_QUERY,
@@ -51,12 +53,11 @@ from supervisor.store.backend import (
     store_beyond,
     stored_session,
     this_process,
+    turn_ends,
 )
 
 __all__ = ["SqliteBackend"]
 
-#: The answers due (``answers_due``), in order of their turn's end (``{}``: a condition).
-_ANSWERS_DUE = "SELECT session_id, turn_id, seq, started FROM answers_due {} ORDER BY seq"
 
 #: How long opening waits for a lock another process holds before saying so: long enough for
 #: a supervisor that is stopping to let go, short enough that a second ``serve`` on the same
@@ -300,7 +301,7 @@ class SqliteBackend:
 
     def _make_answers(self) -> None:
         if self._answers_due:
-            make_answers(self)
+            make_answers(self, self.answers_due())
             self._answers_due = False
 
     def settle(self, idle: bool) -> None:
@@ -459,24 +460,14 @@ class SqliteBackend:
     def runs(
         self, session_id: str, after: int, upto: int, limit: int
     ) -> list[tuple[int, int, bytes]]:
-        return [
-            (first, last, bytes(payloads))
-            for first, last, payloads in self._read(
-                "SELECT first_seq, last_seq, payloads FROM events WHERE session_id = ? "
-                "AND last_seq > ? AND first_seq <= ? ORDER BY first_seq LIMIT ?",
-                (session_id, after, upto, limit),
-            )
-        ]
+        rows = self._read(RUNS_QUERY.format("?"), (session_id, after, upto, limit))
+        return [(first, last, bytes(payloads)) for first, last, payloads in rows]
 
     def answers_due(self, session_id: str | None = None) -> list[TurnEnd]:
         if session_id is None:
-            rows = self._read(_ANSWERS_DUE.format(""), ())
-        else:
-            rows = self._read(_ANSWERS_DUE.format("WHERE session_id = ?"), (session_id,))
-        return [
-            TurnEnd(session_id=sid, turn_id=turn_id, seq=seq, started=started)
-            for sid, turn_id, seq, started in rows
-        ]
+            return turn_ends(self._read(ANSWERS_DUE_QUERY.format(""), ()))
+        one = ANSWERS_DUE_QUERY.format("WHERE session_id = ?")
+        return turn_ends(self._read(one, (session_id,)))
 
     def receipts(self, session_id: str) -> list[ReceiptRow]:
         return [
@@ -503,8 +494,10 @@ class SqliteBackend:
         words = _WORD.findall(query)
         if not words:
             return []
-        if self._unindexed_chars or self.answers_due():  # (texts written since: found too)
-            self._answers_due = True
+        due = self.answers_due()  # (every process's: one may have gone away first)
+        if due:
+            make_answers(self, due)
+        if self._unindexed_chars:  # (texts written since: found too)
             self.index()
         # Each word quoted: what the user typed is text to find, never FTS5 syntax.
         match = " ".join('"' + word.replace('"', '""') + '"' for word in words)

@@ -305,7 +305,8 @@ class SessionStore:
         self._wake = trio.Event()  # something was recorded
         self._enough = trio.Event()  # a batch's worth, or a turn's end, was recorded
         self._aside = False  # a cancel's events wait (:meth:`soon`): written TURN_END_S on
-        self._now = trio.Event()  # a client waits for what is recorded (:meth:`hasten`)
+        #: a client waits for what is recorded (:meth:`hasten`), or a turn's first word came
+        self._now = trio.Event()
         self._closing = False
         self._done = trio.Event()
         self._batch_done = trio.Event()  # set (and replaced) as each write ends

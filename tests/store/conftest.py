@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from pg import PostgresServer
+from supervisor.store.backend import Backend
+from supervisor.store.url import backend_for
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -26,3 +28,13 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield server.database()
     else:  # pragma: no cover
         raise AssertionError(request.param)
+
+
+@pytest.fixture
+def backend(store_url: str) -> Iterator[Backend]:
+    """An open backend on ``store_url``'s empty store, closed after the test."""
+    backend = backend_for(store_url)
+    assert backend is not None
+    backend.open()
+    yield backend
+    backend.close()

@@ -6,8 +6,6 @@ runs, up to its bound."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import trio
 import trio.testing
@@ -20,15 +18,6 @@ from supervisor.store.backend import Backend, Batch, EventRun, TurnEnd
 from supervisor.store.url import backend_for
 from supervisor.store.writer import SessionStore
 from supervisor.wire.codec import event_json
-
-
-@pytest.fixture
-def backend(store_url: str) -> Iterator[Backend]:
-    backend = backend_for(store_url)
-    assert backend is not None
-    backend.open()
-    yield backend
-    backend.close()
 
 
 def said(seq: int, text: str, role: str = "assistant", turn: str = "t1") -> ev.Event:

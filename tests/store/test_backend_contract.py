@@ -5,7 +5,6 @@ returns, and a busy event loop can keep it from the writer's thread for tens of 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -26,15 +25,6 @@ from supervisor.store.backend import (
 )
 from supervisor.store.sqlite import ROWS_PER_STATEMENT, SqliteBackend
 from supervisor.store.url import backend_for
-
-
-@pytest.fixture
-def backend(store_url: str) -> Iterator[Backend]:
-    backend = backend_for(store_url)
-    assert backend is not None
-    backend.open()
-    yield backend
-    backend.close()
 
 
 def payload(seq: int, kind: str = "message.delta", sid: str = "s1") -> bytes:

@@ -5,7 +5,6 @@ back, and a supervisor's sweep at start and on demand, with live sessions kept."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from supervisor.config import ConfigError, parse_store
 from supervisor.store.backend import Backend, Batch, EventRun, ReceiptRow, StoredSession, TextRow
 from supervisor.store.retention import Retention, expired, parse_bytes
 from supervisor.store.sqlite import SqliteBackend
-from supervisor.store.url import backend_for
 from supervisor.testing._acp import AcpBehaviour, AcpLauncher
 
 BOUND = 30.0
@@ -109,15 +107,6 @@ def test_the_store_table_takes_the_three_bounds() -> None:
 
 
 # -- deleting, on each backend
-
-
-@pytest.fixture
-def backend(store_url: str) -> Iterator[Backend]:
-    backend = backend_for(store_url)
-    assert backend is not None
-    backend.open()
-    yield backend
-    backend.close()
 
 
 def fill(backend: Backend, session_id: str, events: int = 3, word: str = "zebra") -> None:
