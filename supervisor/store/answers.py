@@ -85,6 +85,8 @@ def _answer(backend: Backend, end: TurnEnd) -> TextRow:
         if not runs:
             break
         for first, last, lines in runs:
+            if last <= read:
+                continue  # (within a run read already: a node's session adopted again)
             if first <= read:  # (runs that overlap: each event once)
                 lines = b"\n".join(lines.split(b"\n")[read + 1 - first :])
             text = answer_texts(lines).get(end.turn_id, "")

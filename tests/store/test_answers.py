@@ -106,11 +106,12 @@ def test_the_answer_is_the_assistants_words_of_its_turn(
 
 
 def test_events_stored_twice_count_once(backend: Backend) -> None:
-    """Runs that overlap (a node's session adopted again hands over events already stored)
-    give each event's text once."""
+    """Runs that overlap (a node's session adopted again hands over events already stored),
+    or lie within one stored before, give each event's text once."""
     backend.write(
         Batch(sessions=[stored_row()], events=[run(started(1), said(2, "a"), said(3, "b"))])
     )
+    backend.write(Batch(events=[run(said(2, "a"))]))
     backend.write(Batch(events=[run(said(3, "b"), said(4, "c"), said(5, "d"), ended(7))]))
     backend.write(Batch(turn_ends=[END]))
     backend.settle(idle=False)
