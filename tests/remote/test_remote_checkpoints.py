@@ -5,7 +5,6 @@ any (the fake node, which says nothing of checkpoints)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +21,7 @@ from supervisor.client import GatewayError, connect
 from supervisor.config import builtin_agents
 from supervisor.errors import BadRequest, Busy
 from supervisor.gateway import Gateway
-from supervisor.remote import HostSpec, RemoteSession
+from supervisor.remote import RemoteSession
 from supervisor.supervisor import Supervisor
 from supervisor.testing import record
 
@@ -230,7 +229,7 @@ async def test_a_stored_remote_sessions_rewind_starts_it_again_on_its_host(
     )
     backend.write(Batch(sessions=[stored]))
     backend.close()
-    here = HostSpec(name="here", transport=["env"], command=[sys.executable, "-m", "supervisor"])
+    here = env_node(tmp_path / "node")
     demo = builtin_agents()["demo"]
     agents = {"far": demo.with_options(name="far", hosts=("here",))}
     with trio.fail_after(BOUND):
@@ -248,4 +247,14 @@ async def test_a_stored_remote_sessions_rewind_starts_it_again_on_its_host(
                 with pytest.raises(BadRequest) as refused:
                     await actions.run(1, call, client)
                 assert str(refused.value) == answer  # the node's: it has no such turn
-            assert sup.get("s1").state == "ready"  # started again on its host, for the rewind
+            session = sup.get("s1")
+            assert session.state == "ready"  # started again on its host, for the rewind
+            assert isinstance(session, RemoteSession)
+            node_pid = session.link.node_pid
+            await sup.stop_session("s1")
+    # stopped and undriven for detach_s, the node exits: nothing is left after the test
+    import psutil
+
+    assert node_pid is not None
+    _, alive = psutil.wait_procs([psutil.Process(node_pid)], timeout=BOUND)
+    assert alive == []
