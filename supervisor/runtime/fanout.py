@@ -45,6 +45,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from itertools import islice, repeat
 from typing import Any, Protocol
 
@@ -103,11 +104,18 @@ class Recorder(Protocol):
     #: it cannot take more for now: the session holds its agent back until :meth:`when_room`
     full: bool
 
-    def record(self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout) -> None:
-        """Events as they enter ``fanout``'s history, with their wire bytes (the session's
-        actor: must not block). Once they are stored, call ``fanout.committed(seq)`` with the
-        newest one's seq (from the event loop, never a worker thread); if they never will be
-        (given up at close), ``fanout.abandon()``."""
+    def record(
+        self,
+        events: list[ev.Event],
+        payloads: list[bytes],
+        fanout: Fanout,
+        kinds: AbstractSet[type[ev.Event]] | None = None,
+    ) -> None:
+        """Events as they enter ``fanout``'s history, with their wire bytes and (when known
+        already) the set of their classes (the session's actor: must not block). Once they
+        are stored, call ``fanout.committed(seq)`` with the newest one's seq (from the event
+        loop, never a worker thread); if they never will be (given up at close),
+        ``fanout.abandon()``."""
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once it is no longer :attr:`full`."""
@@ -128,9 +136,12 @@ class Recorder(Protocol):
 
 
 #: a run a fan-out holds until its recorder stored it: its first and last seq, its events'
-#: wire bytes, the events (None: not kept, decoded from the bytes if asked for), and each
-#: event's size and their sum (as the history counted them: not counted again at the release)
-_HeldRun = tuple[int, int, list[bytes], "list[ev.Event] | None", list[int], int]
+#: wire bytes, the events (None: not kept, decoded from the bytes if asked for), each
+#: event's size and their sum (as the history counted them: not counted again at the
+#: release), and their text frames (None: no gated subscription took frames when it came)
+_HeldRun = tuple[
+    int, int, list[bytes], "list[ev.Event] | None", list[int], int, "list[bytes] | None"
+]
 
 
 def _seqs(run: _HeldRun) -> Iterable[int]:
@@ -142,7 +153,7 @@ def _objects_of(runs: list[_HeldRun]) -> list[ev.Event]:
     """The events of ``runs``, decoded from their bytes where they were not kept (a gated
     subscription that takes objects came after they were recorded)."""
     events: list[ev.Event] = []
-    for _, _, payloads, kept, _, _ in runs:
+    for _, _, payloads, kept, _, _, _ in runs:
         events += kept if kept is not None else map(event_from_json, payloads)
     return events
 
@@ -555,6 +566,9 @@ class Fanout:
         self._held: deque[_HeldRun] = deque()
         #: (with a recorder) a gated subscription takes event objects, not wire frames
         self._objects = False
+        #: (with a recorder) a gated subscription takes wire frames: each run is framed as it
+        #: is kept
+        self._frames = False
         self._held_count = 0
         self._held_bytes = 0
         #: waits of the session held back for a full recorder (a diagnostic)
@@ -612,21 +626,30 @@ class Fanout:
             self._serialize()
 
     def _serialize(self) -> None:
-        payloads = events_json(self._unserialized)
         events, self._unserialized = self._unserialized, []
+        kinds = set(map(type, events))
+        payloads = events_json(events, kinds)
         sizes = list(map(len, payloads))
-        self._keep(payloads, sizes, sum(sizes), events)
+        self._keep(payloads, sizes, sum(sizes), events, kinds)
 
     def _keep(
-        self, payloads: list[bytes], sizes: list[int], total: int, events: list[ev.Event]
+        self,
+        payloads: list[bytes],
+        sizes: list[int],
+        total: int,
+        events: list[ev.Event],
+        kinds: AbstractSet[type[ev.Event]] | None = None,
     ) -> None:
-        """Add events to the history, its oldest going as its count or its bytes require."""
+        """Add events to the history, its oldest going as its count or its bytes require;
+        ``kinds``: the set of their classes, when known (found once for a run)."""
         recorder = self.recorder
         if recorder is not None:
-            recorder.record(events, payloads, self)
+            recorder.record(events, payloads, self, kinds)
             first, last = events[0].seq, events[-1].seq
             objects = events if self._objects or last - first != len(events) - 1 else None
-            self._held.append((first, last, payloads, objects, sizes, total))
+            # (Framed now, while the bytes are in the cache, not once the write is done.)
+            frames = text_frames(payloads) if self._frames else None
+            self._held.append((first, last, payloads, objects, sizes, total, frames))
             self._held_count += len(events)
             self._held_bytes += total
         history, kept = self._history, self._sizes
@@ -723,6 +746,7 @@ class Fanout:
             subscription._source = self
             self._gated.append(subscription)
             self._objects = self._objects or not wire
+            self._frames = self._frames or wire
         else:
             self._subscriptions.append(subscription)
             self._maybe_full = self._maybe_full or subscription._full
@@ -771,11 +795,12 @@ class Fanout:
         # Serialized at once, whoever subscribes: a run is a stream's (no cancel waits on it),
         # encoded in one pass, and a flood's events kept as objects would live long enough to
         # be walked by the collector (measured: 6-9 % of the time at 100-300 flooding sessions).
-        payloads = events_json(events)
+        kinds = set(map(type, events))
+        payloads = events_json(events, kinds)
         sizes = list(map(len, payloads))
         total = sum(sizes)
         self.serialize()  # what waits as objects is kept first, in order
-        self._keep(payloads, sizes, total, events)
+        self._keep(payloads, sizes, total, events, kinds)
         frames = text_frames(payloads) if self._framed else []
         stale = False
         for subscription in self._subscriptions:
@@ -812,6 +837,7 @@ class Fanout:
         runs: list[_HeldRun] = []
         payloads: list[bytes] = []
         sizes: list[int] = []
+        framed: list[bytes] | None = []
         total = 0
         while held and held[0][1] <= seq:  # (the writer stores whole runs)
             run = held.popleft()
@@ -819,11 +845,16 @@ class Fanout:
             payloads += run[2]
             sizes += run[4]
             total += run[5]
+            if framed is not None:
+                if run[6] is None:
+                    framed = None  # (a run from before the first subscription of frames)
+                else:
+                    framed += run[6]
         if not runs:
             return
         self._held_count -= len(payloads)
         self._held_bytes -= total
-        frames: list[bytes] | None = None
+        frames = framed
         events: list[ev.Event] | None = None
         drop = False
         for subscription in self._gated:
@@ -859,6 +890,7 @@ class Fanout:
         """Forget the gated subscriptions closed or ended."""
         self._gated = [s for s in self._gated if not s._ended and not s._closed]
         self._objects = any(not s.wire for s in self._gated)
+        self._frames = any(s.wire for s in self._gated)
 
     @staticmethod
     def _offer_after(subscription: Subscription, runs: list[_HeldRun]) -> bool:

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -162,7 +163,7 @@ class _Run:
         events: list[ev.Event],
         payloads: list[bytes],
         fanout: Fanout | None,
-        kinds: set[type[ev.Event]],
+        kinds: AbstractSet[type[ev.Event]],
     ) -> None:
         first, last = events[0], events[-1]
         self.session_id: str = first.session_id
@@ -570,13 +571,19 @@ class SessionStore:
     # -- the sessions' side (their actors: never blocks) ---------------------------------------
 
     def record(
-        self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout | None = None
+        self,
+        events: list[ev.Event],
+        payloads: list[bytes],
+        fanout: Fanout | None = None,
+        kinds: AbstractSet[type[ev.Event]] | None = None,
     ) -> None:
-        """Events a session kept in its history, with their wire bytes: written soon, then
-        given to ``fanout``'s subscribers (:meth:`Fanout.committed`)."""
+        """Events a session kept in its history, with their wire bytes (and the set of their
+        classes, when the caller has it): written soon, then given to ``fanout``'s
+        subscribers (:meth:`Fanout.committed`)."""
         if not events:
             return
-        kinds = set(map(type, events))
+        if kinds is None:
+            kinds = set(map(type, events))
         newest = self._newest
         added = len(events)
         if (

@@ -15,6 +15,7 @@ import functools
 import json
 import typing
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Final
 
 import attrs
@@ -92,12 +93,14 @@ def event_json(event: Event) -> bytes:
         return _SLOW_ENCODER.encode(encode(event)).encode()
 
 
-def events_json(events: list[Event]) -> list[bytes]:
-    """Each event's wire form, serialized (:func:`event_json` of each, for a run of them)."""
-    kinds = set(map(type, events))
+def events_json(events: list[Event], kinds: AbstractSet[type[Event]] | None = None) -> list[bytes]:
+    """Each event's wire form, serialized (:func:`event_json` of each, for a run of them);
+    ``kinds``: their classes, when the caller has them already."""
+    if kinds is None:
+        kinds = set(map(type, events))
     if len(kinds) == 1:  # a stream's run: one class, encoded in C but for its encoder
         try:
-            return list(map(_FAST_ENCODE, map(_encoder(kinds.pop()), events)))
+            return list(map(_FAST_ENCODE, map(_encoder(next(iter(kinds))), events)))
         except (TypeError, ValueError, UnicodeEncodeError, OverflowError):
             pass  # one msgspec refuses: each on its own below
     encoders = _ENCODERS

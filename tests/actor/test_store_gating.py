@@ -13,8 +13,10 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from memory_store import MemoryBackend, in_this_thread
@@ -94,7 +96,13 @@ class _Recorder:
 
     full = False
 
-    def record(self, events: list[ev.Event], payloads: list[bytes], fanout: Fanout) -> None:
+    def record(
+        self,
+        events: list[ev.Event],
+        payloads: list[bytes],
+        fanout: Fanout,
+        kinds: AbstractSet[type[ev.Event]] | None = None,
+    ) -> None:
         pass
 
     def when_room(self, callback: Callable[[], object]) -> None:
@@ -156,6 +164,42 @@ def test_a_streams_events_do_not_wait_for_their_write_as_objects() -> None:
     fanout.committed(50)
     assert frames.take_frames(100) == text_frames(expected)
     assert [event_json(event) for event in objects.take(100)] == expected
+
+
+def test_a_run_is_framed_as_it_is_kept_not_when_it_is_stored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A subscription taking frames: each run is framed in the step that keeps it, while its
+    bytes are in the cache, not once the write is done (the store's step would read them all
+    from memory again); runs kept before such a subscription came are framed at the release."""
+    from supervisor.runtime import fanout as module
+
+    fanout = Fanout(10_000)
+    fanout.recorder = _Recorder()
+    events = [
+        ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text=f"w{seq} ")
+        for seq in range(1, 31)
+    ]
+    expected = text_frames([event_json(event) for event in events])
+    objects = fanout.subscribe(None, head_seq=0, max_buffer=1000)
+    fanout.publish_many(events[:10])  # (nobody takes frames yet)
+    early = fanout.subscribe(None, head_seq=0, max_buffer=1000, wire=True)
+    fanout.committed(10)
+    assert early.take_frames(100) == expected[:10]
+    late = fanout.subscribe(None, head_seq=10, max_buffer=1000, wire=True)
+    fanout.publish_many(events[10:20])
+    fanout.publish_many(events[20:])
+    framed: list[int] = []
+
+    def counted(payloads: list[bytes]) -> list[bytes]:
+        framed.append(len(payloads))
+        return text_frames(payloads)
+
+    monkeypatch.setattr(module, "text_frames", counted)
+    fanout.committed(30)
+    assert framed == []  # (framed already)
+    assert early.take_frames(100) == late.take_frames(100) == expected[10:]
+    assert objects.take(100) == events
 
 
 def test_a_subscription_taking_objects_keeps_them_until_they_are_stored() -> None:
