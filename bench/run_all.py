@@ -43,7 +43,7 @@ BENCHMARKS = [
     # the K=100 flood ~80 s (a supervisor and 101 agents started for each of 12 blocks).
     (
         "store_cost",
-        ["--rounds", "600", "--words", "100000", "--repeats", "9"]
+        ["--rounds", "600", "--words", "100000", "--repeats", "15"]
         + ["--flooders", "100", "--fair-rounds", "100", "--events", "10000"],
     ),
     ("store_turn_end", ["--backends", "postgresql,sqlite", "--words", "100000", "--repeats", "15"]),
