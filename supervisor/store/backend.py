@@ -20,13 +20,15 @@ written to.
 
 from __future__ import annotations
 
+import operator
 import os
+import pickle
 import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, SupportsIndex
 
 from attrs import field, frozen
 
@@ -218,6 +220,31 @@ class EventRun:
         if self.counts is None:
             return self.payloads
         return b"\n".join(self.payloads).split(b"\n")
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
+        """Pickled with its large pieces of bytes out of band (protocol 5): a writer process's
+        batch sends them as they are, not copied into the pickle first
+        (``supervisor/store/writer_child.py``); and with its fields as they are, not through
+        a dictionary of them."""
+        payloads: list[Any] = self.payloads
+        if operator.index(protocol) >= 5:
+            payloads = [
+                pickle.PickleBuffer(piece) if len(piece) >= OUT_OF_BAND_BYTES else piece
+                for piece in payloads
+            ]
+        return (_event_run, (self.session_id, self.first_seq, payloads, self.counts))
+
+
+#: A piece of a batch's bytes at least this long is pickled out of band (a shorter one costs
+#: the kernel more as a piece of its own than its copy into the pickle does).
+OUT_OF_BAND_BYTES = 4096
+
+
+def _event_run(
+    session_id: str, first_seq: int, payloads: list[bytes], counts: list[int] | None
+) -> EventRun:
+    """(Unpickling) an :class:`EventRun`."""
+    return EventRun(session_id=session_id, first_seq=first_seq, payloads=payloads, counts=counts)
 
 
 @frozen(kw_only=True)

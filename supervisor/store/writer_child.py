@@ -4,11 +4,12 @@ requests, write a batch, settle and index, until the supervisor closes its end o
 (:mod:`supervisor.store.writer_process` says why a process, and what the supervisor keeps).
 It imports what the writes need and no more (no trio): it starts at each store's open.
 
-The wire, over a socket pair: frames of a 4-byte length and a pickle (both ends are this
-package, from the same installation). The first request is the store's URL (a PostgreSQL
-password never shows in ``ps``); then ``("write", Batch)``, ``("settle", idle)`` and
-``("index", None)``. Each
-answer is ``("ok", value)`` or ``("error", one line)``.
+The wire, over a socket pair: frames of a pickle (protocol 5) and the buffers it keeps out of
+band, a batch's event bytes (:meth:`~supervisor.store.backend.EventRun.__reduce_ex__`): a head
+of the pickle's length and the buffers' count, each buffer's length, the pickle, the buffers
+(both ends are this package, from the same installation). The first request is the store's
+URL (a PostgreSQL password never shows in ``ps``); then ``("write", Batch)``, ``("settle",
+idle)`` and ``("index", None)``. Each answer is ``("ok", value)`` or ``("error", one line)``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,27 @@ from typing import Any
 
 from supervisor.store.backend import StoreError
 
-__all__ = ["LENGTH", "frame", "main"]
+__all__ = ["HEAD", "frame", "main", "sizes"]
 
-#: a frame's length, before its pickle
-LENGTH = struct.Struct("<I")
+#: a frame's head: its pickle's length and how many out-of-band buffers follow the pickle
+#: (each one's length comes after the head, as :func:`sizes` reads them)
+HEAD = struct.Struct("<II")
 
 
-def frame(message: object) -> tuple[bytes, bytes]:
-    """A frame's two pieces, its length and its pickle (sent together, not joined: a batch's
-    pickle is its event bytes, and the event loop copies them once, into the socket)."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    return LENGTH.pack(len(body)), body
+def frame(message: object) -> list[bytes | memoryview]:
+    """A frame's pieces, to be sent together and not joined: the event loop copies a batch's
+    event bytes once, into the socket, never into the pickle first (a copy of each batch's
+    bytes: ~30 ns an event under a one-session flood here)."""
+    buffers: list[pickle.PickleBuffer] = []
+    body = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    views = [buffer.raw() for buffer in buffers]
+    lengths = struct.pack(f"<{len(views)}I", *map(len, views))
+    return [HEAD.pack(len(body), len(views)) + lengths, body, *views]
+
+
+def sizes(count: int, data: bytes) -> tuple[int, ...]:
+    """The lengths of a frame's ``count`` buffers, from the ``4 * count`` bytes after its head."""
+    return struct.unpack(f"<{count}I", data)
 
 
 def _serve(sock: socket.socket) -> None:
@@ -42,16 +53,22 @@ def _serve(sock: socket.socket) -> None:
 
     reader = sock.makefile("rb")
 
+    def read(size: int) -> bytes:
+        data = reader.read(size)
+        if len(data) < size:
+            raise EOFError
+        return data
+
     def requests() -> Any:
         while True:
-            head = reader.read(LENGTH.size)
-            if len(head) < LENGTH.size:
+            try:
+                length, count = HEAD.unpack(read(HEAD.size))
+                lengths = sizes(count, read(4 * count))
+                body = read(length)
+                buffers = [read(size) for size in lengths]
+            except EOFError:
                 return
-            (length,) = LENGTH.unpack(head)
-            body = reader.read(length)
-            if len(body) < length:
-                return
-            yield pickle.loads(body)
+            yield pickle.loads(body, buffers=buffers)
 
     def answer(kind: str, value: object) -> None:
         sock.sendall(b"".join(frame((kind, value))))

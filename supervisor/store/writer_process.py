@@ -40,7 +40,7 @@ from typing import Any
 import trio
 
 from supervisor.store.backend import Batch, StoreError
-from supervisor.store.writer_child import LENGTH, frame
+from supervisor.store.writer_child import HEAD, frame, sizes
 
 __all__ = ["WriterProcess"]
 
@@ -126,8 +126,11 @@ class WriterProcess:
         assert stream is not None
         try:
             await _send(stream, frame(request))
-            (length,) = LENGTH.unpack(await self._receive(stream, LENGTH.size))
-            kind, value = pickle.loads(await self._receive(stream, length))
+            length, count = HEAD.unpack(await self._receive(stream, HEAD.size))
+            lengths = sizes(count, await self._receive(stream, 4 * count))
+            body = await self._receive(stream, length)
+            buffers = [await self._receive(stream, size) for size in lengths]
+            kind, value = pickle.loads(body, buffers=buffers)
         except (trio.BrokenResourceError, EOFError):
             raise StoreError(
                 f"the writer process of the store {self.where} went away "
@@ -184,13 +187,23 @@ class WriterProcess:
                 await process.wait()
 
 
-async def _send(stream: trio.SocketStream, pieces: tuple[bytes, bytes]) -> None:
-    """``pieces`` one after the other, by ``sendmsg``."""
-    head, body = memoryview(pieces[0]), memoryview(pieces[1])
-    while head or body:
+#: the most pieces given to one ``sendmsg`` (the kernel takes at most ``IOV_MAX``, 1024)
+_PIECES_AT_ONCE = 512
+
+
+async def _send(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
+    """``pieces`` (byte strings, or views of bytes) one after the other, by ``sendmsg``."""
+    views = [memoryview(piece) for piece in pieces if len(piece)]
+    first = 0
+    while first < len(views):
         try:
-            sent = await stream.socket.sendmsg([head, body] if head else [body])
+            sent = await stream.socket.sendmsg(views[first : first + _PIECES_AT_ONCE])
         except OSError as exc:  # (the child went away)
             raise trio.BrokenResourceError from exc
-        taken = min(sent, len(head))
-        head, body = head[taken:], body[sent - taken :]
+        while sent:
+            size = len(views[first])
+            if sent < size:
+                views[first] = views[first][sent:]
+                break
+            sent -= size
+            first += 1

@@ -411,3 +411,47 @@ async def test_a_search_has_the_writer_process_index_what_waits(tmp_path: Path) 
             hits = await store.search("okapi", 5)
             await store.aclose()
     assert [(hit.session_id, hit.kind, hit.seq) for hit in hits] == [("s1", "prompt", 2)]
+
+
+async def test_a_batchs_event_bytes_go_beside_its_pickle_and_come_out_whole(
+    tmp_path: Path,
+) -> None:
+    """The writer process gets a batch's large pieces of event bytes out of band (the event
+    loop never copies them into the pickle), more pieces than one ``sendmsg`` takes, and
+    small pieces in the pickle: every event is stored as it was."""
+    from supervisor.store.backend import OUT_OF_BAND_BYTES
+    from supervisor.store.writer_child import frame
+    from supervisor.store.writer_process import WriterProcess
+
+    path = tmp_path / "sessions.db"
+    backend = SqliteBackend(path)  # (the supervisor's: a writer process writes beside it)
+    backend.open()
+    payload = b'{"kind":"message.delta","text":"' + b"w" * 200 + b'"}'
+    per_run = OUT_OF_BAND_BYTES // len(payload) + 1  # (a run's joined bytes: out of band)
+    runs = [
+        EventRun(
+            session_id="s1",
+            first_seq=1 + index * per_run,
+            payloads=[b"\n".join([payload] * per_run)],
+            counts=[per_run],
+        )
+        for index in range(1100)  # (more than the kernel takes in one sendmsg: IOV_MAX)
+    ]
+    small = EventRun(session_id="s2", first_seq=1, payloads=[b'{"kind":"a"}', b'{"kind":"b"}'])
+    batch = Batch(events=[*runs, small])
+    pieces = frame(("write", batch))
+    assert len(pieces) == 2 + len(runs)  # (the head, the pickle, each run's bytes)
+    assert len(pieces[1]) < sum(map(len, pieces[2:])) / 10  # the bytes are not in the pickle
+    writer = WriterProcess(f"sqlite:///{path}", str(path))
+    try:
+        with trio.fail_after(BOUND):
+            try:
+                await writer.write(batch)
+            finally:
+                await writer.aclose()
+        stored = backend.events("s1", 0, len(runs) * per_run + 10)
+        assert [seq for seq, _ in stored] == list(range(1, len(runs) * per_run + 1))
+        assert {data for _, data in stored} == {payload}
+        assert backend.events("s2", 0, 10) == [(1, b'{"kind":"a"}'), (2, b'{"kind":"b"}')]
+    finally:
+        backend.close()
