@@ -110,12 +110,14 @@ class Recorder(Protocol):
         payloads: list[bytes],
         fanout: Fanout,
         kinds: AbstractSet[type[ev.Event]] | None = None,
-    ) -> None:
+    ) -> bool:
         """Events as they enter ``fanout``'s history, with their wire bytes and (when known
         already) the set of their classes (the session's actor: must not block). Once they
         are stored, call ``fanout.committed(seq)`` with the newest one's seq (from the event
         loop, never a worker thread); if they never will be (given up at close),
-        ``fanout.abandon()``."""
+        ``fanout.abandon()``. Returns whether they were taken into the run recorded just
+        before (of the same fan-out: both are stored by one write, never one without the
+        other)."""
 
     def when_room(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once it is no longer :attr:`full`."""
@@ -135,26 +137,49 @@ class Recorder(Protocol):
         (:func:`fill_from_recorder`); what it cannot read is left out."""
 
 
-#: a run a fan-out holds until its recorder stored it: its first and last seq, its events'
-#: wire bytes, the events (None: not kept, decoded from the bytes if asked for), each
-#: event's size and their sum (as the history counted them: not counted again at the
-#: release), and their text frames (None: no gated subscription took frames when it came)
-_HeldRun = tuple[
-    int, int, list[bytes], "list[ev.Event] | None", list[int], int, "list[bytes] | None"
-]
+class _HeldRun:
+    """A run a fan-out holds until its recorder stored it. A stream's runs the recorder took
+    as one (:meth:`Recorder.record`) are one here too: a write releases one or two of them,
+    not the few dozen the ingest gate handed the session."""
 
+    __slots__ = ("first", "last", "payloads", "objects", "sizes", "total", "frames")
 
-def _seqs(run: _HeldRun) -> Iterable[int]:
-    events = run[3]
-    return range(run[0], run[1] + 1) if events is None else [event.seq for event in events]
+    def __init__(
+        self,
+        first: int,
+        last: int,
+        payloads: list[bytes],
+        objects: list[ev.Event] | None,
+        sizes: list[int],
+        total: int,
+        frames: list[bytes] | None,
+    ) -> None:
+        #: its first and last seq
+        self.first = first
+        self.last = last
+        #: its events' wire bytes
+        self.payloads = payloads
+        #: the events (None: not kept, decoded from the bytes if asked for)
+        self.objects = objects
+        #: each event's size and their sum (as the history counted them: not counted again
+        #: at the release)
+        self.sizes = sizes
+        self.total = total
+        #: their text frames (None: no gated subscription took frames when it came)
+        self.frames = frames
+
+    def seqs(self) -> Iterable[int]:
+        events = self.objects
+        return range(self.first, self.last + 1) if events is None else [e.seq for e in events]
 
 
 def _objects_of(runs: list[_HeldRun]) -> list[ev.Event]:
     """The events of ``runs``, decoded from their bytes where they were not kept (a gated
     subscription that takes objects came after they were recorded)."""
     events: list[ev.Event] = []
-    for _, _, payloads, kept, _, _, _ in runs:
-        events += kept if kept is not None else map(event_from_json, payloads)
+    for run in runs:
+        kept = run.objects
+        events += kept if kept is not None else map(event_from_json, run.payloads)
     return events
 
 
@@ -593,7 +618,7 @@ class Fanout:
         (those after it wait, in :attr:`_held` or as objects not recorded yet); else the
         newest published."""
         if self._held:
-            return self._held[0][0] - 1
+            return self._held[0].first - 1
         if self.recorder is not None and self._unserialized:
             return self._unserialized[0].seq - 1
         return self.head_seq
@@ -644,12 +669,30 @@ class Fanout:
         ``kinds``: the set of their classes, when known (found once for a run)."""
         recorder = self.recorder
         if recorder is not None:
-            recorder.record(events, payloads, self, kinds)
+            merged = recorder.record(events, payloads, self, kinds)
             first, last = events[0].seq, events[-1].seq
             objects = events if self._objects or last - first != len(events) - 1 else None
             # (Framed now, while the bytes are in the cache, not once the write is done.)
             frames = text_frames(payloads) if self._frames else None
-            self._held.append((first, last, payloads, objects, sizes, total, frames))
+            held = self._held
+            newest = held[-1] if merged and held and objects is None else None
+            if (
+                newest is not None
+                and newest.objects is None
+                and newest.last + 1 == first
+                and (newest.frames is None) == (frames is None)
+            ):
+                # (The recorder took them into its run before: a write stores both or none.)
+                newest.last = last
+                newest.payloads += payloads
+                newest.sizes += sizes
+                newest.total += total
+                held_frames = newest.frames
+                if frames is not None and held_frames is not None:
+                    held_frames += frames
+            else:
+                # (The lists are this run's own, made by our caller: a merge extends them.)
+                held.append(_HeldRun(first, last, payloads, objects, sizes, total, frames))
             self._held_count += len(events)
             self._held_bytes += total
         history, kept = self._history, self._sizes
@@ -839,17 +882,17 @@ class Fanout:
         sizes: list[int] = []
         framed: list[bytes] | None = []
         total = 0
-        while held and held[0][1] <= seq:  # (the writer stores whole runs)
+        while held and held[0].last <= seq:  # (the writer stores whole runs)
             run = held.popleft()
             runs.append(run)
-            payloads += run[2]
-            sizes += run[4]
-            total += run[5]
+            payloads += run.payloads
+            sizes += run.sizes
+            total += run.total
             if framed is not None:
-                if run[6] is None:
+                if run.frames is None:
                     framed = None  # (a run from before the first subscription of frames)
                 else:
-                    framed += run[6]
+                    framed += run.frames
         if not runs:
             return
         self._held_count -= len(payloads)
@@ -897,11 +940,11 @@ class Fanout:
         """(:meth:`committed`, rare) Offer ``subscription`` those of ``runs``' events after
         the seq it has (:attr:`Subscription._after`); True if it is cut off."""
         after = subscription._after
-        seqs = [seq for run in runs for seq in _seqs(run)]
+        seqs = [seq for run in runs for seq in run.seqs()]
         cut = next((i for i, seq in enumerate(seqs) if seq > after), len(seqs))
         if cut < len(seqs):
             subscription._after = 0
-        payloads = [payload for run in runs for payload in run[2]][cut:]
+        payloads = [payload for run in runs for payload in run.payloads][cut:]
         if not payloads:
             return False
         sizes = list(map(len, payloads))

@@ -576,12 +576,14 @@ class SessionStore:
         payloads: list[bytes],
         fanout: Fanout | None = None,
         kinds: AbstractSet[type[ev.Event]] | None = None,
-    ) -> None:
+    ) -> bool:
         """Events a session kept in its history, with their wire bytes (and the set of their
         classes, when the caller has it): written soon, then given to ``fanout``'s
-        subscribers (:meth:`Fanout.committed`)."""
+        subscribers (:meth:`Fanout.committed`). Whether they were taken into the run recorded
+        just before (:meth:`~supervisor.runtime.fanout.Recorder.record`)."""
         if not events:
-            return
+            return False
+        merged = False
         if kinds is None:
             kinds = set(map(type, events))
         newest = self._newest
@@ -600,6 +602,7 @@ class SessionStore:
             newest.count += added
             newest.last_seq = events[-1].seq
             newest.last_active = events[-1].timestamp
+            merged = True
         else:
             run = self._newest = _Run(events, payloads, fanout, kinds)
             self._pending.append(run)
@@ -626,6 +629,7 @@ class SessionStore:
             self.full = True
         if waiting >= self.batch_events:
             self._enough.set()
+        return merged
 
     def soon(self, fanout: Fanout) -> None:
         """``fanout`` has events to serialize (a cancel's, published in its caller's step):

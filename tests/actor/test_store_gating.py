@@ -102,8 +102,8 @@ class _Recorder:
         payloads: list[bytes],
         fanout: Fanout,
         kinds: AbstractSet[type[ev.Event]] | None = None,
-    ) -> None:
-        pass
+    ) -> bool:
+        return False
 
     def when_room(self, callback: Callable[[], object]) -> None:
         callback()
@@ -200,6 +200,39 @@ def test_a_run_is_framed_as_it_is_kept_not_when_it_is_stored(
     assert framed == []  # (framed already)
     assert early.take_frames(100) == late.take_frames(100) == expected[10:]
     assert objects.take(100) == events
+
+
+async def test_a_write_releases_the_runs_it_stored_and_no_run_recorded_after_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stream's runs the store takes as one are held as one; a run recorded while a write
+    is under way is not part of it: that write releases what it stored, and the run waits
+    for the next one."""
+    backend = MemoryBackend()
+    let_through = trio.Event()
+    store = held_store(backend, let_through)
+    fanout = Fanout(10_000)
+    fanout.recorder = store
+    frames = fanout.subscribe(None, head_seq=0, max_buffer=1000, wire=True)
+    events = [
+        ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text=f"w{seq} ")
+        for seq in range(1, 31)
+    ]
+    expected = text_frames([event_json(event) for event in events])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        fanout.publish_many(events[:10])
+        fanout.publish_many(events[10:20])  # (one run, for the store and the fan-out)
+        await trio.sleep(1)  # (virtual: the writer took them, and waits to write them)
+        assert backend.seqs() == [] and frames.pending == 0
+        fanout.publish_many(events[20:])  # recorded while that write is under way
+        let_through.set()
+        await trio.sleep(0.001)  # (virtual: not as long as a batch waits to gather)
+        assert backend.seqs() == list(range(1, 21))
+        assert frames.take_frames(100) == expected[:20]
+        await store.flushed()
+        assert frames.take_frames(100) == expected[20:]
+        await store.aclose()
 
 
 def test_a_subscription_taking_objects_keeps_them_until_they_are_stored() -> None:
