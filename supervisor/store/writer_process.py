@@ -61,7 +61,8 @@ class WriterProcess:
         #: the store, for messages (a URL without its password)
         self.where = where
         self._process: trio.Process | None = None
-        self._stream: trio.SocketStream | None = None
+        #: our end of the socket pair (non-blocking: a call that would block waits in trio)
+        self._socket: socket.socket | None = None
         self._buffer = bytearray()
         #: children started so far (1, and one more for each that went away)
         self.started = 0
@@ -74,7 +75,7 @@ class WriterProcess:
     async def start(self) -> None:
         """Start the child and open the store in it, unless one runs; :class:`StoreError`
         if it cannot."""
-        if self._stream is not None:
+        if self._socket is not None:
             return
         ours, theirs = socket.socketpair()
         try:
@@ -98,7 +99,8 @@ class WriterProcess:
             ) from None
         finally:
             theirs.close()
-        self._stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        ours.setblocking(False)
+        self._socket = ours
         self._buffer.clear()
         self.started += 1
         try:
@@ -120,18 +122,18 @@ class WriterProcess:
         await self._ask(("index", None))
 
     async def _ask(self, request: object) -> Any:
-        if self._stream is None:
+        if self._socket is None:
             await self.start()
-        stream = self._stream
-        assert stream is not None
+        sock = self._socket
+        assert sock is not None
         try:
-            await _send(stream, frame(request))
-            length, count = HEAD.unpack(await self._receive(stream, HEAD.size))
-            lengths = sizes(count, await self._receive(stream, 4 * count))
-            body = await self._receive(stream, length)
-            buffers = [await self._receive(stream, size) for size in lengths]
+            await _send(sock, frame(request))
+            length, count = HEAD.unpack(await self._receive(sock, HEAD.size))
+            lengths = sizes(count, await self._receive(sock, 4 * count))
+            body = await self._receive(sock, length)
+            buffers = [await self._receive(sock, size) for size in lengths]
             kind, value = pickle.loads(body, buffers=buffers)
-        except (trio.BrokenResourceError, EOFError):
+        except (OSError, EOFError, trio.ClosedResourceError):
             raise StoreError(
                 f"the writer process of the store {self.where} went away "
                 f"({await self._gone()}); a new one writes the batch again"
@@ -145,10 +147,16 @@ class WriterProcess:
             raise StoreError(value)
         return value
 
-    async def _receive(self, stream: trio.SocketStream, size: int) -> bytes:
+    async def _receive(self, sock: socket.socket, size: int) -> bytes:
+        """``size`` bytes of what the child sends (waiting in trio only when there are not
+        enough yet: an answer read at once is not a trip through the scheduler)."""
         buffer = self._buffer
         while len(buffer) < size:
-            chunk = await stream.receive_some(max(65536, size - len(buffer)))
+            try:
+                chunk = sock.recv(max(65536, size - len(buffer)))
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
             if not chunk:
                 raise EOFError
             buffer += chunk
@@ -159,10 +167,10 @@ class WriterProcess:
     async def _gone(self) -> str:
         """End the child (killed if it runs: what it answers is lost) and reap it; how it
         ended."""
-        process, stream = self._process, self._stream
-        self._process = self._stream = None
-        if stream is not None:
-            await stream.aclose()
+        process, sock = self._process, self._socket
+        self._process = self._socket = None
+        if sock is not None:
+            _close(sock)
         if process is None:
             return "not started"
         if process.returncode is None:
@@ -173,11 +181,11 @@ class WriterProcess:
     async def aclose(self) -> None:
         """Close the child's socket (it exits once it has answered what it was asked) and
         reap it; killed if it takes over :data:`CLOSE_WAIT_S`."""
-        process, stream = self._process, self._stream
-        self._process = self._stream = None
+        process, sock = self._process, self._socket
+        self._process = self._socket = None
         with trio.CancelScope(shield=True):
-            if stream is not None:
-                await stream.aclose()
+            if sock is not None:
+                _close(sock)
             if process is None:
                 return
             with trio.move_on_after(CLOSE_WAIT_S):
@@ -191,15 +199,23 @@ class WriterProcess:
 _PIECES_AT_ONCE = 512
 
 
-async def _send(stream: trio.SocketStream, pieces: list[bytes | memoryview]) -> None:
-    """``pieces`` (byte strings, or views of bytes) one after the other, by ``sendmsg``."""
+def _close(sock: socket.socket) -> None:
+    """Close our end (a task waiting on it is woken with :class:`trio.ClosedResourceError`)."""
+    trio.lowlevel.notify_closing(sock)
+    sock.close()
+
+
+async def _send(sock: socket.socket, pieces: list[bytes | memoryview]) -> None:
+    """``pieces`` (byte strings, or views of bytes) one after the other, by ``sendmsg``
+    (waiting in trio only while the socket is full)."""
     views = [memoryview(piece) for piece in pieces if len(piece)]
     first = 0
     while first < len(views):
         try:
-            sent = await stream.socket.sendmsg(views[first : first + _PIECES_AT_ONCE])
-        except OSError as exc:  # (the child went away)
-            raise trio.BrokenResourceError from exc
+            sent = sock.sendmsg(views[first : first + _PIECES_AT_ONCE])
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+            continue
         while sent:
             size = len(views[first])
             if sent < size:
