@@ -49,6 +49,7 @@ from collections.abc import Set as AbstractSet
 from itertools import islice, repeat
 from typing import Any, Protocol
 
+import attrs
 import trio
 
 from protocols import events as ev
@@ -137,36 +138,25 @@ class Recorder(Protocol):
         (:func:`fill_from_recorder`); what it cannot read is left out."""
 
 
+@attrs.define
 class _HeldRun:
     """A run a fan-out holds until its recorder stored it. A stream's runs the recorder took
     as one (:meth:`Recorder.record`) are one here too: a write releases one or two of them,
     not the few dozen the ingest gate handed the session."""
 
-    __slots__ = ("first", "last", "payloads", "objects", "sizes", "total", "frames")
-
-    def __init__(
-        self,
-        first: int,
-        last: int,
-        payloads: list[bytes],
-        objects: list[ev.Event] | None,
-        sizes: list[int],
-        total: int,
-        frames: list[bytes] | None,
-    ) -> None:
-        #: its first and last seq
-        self.first = first
-        self.last = last
-        #: its events' wire bytes
-        self.payloads = payloads
-        #: the events (None: not kept, decoded from the bytes if asked for)
-        self.objects = objects
-        #: each event's size and their sum (as the history counted them: not counted again
-        #: at the release)
-        self.sizes = sizes
-        self.total = total
-        #: their text frames (None: no gated subscription took frames when it came)
-        self.frames = frames
+    #: its first and last seq
+    first: int
+    last: int
+    #: its events' wire bytes
+    payloads: list[bytes]
+    #: the events (None: not kept, decoded from the bytes if asked for)
+    objects: list[ev.Event] | None
+    #: each event's size and their sum (as the history counted them: not counted again at
+    #: the release)
+    sizes: list[int]
+    total: int
+    #: their text frames (None: no gated subscription took frames when it came)
+    frames: list[bytes] | None
 
     def seqs(self) -> Iterable[int]:
         events = self.objects

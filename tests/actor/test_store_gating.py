@@ -32,12 +32,24 @@ from supervisor.wire.frames import text_frames
 SPEC = AgentSpec(name="fake", protocol="acp", command=["fake"], grace_s=2.0)
 
 
-def held_store(backend: MemoryBackend, let_through: trio.Event) -> SessionStore:
+def held_store(
+    backend: MemoryBackend,
+    let_through: trio.Event,
+    taken: trio.Event | None = None,
+    written: trio.Event | None = None,
+) -> SessionStore:
     async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
-        """The backend called in the test's thread; a write once ``let_through`` is set."""
-        if getattr(fn, "__name__", "") == "_write":
-            await let_through.wait()
-        return await in_this_thread(fn, *args)
+        """The backend called in the test's thread; a write once ``let_through`` is set
+        (``taken`` set as the writer asks for it, ``written`` once it is done)."""
+        if getattr(fn, "__name__", "") != "_write":
+            return await in_this_thread(fn, *args)
+        if taken is not None:
+            taken.set()
+        await let_through.wait()
+        result = await in_this_thread(fn, *args)
+        if written is not None:
+            written.set()
+        return result
 
     return SessionStore(backend, run_sync=run_sync)
 
@@ -209,8 +221,8 @@ async def test_a_write_releases_the_runs_it_stored_and_no_run_recorded_after_it(
     is under way is not part of it: that write releases what it stored, and the run waits
     for the next one."""
     backend = MemoryBackend()
-    let_through = trio.Event()
-    store = held_store(backend, let_through)
+    let_through, taken, written = trio.Event(), trio.Event(), trio.Event()
+    store = held_store(backend, let_through, taken, written)
     fanout = Fanout(10_000)
     fanout.recorder = store
     frames = fanout.subscribe(None, head_seq=0, max_buffer=1000, wire=True)
@@ -223,11 +235,11 @@ async def test_a_write_releases_the_runs_it_stored_and_no_run_recorded_after_it(
         nursery.start_soon(store.run)
         fanout.publish_many(events[:10])
         fanout.publish_many(events[10:20])  # (one run, for the store and the fan-out)
-        await trio.sleep(1)  # (virtual: the writer took them, and waits to write them)
+        await taken.wait()  # the writer took them, and waits to write them
         assert backend.seqs() == [] and frames.pending == 0
         fanout.publish_many(events[20:])  # recorded while that write is under way
         let_through.set()
-        await trio.sleep(0.001)  # (virtual: not as long as a batch waits to gather)
+        await written.wait()  # (that write released what it stored as it ended)
         assert backend.seqs() == list(range(1, 21))
         assert frames.take_frames(100) == expected[:20]
         await store.flushed()
