@@ -334,7 +334,7 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
     abort interrupts only the loop's wait, not the lookup, and nothing breaks. Even so the lookup
     is sometimes over before the abort lands (about one run in eight here: the turn then ends
     ``aborted``, with the model's ``MessageAbortedError``); that is not the case, and it is tried
-    again on a fresh server."""
+    again on a fresh server, as is a turn the server ended before it answered the abort."""
     with trio.fail_after(EARLY_ABORT_ATTEMPTS * BOUND_S):
         for attempt in range(EARLY_ABORT_ATTEMPTS):
             async with serve_session(
@@ -347,10 +347,17 @@ async def test_prompts_failing_after_an_early_abort_are_failed(
             ) as h:
                 first = await h.session.prompt("quick")
                 receipt = await h.session.cancel()  # held until busy, then the abort goes out
-                assert (receipt.outcome, receipt.turn_id) == ("cancelled", first.id), receipt
+                assert receipt.turn_id == first.id, receipt
+                # (On a loaded machine the server may answer the abort only once the turn is
+                # over: the receipt says so, ``completed``; that is not the case either.)
+                assert receipt.outcome in ("cancelled", "completed"), receipt
                 # The case: the abort stopped the loop before its processor ran (no word of the
                 # abort, and no request of the loop, the only ones with tools, reached the model).
-                if receipt.stop_reason != "idle" or loop_requests(h) != []:
+                if (
+                    receipt.outcome != "cancelled"
+                    or receipt.stop_reason != "idle"
+                    or loop_requests(h) != []
+                ):
                     continue
                 row(h, "early-abort", receipt, notes=[f"attempt={attempt + 1}"])
                 turn = await h.session.prompt("quick")
