@@ -42,6 +42,7 @@ stored").
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -128,9 +129,10 @@ class Recorder(Protocol):
         cancel's) while its session waits: call ``fanout.serialize()`` before the next write,
         in the recorder's own step (the cancel's caller is not kept waiting for it)."""
 
-    def hasten(self) -> None:
+    def hasten(self, fanout: Fanout | None = None) -> None:
         """A client waits for what is recorded (a response held behind its session's events,
-        given once stored): store it now rather than batch it."""
+        given once stored), or a session is held back for it: store it now rather than batch
+        it (``fanout``'s events alone, if it is named)."""
 
     async def recorded(self, session_id: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """The session's events with seqs above ``after`` up to ``upto``, as ``(seq, wire
@@ -361,7 +363,7 @@ class Subscription:
         (a response behind them): the store writes what it has now."""
         source = self._source
         if source is not None and source.recorder is not None:
-            source.recorder.hasten()
+            source.recorder.hasten(source)
 
     @property
     def offered_seq(self) -> int:
@@ -491,6 +493,8 @@ class Subscription:
         factor = 1 if self.stall_s is None else _HARD_LIMIT_FACTOR
         self._limit, self._byte_limit = factor * self.capacity, factor * self.byte_capacity
         self._low_water = self.capacity // 2
+        if self._source is not None:
+            self._source._held_room = (0, 0)  # (its buffer grew)
 
 
 async def fill_from_recorder(subscription: Subscription, recorder: Recorder, sid: str) -> None:
@@ -586,6 +590,11 @@ class Fanout:
         self._frames = False
         self._held_count = 0
         self._held_bytes = 0
+        #: (with a recorder) held counts and bytes below which no backpressured gated
+        #: subscription is past half its margin (:meth:`_held_full`): found again only when
+        #: they reach it, or once a gated subscription was offered events or came (its
+        #: buffer only shrinks meanwhile, as it takes); (0, 0): to be found
+        self._held_room = (0, 0)
         #: waits of the session held back for a full recorder (a diagnostic)
         self.store_holds = 0
 
@@ -778,6 +787,7 @@ class Fanout:
         elif gated:
             subscription._source = self
             self._gated.append(subscription)
+            self._held_room = (0, 0)
             self._objects = self._objects or not wire
             self._frames = self._frames or wire
         else:
@@ -867,24 +877,26 @@ class Fanout:
         held = self._held
         if not held:
             return
-        runs: list[_HeldRun] = []
-        payloads: list[bytes] = []
-        sizes: list[int] = []
-        framed: list[bytes] | None = []
-        total = 0
-        while held and held[0].last <= seq:  # (the writer stores whole runs)
-            run = held.popleft()
-            runs.append(run)
-            payloads += run.payloads
-            sizes += run.sizes
-            total += run.total
-            if framed is not None:
-                if run.frames is None:
-                    framed = None  # (a run from before the first subscription of frames)
-                else:
-                    framed += run.frames
-        if not runs:
+        if held[0].last > seq:
             return
+        runs = [held.popleft()]
+        while held and held[0].last <= seq:  # (the writer stores whole runs)
+            runs.append(held.popleft())
+        if len(runs) == 1:  # (a stream's runs, merged: its lists, not copies)
+            run = runs[0]
+            payloads, sizes, total, framed = run.payloads, run.sizes, run.total, run.frames
+        else:
+            payloads, sizes, total = [], [], 0
+            framed = []
+            for run in runs:
+                payloads += run.payloads
+                sizes += run.sizes
+                total += run.total
+                if framed is not None:
+                    if run.frames is None:
+                        framed = None  # (a run from before the first subscription of frames)
+                    else:
+                        framed += run.frames
         self._held_count -= len(payloads)
         self._held_bytes -= total
         frames = framed
@@ -915,6 +927,7 @@ class Fanout:
                 subscription._announce()
         if drop:
             self._drop_gated()
+        self._held_room = (0, 0)  # (their buffers grew)
         if self._closed and not held:
             self._end_gated()
         self._room.set()
@@ -968,17 +981,17 @@ class Fanout:
         gathering), which a subscriber without a store never has to leave room for; a full
         buffer holds the session anyway (:meth:`must_wait`)."""
         count, size = self._held_count, self._held_bytes
-        for s in self._gated:  # (a loop, not any(): this runs in every step of a stream)
-            if (
-                s.stall_s is not None
-                and not s._closed
-                and (
-                    2 * (len(s._events) + count) >= s.capacity + s._limit
-                    or 2 * (s._bytes + size) >= s.byte_capacity + s._byte_limit
-                )
-            ):
-                return True
-        return False
+        room_count, room_bytes = self._held_room
+        if count < room_count and size < room_bytes:
+            return False  # (every step of a stream: one test, not a loop over subscriptions)
+        room_count = room_bytes = sys.maxsize
+        for s in self._gated:
+            if s.stall_s is not None and not s._closed:
+                # (past half the margin: 2 * (buffered + held) >= capacity + limit)
+                room_count = min(room_count, (s.capacity + s._limit + 1) // 2 - len(s._events))
+                room_bytes = min(room_bytes, (s.byte_capacity + s._byte_limit + 1) // 2 - s._bytes)
+        self._held_room = (room_count, room_bytes)
+        return not (count < room_count and size < room_bytes)
 
     def acknowledge(self, seq: int) -> None:
         """Events up to ``seq`` are held by the front for good: the history may drop them, and
@@ -1059,6 +1072,8 @@ class Fanout:
                 self._room = trio.Event()
             if recorder.full:
                 recorder.when_room(self._on_room)
+            else:
+                recorder.hasten(self)  # (what waits is written now, not once its batch gathered)
             await self._room.wait()
             return
         if not full and self._unacknowledged_full:

@@ -3,12 +3,13 @@
 What a session's step does for the store is one list append (:meth:`SessionStore.record`,
 called by the session's :class:`~supervisor.runtime.fanout.Fanout` with the events and the
 wire bytes it made of them for its history: nothing is serialized twice). The writer task
-takes what gathered every ``flush_s`` or ``batch_events`` events, whichever comes first, and
-writes it in one transaction: by default in a process of its own
-(:mod:`~supervisor.store.writer_process`, ``apart=True``), the batch's rows made on the event
-loop; or on the store's one worker thread (``trio.to_thread.run_sync`` with a
-``CapacityLimiter(1)``), where the rows are made too. Everything else the store does (reads, a
-session taken up, retention's deletes) runs on that thread, in turn with the writes.
+takes what gathered every ``flush_s`` or ``batch_events`` events, whichever comes first (a
+flood's: ``flood_flush_s`` or ``flood_batch_events``), and writes it in one transaction: by
+default in a process of its own (:mod:`~supervisor.store.writer_process`, ``apart=True``), the
+batch's rows made on the event loop; or on the store's one worker thread
+(``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``), where the rows are made too.
+Everything else the store does (reads, a session taken up, retention's deletes) runs on that
+thread, in turn with the writes.
 
 Bounded: when ``max_pending`` events wait (the database fell behind), :attr:`full` is set and
 the sessions hold their agents back, as for a full subscriber that asked for backpressure
@@ -79,6 +80,15 @@ log = logging.getLogger("supervisor.store")
 FLUSH_S = 0.005
 #: A write starts at once when this many events wait (a flood): ~1-3 ms of SQLite's time.
 BATCH_EVENTS = 1000
+#: A flood's next write (the last one held at least ``batch_events``) gathers up to this long,
+#: or this many events: a write's fixed cost on the event loop (its rows made and pickled, the
+#: writer process woken: ``design/store.md``, "What it costs") is spread over two to three
+#: times the events, and a flood's subscribers get its events in pieces ~10 ms apart. A
+#: trickle's writes stay at ``flush_s``; a session held back for what waits has it written at
+#: once (:meth:`SessionStore.hasten`); at most about half the events a gateway's subscriber
+#: buffers (``GatewayLimits.subscription_buffer``), so a write's release fits in its buffer.
+FLOOD_FLUSH_S = 0.015
+FLOOD_BATCH_EVENTS = 2500
 #: Events waiting (and being written) at most before sessions hold their agents back: a few
 #: seconds of a 100-session flood, ~1-10 MB of wire bytes, referenced, not copied.
 MAX_PENDING = 50_000
@@ -263,6 +273,8 @@ class SessionStore:
         *,
         flush_s: float = FLUSH_S,
         batch_events: int = BATCH_EVENTS,
+        flood_flush_s: float = FLOOD_FLUSH_S,
+        flood_batch_events: int = FLOOD_BATCH_EVENTS,
         max_pending: int = MAX_PENDING,
         retry_s: tuple[float, ...] = RETRY_S,
         run_sync: Callable[..., Awaitable[Any]] | None = None,
@@ -273,6 +285,22 @@ class SessionStore:
         self.writer_process = WriterProcess(backend.url, backend.where) if apart else None
         self.flush_s = flush_s
         self.batch_events = batch_events
+        self.flood_flush_s = flood_flush_s
+        self.flood_batch_events = max(flood_batch_events, batch_events)
+        #: the last write held at least ``batch_events``: the next one gathers as a flood's
+        self._flooding = False
+        #: events waiting at which a write starts at once (``flood_batch_events`` in a flood)
+        self._enough_at = batch_events
+        #: when what waits is written, unless something asks sooner (None: nothing gathers)
+        self._gather_until: float | None = None
+        #: what asks to be written at once alone, not with what else gathers: sessions whose
+        #: turn's first word or end was recorded, fan-outs a client or a held session waits
+        #: on or whose cancel's events wait (:meth:`soon`)
+        self._urgent_sessions: set[str] = set()
+        self._urgent_fanouts: set[Fanout] = set()
+        #: everything that waits is to be written at once (a batch's worth, a client that
+        #: waits on all of it)
+        self._whole = False
         self.max_pending = max_pending
         self.retry_s = retry_s
         self._limiter = trio.CapacityLimiter(1)
@@ -296,7 +324,7 @@ class SessionStore:
         self._idle: trio.CancelScope | None = None
         #: events recorded and not written yet (those of a write in progress too)
         self._count = 0
-        #: those not taken by a write yet: a flood's next write starts at ``batch_events`` of
+        #: those not taken by a write yet: a flood's next write starts at ``_enough_at`` of
         #: them, not as soon as the one in progress ends (its batch would be only what came
         #: meanwhile: more writes, each with its own wake-ups, release and transaction)
         self._waiting = 0
@@ -615,19 +643,22 @@ class SessionStore:
                 # (published in its caller's step, which wait TURN_END_S otherwise): what a
                 # person waits for most, and its clients see it once stored.
                 starting.discard(sid)
+                self._urgent_sessions.add(sid)
                 self._now.set()
                 self._enough.set()
             elif run.ends_turn:
                 # (A turn's end is written at once: its clients get it sooner, and what a
                 # client was told last before a crash is stored sooner: an unclean end's
                 # window shrinks.)
+                self._urgent_sessions.add(sid)
                 self._enough.set()
         count = self._count = self._count + added
         waiting = self._waiting = self._waiting + added
         self._wake.set()
         if count >= self.max_pending:
             self.full = True
-        if waiting >= self.batch_events:
+        if waiting >= self._enough_at:
+            self._whole = True
             self._enough.set()
         return merged
 
@@ -638,6 +669,7 @@ class SessionStore:
         before the cancel's caller has its answer."""
         soon = self._soon
         soon.append(fanout)
+        self._urgent_fanouts.add(fanout)
         if len(soon) > 1:
             return  # (asked already)
         idle = self._idle
@@ -647,12 +679,18 @@ class SessionStore:
             self._aside = True
             self._enough.set()
 
-    def hasten(self) -> None:
+    def hasten(self, fanout: Fanout | None = None) -> None:
         """A client waits for what is recorded (a connection holds a response behind its
-        session's events, given once stored): write it now, not after ``TURN_END_S`` or
-        ``flush_s`` (the response waits for the write anyway)."""
+        session's events, given once stored), or a session is held back for it (its
+        subscriber has no room for more to wait): write it now, not after ``TURN_END_S`` or
+        ``flush_s`` (the response waits for the write anyway); ``fanout``'s events alone, if
+        it is named (what else gathers goes on gathering)."""
         if not self._pending and not self._soon:
             return  # (being written, or nothing to write)
+        if fanout is None:
+            self._whole = True
+        else:
+            self._urgent_fanouts.add(fanout)
         self._now.set()
         self._enough.set()
         if self._idle is not None:
@@ -709,12 +747,19 @@ class SessionStore:
                     if self._soon and not late:  # (woken by a record before the deadline)
                         self._aside = True
                         self._enough.set()
-                if self._waiting < self.batch_events and not self._closing and not late:
-                    with trio.move_on_after(self.flush_s):
+                whole = self._closing or late
+                if self._waiting < self._enough_at and not whole:
+                    if self._gather_until is None:
+                        window = self.flood_flush_s if self._flooding else self.flush_s
+                        self._gather_until = trio.current_time() + window
+                    with trio.move_on_at(self._gather_until) as gather:
                         await self._enough.wait()
-                        if self._aside and self._waiting < self.batch_events:
+                        if self._aside and self._waiting < self._enough_at:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
+                    whole = gather.cancelled_caught
+                else:
+                    whole = True
                 soon, self._soon = self._soon, []
                 for fanout in soon:
                     fanout.serialize()  # (recorded: in _pending now)
@@ -722,21 +767,49 @@ class SessionStore:
                 self._aside = False
                 self._enough = trio.Event()
                 self._now = trio.Event()
+                sessions, self._urgent_sessions = self._urgent_sessions, set()
+                fanouts, self._urgent_fanouts = self._urgent_fanouts, set()
+                whole = whole or self._whole or not (sessions or fanouts)
+                self._whole = False
                 if self._pending:
-                    await self._write_pending()
+                    await self._write_pending(None if whole else (sessions, fanouts))
                 else:
                     self._batch_done.set()
                     self._batch_done = trio.Event()
         finally:
             self._done.set()
 
-    async def _write_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        self._newest = None
-        self._waiting = 0
-        checkpoints, self._checkpoints = self._checkpoints, []
+    async def _write_pending(self, only: tuple[set[str], set[Fanout]] | None = None) -> None:
+        """Write what waits; ``only``: the runs of these sessions and fan-outs alone (a turn's
+        first word or end, what a client waits on), the rest gathering on until its time."""
+        pending: list[_Run | None] = []
+        if only is not None:
+            sessions, fanouts = only
+            rest: list[_Run | None] = []
+            for run in self._pending:
+                urgent = run is not None and (run.session_id in sessions or run.fanout in fanouts)
+                (pending if urgent else rest).append(run)
+            if not any(run is not None for run in pending):
+                return  # (written already: what gathers goes on gathering)
+            if not any(run is not None for run in rest):
+                only = None  # (nothing else waits: the whole of it)
+        if only is None:
+            pending, self._pending = self._pending, []
+            self._newest = None
+            self._waiting = 0
+            checkpoints, self._checkpoints = self._checkpoints, []
+            count = sum(run.count for run in pending if run is not None)
+            self._gather_until = None
+            self._flooding = flooding = count >= self.batch_events
+            self._enough_at = self.flood_batch_events if flooding else self.batch_events
+        else:
+            self._pending = rest
+            if self._newest is not None and self._newest in pending:
+                self._newest = None  # (being written: a stream's next run is one of its own)
+            count = sum(run.count for run in pending if run is not None)
+            self._waiting -= count
+            checkpoints = []
         self._writing = pending
-        count = sum(run.count for run in pending if run is not None)
         pauses = iter(self.retry_s)
         pause = 0.0
         failed_at: float | None = None

@@ -64,6 +64,7 @@ class WriterProcess:
         #: our end of the socket pair (non-blocking: a call that would block waits in trio)
         self._socket: socket.socket | None = None
         self._buffer = bytearray()
+        self._chunk = bytearray(4096)  # (recv_into: answers are small, never allocated anew)
         #: children started so far (1, and one more for each that went away)
         self.started = 0
 
@@ -128,6 +129,8 @@ class WriterProcess:
         assert sock is not None
         try:
             await _send(sock, frame(request))
+            # (an answer takes the child's time: it is waited for, not tried for first)
+            await trio.lowlevel.wait_readable(sock)
             length, count = HEAD.unpack(await self._receive(sock, HEAD.size))
             lengths = sizes(count, await self._receive(sock, 4 * count))
             body = await self._receive(sock, length)
@@ -149,17 +152,18 @@ class WriterProcess:
 
     async def _receive(self, sock: socket.socket, size: int) -> bytes:
         """``size`` bytes of what the child sends (waiting in trio only when there are not
-        enough yet: an answer read at once is not a trip through the scheduler)."""
-        buffer = self._buffer
+        enough yet: the rest of an answer is read at once, not after a trip through the
+        scheduler)."""
+        buffer, chunk = self._buffer, self._chunk
         while len(buffer) < size:
             try:
-                chunk = sock.recv(max(65536, size - len(buffer)))
+                got = sock.recv_into(chunk)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(sock)
                 continue
-            if not chunk:
+            if not got:
                 raise EOFError
-            buffer += chunk
+            buffer += memoryview(chunk)[:got]
         data = bytes(buffer[:size])
         del buffer[:size]
         return data

@@ -134,13 +134,6 @@ def test_what_waits_to_be_stored_holds_the_agent_back_before_a_write_could_cut_o
     fanout = Fanout(10_000)
     fanout.recorder = _Recorder()
     reader = fanout.subscribe(None, head_seq=0, max_buffer=100, stall_s=5.0)
-
-    def deltas(first: int, count: int) -> list[ev.Event]:
-        return [
-            ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text="w")
-            for seq in range(first, first + count)
-        ]
-
     # More than a buffer waits for the store (the store's pipeline): the agent is read on,
     # up to half the margin a backpressured subscriber has past a full buffer.
     fanout.publish_many(deltas(1, 120))
@@ -153,6 +146,73 @@ def test_what_waits_to_be_stored_holds_the_agent_back_before_a_write_could_cut_o
     assert fanout.must_wait()
     reader.take(150)
     assert not fanout.must_wait()
+
+
+def test_where_the_agent_is_held_back_moves_with_what_the_subscribers_have_buffered() -> None:
+    """Half the margin is counted from what each backpressured subscriber holds now: a write's
+    release brings the point nearer, what it takes moves it away, a new subscriber with a
+    smaller buffer brings it nearer, one that closed counts no more."""
+    fanout = Fanout(10_000)
+    fanout.recorder = _Recorder()
+    reader = fanout.subscribe(None, head_seq=0, max_buffer=100, stall_s=5.0)
+    fanout.publish_many(deltas(1, 60))
+    assert not fanout.must_wait()
+    fanout.committed(60)
+    # 60 buffered: 90 may wait for the store (2 * (60 + 90) is the buffer and its margin)
+    fanout.publish_many(deltas(61, 89))
+    assert not fanout.must_wait()
+    fanout.publish_many(deltas(150, 1))
+    assert fanout.must_wait()
+    reader.take(30)  # 30 buffered: 120 may wait
+    assert not fanout.must_wait()
+    fanout.publish_many(deltas(151, 30))
+    assert fanout.must_wait()
+    fanout.committed(180)
+    reader.take(150)
+    assert not fanout.must_wait()
+    fanout.publish_many(deltas(181, 50))
+    assert not fanout.must_wait()
+    small = fanout.subscribe(None, head_seq=230, max_buffer=20, stall_s=5.0)  # 30 may wait
+    assert fanout.must_wait()
+    small.close()
+    assert not fanout.must_wait()
+
+
+async def test_a_session_held_back_for_the_store_has_what_waits_written_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """What a subscriber has room for, not a flood's window, bounds what waits to be stored:
+    a session held back for the store has it written at once."""
+    backend = MemoryBackend()
+    store = SessionStore(
+        backend,
+        batch_events=100,
+        flood_flush_s=60.0,
+        flood_batch_events=10_000,
+        run_sync=in_this_thread,
+    )
+    fanout = Fanout(10_000)
+    fanout.recorder = store
+    reader = fanout.subscribe(None, head_seq=0, max_buffer=100, stall_s=5.0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        fanout.publish_many(deltas(1, 100))  # a batch's worth: a flood's from then on
+        await store.flushed()
+        assert len(reader.take(100)) == 100
+        start = trio.current_time()
+        fanout.publish_many(deltas(101, 150))  # half the subscriber's margin
+        assert fanout.must_wait()
+        await fanout.wait_for_room()
+        assert trio.current_time() == start  # not the flood's window
+        assert reader.pending == 150 and fanout.store_holds == 1
+        await store.aclose()
+
+
+def deltas(first: int, count: int) -> list[ev.Event]:
+    return [
+        ev.MessageDelta(session_id="s", seq=seq, timestamp=1.0, turn_id="t1", text="w")
+        for seq in range(first, first + count)
+    ]
 
 
 def test_a_streams_events_do_not_wait_for_their_write_as_objects() -> None:

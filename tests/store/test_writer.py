@@ -358,6 +358,78 @@ async def test_a_cancels_events_are_stored_from_the_writers_step(
     assert backend.seqs() == [1, 2, 3, 4]
 
 
+async def test_a_floods_writes_gather_longer_and_a_trickles_do_not(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After a write of a batch's worth or more (a flood), the next one gathers for
+    ``flood_flush_s`` or ``flood_batch_events``, whichever comes first; after a write of
+    less, for ``flush_s`` again."""
+    backend = MemoryBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(
+        backend,
+        flush_s=0.005,
+        batch_events=100,
+        flood_flush_s=0.015,
+        flood_batch_events=250,
+        run_sync=in_this_thread,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        for first, count in [(1, 100), (101, 100), (201, 250), (451, 10), (461, 10)]:
+            store.record(*deltas(first, count))
+            await store.flushed()
+        await store.aclose()
+    # at once (a batch's worth); a flood's window; a flood's batch's worth at once; a flood's
+    # window again (the last write was a flood's); flush_s (the last one held 10)
+    times = [at - start for at, _ in backend.batches]
+    assert times == pytest.approx([0.0, 0.015, 0.015, 0.030, 0.035])
+    assert backend.seqs() == list(range(1, 471))
+
+
+async def test_a_turns_first_word_and_end_are_written_alone_while_a_flood_gathers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While a flood's next write gathers (``flood_flush_s``), another session's turn's first
+    word, then its end, are written at once and alone; the flood's events gather on until
+    their window ends, counted from their first, not from those writes."""
+    backend = MemoryBackend()
+    backend.clock = trio.current_time
+    store = SessionStore(
+        backend,
+        batch_events=100,
+        flood_flush_s=0.015,
+        flood_batch_events=10_000,
+        run_sync=in_this_thread,
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.run)
+        start = trio.current_time()
+        store.record(*deltas(1, 100))  # a batch's worth: at once, and a flood from then on
+        await trio.testing.wait_all_tasks_blocked()
+        store.record(*deltas(101, 50))
+        await trio.sleep(0.005)
+        started = ev.TurnStarted(session_id="s2", seq=1, timestamp=1.0, turn_id="t1", text="go")
+        store.record([started], [event_json(started)])
+        store.record(*deltas(2, 1, session_id="s2"))  # its first word
+        await trio.sleep(0.005)
+        ended = ev.TurnEnded(session_id="s2", seq=3, timestamp=1.0, turn_id="t1", outcome="x")
+        store.record([ended], [event_json(ended)])
+        await store.flushed()
+        await store.aclose()
+    written = [
+        (at - start, [(run.session_id, run.first_seq, run.last_seq) for run in batch.events])
+        for at, batch in backend.batches
+    ]
+    assert written == [
+        (0.0, [("s1", 1, 100)]),
+        (pytest.approx(0.005), [("s2", 1, 2)]),
+        (pytest.approx(0.010), [("s2", 3, 3)]),
+        (pytest.approx(0.015), [("s1", 101, 150)]),
+    ]
+
+
 async def test_a_waiting_client_has_what_is_recorded_written_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
