@@ -936,6 +936,10 @@ async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_c
     limits = GatewayLimits(outgoing_bytes=256 * 1024, send_buffer_bytes=16 * 1024)
     async with gateway(limits=limits) as (server, url, _launcher):
         async with open_websocket_url(websocket_url(url), message_queue_size=1) as silent:
+            # One answer read first: its connection is the server's (the handshake's end is
+            # the client's before the server has taken it up).
+            await silent.send_message(json.dumps({"id": 0, "action": "agents.list"}))
+            await silent.get_message()
             request = json.dumps({"id": 1, "action": "x" * 20_000})
 
             async def flood() -> None:
