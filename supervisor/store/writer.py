@@ -298,8 +298,7 @@ class SessionStore:
         #: on or whose cancel's events wait (:meth:`soon`)
         self._urgent_sessions: set[str] = set()
         self._urgent_fanouts: set[Fanout] = set()
-        #: everything that waits is to be written at once (a batch's worth, a client that
-        #: waits on all of it)
+        #: a client waits on everything that waits: all of it is written at once
         self._whole = False
         self.max_pending = max_pending
         self.retry_s = retry_s
@@ -658,7 +657,6 @@ class SessionStore:
         if count >= self.max_pending:
             self.full = True
         if waiting >= self._enough_at:
-            self._whole = True
             self._enough.set()
         return merged
 
@@ -758,8 +756,6 @@ class SessionStore:
                             with trio.move_on_after(TURN_END_S):
                                 await self._now.wait()
                     whole = gather.cancelled_caught
-                else:
-                    whole = True
                 soon, self._soon = self._soon, []
                 for fanout in soon:
                     fanout.serialize()  # (recorded: in _pending now)
@@ -769,7 +765,13 @@ class SessionStore:
                 self._now = trio.Event()
                 sessions, self._urgent_sessions = self._urgent_sessions, set()
                 fanouts, self._urgent_fanouts = self._urgent_fanouts, set()
-                whole = whole or self._whole or not (sessions or fanouts)
+                # (a batch's worth, the window's end, or nothing asked to go alone: all of it)
+                whole = (
+                    whole
+                    or self._whole
+                    or self._waiting >= self._enough_at
+                    or not (sessions or fanouts)
+                )
                 self._whole = False
                 if self._pending:
                     await self._write_pending(None if whole else (sessions, fanouts))

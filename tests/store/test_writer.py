@@ -409,6 +409,7 @@ async def test_a_turns_first_word_and_end_are_written_alone_while_a_flood_gather
         store.record(*deltas(1, 100))  # a batch's worth: at once, and a flood from then on
         await trio.testing.wait_all_tasks_blocked()
         store.record(*deltas(101, 50))
+        # (virtual time: when each write goes, against the flood's window, is what is tested)
         await trio.sleep(0.005)
         started = ev.TurnStarted(session_id="s2", seq=1, timestamp=1.0, turn_id="t1", text="go")
         store.record([started], [event_json(started)])
