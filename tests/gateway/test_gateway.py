@@ -13,7 +13,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, TextMessage
+from wsproto.events import AcceptConnection, Ping, Pong, Request, TextMessage
 
 from supervisor import AgentSpec, open_supervisor
 from supervisor.client import GatewayClient, GatewayError, connect, websocket_url
@@ -929,71 +929,86 @@ async def test_a_request_framed_both_by_chunks_and_by_length_is_refused_and_clos
         assert b"Transfer-Encoding" in response
 
 
+class _RawClient:
+    """A WebSocket client over a bare socket: it reads only when told, and leaves by closing
+    the socket (no closing handshake, which a server that stopped reading would never see)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.events: list[object] = []
+
+    @classmethod
+    async def connect(cls, url: str) -> _RawClient:
+        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
+        client = cls(await trio.open_tcp_stream(host, int(port)))
+        target = "/ws?token=secret-token"
+        await client.stream.send_all(client.ws.send(Request(host=f"{host}:{port}", target=target)))
+        await client.until(AcceptConnection)
+        return client
+
+    async def send(self, *events: Any) -> None:
+        await self.stream.send_all(b"".join(self.ws.send(event) for event in events))
+
+    async def until(self, kind: type) -> Any:
+        """Read until an event of ``kind`` came; it is taken out of what was read."""
+        with trio.fail_after(BOUND):
+            while not any(isinstance(event, kind) for event in self.events):
+                self.ws.receive_data(await self.stream.receive_some(65536))
+                self.events.extend(self.ws.events())
+        found = next(event for event in self.events if isinstance(event, kind))
+        self.events.remove(found)
+        return found
+
+
 async def test_answers_a_client_leaves_unread_are_bounded_in_bytes_not_only_in_count() -> None:
     """An error answer echoes what it refuses (an action name, a session id) up to a frame's
     size: a client that sends such requests and reads nothing stops being read once its
     unread answers reach ``outgoing_bytes``, not after 1024 of them (a gigabyte)."""
     limits = GatewayLimits(outgoing_bytes=256 * 1024, send_buffer_bytes=16 * 1024)
     async with gateway(limits=limits) as (server, url, _launcher):
-        async with open_websocket_url(websocket_url(url), message_queue_size=1) as silent:
-            # One answer read first: its connection is the server's (the handshake's end is
-            # the client's before the server has taken it up).
-            await silent.send_message(json.dumps({"id": 0, "action": "agents.list"}))
-            await silent.get_message()
-            request = json.dumps({"id": 1, "action": "x" * 20_000})
+        silent = await _RawClient.connect(url)
+        # One answer read first: its connection is the server's (the handshake's end is the
+        # client's before the server has taken it up).
+        await silent.send(TextMessage(data=json.dumps({"id": 0, "action": "agents.list"})))
+        await silent.until(TextMessage)
+        request = json.dumps({"id": 1, "action": "x" * 20_000})
 
-            async def flood() -> None:
-                for _ in range(limits.outgoing_buffer + 100):
-                    await silent.send_message(request)
+        async def flood() -> None:
+            for _ in range(limits.outgoing_buffer + 100):
+                await silent.send(TextMessage(data=request))
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(flood)
-                (connection,) = server._clients
-                with trio.fail_after(BOUND):
-                    # A bounded poll: nothing marks the reader's parking but its flag, and the
-                    # connection's timers keep the run from ever being all blocked.
-                    while not connection._reader_parked:  # it stopped reading requests
-                        await trio.sleep(0.01)
-                queued = sum(len(frame) for frame, _ in connection._responses)
-                assert queued < limits.outgoing_bytes + 2 * len(request), queued
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(flood)
+            (connection,) = server._clients
+            with trio.fail_after(BOUND):
+                # A bounded poll: nothing marks the reader's parking but its flag, and the
+                # connection's timers keep the run from ever being all blocked.
+                while not connection._reader_parked:  # it stopped reading requests
+                    await trio.sleep(0.01)
+            queued = sum(len(frame) for frame, _ in connection._responses)
+            assert queued < limits.outgoing_bytes + 2 * len(request), queued
+            nursery.cancel_scope.cancel()
+        await silent.stream.aclose()
 
 
 async def test_a_message_in_tiny_fragments_is_kept_in_few_pieces() -> None:
     """A message may come as any number of fragments; each kept apart would be a Python object
     of ~50 bytes beside its 2 bytes (a 16 MiB message, 450 MB). They are joined as they come,
     and the message is read whole."""
-    from wsproto.events import Ping, Pong, Request
-
     async with gateway() as (server, url, _launcher):
-        host, port = url.split("/?")[0].removeprefix("http://").rsplit(":", 1)
-        stream = await trio.open_tcp_stream(host, int(port))
-        ws = WSConnection(ConnectionType.CLIENT)
-        target = "/ws?token=secret-token"
-        await stream.send_all(ws.send(Request(host=f"{host}:{port}", target=target)))
-        events: list[object] = []
-
-        async def until(kind: type) -> Any:
-            with trio.fail_after(BOUND):
-                while not any(isinstance(event, kind) for event in events):
-                    ws.receive_data(await stream.receive_some(65536))
-                    events.extend(ws.events())
-            return next(event for event in events if isinstance(event, kind))
-
-        await until(AcceptConnection)
+        client = await _RawClient.connect(url)
         request = json.dumps({"id": "f", "action": "agents.list", "payload": {"x": "ab" * 4_000}})
         pieces = [request[i : i + 2] for i in range(0, len(request), 2)]
-        data = b"".join(
-            ws.send(TextMessage(data=piece, message_finished=False)) for piece in pieces
-        )
-        await stream.send_all(data + ws.send(Ping(b"sync")))
-        await until(Pong)  # answered once every fragment before it was read
+        fragments = [TextMessage(data=piece, message_finished=False) for piece in pieces]
+        await client.send(*fragments, Ping(b"sync"))
+        await client.until(Pong)  # answered once every fragment before it was read
         (connection,) = server._clients
         assert len(connection.websocket._parts) < len(pieces) // 4
-        await stream.send_all(ws.send(TextMessage(data="", message_finished=True)))
-        answer = await until(TextMessage)
+        await client.send(TextMessage(data="", message_finished=True))
+        answer = await client.until(TextMessage)
         assert json.loads(answer.data)["id"] == "f" and json.loads(answer.data)["ok"]
-        await stream.aclose()
+        await client.stream.aclose()
 
 
 async def test_a_head_over_max_head_bytes_is_refused_however_it_arrives() -> None:
@@ -1014,7 +1029,6 @@ async def test_a_read_of_many_tiny_frames_gives_the_other_tasks_turns() -> None:
     other tasks run every few hundred of them, so another client's cancel does not wait that
     long at each of its hops."""
     from trio.testing import memory_stream_pair
-    from wsproto.events import Request
 
     from supervisor.gateway.websocket import ServerWebSocket
 
