@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The web UI's terminal view (xterm.js from npm, at the version the script pins)
 XTERM := supervisor/gateway/static/xterm/VERSION
-# pytest-xdist workers for make test (the suite mostly waits on real processes: 2 on 2 cores)
-TEST_WORKERS ?= 2
+# pytest-xdist workers for make test: the suite mostly waits on real processes and timers,
+# so 3 on 2 cores (docs/development.md)
+TEST_WORKERS ?= 3
 
 .PHONY: run test install typecheck demo clean browser openssh postgresql bench
 

@@ -143,7 +143,7 @@ async def test_a_cancel_to_a_flooding_session_goes_out_in_the_callers_step(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A flooding session's actor waits for its share of agent output: the cancel does not."""
-    async with running(AcpBehaviour(words=100_000, flood=True, stop_delay=0.05)) as (
+    async with running(AcpBehaviour(words=20_000, flood=True, stop_delay=0.05)) as (
         session,
         launcher,
         rec,
