@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Tests import the fakes as a package (tests/fakes/...).
 sys.path.insert(0, os.path.dirname(__file__))
@@ -26,6 +27,13 @@ from supervisor.agents.containment import CONTAINMENT_VARIABLE  # noqa: E402
 from supervisor.agents.statefile import STATE_DIR_VARIABLE  # noqa: E402
 
 CONTAINMENTS = ("cgroup", "shim")
+
+# The property tests check what a machine does with any input, never how fast: on a loaded
+# machine an example past hypothesis's 200 ms deadline, or its data made slowly, must not fail.
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("suite")
 
 
 # -- the tier-4 latency table, once per run: a worker of a parallel run (``make test`` runs

@@ -225,7 +225,7 @@ async def test_cancel_with_pending_approval(open_codex: Any) -> None:
                 receipt = await h.session.cancel()
                 row(h, "permission", receipt)
                 assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
-                assert receipt.escalation == ["interrupt", "permissions_cancelled"], receipt
+                scenarios.assert_permissions_cancelled(receipt)
                 assert receipt.stop_reason == "interrupted", receipt
                 assert receipt.elapsed_ms < GRACE_S * 1000
                 scenarios.assert_cancelled_by_supervisor(h, requested)

@@ -139,8 +139,13 @@ async def time_until_gone(procs: list[psutil.Process], bound: float) -> float | 
 
 
 def receipt_notes(receipt: Any) -> list[str]:
-    """The first notes of a receipt's row: how the turn stopped and how the cancel got there."""
-    return [f"stop_reason={receipt.stop_reason}", f"escalation={','.join(receipt.escalation)}"]
+    """The first notes of a receipt's row: how the turn stopped and how the cancel got there
+    (and what the sweep killed, if anything)."""
+    notes = [f"stop_reason={receipt.stop_reason}", f"escalation={','.join(receipt.escalation)}"]
+    swept = receipt.details.get("tool_processes_killed")
+    if swept:
+        notes.append("swept=" + ";".join(p["command"][:60] for p in swept))
+    return notes
 
 
 def record_receipt(
@@ -299,6 +304,16 @@ async def permission_pending(
         nursery.cancel_scope.cancel()
     assert not marker.exists(), f"the command ran although its {asked_for} was cancelled"
     assert seen == [], f"the command ran: {[p.info for p in seen]}"
+
+
+def assert_permissions_cancelled(receipt: Any) -> None:
+    """(c)'s receipt: the interrupt, and the pending request answered cancelled. A process the
+    agent started during the turn for itself (not the command: ``permission_pending`` checks
+    that it never ran) and still running when the turn ended is swept too, as designed
+    (``tools_killed``: ``design/actor.md``); on a loaded machine one may outlive the sweep's
+    settling time."""
+    assert receipt.escalation[:2] == ["interrupt", "permissions_cancelled"], receipt
+    assert receipt.escalation[2:] in ([], ["tools_killed"]), receipt
 
 
 def assert_cancelled_by_supervisor(h: Harness, requested: ev.PermissionRequested) -> None:
