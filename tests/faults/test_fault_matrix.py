@@ -112,6 +112,7 @@ class Cell:
         self.cancel_calls += 1
         receipt = await self.session.cancel(**kwargs)
         self.receipts.append(receipt)
+        await self.rec.catch_up()  # the recorder reads the events in a task of its own
         return receipt
 
     async def first_delta(self, turn_id: str, count: int = 1) -> None:

@@ -179,6 +179,7 @@ async def test_a_pending_permission_is_answered_cancelled_and_its_tool_never_run
         assert isinstance(requested, ev.PermissionRequested)
         before = tree()
         receipt = await session.cancel()
+        await rec.catch_up()
         assert (receipt.outcome, receipt.stop_reason) == ("cancelled", stop_reason), receipt
         assert receipt.escalation == ["interrupt", "permissions_cancelled"]
         assert receipt.elapsed_ms < COOPERATIVE_GRACE * 1000

@@ -82,6 +82,7 @@ async def test_escape_stops_the_turn_and_the_next_one_runs(tmp_path: Path) -> No
         turn = await session.prompt("slow one")
         await rec.wait_kind("message.delta", turn_id=turn.id)
         receipt = await session.cancel()
+        await rec.catch_up()
         assert receipt.outcome == "cancelled", receipt
         assert "killed" not in receipt.escalation
         assert b"interrupted" in screen_of(rec.events)

@@ -226,6 +226,7 @@ async def _goal_turn_then_cancel(h: Any) -> tuple[Any, str]:
     assert isinstance(updated, ev.SessionInfo)
     assert updated.data["goal"]["status"] == "active", updated
     receipt = await h.session.cancel()
+    await h.recorder.catch_up()  # it reads the session's events in a task of its own
     assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
     return receipt, str(updated.data["threadId"])
 
@@ -329,6 +330,7 @@ async def test_cancel_during_a_goal_turn(open_codex: Any) -> None:
                 lambda e: e.id == stream.id and e.ended_at is not None, timeout=30
             )
             row(h, "goal_turn", receipt)
+            await h.recorder.catch_up()  # it reads the session's events in a task of its own
             assert (receipt.outcome, receipt.turn_id) == ("cancelled", turn.id), receipt
             assert receipt.stop_reason == "interrupted", receipt
             assert receipt.escalation == ["interrupt"], receipt
@@ -379,6 +381,7 @@ async def test_without_the_pause_a_goal_turn_follows(
             assert [e.turn_id for e in h.recorder.of_kind("turn.ended")] == [receipt.turn_id]
             assert h.model.find(lambda e: e.goal_turn), h.model.describe()
             second = await h.session.cancel()
+            await h.recorder.catch_up()
             assert (second.outcome, second.turn_id) == ("cancelled", turn.id), second
             assert second.details["goal"] == "active", second
             assert second.details["goal_turns"] >= 2, second
